@@ -1,0 +1,129 @@
+"""`cutlass-tune` command line: thin commands over the pipeline stages.
+
+Bad input prints one line on stderr and exits 2; failures of the work itself (a kernel that
+does not compile) are reported in the output and exit 1.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import CutlassTuneError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Autotune CUTLASS 3.x GEMM kernels on Hopper (SM90).")
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+ConfigArg = typer.Argument(..., help="search-space YAML file (see configs/README.md)")
+
+
+@app.command()
+def space(config: Path = ConfigArg,
+          list_: bool = typer.Option(False, "--list", help="show every config and why it is invalid")) -> None:
+    """Count the configs a search-space file describes: total, valid, invalid by reason."""
+    from .space import load_space
+
+    sp = load_space(config)
+    by_rule: collections.Counter[str] = collections.Counter()
+    example: dict[str, str] = {}
+    rows = []
+    for cfg, why in sp.classify():
+        rows.append((cfg, why))
+        if why:
+            by_rule[why[0].rule] += 1
+            example.setdefault(why[0].rule, why[0].reason)
+    valid = sum(1 for _, why in rows if not why)
+    out.print(f"{config}: {len(sp.problems)} problems, {len(rows)} configs: "
+              f"{valid} valid, {len(rows) - valid} invalid")
+    if by_rule:
+        table = Table("rule", "configs", "example reason", box=None, pad_edge=False)
+        for rule, count in by_rule.most_common():
+            table.add_row(rule, str(count), example[rule])
+        out.print(table)
+    if list_:
+        for cfg, why in rows:
+            line = "valid" if not why else "invalid: " + "; ".join(str(w) for w in why)
+            out.print(f"{cfg.name}  {cfg.hash}  {line}")
+
+
+@app.command("compile")
+def compile_(
+    config: Path = ConfigArg,
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="compile the first N valid configs"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    kernels_per_unit: Optional[int] = typer.Option(
+        None, "--kernels-per-unit", min=1, max=8, help="kernels per translation unit (default: automatic)"),
+) -> None:
+    """Compile the valid configs of a search-space file into the kernel cache (no GPU needed)."""
+    from . import settings
+    from .compile import KernelCache, compile_kernels, default_jobs, find_toolchain
+    from .space import load_space
+    from .status import Status
+
+    sp = load_space(config)
+    configs = list(sp.valid)[:limit] if limit else list(sp.valid)
+    if not configs:
+        raise CutlassTuneError(f"{config}: no valid config to compile (see `cutlass-tune space {config} --list`)")
+    toolchain = find_toolchain()
+    cache = KernelCache(cache_dir or settings.cache_dir())
+    jobs = jobs or default_jobs()
+    out.print(f"{len(configs)} configs, {jobs} jobs, nvcc {toolchain.nvcc_version}, "
+              f"CUTLASS {toolchain.cutlass_version}, cache {cache.root}")
+    start = time.monotonic()
+    with Progress(TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task("compile", total=len(configs))
+        results = compile_kernels(configs, cache=cache, toolchain=toolchain, jobs=jobs,
+                                  kernels_per_unit=kernels_per_unit,
+                                  on_result=lambda r: progress.advance(task))
+    wall = time.monotonic() - start
+    built = [r for r in results if r.status is Status.OK and not r.cached]
+    cached = [r for r in results if r.status is Status.OK and r.cached]
+    failed = [r for r in results if r.status is not Status.OK]
+    for r in failed:
+        out.print(f"FAILED {r.config.name} ({r.status.value}): {r.reason}\n  source: {r.source_path}\n  log: {r.log_path}")
+    for r in results:
+        if r.status is Status.OK and r.reason:
+            out.print(f"warning {r.config.name}: {r.reason}")
+    rate = len(built) / wall * 60 if built else 0.0
+    out.print(f"compiled {len(built)}, cached {len(cached)}, failed {len(failed)} in {wall:.1f} s"
+              + (f" ({rate:.1f} kernels/min)" if built else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except CutlassTuneError as e:
+        err.print(f"error: {e}", markup=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (typer.Abort,):
+        sys.exit(130)
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Compile kernel configs to shared objects: parallel nvcc, bounded by cores and memory.
+
+Several kernels can share one translation unit (`kernels_per_unit`): each unit costs one
+front-end pass over the CUTLASS headers, so batching saves CPU time, but a unit takes longer
+wall time than one kernel alone. The automatic policy batches only when there are more kernels
+than parallel slots (benchmarks/compile_throughput.md has the measurements behind it). When a
+batched unit fails, its kernels are rebuilt one per unit so each failure is attributed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from .. import settings
+from ..errors import RenderError
+from ..render import kernel_symbol, render_unit
+from ..space import KernelConfig, check_config
+from ..status import Status
+from ._cache import CompiledKernel, KernelCache
+from ._toolchain import Toolchain, find_toolchain
+
+MAX_KERNELS_PER_UNIT = 4
+
+ProgressCallback = Callable[[CompiledKernel], None]
+
+
+def kernel_key(cfg: KernelConfig, toolchain: Toolchain) -> str:
+    """Cache key of one kernel: its rendered source (alone in a unit) and the toolchain."""
+    source = render_unit([cfg]).source
+    return hashlib.sha256((toolchain.fingerprint + source).encode()).hexdigest()
+
+
+def _available_memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def default_jobs() -> int:
+    """Parallel nvcc jobs: CUTLASS_TUNE_JOBS, else min(cores, available memory / per-job peak)."""
+    requested = settings.compile_jobs()
+    if requested:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory = _available_memory_bytes()
+    by_memory = memory // settings.nvcc_memory_bytes() if memory else cores
+    return max(1, min(cores, by_memory))
+
+
+def plan_units(configs: Sequence[KernelConfig], jobs: int, kernels_per_unit: int | None) -> list[list[KernelConfig]]:
+    """Group configs into translation units. `kernels_per_unit=None` picks automatically: one
+    per unit while every kernel gets its own slot, otherwise just enough per unit to fill the
+    slots, at most MAX_KERNELS_PER_UNIT."""
+    if not configs:
+        return []
+    if kernels_per_unit is None:
+        kernels_per_unit = min(MAX_KERNELS_PER_UNIT, max(1, math.ceil(len(configs) / jobs)))
+    return [list(configs[i:i + kernels_per_unit]) for i in range(0, len(configs), kernels_per_unit)]
+
+
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def spill_bytes_by_symbol(log: str, symbols: Iterable[str]) -> dict[str, int]:
+    """Register spill bytes (stores + loads) that ptxas reported for each kernel symbol."""
+    out = {s: 0 for s in symbols}
+    current: str | None = None
+    for line in log.splitlines():
+        if "Compiling entry function" in line or "Function properties for" in line:
+            current = next((s for s in out if s in line), None)
+        found = _SPILL.search(line)
+        if found and current:
+            out[current] += int(found.group(1)) + int(found.group(2))
+    return out
+
+
+def _first_error(log: str) -> str:
+    for line in log.splitlines():
+        if "error" in line.lower():
+            return line.strip()[:300]
+    return (log.strip().splitlines() or ["nvcc failed without output"])[-1][:300]
+
+
+class _Processes:
+    """Running nvcc process groups, so an interrupt can kill them all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self.stopping = False
+
+    def run(self, cmd: list[str], log_path: Path, timeout: float) -> tuple[int | None, str]:
+        """Run `cmd` in its own process group; return (exit code or None on timeout, log)."""
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            with self._lock:
+                if self.stopping:
+                    self._kill(proc)
+                self._procs.add(proc)
+            try:
+                code: int | None = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+                proc.wait()
+                code = None
+            finally:
+                with self._lock:
+                    self._procs.discard(proc)
+        return code, log_path.read_text(errors="replace")
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            self.stopping = True
+            for proc in self._procs:
+                self._kill(proc)
+
+
+@dataclasses.dataclass
+class _Build:
+    cache: KernelCache
+    toolchain: Toolchain
+    timeout: float
+    processes: _Processes
+    keys: dict[str, str]  # config hash -> kernel key
+
+    def unit(self, configs: list[KernelConfig]) -> list[CompiledKernel]:
+        """Build one unit (holding its kernels' locks); split it up if it fails."""
+        keys = sorted(self.keys[c.hash] for c in configs)
+        with contextlib.ExitStack() as locks:
+            for key in keys:
+                locks.enter_context(self.cache.lock(key))
+            done = {c.hash: self.cache.lookup(self.keys[c.hash], c) for c in configs}
+            todo = [c for c in configs if done[c.hash] is None]
+            if todo:
+                for r in self._compile(todo):
+                    done[r.config.hash] = r
+        if len(todo) > 1 and any(done[c.hash].status is not Status.OK for c in todo):
+            # One bad kernel fails the whole unit: rebuild each alone to attribute the failure.
+            for c in todo:
+                done[c.hash] = self.unit([c])[0]
+        return [done[c.hash] for c in configs]
+
+    def _compile(self, configs: list[KernelConfig]) -> list[CompiledKernel]:
+        if self.processes.stopping:
+            raise KeyboardInterrupt
+        rendered = render_unit(configs)
+        unit_key = hashlib.sha256((self.toolchain.fingerprint + rendered.source).encode()).hexdigest()
+        build = self.cache.new_build_dir()
+        try:
+            source = build / "unit.cu"
+            source.write_text(rendered.source)
+            start = time.monotonic()
+            code, log = self.processes.run(
+                self.toolchain.command(source, build / "kernels.so"), build / "build.log", self.timeout
+            )
+            seconds = time.monotonic() - start
+            if self.processes.stopping:
+                raise KeyboardInterrupt
+            per_kernel = seconds / len(configs)
+            if code is None:
+                status, reason = Status.TIMEOUT, f"nvcc exceeded {self.timeout:.0f} s"
+            elif code != 0 or not (build / "kernels.so").exists():
+                status, reason = Status.COMPILE_ERROR, _first_error(log)
+            else:
+                status, reason = Status.OK, ""
+            spills = spill_bytes_by_symbol(log, rendered.symbols)
+            results = [
+                CompiledKernel(
+                    config=c, key=self.keys[c.hash], status=status, library=None,
+                    symbol=kernel_symbol(c), seconds=per_kernel, cached=False,
+                    reason=reason or (f"ptxas spilled {spills[kernel_symbol(c)]} bytes"
+                                      if spills[kernel_symbol(c)] else ""),
+                )
+                for c in configs
+            ]
+            if status is Status.TIMEOUT:
+                # Not cached: a timeout may be load, not the kernel; keep the evidence aside.
+                kept = self.cache.root / "tmp" / f"timeout-{unit_key[:16]}"
+                shutil.rmtree(kept, ignore_errors=True)
+                os.rename(build, kept)
+                return [dataclasses.replace(r, log_path=kept / "build.log", source_path=kept / "unit.cu")
+                        for r in results]
+            if status is Status.COMPILE_ERROR and len(configs) > 1:
+                return results  # the caller splits the unit; cache nothing for the batch
+            return self.cache.publish(build, unit_key, results)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+
+
+def compile_kernels(
+    configs: Sequence[KernelConfig],
+    *,
+    cache: KernelCache | None = None,
+    toolchain: Toolchain | None = None,
+    jobs: int | None = None,
+    timeout: float | None = None,
+    kernels_per_unit: int | None = None,
+    on_result: ProgressCallback | None = None,
+) -> list[CompiledKernel]:
+    """Compile every config (cache hits are returned without building), in input order.
+
+    Args:
+        configs: distinct configs that pass `check_config`.
+        cache: defaults to the cache under `settings.cache_dir()`.
+        jobs: parallel nvcc processes; defaults to `default_jobs()`.
+        timeout: seconds per nvcc process; defaults to `settings.compile_timeout_s()`.
+        kernels_per_unit: kernels per translation unit; None chooses (see `plan_units`).
+        on_result: called once per config as its outcome is known (from worker threads).
+
+    Returns:
+        One CompiledKernel per config. Compile errors and timeouts are values, not exceptions.
+
+    Raises:
+        RenderError: a config is invalid.
+        ToolchainError: nvcc or CUTLASS is missing.
+        KeyboardInterrupt: re-raised after killing nvcc and removing partial builds.
+    """
+    for cfg in configs:
+        why = check_config(cfg)
+        if why:
+            raise RenderError(f"{cfg.name} is invalid: {why[0]}")
+    toolchain = toolchain or find_toolchain()
+    cache = cache or KernelCache(settings.cache_dir())
+    jobs = jobs or default_jobs()
+    keys = {c.hash: kernel_key(c, toolchain) for c in configs}
+    results: dict[str, CompiledKernel] = {}
+    misses = []
+    for c in configs:
+        hit = cache.lookup(keys[c.hash], c)
+        if hit:
+            results[c.hash] = hit
+            if on_result:
+                on_result(hit)
+        else:
+            misses.append(c)
+    build = _Build(cache, toolchain, timeout or settings.compile_timeout_s(), _Processes(), keys)
+    units = plan_units(misses, jobs, kernels_per_unit)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(jobs, max(1, len(units))))
+    try:
+        futures = [pool.submit(build.unit, u) for u in units]
+        for future in concurrent.futures.as_completed(futures):
+            for r in future.result():
+                results[r.config.hash] = r
+                if on_result:
+                    on_result(r)
+    except BaseException:
+        build.processes.kill_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return [results[c.hash] for c in configs]

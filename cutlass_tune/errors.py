@@ -1,0 +1,23 @@
+"""Exception classes. Each names what the user should fix; the CLI prints them on one line."""
+
+
+class CutlassTuneError(Exception):
+    """Base class of the errors the CLI reports as one line with exit code 2."""
+
+
+class ConfigFileError(CutlassTuneError):
+    """A search-space file is malformed or names an unknown key or value."""
+
+    def __init__(self, path: object, key: str, value: object, problem: str):
+        self.path, self.key, self.value, self.problem = path, key, value, problem
+        where = f"{path}: {key}" if key else f"{path}"
+        shown = f" = {value!r}" if value is not None else ""
+        super().__init__(f"{where}{shown}: {problem}")
+
+
+class RenderError(CutlassTuneError):
+    """A config cannot be rendered (invalid, or carries a value outside its enum)."""
+
+
+class ToolchainError(CutlassTuneError):
+    """nvcc or the CUTLASS headers cannot be found or used."""

@@ -1,0 +1,153 @@
+"""Render validated `KernelConfig`s to CUDA C++ source.
+
+Templates in `templates/` only substitute values. Every token that reaches the C++ comes from a
+fixed table keyed by an enum member, or is an integer checked by the space rules: a config
+carrying anything else raises `RenderError` before a template is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import jinja2
+
+from .errors import RenderError
+from .space import (
+    DType,
+    EpilogueSchedule,
+    KernelConfig,
+    KernelSchedule,
+    Layout,
+    TileScheduler,
+    check_config,
+)
+
+ABI_VERSION = 1
+
+_ELEMENT = {
+    DType.BF16: "cutlass::bfloat16_t",
+    DType.F16: "cutlass::half_t",
+    DType.F32: "float",
+    DType.E4M3: "cutlass::float_e4m3_t",
+    DType.E5M2: "cutlass::float_e5m2_t",
+}
+_LAYOUT = {Layout.ROW: "cutlass::layout::RowMajor", Layout.COL: "cutlass::layout::ColumnMajor"}
+_KERNEL_SCHEDULE = {
+    KernelSchedule.TMA_WS: "cutlass::gemm::KernelTmaWarpSpecialized",
+    KernelSchedule.COOPERATIVE: "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
+    KernelSchedule.PINGPONG: "cutlass::gemm::KernelTmaWarpSpecializedPingpong",
+}
+_EPILOGUE_SCHEDULE = {
+    EpilogueSchedule.TMA: "cutlass::epilogue::TmaWarpSpecialized",
+    EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::TmaWarpSpecializedCooperative",
+    EpilogueSchedule.NO_SMEM: "cutlass::epilogue::NoSmemWarpSpecialized",
+}
+
+
+def _tile_scheduler(cfg: KernelConfig) -> str:
+    if cfg.tile_scheduler is TileScheduler.STREAM_K:
+        return "cutlass::gemm::StreamKScheduler"
+    # The plain warp-specialized kernel is not persistent; CUTLASS wants `void` there.
+    if cfg.kernel_schedule is KernelSchedule.TMA_WS:
+        return "void"
+    return "cutlass::gemm::PersistentScheduler"
+
+
+def _template_dir() -> Path:
+    # Installed wheels carry the templates inside the package; an editable checkout has them
+    # at the repository root.
+    checkout = Path(__file__).resolve().parent.parent / "templates"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("cutlass_tune") / "templates"))
+
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(_template_dir())),
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+)
+
+
+def kernel_symbol(cfg: KernelConfig) -> str:
+    """C identifier prefix of a kernel's entry points (derived from the content hash)."""
+    return f"ct_{cfg.hash}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderedKernel:
+    """C++ source of one compilation unit and the kernels it exports.
+
+    `key` hashes the source; the compile stage adds flags and tool versions to it.
+    """
+
+    source: str
+    configs: tuple[KernelConfig, ...]
+    key: str
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return tuple(kernel_symbol(c) for c in self.configs)
+
+
+def _int(cfg: KernelConfig, field: str) -> int:
+    v = getattr(cfg, field)
+    if type(v) is not int:
+        raise RenderError(f"{cfg.hash}: {field} must be an int, got {type(v).__name__}")
+    return v
+
+
+def _member(cfg: KernelConfig, field: str, table: dict) -> str:
+    v = getattr(cfg, field)
+    if not isinstance(v, enum.Enum) or v not in table:
+        raise RenderError(f"{field} must be one of {[m.value for m in table]}, got {v!r}")
+    return table[v]
+
+
+def template_values(cfg: KernelConfig) -> dict[str, object]:
+    """The values one kernel block substitutes. Raises RenderError for an invalid config."""
+    values: dict[str, object] = {
+        "element_a": _member(cfg, "dtype_a", _ELEMENT),
+        "element_b": _member(cfg, "dtype_b", _ELEMENT),
+        "element_c": _member(cfg, "dtype_c", _ELEMENT),
+        "element_d": _member(cfg, "dtype_d", _ELEMENT),
+        "element_acc": _member(cfg, "dtype_acc", _ELEMENT),
+        "layout_a": _member(cfg, "layout_a", _LAYOUT),
+        "layout_b": _member(cfg, "layout_b", _LAYOUT),
+        "kernel_schedule": _member(cfg, "kernel_schedule", _KERNEL_SCHEDULE),
+        "epilogue_schedule": _member(cfg, "epilogue_schedule", _EPILOGUE_SCHEDULE),
+    }
+    _member(cfg, "tile_scheduler", {t: t.value for t in TileScheduler})
+    for field in ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages"):
+        values[field] = _int(cfg, field)
+    rejections = check_config(cfg)
+    if rejections:
+        raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
+    values["tile_scheduler"] = _tile_scheduler(cfg)
+    values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K
+    values["symbol"] = kernel_symbol(cfg)
+    return values
+
+
+def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
+    """Render one translation unit holding every config in `configs` (distinct, valid).
+
+    Raises:
+        RenderError: a config is invalid, carries a value outside its enum or is repeated.
+    """
+    if not configs:
+        raise RenderError("nothing to render")
+    if len({c.hash for c in configs}) != len(configs):
+        raise RenderError("a unit cannot hold the same kernel twice")
+    kernels = [template_values(c) for c in configs]
+    source = _env.get_template("gemm_sm90_unit.cu.j2").render(
+        kernels=kernels, abi_version=ABI_VERSION
+    )
+    key = hashlib.sha256(source.encode()).hexdigest()
+    return RenderedKernel(source=source, configs=tuple(configs), key=key)

@@ -1,0 +1,71 @@
+"""Every CUTLASS_TUNE_* environment variable, read in one place as a typed value.
+
+| variable | meaning | default |
+|---|---|---|
+| CUTLASS_TUNE_CACHE_DIR | where compiled kernels are cached | the user cache dir (platformdirs) |
+| CUTLASS_TUNE_NVCC | the nvcc to run | `nvcc` on PATH, else $CUDA_HOME/bin/nvcc |
+| CUTLASS_TUNE_JOBS | parallel nvcc jobs | bounded by cores and memory |
+| CUTLASS_TUNE_COMPILE_TIMEOUT | seconds before one nvcc job is killed | 900 |
+| CUTLASS_TUNE_NVCC_MEMORY_GB | memory one nvcc job is assumed to peak at | 3.2 |
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import platformdirs
+
+from .errors import CutlassTuneError
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def _number(name: str, default: float, kind: type = float) -> float:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError as err:
+        raise CutlassTuneError(f"{name}={raw!r} is not a {kind.__name__}") from err
+    if value <= 0:
+        raise CutlassTuneError(f"{name}={raw!r} must be positive")
+    return value
+
+
+def cache_dir() -> Path:
+    """Root of the kernel cache."""
+    raw = _env("CUTLASS_TUNE_CACHE_DIR")
+    return Path(raw).expanduser() if raw else Path(platformdirs.user_cache_dir("cutlass-tune"))
+
+
+def nvcc_path() -> str | None:
+    """The nvcc to use, or None when none can be found."""
+    raw = _env("CUTLASS_TUNE_NVCC")
+    if raw:
+        return raw
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (_env("CUDA_HOME"), _env("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").exists():
+            return str(Path(home) / "bin" / "nvcc")
+    return None
+
+
+def compile_jobs() -> int | None:
+    """Parallel nvcc jobs requested by the environment, or None for the automatic bound."""
+    return int(_number("CUTLASS_TUNE_JOBS", 0, int)) if _env("CUTLASS_TUNE_JOBS") else None
+
+
+def compile_timeout_s() -> float:
+    return _number("CUTLASS_TUNE_COMPILE_TIMEOUT", 900.0)
+
+
+def nvcc_memory_bytes() -> int:
+    return int(_number("CUTLASS_TUNE_NVCC_MEMORY_GB", 3.2) * 1e9)

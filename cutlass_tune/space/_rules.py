@@ -1,0 +1,284 @@
+"""Static validity rules: the one place that decides whether CUTLASS can build a config.
+
+Every rule returns `Rejection`s with a stable rule id and a reason a person can act on. A config
+with no rejection is expected to compile; the tests hold that claim against real nvcc. Where
+CUTLASS would accept a value we have not verified, we reject it and say so: a rule that is too
+strict costs a config, one that is too loose costs a 30-second compile and a confusing error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ._types import (
+    AUTO_STAGES,
+    DType,
+    Decomposition,
+    EpilogueSchedule,
+    KernelConfig,
+    KernelSchedule,
+    Layout,
+    Problem,
+    RuntimeArgs,
+    TileScheduler,
+)
+
+SMEM_CAPACITY_BYTES = 232448
+"""Shared memory per CTA on SM90 (cutlass::arch::sm90_smem_capacity_bytes)."""
+
+KERNEL_SMEM_ALLOWANCE_BYTES = 2048
+"""What the kernel adds beyond mainloop and epilogue storage: pipeline barriers, scheduler
+storage and padding to the 1024-byte alignment of swizzled tiles. Measured against
+`sizeof(SharedStorage)` of compiled kernels (tests/compile/test_nvcc.py)."""
+
+TMA_ALIGNMENT_BYTES = 16
+MAX_CLUSTER_CTAS = 8
+MAX_FIXED_STAGES = 16
+SWIZZLE_VALUES = (1, 2, 4, 8)
+MAX_SPLITS = 32
+SUPPORTED_INPUTS = (DType.BF16, DType.F16)
+SUPPORTED_OUTPUTS = (DType.BF16, DType.F16, DType.F32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """Why a config, problem or run-time variant cannot be used."""
+
+    rule: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.reason}"
+
+
+# Per-value rules: a value that fails one of these is wrong in every combination, so a config
+# file that lists it is malformed rather than merely containing invalid configs.
+
+def tile_m_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v % 64 or v > 256:
+        return "tile M must be a multiple of 64 between 64 and 256 (one or more 64-row wgmma atoms)"
+    return None
+
+
+def tile_n_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 16 or v % 16 or v > 256:
+        return "tile N must be a multiple of 16 between 16 and 256 (wgmma N range)"
+    return None
+
+
+def tile_k_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or v not in (32, 64, 128, 256):
+        return "tile K must be 32, 64, 128 or 256 (whole 64-, 128- or 256-byte smem swizzle rows)"
+    return None
+
+
+def cluster_dim_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or v not in (1, 2, 4, 8):
+        return "cluster M and N must each be 1, 2, 4 or 8"
+    return None
+
+
+def stages_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or not (
+        v == AUTO_STAGES or 2 <= v <= MAX_FIXED_STAGES
+    ):
+        return f"stages must be auto or a number from 2 to {MAX_FIXED_STAGES} (a pipeline needs 2)"
+    return None
+
+
+def swizzle_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or v not in SWIZZLE_VALUES:
+        return "swizzle must be 1, 2, 4 or 8"
+    return None
+
+
+def splits_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_SPLITS:
+        return f"splits must be a number from 1 to {MAX_SPLITS}"
+    return None
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+@dataclasses.dataclass(frozen=True)
+class SmemUsage:
+    """Shared memory a config needs, following CUTLASS 4.2's SM90 builders."""
+
+    stages: int
+    stage_bytes: int
+    epilogue_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.stages * self.stage_bytes + self.epilogue_bytes + KERNEL_SMEM_ALLOWANCE_BYTES
+
+
+def epilogue_tile(cfg: KernelConfig) -> tuple[int, int]:
+    """The epilogue subtile EpilogueTileAuto picks (sm90_compute_tile_shape_or_override)."""
+    if cfg.kernel_schedule is KernelSchedule.COOPERATIVE:
+        return min(128, cfg.tile_m), math.gcd(min(32, cfg.tile_n), cfg.tile_n)
+    n_perf = 64 if cfg.dtype_d.bits == 8 and cfg.tile_n % 64 == 0 else 32
+    return min(64, cfg.tile_m), math.gcd(min(n_perf, cfg.tile_n), cfg.tile_n)
+
+
+def epilogue_smem_bytes(cfg: KernelConfig) -> int:
+    """sizeof(CollectiveEpilogue::SharedStorage) for the TMA epilogues; 0 without smem."""
+    if cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:
+        return 0
+    epi_m, epi_n = epilogue_tile(cfg)
+    epi_tiles = (cfg.tile_m // epi_m) * (cfg.tile_n // epi_n)
+    stages_d = min(epi_tiles, 2)
+    reuse_c = cfg.dtype_c.bits == cfg.dtype_d.bits and cfg.dtype_d.bits > 8
+    stages_c = max(min(epi_tiles, 4), stages_d + 1) if reuse_c else min(epi_tiles, 4)
+    elems = epi_m * epi_n
+    if reuse_c:
+        tensors = stages_c * elems * cfg.dtype_c.bits // 8
+    else:
+        tensors = _round_up(stages_c * elems * cfg.dtype_c.bits // 8, 1024)
+        tensors += stages_d * elems * cfg.dtype_d.bits // 8
+    barriers = 2 * 8 * stages_c
+    return _round_up(tensors, 1024) + barriers
+
+
+def smem_usage(cfg: KernelConfig) -> SmemUsage:
+    """Stage count (resolving auto the way StageCountAutoCarveout does) and byte counts."""
+    a = cfg.tile_m * cfg.tile_k * cfg.dtype_a.bits // 8
+    b = cfg.tile_n * cfg.tile_k * cfg.dtype_b.bits // 8
+    stage_bytes = _round_up(a + b, 128) + 16  # + full/empty barrier of PipelineTmaAsync
+    epi = epilogue_smem_bytes(cfg)
+    if cfg.stages == AUTO_STAGES:
+        capacity = SMEM_CAPACITY_BYTES // 128 * 128
+        stages = (capacity - _round_up(epi, 128)) // stage_bytes
+    else:
+        stages = cfg.stages
+    return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=epi)
+
+
+_EPILOGUE_PAIRS = {
+    KernelSchedule.COOPERATIVE: (EpilogueSchedule.TMA_COOPERATIVE, EpilogueSchedule.NO_SMEM),
+    KernelSchedule.PINGPONG: (EpilogueSchedule.TMA, EpilogueSchedule.NO_SMEM),
+    KernelSchedule.TMA_WS: (EpilogueSchedule.TMA, EpilogueSchedule.NO_SMEM),
+}
+
+
+def check_config(cfg: KernelConfig) -> list[Rejection]:
+    """All reasons CUTLASS 4.2 on sm90a cannot build `cfg` (empty when it can)."""
+    out: list[Rejection] = []
+
+    def reject(rule: str, reason: str) -> None:
+        out.append(Rejection(rule, reason))
+
+    if cfg.arch != "sm90a":
+        reject("arch", f"arch {cfg.arch!r} is not supported; only sm90a")
+    if cfg.dtype_a not in SUPPORTED_INPUTS or cfg.dtype_b not in SUPPORTED_INPUTS:
+        reject("dtype_inputs", "A and B must be bf16 or f16 (fp8 is not supported yet)")
+    elif cfg.dtype_a != cfg.dtype_b:
+        reject("dtype_inputs", "A and B must have the same element type")
+    if cfg.dtype_d not in SUPPORTED_OUTPUTS or cfg.dtype_c != cfg.dtype_d:
+        reject("dtype_output", "C and D must have the same type, one of bf16, f16, f32")
+    if cfg.dtype_acc != DType.F32:
+        reject("dtype_accumulator", "the accumulator must be f32")
+    for field, check in (
+        ("tile_m", tile_m_problem), ("tile_n", tile_n_problem), ("tile_k", tile_k_problem),
+        ("cluster_m", cluster_dim_problem), ("cluster_n", cluster_dim_problem),
+        ("stages", stages_problem),
+    ):
+        problem = check(getattr(cfg, field))
+        if problem:
+            reject(field, problem)
+    if out:
+        return out  # the combination rules below assume sane values
+
+    if cfg.tile_k * cfg.dtype_a.bits // 8 not in (64, 128, 256):
+        reject("tile_k_bytes", f"tile K x element size must be 64, 128 or 256 bytes; "
+               f"{cfg.tile_k} x {cfg.dtype_a.bits // 8} is not")
+    if cfg.cluster_m * cfg.cluster_n > MAX_CLUSTER_CTAS:
+        reject("cluster_size", f"cluster {cfg.cluster_m}x{cfg.cluster_n} has more than "
+               f"{MAX_CLUSTER_CTAS} CTAs (the portable limit)")
+    if cfg.kernel_schedule is KernelSchedule.COOPERATIVE and cfg.tile_m % 128:
+        reject("cooperative_tile_m", "cooperative splits tile M over two consumer warpgroups "
+               "of 64 rows: tile M must be 128 or 256")
+    if cfg.epilogue_schedule not in _EPILOGUE_PAIRS[cfg.kernel_schedule]:
+        allowed = ", ".join(e.value for e in _EPILOGUE_PAIRS[cfg.kernel_schedule])
+        reject("epilogue_pairing", f"epilogue {cfg.epilogue_schedule.value} does not pair with "
+               f"the {cfg.kernel_schedule.value} schedule (use {allowed})")
+    if cfg.tile_scheduler is TileScheduler.STREAM_K and cfg.kernel_schedule is not KernelSchedule.COOPERATIVE:
+        reject("stream_k_schedule", "Stream-K runs only with the cooperative schedule")
+
+    usage = smem_usage(cfg)
+    if usage.stages < 2:
+        reject("smem_stages", f"only {usage.stages} stage of {usage.stage_bytes} bytes fits beside "
+               f"the {usage.epilogue_bytes}-byte epilogue; a pipeline needs 2")
+    elif usage.total_bytes > SMEM_CAPACITY_BYTES:
+        reject("smem_capacity", f"{usage.stages} stages x {usage.stage_bytes} bytes + epilogue "
+               f"{usage.epilogue_bytes} + kernel {KERNEL_SMEM_ALLOWANCE_BYTES} = "
+               f"{usage.total_bytes} bytes exceeds {SMEM_CAPACITY_BYTES}")
+    return out
+
+
+def alignment_elements(dtype: DType) -> int:
+    """Elements per 16-byte TMA access."""
+    return TMA_ALIGNMENT_BYTES * 8 // dtype.bits
+
+
+def check_problem(problem: Problem) -> list[Rejection]:
+    """Reasons a problem cannot run on any kernel we build (shape, types, TMA alignment)."""
+    out: list[Rejection] = []
+    for dim in ("m", "n", "k"):
+        v = getattr(problem, dim)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            out.append(Rejection("shape", f"{dim.upper()} must be a positive integer, not {v!r}"))
+    if out:
+        return out
+    if problem.dtype_a not in SUPPORTED_INPUTS or problem.dtype_b != problem.dtype_a:
+        out.append(Rejection("dtype_inputs", "A and B must both be bf16 or both f16"))
+    if problem.dtype_d not in SUPPORTED_OUTPUTS:
+        out.append(Rejection("dtype_output", "D must be bf16, f16 or f32"))
+    if out:
+        return out
+    contiguous = (
+        ("A", problem.dtype_a, "K" if problem.layout_a is Layout.ROW else "M"),
+        ("B", problem.dtype_b, "K" if problem.layout_b is Layout.COL else "N"),
+        ("D", problem.dtype_d, "N"),
+    )
+    for operand, dtype, dim in contiguous:
+        align = alignment_elements(dtype)
+        value = getattr(problem, dim.lower())
+        if value % align:
+            out.append(Rejection(
+                "tma_alignment",
+                f"{dim}={value} is not a multiple of {align}: TMA needs the contiguous dimension "
+                f"of {operand} ({dtype.value}) aligned to {TMA_ALIGNMENT_BYTES} bytes",
+            ))
+    return out
+
+
+def check_pair(cfg: KernelConfig, problem: Problem) -> list[Rejection]:
+    """Reasons `cfg` cannot compute `problem` (type or layout mismatch)."""
+    mismatched = [
+        f for f in ("dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b")
+        if getattr(cfg, f) != getattr(problem, f)
+    ]
+    if mismatched:
+        return [Rejection("problem_mismatch", f"kernel and problem differ in {', '.join(mismatched)}")]
+    return []
+
+
+def check_runtime(cfg: KernelConfig, args: RuntimeArgs) -> list[Rejection]:
+    """Reasons `args` cannot be used with a kernel built from `cfg`."""
+    out: list[Rejection] = []
+    if problem := swizzle_problem(args.swizzle):
+        out.append(Rejection("swizzle", problem))
+    if problem := splits_problem(args.splits):
+        out.append(Rejection("splits", problem))
+    stream_k = cfg.tile_scheduler is TileScheduler.STREAM_K
+    if not stream_k and (args.splits != 1 or args.decomposition is not Decomposition.HEURISTIC):
+        out.append(Rejection("stream_k_args", "splits and decomposition apply to Stream-K kernels only"))
+    if stream_k and args.splits > 1 and args.decomposition not in (
+        Decomposition.SPLIT_K, Decomposition.HEURISTIC
+    ):
+        out.append(Rejection("stream_k_args", "splits > 1 needs the split_k or heuristic decomposition"))
+    return out

@@ -1,0 +1,13 @@
+"""Outcomes of compiling and measuring a kernel. Expected failures are values, not exceptions."""
+
+import enum
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    INVALID = "invalid"  # rejected by the space rules; never compiled
+    COMPILE_ERROR = "compile_error"
+    CANNOT_IMPLEMENT = "cannot_implement"
+    WRONG_RESULT = "wrong_result"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
