@@ -7,11 +7,13 @@ does not compile) are reported in the output and exit 1.
 from __future__ import annotations
 
 import collections
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,8 +23,8 @@ from .errors import CutlassTuneError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Autotune CUTLASS 3.x GEMM kernels on Hopper (SM90).")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigArg = typer.Argument(..., help="search-space YAML file (see configs/README.md)")
 
@@ -103,9 +105,18 @@ def compile_(
         raise typer.Exit(1)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # A parent that started us in the background may have set SIGINT to "ignore"; Ctrl-C and
+    # SIGTERM must still stop nvcc and clean up.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        app(standalone_mode=False)
+        # Without standalone mode, click returns the code of a typer.Exit or an interrupt.
+        code = app(standalone_mode=False)
     except CutlassTuneError as e:
         err.print(f"error: {e}", markup=False)
         sys.exit(2)
@@ -114,15 +125,15 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except (typer.Abort,):
+    except click.Abort:  # click turns KeyboardInterrupt into Abort
+        err.print("interrupted", markup=False)
         sys.exit(130)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
+    except click.ClickException as e:  # usage errors
+        e.show()
+        sys.exit(e.exit_code)
+    if code == 130:
+        err.print("interrupted", markup=False)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 | variable | meaning | default |
 |---|---|---|
 | CUTLASS_TUNE_CACHE_DIR | where compiled kernels are cached | the user cache dir (platformdirs) |
-| CUTLASS_TUNE_NVCC | the nvcc to run | `nvcc` on PATH, else $CUDA_HOME/bin/nvcc |
+| CUTLASS_TUNE_NVCC | the nvcc to run | `nvcc` on PATH, else $CUDA_HOME (or /usr/local/cuda)/bin/nvcc |
 | CUTLASS_TUNE_JOBS | parallel nvcc jobs | bounded by cores and memory |
 | CUTLASS_TUNE_COMPILE_TIMEOUT | seconds before one nvcc job is killed | 900 |
 | CUTLASS_TUNE_NVCC_MEMORY_GB | memory one nvcc job is assumed to peak at | 3.2 |
@@ -52,10 +52,9 @@ def nvcc_path() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
-    for home in (_env("CUDA_HOME"), _env("CUDA_PATH"), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / "nvcc").exists():
-            return str(Path(home) / "bin" / "nvcc")
-    return None
+    home = _env("CUDA_HOME") or _env("CUDA_PATH") or "/usr/local/cuda"
+    candidate = Path(home) / "bin" / "nvcc"
+    return str(candidate) if candidate.exists() else None
 
 
 def compile_jobs() -> int | None:

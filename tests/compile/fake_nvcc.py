@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Stands in for nvcc in tests: writes the output file, or fails or hangs on request.
+
+FAKE_NVCC_FAIL_IF / FAKE_NVCC_HANG_IF: a substring of the source that triggers a failure or a
+hang; FAKE_NVCC_SLEEP: seconds each compile takes; FAKE_NVCC_LOG_DIR: one file per call.
+"""
+import os
+import sys
+import time
+import uuid
+
+args = sys.argv[1:]
+if "--version" in args:
+    print("Cuda compilation tools, release 99.0, V99.0.1")
+    sys.exit(0)
+out = args[args.index("-o") + 1]
+source = open(args[-1]).read()
+if os.environ.get("FAKE_NVCC_LOG_DIR"):
+    with open(os.path.join(os.environ["FAKE_NVCC_LOG_DIR"], uuid.uuid4().hex), "w") as f:
+        f.write(source)
+time.sleep(float(os.environ.get("FAKE_NVCC_SLEEP", "0")))
+hang = os.environ.get("FAKE_NVCC_HANG_IF")
+if hang and hang in source:
+    time.sleep(3600)
+fail = os.environ.get("FAKE_NVCC_FAIL_IF")
+if fail and fail in source:
+    print(f"{args[-1]}(12): error: static assertion failed with \"planted failure\"")
+    sys.exit(1)
+print("ptxas info    : Compiling entry function '_ZN19ct_0000000000000000_kernel'")
+print("ptxas info    : Function properties for _ZN19ct_0000000000000000_kernel")
+print("    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+with open(out, "w") as f:
+    f.write("fake shared object\n")

@@ -1,0 +1,135 @@
+import dataclasses
+
+import pytest
+
+from cutlass_tune.space import (
+    AUTO_STAGES,
+    SMEM_CAPACITY_BYTES,
+    Decomposition,
+    DType,
+    EpilogueSchedule,
+    KernelConfig,
+    KernelSchedule,
+    Layout,
+    Problem,
+    RuntimeArgs,
+    TileScheduler,
+    check_config,
+    check_pair,
+    check_problem,
+    check_runtime,
+    smem_usage,
+)
+
+COOP = KernelConfig()
+PING = KernelConfig(tile_m=64, kernel_schedule=KernelSchedule.PINGPONG,
+                    epilogue_schedule=EpilogueSchedule.TMA)
+
+
+def rules(cfg):
+    return {r.rule for r in check_config(cfg)}
+
+
+def test_defaults_are_valid():
+    assert check_config(COOP) == []
+    assert check_config(PING) == []
+
+
+@pytest.mark.parametrize("field,value,rule", [
+    ("tile_m", 100, "tile_m"), ("tile_m", 320, "tile_m"), ("tile_m", 0, "tile_m"),
+    ("tile_n", 8, "tile_n"), ("tile_n", 72, "tile_n"), ("tile_n", 272, "tile_n"),
+    ("tile_k", 48, "tile_k"), ("tile_k", 512, "tile_k"),
+    ("cluster_m", 3, "cluster_m"), ("cluster_n", 16, "cluster_n"),
+    ("stages", 1, "stages"), ("stages", 17, "stages"), ("stages", -1, "stages"),
+])
+def test_value_rules(field, value, rule):
+    assert rule in rules(dataclasses.replace(COOP, **{field: value}))
+
+
+def test_tile_k_bytes_rule_counts_element_size():
+    # 256 x 2 bytes = 512-byte rows: no smem swizzle atom covers them.
+    assert "tile_k_bytes" in rules(dataclasses.replace(COOP, tile_k=256))
+
+
+def test_cooperative_needs_tile_m_128():
+    assert "cooperative_tile_m" in rules(dataclasses.replace(COOP, tile_m=64))
+    assert "cooperative_tile_m" in rules(dataclasses.replace(COOP, tile_m=192))
+    assert "cooperative_tile_m" not in rules(dataclasses.replace(COOP, tile_m=256, tile_n=64))
+
+
+def test_cluster_at_most_8_ctas():
+    assert "cluster_size" in rules(dataclasses.replace(COOP, cluster_m=4, cluster_n=4))
+    assert "cluster_size" not in rules(dataclasses.replace(COOP, cluster_m=4, cluster_n=2))
+
+
+def test_stream_k_only_with_cooperative():
+    assert "stream_k_schedule" in rules(dataclasses.replace(PING, tile_scheduler=TileScheduler.STREAM_K))
+    assert check_config(dataclasses.replace(COOP, tile_scheduler=TileScheduler.STREAM_K)) == []
+
+
+def test_epilogue_must_pair_with_schedule():
+    assert "epilogue_pairing" in rules(dataclasses.replace(COOP, epilogue_schedule=EpilogueSchedule.TMA))
+    assert "epilogue_pairing" in rules(dataclasses.replace(PING, epilogue_schedule=EpilogueSchedule.TMA_COOPERATIVE))
+    assert check_config(dataclasses.replace(COOP, epilogue_schedule=EpilogueSchedule.NO_SMEM)) == []
+
+
+def test_fixed_stages_must_fit_in_smem():
+    # 128x128x64 bf16: 32784 bytes a stage; six fit beside the epilogue, seven do not.
+    assert check_config(dataclasses.replace(COOP, stages=6)) == []
+    assert "smem_capacity" in rules(dataclasses.replace(COOP, stages=7))
+
+
+def test_auto_stages_need_two():
+    big = dataclasses.replace(COOP, tile_m=256, tile_n=256, tile_k=128)
+    assert smem_usage(big).stages == 1
+    assert "smem_stages" in rules(big)
+
+
+def test_auto_stages_follow_cutlass_carveout():
+    # Figures read from sizeof(SharedStorage) and DispatchPolicy::Stages of compiled kernels.
+    assert smem_usage(COOP).stages == 6
+    assert smem_usage(dataclasses.replace(COOP, tile_n=256)).stages == 4
+    for cfg in (COOP, dataclasses.replace(COOP, tile_n=256)):
+        assert smem_usage(cfg).total_bytes <= SMEM_CAPACITY_BYTES
+
+
+def test_unsupported_types_rejected():
+    assert "dtype_inputs" in rules(dataclasses.replace(COOP, dtype_a=DType.E4M3, dtype_b=DType.E4M3))
+    assert "dtype_inputs" in rules(dataclasses.replace(COOP, dtype_b=DType.F16))
+    assert "dtype_output" in rules(dataclasses.replace(COOP, dtype_c=DType.F16))
+    assert "dtype_accumulator" in rules(dataclasses.replace(COOP, dtype_acc=DType.BF16))
+    assert "arch" in rules(dataclasses.replace(COOP, arch="sm100a"))
+
+
+def test_problem_shape_and_alignment():
+    assert check_problem(Problem(4096, 4096, 4096)) == []
+    assert [r.rule for r in check_problem(Problem(0, 16, 16))] == ["shape"]
+    why = check_problem(Problem(64, 64, 100))
+    assert {r.rule for r in why} == {"tma_alignment"} and "K=100" in why[0].reason
+    # Column-major A puts M on the contiguous axis.
+    assert check_problem(Problem(100, 64, 64, layout_a=Layout.COL))[0].reason.startswith("M=100")
+    assert check_problem(Problem(64, 100, 64))[0].reason.startswith("N=100")  # D is row-major
+    assert check_problem(Problem(64, 64, 64, dtype_d=DType.F32)) == []
+    assert check_problem(Problem(64, 64, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3))[0].rule == "dtype_inputs"
+
+
+def test_pair_must_match():
+    assert check_pair(COOP, Problem(64, 64, 64)) == []
+    assert check_pair(COOP, Problem(64, 64, 64, layout_b=Layout.ROW))[0].rule == "problem_mismatch"
+
+
+def test_runtime_rules():
+    sk = dataclasses.replace(COOP, tile_scheduler=TileScheduler.STREAM_K)
+    assert check_runtime(COOP, RuntimeArgs(swizzle=8)) == []
+    assert check_runtime(COOP, RuntimeArgs(swizzle=3))[0].rule == "swizzle"
+    assert check_runtime(COOP, RuntimeArgs(splits=2))[0].rule == "stream_k_args"
+    assert check_runtime(sk, RuntimeArgs(splits=2, decomposition=Decomposition.SPLIT_K)) == []
+    assert check_runtime(sk, RuntimeArgs(splits=2, decomposition=Decomposition.DATA_PARALLEL))
+
+
+def test_name_and_hash_are_stable():
+    assert COOP.name == "bf16_tn_128x128x64_c1x1_sauto_cooperative_tma_cooperative_persistent"
+    assert COOP.hash == KernelConfig().hash
+    assert COOP.hash != dataclasses.replace(COOP, stages=4).hash
+    assert KernelConfig.from_dict(COOP.to_dict()) == COOP
+    assert AUTO_STAGES == 0
