@@ -110,10 +110,15 @@ class SmemUsage:
     stages: int
     stage_bytes: int
     epilogue_bytes: int
+    epilogue_reuses_mainloop: bool
+    """The non-persistent kernel puts epilogue and mainloop tiles in a union."""
 
     @property
     def total_bytes(self) -> int:
-        return self.stages * self.stage_bytes + self.epilogue_bytes + KERNEL_SMEM_ALLOWANCE_BYTES
+        mainloop = self.stages * self.stage_bytes
+        tensors = (max(mainloop, self.epilogue_bytes) if self.epilogue_reuses_mainloop
+                   else mainloop + self.epilogue_bytes)
+        return tensors + KERNEL_SMEM_ALLOWANCE_BYTES
 
 
 def epilogue_tile(cfg: KernelConfig) -> tuple[int, int]:
@@ -154,7 +159,8 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
         stages = (capacity - _round_up(epi, 128)) // stage_bytes
     else:
         stages = cfg.stages
-    return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=epi)
+    return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=epi,
+                     epilogue_reuses_mainloop=cfg.kernel_schedule is KernelSchedule.TMA_WS)
 
 
 _EPILOGUE_PAIRS = {
@@ -213,9 +219,9 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
         reject("smem_stages", f"only {usage.stages} stage of {usage.stage_bytes} bytes fits beside "
                f"the {usage.epilogue_bytes}-byte epilogue; a pipeline needs 2")
     elif usage.total_bytes > SMEM_CAPACITY_BYTES:
-        reject("smem_capacity", f"{usage.stages} stages x {usage.stage_bytes} bytes + epilogue "
-               f"{usage.epilogue_bytes} + kernel {KERNEL_SMEM_ALLOWANCE_BYTES} = "
-               f"{usage.total_bytes} bytes exceeds {SMEM_CAPACITY_BYTES}")
+        reject("smem_capacity", f"{usage.stages} stages x {usage.stage_bytes} bytes with a "
+               f"{usage.epilogue_bytes}-byte epilogue need {usage.total_bytes} bytes of shared "
+               f"memory (kernel allowance included); the SM has {SMEM_CAPACITY_BYTES}")
     return out
 
 

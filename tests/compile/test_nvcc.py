@@ -29,7 +29,7 @@ BOUNDARY = [
     KernelConfig(tile_n=256, cluster_m=2, stages=4, tile_scheduler=TileScheduler.STREAM_K),
     KernelConfig(tile_m=64, tile_n=128, cluster_n=2, kernel_schedule=KernelSchedule.PINGPONG,
                  epilogue_schedule=EpilogueSchedule.NO_SMEM, layout_a=Layout.COL, layout_b=Layout.ROW),
-    KernelConfig(stages=6, kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=EpilogueSchedule.TMA,
+    KernelConfig(stages=7, kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=EpilogueSchedule.TMA,
                  layout_a=Layout.COL, layout_b=Layout.COL),
     KernelConfig(tile_m=256, tile_n=64, cluster_m=4, dtype_a=DType.F16, dtype_b=DType.F16,
                  dtype_c=DType.F32, dtype_d=DType.F32, layout_b=Layout.ROW),

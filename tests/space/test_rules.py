@@ -79,6 +79,13 @@ def test_fixed_stages_must_fit_in_smem():
     assert "smem_capacity" in rules(dataclasses.replace(COOP, stages=7))
 
 
+def test_plain_kernel_epilogue_reuses_mainloop_smem():
+    # Non-persistent: epilogue and mainloop tiles share a union, so a 7th stage fits.
+    plain = KernelConfig(kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=EpilogueSchedule.TMA)
+    assert check_config(dataclasses.replace(plain, stages=7)) == []
+    assert "smem_capacity" in rules(dataclasses.replace(plain, stages=8))
+
+
 def test_auto_stages_need_two():
     big = dataclasses.replace(COOP, tile_m=256, tile_n=256, tile_k=128)
     assert smem_usage(big).stages == 1

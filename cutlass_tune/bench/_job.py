@@ -1,0 +1,89 @@
+"""`Job`: what the parent sends a benchmark worker, one kernel (or cuBLAS) on one problem."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..compile import CompiledKernel
+from ..errors import CutlassTuneError
+from ..space import KernelConfig, Problem, RuntimeArgs, check_pair, check_problem, check_runtime
+from ..status import Status
+from ._env import EnvStamp
+from ._measurement import Measurement
+from ._timing import TimingOptions
+
+
+class InvalidJobError(CutlassTuneError):
+    """A problem no kernel can run, or a kernel, problem and run-time variant that do not fit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Measure one compiled kernel, or the cuBLAS baseline (`library` None), on one problem
+    for each of `variants`. Each variant gives one `Measurement`.
+
+    Construct through `for_kernel` and `baseline`. Picklable: it crosses to the worker process.
+
+    Raises:
+        InvalidJobError: from the constructor, when the problem breaks a rule of
+            `space.check_problem` (e.g. TMA alignment), or the config does not match it.
+    """
+
+    problem: Problem
+    variants: tuple[RuntimeArgs, ...]
+    library: Path | None = None
+    symbol: str = ""
+    config: KernelConfig | None = None
+    compile_seconds: float | None = None
+    timing: TimingOptions = TimingOptions()
+    seed: int = 0
+    repeat: int = 0
+
+    def __post_init__(self) -> None:
+        why = check_problem(self.problem)
+        if self.config is not None:
+            why += check_pair(self.config, self.problem)
+            for v in self.variants:
+                why += check_runtime(self.config, v)
+        if why:
+            raise InvalidJobError(f"{self.problem.name} with {self.kernel_name}: {why[0]}")
+        if not self.variants:
+            raise InvalidJobError(f"{self.kernel_name}: no run-time variant to measure")
+        if self.is_baseline and self.variants != (RuntimeArgs(),):
+            raise InvalidJobError("the cuBLAS baseline has no run-time variants")
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.library is None
+
+    @property
+    def kernel_name(self) -> str:
+        if self.config is not None:
+            return self.config.name
+        return self.symbol or "cuBLAS"
+
+    @classmethod
+    def for_kernel(cls, kernel: CompiledKernel, problem: Problem, variants: tuple[RuntimeArgs, ...],
+                   **kw: Any) -> Job:
+        """Job for a successfully compiled kernel; `kw` sets timing, seed, repeat."""
+        if kernel.status is not Status.OK or kernel.library is None:
+            raise InvalidJobError(f"{kernel.config.name} did not compile: {kernel.reason}")
+        return cls(problem=problem, variants=tuple(variants), library=kernel.library,
+                   symbol=kernel.symbol, config=kernel.config, compile_seconds=kernel.seconds, **kw)
+
+    @classmethod
+    def baseline(cls, problem: Problem, **kw: Any) -> Job:
+        """Job timing torch.matmul (cuBLAS) on `problem`; `kw` sets timing, seed, repeat."""
+        return cls(problem=problem, variants=(RuntimeArgs(),), **kw)
+
+    def measurement(self, variant: RuntimeArgs, status: Status, reason: str = "",
+                    env: EnvStamp | None = None, **fields: Any) -> Measurement:
+        """A Measurement of this job's `variant`; `fields` sets timing, error, clocks."""
+        return Measurement(
+            problem=self.problem, config=self.config, runtime=variant, status=status,
+            reason=reason, symbol=self.symbol, is_baseline=self.is_baseline,
+            method=self.timing.method, env=env, compile_seconds=self.compile_seconds,
+            repeat=self.repeat, **fields,
+        )

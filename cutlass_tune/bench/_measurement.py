@@ -1,0 +1,130 @@
+"""`Measurement`: the outcome of one (kernel, problem, run-time variant), and its JSON lines.
+
+Each line of a results file is one `Measurement.to_dict()`, carrying a `schema` number.
+`tests/bench/data/` keeps a file from each schema version; `from_dict` must keep loading them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from pathlib import Path
+from typing import IO, Any, Iterable, Iterator
+
+from ..space import Decomposition, DType, KernelConfig, Layout, Problem, RasterOrder, RuntimeArgs
+from ..status import Status
+from ._env import Clocks, EnvStamp
+
+SCHEMA_VERSION = 1
+BASELINE_NAME = "cuBLAS"
+
+
+def problem_to_dict(p: Problem) -> dict[str, Any]:
+    return {f.name: (v.value if isinstance(v := getattr(p, f.name), enum.Enum) else v)
+            for f in dataclasses.fields(p)}
+
+
+def problem_from_dict(d: dict[str, Any]) -> Problem:
+    return Problem(
+        m=d["m"], n=d["n"], k=d["k"],
+        dtype_a=DType(d["dtype_a"]), dtype_b=DType(d["dtype_b"]), dtype_d=DType(d["dtype_d"]),
+        layout_a=Layout(d["layout_a"]), layout_b=Layout(d["layout_b"]),
+    )
+
+
+def runtime_to_dict(r: RuntimeArgs) -> dict[str, Any]:
+    return {"raster": r.raster.name.lower(), "swizzle": r.swizzle, "splits": r.splits,
+            "decomposition": r.decomposition.name.lower()}
+
+
+def runtime_from_dict(d: dict[str, Any]) -> RuntimeArgs:
+    return RuntimeArgs(raster=RasterOrder[d["raster"].upper()], swizzle=d["swizzle"],
+                       splits=d["splits"], decomposition=Decomposition[d["decomposition"].upper()])
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One (kernel, problem, run-time variant) measured, or why it could not be.
+
+    Timing fields are set only when `status` is OK. `config` is None for the cuBLAS baseline
+    (`is_baseline`) and for hand-written kernels, which `symbol` then names. `method` says how
+    it was timed (see `_timing`); only measurements with the same method, `env` and run
+    compare. `repeat` numbers the passes of a run that measures everything more than once.
+    """
+
+    problem: Problem
+    config: KernelConfig | None
+    runtime: RuntimeArgs
+    status: Status
+    reason: str = ""
+    symbol: str = ""
+    is_baseline: bool = False
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    samples: int = 0
+    tflops: float | None = None
+    rel_error: float | None = None
+    method: str = ""
+    throttled: bool = False
+    clocks: Clocks | None = None
+    env: EnvStamp | None = None
+    compile_seconds: float | None = None
+    repeat: int = 0
+
+    @property
+    def kernel_name(self) -> str:
+        if self.is_baseline:
+            return BASELINE_NAME
+        return self.config.name if self.config is not None else self.symbol
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict; inverse of `from_dict`."""
+        out: dict[str, Any] = {"schema": SCHEMA_VERSION}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "problem":
+                v = problem_to_dict(v)
+            elif f.name == "runtime":
+                v = runtime_to_dict(v)
+            elif f.name == "status":
+                v = v.value
+            elif v is not None and f.name in ("config", "clocks", "env"):
+                v = v.to_dict()
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        """Build from `to_dict` output of any known schema. Raises ValueError otherwise."""
+        schema = data.get("schema")
+        if schema != SCHEMA_VERSION:
+            raise ValueError(f"unknown measurement schema {schema!r} (this version reads {SCHEMA_VERSION})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["problem"] = problem_from_dict(data["problem"])
+        values["runtime"] = runtime_from_dict(data["runtime"])
+        values["status"] = Status(data["status"])
+        for name, kind in (("config", KernelConfig), ("clocks", Clocks), ("env", EnvStamp)):
+            if data.get(name) is not None:
+                values[name] = kind.from_dict(data[name])
+        return cls(**values)
+
+
+def write_jsonl(stream: IO[str], measurement: Measurement) -> None:
+    """Append one line and flush it, so an interruption loses nothing already measured."""
+    stream.write(json.dumps(measurement.to_dict()) + "\n")
+    stream.flush()
+
+
+def read_jsonl(path: str | Path) -> Iterator[Measurement]:
+    """Measurements of a results file, in order. Raises ValueError naming a bad line."""
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield Measurement.from_dict(json.loads(line))
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{number}: not a measurement: {err}") from err

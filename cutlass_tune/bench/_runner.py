@@ -1,0 +1,185 @@
+"""Inside the worker process: run a `Job` on one GPU and yield a `Measurement` per variant.
+
+For each variant: fresh random inputs, an fp32 reference, `can_implement`, workspace sized
+by the kernel, `initialize` once, one launch into a NaN-poisoned output checked against the
+reference, then the launches timed by `time_launches` (the same function for cuBLAS), then
+the output checked again (a kernel can be right once and wrong when repeated).
+
+A CUDA error yields RUNTIME_ERROR; the CUDA context may then be lost for good, so the worker
+loop exits after sending it (see `_worker`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from ..space import DType, Problem, RuntimeArgs
+from ..status import Status
+from ._env import ClockMonitor, Clocks, env_stamp
+from ._job import Job
+from ._loader import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
+from ._measurement import Measurement
+from ._timing import L2Flush, time_launches
+from ._verify import Operands, allocate, randomize, reference, verify_launch
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+class _Target:
+    """What `GpuRunner` measures: `setup` per variant, then `launch` (timed) after `rearm`."""
+
+    rearm: Callable[[], None] | None = None
+
+    def launch(self) -> None:
+        raise NotImplementedError
+
+    def once(self) -> None:
+        """One launch that is safe to repeat (re-arms the workspace first)."""
+        if self.rearm is not None:
+            self.rearm()
+        self.launch()
+
+
+class CublasTarget(_Target):
+    """torch.matmul into a preallocated D: cuBLAS with the problem's layouts, no copies."""
+
+    def __init__(self, problem: Problem):
+        self._problem = problem
+        self._ops: Operands | None = None
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        """Bind to `ops`; returns why cuBLAS cannot run the problem, or None."""
+        p = self._problem
+        if p.dtype_d not in (p.dtype_a, DType.F32):
+            return f"torch.matmul has no {p.dtype_a.value} x {p.dtype_b.value} -> {p.dtype_d.value} GEMM"
+        self._ops = ops
+        return None
+
+    def launch(self) -> None:
+        ops = self._ops
+        if ops.d.dtype == ops.a.dtype:
+            torch.matmul(ops.a_mk, ops.b_kn, out=ops.d)
+        else:
+            torch.mm(ops.a_mk, ops.b_kn, out_dtype=ops.d.dtype, out=ops.d)
+
+    def close(self) -> None:
+        self._ops = None
+
+
+class CutlassTarget(_Target):
+    """A compiled kernel, initialized once per variant, then launched (S_run) alone."""
+
+    def __init__(self, kernel: LoadedKernel, device: int, sm_count: int):
+        self._kernel, self._device, self._sm_count = kernel, device, sm_count
+        self._gemm: GemmInstance = kernel.create()
+        self._workspace: torch.Tensor | None = None
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        """can_implement, workspace, initialize. Returns why the kernel cannot run the
+        problem, or None. Raises KernelStatusError when initialize fails."""
+        args = make_args(ops.problem, variant, a=ops.a.data_ptr(), b=ops.b.data_ptr(),
+                         d=ops.d.data_ptr(), device_id=self._device, sm_count=self._sm_count)
+        code = self._kernel.can_implement(args)
+        if code != 0:
+            return f"can_implement returned {cutlass_status_name(code)}"
+        size = self._kernel.workspace_size(args)
+        self._workspace = torch.empty(size, dtype=torch.uint8, device=ops.d.device) if size else None
+        self._gemm.initialize(args, self._workspace.data_ptr() if size else None, _stream())
+        # Stream-K barrier counters grow with each launch and must start at zero.
+        self.rearm = self._workspace.zero_ if size else None
+        return None
+
+    def launch(self) -> None:
+        self._gemm.run(_stream())
+
+    def close(self) -> None:
+        self._gemm.close()
+        self._workspace = None
+
+
+class GpuRunner:
+    """Runs jobs on CUDA device `device` of this process. Construct it in the worker.
+
+    Keeps loaded libraries, the L2 flush buffer and the operands of the last problem.
+    """
+
+    def __init__(self, device: int):
+        torch.cuda.set_device(device)
+        torch.set_float32_matmul_precision("highest")
+        self.device = device
+        self.env = env_stamp(device)
+        self._flush = L2Flush(device, self.env.l2_bytes)
+        self._clocks = ClockMonitor(device)
+        self._kernels: dict[tuple[str, str], LoadedKernel] = {}
+        self._ops: Operands | None = None
+
+    def __call__(self, job: Job) -> Iterator[Measurement]:
+        try:
+            target = self._target(job)
+        except KernelLoadError as err:
+            for variant in job.variants:
+                yield job.measurement(variant, Status.COMPILE_ERROR, str(err), self.env)
+            return
+        generator = torch.Generator(device=f"cuda:{self.device}")
+        generator.manual_seed(job.seed)
+        try:
+            for variant in job.variants:
+                yield self._measure(job, target, variant, generator)
+        finally:
+            target.close()
+
+    def _target(self, job: Job) -> _Target:
+        if job.is_baseline:
+            return CublasTarget(job.problem)
+        key = (str(job.library), job.symbol)
+        if key not in self._kernels:
+            self._kernels[key] = LoadedKernel(job.library, job.symbol)
+        return CutlassTarget(self._kernels[key], self.device, self.env.sm_count)
+
+    def _operands(self, problem: Problem) -> Operands:
+        if self._ops is None or self._ops.problem != problem:
+            self._ops = None  # free the previous problem's buffers first
+            self._ops = allocate(problem, f"cuda:{self.device}")
+        return self._ops
+
+    def _measure(self, job: Job, target: _Target, variant: RuntimeArgs,
+                 generator: torch.Generator) -> Measurement:
+        def result(status: Status, reason: str = "", **fields) -> Measurement:
+            return job.measurement(variant, status, reason, self.env, **fields)
+
+        try:
+            ops = self._operands(job.problem)
+            randomize(ops, generator)
+            ref = reference(ops)
+            why = target.setup(variant, ops)
+            if why:
+                return result(Status.CANNOT_IMPLEMENT, why)
+            first = verify_launch(target.once, ops, ref)
+            if first.status is not Status.OK:
+                return result(first.status, first.reason, rel_error=first.rel_error)
+            before = self._clocks.read()
+            stats = time_launches(target.launch, options=job.timing, flush=self._flush,
+                                  prepare=target.rearm)
+            after = self._clocks.read()
+            again = verify_launch(target.once, ops, ref)
+        except RuntimeError as err:  # torch's CUDA errors and KernelStatusError
+            return result(Status.RUNTIME_ERROR, _first_line(err))
+        if again.status is not Status.OK:
+            return result(again.status, f"right after one launch, wrong after {stats.samples} "
+                          f"more: {again.reason}", rel_error=again.rel_error)
+        clocks = Clocks.around(before, after)
+        return result(
+            Status.OK, rel_error=first.rel_error, median_ms=stats.median_ms, p20_ms=stats.p20_ms,
+            p80_ms=stats.p80_ms, samples=stats.samples,
+            tflops=job.problem.flops / (stats.median_ms * 1e9),
+            throttled=clocks.throttled if clocks else False, clocks=clocks,
+        )
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:500]
