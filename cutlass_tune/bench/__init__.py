@@ -1,0 +1,26 @@
+"""Bench stage: compiled kernel + problem -> `Measurement` (GPU worker, verification, timing).
+
+Kernels run in a worker subprocess per GPU (`Worker`), which survives CUDA errors and hangs by
+being replaced. Each (kernel, problem, run-time variant) is checked against an fp32 reference
+before it is timed; the cuBLAS baseline goes through the same checks and the same timing
+function.
+"""
+
+from ._env import Clocks, ClockMonitor, EnvStamp, env_stamp
+from ._job import InvalidJobError, Job
+from ._loader import GemmArgs, GemmInstance, KernelLoadError, KernelStatusError, LoadedKernel, make_args
+from ._measurement import Measurement, read_jsonl, write_jsonl
+from ._runner import GpuRunner
+from ._session import Plan, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
+from ._timing import L2Flush, TimingOptions, TimingStats, summarize, time_launches
+from ._verify import TOLERANCE, Operands, Verdict, compare, verify_launch
+from ._worker import DEFAULT_TIMEOUT_S, Worker, WorkerError
+
+__all__ = [
+    "ClockMonitor", "Clocks", "DEFAULT_TIMEOUT_S", "EnvStamp", "GemmArgs", "GemmInstance",
+    "GpuRunner", "InvalidJobError", "Job", "KernelLoadError", "KernelStatusError", "L2Flush",
+    "LoadedKernel", "Measurement", "Operands", "Plan", "TOLERANCE", "TimingOptions",
+    "TimingStats", "Verdict", "Worker", "WorkerError", "baseline_ratio", "compare", "env_stamp",
+    "make_args", "plan_jobs", "read_jsonl", "repeat_spread", "require_gpu", "run_plan",
+    "summarize", "time_launches", "verify_launch", "write_jsonl",
+]

@@ -90,14 +90,14 @@ class Worker:
 
     Args:
         device: CUDA device index the child uses.
-        factory: builds the job runner in the child (tests pass fakes).
+        factory: builds the job runner in the child; default `GpuRunner` (tests pass fakes).
         timeout_s: seconds to wait for each measurement before killing the child.
         start_timeout_s: seconds to wait for a child to start (import torch, init CUDA).
     """
 
-    def __init__(self, device: int = 0, *, factory: RunnerFactory = _default_factory,
+    def __init__(self, device: int = 0, *, factory: RunnerFactory | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = DEFAULT_START_TIMEOUT_S):
-        self.device, self.factory = device, factory
+        self.device, self.factory = device, factory or _default_factory
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.env: EnvStamp | None = None
         self.starts = 0
