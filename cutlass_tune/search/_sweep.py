@@ -1,0 +1,336 @@
+"""The sweep loop: Optuna proposes configs, the CPU compiles, the GPU measures, the store keeps.
+
+One Optuna study per problem (named from problem, types, layout, arch and GPU) over the
+compile-time knobs. A trial's value is the best TFLOP/s over its run-time variants. Each
+compiled kernel is measured on every problem of the sweep, and its result is added to every
+study, so one compile informs all shapes. The next batch compiles on a background thread while
+the current one is measured. Everything measured goes to the store one row at a time; a
+re-run with the same store measures only what is missing.
+
+This module never imports GPU code: the compiler and the benchmarker are passed in.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import time
+import uuid
+from typing import Callable, Iterator, Protocol, Sequence
+
+import optuna
+
+from ..bench import Measurement
+from ..compile import CompiledKernel
+from ..space import KernelConfig, Problem, RuntimeArgs, SearchSpace, check_config
+from ..status import Status
+from ..store import ResultStore
+from ._params import ParamSpace, config_of, params_of
+from ._samplers import CONSTRAINT, make_sampler
+from ._seeds import seed_configs
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class Benchmarker(Protocol):
+    """Measures compiled kernels on problems (the GPU side, or a fake in tests)."""
+
+    gpu_name: str
+
+    def baseline(self, problem: Problem) -> Measurement: ...
+
+    def measure(self, kernel: CompiledKernel, problem: Problem,
+                variants: Sequence[RuntimeArgs]) -> Iterator[Measurement]:
+        """One Measurement per variant, yielded as each is taken (the sweep stores each at once)."""
+
+
+Compiler = Callable[[Sequence[KernelConfig]], list[CompiledKernel]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSettings:
+    trials: int = 48
+    """Most configs compiled and measured in this store (earlier runs count)."""
+    timeout_s: float | None = None
+    sampler: str = "tpe"
+    batch: int = 8
+    """Trials compiled together while the previous batch is measured."""
+    seed: int = 0
+    arch: str = "sm90a"
+
+
+@dataclasses.dataclass
+class ProblemProgress:
+    problem: Problem
+    study: optuna.Study
+    cublas_tflops: float | None = None
+    best_tflops: float | None = None
+    best_config: KernelConfig | None = None
+    best_at: int | None = None  # compile index at which the best was first reached
+    measured: int = 0
+    failed: int = 0
+
+    @property
+    def best_ratio(self) -> float | None:
+        if self.best_tflops and self.cublas_tflops:
+            return self.best_tflops / self.cublas_tflops
+        return None
+
+
+@dataclasses.dataclass
+class SweepState:
+    """What a progress display shows; updated in place as the sweep runs."""
+
+    problems: list[ProblemProgress]
+    compiled: int = 0
+    invalid: int = 0
+    queued: int = 0
+    run_id: str = ""
+    stop_reason: str = ""
+
+
+def study_name(problem: Problem, arch: str, gpu: str) -> str:
+    return f"{problem.name}_{arch}_{gpu.replace(' ', '-')}"
+
+
+class Sweep:
+    def __init__(self, space: SearchSpace, store: ResultStore, storage_url: str, compiler: Compiler,
+                 benchmarker: Benchmarker, settings: SweepSettings = SweepSettings(),
+                 on_update: Callable[[SweepState], None] | None = None):
+        self.space, self.store, self.compile, self.bench = space, store, compiler, benchmarker
+        self.settings = settings
+        self.on_update = on_update or (lambda state: None)
+        self.gpu = benchmarker.gpu_name
+        store.bind_gpu(self.gpu)
+        self.storage = optuna.storages.RDBStorage(storage_url)
+        self.params = {p: ParamSpace.from_space(space, p) for p in space.problems}
+        progress = []
+        for p in space.problems:
+            sampler = make_sampler(settings.sampler, seed=settings.seed, grid=self.params[p].grid())
+            study = optuna.create_study(study_name=study_name(p, settings.arch, self.gpu), storage=self.storage,
+                                        sampler=sampler, direction="maximize", load_if_exists=True)
+            progress.append(ProblemProgress(problem=p, study=study))
+        self.state = SweepState(problems=progress, run_id=uuid.uuid4().hex[:12])
+        # (problem name, config hash) -> runtime names already measured, from this or earlier runs
+        self.done: dict[tuple[str, str], set[str]] = {}
+        self.results: dict[tuple[str, str], float | None] = {}
+        self.compiled_hashes: set[str] = set()
+        self.in_study: dict[str, set[str]] = {pp.study.study_name: set() for pp in progress}
+
+    # ---- resume -------------------------------------------------------------------------
+    def _load_previous(self) -> list[KernelConfig]:
+        """Read the store and studies; fail trials a killed run left running; return configs
+        whose measurement is incomplete (to finish first)."""
+        unfinished: dict[str, KernelConfig] = {}
+        for pp in self.state.problems:
+            for t in pp.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                self.storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+                self.storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            for t in pp.study.get_trials(deepcopy=False):
+                if "config_hash" in t.user_attrs:
+                    self.in_study[pp.study.study_name].add(t.user_attrs["config_hash"])
+        for record in self.store.measurements():
+            if record.config is None or record.is_baseline:
+                continue
+            key = (record.problem.name, record.config.hash)
+            if record.status is not Status.INVALID:
+                self.compiled_hashes.add(record.config.hash)
+            self.done.setdefault(key, set()).add(record.runtime.name)
+            if record.status is Status.OK and record.tflops:
+                best = self.results.get(key)
+                self.results[key] = max(best or 0.0, record.tflops)
+            else:
+                self.results.setdefault(key, None)
+        for cfg_hash in self.compiled_hashes:
+            for pp in self.state.problems:
+                cfg = self._config_for(cfg_hash, pp.problem)
+                if cfg is not None and not check_config(cfg) and self._missing(cfg, pp.problem):
+                    unfinished[cfg_hash] = cfg
+        self.state.compiled = len(self.compiled_hashes)
+        return list(unfinished.values())
+
+    def _config_for(self, cfg_hash: str, problem: Problem) -> KernelConfig | None:
+        for c in self.space.candidates:
+            if c.hash == cfg_hash:
+                return config_of(params_of(c), problem)
+        return None
+
+    def _missing(self, cfg: KernelConfig, problem: Problem) -> list[RuntimeArgs]:
+        have = self.done.get((problem.name, cfg.hash), set())
+        return [v for v in self.space.runtime_variants(cfg) if v.name not in have]
+
+    # ---- proposing ------------------------------------------------------------------------
+    def _tell(self, pp: ProblemProgress, trial: optuna.Trial, cfg: KernelConfig,
+              value: float | None, reason: str = "", invalid: bool = False) -> None:
+        trial.set_user_attr("config_hash", cfg.hash)
+        trial.set_user_attr("config", cfg.name)
+        trial.set_constraint(CONSTRAINT, 1.0 if invalid else 0.0)
+        if reason:
+            trial.set_user_attr("reason", reason)
+        self.in_study[pp.study.study_name].add(cfg.hash)
+        if invalid:
+            pp.study.tell(trial, 0.0)  # infeasible: the constraint, not this value, ranks it
+        elif value is None:
+            pp.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            pp.study.tell(trial, value)
+
+    def _propose(self, want: int, pending: dict[str, KernelConfig],
+                 waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]]) -> list[KernelConfig]:
+        """Ask the studies (round robin) until `want` new configs are pending. Invalid,
+        already measured and already pending proposals are answered without a compile."""
+        batch: list[KernelConfig] = []
+        attempts = 0
+        limit = 50 * max(want, 1) + 100
+        while len(batch) < want and attempts < limit:
+            pp = self.state.problems[attempts % len(self.state.problems)]
+            attempts += 1
+            trial = pp.study.ask(self.params[pp.problem].distributions())
+            cfg = config_of(trial.params, pp.problem)
+            why = check_config(cfg)
+            if cfg.hash not in self.params[pp.problem].members:
+                why = why or ["not in the search space"]
+            if why:
+                self.state.invalid += 1
+                self._tell(pp, trial, cfg, None, reason=str(why[0]), invalid=True)
+                continue
+            if cfg.hash in pending:
+                waiting[cfg.hash].append((pp, trial))
+                continue
+            if cfg.hash in self.compiled_hashes and not self._missing(cfg, pp.problem):
+                value = self.results.get((pp.problem.name, cfg.hash))
+                self._tell(pp, trial, cfg, value, reason="" if value else self._failure_reason(pp.problem, cfg))
+                continue
+            pending[cfg.hash] = cfg
+            waiting[cfg.hash] = [(pp, trial)]
+            batch.append(cfg)
+        return batch
+
+    # ---- measuring ------------------------------------------------------------------------
+    def _measure(self, kernel: CompiledKernel, index: int) -> None:
+        cfg = kernel.config
+        for pp in self.state.problems:
+            pcfg = config_of(params_of(cfg), pp.problem)
+            if pcfg.hash != cfg.hash:
+                continue  # another type or layout: not this kernel's problem
+            key = (pp.problem.name, cfg.hash)
+            if kernel.status is not Status.OK:
+                if not self.done.get(key):
+                    m = Measurement(problem=pp.problem, config=cfg, runtime=RuntimeArgs(), status=kernel.status,
+                                    reason=kernel.reason, compile_seconds=kernel.seconds)
+                    self._record(pp, m)
+                self.results[key] = None
+                continue
+            for m in self.bench.measure(kernel, pp.problem, self._missing(cfg, pp.problem)):
+                self._record(pp, m)
+                if m.status is Status.OK and m.tflops:
+                    self.results[key] = max(self.results.get(key) or 0.0, m.tflops)
+                else:
+                    self.results.setdefault(key, None)
+            best = self.results.get(key)
+            if best and (pp.best_tflops is None or best > pp.best_tflops):
+                pp.best_tflops, pp.best_config, pp.best_at = best, cfg, index
+            pp.measured += 1
+            pp.failed += best is None
+
+    def _record(self, pp: ProblemProgress, m: Measurement) -> None:
+        key = (pp.problem.name, m.config.hash)
+        self.done.setdefault(key, set()).add(m.runtime.name)
+        self.store.add(m, gpu=self.gpu, run_id=self.state.run_id, cublas_tflops=pp.cublas_tflops,
+                       study=pp.study.study_name)
+
+    def _finish(self, cfg: KernelConfig, waiting: list[tuple[ProblemProgress, optuna.Trial]]) -> None:
+        """Tell the asking trials, and add the result to every other study."""
+        asked = set()
+        for pp, trial in waiting:
+            value = self.results.get((pp.problem.name, cfg.hash))
+            reason = "" if value else self._failure_reason(pp.problem, cfg)
+            self._tell(pp, trial, config_of(trial.params, pp.problem), value, reason=reason)
+            asked.add(pp.study.study_name)
+        for pp in self.state.problems:
+            pcfg = config_of(params_of(cfg), pp.problem)
+            name = pp.study.study_name
+            if name in asked or pcfg.hash != cfg.hash or cfg.hash in self.in_study[name]:
+                continue
+            value = self.results.get((pp.problem.name, cfg.hash))
+            dists = self.params[pp.problem].distributions()
+            params = params_of(cfg)
+            if any(params[k] not in dists[k].choices for k in params):
+                continue
+            attrs = {"config_hash": cfg.hash, "config": cfg.name}
+            if value is None:
+                attrs["reason"] = self._failure_reason(pp.problem, cfg)
+            pp.study.add_trial(optuna.trial.create_trial(
+                params=params, distributions=dists, value=value,
+                state=optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL,
+                user_attrs=attrs, constraints={CONSTRAINT: 0.0}))
+            self.in_study[name].add(cfg.hash)
+
+    def _failure_reason(self, problem: Problem, cfg: KernelConfig) -> str:
+        for (h, _), found in self.store.measured(problem).items():
+            if h == cfg.hash:
+                for r in found:
+                    if r["status"] != Status.OK.value:
+                        return f"{r['status']}: {r['reason']}"[:300]
+        return "no result"
+
+    # ---- the loop -------------------------------------------------------------------------
+    def run(self) -> SweepState:
+        """Run until `settings.trials` configs are compiled (counting earlier runs), the
+        timeout passes or the sampler runs out of new configs. Returns the final state."""
+        start = time.monotonic()
+        unfinished = self._load_previous()
+        for pp in self.state.problems:
+            base = self.bench.baseline(pp.problem)
+            self.store.add(base, gpu=self.gpu, run_id=self.state.run_id, study=pp.study.study_name)
+            pp.cublas_tflops = base.tflops if base.status is Status.OK else None
+            for (pname, h), value in self.results.items():
+                if pname == pp.problem.name and value and (pp.best_tflops is None or value > pp.best_tflops):
+                    pp.best_tflops, pp.best_config = value, self._config_for(h, pp.problem)
+        seeds = unfinished + seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems])
+        for i, cfg in enumerate(seeds):
+            # Spread seeds over the studies: the round robin asks each in turn.
+            pp = self.state.problems[i % len(self.state.problems)]
+            pcfg = config_of(params_of(cfg), pp.problem)
+            if pcfg.hash in self.params[pp.problem].members and pcfg.hash not in self.in_study[pp.study.study_name]:
+                pp.study.enqueue_trial(params_of(pcfg), skip_if_exists=True)
+        self.on_update(self.state)
+
+        def budget() -> int:
+            return self.settings.trials - len(self.compiled_hashes)
+
+        def timed_out() -> bool:
+            return self.settings.timeout_s is not None and time.monotonic() - start > self.settings.timeout_s
+
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        pending: dict[str, KernelConfig] = {}
+        waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]] = {}
+        try:
+            batch = self._propose(min(self.settings.batch, budget()), pending, waiting) if budget() > 0 else []
+            future = pool.submit(self.compile, batch) if batch else None
+            self.state.queued = len(batch)
+            while future is not None:
+                compiled = future.result()
+                self.compiled_hashes.update(k.config.hash for k in compiled)
+                self.state.compiled = len(self.compiled_hashes)
+                room = min(self.settings.batch, budget())
+                batch = [] if timed_out() or room <= 0 else self._propose(room, pending, waiting)
+                future = pool.submit(self.compile, batch) if batch else None
+                self.state.queued = len(batch)
+                for kernel in compiled:
+                    self._measure(kernel, index=self.state.compiled)
+                    self._finish(kernel.config, waiting.pop(kernel.config.hash, []))
+                    pending.pop(kernel.config.hash, None)
+                    self.on_update(self.state)
+            self.state.stop_reason = ("timeout" if timed_out() else
+                                      "trial budget reached" if budget() <= 0 else "no new configs proposed")
+        finally:
+            # Trials still waiting (interrupt) are failed so a resumed run does not wait on them.
+            for items in waiting.values():
+                for pp, trial in items:
+                    with contextlib.suppress(Exception):
+                        pp.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.on_update(self.state)
+        return self.state

@@ -1,0 +1,198 @@
+"""The results store: every measurement of every sweep, in SQLite (default) or PostgreSQL.
+
+One SQLAlchemy implementation serves both; Optuna keeps its studies in the same database
+through its own RDB storage. Each measurement is committed on its own, so a killed process
+loses at most the one in flight. A store belongs to one GPU model: opening it for another
+raises `StoreGpuMismatchError` instead of mixing results silently.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+
+from ..bench import Measurement
+from ..errors import CutlassTuneError
+from ..space import Problem, layout_code
+
+SCHEMA_VERSION = 1
+
+_metadata = sa.MetaData()
+
+meta_table = sa.Table(
+    "ct_meta", _metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
+measurements_table = sa.Table(
+    "ct_measurements", _metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("gpu", sa.String(128), nullable=False),
+    sa.Column("problem", sa.String(128), nullable=False, index=True),
+    sa.Column("m", sa.Integer, nullable=False),
+    sa.Column("n", sa.Integer, nullable=False),
+    sa.Column("k", sa.Integer, nullable=False),
+    sa.Column("dtype_a", sa.String(8), nullable=False),
+    sa.Column("dtype_b", sa.String(8), nullable=False),
+    sa.Column("dtype_d", sa.String(8), nullable=False),
+    sa.Column("layout", sa.String(2), nullable=False),
+    sa.Column("kernel", sa.String(160), nullable=False),
+    sa.Column("config_hash", sa.String(16), nullable=True, index=True),
+    sa.Column("runtime", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(24), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False, default=""),
+    sa.Column("median_ms", sa.Float, nullable=True),
+    sa.Column("p20_ms", sa.Float, nullable=True),
+    sa.Column("p80_ms", sa.Float, nullable=True),
+    sa.Column("samples", sa.Integer, nullable=False, default=0),
+    sa.Column("tflops", sa.Float, nullable=True),
+    sa.Column("cublas_tflops", sa.Float, nullable=True),
+    sa.Column("ratio", sa.Float, nullable=True),
+    sa.Column("compile_seconds", sa.Float, nullable=True),
+    sa.Column("throttled", sa.Boolean, nullable=False, default=False),
+    sa.Column("run_id", sa.String(64), nullable=False),
+    sa.Column("study", sa.String(256), nullable=True),
+    sa.Column("trial", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.String(32), nullable=False),
+    sa.Column("record", sa.Text, nullable=False),  # Measurement.to_dict(), lossless
+)
+
+
+class StoreError(CutlassTuneError):
+    """The storage URL is malformed or the store cannot be reached or read."""
+
+
+class StoreGpuMismatchError(StoreError):
+    """The store holds results from another GPU model."""
+
+
+def default_store_url(gpu_name: str, results_dir: str | Path = "results") -> str:
+    """`sqlite:///results/sweep-<gpu>.sqlite`: one embedded store per GPU model."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "gpu"
+    return f"sqlite:///{Path(results_dir) / f'sweep-{slug}.sqlite'}"
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(getattr(err, "orig", None) or err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+class ResultStore:
+    """Measurements of sweeps. Process-safe through the database; one GPU model per store.
+
+    Args:
+        url: SQLAlchemy URL, e.g. `sqlite:///results/x.sqlite` or `postgresql+psycopg://...`.
+            A SQLite file's directory is created; nothing else is created until `bind_gpu`.
+
+    Raises:
+        StoreError: malformed URL, unknown driver, unreachable server, unreadable schema.
+    """
+
+    def __init__(self, url: str):
+        self.url = url
+        try:
+            parsed = sa.engine.make_url(url)
+        except sa.exc.ArgumentError as err:
+            raise StoreError(f"cannot parse storage URL {url!r}: expected e.g. "
+                             "sqlite:///results/sweep.sqlite or postgresql+psycopg://user@host/db") from err
+        if parsed.get_backend_name() == "sqlite" and parsed.database:
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.engine = sa.create_engine(parsed, pool_pre_ping=True)
+            with self.engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        except (sa.exc.NoSuchModuleError, ModuleNotFoundError) as err:
+            raise StoreError(f"storage URL {url!r}: no driver for {parsed.drivername!r}") from err
+        except sa.exc.SQLAlchemyError as err:
+            raise StoreError(f"cannot reach the store {parsed.render_as_string(hide_password=True)}: "
+                             f"{_one_line(err)}") from err
+        self._created = False
+
+    def _create(self) -> None:
+        if not self._created:
+            try:
+                _metadata.create_all(self.engine)
+            except sa.exc.SQLAlchemyError as err:
+                raise StoreError(f"cannot create tables in {self.url}: {_one_line(err)}") from err
+            self._created = True
+
+    def gpu(self) -> str | None:
+        """The GPU model the store belongs to, or None for a new store."""
+        self._create()
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "gpu")).scalar()
+
+    def bind_gpu(self, gpu_name: str) -> None:
+        """Claim a new store for `gpu_name`, or check that an existing one belongs to it.
+
+        Raises:
+            StoreGpuMismatchError: the store was made on another GPU model.
+        """
+        self._create()
+        with self.engine.begin() as conn:
+            rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
+            if "gpu" not in rows:
+                conn.execute(meta_table.insert(), [
+                    {"key": "gpu", "value": gpu_name},
+                    {"key": "schema", "value": str(SCHEMA_VERSION)},
+                ])
+                return
+        if rows["gpu"] != gpu_name:
+            raise StoreGpuMismatchError(
+                f"the store {self.url} holds results from {rows['gpu']}, not {gpu_name}: "
+                "give this GPU its own --storage")
+        if rows.get("schema") != str(SCHEMA_VERSION):
+            raise StoreError(f"the store {self.url} has schema {rows.get('schema')}, this version "
+                             f"reads {SCHEMA_VERSION}")
+
+    def add(self, m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None,
+            study: str | None = None, trial: int | None = None) -> None:
+        """Record one measurement in its own transaction."""
+        self._create()
+        p = m.problem
+        ratio = (m.tflops / cublas_tflops) if (m.tflops and cublas_tflops) else None
+        row = {
+            "gpu": gpu, "problem": p.name, "m": p.m, "n": p.n, "k": p.k,
+            "dtype_a": p.dtype_a.value, "dtype_b": p.dtype_b.value, "dtype_d": p.dtype_d.value,
+            "layout": layout_code(p.layout_a, p.layout_b), "kernel": m.kernel_name,
+            "config_hash": m.config.hash if m.config is not None else None,
+            "runtime": m.runtime.name, "status": m.status.value, "reason": m.reason,
+            "median_ms": m.median_ms, "p20_ms": m.p20_ms, "p80_ms": m.p80_ms, "samples": m.samples,
+            "tflops": m.tflops, "cublas_tflops": cublas_tflops, "ratio": ratio,
+            "compile_seconds": m.compile_seconds, "throttled": m.throttled, "run_id": run_id,
+            "study": study, "trial": trial,
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "record": json.dumps(m.to_dict()),
+        }
+        with self.engine.begin() as conn:
+            conn.execute(measurements_table.insert(), row)
+
+    def measured(self, problem: Problem) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """Rows of `problem` by (config_hash, runtime name), for resuming without re-measuring."""
+        self._create()
+        t = measurements_table
+        query = sa.select(t.c.config_hash, t.c.runtime, t.c.status, t.c.reason, t.c.tflops,
+                          t.c.ratio, t.c.kernel).where(t.c.problem == problem.name, t.c.config_hash.isnot(None))
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        with self.engine.connect() as conn:
+            for row in conn.execute(query).mappings():
+                out.setdefault((row["config_hash"], row["runtime"]), []).append(dict(row))
+        return out
+
+    def rows(self, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every measurement row as a dict (all columns but `record` unless asked)."""
+        self._create()
+        t = measurements_table
+        cols = [t.c[c] for c in columns] if columns else [c for c in t.c if c.name != "record"]
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(sa.select(*cols).order_by(t.c.id)).mappings()]
+
+    def measurements(self) -> list[Measurement]:
+        """Every stored measurement, rebuilt losslessly."""
+        return [Measurement.from_dict(json.loads(r["record"])) for r in self.rows(["record"])]

@@ -1,0 +1,60 @@
+"""A fake compiler and GPU for testing the search loop on a CPU, with recorded-looking figures."""
+
+import hashlib
+from pathlib import Path
+
+from cutlass_tune.bench import Measurement
+from cutlass_tune.compile import CompiledKernel
+from cutlass_tune.space import KernelSchedule, RuntimeArgs, check_config
+from cutlass_tune.status import Status
+
+
+def synthetic_tflops(cfg, problem, variant):
+    """Deterministic figures with structure for the sampler: big tiles and 2x1 clusters win."""
+    base = 300 + cfg.tile_m + cfg.tile_n + 40 * (cfg.cluster_m == 2)
+    base += 30 * (cfg.kernel_schedule is KernelSchedule.COOPERATIVE)
+    jitter = int(hashlib.sha256(f"{cfg.hash}{problem.name}{variant.name}".encode()).hexdigest()[:4], 16) % 20
+    return float(base + jitter) * (problem.m / 4096) ** 0.1
+
+
+class FakeCompiler:
+    def __init__(self, fail_tile_n=None):
+        self.calls = []
+        self.fail_tile_n = fail_tile_n
+
+    def __call__(self, configs):
+        self.calls.append(list(configs))
+        out = []
+        for c in configs:
+            assert check_config(c) == [], f"an invalid config reached the compiler: {c.name}"
+            bad = c.tile_n == self.fail_tile_n
+            out.append(CompiledKernel(config=c, key=c.hash, status=Status.COMPILE_ERROR if bad else Status.OK,
+                                      library=None if bad else Path("/fake.so"), symbol=f"ct_{c.hash}",
+                                      seconds=30.0, cached=False, reason="error: planted" if bad else ""))
+        return out
+
+
+class FakeBench:
+    gpu_name = "Fake GPU"
+
+    def __init__(self, wrong_tile_m=None, interrupt_after=None):
+        self.measured = []
+        self.wrong_tile_m = wrong_tile_m
+        self.interrupt_after = interrupt_after
+
+    def baseline(self, problem):
+        return Measurement(problem=problem, config=None, runtime=RuntimeArgs(), status=Status.OK,
+                           is_baseline=True, tflops=600.0, median_ms=1.0, p20_ms=0.9, p80_ms=1.1, samples=10)
+
+    def measure(self, kernel, problem, variants):
+        for v in variants:
+            if self.interrupt_after is not None and len(self.measured) >= self.interrupt_after:
+                raise KeyboardInterrupt
+            self.measured.append((kernel.config.hash, problem.name, v.name))
+            if kernel.config.tile_m == self.wrong_tile_m:
+                yield Measurement(problem=problem, config=kernel.config, runtime=v,
+                                  status=Status.WRONG_RESULT, reason="rel error 0.9 > 0.01")
+                continue
+            t = synthetic_tflops(kernel.config, problem, v)
+            yield Measurement(problem=problem, config=kernel.config, runtime=v, status=Status.OK,
+                              tflops=t, median_ms=problem.flops / t / 1e9, p20_ms=0.0, p80_ms=0.0, samples=10)

@@ -1,0 +1,135 @@
+import collections
+
+import optuna
+import pytest
+
+from cutlass_tune.search import Sweep, SweepSettings
+from cutlass_tune.space import load_space
+from cutlass_tune.status import Status
+from cutlass_tune.store import ResultStore, StoreGpuMismatchError
+
+from .fakes import FakeBench, FakeCompiler
+
+SPACE = """
+problems: [{m: [1024, 4096], n: 4096, k: 4096}]
+kernels:
+  tile_m: [64, 128, 256]
+  tile_n: [64, 128, 256]
+  cluster: [1x1, 2x1, 1x2]
+  kernel_schedule: [cooperative, pingpong]
+  tile_scheduler: [persistent, stream_k]
+runtime: {raster: [heuristic, along_n], swizzle: [1, 2]}
+"""
+
+
+@pytest.fixture
+def space(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE)
+    return load_space(path)
+
+
+def make(space, tmp_path, bench=None, compiler=None, **settings):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    store = ResultStore(url)
+    sweep = Sweep(space, store, url, compiler or FakeCompiler(), bench or FakeBench(),
+                  SweepSettings(**{"trials": 6, "batch": 3, **settings}))
+    return sweep, store
+
+
+def kernel_rows(store):
+    return [r for r in store.rows() if r["kernel"] != "cuBLAS"]
+
+
+def test_sweep_compiles_within_budget_and_measures_every_problem(space, tmp_path):
+    compiler, bench = FakeCompiler(), FakeBench()
+    sweep, store = make(space, tmp_path, bench, compiler)
+    state = sweep.run()
+    compiled = [c for call in compiler.calls for c in call]
+    assert len(compiled) == len({c.hash for c in compiled}) == 6  # each config compiled once
+    assert state.stop_reason == "trial budget reached"
+    # every compiled kernel measured on both problems, every run-time variant once
+    counts = collections.Counter(bench.measured)
+    assert set(counts.values()) == {1}
+    assert len(bench.measured) == 6 * 2 * 4
+    rows = kernel_rows(store)
+    assert {r["problem"] for r in rows} == {p.name for p in space.problems}
+    assert all(r["ratio"] == pytest.approx(r["tflops"] / 600.0) for r in rows)
+    for pp in state.problems:
+        best = max(r["tflops"] for r in rows if r["problem"] == pp.problem.name)
+        assert pp.best_tflops == best and pp.best_ratio == pytest.approx(best / 600.0)
+        assert pp.study.best_value == pytest.approx(best)
+        # the other problem's kernels were added to this study too
+        done = [t for t in pp.study.trials if t.state is optuna.trial.TrialState.COMPLETE
+                and t.constraints["invalid"] == 0.0]
+        assert len(done) == 6
+
+
+def test_first_batch_is_the_warm_start_seeds(space, tmp_path):
+    compiler = FakeCompiler()
+    make(space, tmp_path, compiler=compiler)[0].run()
+    first = compiler.calls[0]
+    assert first[0].name == "bf16_tn_128x256x64_c2x1_sauto_cooperative_tma_cooperative_persistent"
+
+
+def test_invalid_configs_are_told_as_infeasible_not_compiled(space, tmp_path):
+    sweep, _ = make(space, tmp_path, trials=10)
+    state = sweep.run()
+    infeasible = [t for pp in state.problems for t in pp.study.trials if t.constraints.get("invalid") == 1.0]
+    assert state.invalid == len(infeasible) > 0
+    assert all(t.user_attrs["reason"] for t in infeasible)
+
+
+def test_failed_kernels_are_failed_trials_with_reasons(space, tmp_path):
+    compiler, bench = FakeCompiler(fail_tile_n=256), FakeBench(wrong_tile_m=64)
+    sweep, store = make(space, tmp_path, bench, compiler, trials=12)
+    state = sweep.run()
+    for pp in state.problems:
+        for t in pp.study.trials:
+            cfg = t.user_attrs.get("config", "")
+            if t.constraints.get("invalid") == 1.0:
+                continue
+            if "x256x" in cfg or cfg.split("_")[2].startswith("64x"):
+                assert t.state is optuna.trial.TrialState.FAIL, cfg
+                assert t.value is None and t.user_attrs["reason"].split(":")[0] in ("compile_error", "wrong_result")
+    statuses = {r["status"] for r in kernel_rows(store)}
+    assert Status.OK.value in statuses
+
+
+def test_resume_measures_nothing_twice(space, tmp_path):
+    first_bench = FakeBench()
+    make(space, tmp_path, first_bench, trials=3)[0].run()
+    second_bench, compiler = FakeBench(), FakeCompiler()
+    state = make(space, tmp_path, second_bench, compiler, trials=7)[0].run()
+    assert state.compiled == 7
+    assert sum(len(c) for c in compiler.calls) == 4
+    assert not set(first_bench.measured) & set(second_bench.measured)
+
+
+def test_interrupted_sweep_resumes_where_it_stopped(space, tmp_path):
+    killed = FakeBench(interrupt_after=10)
+    with pytest.raises(KeyboardInterrupt):
+        make(space, tmp_path, killed)[0].run()
+    store = ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    assert len(kernel_rows(store)) == 10  # everything measured before the interrupt was kept
+    again = FakeBench()
+    state = make(space, tmp_path, again)[0].run()
+    assert not set(killed.measured) & set(again.measured)
+    assert len(kernel_rows(store)) == 6 * 2 * 4
+    rows = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in kernel_rows(store))
+    assert set(rows.values()) == {1}
+    for pp in state.problems:
+        assert not [t for t in pp.study.trials if t.state is optuna.trial.TrialState.RUNNING]
+
+
+def test_store_made_on_another_gpu_is_refused(space, tmp_path):
+    store = ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    store.bind_gpu("NVIDIA H100 80GB HBM3")
+    with pytest.raises(StoreGpuMismatchError, match="H100"):
+        make(space, tmp_path)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp", "random", "grid"])
+def test_every_sampler_runs(space, tmp_path, sampler):
+    state = make(space, tmp_path, sampler=sampler, trials=4, batch=2)[0].run()
+    assert state.compiled == 4
