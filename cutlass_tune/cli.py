@@ -105,6 +105,80 @@ def compile_(
         raise typer.Exit(1)
 
 
+@app.command()
+def bench(
+    config: Path = ConfigArg,
+    gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="measure everything N times in this run"),
+    output: Optional[Path] = typer.Option(
+        None, "--output", "-o", help="JSON lines file (default results/bench-<timestamp>.jsonl)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    graph: bool = typer.Option(False, "--graph", help="time CUDA-graph replays (warm L2; for small problems)"),
+) -> None:
+    """Compile the valid configs, then measure every (kernel, problem, run-time variant) and
+    cuBLAS on one GPU, each checked against an fp32 reference first."""
+    from . import settings
+    from .bench import TimingOptions, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan, write_jsonl
+    from .compile import KernelCache, compile_kernels
+    from .space import load_space
+    from .status import Status
+
+    sp = load_space(config)
+    require_gpu(gpu)
+    configs = list(sp.valid)
+    if not configs:
+        raise CutlassTuneError(f"{config}: no valid config to measure (see `cutlass-tune space {config} --list`)")
+    output = output or Path("results") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with Progress(TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task("compile", total=len(configs))
+        kernels = compile_kernels(configs, cache=KernelCache(cache_dir or settings.cache_dir()), jobs=jobs,
+                                  on_result=lambda r: progress.advance(task))
+    timing = TimingOptions(graph=graph)
+    plan = plan_jobs(kernels, sp.problems, sp.runtime_variants, timing=timing, repeat=repeat)
+    table = Table("problem", "kernel", "runtime", "status", "median ms", "TFLOP/s", "vs cuBLAS",
+                  box=None, pad_edge=False)
+    baselines, results = {}, []
+    with open(output, "a") as sink, Progress(TextColumn("measuring"), BarColumn(), MofNCompleteColumn(),
+                                             TimeElapsedColumn(), console=err, transient=True) as progress:
+        task = progress.add_task("measure", total=plan.size)
+        for m in run_plan(plan, device=gpu):
+            write_jsonl(sink, m)
+            results.append(m)
+            progress.advance(task)
+            if m.is_baseline:
+                baselines[(m.problem, m.repeat)] = m
+            ratio = baseline_ratio(m, baselines)
+            table.add_row(
+                m.problem.name, m.kernel_name, "" if m.is_baseline else m.runtime.name,
+                m.status.value if m.status is Status.OK else f"{m.status.value}: {m.reason}",
+                f"{m.median_ms:.4f}" if m.median_ms else "", f"{m.tflops:.1f}" if m.tflops else "",
+                f"{ratio:.3f}" if ratio else "",
+            )
+    out.print(table)
+    env = next((m.env for m in results if m.env), None)
+    if env:
+        out.print(f"{env.gpu} ({env.sm_count} SMs), driver {env.driver}, CUDA {env.cuda_runtime}, "
+                  f"torch {env.torch}, nvcc {env.nvcc}, CUTLASS {env.cutlass}; timing: {timing.method}")
+    throttled = sum(m.throttled for m in results)
+    if throttled:
+        out.print(f"{throttled} measurements ran while the GPU was throttled (see clocks in the output)")
+    if repeat > 1:
+        spread = repeat_spread(results)
+        if spread:
+            spread.sort()
+            out.print(f"run-to-run: {len(spread)} measured in every pass; median spread "
+                      f"{spread[len(spread) // 2]:.1%}, largest {spread[-1]:.1%}")
+    failed = collections.Counter(m.status.value for m in results
+                                 if m.status not in (Status.OK, Status.CANNOT_IMPLEMENT))
+    out.print(f"{len(results)} measurements written to {output}"
+              + (f"; failed: {dict(failed)}" if failed else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 

@@ -6,7 +6,7 @@ before it is timed; the cuBLAS baseline goes through the same checks and the sam
 function.
 """
 
-from ._env import Clocks, ClockMonitor, EnvStamp, env_stamp
+from ._env import ClockMonitor, Clocks, EnvStamp, env_stamp
 from ._job import InvalidJobError, Job
 from ._loader import GemmArgs, GemmInstance, KernelLoadError, KernelStatusError, LoadedKernel, make_args
 from ._measurement import Measurement, read_jsonl, write_jsonl

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import json
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Iterator
 
 from ..space import Decomposition, DType, KernelConfig, Layout, Problem, RasterOrder, RuntimeArgs
 from ..status import Status

@@ -135,12 +135,21 @@ def time_launches(
 
     estimate = _estimate_ms(once)
     if options.graph:
-        samples = _graph_samples(once, estimate, options)
-    else:
-        for _ in range(min(options.max_samples, math.ceil(options.warmup_ms / estimate))):
-            once()
-        samples = _event_samples(launch, prepare, flush, sample_count(estimate, options))
-    return summarize(samples)
+        return summarize(_graph_samples(once, estimate, options))
+    for _ in range(_warmup_count(estimate, options)):
+        once()
+
+    def untimed() -> None:
+        if flush is not None:
+            flush()
+        if prepare is not None:
+            prepare()
+
+    return summarize(_time_each(sample_count(estimate, options), launch, untimed))
+
+
+def _warmup_count(per_launch_ms: float, options: TimingOptions) -> int:
+    return min(options.max_samples, math.ceil(options.warmup_ms / per_launch_ms))
 
 
 def _estimate_ms(once: Launch) -> float:
@@ -155,18 +164,17 @@ def _estimate_ms(once: Launch) -> float:
     return max(start.elapsed_time(end) / ESTIMATE_LAUNCHES, 1e-3)
 
 
-def _event_samples(launch: Launch, prepare: Launch | None, flush: Launch | None, n: int) -> list[float]:
+def _time_each(n: int, timed: Launch, untimed: Launch | None = None) -> list[float]:
+    """Milliseconds of `timed`, n times, each after `untimed` (outside the events)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    # Enqueue everything, then synchronize once: the flush ahead of each launch keeps the GPU
+    # Enqueue everything, then synchronize once: work queued ahead (the flush) keeps the GPU
     # busy while the host enqueues, so the host launch path stays outside the events.
     for start, end in zip(starts, ends):
-        if flush is not None:
-            flush()
-        if prepare is not None:
-            prepare()
+        if untimed is not None:
+            untimed()
         start.record()
-        launch()
+        timed()
         end.record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
@@ -187,16 +195,9 @@ def _graph_samples(once: Launch, estimate_ms: float, options: TimingOptions) -> 
         for _ in range(reps):
             once()
     try:
-        for _ in range(min(options.max_samples, math.ceil(options.warmup_ms / (estimate_ms * reps)))):
+        for _ in range(_warmup_count(estimate_ms * reps, options)):
             graph.replay()
-        n = sample_count(estimate_ms * reps, options)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        for start, end in zip(starts, ends):
-            start.record()
-            graph.replay()
-            end.record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) / reps for s, e in zip(starts, ends)]
+        samples = _time_each(sample_count(estimate_ms * reps, options), graph.replay)
+        return [s / reps for s in samples]
     finally:
         graph.reset()

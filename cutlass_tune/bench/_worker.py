@@ -25,7 +25,7 @@ import os
 import signal
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Generator, Iterator, Protocol
 
 from ..space import RuntimeArgs
 from ..status import Status
@@ -152,7 +152,8 @@ class Worker:
             self._discard()
             raise
 
-    def _collect(self, job: Job, variants: tuple[RuntimeArgs, ...]) -> Iterator[Measurement]:
+    def _collect(self, job: Job, variants: tuple[RuntimeArgs, ...]
+                 ) -> Generator[Measurement, None, tuple[RuntimeArgs, ...]]:
         """Yield the results of `variants`; return those left when the child was lost."""
         for i, variant in enumerate(variants):
             kind, payload = self._receive(self.timeout_s)

@@ -1,0 +1,138 @@
+"""On a Hopper GPU: real kernels against torch, fault isolation, one timing function for all.
+
+Run with `python3 -m pytest tests/bench -m gpu` on the GPU host (nvcc builds the kernels into
+the kernel cache first; about a minute on 16 cores).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cutlass_tune.bench import GpuRunner, Job, LoadedKernel, TimingOptions, Worker, _runner, make_args
+from cutlass_tune.bench._verify import allocate, randomize, reference
+from cutlass_tune.space import Decomposition, Problem, RasterOrder, RuntimeArgs
+from cutlass_tune.status import Status
+
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
+
+REPO = Path(__file__).resolve().parents[2]
+SHORT = TimingOptions(budget_ms=20, warmup_ms=5)
+
+
+def _rel(out, ref):
+    return (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def test_a_real_kernel_matches_torch_at_4096_bf16_tn(gpu_kernels):
+    compiled = gpu_kernels["cooperative"]
+    kernel = LoadedKernel(compiled.library, compiled.symbol)
+    p = Problem(4096, 4096, 4096)
+    ops = allocate(p, "cuda:0")
+    randomize(ops, torch.Generator("cuda:0").manual_seed(0))
+    args = make_args(p, RuntimeArgs(), a=ops.a.data_ptr(), b=ops.b.data_ptr(), d=ops.d.data_ptr(),
+                     device_id=0, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert kernel.can_implement(args) == 0 and kernel.workspace_size(args) == 0
+    stream = torch.cuda.current_stream().cuda_stream
+    ops.d.fill_(float("nan"))
+    with kernel.create() as gemm:
+        gemm.initialize(args, None, stream)
+        gemm.run(stream)
+        torch.cuda.synchronize()
+    ref = reference(ops)
+    cublas = torch.matmul(ops.a, ops.b.t())  # nn.Linear's layout: B stored N x K
+    assert _rel(ops.d, ref) < 1e-2 and _rel(cublas, ref) < 1e-2
+    torch.testing.assert_close(ops.d.float(), cublas.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_faulting_hanging_and_corrupt_kernels_do_not_stop_a_good_one(gpu_kernels, faulty_library):
+    p = Problem(1024, 1024, 1024)
+    good = Job.for_kernel(gpu_kernels["cooperative"], p, (RuntimeArgs(),), timing=SHORT)
+
+    def faulty(symbol):
+        return Job(problem=p, variants=(RuntimeArgs(),), library=faulty_library, symbol=symbol, timing=SHORT)
+
+    order = [("good", good), ("fault", faulty("ct_fault")), ("after_fault", good),
+             ("hang", faulty("ct_hang")), ("corrupt", faulty("ct_corrupt")), ("after_all", good)]
+    with Worker(0, timeout_s=30) as worker:
+        results = {name: list(worker.run(job)) for name, job in order}
+        starts = worker.starts
+    status = {name: [m.status for m in ms] for name, ms in results.items()}
+    assert status == {"good": [Status.OK], "fault": [Status.RUNTIME_ERROR], "after_fault": [Status.OK],
+                      "hang": [Status.TIMEOUT], "corrupt": [Status.WRONG_RESULT], "after_all": [Status.OK]}
+    assert starts == 3  # the first, after the CUDA error, after the hang
+    assert results["fault"][0].reason
+    assert results["corrupt"][0].rel_error > 0.5
+    for name in ("good", "after_fault", "after_all"):
+        m = results[name][0]
+        assert m.rel_error < 1e-2 and m.samples >= 10 and m.tflops > 0 and m.env.sm_count > 0
+
+
+def test_stream_k_variants_run_without_recompiling(gpu_kernels):
+    variants = (
+        RuntimeArgs(),
+        RuntimeArgs(raster=RasterOrder.ALONG_N, swizzle=2),
+        RuntimeArgs(splits=2, decomposition=Decomposition.SPLIT_K),
+        RuntimeArgs(decomposition=Decomposition.STREAM_K),
+        RuntimeArgs(decomposition=Decomposition.DATA_PARALLEL),
+    )
+    job = Job.for_kernel(gpu_kernels["stream_k"], Problem(4096, 4096, 4096), variants, timing=SHORT)
+    with Worker(0, timeout_s=60) as worker:
+        results = list(worker.run(job))
+        assert worker.starts == 1
+    for m in results:
+        # Repeated launches must re-zero the workspace: a stale barrier hangs or corrupts.
+        assert m.status is Status.OK, (m.runtime.name, m.reason)
+        assert m.rel_error < 1e-2
+
+
+def test_baseline_and_kernel_are_timed_by_the_same_function(gpu_kernels, monkeypatch):
+    timed = []
+    real = _runner.time_launches
+
+    def spy(launch, **kw):
+        timed.append(type(launch.__self__).__name__)
+        return real(launch, **kw)
+
+    monkeypatch.setattr(_runner, "time_launches", spy)
+    runner = GpuRunner(0)
+    p = Problem(2048, 2048, 2048)
+    [base] = runner(Job.baseline(p, timing=SHORT))
+    [kern] = runner(Job.for_kernel(gpu_kernels["cooperative"], p, (RuntimeArgs(),), timing=SHORT))
+    assert timed == ["CublasTarget", "CutlassTarget"]
+    assert base.status is Status.OK and kern.status is Status.OK
+    assert base.method == kern.method == "events" and base.env == kern.env
+    assert base.rel_error < 1e-2 and 0.2 < base.median_ms / kern.median_ms < 5
+
+
+def test_graph_timing_of_small_problems(gpu_kernels):
+    runner = GpuRunner(0)
+    p = Problem(512, 512, 512)
+    timing = TimingOptions(budget_ms=20, warmup_ms=5, graph=True)
+    results = list(runner(Job.baseline(p, timing=timing)))
+    for name in ("cooperative", "stream_k"):
+        results += runner(Job.for_kernel(gpu_kernels[name], p, (RuntimeArgs(),), timing=timing))
+    for m in results:
+        assert m.status is Status.OK, (m.kernel_name, m.reason)
+        assert m.method == "graph" and m.median_ms > 0 and m.rel_error < 1e-2
+
+
+def test_cli_bench_measures_twice_and_writes_every_result(gpu_kernels, tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(
+        "problems: {m: 1024, n: 1024, k: 1024}\n"
+        "kernels: {tile_m: 128, tile_n: 128, tile_k: 64, kernel_schedule: cooperative}\n"
+        "runtime: {raster: [heuristic, along_n], swizzle: [1]}\n"
+    )
+    output = tmp_path / "out.jsonl"
+    r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "bench", str(config), "--repeat", "2",
+                        "--output", str(output)], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(lines) == 2 * (1 + 2)
+    assert all(line["status"] == "ok" for line in lines)
+    assert sum(line["is_baseline"] for line in lines) == 2
+    assert "vs cuBLAS" in r.stdout and "run-to-run" in r.stdout

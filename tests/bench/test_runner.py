@@ -1,0 +1,130 @@
+"""The measuring sequence of GpuRunner, run on the CPU with the GPU parts replaced."""
+
+import pytest
+import torch
+
+from cutlass_tune.bench import Job, TimingOptions, TimingStats, _runner, _timing
+from cutlass_tune.bench._runner import CublasTarget, GpuRunner, _Target
+from cutlass_tune.bench._verify import allocate
+from cutlass_tune.space import Problem, RuntimeArgs
+from cutlass_tune.status import Status
+
+P = Problem(64, 48, 32)
+
+
+class FakeEvent:
+    """A CUDA event on a clock that launches advance by 1 ms each."""
+
+    clock = 0.0
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        self.t = FakeEvent.clock
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    FakeEvent.clock = 0.0
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+
+def test_events_sample_each_launch_after_flush_and_prepare(fake_cuda):
+    calls = []
+
+    def launch():
+        calls.append("launch")
+        FakeEvent.clock += 1.0
+
+    stats = _timing.time_launches(launch, options=TimingOptions(budget_ms=20, warmup_ms=3),
+                                  flush=lambda: calls.append("flush"), prepare=lambda: calls.append("prepare"))
+    assert (stats.median_ms, stats.p20_ms, stats.p80_ms, stats.samples) == (1.0, 1.0, 1.0, 20)
+    launches = calls.count("launch")
+    assert launches == 1 + _timing.ESTIMATE_LAUNCHES + 3 + 20  # first, estimate, warm-up, samples
+    assert calls.count("prepare") == launches  # a Stream-K workspace is re-armed before every launch
+    assert calls.count("flush") == 20
+    assert calls[-3:] == ["flush", "prepare", "launch"]
+
+
+class CpuTarget(_Target):
+    """Computes D on the CPU; misbehaves as told."""
+
+    def __init__(self, mode="ok"):
+        self.mode, self.launches, self.rearms = mode, 0, 0
+        self.rearm = self._rearm
+
+    def _rearm(self):
+        self.rearms += 1
+
+    def setup(self, variant, ops):
+        self.ops = ops
+        return "can_implement returned kInvalid" if self.mode == "cannot" else None
+
+    def launch(self):
+        self.launches += 1
+        if self.mode == "fault":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore detail")
+        d = self.ops.a_mk.float() @ self.ops.b_kn.float()
+        if self.mode == "stale" and self.launches > 1:
+            d += 1  # right once, wrong when repeated (a workspace that is not re-armed)
+        self.ops.d.copy_(d)
+
+    def close(self):
+        pass
+
+
+def _fake_time_launches(launch, *, options, flush, prepare):
+    for _ in range(3):
+        if prepare is not None:
+            prepare()
+        launch()
+    return TimingStats(median_ms=2.0, p20_ms=1.9, p80_ms=2.2, samples=3)
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    monkeypatch.setattr(_runner, "time_launches", _fake_time_launches)
+    r = GpuRunner.__new__(GpuRunner)  # no CUDA: set by hand what __init__ would
+    r.env, r._flush, r._ops = None, None, allocate(P, "cpu")
+    r._clocks = type("NoClocks", (), {"read": lambda self: None})()
+    return r
+
+
+def _measure(runner, target, job=None):
+    job = job or Job(problem=P, variants=(RuntimeArgs(),), library="/x.so", symbol="ct_x")
+    return runner._measure(job, target, job.variants[0], torch.Generator().manual_seed(0))
+
+
+def test_a_correct_kernel_is_verified_then_timed_then_verified_again(runner):
+    target = CpuTarget()
+    m = _measure(runner, target)
+    assert m.status is Status.OK and m.rel_error < 1e-2
+    assert (m.median_ms, m.p20_ms, m.p80_ms, m.samples) == (2.0, 1.9, 2.2, 3)
+    assert m.tflops == pytest.approx(P.flops / 2e9) and m.method == "events"
+    assert target.launches == 1 + 3 + 1 and target.rearms == target.launches
+
+
+@pytest.mark.parametrize("mode,status,reason", [
+    ("cannot", Status.CANNOT_IMPLEMENT, "can_implement returned kInvalid"),
+    ("fault", Status.RUNTIME_ERROR, "RuntimeError: CUDA error: an illegal memory access was encountered"),
+    ("stale", Status.WRONG_RESULT, "right after one launch, wrong after 3 more: relative error"),
+])
+def test_failures_are_measurements_with_a_reason(runner, mode, status, reason):
+    m = _measure(runner, CpuTarget(mode))
+    assert m.status is status and m.reason.startswith(reason)
+    assert m.median_ms is None
+
+
+def test_the_cublas_target_computes_the_problem_in_place(runner):
+    job = Job.baseline(P)
+    target = CublasTarget(P)
+    m = _measure(runner, target, job)
+    assert m.status is Status.OK and m.is_baseline and m.rel_error < 1e-2

@@ -1,0 +1,50 @@
+import pytest
+
+from cutlass_tune.bench import TimingOptions, summarize
+from cutlass_tune.bench._timing import percentile, sample_count
+
+
+def test_summary_of_odd_and_even_counts():
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s.median_ms, s.p20_ms, s.p80_ms, s.samples) == (3.0, 1.8, 4.2, 5)
+    assert summarize([1.0, 2.0, 3.0, 4.0]).median_ms == 2.5
+
+
+def test_summary_ignores_input_order_and_outliers():
+    samples = [1.0] * 9 + [100.0]
+    s = summarize(list(reversed(samples)))
+    assert s.median_ms == 1.0 and s.p80_ms == 1.0
+
+
+def test_percentile_matches_numpy_linear():
+    values = [0.5, 0.7, 1.0, 1.5, 9.0, 2.0, 0.1]
+    ordered = sorted(values)
+    expected = {0.0: 0.1, 0.2: 0.54, 0.5: 1.0, 0.8: 1.9, 1.0: 9.0}  # numpy.percentile, linear
+    for q, want in expected.items():
+        assert percentile(ordered, q) == pytest.approx(want)
+
+
+def test_single_sample_and_empty():
+    s = summarize([0.25])
+    assert (s.median_ms, s.p20_ms, s.p80_ms, s.samples) == (0.25, 0.25, 0.25, 1)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+@pytest.mark.parametrize("estimate_ms,expected", [
+    (0.001, 1000),  # a tiny kernel is capped
+    (1.0, 100),     # 100 ms budget at 1 ms each
+    (7.0, 15),      # rounded up
+    (50.0, 10),     # a slow kernel still gets the minimum
+    (0.0, 1000),    # a zero estimate does not divide by zero
+])
+def test_sample_count_fills_the_budget_within_bounds(estimate_ms, expected):
+    assert sample_count(estimate_ms, TimingOptions()) == expected
+
+
+def test_timing_options_validate():
+    with pytest.raises(ValueError):
+        TimingOptions(min_samples=20, max_samples=10)
+    with pytest.raises(ValueError):
+        TimingOptions(budget_ms=0)
+    assert TimingOptions().method == "events" and TimingOptions(graph=True).method == "graph"

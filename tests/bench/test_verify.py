@@ -1,0 +1,81 @@
+import pytest
+import torch
+
+from cutlass_tune.bench import compare, verify_launch
+from cutlass_tune.bench._verify import TOLERANCE, allocate, randomize, reference
+from cutlass_tune.space import DType, Layout, Problem
+from cutlass_tune.status import Status
+
+
+def _problem(layout_a, layout_b, dtype_d=DType.BF16):
+    return Problem(48, 40, 32, dtype_d=dtype_d, layout_a=layout_a, layout_b=layout_b)
+
+
+@pytest.mark.parametrize("layout_a", list(Layout))
+@pytest.mark.parametrize("layout_b", list(Layout))
+def test_storage_follows_the_problem_layouts(layout_a, layout_b):
+    p = _problem(layout_a, layout_b)
+    ops = allocate(p, "cpu")
+    randomize(ops, torch.Generator().manual_seed(0))
+    # ROW A: M x K row-major; COL A: column-major M x K, i.e. K x M row-major.
+    assert ops.a.shape == ((p.m, p.k) if layout_a is Layout.ROW else (p.k, p.m))
+    # COL B: N x K row-major (nn.Linear weight); ROW B: K x N row-major.
+    assert ops.b.shape == ((p.n, p.k) if layout_b is Layout.COL else (p.k, p.n))
+    assert ops.a.is_contiguous() and ops.b.is_contiguous() and ops.d.shape == (p.m, p.n)
+    a = ops.a.float() if layout_a is Layout.ROW else ops.a.float().t()
+    b = ops.b.float().t() if layout_b is Layout.COL else ops.b.float()
+    i, j = 5, 7
+    expected = sum(a[i, k] * b[k, j] for k in range(p.k))
+    assert reference(ops)[i, j].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-5)
+
+
+def test_inputs_are_random_and_outputs_about_unit_scale():
+    p = Problem(256, 256, 4096)
+    ops = allocate(p, "cpu")
+    randomize(ops, torch.Generator().manual_seed(1))
+    assert not torch.equal(ops.a[0], ops.a[1])
+    assert 0.7 < reference(ops).std().item() < 1.3
+
+
+def _ref_and_out(dtype_d):
+    p = _problem(Layout.ROW, Layout.COL, dtype_d)
+    ops = allocate(p, "cpu")
+    randomize(ops, torch.Generator().manual_seed(2))
+    ref = reference(ops)
+    return ops, ref
+
+
+@pytest.mark.parametrize("dtype_d", [DType.BF16, DType.F16, DType.F32])
+def test_a_correct_output_rounded_to_its_type_passes(dtype_d):
+    ops, ref = _ref_and_out(dtype_d)
+    verdict = compare(ref.to(ops.d.dtype), ref, dtype_d)
+    assert verdict.status is Status.OK and verdict.rel_error < TOLERANCE[dtype_d] / 2
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda ref: ref + 1,
+    lambda ref: torch.zeros_like(ref),
+    lambda ref: ref.t().contiguous().t() * 1.05,  # 5 % off
+])
+def test_wrong_outputs_fail(wrong):
+    ops, ref = _ref_and_out(DType.BF16)
+    verdict = compare(wrong(ref).to(torch.bfloat16), ref, DType.BF16)
+    assert verdict.status is Status.WRONG_RESULT and "relative error" in verdict.reason
+
+
+def test_nan_or_inf_in_the_output_fails():
+    ops, ref = _ref_and_out(DType.BF16)
+    out = ref.to(torch.bfloat16)
+    out[3, 4] = float("inf")
+    out[0, 0] = float("nan")
+    verdict = compare(out, ref, DType.BF16)
+    assert verdict.status is Status.WRONG_RESULT and verdict.reason.startswith("2 of")
+
+
+def test_a_launch_that_writes_nothing_leaves_the_nan_poison():
+    ops, ref = _ref_and_out(DType.BF16)
+    ops.d.copy_(ref)  # a stale right answer from before must not pass
+    verdict = verify_launch(lambda: None, ops, ref)
+    assert verdict.status is Status.WRONG_RESULT and "NaN" in verdict.reason
+    verdict = verify_launch(lambda: ops.d.copy_(ref), ops, ref)
+    assert verdict.status is Status.OK

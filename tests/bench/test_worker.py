@@ -1,0 +1,121 @@
+"""Worker isolation without a GPU: fake runners crash, hang, fail and misbehave in the child."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cutlass_tune.bench import EnvStamp, Job, Measurement, Worker, WorkerError, run_plan
+from cutlass_tune.bench._session import Plan
+from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
+from cutlass_tune.status import Status
+
+ENV = EnvStamp(host="fake", gpu="Fake GPU", capability="9.0", sm_count=132, l2_bytes=1 << 20,
+               driver=None, cuda_runtime=None, torch="0", nvcc=None, cutlass=None)
+VARIANTS = tuple(RuntimeArgs(swizzle=s) for s in (1, 2, 4))
+
+
+class FakeRunner:
+    """Job runner whose behaviour on the variant with swizzle 2 is named by the job's symbol."""
+
+    env = ENV
+
+    def __init__(self, device):
+        self.device = device
+
+    def __call__(self, job):
+        for v in job.variants:
+            if v.swizzle == 2:
+                if job.symbol == "cuda_error":
+                    yield job.measurement(v, Status.RUNTIME_ERROR, "AcceleratorError: illegal address")
+                    continue  # a real runner's worker exits after this; the loop must not get here
+                if job.symbol == "crash":
+                    os._exit(1)
+                if job.symbol == "hang":
+                    time.sleep(3600)
+                if job.symbol == "bug":
+                    raise ValueError("bug in our own code")
+            yield job.measurement(v, Status.OK, f"pid {os.getpid()}", self.env, median_ms=1.0)
+
+
+def failing_factory(device):
+    raise RuntimeError("CUDA driver initialization failed")
+
+
+def _job(symbol, variants=VARIANTS):
+    return Job(problem=Problem(256, 256, 256), variants=variants, library=Path("/fake.so"), symbol=symbol)
+
+
+def _pid(m):
+    return int(m.reason.split()[1])
+
+
+@pytest.fixture
+def worker():
+    with Worker(0, factory=FakeRunner, timeout_s=3, start_timeout_s=60) as w:
+        yield w
+
+
+def test_measurements_stream_in_order_from_one_process(worker):
+    first = list(worker.run(_job("ok")))
+    second = list(worker.run(_job("ok")))
+    assert [m.runtime for m in first] == list(VARIANTS) and [m.status for m in first] == [Status.OK] * 3
+    assert {_pid(m) for m in first + second} == {worker.pid} and worker.starts == 1
+    assert worker.env == ENV
+
+
+def test_a_cuda_error_replaces_the_worker_for_the_rest_of_the_job(worker):
+    results = list(worker.run(_job("cuda_error")))
+    assert [m.status for m in results] == [Status.OK, Status.RUNTIME_ERROR, Status.OK]
+    assert "illegal address" in results[1].reason
+    assert _pid(results[2]) != _pid(results[0]) and worker.starts == 2
+    assert _pid(list(worker.run(_job("ok")))[0]) == _pid(results[2])
+
+
+def test_a_crash_is_a_runtime_error_and_the_next_variant_runs(worker):
+    results = list(worker.run(_job("crash")))
+    assert [m.status for m in results] == [Status.OK, Status.RUNTIME_ERROR, Status.OK]
+    assert "exit code 1" in results[1].reason and results[1].runtime == VARIANTS[1]
+    assert results[1].env == ENV and worker.starts == 2
+
+
+def test_a_hang_is_killed_and_recorded_as_timeout(worker):
+    start = time.monotonic()
+    results = list(worker.run(_job("hang")))
+    assert [m.status for m in results] == [Status.OK, Status.TIMEOUT, Status.OK]
+    assert "3 s" in results[1].reason and results[1].symbol == "hang"
+    with pytest.raises(ProcessLookupError):
+        os.kill(_pid(results[0]), 0)  # the hung child is gone
+    assert time.monotonic() - start < 60
+
+
+def test_a_bug_in_our_code_raises_with_the_child_traceback(worker):
+    with pytest.raises(WorkerError, match="ValueError: bug in our own code"):
+        list(worker.run(_job("bug")))
+    assert worker.pid is None
+    assert [m.status for m in worker.run(_job("ok"))] == [Status.OK] * 3
+
+
+def test_stopping_early_discards_the_worker_so_results_cannot_mix(worker):
+    results = worker.run(_job("ok"))
+    next(results)
+    results.close()
+    assert worker.pid is None
+    again = list(worker.run(_job("ok", variants=VARIANTS[2:])))
+    assert [m.runtime for m in again] == [VARIANTS[2]]
+
+
+def test_a_worker_that_cannot_start_says_why():
+    with Worker(0, factory=failing_factory, start_timeout_s=60) as w:
+        with pytest.raises(WorkerError, match="CUDA driver initialization failed"):
+            w.start()
+
+
+def test_run_plan_stamps_compile_failures_with_the_worker_environment():
+    p = Problem(256, 256, 256)
+    failure = Measurement(p, KernelConfig(), RuntimeArgs(), Status.COMPILE_ERROR, "nvcc failed")
+    plan = Plan(jobs=(_job("ok", VARIANTS[:1]),), failures=(failure,))
+    results = list(run_plan(plan, factory=FakeRunner, timeout_s=10))
+    assert [m.status for m in results] == [Status.COMPILE_ERROR, Status.OK]
+    assert all(m.env == ENV for m in results)
