@@ -178,6 +178,75 @@ def bench(
     if failed:
         raise typer.Exit(1)
 
+def _sweep_table(state) -> Table:
+    table = Table("problem", "kernels measured", "failed", "cuBLAS TFLOP/s", "best TFLOP/s",
+                  "vs cuBLAS", "best at", "best config", box=None, pad_edge=False,
+                  title=f"compiled {state.compiled}, next batch {state.queued}, invalid proposals "
+                        f"{state.invalid}", title_justify="left")
+    for pp in state.problems:
+        table.add_row(pp.problem.name, str(pp.measured), str(pp.failed),
+                      f"{pp.cublas_tflops:.1f}" if pp.cublas_tflops else "-",
+                      f"{pp.best_tflops:.1f}" if pp.best_tflops else "-",
+                      f"{pp.best_ratio:.3f}" if pp.best_ratio else "-",
+                      str(pp.best_at) if pp.best_at else "-",
+                      pp.best_config.name if pp.best_config else "-")
+    return table
+
+
+@app.command()
+def sweep(
+    config: Path = ConfigArg,
+    trials: int = typer.Option(48, "--trials", min=1, help="most configs compiled and measured in this store"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="stop proposing after S seconds"),
+    sampler: str = typer.Option("tpe", "--sampler", help="tpe, gp, random or grid"),
+    storage: Optional[str] = typer.Option(
+        None, "--storage", help="SQLAlchemy URL of the store (default sqlite:///results/sweep-<gpu>.sqlite)"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
+    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="configs compiled per batch (default: jobs)"),
+    seed: int = typer.Option(0, "--seed", help="sampler seed"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+) -> None:
+    """Search the compile-time knobs with Optuna; measure every run-time variant of each kernel
+    on every problem; keep everything in the store. Re-running the same command resumes."""
+    from rich.live import Live
+
+    from . import settings
+    from .bench import WorkerBenchmarker
+    from .compile import KernelCache, compile_kernels, default_jobs
+    from .search import SAMPLERS, Sweep, SweepSettings
+    from .space import load_space
+    from .store import ResultStore, default_store_url
+
+    if sampler not in SAMPLERS:
+        raise CutlassTuneError(f"--sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
+    sp = load_space(config)
+    if storage is not None:
+        store = ResultStore(storage)  # a bad URL fails here, before any GPU work
+    bench = WorkerBenchmarker(gpu)
+    try:
+        if storage is None:
+            storage = default_store_url(bench.gpu_name)
+            store = ResultStore(storage)
+        store.bind_gpu(bench.gpu_name)
+        jobs = jobs or default_jobs()
+        cache = KernelCache(cache_dir or settings.cache_dir())
+        out.print(f"{config}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "
+                  f"{bench.gpu_name}; store {storage}; sampler {sampler}, up to {trials} compiled configs")
+
+        def compile_batch(configs):
+            return compile_kernels(configs, cache=cache, jobs=jobs)
+
+        with Live(console=out, refresh_per_second=2, transient=False) as live:
+            run = Sweep(sp, store, storage, compile_batch, bench,
+                        SweepSettings(trials=trials, timeout_s=timeout, sampler=sampler,
+                                      batch=batch or jobs, seed=seed),
+                        on_update=lambda state: live.update(_sweep_table(state)))
+            state = run.run()
+        out.print(f"stopped: {state.stop_reason}; run {state.run_id}")
+    finally:
+        bench.close()
+
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt

@@ -16,7 +16,7 @@ def test_space_counts_the_broad_config():
     r = run("space", "configs/sm90_bf16.yaml")
     assert r.returncode == 0
     first = r.stdout.splitlines()[0]
-    assert "27 problems, 3888 configs" in first and "valid" in first
+    assert "3 problems, 3888 configs" in first and "valid" in first
     assert "cooperative_tile_m" in r.stdout and "stream_k_schedule" in r.stdout
 
 

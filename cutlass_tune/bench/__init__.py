@@ -6,6 +6,7 @@ before it is timed; the cuBLAS baseline goes through the same checks and the sam
 function.
 """
 
+from ._benchmarker import WorkerBenchmarker
 from ._env import ClockMonitor, Clocks, EnvStamp, env_stamp
 from ._job import InvalidJobError, Job
 from ._loader import GemmArgs, GemmInstance, KernelLoadError, KernelStatusError, LoadedKernel, make_args
@@ -20,7 +21,7 @@ __all__ = [
     "ClockMonitor", "Clocks", "DEFAULT_TIMEOUT_S", "EnvStamp", "GemmArgs", "GemmInstance",
     "GpuRunner", "InvalidJobError", "Job", "KernelLoadError", "KernelStatusError", "L2Flush",
     "LoadedKernel", "Measurement", "Operands", "Plan", "TOLERANCE", "TimingOptions",
-    "TimingStats", "Verdict", "Worker", "WorkerError", "baseline_ratio", "compare", "env_stamp",
+    "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError", "baseline_ratio", "compare", "env_stamp",
     "make_args", "plan_jobs", "read_jsonl", "repeat_spread", "require_gpu", "run_plan",
     "summarize", "time_launches", "verify_launch", "write_jsonl",
 ]

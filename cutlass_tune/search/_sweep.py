@@ -222,7 +222,8 @@ class Sweep:
                     self._record(pp, m)
                 self.results[key] = None
                 continue
-            for m in self.bench.measure(kernel, pp.problem, self._missing(cfg, pp.problem)):
+            missing = self._missing(cfg, pp.problem)
+            for m in self.bench.measure(kernel, pp.problem, missing) if missing else ():
                 self._record(pp, m)
                 if m.status is Status.OK and m.tflops:
                     self.results[key] = max(self.results.get(key) or 0.0, m.tflops)

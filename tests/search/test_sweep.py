@@ -133,3 +133,15 @@ def test_store_made_on_another_gpu_is_refused(space, tmp_path):
 def test_every_sampler_runs(space, tmp_path, sampler):
     state = make(space, tmp_path, sampler=sampler, trials=4, batch=2)[0].run()
     assert state.compiled == 4
+
+
+def test_sweep_resumes_on_every_backend(space, store_url):
+    """The same sweep through SQLite and PostgreSQL: Optuna studies and measurements both."""
+    first, second = FakeBench(), FakeBench()
+    store = ResultStore(store_url)
+    Sweep(space, store, store_url, FakeCompiler(), first, SweepSettings(trials=2, batch=2)).run()
+    state = Sweep(space, ResultStore(store_url), store_url, FakeCompiler(), second,
+                  SweepSettings(trials=4, batch=2)).run()
+    assert state.compiled == 4
+    assert not set(first.measured) & set(second.measured)
+    assert len(kernel_rows(store)) == 4 * 2 * 4

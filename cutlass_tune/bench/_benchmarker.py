@@ -1,0 +1,40 @@
+"""The sweep's view of a GPU: `search.Benchmarker` over one benchmark worker."""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from ..compile import CompiledKernel
+from ..space import Problem, RuntimeArgs
+from ._job import Job
+from ._measurement import Measurement
+from ._session import require_gpu
+from ._timing import TimingOptions
+from ._worker import DEFAULT_TIMEOUT_S, Worker
+
+
+class WorkerBenchmarker:
+    """Measures kernels and the cuBLAS baseline in one isolated worker on GPU `device`.
+
+    Raises:
+        CutlassTuneError: no GPU is visible (from the constructor).
+        WorkerError: the worker cannot start.
+    """
+
+    def __init__(self, device: int = 0, *, timing: TimingOptions = TimingOptions(),
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        require_gpu(device)
+        self.timing = timing
+        self.worker = Worker(device, timeout_s=timeout_s)
+        self.env = self.worker.start()
+        self.gpu_name = self.env.gpu
+
+    def baseline(self, problem: Problem) -> Measurement:
+        return next(iter(self.worker.run(Job.baseline(problem, timing=self.timing))))
+
+    def measure(self, kernel: CompiledKernel, problem: Problem,
+                variants: Sequence[RuntimeArgs]) -> Iterator[Measurement]:
+        yield from self.worker.run(Job.for_kernel(kernel, problem, tuple(variants), timing=self.timing))
+
+    def close(self) -> None:
+        self.worker.close()

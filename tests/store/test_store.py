@@ -1,0 +1,77 @@
+"""One contract, run against every backend (SQLite file and PostgreSQL server)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cutlass_tune.bench import Measurement, read_jsonl
+from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
+from cutlass_tune.status import Status
+from cutlass_tune.store import ResultStore, StoreError, StoreGpuMismatchError, default_store_url
+
+P = Problem(4096, 4096, 4096)
+CFG = KernelConfig(tile_n=256, cluster_m=2)
+V1, V2 = RuntimeArgs(), RuntimeArgs(swizzle=8)
+STORED_V1 = Path(__file__).resolve().parents[1] / "bench" / "data" / "measurements-v1.jsonl"
+
+
+def ok(variant, tflops):
+    return Measurement(problem=P, config=CFG, runtime=variant, status=Status.OK, tflops=tflops,
+                       median_ms=P.flops / tflops / 1e9, p20_ms=0.1, p80_ms=0.2, samples=100)
+
+
+def test_round_trip_and_ratio(store_url):
+    store = ResultStore(store_url)
+    store.bind_gpu("NVIDIA H200")
+    store.add(ok(V1, 700.0), gpu="NVIDIA H200", run_id="r1", cublas_tflops=750.0, study="s", trial=3)
+    store.add(Measurement(problem=P, config=CFG, runtime=V2, status=Status.WRONG_RESULT, reason="rel error 0.5"),
+              gpu="NVIDIA H200", run_id="r1", cublas_tflops=750.0)
+    rows = store.rows()
+    assert [r["status"] for r in rows] == ["ok", "wrong_result"]
+    assert rows[0]["ratio"] == pytest.approx(700 / 750) and rows[1]["ratio"] is None
+    assert rows[0]["kernel"] == CFG.name and rows[0]["layout"] == "tn" and rows[0]["trial"] == 3
+    assert store.measurements()[0] == ok(V1, 700.0)
+    measured = store.measured(P)
+    assert set(measured) == {(CFG.hash, V1.name), (CFG.hash, V2.name)}
+    assert measured[(CFG.hash, V2.name)][0]["reason"] == "rel error 0.5"
+
+
+def test_reopening_sees_what_was_written(store_url):
+    first = ResultStore(store_url)
+    first.bind_gpu("NVIDIA H200")
+    first.add(ok(V1, 650.0), gpu="NVIDIA H200", run_id="r1")
+    again = ResultStore(store_url)
+    again.bind_gpu("NVIDIA H200")
+    assert again.gpu() == "NVIDIA H200"
+    assert [m.tflops for m in again.measurements()] == [650.0]
+
+
+def test_a_store_keeps_to_one_gpu(store_url):
+    ResultStore(store_url).bind_gpu("NVIDIA H200")
+    with pytest.raises(StoreGpuMismatchError, match="holds results from NVIDIA H200, not NVIDIA H100"):
+        ResultStore(store_url).bind_gpu("NVIDIA H100 80GB HBM3")
+
+
+def test_stored_schema_v1_records_load(store_url):
+    store = ResultStore(store_url)
+    store.bind_gpu("NVIDIA H200")
+    for m in read_jsonl(STORED_V1):
+        store.add(m, gpu="NVIDIA H200", run_id="old")
+    assert store.measurements() == list(read_jsonl(STORED_V1))
+
+
+@pytest.mark.parametrize("url,message", [
+    ("not a url", "cannot parse storage URL"),
+    ("nosuchdb://x/y", "no driver"),
+    ("postgresql+psycopg://nobody@127.0.0.1:1/none", "cannot reach the store"),
+])
+def test_bad_urls_are_one_line_errors(url, message):
+    with pytest.raises(StoreError, match=message) as info:
+        ResultStore(url)
+    assert "\n" not in str(info.value)
+
+
+def test_default_store_is_per_gpu():
+    assert default_store_url("NVIDIA H200") == "sqlite:///results/sweep-nvidia-h200.sqlite"
+    assert default_store_url("NVIDIA H100 80GB HBM3").endswith("sweep-nvidia-h100-80gb-hbm3.sqlite")
