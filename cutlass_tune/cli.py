@@ -23,7 +23,8 @@ from .errors import CutlassTuneError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Autotune CUTLASS 3.x GEMM kernels on Hopper (SM90).")
-out = Console(highlight=False, soft_wrap=True)
+# A pipe or a log file gets wide tables instead of columns cut to 80 characters.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigArg = typer.Argument(..., help="search-space YAML file (see configs/README.md)")

@@ -313,14 +313,15 @@ class Sweep:
             self.state.queued = len(batch)
             while future is not None:
                 compiled = future.result()
+                before = len(self.compiled_hashes)
                 self.compiled_hashes.update(k.config.hash for k in compiled)
                 self.state.compiled = len(self.compiled_hashes)
                 room = min(self.settings.batch, budget())
                 batch = [] if timed_out() or room <= 0 else self._propose(room, pending, waiting)
                 future = pool.submit(self.compile, batch) if batch else None
                 self.state.queued = len(batch)
-                for kernel in compiled:
-                    self._measure(kernel, index=self.state.compiled)
+                for i, kernel in enumerate(compiled):
+                    self._measure(kernel, index=before + i + 1)
                     self._finish(kernel.config, waiting.pop(kernel.config.hash, []))
                     pending.pop(kernel.config.hash, None)
                     self.on_update(self.state)

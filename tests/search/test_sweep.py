@@ -145,3 +145,18 @@ def test_sweep_resumes_on_every_backend(space, store_url):
     assert state.compiled == 4
     assert not set(first.measured) & set(second.measured)
     assert len(kernel_rows(store)) == 4 * 2 * 4
+
+
+def test_best_at_counts_configs_in_compile_order(space, tmp_path):
+    # Regression: every kernel of a batch was credited with the batch's last index.
+    compiler = FakeCompiler()
+    state = make(space, tmp_path, compiler=compiler, trials=6, batch=6)[0].run()
+    order = [c.hash for call in compiler.calls for c in call]
+    for pp in state.problems:
+        assert order[pp.best_at - 1] == pp.best_config.hash
+
+
+def test_timeout_stops_proposing(space, tmp_path):
+    state = make(space, tmp_path, trials=40, batch=2, timeout_s=1e-9)[0].run()
+    assert state.stop_reason == "timeout"
+    assert state.compiled == 2  # the first batch was already under way
