@@ -1,0 +1,20 @@
+"""cutlass-tune: autotune CUTLASS 3.x GEMM kernels on NVIDIA Hopper (SM90).
+
+The user-facing API: `load_best` (best-config tables as pandas DataFrames), `BestTable`
+(lookups), `matmul` and `Gemm` (run tuned kernels on torch tensors). Stages live in
+`cutlass_tune.space`, `.render`, `.compile`, `.bench`, `.search`, `.store` and `.report`.
+"""
+
+__version__ = "0.1.0"
+
+_REPORT = ("BestTable", "Gemm", "load_best", "matmul")
+__all__ = [*_REPORT, "__version__"]
+
+
+def __getattr__(name: str):
+    # Imported on first use: `import cutlass_tune` stays light (no torch, pandas) for the CLI.
+    if name in _REPORT:
+        from . import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module 'cutlass_tune' has no attribute {name!r}")

@@ -179,6 +179,52 @@ def bench(
     if failed:
         raise typer.Exit(1)
 
+def _storage_or_default(storage: Optional[str]) -> str:
+    """`--storage`, or the one sweep store under results/."""
+    if storage:
+        return storage
+    found = sorted(Path("results").glob("sweep-*.sqlite"))
+    if len(found) != 1:
+        where = ", ".join(map(str, found)) if found else "none in results/"
+        raise CutlassTuneError(f"give --storage: found {len(found)} sweep stores ({where})")
+    return f"sqlite:///{found[0]}"
+
+
+@app.command()
+def best(
+    storage: Optional[str] = typer.Option(None, "--storage", help="store URL or .sqlite file (default: the one results/sweep-*.sqlite)"),
+    fmt: str = typer.Option("table", "--format", help="table, csv, json or parquet"),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write to FILE instead of the screen"),
+) -> None:
+    """The best verified kernel per problem and GPU: TFLOP/s, ratio to cuBLAS of the same run,
+    spread, and the full config."""
+    from .report import COLUMNS, load_best, write_table
+
+    if fmt not in ("table", "csv", "json", "parquet"):
+        raise CutlassTuneError(f"--format {fmt!r}: use table, csv, json or parquet")
+    frame = load_best(_storage_or_default(storage))
+    if fmt == "table":
+        table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "kernel", "run-time",
+                      box=None, pad_edge=False)
+        for r in frame.itertuples():
+            table.add_row(r.gpu, r.problem, f"{r.tflops:.1f}", f"{r.cublas_tflops:.1f}", f"{r.ratio:.3f}",
+                          f"{r.spread:.1%}", r.kernel, r.runtime)
+        if output:
+            with open(output, "w") as f:
+                Console(file=f, width=250).print(table)
+        else:
+            out.print(table)
+        return
+    if output is None:
+        if fmt == "parquet":
+            raise CutlassTuneError("--format parquet needs --output FILE")
+        text = frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=1)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    write_table(frame[list(COLUMNS)], output, fmt)
+    out.print(f"{len(frame)} rows written to {output}")
+
+
 def _sweep_table(state) -> Table:
     table = Table("problem", "kernels measured", "failed", "cuBLAS TFLOP/s", "best TFLOP/s",
                   "vs cuBLAS", "best at", "best config", box=None, pad_edge=False,

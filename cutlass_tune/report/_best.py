@@ -1,0 +1,188 @@
+"""Best-config tables: the best verified kernel per (GPU, problem), and lookups into them.
+
+Schema of the DataFrame `load_best` returns (one row per GPU and problem):
+
+| column | meaning |
+|---|---|
+| gpu | GPU model the figures were measured on |
+| problem, m, n, k, dtype_a, dtype_b, dtype_d, layout | the GEMM (layout: BLAS two letters, e.g. tn) |
+| kernel, config_hash | name and content hash of the winning `KernelConfig` |
+| runtime, raster, swizzle, splits, decomposition | its best run-time variant |
+| tflops, median_ms, p20_ms, p80_ms, samples | its timing (L2-cold CUDA events, median) |
+| spread | (p80 - p20) / median |
+| cublas_tflops, ratio | cuBLAS in the same run, and tflops / cublas_tflops |
+| tile_m ... tile_scheduler | the config's knobs, one column each |
+| config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
+| run_id | the run that measured it |
+
+The best is chosen by `ratio`: figures from different runs are compared through their
+same-run cuBLAS baselines, never as absolute TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import CutlassTuneError
+from ..space import KernelConfig, RuntimeArgs
+from ..status import Status
+
+KNOB_COLUMNS = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "kernel_schedule",
+                "epilogue_schedule", "tile_scheduler")
+COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
+           "config_hash", "runtime", "raster", "swizzle", "splits", "decomposition", "tflops", "median_ms",
+           "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
+           "run_id")
+
+
+class BestTableError(CutlassTuneError):
+    """A best-config table cannot be built or read, or has no entry for a lookup."""
+
+
+def _store_url(source: str | Path) -> str | None:
+    text = str(source)
+    if "://" in text:
+        return text
+    if Path(text).suffix in (".sqlite", ".db", ".sqlite3"):
+        return f"sqlite:///{text}"
+    return None
+
+
+def _from_store(url: str) -> pd.DataFrame:
+    from ..store import ResultStore
+
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise BestTableError(f"no store at {url}")
+    store = ResultStore(url)
+    measurements = store.measurements()
+    kernels = [m for m in measurements if not m.is_baseline and m.config is not None]
+    if not kernels:
+        raise BestTableError(f"store {url} has no measurements: run `cutlass-tune sweep` first")
+    rows = store.rows()
+    if not any(r["status"] == Status.OK.value and r["kernel"] != "cuBLAS" for r in rows):
+        reasons = pd.Series([f"{r['status']}: {r['reason']}" for r in rows if r["kernel"] != "cuBLAS"])
+        raise BestTableError(f"store {url} has no successful measurement: {len(reasons)} failed "
+                             f"(most common: {reasons.value_counts().index[0][:120]})")
+    out = []
+    for r, m in zip(rows, measurements):
+        if r["status"] != Status.OK.value or m.is_baseline or m.config is None or not r["tflops"]:
+            continue
+        out.append({
+            **{c: r[c] for c in ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout",
+                                 "kernel", "config_hash", "runtime", "tflops", "median_ms", "p20_ms",
+                                 "p80_ms", "samples", "cublas_tflops", "ratio", "run_id")},
+            "raster": m.runtime.raster.name.lower(), "swizzle": m.runtime.swizzle,
+            "splits": m.runtime.splits, "decomposition": m.runtime.decomposition.name.lower(),
+            **{k: (v.value if hasattr(v, "value") else v) for k, v in m.config.to_dict().items()
+               if k in KNOB_COLUMNS},
+            "config": json.dumps(m.config.to_dict(), sort_keys=True),
+        })
+    frame = pd.DataFrame(out)
+    frame["spread"] = (frame["p80_ms"] - frame["p20_ms"]) / frame["median_ms"]
+    frame["_rank"] = frame["ratio"].fillna(0.0)
+    frame = frame.sort_values(["gpu", "problem", "_rank", "tflops"], ascending=[True, True, False, False])
+    best = frame.groupby(["gpu", "problem"], sort=False).head(1).drop(columns="_rank")
+    return best[list(COLUMNS)].reset_index(drop=True)
+
+
+def load_best(source: str | Path) -> pd.DataFrame:
+    """The best verified kernel per (GPU, problem), with the schema in this module's docstring.
+
+    Args:
+        source: a store URL (`sqlite:///...`, `postgresql+psycopg://...`), a `.sqlite` file, or a
+            table written by `cutlass-tune best` (`.csv`, `.json`, `.parquet`).
+
+    Raises:
+        BestTableError: no such file, an empty store, or a store with no successful measurement.
+        StoreError: the store cannot be reached.
+    """
+    url = _store_url(source)
+    if url is not None:
+        return _from_store(url)
+    path = Path(source)
+    if not path.exists():
+        raise BestTableError(f"no best-config table at {path}")
+    readers = {".csv": pd.read_csv, ".json": lambda p: pd.read_json(p, orient="records"),
+               ".parquet": pd.read_parquet}
+    if path.suffix not in readers:
+        raise BestTableError(f"{path}: expected a store URL or a .sqlite, .csv, .json or .parquet file")
+    frame = readers[path.suffix](path)
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise BestTableError(f"{path} is not a best-config table: missing {', '.join(missing)}")
+    return frame
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """A lookup result: the table row, and whether it is the problem asked for."""
+
+    row: pd.Series
+    exact: bool
+    distance: float
+    """Euclidean distance in log2(M), log2(N), log2(K) between asked and tuned problem."""
+
+    @property
+    def config(self) -> KernelConfig:
+        return KernelConfig.from_dict(json.loads(self.row["config"]))
+
+    @property
+    def runtime(self) -> RuntimeArgs:
+        from ..space import Decomposition, RasterOrder
+
+        return RuntimeArgs(raster=RasterOrder[self.row["raster"].upper()], swizzle=int(self.row["swizzle"]),
+                           splits=int(self.row["splits"]),
+                           decomposition=Decomposition[self.row["decomposition"].upper()])
+
+
+class BestTable:
+    """Lookups into a best-config table (`load_best`'s DataFrame)."""
+
+    def __init__(self, frame: pd.DataFrame, gpu: str | None = None):
+        if gpu is not None:
+            frame = frame[frame["gpu"] == gpu]
+        self.frame = frame.reset_index(drop=True)
+
+    @classmethod
+    def load(cls, source: str | Path, gpu: str | None = None) -> BestTable:
+        return cls(load_best(source), gpu=gpu)
+
+    def lookup(self, m: int, n: int, k: int, dtype: str = "bf16", layout: str = "tn") -> Match:
+        """The row for M x N x K, or the nearest tuned problem of the same dtype and layout on a
+        log scale (`exact` False).
+
+        Raises:
+            BestTableError: nothing tuned for this dtype and layout (or a non-positive size).
+        """
+        if min(m, n, k) <= 0:
+            raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
+        same = self.frame[(self.frame["dtype_a"] == dtype) & (self.frame["layout"] == layout)]
+        if same.empty:
+            tuned = sorted({f"{d} {lay}" for d, lay in zip(self.frame["dtype_a"], self.frame["layout"])})
+            raise BestTableError(f"no tuned problem for {dtype} {layout} (the table has: {', '.join(tuned) or 'none'})")
+        distance = same.apply(lambda r: math.dist((math.log2(m), math.log2(n), math.log2(k)),
+                                                  (math.log2(r["m"]), math.log2(r["n"]), math.log2(r["k"]))), axis=1)
+        best = distance.idxmin()
+        return Match(row=same.loc[best], exact=bool(distance[best] == 0.0), distance=float(distance[best]))
+
+
+def write_table(frame: pd.DataFrame, path: Path, fmt: str) -> None:
+    """Write `frame` as csv, json or parquet, atomically (temporary file, then rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if fmt == "csv":
+        frame.to_csv(tmp, index=False)
+    elif fmt == "json":
+        frame.to_json(tmp, orient="records", indent=1)
+    elif fmt == "parquet":
+        try:
+            frame.to_parquet(tmp, index=False)
+        except ImportError as err:
+            raise BestTableError("parquet output needs pyarrow (pip install pyarrow)") from err
+    else:
+        raise BestTableError(f"unknown format {fmt!r}")
+    tmp.replace(path)

@@ -1,0 +1,168 @@
+"""The tuned matmul: run the best kernel of a best-config table on torch tensors.
+
+Conventions (those of `Problem`): `a` is M x K and `b` is K x N, D = a @ b is returned M x N
+row-major. Each operand may be row- or column-major: `b = w.t()` of a contiguous N x K weight
+is the "tn" case of nn.Linear. Kernels are compiled on demand from the kernel cache (a cache
+hit when the sweep ran on this machine) and loaded once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..errors import CutlassTuneError
+from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, check_problem, layout_code
+from ..status import Status
+from ._best import BestTable, BestTableError
+
+_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16}
+_TORCH = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
+
+
+class MatmulInputError(CutlassTuneError, ValueError):
+    """Tensors the tuned kernels cannot take (device, dtype, shape, layout, alignment)."""
+
+
+def _layout(t: torch.Tensor, name: str, rows_major: Layout, cols_major: Layout) -> Layout:
+    r, c = t.shape
+    if t.stride() == (c, 1) or c == 1:
+        return rows_major
+    if t.stride() == (1, r) or r == 1:
+        return cols_major
+    raise MatmulInputError(f"{name} {tuple(t.shape)} with strides {t.stride()} is neither row- nor "
+                           "column-major contiguous: call .contiguous() first")
+
+
+def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> Problem:
+    """The `Problem` two tensors pose. Raises MatmulInputError with what to fix."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise MatmulInputError(f"{name} is on {t.device}: the tuned kernels run on a CUDA device")
+        if t.dim() != 2:
+            raise MatmulInputError(f"{name} must be 2-D, not {t.dim()}-D")
+        if t.dtype not in _DTYPES:
+            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned kernels take bfloat16 or float16")
+        if t.data_ptr() % 16:
+            raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (TMA needs it)")
+    if a.dtype != b.dtype:
+        raise MatmulInputError(f"a is {a.dtype} and b is {b.dtype}: they must match")
+    if a.device != b.device:
+        raise MatmulInputError(f"a is on {a.device} and b on {b.device}")
+    if a.shape[1] != b.shape[0]:
+        raise MatmulInputError(f"a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
+    dtype = _DTYPES[a.dtype]
+    out = _DTYPES.get(out_dtype, DType.F32 if out_dtype == torch.float32 else None) if out_dtype else dtype
+    if out is None:
+        raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
+    problem = Problem(a.shape[0], b.shape[1], a.shape[1], dtype, dtype, out,
+                      _layout(a, "a", Layout.ROW, Layout.COL), _layout(b, "b", Layout.ROW, Layout.COL))
+    why = check_problem(problem)
+    if why:
+        raise MatmulInputError(f"{problem.m}x{problem.n}x{problem.k}: {why[0].reason}")
+    return problem
+
+
+class Gemm:
+    """One tuned kernel, compiled (or taken from the cache) and loaded once. Thread-safe.
+
+    Args:
+        config: the kernel to run; `runtime`: its run-time variant.
+        cache_dir: kernel cache (default: `settings.cache_dir()`).
+
+    Raises:
+        CutlassTuneError: the kernel does not compile (with the compiler's reason).
+    """
+
+    def __init__(self, config: KernelConfig, runtime: RuntimeArgs = RuntimeArgs(), cache_dir: Path | None = None):
+        from .. import settings
+        from ..bench import LoadedKernel
+        from ..compile import KernelCache, compile_kernels
+
+        compiled = compile_kernels([config], cache=KernelCache(cache_dir or settings.cache_dir()), jobs=1)[0]
+        if compiled.status is not Status.OK:
+            raise CutlassTuneError(f"{config.name} does not compile: {compiled.reason} (log {compiled.log_path})")
+        self.config, self.runtime = config, runtime
+        self.kernel = LoadedKernel(compiled.library, compiled.symbol)
+        self._local = threading.local()
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """D = a @ b with this kernel. Raises MatmulInputError for tensors it cannot take,
+        KernelStatusError when CUTLASS refuses the problem."""
+        from ..bench import make_args
+
+        problem = problem_of(a, b, _TORCH[self.config.dtype_d])
+        if (problem.layout_a, problem.layout_b) != (self.config.layout_a, self.config.layout_b):
+            raise MatmulInputError(f"this kernel is {layout_code(self.config.layout_a, self.config.layout_b)}; "
+                                   f"the tensors are {layout_code(problem.layout_a, problem.layout_b)}")
+        if out is None:
+            out = torch.empty(problem.m, problem.n, dtype=_TORCH[self.config.dtype_d], device=a.device)
+        elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != _TORCH[self.config.dtype_d]:
+            raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {_TORCH[self.config.dtype_d]} tensor")
+        device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        args = make_args(problem, self.runtime, a=a.data_ptr(), b=b.data_ptr(), d=out.data_ptr(),
+                         device_id=device, sm_count=_sm_count(device))
+        size = self.kernel.workspace_size(args)
+        workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=a.device)
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        instance = getattr(self._local, "instance", None)
+        if instance is None:
+            instance = self._local.instance = self.kernel.create()
+        instance.initialize(args, workspace.data_ptr() if size else None, stream)
+        instance.run(stream)
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm(config_json: str, runtime: RuntimeArgs) -> Gemm:
+    return Gemm(KernelConfig.from_dict(__import__("json").loads(config_json)), runtime)
+
+
+_warned: set[str] = set()
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> torch.Tensor:
+    """a @ b through the best kernel the table has for this problem.
+
+    An exact entry runs its kernel; a problem that was not tuned runs the kernel of the nearest
+    tuned problem of the same dtype and layout (every kernel is correct for every aligned
+    shape; only its speed was measured elsewhere). Where the table has nothing for the dtype and
+    layout, or CUTLASS cannot implement the problem, it falls back to torch.matmul and warns
+    once per cause.
+
+    Raises:
+        MatmulInputError: CPU tensors, unsupported dtypes, misaligned or non-contiguous tensors.
+    """
+    table = table if isinstance(table, BestTable) else BestTable.load(table)
+    problem = problem_of(a, b)
+    code = layout_code(problem.layout_a, problem.layout_b)
+    try:
+        match = table.lookup(problem.m, problem.n, problem.k, problem.dtype_a.value, code)
+    except BestTableError as err:
+        _warn_once(f"{problem.dtype_a.value} {code}", f"cutlass_tune.matmul: {err}; using torch.matmul")
+        return torch.matmul(a, b)
+    from ..bench import KernelStatusError
+
+    try:
+        return _gemm(match.row["config"], match.runtime)(a, b)
+    except KernelStatusError as err:
+        _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
+                   f"{problem.name} ({err}); using torch.matmul")
+        return torch.matmul(a, b)
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

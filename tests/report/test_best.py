@@ -1,0 +1,96 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cutlass_tune import BestTable, load_best
+from cutlass_tune.bench import Measurement
+from cutlass_tune.report import COLUMNS, BestTableError
+from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
+from cutlass_tune.status import Status
+from cutlass_tune.store import ResultStore
+
+REPO = Path(__file__).resolve().parents[2]
+STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+def test_committed_sweep_gives_one_best_row_per_problem():
+    frame = load_best(STORE)
+    assert list(frame.columns) == list(COLUMNS)
+    assert sorted(frame["m"]) == [1024, 4096, 8192]
+    assert (frame["gpu"] == "NVIDIA H200").all()
+    rows = ResultStore(f"sqlite:///{STORE}").rows()
+    for r in frame.itertuples():
+        same = [x for x in rows if x["problem"] == r.problem and x["status"] == "ok" and x["kernel"] != "cuBLAS"]
+        assert r.ratio == pytest.approx(max(x["ratio"] for x in same))
+        assert r.ratio == pytest.approx(r.tflops / r.cublas_tflops)
+        assert KernelConfig.from_dict(json.loads(r.config)).name == r.kernel
+
+
+def test_lookup_exact_nearest_and_unknown():
+    table = BestTable.load(STORE)
+    exact = table.lookup(4096, 4096, 4096)
+    assert exact.exact and exact.distance == 0 and exact.row["m"] == 4096
+    near = table.lookup(6000, 6000, 8192)
+    assert not near.exact and near.row["m"] == 8192
+    assert table.lookup(900, 1100, 1000).row["m"] == 1024
+    assert exact.config.hash == exact.row["config_hash"]
+    with pytest.raises(BestTableError, match="no tuned problem for f16 tn"):
+        table.lookup(4096, 4096, 4096, dtype="f16")
+    with pytest.raises(BestTableError, match="positive"):
+        table.lookup(0, 4096, 4096)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_exported_tables_load_back(tmp_path, fmt):
+    path = tmp_path / f"best.{fmt}"
+    r = run("best", "--storage", f"sqlite:///{STORE}", "--format", fmt, "-o", path)
+    assert r.returncode == 0, r.stderr
+    again = load_best(path)
+    assert list(again["kernel"]) == list(load_best(STORE)["kernel"])
+    assert BestTable(again).lookup(1024, 1024, 1024).exact
+
+
+def test_best_table_on_screen():
+    r = run("best", "--storage", STORE)
+    assert r.returncode == 0
+    assert "8192x8192x8192_bf16bf16bf16_tn" in r.stdout and "ratio" in r.stdout
+
+
+def _store_with(tmp_path, measurements):
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    store = ResultStore(url)
+    store.bind_gpu("NVIDIA H200")
+    for m in measurements:
+        store.add(m, gpu="NVIDIA H200", run_id="r")
+    return url
+
+
+def test_empty_and_all_failed_stores_are_one_line_errors(tmp_path):
+    empty = _store_with(tmp_path / "a", [])
+    failed = _store_with(tmp_path / "b", [Measurement(problem=Problem(64, 64, 64), config=KernelConfig(),
+                                                      runtime=RuntimeArgs(), status=Status.WRONG_RESULT,
+                                                      reason="rel error 0.7 > 0.01")])
+    for url, message in ((empty, "has no measurements"), (failed, "no successful measurement: 1 failed")):
+        r = run("best", "--storage", url)
+        assert r.returncode == 2
+        assert r.stderr.count("\n") == 1 and message in r.stderr
+    assert "wrong_result: rel error 0.7" in run("best", "--storage", failed).stderr
+
+
+def test_missing_or_foreign_files(tmp_path):
+    with pytest.raises(BestTableError, match="no best-config table"):
+        load_best(tmp_path / "nope.csv")
+    (tmp_path / "x.txt").write_text("hello")
+    with pytest.raises(BestTableError, match="expected a store URL"):
+        load_best(tmp_path / "x.txt")
+    (tmp_path / "y.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(BestTableError, match="missing gpu"):
+        load_best(tmp_path / "y.csv")

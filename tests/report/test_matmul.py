@@ -1,0 +1,64 @@
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import cutlass_tune
+from cutlass_tune.report import BestTable, MatmulInputError, problem_of
+from cutlass_tune.space import Layout
+
+STORE = Path(__file__).resolve().parents[2] / "results" / "sweep-nvidia-h200.sqlite"
+
+
+def test_cpu_tensors_are_refused_with_a_reason():
+    a = torch.randn(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(MatmulInputError, match="is on cpu: the tuned kernels run on a CUDA device"):
+        cutlass_tune.matmul(a, a, table=STORE)
+
+
+@pytest.mark.gpu
+def test_layouts_dtypes_and_alignment_are_checked():
+    a = torch.randn(256, 128, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(512, 128, dtype=torch.bfloat16, device="cuda")
+    p = problem_of(a, w.t())
+    assert (p.m, p.n, p.k, p.layout_a, p.layout_b) == (256, 512, 128, Layout.ROW, Layout.COL)
+    assert problem_of(a.t().contiguous().t(), w.t().contiguous()).layout_a is Layout.COL
+    with pytest.raises(MatmulInputError, match="dtype torch.float32"):
+        problem_of(a.float(), w.t().float())
+    with pytest.raises(MatmulInputError, match="must match"):
+        problem_of(a, w.t().half())
+    with pytest.raises(MatmulInputError, match="do not multiply"):
+        problem_of(a, w)
+    with pytest.raises(MatmulInputError, match="16-byte aligned"):
+        problem_of(a.view(-1)[1:1 + 255 * 128].view(255, 128), w[:, :].t()[:128, :255])
+    with pytest.raises(MatmulInputError, match="not a multiple of 8"):
+        problem_of(torch.randn(64, 100, dtype=torch.bfloat16, device="cuda"),
+                   torch.randn(64, 100, dtype=torch.bfloat16, device="cuda").t())
+    with pytest.raises(MatmulInputError, match="neither row- nor column-major"):
+        problem_of(a[:, ::2], w.t()[::2])
+
+
+@pytest.mark.gpu
+def test_tuned_matmul_matches_torch_for_every_tuned_problem():
+    table = BestTable.load(STORE)
+    for row in table.frame.itertuples():
+        a = torch.randn(row.m, row.k, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(row.n, row.k, dtype=torch.bfloat16, device="cuda")
+        got = cutlass_tune.matmul(a, w.t(), table=table)
+        ref = a.float() @ w.float().t()
+        assert torch.isfinite(got).all()
+        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
+
+
+@pytest.mark.gpu
+def test_untuned_dtype_falls_back_to_torch_once():
+    table = BestTable.load(STORE)
+    a = torch.randn(256, 256, dtype=torch.float16, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = cutlass_tune.matmul(a, a.t(), table=table)
+        cutlass_tune.matmul(a, a.t(), table=table)
+    assert torch.equal(first, torch.matmul(a, a.t()))
+    assert [str(w.message) for w in caught].count(
+        "cutlass_tune.matmul: no tuned problem for f16 tn (the table has: bf16 tn); using torch.matmul") == 1
