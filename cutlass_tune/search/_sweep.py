@@ -160,6 +160,11 @@ class Sweep:
         have = self.done.get((problem.name, cfg.hash), set())
         return [v for v in self.space.runtime_variants(cfg) if v.name not in have]
 
+    def _complete(self, cfg: KernelConfig) -> bool:
+        """Whether `cfg` was measured on every problem it applies to, every variant."""
+        return not any(self._missing(cfg, pp.problem) for pp in self.state.problems
+                       if config_of(params_of(cfg), pp.problem).hash == cfg.hash)
+
     # ---- proposing ------------------------------------------------------------------------
     def _tell(self, pp: ProblemProgress, trial: optuna.Trial, cfg: KernelConfig,
               value: float | None, reason: str = "", invalid: bool = False) -> None:
@@ -198,7 +203,7 @@ class Sweep:
             if cfg.hash in pending:
                 waiting[cfg.hash].append((pp, trial))
                 continue
-            if cfg.hash in self.compiled_hashes and not self._missing(cfg, pp.problem):
+            if cfg.hash in self.compiled_hashes and self._complete(cfg):
                 value = self.results.get((pp.problem.name, cfg.hash))
                 self._tell(pp, trial, cfg, value, reason="" if value else self._failure_reason(pp.problem, cfg))
                 continue

@@ -1,0 +1,77 @@
+"""Killing a sweep process (SIGKILL, SIGINT) loses at most the measurement in flight."""
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cutlass_tune.search import Sweep, SweepSettings
+from cutlass_tune.space import load_space
+from cutlass_tune.store import ResultStore
+
+from .fakes import FakeBench, FakeCompiler
+from .test_sweep import SPACE
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = """
+import sys, time
+from cutlass_tune.search import Sweep, SweepSettings
+from cutlass_tune.space import load_space
+from cutlass_tune.store import ResultStore
+from tests.search.fakes import FakeBench, FakeCompiler
+
+class SlowBench(FakeBench):
+    def measure(self, kernel, problem, variants):
+        for m in super().measure(kernel, problem, variants):
+            time.sleep(0.05)
+            yield m
+
+url = sys.argv[2]
+try:
+    Sweep(load_space(sys.argv[1]), ResultStore(url), url, FakeCompiler(), SlowBench(),
+          SweepSettings(trials=6, batch=3)).run()
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def kernel_rows(url):
+    return [r for r in ResultStore(url).rows() if r["kernel"] != "cuBLAS"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_sweep_resumes_without_loss_or_repeats(tmp_path, sig):
+    space_path = tmp_path / "space.yaml"
+    space_path.write_text(SPACE)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(space_path), url], cwd=REPO,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler))
+    deadline = time.monotonic() + 60
+    seen = 0
+    while time.monotonic() < deadline and seen < 12:
+        time.sleep(0.1)
+        if (tmp_path / "store.sqlite").exists():
+            try:
+                seen = len(kernel_rows(url))
+            except Exception:  # the child may be creating the tables
+                seen = 0
+    child.send_signal(sig)
+    child.wait(timeout=30)
+    kept = kernel_rows(url)
+    assert len(kept) >= seen >= 12  # nothing committed before the kill was lost
+
+    resumed = FakeBench()
+    state = Sweep(load_space(space_path), ResultStore(url), url, FakeCompiler(), resumed,
+                  SweepSettings(trials=6, batch=3)).run()
+    assert state.compiled == 6
+    rows = kernel_rows(url)
+    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
+    assert set(keys.values()) == {1}, "a measurement was taken twice"
+    assert len(rows) == 6 * 2 * 4
+    assert len(resumed.measured) == len(rows) - len(kept)
