@@ -147,6 +147,7 @@ class BestTable:
         if gpu is not None:
             frame = frame[frame["gpu"] == gpu]
         self.frame = frame.reset_index(drop=True)
+        self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
 
     @classmethod
     def load(cls, source: str | Path, gpu: str | None = None) -> BestTable:

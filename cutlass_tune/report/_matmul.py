@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CutlassTuneError
-from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, check_problem, layout_code
+from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, TileScheduler, check_problem, layout_code
 from ..status import Status
 from ._best import BestTable, BestTableError
 
@@ -91,31 +91,45 @@ class Gemm:
         self.config, self.runtime = config, runtime
         self.kernel = LoadedKernel(compiled.library, compiled.symbol)
         self._local = threading.local()
+        self._stream_k = config.tile_scheduler is TileScheduler.STREAM_K
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """D = a @ b with this kernel. Raises MatmulInputError for tensors it cannot take,
         KernelStatusError when CUTLASS refuses the problem."""
-        from ..bench import make_args
-
         problem = problem_of(a, b, _TORCH[self.config.dtype_d])
         if (problem.layout_a, problem.layout_b) != (self.config.layout_a, self.config.layout_b):
             raise MatmulInputError(f"this kernel is {layout_code(self.config.layout_a, self.config.layout_b)}; "
                                    f"the tensors are {layout_code(problem.layout_a, problem.layout_b)}")
+        return self.run(problem, a, b, out)
+
+    def run(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Launch on tensors already checked to pose `problem` (the fast path of `matmul`)."""
+        from ..bench import make_args
+
+        dtype_d = _TORCH[self.config.dtype_d]
         if out is None:
-            out = torch.empty(problem.m, problem.n, dtype=_TORCH[self.config.dtype_d], device=a.device)
-        elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != _TORCH[self.config.dtype_d]:
-            raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {_TORCH[self.config.dtype_d]} tensor")
-        device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        args = make_args(problem, self.runtime, a=a.data_ptr(), b=b.data_ptr(), d=out.data_ptr(),
-                         device_id=device, sm_count=_sm_count(device))
-        size = self.kernel.workspace_size(args)
-        workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=a.device)
+            out = torch.empty(problem.m, problem.n, dtype=dtype_d, device=a.device)
+        elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != dtype_d:
+            raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {dtype_d} tensor")
         stream = torch.cuda.current_stream(a.device).cuda_stream
-        instance = getattr(self._local, "instance", None)
-        if instance is None:
-            instance = self._local.instance = self.kernel.create()
-        instance.initialize(args, workspace.data_ptr() if size else None, stream)
-        instance.run(stream)
+        state = self._local.__dict__
+        key = (problem, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream)
+        if state.get("key") != key or self._stream_k:
+            # initialize() builds TMA descriptors and zeroes the workspace: only when the problem,
+            # a pointer or the stream changed since this thread's last call, and before every
+            # Stream-K launch (its workspace barriers must start at zero).
+            device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+            args = make_args(problem, self.runtime, a=key[1], b=key[2], d=key[3],
+                             device_id=device, sm_count=_sm_count(device))
+            if "instance" not in state:
+                state["instance"], state["workspaces"] = self.kernel.create(), {}
+            workspace = state["workspaces"].get(problem)
+            if workspace is None:
+                size = self.kernel.workspace_size(args)
+                workspace = state["workspaces"][problem] = torch.empty(max(size, 16), dtype=torch.uint8, device=a.device)
+            state["instance"].initialize(args, workspace.data_ptr(), stream)
+            state["key"], state["args"] = key, args
+        state["instance"].run(stream)
         return out
 
 
@@ -135,6 +149,10 @@ _warned: set[str] = set()
 def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> torch.Tensor:
     """a @ b through the best kernel the table has for this problem.
 
+    The first call for a shape looks the problem up and loads its kernel; later calls with the
+    same shapes, strides and dtypes go straight to the launch (a table loaded from a path is
+    kept per path).
+
     An exact entry runs its kernel; a problem that was not tuned runs the kernel of the nearest
     tuned problem of the same dtype and layout (every kernel is correct for every aligned
     shape; only its speed was measured elsewhere). Where the table has nothing for the dtype and
@@ -144,22 +162,38 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> t
     Raises:
         MatmulInputError: CPU tensors, unsupported dtypes, misaligned or non-contiguous tensors.
     """
-    table = table if isinstance(table, BestTable) else BestTable.load(table)
+    table = table if isinstance(table, BestTable) else _load_table(str(table))
+    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype)
+    cached = table._kernels.get(key)
+    if cached is not None and a.device.type == "cuda" and b.device == a.device \
+            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
+        gemm, problem = cached
+        return torch.matmul(a, b) if gemm is None else gemm.run(problem, a, b)
     problem = problem_of(a, b)
     code = layout_code(problem.layout_a, problem.layout_b)
     try:
         match = table.lookup(problem.m, problem.n, problem.k, problem.dtype_a.value, code)
     except BestTableError as err:
         _warn_once(f"{problem.dtype_a.value} {code}", f"cutlass_tune.matmul: {err}; using torch.matmul")
+        table._kernels[key] = (None, problem)
         return torch.matmul(a, b)
     from ..bench import KernelStatusError
 
+    gemm = _gemm(match.row["config"], match.runtime)
     try:
-        return _gemm(match.row["config"], match.runtime)(a, b)
+        result = gemm.run(problem, a, b)
     except KernelStatusError as err:
         _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
                    f"{problem.name} ({err}); using torch.matmul")
+        table._kernels[key] = (None, problem)
         return torch.matmul(a, b)
+    table._kernels[key] = (gemm, problem)
+    return result
+
+
+@functools.lru_cache(maxsize=8)
+def _load_table(source: str) -> BestTable:
+    return BestTable.load(source)
 
 
 def _warn_once(key: str, message: str) -> None:
