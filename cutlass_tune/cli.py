@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -315,12 +314,15 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except click.Abort:  # click turns KeyboardInterrupt into Abort
+    except typer.Abort:  # the parser turns KeyboardInterrupt into Abort
         err.print("interrupted", markup=False)
         sys.exit(130)
-    except click.ClickException as e:  # usage errors
-        e.show()
-        sys.exit(e.exit_code)
+    except Exception as e:
+        # Usage errors: click's ClickException, or typer's vendored copy in typer >= 0.29.
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
     if code == 130:
         err.print("interrupted", markup=False)
     sys.exit(code if isinstance(code, int) else 0)

@@ -117,7 +117,7 @@ def test_interrupt_leaves_nothing_half_written(tmp_path, monkeypatch):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     root = tmp_path / "cache" / "v1"
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (root / "tmp").exists() or not any((root / "tmp").iterdir()):
+    while time.monotonic() < deadline and not ((root / "tmp").exists() and any((root / "tmp").iterdir())):
         time.sleep(0.1)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
