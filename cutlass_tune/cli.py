@@ -224,6 +224,26 @@ def best(
     out.print(f"{len(frame)} rows written to {output}")
 
 
+@app.command()
+def dashboard(
+    storage: Optional[str] = typer.Option(
+        None, "--storage", help="store URL or .sqlite file (default: the one results/sweep-*.sqlite)"),
+    output: Path = typer.Option(Path("report.html"), "--output", "-o", help="HTML file to write"),
+    open_: bool = typer.Option(False, "--open", help="open the report in the default web browser"),
+) -> None:
+    """Write one self-contained interactive HTML report of a sweep's store (viewing it needs no
+    network): best kernel vs cuBLAS, TFLOP/s by knob, search history, importances, failures."""
+    import webbrowser
+
+    from .report._dashboard import write_dashboard
+
+    report = write_dashboard(_storage_or_default(storage), output)
+    out.print(f"wrote {report.path}: {len(report.problems)} problems, {report.measurements} measurements "
+              f"from {report.storage}", markup=False)
+    if open_:
+        webbrowser.open(report.path.resolve().as_uri())
+
+
 def _sweep_table(state) -> Table:
     table = Table("problem", "kernels measured", "failed", "cuBLAS TFLOP/s", "best TFLOP/s",
                   "vs cuBLAS", "best at", "best config", box=None, pad_edge=False,

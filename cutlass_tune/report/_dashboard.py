@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 import plotly.offline
 import sqlalchemy as sa
 
-from ..bench import Measurement
+from ..bench import EnvStamp, Measurement
 from ..errors import CutlassTuneError
 from ..space import AUTO_STAGES, Decomposition, RasterOrder
 from ..store import ResultStore
@@ -51,27 +51,15 @@ class Dashboard:
     measurements: int
 
 
-def default_storage(results_dir: str | Path = "results") -> str:
-    """URL of the one `results_dir/sweep-*.sqlite` store. Raises DashboardError if there are
-    none or several (the caller must then name one)."""
-    found = sorted(Path(results_dir).glob("sweep-*.sqlite"))
-    if len(found) == 1:
-        return f"sqlite:///{found[0]}"
-    if not found:
-        raise DashboardError(f"no {Path(results_dir) / 'sweep-*.sqlite'} store here: pass --storage URL")
-    names = ", ".join(p.name for p in found)
-    raise DashboardError(f"{len(found)} stores in {results_dir}/ ({names}): pick one with --storage URL")
-
-
-def write_dashboard(url: str, path: str | Path) -> Dashboard:
-    """Build the dashboard of the store at `url` and write it to `path` atomically (temporary
-    file in the same folder, then rename). Reads the store only.
+def write_dashboard(url: str | Path, path: str | Path) -> Dashboard:
+    """Build the dashboard of the store at `url` (or a .sqlite file) and write it to `path`
+    atomically (a temporary file in the same folder, then a rename). Only reads the store.
 
     Raises:
         StoreError: the store cannot be reached or read.
         DashboardError: no such SQLite file, no measurement, or no successful one.
     """
-    data = _load(url)
+    data = _load(_as_url(url))
     page = _page(data)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,9 +76,17 @@ def write_dashboard(url: str, path: str | Path) -> Dashboard:
                      measurements=len(data.rows))
 
 
-def build_dashboard(url: str) -> str:
+def build_dashboard(url: str | Path) -> str:
     """The dashboard of the store at `url` as one HTML document (see `write_dashboard`)."""
-    return _page(_load(url))
+    return _page(_load(_as_url(url)))
+
+
+def _as_url(source: str | Path) -> str:
+    """A store URL, or a path to a SQLite file made into one."""
+    text = str(source)
+    if "://" not in text and Path(text).suffix in (".sqlite", ".sqlite3", ".db"):
+        return f"sqlite:///{text}"
+    return text
 
 
 # ---- reading ------------------------------------------------------------------------------
@@ -102,7 +98,7 @@ class _Data:
     problems: list[str]
     trials: dict[str, list[Any]]  # problem -> its study's FrozenTrials ([] without a study)
     studies: dict[str, str]  # problem -> study name
-    env: Any
+    env: EnvStamp | None  # of the latest measurement that has one
 
 
 def _load(url: str) -> _Data:
@@ -123,7 +119,7 @@ def _load(url: str) -> _Data:
     if kernels.empty:
         raise DashboardError(f"store {shown} has only cuBLAS baselines, no kernel measurement: "
                              "run `cutlass-tune sweep` first")
-    if not _ok(kernels).size:
+    if _ok(kernels).empty:
         failed = kernels[kernels.status != "ok"]
         reasons = collections.Counter(_reason_label(s, r) for s, r in zip(failed.status, failed.reason))
         common = reasons.most_common(1)[0][0] if reasons else "none recorded"
@@ -148,7 +144,6 @@ def _frame(raw: list[dict[str, Any]], shown: str) -> pd.DataFrame:
             **{k: v for k, v in r.items() if k != "record"},
             "measurement": m, "baseline": m.is_baseline, "method": m.method,
             "tile": f"{c.tile_m}x{c.tile_n}x{c.tile_k}" if c else None,
-            "tile_key": (c.tile_m, c.tile_n, c.tile_k) if c else None,
             "cluster": f"{c.cluster_m}x{c.cluster_n}" if c else None,
             "stages": ("auto" if c.stages == AUTO_STAGES else str(c.stages)) if c else None,
             "kernel_schedule": c.kernel_schedule.value if c else None,
@@ -157,8 +152,8 @@ def _frame(raw: list[dict[str, Any]], shown: str) -> pd.DataFrame:
             "swizzle": str(rt.swizzle),
         })
     frame = pd.DataFrame.from_records(records)
-    frame["tflops"] = pd.to_numeric(frame["tflops"])
-    frame["compile_seconds"] = pd.to_numeric(frame["compile_seconds"])
+    for column in ("tflops", "compile_seconds", "ratio", "cublas_tflops"):
+        frame[column] = pd.to_numeric(frame[column])
     return frame
 
 
@@ -204,7 +199,7 @@ def _studies(store: ResultStore, url: str, frame: pd.DataFrame,
 # ---- figures ------------------------------------------------------------------------------
 def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     fig.update_layout(title=title, height=height, template="plotly_white",
-                      margin=dict(l=70, r=30, t=60, b=60), hoverlabel=dict(align="left"))
+                      margin=dict(l=70, r=30, t=80, b=60), hoverlabel=dict(align="left"))
     return fig
 
 
@@ -216,13 +211,15 @@ def _summary(data: _Data) -> tuple[go.Figure, pd.DataFrame]:
         ok = _ok(frame[(frame.problem == p) & ~frame.baseline])
         if ok.empty:
             continue
-        best = ok.loc[ok.tflops.idxmax()]
+        # As `cutlass-tune best` does: runs compare through their own cuBLAS baselines.
+        rated = ok[ok.ratio.notna()]
+        best = rated.loc[rated.ratio.idxmax()] if not rated.empty else ok.loc[ok.tflops.idxmax()]
         cublas = best.cublas_tflops
         if pd.isna(cublas):  # the baseline of that run failed or was not recorded
             base = _ok(frame[(frame.problem == p) & frame.baseline & (frame.run_id == best.run_id)])
-            cublas = base.tflops.max() if not base.empty else None
+            cublas = base.tflops.max() if not base.empty else float("nan")
         best_rows.append({"problem": p, "kernel": best.kernel, "runtime": best.runtime, "tflops": best.tflops,
-                          "cublas": cublas, "ratio": best.tflops / cublas if cublas else None,
+                          "cublas": cublas, "ratio": best.tflops / cublas,
                           "configs": frame[(frame.problem == p) & ~frame.baseline].config_hash.nunique()})
     table = pd.DataFrame(best_rows)
     fig = go.Figure()
@@ -234,7 +231,7 @@ def _summary(data: _Data) -> tuple[go.Figure, pd.DataFrame]:
                 text=[f"{c:.0f}" if pd.notna(c) else "" for c in table.cublas], textposition="outside",
                 hovertemplate="%{x}<br>cuBLAS %{y:.1f} TFLOP/s<extra></extra>")
     fig.update_layout(barmode="group", yaxis_title="TFLOP/s", xaxis_title="problem",
-                      yaxis_range=[0, 1.15 * max(table.tflops.max(), table.cublas.max(skipna=True) or 0)])
+                      yaxis_range=[0, 1.15 * pd.concat([table.tflops, table.cublas]).max()])
     return _layout(fig, "Best CUTLASS kernel vs cuBLAS, by problem", 440), table
 
 
@@ -250,7 +247,7 @@ def _heatmap(ok: pd.DataFrame, rows: str, cols: str, title: str, row_label: str,
         hovertemplate=(f"{row_label} %{{y}}<br>{col_label} %{{x}}<br>best %{{z:.1f}} TFLOP/s"
                        "<br>%{customdata:.0f} configs<extra></extra>")))
     fig.update_xaxes(type="category", title=col_label)
-    fig.update_yaxes(type="category", title=row_label)
+    fig.update_yaxes(type="category", title=row_label, autorange="reversed")
     return _layout(fig, title, max(320, 34 * len(best.index) + 160))
 
 
@@ -288,7 +285,7 @@ def _importances(problem: str, trials: list[Any]) -> tuple[go.Figure | None, str
     if len(feasible) < 2:
         return None, (f"No parameter importances: {len(feasible)} completed feasible trial"
                       f"{'' if len(feasible) == 1 else 's'} in the study (at least 2 needed).")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # as the sweep does: no INFO line per study
     study = optuna.create_study(direction="maximize")
     study.add_trials(feasible)
     try:

@@ -1,0 +1,164 @@
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import plotly.offline
+import pytest
+
+from cutlass_tune.bench import Measurement
+from cutlass_tune.report._dashboard import build_dashboard, write_dashboard
+from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
+from cutlass_tune.status import Status
+from cutlass_tune.store import ResultStore
+
+REPO = Path(__file__).resolve().parents[2]
+STORE_URL = f"sqlite:///{REPO / 'results' / 'sweep-nvidia-h200.sqlite'}"
+PROBLEMS = [f"{s}x{s}x{s}_bf16bf16bf16_tn" for s in (1024, 4096, 8192)]
+SECTIONS = ("tile", "schedule", "raster", "history", "importance", "compile", "failures")
+HOSTILE = "<script>alert(1)</script>"
+P = Problem(4096, 4096, 4096)
+CFG = KernelConfig(tile_n=256, cluster_m=2)
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+def ok(config=CFG, tflops=600.0, runtime=RuntimeArgs(), **kw):
+    return Measurement(problem=P, config=config, runtime=runtime, status=Status.OK, tflops=tflops,
+                       median_ms=P.flops / tflops / 1e9, p20_ms=0.1, p80_ms=0.2, samples=100,
+                       method="events", compile_seconds=30.0, **kw)
+
+
+def make_store(path, measurements):
+    url = f"sqlite:///{path}"
+    store = ResultStore(url)
+    store.bind_gpu("NVIDIA H200")
+    for m in measurements:
+        store.add(m, gpu="NVIDIA H200", run_id="r1", cublas_tflops=None if m.is_baseline else 700.0)
+    return url
+
+
+@pytest.fixture(scope="module")
+def committed_report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dashboard") / "report.html"
+    report = write_dashboard(STORE_URL, path)
+    return report, path.read_text(encoding="utf-8")
+
+
+def test_report_of_the_committed_store_is_self_contained(committed_report):
+    report, page = committed_report
+    bundle = plotly.offline.get_plotlyjs()
+    assert page.count(bundle) == 1
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page, re.IGNORECASE)
+    rest = page.replace(bundle, "")
+    # plotly.js itself names a map-data CDN it never fetches for these charts; nothing else may.
+    assert "cdn.plot.ly" not in rest and "http://" not in rest and "https://" not in rest
+    assert "<link" not in rest and "@import" not in rest
+    assert report.problems == tuple(PROBLEMS) and report.measurements == 1119
+
+
+def test_report_has_every_section_and_a_selector_option_per_problem(committed_report):
+    _, page = committed_report
+    assert 'id="summary"' in page
+    for i in range(len(PROBLEMS)):
+        for section in SECTIONS:
+            assert f'<div id="p{i}-{section}" class="plotly-graph-div"' in page, (i, section)
+    assert page.count("Plotly.newPlot(") == 1 + len(PROBLEMS) * len(SECTIONS)
+    assert re.findall(r'<option value="(p\d+)">([^<]*)</option>', page) == [
+        (f"p{i}", p) for i, p in enumerate(PROBLEMS)]
+    for i, p in enumerate(PROBLEMS):
+        assert f'<section class="problem" id="p{i}" data-problem="{p}">' in page
+
+
+def test_report_states_gpu_runs_and_timing(committed_report):
+    _, page = committed_report
+    assert "NVIDIA H200" in page and "5906f1865bbb" in page and "2026-11-21T06:07:29+00:00" in page
+    assert "L2-cold CUDA events; cuBLAS measured in the same run" in page
+    assert "From 55 completed feasible trials" in page  # importances left the 65 invalid ones out
+    assert "65 invalid proposals" in page
+
+
+def test_hostile_names_and_reasons_are_escaped(tmp_path):
+    url = make_store(tmp_path / "s.sqlite", [
+        Measurement(problem=P, config=None, runtime=RuntimeArgs(), status=Status.OK, is_baseline=True,
+                    tflops=700.0, median_ms=0.2, method="events"),
+        ok(),
+        ok(config=None, symbol=HOSTILE, tflops=900.0),
+        Measurement(problem=P, config=CFG, runtime=RuntimeArgs(swizzle=8), status=Status.WRONG_RESULT,
+                    reason=HOSTILE),
+    ])
+    page = build_dashboard(url)
+    assert "alert(1)" in page
+    assert "<script>alert(1)" not in page and "</script>alert" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # the best kernel, in the table
+
+
+def test_a_store_without_studies_notes_it_and_gains_no_tables(tmp_path):
+    """Regression: opening Optuna's storage on a plain store created Optuna's tables in it."""
+    url = make_store(tmp_path / "s.sqlite", [ok(), ok(runtime=RuntimeArgs(swizzle=4), tflops=610.0)])
+    page = build_dashboard(url)
+    assert "No parameter importances: 0 completed feasible trials" in page
+    assert "no Optuna study in this store" in page
+    with sqlite3.connect(tmp_path / "s.sqlite") as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "studies" not in tables
+
+
+def test_cli_writes_the_report_from_the_only_store_in_results(tmp_path):
+    out = tmp_path / "sub" / "r.html"
+    r = run("dashboard", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "3 problems, 1119 measurements" in r.stdout
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert [p.name for p in out.parent.iterdir()] == ["r.html"]  # no temporary file left
+
+
+@pytest.mark.parametrize("rows,message", [
+    ([], "has no measurements: run `cutlass-tune sweep` first"),
+    ([Measurement(problem=P, config=CFG, runtime=RuntimeArgs(), status=Status.WRONG_RESULT,
+                  reason="rel error 0.5\nsecond line"),
+      Measurement(problem=P, config=CFG, runtime=RuntimeArgs(swizzle=4), status=Status.WRONG_RESULT,
+                  reason="rel error 0.5\nsecond line"),
+      Measurement(problem=P, config=KernelConfig(), runtime=RuntimeArgs(), status=Status.COMPILE_ERROR,
+                  reason="nvcc failed")],
+     "has no successful measurement: 3 failed (most common reason: wrong_result: rel error 0.5)"),
+    ([Measurement(problem=P, config=None, runtime=RuntimeArgs(), status=Status.OK, is_baseline=True,
+                  tflops=700.0, median_ms=0.2)],
+     "has only cuBLAS baselines, no kernel measurement"),
+])
+def test_stores_with_nothing_to_show_are_one_line_errors(tmp_path, rows, message):
+    url = make_store(tmp_path / "s.sqlite", rows)
+    r = run("dashboard", "--storage", url, "-o", tmp_path / "r.html")
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: store sqlite:///") and message in r.stderr
+    assert r.stderr.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_missing_store_file_is_not_created(tmp_path):
+    r = run("dashboard", "--storage", f"sqlite:///{tmp_path / 'none' / 's.sqlite'}", "-o", tmp_path / "r.html")
+    assert r.returncode == 2 and r.stderr.startswith("error: no store at") and r.stderr.count("\n") == 1
+    assert not (tmp_path / "none").exists()
+
+
+def test_optuna_dashboard_sees_the_three_studies():
+    # optuna-dashboard lists a storage through get_all_study_summaries.
+    summaries = optuna.get_all_study_summaries(storage=STORE_URL)
+    assert sorted(s.study_name for s in summaries) == [f"{p}_sm90a_NVIDIA-H200" for p in PROBLEMS]
+    assert all(s.n_trials > 0 and s.direction == optuna.study.StudyDirection.MAXIMIZE for s in summaries)
+
+
+def test_a_problem_with_only_failures_keeps_its_section(tmp_path):
+    other = Problem(1024, 1024, 1024)
+    url = make_store(tmp_path / "s.sqlite", [
+        ok(), Measurement(problem=other, config=CFG, runtime=RuntimeArgs(), status=Status.COMPILE_ERROR,
+                          reason="nvcc died", compile_seconds=3.0)])
+    page = build_dashboard(url)
+    assert f'<option value="p1">{other.name}</option>' in page
+    assert "No successful measurement of this problem." in page
+    assert '<div id="p1-failures" class="plotly-graph-div"' in page
