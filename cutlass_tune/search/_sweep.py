@@ -68,14 +68,10 @@ class ProblemProgress:
     best_tflops: float | None = None
     best_config: KernelConfig | None = None
     best_at: int | None = None  # compile index at which the best was first reached
+    best_ratio: float | None = None
+    """Best TFLOP/s over the cuBLAS figure measured just before it (the ranking we report)."""
     measured: int = 0
     failed: int = 0
-
-    @property
-    def best_ratio(self) -> float | None:
-        if self.best_tflops and self.cublas_tflops:
-            return self.best_tflops / self.cublas_tflops
-        return None
 
 
 @dataclasses.dataclass
@@ -235,8 +231,9 @@ class Sweep:
                 else:
                     self.results.setdefault(key, None)
             best = self.results.get(key)
-            if best and (pp.best_tflops is None or best > pp.best_tflops):
-                pp.best_tflops, pp.best_config, pp.best_at = best, cfg, index
+            ratio = best / pp.cublas_tflops if best and pp.cublas_tflops else None
+            if ratio and (pp.best_ratio is None or ratio > pp.best_ratio):
+                pp.best_tflops, pp.best_config, pp.best_at, pp.best_ratio = best, cfg, index, ratio
             pp.measured += 1
             pp.failed += best is None
 
@@ -281,19 +278,29 @@ class Sweep:
                         return f"{r['status']}: {r['reason']}"[:300]
         return "no result"
 
+    def _measure_baselines(self) -> None:
+        """cuBLAS on every problem, now: before each batch, so that each kernel's ratio is taken
+        against a baseline measured minutes, not the whole run, away (the board's power-limited
+        clock drifts by a few percent over a run)."""
+        for pp in self.state.problems:
+            base = self.bench.baseline(pp.problem)
+            self.store.add(base, gpu=self.gpu, run_id=self.state.run_id, study=pp.study.study_name)
+            pp.cublas_tflops = base.tflops if base.status is Status.OK else None
+
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> SweepState:
         """Run until `settings.trials` configs are compiled (counting earlier runs), the
         timeout passes or the sampler runs out of new configs. Returns the final state."""
         start = time.monotonic()
         unfinished = self._load_previous()
-        for pp in self.state.problems:
-            base = self.bench.baseline(pp.problem)
-            self.store.add(base, gpu=self.gpu, run_id=self.state.run_id, study=pp.study.study_name)
-            pp.cublas_tflops = base.tflops if base.status is Status.OK else None
-            for (pname, h), value in self.results.items():
-                if pname == pp.problem.name and value and (pp.best_tflops is None or value > pp.best_tflops):
-                    pp.best_tflops, pp.best_config = value, self._config_for(h, pp.problem)
+        self._measure_baselines()
+        for row in self.store.rows(["problem", "config_hash", "status", "tflops", "ratio"]):
+            pp = next((q for q in self.state.problems if q.problem.name == row["problem"]), None)
+            if pp is None or row["status"] != Status.OK.value or not row["config_hash"] or not row["ratio"]:
+                continue
+            if pp.best_ratio is None or row["ratio"] > pp.best_ratio:
+                pp.best_ratio, pp.best_tflops = row["ratio"], row["tflops"]
+                pp.best_config = self._config_for(row["config_hash"], pp.problem)
         seeds = unfinished + seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems])
         for i, cfg in enumerate(seeds):
             # Spread seeds over the studies: the round robin asks each in turn.
@@ -325,6 +332,8 @@ class Sweep:
                 batch = [] if timed_out() or room <= 0 else self._propose(room, pending, waiting)
                 future = pool.submit(self.compile, batch) if batch else None
                 self.state.queued = len(batch)
+                if compiled:
+                    self._measure_baselines()
                 for i, kernel in enumerate(compiled):
                     self._measure(kernel, index=before + i + 1)
                     self._finish(kernel.config, waiting.pop(kernel.config.hash, []))

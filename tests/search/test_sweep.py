@@ -160,3 +160,15 @@ def test_timeout_stops_proposing(space, tmp_path):
     state = make(space, tmp_path, trials=40, batch=2, timeout_s=1e-9)[0].run()
     assert state.stop_reason == "timeout"
     assert state.compiled == 2  # the first batch was already under way
+
+
+def test_baseline_is_measured_again_before_each_batch(space, tmp_path):
+    class CountingBench(FakeBench):
+        calls = 0
+
+        def baseline(self, problem):
+            CountingBench.calls += 1
+            return super().baseline(problem)
+
+    make(space, tmp_path, CountingBench(), trials=6, batch=2)[0].run()
+    assert CountingBench.calls == 2 * (1 + 3)  # two problems: at the start and before 3 batches
