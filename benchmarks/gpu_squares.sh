@@ -8,7 +8,7 @@ store=results/squares-nvidia-h200.sqlite
 if [ "${SKIP_REPORT:-0}" != 1 ]; then
   benchmarks/gpu_report.sh "$out" > "$out/report.log" 2>&1; tail -8 "$out/report.log"
 fi
-timeout -k 20 ${SWEEP_SECONDS:-420} python3 -m cutlass_tune.cli sweep configs/squares_bf16.yaml --trials 32 \
+timeout -k 20 ${SWEEP_SECONDS:-420} python3 -m cutlass_tune.cli sweep configs/squares_bf16.yaml --trials ${TRIALS:-32} \
   --storage "sqlite:///$store" > "$out/squares_sweep.txt" 2>&1
 echo "sweep rc=$?"; tail -14 "$out/squares_sweep.txt"
 cp "$store" "$out/"
