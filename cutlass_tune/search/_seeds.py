@@ -1,10 +1,13 @@
-"""Warm-start configs: CUTLASS's common choices, then the best of the nearest tuned problems."""
+"""Warm-start configs: CUTLASS's common choices, the best of the nearest tuned problems, and,
+when the optional `nvidia-matmul-heuristics` package is installed, its top-k for each problem."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 
-from ..space import EpilogueSchedule, KernelConfig, KernelSchedule, Problem, SearchSpace, TileScheduler
+from ..space import DType, EpilogueSchedule, KernelConfig, KernelSchedule, Layout, Problem, SearchSpace, TileScheduler
 from ..status import Status
 from ..store import ResultStore
 
@@ -23,6 +26,50 @@ COMMON_DEFAULTS = (
     dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=2, cluster_n=1),
 )
 NEAREST_PROBLEMS = 3
+HEURISTIC_TOP_K = 4
+_HEURISTICS_GPU = (("H200", "H200_SXM"), ("H100 PCIe", "H100_PCIE"), ("H100 NVL", "H100_NVL"),
+                   ("H100", "H100_SXM"), ("H20", "H20_SXM"))
+_PRECISION = {DType.BF16: "T", DType.F16: "H", DType.F32: "S"}
+log = logging.getLogger(__name__)
+
+
+def heuristic_configs(problem: Problem, gpu_name: str | None, count: int = HEURISTIC_TOP_K) -> list[KernelConfig]:
+    """nvMatmulHeuristics' top `count` tile/cluster/stage choices for `problem`, as configs
+    (cooperative where tile M allows, else ping-pong; the model does not rank schedules).
+    Empty when the package is missing or fails."""
+    try:
+        import nvMatmulHeuristics as nvmmh
+    except ImportError:
+        return []
+    try:
+        gpu = next((v for k, v in _HEURISTICS_GPU if gpu_name and k in gpu_name), None)
+        target = nvmmh.NvMatmulHeuristicsTarget["CUTLASS3"]
+        lib = nvmmh.NvMatmulHeuristicsInterfaceEx(
+            backend=target, flags=nvmmh.NvMatmulHeuristicsFlags.PERF_MODEL_BASED_AUTO_TUNING,
+            load_discovery_implicitly=True, gpu=nvmmh.NvMatmulHeuristicsNvidiaGpu[gpu] if gpu else None)
+        backend = lib.createBackend(target)
+        layout = ("T" if problem.layout_a is Layout.ROW else "N") + ("T" if problem.layout_b is Layout.ROW else "N")
+        query = lib.makeNvMatmulHeuristicsProblem(
+            problem.m, problem.n, problem.k, nvmmh.NvMatmulHeuristicsMatmulLayout[f"{layout}_ROW_MAJOR"], 1)
+        precision = _PRECISION[problem.dtype_a] + "S" + _PRECISION[problem.dtype_d]
+        found = lib.getEx(query, count, backend, precision=precision)
+    except Exception as err:  # an optional advisor must never stop a sweep
+        log.warning("nvMatmulHeuristics gave no seeds for %s: %s", problem.name, err)
+        return []
+    out = []
+    for entry in found:
+        k = entry["kernel"]
+        schedule = KernelSchedule.COOPERATIVE if k.cta_tile_m % 128 == 0 else KernelSchedule.PINGPONG
+        cfg = KernelConfig(
+            dtype_a=problem.dtype_a, dtype_b=problem.dtype_b, dtype_c=problem.dtype_d, dtype_d=problem.dtype_d,
+            layout_a=problem.layout_a, layout_b=problem.layout_b, tile_m=int(k.cta_tile_m),
+            tile_n=int(k.cta_tile_n), tile_k=int(k.cta_tile_k), cluster_m=int(k.cluster_m),
+            cluster_n=int(k.cluster_n), stages=int(getattr(k, "stages", 0) or 0), kernel_schedule=schedule,
+            epilogue_schedule=(EpilogueSchedule.TMA_COOPERATIVE if schedule is KernelSchedule.COOPERATIVE
+                               else EpilogueSchedule.TMA))
+        out.append(cfg)
+        out.append(dataclasses.replace(cfg, stages=0))  # the same tile with CUTLASS's auto stages
+    return out
 
 
 def _log_distance(a: Problem, b: Problem) -> float:
@@ -30,10 +77,17 @@ def _log_distance(a: Problem, b: Problem) -> float:
                      (math.log2(b.m), math.log2(b.n), math.log2(b.k)))
 
 
-def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]) -> list[KernelConfig]:
+def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem],
+                 gpu_name: str | None = None) -> list[KernelConfig]:
     """Configs to enqueue before sampling, in order, each valid and in `space`."""
     members = {c.hash: c for c in space.candidates}
     out: dict[str, KernelConfig] = {}
+    # The performance model's picks first, one problem at a time, so each problem gets its own.
+    picks = [heuristic_configs(p, gpu_name) for p in problems]
+    for rank in range(max((len(x) for x in picks), default=0)):
+        for found in picks:
+            if rank < len(found) and found[rank].hash in members:
+                out.setdefault(found[rank].hash, found[rank])
     for p in problems:
         for knobs in COMMON_DEFAULTS:
             cfg = KernelConfig(dtype_a=p.dtype_a, dtype_b=p.dtype_b, dtype_c=p.dtype_d, dtype_d=p.dtype_d,

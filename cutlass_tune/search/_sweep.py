@@ -301,7 +301,8 @@ class Sweep:
             if pp.best_ratio is None or row["ratio"] > pp.best_ratio:
                 pp.best_ratio, pp.best_tflops = row["ratio"], row["tflops"]
                 pp.best_config = self._config_for(row["config_hash"], pp.problem)
-        seeds = unfinished + seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems])
+        seeds = unfinished + seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems],
+                                          self.gpu)
         for i, cfg in enumerate(seeds):
             # Spread seeds over the studies: the round robin asks each in turn.
             pp = self.state.problems[i % len(self.state.problems)]

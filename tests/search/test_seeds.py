@@ -1,0 +1,64 @@
+import sys
+
+import pytest
+
+from cutlass_tune.bench import Measurement
+from cutlass_tune.search import COMMON_DEFAULTS, seed_configs
+from cutlass_tune.search._seeds import heuristic_configs
+from cutlass_tune.space import (
+    EpilogueSchedule,
+    KernelConfig,
+    KernelSchedule,
+    Problem,
+    RuntimeArgs,
+    check_config,
+    load_space,
+)
+from cutlass_tune.status import Status
+from cutlass_tune.store import ResultStore
+
+from .test_sweep import SPACE
+
+
+@pytest.fixture
+def space(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE)
+    return load_space(path)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ResultStore(f"sqlite:///{tmp_path / 's.sqlite'}")
+    s.bind_gpu("NVIDIA H200")
+    return s
+
+
+def test_without_the_heuristics_package_seeds_are_cutlass_defaults(space, store, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvMatmulHeuristics", None)
+    seeds = seed_configs(space, store, list(space.problems), "NVIDIA H200")
+    members = {c.hash for c in space.candidates}
+    assert seeds and all(c.hash in members and not check_config(c) for c in seeds)
+    assert seeds[0].name == "bf16_tn_128x256x64_c2x1_sauto_cooperative_tma_cooperative_persistent"
+    assert len(seeds) <= len(COMMON_DEFAULTS)
+
+
+def test_the_best_of_the_nearest_stored_problem_is_a_seed(space, store, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvMatmulHeuristics", None)
+    winner = KernelConfig(tile_m=64, tile_n=64, kernel_schedule=KernelSchedule.PINGPONG,
+                          epilogue_schedule=EpilogueSchedule.TMA)
+    store.add(Measurement(problem=Problem(2048, 4096, 4096), config=winner, runtime=RuntimeArgs(),
+                          status=Status.OK, tflops=650.0), gpu="NVIDIA H200", run_id="r")
+    seeds = seed_configs(space, store, list(space.problems), "NVIDIA H200")
+    assert winner.hash in {c.hash for c in seeds}
+
+
+def test_performance_model_picks_lead_the_seeds(space, store):
+    pytest.importorskip("nvMatmulHeuristics")
+    picks = {p: heuristic_configs(p, "NVIDIA H200") for p in space.problems}
+    assert all(found for found in picks.values())
+    assert all(not check_config(c) for found in picks.values() for c in found)
+    members = {c.hash for c in space.candidates}
+    first_in_space = next(c for c in picks[space.problems[0]] if c.hash in members)
+    seeds = seed_configs(space, store, list(space.problems), "NVIDIA H200")
+    assert seeds[0] == first_in_space
