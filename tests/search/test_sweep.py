@@ -66,10 +66,13 @@ def test_sweep_compiles_within_budget_and_measures_every_problem(space, tmp_path
 
 
 def test_first_batch_is_the_warm_start_seeds(space, tmp_path):
+    from cutlass_tune.search import seed_configs
+
     compiler = FakeCompiler()
-    make(space, tmp_path, compiler=compiler)[0].run()
-    first = compiler.calls[0]
-    assert first[0].name == "bf16_tn_128x256x64_c2x1_sauto_cooperative_tma_cooperative_persistent"
+    sweep, store = make(space, tmp_path, compiler=compiler, batch=4)
+    expected = seed_configs(space, store, list(space.problems), "Fake GPU")[:4]
+    sweep.run()
+    assert [c.hash for c in compiler.calls[0]] == [c.hash for c in expected]
 
 
 def test_invalid_configs_are_told_as_infeasible_not_compiled(space, tmp_path):
