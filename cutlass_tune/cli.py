@@ -272,13 +272,15 @@ def sweep(
     batch: Optional[int] = typer.Option(None, "--batch", min=1, help="configs compiled per batch (default: jobs)"),
     seed: int = typer.Option(0, "--seed", help="sampler seed"),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    graph: bool = typer.Option(False, "--graph", help="time CUDA-graph replays, kernels and cuBLAS alike "
+                               "(warm L2; the fair method for small problems); a store holds one method"),
 ) -> None:
     """Search the compile-time knobs with Optuna; measure every run-time variant of each kernel
     on every problem; keep everything in the store. Re-running the same command resumes."""
     from rich.live import Live
 
     from . import settings
-    from .bench import WorkerBenchmarker
+    from .bench import TimingOptions, WorkerBenchmarker
     from .compile import KernelCache, compile_kernels, default_jobs
     from .search import SAMPLERS, Sweep, SweepSettings
     from .space import load_space
@@ -289,12 +291,13 @@ def sweep(
     sp = load_space(config)
     if storage is not None:
         store = ResultStore(storage)  # a bad URL fails here, before any GPU work
-    bench = WorkerBenchmarker(gpu)
+    bench = WorkerBenchmarker(gpu, timing=TimingOptions(graph=graph))
     try:
         if storage is None:
             storage = default_store_url(bench.gpu_name)
             store = ResultStore(storage)
         store.bind_gpu(bench.gpu_name)
+        store.bind_timing(bench.timing_method)
         jobs = jobs or default_jobs()
         cache = KernelCache(cache_dir or settings.cache_dir())
         out.print(f"{config}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "

@@ -28,6 +28,7 @@ class WorkerBenchmarker:
         self.worker = Worker(device, timeout_s=timeout_s)
         self.env = self.worker.start()
         self.gpu_name = self.env.gpu
+        self.timing_method = timing.method
 
     def baseline(self, problem: Problem) -> Measurement:
         return next(iter(self.worker.run(Job.baseline(problem, timing=self.timing))))

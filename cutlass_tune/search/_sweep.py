@@ -37,6 +37,7 @@ class Benchmarker(Protocol):
     """Measures compiled kernels on problems (the GPU side, or a fake in tests)."""
 
     gpu_name: str
+    timing_method: str  # "events" or "graph"; a store holds one
 
     def baseline(self, problem: Problem) -> Measurement: ...
 
@@ -99,6 +100,7 @@ class Sweep:
         self.on_update = on_update or (lambda state: None)
         self.gpu = benchmarker.gpu_name
         store.bind_gpu(self.gpu)
+        store.bind_timing(getattr(benchmarker, "timing_method", "events"))
         self.storage = optuna.storages.RDBStorage(storage_url)
         self.params = {p: ParamSpace.from_space(space, p) for p in space.problems}
         progress = []

@@ -151,6 +151,23 @@ class ResultStore:
             raise StoreError(f"the store {self.url} has schema {rows.get('schema')}, this version "
                              f"reads {SCHEMA_VERSION}")
 
+    def bind_timing(self, method: str) -> None:
+        """Claim the store for one timing method (events, graph), or check that it uses it:
+        figures taken by different methods do not compare.
+
+        Raises:
+            StoreError: the store holds results timed another way.
+        """
+        self._create()
+        with self.engine.begin() as conn:
+            found = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "timing")).scalar()
+            if found is None:
+                conn.execute(meta_table.insert(), [{"key": "timing", "value": method}])
+                return
+        if found != method:
+            raise StoreError(f"the store {self.url} holds results timed with {found}, not {method}: "
+                             "give this sweep its own --storage")
+
     def add(self, m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None,
             study: str | None = None, trial: int | None = None) -> None:
         """Record one measurement in its own transaction."""

@@ -75,3 +75,11 @@ def test_bad_urls_are_one_line_errors(url, message):
 def test_default_store_is_per_gpu():
     assert default_store_url("NVIDIA H200") == "sqlite:///results/sweep-nvidia-h200.sqlite"
     assert default_store_url("NVIDIA H100 80GB HBM3").endswith("sweep-nvidia-h100-80gb-hbm3.sqlite")
+
+
+def test_a_store_keeps_to_one_timing_method(store_url):
+    store = ResultStore(store_url)
+    store.bind_timing("events")
+    store.bind_timing("events")
+    with pytest.raises(StoreError, match="timed with events, not graph"):
+        ResultStore(store_url).bind_timing("graph")
