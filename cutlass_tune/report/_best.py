@@ -85,7 +85,8 @@ def _from_store(url: str) -> pd.DataFrame:
     frame = pd.DataFrame(out)
     frame["spread"] = (frame["p80_ms"] - frame["p20_ms"]) / frame["median_ms"]
     frame["_rank"] = frame["ratio"].fillna(0.0)
-    frame = frame.sort_values(["gpu", "problem", "_rank", "tflops"], ascending=[True, True, False, False])
+    frame = frame.sort_values(["gpu", "m", "n", "k", "problem", "_rank", "tflops"],
+                              ascending=[True, True, True, True, True, False, False])
     best = frame.groupby(["gpu", "problem"], sort=False).head(1).drop(columns="_rank")
     return best[list(COLUMNS)].reset_index(drop=True)
 
