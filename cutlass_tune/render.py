@@ -42,6 +42,13 @@ _KERNEL_SCHEDULE = {
     KernelSchedule.COOPERATIVE: "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
     KernelSchedule.PINGPONG: "cutlass::gemm::KernelTmaWarpSpecializedPingpong",
 }
+# fp8 fast accumulation is a schedule of its own (dispatch_policy.hpp). Without it, fp8 inputs
+# take the plain schedules and the CollectiveBuilder picks the promoting fp8 mainloop.
+_KERNEL_SCHEDULE_FP8_FAST_ACCUM = {
+    KernelSchedule.TMA_WS: "cutlass::gemm::KernelTmaWarpSpecializedFP8FastAccum",
+    KernelSchedule.COOPERATIVE: "cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum",
+    KernelSchedule.PINGPONG: "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum",
+}
 _EPILOGUE_SCHEDULE = {
     EpilogueSchedule.TMA: "cutlass::epilogue::TmaWarpSpecialized",
     EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::TmaWarpSpecializedCooperative",
@@ -110,6 +117,13 @@ def _member(cfg: KernelConfig, field: str, table: dict) -> str:
     return table[v]
 
 
+def _bool(cfg: KernelConfig, field: str) -> bool:
+    v = getattr(cfg, field)
+    if type(v) is not bool:
+        raise RenderError(f"{cfg.hash}: {field} must be a bool, got {type(v).__name__}")
+    return v
+
+
 def template_values(cfg: KernelConfig) -> dict[str, object]:
     """The values one kernel block substitutes. Raises RenderError for an invalid config."""
     values: dict[str, object] = {
@@ -120,7 +134,8 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
         "element_acc": _member(cfg, "dtype_acc", _ELEMENT),
         "layout_a": _member(cfg, "layout_a", _LAYOUT),
         "layout_b": _member(cfg, "layout_b", _LAYOUT),
-        "kernel_schedule": _member(cfg, "kernel_schedule", _KERNEL_SCHEDULE),
+        "kernel_schedule": _member(cfg, "kernel_schedule", _KERNEL_SCHEDULE_FP8_FAST_ACCUM
+                                   if _bool(cfg, "fp8_fast_accum") else _KERNEL_SCHEDULE),
         "epilogue_schedule": _member(cfg, "epilogue_schedule", _EPILOGUE_SCHEDULE),
     }
     _member(cfg, "tile_scheduler", {t: t.value for t in TileScheduler})

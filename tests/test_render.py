@@ -6,7 +6,7 @@ import pytest
 from cutlass_tune import render
 from cutlass_tune.errors import RenderError
 from cutlass_tune.render import kernel_symbol, render_unit
-from cutlass_tune.space import EpilogueSchedule, KernelConfig, KernelSchedule, Layout, TileScheduler
+from cutlass_tune.space import DType, EpilogueSchedule, KernelConfig, KernelSchedule, Layout, TileScheduler
 
 COOP = KernelConfig(tile_n=256, cluster_m=2)
 
@@ -66,11 +66,44 @@ def test_invalid_config_is_not_rendered():
     ("layout_b", "cutlass::layout::RowMajor; #include </etc/passwd>"),
     ("epilogue_schedule", None),
     ("tile_scheduler", "void"),
+    ("fp8_fast_accum", "true"),  # a truthy string must not pick a schedule
+    ("fp8_fast_accum", 1),
+    ("fp8_fast_accum", None),
 ])
 def test_hostile_values_never_reach_the_source(field, value):
     cfg = dataclasses.replace(KernelConfig(), **{field: value})
     with pytest.raises(RenderError):
         render_unit([cfg])
+
+
+FP8 = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128)
+
+
+@pytest.mark.parametrize("schedule,epilogue,tag", [
+    (KernelSchedule.COOPERATIVE, EpilogueSchedule.TMA_COOPERATIVE, "KernelTmaWarpSpecializedCooperativeFP8FastAccum"),
+    (KernelSchedule.PINGPONG, EpilogueSchedule.TMA, "KernelTmaWarpSpecializedPingpongFP8FastAccum"),
+    (KernelSchedule.TMA_WS, EpilogueSchedule.TMA, "KernelTmaWarpSpecializedFP8FastAccum"),
+])
+def test_fp8_fast_accum_picks_the_fast_accum_schedule(schedule, epilogue, tag):
+    cfg = dataclasses.replace(FP8, tile_m=128 if schedule is KernelSchedule.COOPERATIVE else 64,
+                              kernel_schedule=schedule, epilogue_schedule=epilogue, fp8_fast_accum=True)
+    src = render_unit([cfg]).source
+    assert "using ElementA = cutlass::float_e4m3_t;" in src and f"Shape<_{cfg.tile_m}, _128, _128>" in src
+    assert f"    cutlass::gemm::{tag}>::CollectiveOp;" in src
+    # Without fast accumulation: the plain schedule (the builder picks the promoting fp8 mainloop).
+    plain = render_unit([dataclasses.replace(cfg, fp8_fast_accum=False)]).source
+    assert "FP8" not in plain and "FastAccum" not in plain
+
+
+def test_fp8_mixed_types_render_their_elements():
+    src = render_unit([dataclasses.replace(FP8, dtype_b=DType.E5M2, dtype_c=DType.F32, dtype_d=DType.F32)]).source
+    assert "using ElementA = cutlass::float_e4m3_t;" in src and "using ElementB = cutlass::float_e5m2_t;" in src
+    assert "using ElementD = float;" in src
+
+
+def test_fast_accum_on_16_bit_is_not_rendered():
+    with pytest.raises(RenderError, match="fp8_fast_accum"):
+        render_unit([KernelConfig(fp8_fast_accum=True)])
 
 
 def test_templates_fail_loudly_on_missing_values():

@@ -45,29 +45,45 @@ class _Target:
 
 
 class CublasTarget(_Target):
-    """torch.matmul into a preallocated D: cuBLAS with the problem's layouts, no copies."""
+    """torch.matmul into a preallocated D: cuBLAS with the problem's layouts, no copies.
+
+    fp8 inputs go to torch._scaled_mm (cuBLASLt) with unit scales and its default, promoting
+    accumulation; it takes only the tn layout, which is the only fp8 layout a `Problem` allows.
+    """
 
     def __init__(self, problem: Problem):
         self._problem = problem
         self._ops: Operands | None = None
+        self._unit_scale: torch.Tensor | None = None  # set for fp8: _scaled_mm's scale_a/b
 
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         """Bind to `ops`; returns why cuBLAS cannot run the problem, or None."""
         p = self._problem
-        if p.dtype_d not in (p.dtype_a, DType.F32):
+        if p.dtype_a.is_fp8 or p.dtype_b.is_fp8:
+            if not hasattr(torch, "_scaled_mm"):
+                return f"torch {torch.__version__} has no torch._scaled_mm for an fp8 baseline"
+            if p.dtype_a is DType.E5M2 and p.dtype_b is DType.E5M2:
+                return "torch._scaled_mm has no e5m2 x e5m2 GEMM"
+            if p.n % 16:
+                return f"torch._scaled_mm needs N a multiple of 16, not {p.n}"
+            self._unit_scale = torch.ones((), dtype=torch.float32, device=ops.d.device)
+        elif p.dtype_d not in (p.dtype_a, DType.F32):
             return f"torch.matmul has no {p.dtype_a.value} x {p.dtype_b.value} -> {p.dtype_d.value} GEMM"
         self._ops = ops
         return None
 
     def launch(self) -> None:
         ops = self._ops
-        if ops.d.dtype == ops.a.dtype:
+        if self._unit_scale is not None:
+            torch._scaled_mm(ops.a_mk, ops.b_kn, scale_a=self._unit_scale, scale_b=self._unit_scale,
+                             out_dtype=ops.d.dtype, out=ops.d)
+        elif ops.d.dtype == ops.a.dtype:
             torch.matmul(ops.a_mk, ops.b_kn, out=ops.d)
         else:
             torch.mm(ops.a_mk, ops.b_kn, out_dtype=ops.d.dtype, out=ops.d)
 
     def close(self) -> None:
-        self._ops = None
+        self._ops = self._unit_scale = None
 
 
 class CutlassTarget(_Target):

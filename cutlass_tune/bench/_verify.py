@@ -2,8 +2,9 @@
 
 A kernel's time counts only after its output, from fresh random inputs into an output
 poisoned with NaN, matches the reference: ||out - ref||_F / ||ref||_F within the tolerance of
-the output type. The reference multiplies the same (already rounded) inputs in fp32, so the
-error left is accumulation order and the rounding of the output.
+the output type (looser for fp8 inputs). The reference multiplies the same (already rounded)
+inputs in fp32, so the error left is accumulation order and precision and the rounding of the
+output; the quantization of fp8 inputs is never counted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,21 @@ TOLERANCE = {DType.BF16: 1e-2, DType.F16: 2e-3, DType.F32: 1e-4}
 """Largest relative Frobenius error accepted, by output type. An output rounded to bf16
 (f16) carries about 2e-3 (3e-4) of relative error by itself; fp32 accumulation about 1e-6."""
 
-TORCH_DTYPE = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
+FP8_TOLERANCE = 2e-2
+"""Largest relative Frobenius error accepted for fp8 inputs (any output type). Hopper's fp8
+wgmma accumulates in fewer bits than fp32 (about 14, DeepSeek-V3 reports, with up to 2% error
+in single elements at K = 4096). CUTLASS's FP8FastAccum kernels keep the whole K loop in that
+accumulator, the others promote it to fp32 every 4 k-steps; over random data the Frobenius
+error of fast accumulation should be near sqrt(K) * 2^-14 (4e-3 at K = 4096). 2e-2 leaves room
+for large K and still fails a kernel that drops one 32-wide K step of 4096 (error 9e-2)."""
+
+TORCH_DTYPE = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32,
+               DType.E4M3: torch.float8_e4m3fn, DType.E5M2: torch.float8_e5m2}
+
+
+def tolerance(dtype: DType, fp8_inputs: bool = False) -> float:
+    """Largest relative Frobenius error accepted for an output of type `dtype`."""
+    return max(FP8_TOLERANCE, TOLERANCE[dtype]) if fp8_inputs else TOLERANCE[dtype]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +75,22 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
 
 
 def randomize(ops: Operands, generator: torch.Generator) -> None:
-    """Fill A and B with normal values scaled so that D's entries are about N(0, 1)."""
-    std = ops.problem.k ** -0.25
-    ops.a.normal_(0.0, std, generator=generator)
-    ops.b.normal_(0.0, std, generator=generator)
+    """Fill A and B with normal values: scaled so that D's entries are about N(0, 1) for
+    16-bit inputs; N(0, 1) rounded to fp8 for fp8 inputs (D's entries about N(0, K))."""
+    for t in (ops.a, ops.b):
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            _fill_fp8(t, generator)
+        else:
+            t.normal_(0.0, ops.problem.k ** -0.25, generator=generator)
+
+
+def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
+    # Unit variance sits in the normal range of both fp8 formats (e4m3: 2^-6 .. 448), where
+    # k^-0.25 scaling would push a tenth of the values into subnormals. The clamp keeps values
+    # finite: e4m3fn has no infinity, and out-of-range conversions give NaN.
+    limit = torch.finfo(t.dtype).max
+    values = torch.randn(t.shape, generator=generator, device=t.device, dtype=torch.float32)
+    t.copy_(values.clamp_(-limit, limit))
 
 
 def reference(ops: Operands) -> torch.Tensor:
@@ -78,18 +105,18 @@ class Verdict:
     reason: str = ""
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, dtype: DType) -> Verdict:
+def compare(out: torch.Tensor, ref: torch.Tensor, dtype: DType, *, fp8_inputs: bool = False) -> Verdict:
     """Check `out` against `ref`: any NaN or infinity, or a relative Frobenius error above
-    `TOLERANCE[dtype]`, is a wrong result."""
+    `tolerance(dtype, fp8_inputs)`, is a wrong result."""
     bad = out.numel() - int(torch.isfinite(out).sum())
     if bad:
         return Verdict(Status.WRONG_RESULT, None, f"{bad} of {out.numel()} output elements are "
                        "NaN or infinite (left unwritten, or overflowed)")
     err = float(torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref))
-    tol = TOLERANCE[dtype]
+    tol = tolerance(dtype, fp8_inputs)
     if not err <= tol:
         return Verdict(Status.WRONG_RESULT, err, f"relative error {err:.3g} exceeds {tol:g} "
-                       f"allowed for a {dtype.value} output")
+                       f"allowed for a {dtype.value} output" + (" from fp8 inputs" if fp8_inputs else ""))
     return Verdict(Status.OK, err)
 
 
@@ -103,4 +130,5 @@ def verify_launch(launch: Callable[[], None], ops: Operands, ref: torch.Tensor) 
     launch()
     if ops.d.is_cuda:
         torch.cuda.synchronize(ops.d.device)
-    return compare(ops.d, ref, ops.problem.dtype_d)
+    p = ops.problem
+    return compare(ops.d, ref, p.dtype_d, fp8_inputs=p.dtype_a.is_fp8 or p.dtype_b.is_fp8)

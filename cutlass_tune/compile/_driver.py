@@ -79,15 +79,23 @@ _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 def spill_bytes_by_symbol(log: str, symbols: Iterable[str]) -> dict[str, int]:
-    """Register spill bytes (stores + loads) that ptxas reported for each kernel symbol."""
+    """Register spill bytes (stores + loads) that ptxas reported, per kernel symbol.
+
+    ptxas names a kernel by its mangled CUTLASS type, which does not contain our symbol. A unit
+    of one kernel gets every report of its log; in a unit of several, a report that names no
+    symbol is charged to every kernel of the unit (a warning worth a look, not an attribution).
+    """
+    symbols = list(symbols)
     out = {s: 0 for s in symbols}
-    current: str | None = None
+    current: list[str] = symbols
     for line in log.splitlines():
         if "Compiling entry function" in line or "Function properties for" in line:
-            current = next((s for s in out if s in line), None)
+            named = [s for s in symbols if s in line]
+            current = named or symbols
         found = _SPILL.search(line)
-        if found and current:
-            out[current] += int(found.group(1)) + int(found.group(2))
+        if found:
+            for s in current:
+                out[s] += int(found.group(1)) + int(found.group(2))
     return out
 
 
@@ -191,6 +199,7 @@ class _Build:
                     config=c, key=self.keys[c.hash], status=status, library=None,
                     symbol=kernel_symbol(c), seconds=per_kernel, cached=False,
                     reason=reason or (f"ptxas spilled {spills[kernel_symbol(c)]} bytes"
+                                      + (f" in a unit of {len(configs)} kernels" if len(configs) > 1 else "")
                                       if spills[kernel_symbol(c)] else ""),
                 )
                 for c in configs

@@ -4,6 +4,10 @@ Conventions (those of `Problem`): `a` is M x K and `b` is K x N, D = a @ b is re
 row-major. Each operand may be row- or column-major: `b = w.t()` of a contiguous N x K weight
 is the "tn" case of nn.Linear. Kernels are compiled on demand from the kernel cache (a cache
 hit when the sweep ran on this machine) and loaded once per process.
+
+fp8 (torch.float8_e4m3fn) inputs must be "tn" and give a bfloat16 D (unless the kernel says
+otherwise), computed with unit scales: scale the result yourself. Where no tuned kernel can
+run them, torch._scaled_mm does.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, TileSched
 from ..status import Status
 from ._best import BestTable, BestTableError
 
-_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16}
+_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
 _TORCH = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
+_FP8_OUT = DType.BF16
 
 
 class MatmulInputError(CutlassTuneError, ValueError):
@@ -48,7 +53,8 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
         if t.dim() != 2:
             raise MatmulInputError(f"{name} must be 2-D, not {t.dim()}-D")
         if t.dtype not in _DTYPES:
-            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned kernels take bfloat16 or float16")
+            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned kernels take bfloat16, float16 "
+                                   "or float8_e4m3fn")
         if t.data_ptr() % 16:
             raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (TMA needs it)")
     if a.dtype != b.dtype:
@@ -58,7 +64,8 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
     if a.shape[1] != b.shape[0]:
         raise MatmulInputError(f"a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
     dtype = _DTYPES[a.dtype]
-    out = _DTYPES.get(out_dtype, DType.F32 if out_dtype == torch.float32 else None) if out_dtype else dtype
+    default = _FP8_OUT if dtype.is_fp8 else dtype
+    out = _DTYPES.get(out_dtype, DType.F32 if out_dtype == torch.float32 else None) if out_dtype else default
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
     problem = Problem(a.shape[0], b.shape[1], a.shape[1], dtype, dtype, out,
@@ -133,6 +140,18 @@ class Gemm:
         return out
 
 
+def _untuned_name(problem: Problem) -> str:
+    return "torch._scaled_mm" if problem.dtype_a.is_fp8 else "torch.matmul"
+
+
+def _untuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """What `matmul` runs where no tuned kernel can: torch's own GEMM for the same inputs."""
+    if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        one = torch.ones((), dtype=torch.float32, device=a.device)
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=_TORCH[_FP8_OUT])
+    return torch.matmul(a, b)
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -156,8 +175,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> t
     An exact entry runs its kernel; a problem that was not tuned runs the kernel of the nearest
     tuned problem of the same dtype and layout (every kernel is correct for every aligned
     shape; only its speed was measured elsewhere). Where the table has nothing for the dtype and
-    layout, or CUTLASS cannot implement the problem, it falls back to torch.matmul and warns
-    once per cause.
+    layout, or CUTLASS cannot implement the problem, it falls back to torch.matmul (for fp8,
+    torch._scaled_mm with unit scales, D bfloat16) and warns once per cause.
 
     Raises:
         MatmulInputError: CPU tensors, unsupported dtypes, misaligned or non-contiguous tensors.
@@ -168,15 +187,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> t
     if cached is not None and a.device.type == "cuda" and b.device == a.device \
             and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
         gemm, problem = cached
-        return torch.matmul(a, b) if gemm is None else gemm.run(problem, a, b)
+        return _untuned(a, b) if gemm is None else gemm.run(problem, a, b)
     problem = problem_of(a, b)
     code = layout_code(problem.layout_a, problem.layout_b)
     try:
         match = table.lookup(problem.m, problem.n, problem.k, problem.dtype_a.value, code)
     except BestTableError as err:
-        _warn_once(f"{problem.dtype_a.value} {code}", f"cutlass_tune.matmul: {err}; using torch.matmul")
+        _warn_once(f"{problem.dtype_a.value} {code}", f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
         table._kernels[key] = (None, problem)
-        return torch.matmul(a, b)
+        return _untuned(a, b)
     from ..bench import KernelStatusError
 
     gemm = _gemm(match.row["config"], match.runtime)
@@ -184,9 +203,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> t
         result = gemm.run(problem, a, b)
     except KernelStatusError as err:
         _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
-                   f"{problem.name} ({err}); using torch.matmul")
+                   f"{problem.name} ({err}); using {_untuned_name(problem)}")
         table._kernels[key] = (None, problem)
-        return torch.matmul(a, b)
+        return _untuned(a, b)
     table._kernels[key] = (gemm, problem)
     return result
 

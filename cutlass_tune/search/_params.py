@@ -24,7 +24,7 @@ from ..space import (
 from ..space._spec import _EPILOGUE_AUTO
 
 KNOBS = ("tile_m", "tile_n", "tile_k", "cluster", "stages", "kernel_schedule",
-         "epilogue_schedule", "tile_scheduler")
+         "epilogue_schedule", "tile_scheduler", "fp8_fast_accum")
 
 
 def _stages_label(v: int) -> str:
@@ -47,7 +47,8 @@ class ParamSpace:
             for knob, value in params_of(c).items():
                 if value not in choices[knob]:
                     choices[knob].append(value)
-        return cls({k: tuple(v) for k, v in choices.items()}, frozenset(c.hash for c in configs))
+        # fp8_fast_accum exists only for fp8 problems: 16-bit studies keep their parameters.
+        return cls({k: tuple(v) for k, v in choices.items() if v}, frozenset(c.hash for c in configs))
 
     def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
         return {k: optuna.distributions.CategoricalDistribution(v) for k, v in self.choices.items()}
@@ -65,12 +66,15 @@ def params_of(cfg: KernelConfig) -> dict[str, str]:
     """Optuna parameters of a config. The epilogue is "auto" when it is the schedule's pair."""
     epilogue = ("auto" if cfg.epilogue_schedule is _EPILOGUE_AUTO[cfg.kernel_schedule]
                 else cfg.epilogue_schedule.value)
-    return {
+    params = {
         "tile_m": str(cfg.tile_m), "tile_n": str(cfg.tile_n), "tile_k": str(cfg.tile_k),
         "cluster": f"{cfg.cluster_m}x{cfg.cluster_n}", "stages": _stages_label(cfg.stages),
         "kernel_schedule": cfg.kernel_schedule.value, "epilogue_schedule": epilogue,
         "tile_scheduler": cfg.tile_scheduler.value,
     }
+    if cfg.dtype_a.is_fp8 and cfg.dtype_b.is_fp8:
+        params["fp8_fast_accum"] = "true" if cfg.fp8_fast_accum else "false"
+    return params
 
 
 def config_of(params: dict[str, Any], problem: Problem) -> KernelConfig:
@@ -87,4 +91,5 @@ def config_of(params: dict[str, Any], problem: Problem) -> KernelConfig:
         kernel_schedule=schedule,
         epilogue_schedule=_EPILOGUE_AUTO[schedule] if epilogue == "auto" else EpilogueSchedule(epilogue),
         tile_scheduler=TileScheduler(params["tile_scheduler"]),
+        fp8_fast_accum=params.get("fp8_fast_accum") == "true",
     )

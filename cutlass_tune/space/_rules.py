@@ -37,8 +37,13 @@ MAX_CLUSTER_CTAS = 8
 MAX_FIXED_STAGES = 16
 SWIZZLE_VALUES = (1, 2, 4, 8)
 MAX_SPLITS = 32
-SUPPORTED_INPUTS = (DType.BF16, DType.F16)
+SUPPORTED_INPUTS = (DType.BF16, DType.F16, DType.E4M3, DType.E5M2)
 SUPPORTED_OUTPUTS = (DType.BF16, DType.F16, DType.F32)
+FP8_PROMOTION_INTERVAL = 4
+"""k-steps between promotions of the fp8 accumulator to fp32 without fast accumulation (the
+default `mma_promotion_interval` of CUTLASS's SM90 fp8 mainloop, which we do not set)."""
+FP8_MMA_K = 32
+"""K of one fp8 wgmma instruction (32 bytes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +102,16 @@ def splits_problem(v: int) -> str | None:
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_SPLITS:
         return f"splits must be a number from 1 to {MAX_SPLITS}"
     return None
+
+
+def fp8_fast_accum_problem(v: bool) -> str | None:
+    if type(v) is not bool:
+        return "fp8_fast_accum must be true or false"
+    return None
+
+
+def _fp8_inputs(a: DType, b: DType) -> bool:
+    return a.is_fp8 and b.is_fp8
 
 
 def _round_up(x: int, m: int) -> int:
@@ -180,8 +195,10 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
     if cfg.arch != "sm90a":
         reject("arch", f"arch {cfg.arch!r} is not supported; only sm90a")
     if cfg.dtype_a not in SUPPORTED_INPUTS or cfg.dtype_b not in SUPPORTED_INPUTS:
-        reject("dtype_inputs", "A and B must be bf16 or f16 (fp8 is not supported yet)")
-    elif cfg.dtype_a != cfg.dtype_b:
+        reject("dtype_inputs", "A and B must be bf16, f16 or fp8 (e4m3, e5m2)")
+    elif cfg.dtype_a.is_fp8 != cfg.dtype_b.is_fp8:
+        reject("dtype_inputs", "A and B must both be fp8 or both 16-bit (mixed-width inputs are not supported)")
+    elif cfg.dtype_a != cfg.dtype_b and not _fp8_inputs(cfg.dtype_a, cfg.dtype_b):
         reject("dtype_inputs", "A and B must have the same element type")
     if cfg.dtype_d not in SUPPORTED_OUTPUTS or cfg.dtype_c != cfg.dtype_d:
         reject("dtype_output", "C and D must have the same type, one of bf16, f16, f32")
@@ -190,7 +207,7 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
     for field, check in (
         ("tile_m", tile_m_problem), ("tile_n", tile_n_problem), ("tile_k", tile_k_problem),
         ("cluster_m", cluster_dim_problem), ("cluster_n", cluster_dim_problem),
-        ("stages", stages_problem),
+        ("stages", stages_problem), ("fp8_fast_accum", fp8_fast_accum_problem),
     ):
         problem = check(getattr(cfg, field))
         if problem:
@@ -201,6 +218,19 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
     if cfg.tile_k * cfg.dtype_a.bits // 8 not in (64, 128, 256):
         reject("tile_k_bytes", f"tile K x element size must be 64, 128 or 256 bytes; "
                f"{cfg.tile_k} x {cfg.dtype_a.bits // 8} is not")
+    fp8 = _fp8_inputs(cfg.dtype_a, cfg.dtype_b)
+    if fp8 and (cfg.layout_a, cfg.layout_b) != (Layout.ROW, Layout.COL):
+        reject("fp8_layout", "fp8 inputs need layout tn (A row-major, B column-major): wgmma reads "
+               "8-bit operands K-major only, and CUTLASS's register-transposing path for other "
+               "layouts is not supported here")
+    if cfg.fp8_fast_accum and not fp8:
+        reject("fp8_fast_accum", "fp8_fast_accum applies to fp8 inputs only (the FP8FastAccum "
+               "kernel schedules)")
+    if fp8 and not cfg.fp8_fast_accum and FP8_PROMOTION_INTERVAL % (cfg.tile_k // FP8_MMA_K):
+        reject("fp8_promotion", f"without fast accumulation fp8 promotes to fp32 every "
+               f"{FP8_PROMOTION_INTERVAL} wgmma k-steps, which must be whole tiles; tile K "
+               f"{cfg.tile_k} takes {cfg.tile_k // FP8_MMA_K} steps of {FP8_MMA_K} "
+               f"(can_implement refuses it): use tile K 64 or 128, or fp8_fast_accum")
     if cfg.cluster_m * cfg.cluster_n > MAX_CLUSTER_CTAS:
         reject("cluster_size", f"cluster {cfg.cluster_m}x{cfg.cluster_n} has more than "
                f"{MAX_CLUSTER_CTAS} CTAs (the portable limit)")
@@ -239,10 +269,15 @@ def check_problem(problem: Problem) -> list[Rejection]:
             out.append(Rejection("shape", f"{dim.upper()} must be a positive integer, not {v!r}"))
     if out:
         return out
-    if problem.dtype_a not in SUPPORTED_INPUTS or problem.dtype_b != problem.dtype_a:
-        out.append(Rejection("dtype_inputs", "A and B must both be bf16 or both f16"))
+    fp8 = _fp8_inputs(problem.dtype_a, problem.dtype_b)
+    if not fp8 and (problem.dtype_a not in SUPPORTED_INPUTS or problem.dtype_b != problem.dtype_a):
+        out.append(Rejection("dtype_inputs", "A and B must both be bf16, both f16, or both fp8 "
+                             "(e4m3, e5m2)"))
     if problem.dtype_d not in SUPPORTED_OUTPUTS:
         out.append(Rejection("dtype_output", "D must be bf16, f16 or f32"))
+    if fp8 and (problem.layout_a, problem.layout_b) != (Layout.ROW, Layout.COL):
+        out.append(Rejection("fp8_layout", "fp8 inputs need layout tn: A row-major (M x K) and "
+                             "B column-major (stored N x K)"))
     if out:
         return out
     contiguous = (

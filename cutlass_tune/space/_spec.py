@@ -91,6 +91,7 @@ Stages = Annotated[int, BeforeValidator(_parse_stages), pydantic.AfterValidator(
 Cluster = Annotated[tuple[int, int], BeforeValidator(_parse_cluster)]
 Swizzle = Annotated[int, pydantic.AfterValidator(_checked(_rules.swizzle_problem))]
 Splits = Annotated[int, pydantic.AfterValidator(_checked(_rules.splits_problem))]
+FastAccum = Annotated[bool, BeforeValidator(_checked(_rules.fp8_fast_accum_problem))]
 Listed = BeforeValidator(_as_list)
 Positive = Annotated[int, Field(gt=0)]
 
@@ -128,6 +129,7 @@ class _Knobs(BaseModel):
     kernel_schedule: Annotated[list[KernelSchedule], Listed] = [KernelSchedule.COOPERATIVE]
     epilogue_schedule: Annotated[list[Union[Literal["auto"], EpilogueSchedule]], Listed] = ["auto"]
     tile_scheduler: Annotated[list[TileScheduler], Listed] = [TileScheduler.PERSISTENT]
+    fp8_fast_accum: Annotated[list[FastAccum], Listed] = [False]
 
     @field_validator("cluster", mode="before")
     @classmethod
@@ -214,9 +216,10 @@ def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
     seen: dict[str, KernelConfig] = {}
     for dtypes, layout, knobs in itertools.product(spec.dtypes, spec.layouts, spec.kernels):
         layout_a, layout_b = _LAYOUT_CODES[layout]
-        for tm, tn, tk, (cm, cn), st, ks, es, ts in itertools.product(
+        for tm, tn, tk, (cm, cn), st, ks, es, ts, fast in itertools.product(
             knobs.tile_m, knobs.tile_n, knobs.tile_k, knobs.cluster, knobs.stages,
             knobs.kernel_schedule, knobs.epilogue_schedule, knobs.tile_scheduler,
+            knobs.fp8_fast_accum,
         ):
             cfg = KernelConfig(
                 dtype_a=dtypes.input, dtype_b=dtypes.input, dtype_c=dtypes.output,
@@ -224,7 +227,7 @@ def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
                 tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn, stages=st,
                 kernel_schedule=ks,
                 epilogue_schedule=_EPILOGUE_AUTO[ks] if es == "auto" else es,
-                tile_scheduler=ts,
+                tile_scheduler=ts, fp8_fast_accum=fast,
             )
             seen.setdefault(cfg.hash, cfg)
     return list(seen.values())

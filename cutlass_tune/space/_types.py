@@ -80,6 +80,8 @@ class Decomposition(enum.IntEnum):
 AUTO_STAGES = 0
 """`KernelConfig.stages` value meaning StageCountAutoCarveout."""
 
+_OMITTED_AT_DEFAULT = frozenset({"fp8_fast_accum"})
+
 
 def layout_code(layout_a: Layout, layout_b: Layout) -> str:
     """BLAS-style two-letter code: 't' for a K-major operand, 'n' for an M/N-major one."""
@@ -142,18 +144,28 @@ class KernelConfig:
     epilogue_schedule: EpilogueSchedule = EpilogueSchedule.TMA_COOPERATIVE
     tile_scheduler: TileScheduler = TileScheduler.PERSISTENT
     arch: str = "sm90a"
+    fp8_fast_accum: bool = False
+    """fp8 only: the FP8FastAccum schedule, which accumulates the whole K loop inside the
+    tensor core's reduced-precision accumulator instead of promoting to fp32 every 4 k-steps."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (enum values as strings); inverse of `from_dict`."""
+        """Plain JSON-able dict (enum values as strings); inverse of `from_dict`.
+
+        Fields added after a config's hash was first published (`_OMITTED_AT_DEFAULT`) are left
+        out while they hold their default, so those hashes, and the stores keyed by them, stay
+        valid."""
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
+            if f.name in _OMITTED_AT_DEFAULT and v is f.default:
+                continue
             out[f.name] = v.value if isinstance(v, enum.Enum) else v
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KernelConfig:
-        """Build from `to_dict` output. Raises ValueError/TypeError on unknown keys or values."""
+        """Build from `to_dict` output (a field it omits takes its default). Raises
+        ValueError/TypeError on unknown keys or values."""
         kinds = {f.name: f.type for f in dataclasses.fields(cls)}
         unknown = set(data) - set(kinds)
         if unknown:
@@ -175,7 +187,8 @@ class KernelConfig:
 
     @property
     def name(self) -> str:
-        """Stable human-readable name, e.g. `bf16_tn_128x256x64_c2x1_s0_cooperative_tma_cooperative_persistent`."""
+        """Stable human-readable name, e.g. `bf16_tn_128x256x64_c2x1_sauto_cooperative_tma_cooperative_persistent`
+        (`_fastaccum` appended for fp8 fast accumulation)."""
         types = self.dtype_a.value
         if self.dtype_b != self.dtype_a:
             types += self.dtype_b.value
@@ -188,7 +201,7 @@ class KernelConfig:
             f"{types}_{layout_code(self.layout_a, self.layout_b)}"
             f"_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
             f"_s{stages}_{self.kernel_schedule.value}_{self.epilogue_schedule.value}"
-            f"_{self.tile_scheduler.value}"
+            f"_{self.tile_scheduler.value}{'_fastaccum' if self.fp8_fast_accum is True else ''}"
         )
 
 

@@ -6,7 +6,7 @@ import torch
 from cutlass_tune.bench import Job, TimingOptions, TimingStats, _runner, _timing
 from cutlass_tune.bench._runner import CublasTarget, GpuRunner, _Target
 from cutlass_tune.bench._verify import allocate
-from cutlass_tune.space import Problem, RuntimeArgs
+from cutlass_tune.space import DType, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 
 P = Problem(64, 48, 32)
@@ -128,3 +128,31 @@ def test_the_cublas_target_computes_the_problem_in_place(runner):
     target = CublasTarget(P)
     m = _measure(runner, target, job)
     assert m.status is Status.OK and m.is_baseline and m.rel_error < 1e-2
+
+
+def _measure_baseline(runner, p):
+    runner._ops = allocate(p, "cpu")  # the fixture's runner has no CUDA device to allocate on
+    return _measure(runner, CublasTarget(p), Job.baseline(p))
+
+
+def test_the_fp8_baseline_is_scaled_mm_into_d(runner):
+    p = Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16)
+    m = _measure_baseline(runner, p)
+    assert m.status is Status.OK and m.rel_error < 1e-2
+    assert runner._ops.d.dtype == torch.bfloat16 and runner._ops.b.t().stride() == (1, 64)
+
+
+@pytest.mark.parametrize("problem,reason", [
+    (Problem(64, 48, 64, dtype_a=DType.E5M2, dtype_b=DType.E5M2), "torch._scaled_mm has no e5m2 x e5m2 GEMM"),
+    (Problem(64, 40, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3), "torch._scaled_mm needs N a multiple of 16"),
+])
+def test_fp8_baselines_torch_cannot_run_are_cannot_implement(runner, problem, reason):
+    m = _measure_baseline(runner, problem)
+    assert m.status is Status.CANNOT_IMPLEMENT and m.reason.startswith(reason)
+
+
+def test_fp8_baseline_without_scaled_mm_is_cannot_implement(runner, monkeypatch):
+    p = Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3)
+    monkeypatch.delattr(torch, "_scaled_mm")
+    m = _measure_baseline(runner, p)
+    assert m.status is Status.CANNOT_IMPLEMENT and "has no torch._scaled_mm" in m.reason

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from cutlass_tune.bench import compare, verify_launch
-from cutlass_tune.bench._verify import TOLERANCE, allocate, randomize, reference
+from cutlass_tune.bench._verify import FP8_TOLERANCE, TOLERANCE, allocate, randomize, reference, tolerance
 from cutlass_tune.space import DType, Layout, Problem
 from cutlass_tune.status import Status
 
@@ -79,3 +79,39 @@ def test_a_launch_that_writes_nothing_leaves_the_nan_poison():
     assert verdict.status is Status.WRONG_RESULT and "NaN" in verdict.reason
     verdict = verify_launch(lambda: ops.d.copy_(ref), ops, ref)
     assert verdict.status is Status.OK
+
+
+FP8_PROBLEM = Problem(64, 48, 256, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16)
+
+
+def test_fp8_operands_are_stored_as_fp8_and_the_reference_uses_their_values():
+    ops = allocate(FP8_PROBLEM, "cpu")
+    randomize(ops, torch.Generator().manual_seed(3))
+    assert ops.a.dtype == ops.b.dtype == torch.float8_e4m3fn and ops.d.dtype == torch.bfloat16
+    assert ops.a.shape == (64, 256) and ops.b.shape == (48, 256)  # tn: B stored N x K
+    a, b = ops.a.float(), ops.b.float()
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()
+    assert 0.8 < a.std().item() < 1.2 and not torch.equal(a[0], a[1])
+    # The reference multiplies the fp8 values themselves: quantization is not counted as error.
+    assert torch.equal(reference(ops), a @ b.t())
+
+
+def test_fp8_values_are_clamped_into_range():
+    ops = allocate(Problem(16, 16, 4096, dtype_a=DType.E5M2, dtype_b=DType.E4M3), "cpu")
+    randomize(ops, torch.Generator().manual_seed(4))
+    assert ops.a.dtype == torch.float8_e5m2 and ops.b.dtype == torch.float8_e4m3fn
+    assert torch.isfinite(ops.a.float()).all() and torch.isfinite(ops.b.float()).all()
+
+
+def test_fp8_inputs_get_the_looser_tolerance():
+    assert tolerance(DType.BF16, fp8_inputs=True) == FP8_TOLERANCE == 2e-2
+    assert tolerance(DType.BF16) == TOLERANCE[DType.BF16]
+    ops = allocate(FP8_PROBLEM, "cpu")
+    randomize(ops, torch.Generator().manual_seed(5))
+    ref = reference(ops)
+    noisy = ref * (1 + 0.012 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(6)))
+    assert compare(noisy.to(torch.bfloat16), ref, DType.BF16).status is Status.WRONG_RESULT
+    verdict = verify_launch(lambda: ops.d.copy_(noisy), ops, ref)
+    assert verdict.status is Status.OK and 1e-2 < verdict.rel_error < FP8_TOLERANCE
+    verdict = verify_launch(lambda: ops.d.copy_(ref * 1.05), ops, ref)
+    assert verdict.status is Status.WRONG_RESULT and verdict.reason.endswith("bf16 output from fp8 inputs")

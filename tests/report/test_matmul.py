@@ -79,3 +79,63 @@ def test_repeated_calls_stay_correct_on_new_and_reused_buffers():
         got = cutlass_tune.matmul(a2, w.t(), table=table)
         ref2 = a2.float() @ w.float().t()
         assert ((got.float() - ref2).norm() / ref2.norm()).item() < 1e-2, row.problem
+
+
+def test_untuned_fp8_falls_back_to_scaled_mm_with_a_bf16_result():
+    from cutlass_tune.report._matmul import _untuned
+
+    a = torch.randn(32, 64).to(torch.float8_e4m3fn)
+    w = torch.randn(48, 64).to(torch.float8_e4m3fn)
+    got = _untuned(a, w.t())
+    assert got.dtype == torch.bfloat16 and got.shape == (32, 48)
+    torch.testing.assert_close(got.float(), a.float() @ w.float().t(), rtol=1e-2, atol=1e-2)
+
+
+def _fp8_table(config_json):
+    import pandas as pd
+
+    row = dict(gpu="any", problem="4096x4096x4096_e4m3e4m3bf16_tn", m=4096, n=4096, k=4096, dtype_a="e4m3",
+               dtype_b="e4m3", dtype_d="bf16", layout="tn", kernel="fp8", config=config_json,
+               raster="along_n", swizzle=4, splits=1, decomposition="heuristic")
+    return BestTable(pd.DataFrame([row]))
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_fp8_inputs_run_the_tuned_fp8_kernel():
+    import json
+
+    from cutlass_tune.space import DType, KernelConfig
+
+    cfg = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_m=128, tile_n=256, tile_k=128,
+                       cluster_m=2, fp8_fast_accum=True)
+    table = _fp8_table(json.dumps(cfg.to_dict()))
+    a = torch.randn(4096, 4096, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(2048, 4096, device="cuda").to(torch.float8_e4m3fn)  # a nearby, untuned N
+    p = problem_of(a, w.t())
+    assert (p.dtype_a, p.dtype_d, p.layout_a, p.layout_b) == (DType.E4M3, DType.BF16, Layout.ROW, Layout.COL)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = cutlass_tune.matmul(a, w.t(), table=table)
+        again = cutlass_tune.matmul(a, w.t(), table=table)  # the cached fast path
+    assert not [x for x in caught if "cutlass_tune" in str(x.message)]  # no fallback to torch
+    ref = a.float() @ w.float().t()
+    assert got.dtype == torch.bfloat16 and torch.equal(got, again)
+    assert ((got.float() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+@pytest.mark.gpu
+def test_fp8_inputs_are_checked_and_fall_back_to_scaled_mm():
+    a = torch.randn(256, 128, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(512, 128, device="cuda").to(torch.float8_e4m3fn)
+    with pytest.raises(MatmulInputError, match="fp8 inputs need layout tn"):
+        problem_of(a, w.t().contiguous())
+    with pytest.raises(MatmulInputError, match="float8_e5m2"):
+        problem_of(a.to(torch.float8_e5m2), w.t().to(torch.float8_e5m2))
+    table = BestTable.load(STORE)  # bf16 only
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = cutlass_tune.matmul(a, w.t(), table=table)
+    assert any("using torch._scaled_mm" in str(x.message) for x in caught)
+    one = torch.ones((), device="cuda")
+    assert torch.equal(got, torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))

@@ -101,8 +101,9 @@ def test_auto_stages_follow_cutlass_carveout():
 
 
 def test_unsupported_types_rejected():
-    assert "dtype_inputs" in rules(dataclasses.replace(COOP, dtype_a=DType.E4M3, dtype_b=DType.E4M3))
+    assert "dtype_inputs" in rules(dataclasses.replace(COOP, dtype_a=DType.F32, dtype_b=DType.F32))
     assert "dtype_inputs" in rules(dataclasses.replace(COOP, dtype_b=DType.F16))
+    assert "dtype_inputs" in rules(dataclasses.replace(COOP, dtype_b=DType.E4M3))  # mixed width
     assert "dtype_output" in rules(dataclasses.replace(COOP, dtype_c=DType.F16))
     assert "dtype_accumulator" in rules(dataclasses.replace(COOP, dtype_acc=DType.BF16))
     assert "arch" in rules(dataclasses.replace(COOP, arch="sm100a"))
@@ -117,7 +118,7 @@ def test_problem_shape_and_alignment():
     assert check_problem(Problem(100, 64, 64, layout_a=Layout.COL))[0].reason.startswith("M=100")
     assert check_problem(Problem(64, 100, 64))[0].reason.startswith("N=100")  # D is row-major
     assert check_problem(Problem(64, 64, 64, dtype_d=DType.F32)) == []
-    assert check_problem(Problem(64, 64, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3))[0].rule == "dtype_inputs"
+    assert check_problem(Problem(64, 64, 64, dtype_a=DType.E4M3, dtype_b=DType.BF16))[0].rule == "dtype_inputs"
 
 
 def test_pair_must_match():
@@ -140,3 +141,97 @@ def test_name_and_hash_are_stable():
     assert COOP.hash != dataclasses.replace(COOP, stages=4).hash
     assert KernelConfig.from_dict(COOP.to_dict()) == COOP
     assert AUTO_STAGES == 0
+
+
+FP8 = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128, fp8_fast_accum=True)
+
+
+def test_fp8_configs_are_valid_with_either_accumulation():
+    assert check_config(FP8) == []
+    assert check_config(dataclasses.replace(FP8, fp8_fast_accum=False)) == []
+    ping = dataclasses.replace(FP8, tile_m=64, kernel_schedule=KernelSchedule.PINGPONG,
+                               epilogue_schedule=EpilogueSchedule.TMA)
+    assert check_config(ping) == []
+    assert check_config(dataclasses.replace(FP8, tile_scheduler=TileScheduler.STREAM_K)) == []
+
+
+def test_fp8_allows_e5m2_and_fp8_mixes_with_any_16_or_32_bit_output():
+    for a, b in [(DType.E5M2, DType.E5M2), (DType.E4M3, DType.E5M2), (DType.E5M2, DType.E4M3)]:
+        assert check_config(dataclasses.replace(FP8, dtype_a=a, dtype_b=b)) == []
+    for d in (DType.F16, DType.F32):
+        assert check_config(dataclasses.replace(FP8, dtype_c=d, dtype_d=d)) == []
+    assert "dtype_output" in rules(dataclasses.replace(FP8, dtype_c=DType.E4M3, dtype_d=DType.E4M3))
+
+
+@pytest.mark.parametrize("layouts", [(Layout.COL, Layout.COL), (Layout.ROW, Layout.ROW), (Layout.COL, Layout.ROW)])
+@pytest.mark.parametrize("fast", [False, True])
+def test_fp8_needs_tn(layouts, fast):
+    cfg = dataclasses.replace(FP8, layout_a=layouts[0], layout_b=layouts[1], fp8_fast_accum=fast)
+    why = check_config(cfg)
+    assert [r.rule for r in why] == ["fp8_layout"] and "layout tn" in why[0].reason
+
+
+def test_fast_accum_needs_fp8():
+    why = check_config(dataclasses.replace(COOP, fp8_fast_accum=True))
+    assert [r.rule for r in why] == ["fp8_fast_accum"] and "fp8 inputs only" in why[0].reason
+
+
+@pytest.mark.parametrize("value", ["true", 1, None])
+def test_fast_accum_must_be_a_bool(value):
+    assert rules(dataclasses.replace(FP8, fp8_fast_accum=value)) == {"fp8_fast_accum"}
+
+
+def test_fp8_tile_k_counts_bytes_and_promotion_steps():
+    # 32 fp8 elements = 32 bytes: below the smallest (64-byte) swizzle row.
+    assert rules(dataclasses.replace(FP8, tile_k=32)) == {"tile_k_bytes"}
+    assert check_config(dataclasses.replace(FP8, tile_k=64)) == []
+    # tile K 256 = 8 wgmma k-steps: fine with fast accumulation; the promoting mainloop's
+    # interval of 4 is not a multiple of 8 (can_implement refused it in a compiled kernel).
+    k256 = dataclasses.replace(FP8, tile_k=256, tile_n=64)
+    assert check_config(k256) == []
+    assert rules(dataclasses.replace(k256, fp8_fast_accum=False)) == {"fp8_promotion"}
+
+
+def test_fp8_smem_counts_one_byte_per_element():
+    # 128x128x128 fp8 is as many bytes per stage as 128x128x64 bf16.
+    assert smem_usage(FP8).stage_bytes == smem_usage(COOP).stage_bytes
+    assert smem_usage(FP8).stages == 6
+
+
+def test_fp8_problems_need_tn_and_16_element_rows():
+    e4m3 = dict(dtype_a=DType.E4M3, dtype_b=DType.E4M3)
+    assert check_problem(Problem(4096, 4096, 4096, **e4m3)) == []
+    assert check_problem(Problem(4096, 4096, 4096, dtype_a=DType.E4M3, dtype_b=DType.E5M2)) == []
+    why = check_problem(Problem(64, 64, 4104, **e4m3))
+    assert {r.rule for r in why} == {"tma_alignment"} and "not a multiple of 16" in why[0].reason
+    assert check_problem(Problem(64, 4104, 64, **e4m3)) == []  # D (bf16) rows need 8 elements
+    why = check_problem(Problem(64, 64, 64, layout_b=Layout.ROW, **e4m3))
+    assert [r.rule for r in why] == ["fp8_layout"]
+
+
+def test_fast_accum_field_leaves_16_bit_names_and_hashes_unchanged():
+    # Regression guard: adding fp8_fast_accum must not rename or rehash existing configs.
+    assert COOP.hash == "4faaee0d329d4c76"
+    assert "fp8_fast_accum" not in COOP.to_dict()
+    assert KernelConfig.from_dict(COOP.to_dict()) == COOP
+    fast = FP8.to_dict()
+    assert fast["fp8_fast_accum"] is True and KernelConfig.from_dict(fast) == FP8
+    slow = dataclasses.replace(FP8, fp8_fast_accum=False)
+    assert FP8.name == slow.name + "_fastaccum" and FP8.hash != slow.hash
+    assert slow.name == "e4m3_bf16bf16_tn_128x128x128_c1x1_sauto_cooperative_tma_cooperative_persistent"
+
+
+def test_committed_stores_keep_their_config_hashes():
+    # Regression guard: the results/ stores key kernels by hash; a changed hash orphans them.
+    from pathlib import Path
+
+    from cutlass_tune.store import ResultStore
+
+    stores = sorted((Path(__file__).resolve().parents[2] / "results").glob("*.sqlite"))
+    assert stores
+    for path in stores:
+        store = ResultStore(f"sqlite:///{path}")
+        pairs = [(r["config_hash"], m.config) for r, m in zip(store.rows(), store.measurements())
+                 if m.config is not None]
+        assert pairs, path
+        assert all(stored == cfg.hash for stored, cfg in pairs), path

@@ -5,6 +5,7 @@ import pytest
 from cutlass_tune.errors import ConfigFileError
 from cutlass_tune.space import (
     Decomposition,
+    DType,
     EpilogueSchedule,
     KernelSchedule,
     Layout,
@@ -84,6 +85,13 @@ layouts: [nt]
     ("problems: {m: 64, n: 64, k: 0}\n", "problems.0.k.0", 0),
     ("problems: {m: 64, n: 64, k: 100}\n", "problems", "64x64x100 tn"),
     ("problems: {m: 64, n: 64, k: 64}\nruntime: {swizzle: 3}\n", "runtime.swizzle.0", 3),
+    ("problems: {m: 64, n: 64, k: 64}\nkernels: {fp8_fast_accum: [false, \"true\"]}\n",
+     "kernels.0.fp8_fast_accum.1", "true"),
+    ("problems: {m: 64, n: 64, k: 64}\nkernels: {fp8_fast_accum: 1}\n", "kernels.0.fp8_fast_accum.0", 1),
+    ("problems: {m: 64, n: 64, k: 64}\ndtypes: {input: e4m3, output: bf16}\nlayouts: nt\n",
+     "problems", "64x64x64 nt"),
+    ("problems: {m: 64, n: 64, k: 72}\ndtypes: {input: e4m3, output: bf16}\n", "problems", "64x64x72 tn"),
+    ("problems: {m: 64, n: 64, k: 64}\ndtypes: {input: e3m4, output: bf16}\n", "dtypes.0.input", "e3m4"),
     ("kernels: {}\n", "problems", None),
     ("- a list\n", "", None),
 ])
@@ -121,3 +129,35 @@ def test_shipped_configs_load():
     assert {c.kernel_schedule for c in broad.candidates} == set(KernelSchedule)
     assert {c.tile_scheduler for c in broad.candidates} == set(TileScheduler)
     assert 0 < len(broad.valid) < len(broad.candidates)
+
+
+def test_fp8_dtype_and_fast_accum_knob(tmp_path):
+    sp = load_space(write(tmp_path, """
+problems: {m: 4096, n: 4096, k: 4096}
+dtypes: [{input: e4m3, output: bf16}, bf16]
+kernels: {tile_k: 128, fp8_fast_accum: [false, true]}
+"""))
+    assert [(p.dtype_a, p.dtype_b, p.dtype_d) for p in sp.problems] == [
+        (DType.E4M3, DType.E4M3, DType.BF16), (DType.BF16, DType.BF16, DType.BF16)]
+    classified = {(c.dtype_a, c.fp8_fast_accum): [r.rule for r in why] for c, why in sp.classify()}
+    assert classified == {
+        (DType.E4M3, False): [], (DType.E4M3, True): [],
+        (DType.BF16, False): [],
+        (DType.BF16, True): ["fp8_fast_accum"],  # counted as invalid, not a file error
+    }
+
+
+def test_fast_accum_defaults_to_false(tmp_path):
+    sp = load_space(write(tmp_path, "problems: {m: 64, n: 64, k: 64}\ndtypes: {input: e5m2, output: f32}\n"))
+    assert [c.fp8_fast_accum for c in sp.candidates] == [False]
+    assert sp.candidates[0].dtype_a is DType.E5M2 and sp.candidates[0].dtype_d is DType.F32
+
+
+def test_shipped_fp8_config():
+    sp = load_space(REPO / "configs" / "fp8_quick.yaml")
+    assert {(p.m, p.dtype_a, p.dtype_d) for p in sp.problems} == {
+        (4096, DType.E4M3, DType.BF16), (8192, DType.E4M3, DType.BF16)}
+    assert len(sp.valid) == len(sp.candidates) == 5
+    assert sum(c.fp8_fast_accum for c in sp.candidates) == 4
+    assert all(c.tile_k == 128 and c.layout_a is Layout.ROW and c.layout_b is Layout.COL for c in sp.candidates)
+    assert all(len(sp.runtime_variants(c)) == 4 for c in sp.candidates)
