@@ -1,8 +1,19 @@
 """Report stage: best-config tables, the tuned matmul, dashboards."""
 
-from ._dashboard import DashboardError, build_dashboard, write_dashboard
 from ._best import COLUMNS, BestTable, BestTableError, Match, load_best, write_table
 from ._matmul import Gemm, MatmulInputError, matmul, problem_of
 
 __all__ = ["BestTable", "BestTableError", "COLUMNS", "DashboardError", "build_dashboard", "write_dashboard", "Gemm", "Match", "MatmulInputError", "load_best",
            "matmul", "problem_of", "write_table"]
+
+
+_DASHBOARD = ("DashboardError", "build_dashboard", "write_dashboard")
+
+
+def __getattr__(name: str):
+    # plotly loads only for the dashboard: using tables and the tuned matmul does not need it.
+    if name in _DASHBOARD:
+        from . import _dashboard
+
+        return getattr(_dashboard, name)
+    raise AttributeError(f"module 'cutlass_tune.report' has no attribute {name!r}")
