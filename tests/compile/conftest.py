@@ -1,10 +1,14 @@
-import os
+import ctypes
 from pathlib import Path
 
 import pytest
 
-from cutlass_tune.compile import KernelCache, Toolchain
+from cutlass_tune.compile import KernelCache, Toolchain, compile_kernels, find_toolchain
 from cutlass_tune.compile._toolchain import cutlass_source_root
+from cutlass_tune.render import ABI_VERSION
+from cutlass_tune.space import check_config, smem_usage
+from cutlass_tune.space._rules import KERNEL_SMEM_ALLOWANCE_BYTES, SMEM_CAPACITY_BYTES
+from cutlass_tune.status import Status
 
 FAKE_NVCC = Path(__file__).with_name("fake_nvcc.py")
 
@@ -27,3 +31,24 @@ def nvcc_calls(tmp_path, monkeypatch):
     d.mkdir()
     monkeypatch.setenv("FAKE_NVCC_LOG_DIR", str(d))
     return lambda: sorted(p.read_text() for p in d.iterdir())
+
+
+def build_and_check_smem(configs, cache_dir):
+    """Compile accepted configs with the real nvcc; check each loads, reports our ABI, and that
+    the smem model matches what CUTLASS computed (exact stages; bytes overestimated by at most
+    the kernel allowance, never under). Returns the CompiledKernels."""
+    for cfg in configs:
+        assert check_config(cfg) == [], cfg.name
+    results = compile_kernels(configs, cache=KernelCache(cache_dir), toolchain=find_toolchain(), jobs=2)
+    for r in results:
+        assert r.status is Status.OK, f"{r.config.name}: {r.reason} (log {r.log_path})"
+    for r in results:
+        lib = ctypes.CDLL(str(r.library))
+        assert lib.cutlass_tune_abi_version() == ABI_VERSION
+        actual = getattr(lib, f"{r.symbol}_shared_storage_bytes")()
+        model = smem_usage(r.config)
+        assert getattr(lib, f"{r.symbol}_stages")() == model.stages, r.config.name
+        assert actual <= SMEM_CAPACITY_BYTES
+        assert actual <= model.total_bytes, (r.config.name, actual, model)
+        assert model.total_bytes - actual <= KERNEL_SMEM_ALLOWANCE_BYTES, (r.config.name, actual, model)
+    return results

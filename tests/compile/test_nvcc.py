@@ -4,12 +4,9 @@ Runs in CI (nvcc is there, no GPU): the shared objects load without a GPU and th
 constexpr entry points report what CUTLASS computed.
 """
 
-import ctypes
-
 import pytest
 
-from cutlass_tune.compile import KernelCache, compile_kernels, find_toolchain
-from cutlass_tune.render import ABI_VERSION
+from cutlass_tune.compile import find_toolchain
 from cutlass_tune.space import (
     DType,
     EpilogueSchedule,
@@ -17,11 +14,9 @@ from cutlass_tune.space import (
     KernelSchedule,
     Layout,
     TileScheduler,
-    check_config,
-    smem_usage,
 )
-from cutlass_tune.space._rules import KERNEL_SMEM_ALLOWANCE_BYTES, SMEM_CAPACITY_BYTES
-from cutlass_tune.status import Status
+
+from .conftest import build_and_check_smem
 
 # Boundary configs: the largest fixed stage count that fits, Stream-K, every schedule and
 # epilogue, all four layouts, f16 in and f32 out, clusters along either axis.
@@ -38,23 +33,7 @@ BOUNDARY = [
 
 @pytest.mark.nvcc
 def test_accepted_boundary_configs_build_and_match_the_smem_model(tmp_path):
-    for cfg in BOUNDARY:
-        assert check_config(cfg) == [], cfg.name
-    toolchain = find_toolchain()
-    results = compile_kernels(BOUNDARY, cache=KernelCache(tmp_path), toolchain=toolchain, jobs=2)
-    for r in results:
-        assert r.status is Status.OK, f"{r.config.name}: {r.reason} (log {r.log_path})"
-    for r in results:
-        lib = ctypes.CDLL(str(r.library))
-        assert lib.cutlass_tune_abi_version() == ABI_VERSION
-        stages = getattr(lib, f"{r.symbol}_stages")()
-        actual = getattr(lib, f"{r.symbol}_shared_storage_bytes")()
-        model = smem_usage(r.config)
-        assert stages == model.stages, r.config.name
-        assert actual <= SMEM_CAPACITY_BYTES
-        # The model may overestimate by at most the kernel allowance, never underestimate.
-        assert actual <= model.total_bytes, (r.config.name, actual, model)
-        assert model.total_bytes - actual <= KERNEL_SMEM_ALLOWANCE_BYTES, (r.config.name, actual, model)
+    build_and_check_smem(BOUNDARY, tmp_path)
 
 
 @pytest.mark.nvcc

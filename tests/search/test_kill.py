@@ -1,7 +1,6 @@
 """Killing a sweep process (SIGKILL, SIGINT) loses at most the measurement in flight."""
 
 import collections
-import os
 import signal
 import subprocess
 import sys

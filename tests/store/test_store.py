@@ -1,6 +1,5 @@
 """One contract, run against every backend (SQLite file and PostgreSQL server)."""
 
-import json
 from pathlib import Path
 
 import pytest
