@@ -1,7 +1,10 @@
 import pytest
+import torch
 
+from cutlass_tune.bench import LoadedKernel, make_args
+from cutlass_tune.bench._verify import allocate, randomize
 from cutlass_tune.compile import compile_kernels
-from cutlass_tune.space import KernelConfig, TileScheduler
+from cutlass_tune.space import KernelConfig, RuntimeArgs, TileScheduler
 from cutlass_tune.status import Status
 
 from .abi import build_faulty
@@ -35,3 +38,21 @@ def gpu_kernels():
     """The cooperative kernel and a Stream-K one, compiled in parallel."""
     cooperative, stream_k = _compiled([COOPERATIVE, STREAM_K])
     return {"cooperative": cooperative, "stream_k": stream_k}
+
+
+def launch_once(compiled, problem, seed=0):
+    """Run a compiled kernel once on fresh random operands (output poisoned with NaN first)
+    on GPU 0 and return the operands, synchronized."""
+    kernel = LoadedKernel(compiled.library, compiled.symbol)
+    ops = allocate(problem, "cuda:0")
+    randomize(ops, torch.Generator("cuda:0").manual_seed(seed))
+    args = make_args(problem, RuntimeArgs(), a=ops.a.data_ptr(), b=ops.b.data_ptr(), d=ops.d.data_ptr(),
+                     device_id=0, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert kernel.can_implement(args) == 0 and kernel.workspace_size(args) == 0
+    stream = torch.cuda.current_stream().cuda_stream
+    ops.d.fill_(float("nan"))
+    with kernel.create() as gemm:
+        gemm.initialize(args, None, stream)
+        gemm.run(stream)
+        torch.cuda.synchronize()
+    return ops

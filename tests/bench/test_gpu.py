@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cutlass_tune.bench import GpuRunner, Job, LoadedKernel, TimingOptions, Worker, _runner, make_args
-from cutlass_tune.bench._verify import allocate, randomize, reference
+from cutlass_tune.bench import GpuRunner, Job, TimingOptions, Worker, _runner
+from cutlass_tune.bench._verify import reference
 from cutlass_tune.space import Decomposition, Problem, RasterOrder, RuntimeArgs
 from cutlass_tune.status import Status
+
+from .conftest import launch_once
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
@@ -28,20 +30,7 @@ def _rel(out, ref):
 
 
 def test_a_real_kernel_matches_torch_at_4096_bf16_tn(gpu_kernels):
-    compiled = gpu_kernels["cooperative"]
-    kernel = LoadedKernel(compiled.library, compiled.symbol)
-    p = Problem(4096, 4096, 4096)
-    ops = allocate(p, "cuda:0")
-    randomize(ops, torch.Generator("cuda:0").manual_seed(0))
-    args = make_args(p, RuntimeArgs(), a=ops.a.data_ptr(), b=ops.b.data_ptr(), d=ops.d.data_ptr(),
-                     device_id=0, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
-    assert kernel.can_implement(args) == 0 and kernel.workspace_size(args) == 0
-    stream = torch.cuda.current_stream().cuda_stream
-    ops.d.fill_(float("nan"))
-    with kernel.create() as gemm:
-        gemm.initialize(args, None, stream)
-        gemm.run(stream)
-        torch.cuda.synchronize()
+    ops = launch_once(gpu_kernels["cooperative"], Problem(4096, 4096, 4096))
     ref = reference(ops)
     cublas = torch.matmul(ops.a, ops.b.t())  # nn.Linear's layout: B stored N x K
     assert _rel(ops.d, ref) < 1e-2 and _rel(cublas, ref) < 1e-2

@@ -7,11 +7,13 @@ the errors and TFLOP/s; nvcc builds the two kernels into the kernel cache first,
 import pytest
 import torch
 
-from cutlass_tune.bench import GpuRunner, Job, LoadedKernel, TimingOptions, _runner, make_args
-from cutlass_tune.bench._verify import FP8_TOLERANCE, allocate, randomize, reference
+from cutlass_tune.bench import GpuRunner, Job, TimingOptions, _runner
+from cutlass_tune.bench._verify import FP8_TOLERANCE, reference
 from cutlass_tune.compile import compile_kernels
 from cutlass_tune.space import DType, KernelConfig, Problem, RasterOrder, RuntimeArgs
 from cutlass_tune.status import Status
+
+from .conftest import launch_once
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
@@ -38,19 +40,8 @@ def _rel(out, ref):
 @pytest.mark.parametrize("name", ["fast", "promoting"])
 def test_fp8_kernel_matches_the_reference_and_scaled_mm_at_4096(fp8_kernels, name):
     compiled = fp8_kernels[name]
-    kernel = LoadedKernel(compiled.library, compiled.symbol)
-    ops = allocate(P4096, "cuda:0")
-    randomize(ops, torch.Generator("cuda:0").manual_seed(0))
+    ops = launch_once(compiled, P4096)
     assert ops.a.dtype == torch.float8_e4m3fn and ops.b.shape == (4096, 4096)
-    args = make_args(P4096, RuntimeArgs(), a=ops.a.data_ptr(), b=ops.b.data_ptr(), d=ops.d.data_ptr(),
-                     device_id=0, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
-    assert kernel.can_implement(args) == 0 and kernel.workspace_size(args) == 0
-    stream = torch.cuda.current_stream().cuda_stream
-    ops.d.fill_(float("nan"))
-    with kernel.create() as gemm:
-        gemm.initialize(args, None, stream)
-        gemm.run(stream)
-        torch.cuda.synchronize()
     ref = reference(ops)
     one = torch.ones((), dtype=torch.float32, device="cuda:0")
     scaled = torch._scaled_mm(ops.a, ops.b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
