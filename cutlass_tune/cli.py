@@ -115,6 +115,8 @@ def bench(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
     graph: bool = typer.Option(False, "--graph", help="time CUDA-graph replays (warm L2; for small problems)"),
+    paired: bool = typer.Option(True, "--paired/--no-paired",
+                                help="time cuBLAS alternately with each kernel (the ratio's baseline)"),
 ) -> None:
     """Compile the valid configs, then measure every (kernel, problem, run-time variant) and
     cuBLAS on one GPU, each checked against an fp32 reference first."""
@@ -136,7 +138,7 @@ def bench(
         task = progress.add_task("compile", total=len(configs))
         kernels = compile_kernels(configs, cache=KernelCache(cache_dir or settings.cache_dir()), jobs=jobs,
                                   on_result=lambda r: progress.advance(task))
-    timing = TimingOptions(graph=graph)
+    timing = TimingOptions(graph=graph, paired=paired)
     plan = plan_jobs(kernels, sp.problems, sp.runtime_variants, timing=timing, repeat=repeat)
     table = Table("problem", "kernel", "runtime", "status", "median ms", "TFLOP/s", "vs cuBLAS",
                   box=None, pad_edge=False)
@@ -161,7 +163,7 @@ def bench(
     env = next((m.env for m in results if m.env), None)
     if env:
         out.print(f"{env.gpu} ({env.sm_count} SMs), driver {env.driver}, CUDA {env.cuda_runtime}, "
-                  f"torch {env.torch}, nvcc {env.nvcc}, CUTLASS {env.cutlass}; timing: {timing.method}")
+                  f"torch {env.torch}, nvcc {env.nvcc}, CUTLASS {env.cutlass}; timing: {timing.scheme}")
     throttled = sum(m.throttled for m in results)
     if throttled:
         out.print(f"{throttled} measurements ran while the GPU was throttled (see clocks in the output)")
@@ -274,6 +276,9 @@ def sweep(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
     graph: bool = typer.Option(False, "--graph", help="time CUDA-graph replays, kernels and cuBLAS alike "
                                "(warm L2; the fair method for small problems); a store holds one method"),
+    paired: Optional[bool] = typer.Option(
+        None, "--paired/--no-paired", help="time cuBLAS alternately with each kernel, the baseline of its "
+        "ratio (default: as the store was begun; paired for a new store)"),
 ) -> None:
     """Search the compile-time knobs with Optuna; measure every run-time variant of each kernel
     on every problem; keep everything in the store. Re-running the same command resumes."""
@@ -291,17 +296,21 @@ def sweep(
     sp = load_space(config)
     if storage is not None:
         store = ResultStore(storage)  # a bad URL fails here, before any GPU work
-    bench = WorkerBenchmarker(gpu, timing=TimingOptions(graph=graph))
+    bench = WorkerBenchmarker(gpu)
     try:
         if storage is None:
             storage = default_store_url(bench.gpu_name)
             store = ResultStore(storage)
+        if paired is None:
+            paired = (store.timing() or "-paired").endswith("-paired")
+        bench.timing = TimingOptions(graph=graph, paired=paired)
         store.bind_gpu(bench.gpu_name)
         store.bind_timing(bench.timing_method)
         jobs = jobs or default_jobs()
         cache = KernelCache(cache_dir or settings.cache_dir())
         out.print(f"{config}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "
-                  f"{bench.gpu_name}; store {storage}; sampler {sampler}, up to {trials} compiled configs")
+                  f"{bench.gpu_name}; store {storage} ({bench.timing_method}); sampler {sampler}, "
+                  f"up to {trials} compiled configs")
 
         def compile_batch(configs):
             return compile_kernels(configs, cache=cache, jobs=jobs)

@@ -13,7 +13,7 @@ from ._loader import GemmArgs, GemmInstance, KernelLoadError, KernelStatusError,
 from ._measurement import Measurement, read_jsonl, write_jsonl
 from ._runner import GpuRunner
 from ._session import Plan, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
-from ._timing import L2Flush, TimingOptions, TimingStats, summarize, time_launches
+from ._timing import L2Flush, TimingOptions, TimingStats, summarize, time_launches, time_paired
 from ._verify import TOLERANCE, Operands, Verdict, compare, verify_launch
 from ._worker import DEFAULT_TIMEOUT_S, Worker, WorkerError
 
@@ -23,5 +23,5 @@ __all__ = [
     "LoadedKernel", "Measurement", "Operands", "Plan", "TOLERANCE", "TimingOptions",
     "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError", "baseline_ratio", "compare", "env_stamp",
     "make_args", "plan_jobs", "read_jsonl", "repeat_spread", "require_gpu", "run_plan",
-    "summarize", "time_launches", "verify_launch", "write_jsonl",
+    "summarize", "time_launches", "time_paired", "verify_launch", "write_jsonl",
 ]

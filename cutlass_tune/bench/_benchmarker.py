@@ -28,7 +28,11 @@ class WorkerBenchmarker:
         self.worker = Worker(device, timeout_s=timeout_s)
         self.env = self.worker.start()
         self.gpu_name = self.env.gpu
-        self.timing_method = timing.method
+
+    @property
+    def timing_method(self) -> str:
+        """The timing scheme of `timing` (what a results store binds to)."""
+        return self.timing.scheme
 
     def baseline(self, problem: Problem) -> Measurement:
         return next(iter(self.worker.run(Job.baseline(problem, timing=self.timing))))

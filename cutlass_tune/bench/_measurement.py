@@ -16,7 +16,10 @@ from ..space import Decomposition, DType, KernelConfig, Layout, Problem, RasterO
 from ..status import Status
 from ._env import Clocks, EnvStamp
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
+"""Schema 2 added the paired baseline fields (`baseline_median_ms` ...); a schema-1 record
+reads with them unset."""
 BASELINE_NAME = "cuBLAS"
 
 
@@ -51,6 +54,9 @@ class Measurement:
     (`is_baseline`) and for hand-written kernels, which `symbol` then names. `method` says how
     it was timed (see `_timing`); only measurements with the same method, `env` and run
     compare. `repeat` numbers the passes of a run that measures everything more than once.
+    The `baseline_*` fields are set when the cuBLAS baseline of the problem was timed in the
+    same sampling loop, alternately with this kernel (paired timing); `paired_ratio` is then
+    this kernel's speed relative to it.
     """
 
     problem: Problem
@@ -72,6 +78,24 @@ class Measurement:
     env: EnvStamp | None = None
     compile_seconds: float | None = None
     repeat: int = 0
+    baseline_median_ms: float | None = None
+    baseline_p20_ms: float | None = None
+    baseline_p80_ms: float | None = None
+
+    @property
+    def paired_ratio(self) -> float | None:
+        """cuBLAS median / this median from the same sampling loop (>1: faster than cuBLAS),
+        or None when the baseline was not paired or the measurement failed."""
+        if self.status is not Status.OK or not self.baseline_median_ms or not self.median_ms:
+            return None
+        return self.baseline_median_ms / self.median_ms
+
+    @property
+    def baseline_tflops(self) -> float | None:
+        """TFLOP/s of the paired cuBLAS baseline, or None."""
+        if not self.baseline_median_ms:
+            return None
+        return self.problem.flops / (self.baseline_median_ms * 1e9)
 
     @property
     def kernel_name(self) -> str:
@@ -99,8 +123,9 @@ class Measurement:
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
         """Build from `to_dict` output of any known schema. Raises ValueError otherwise."""
         schema = data.get("schema")
-        if schema != SCHEMA_VERSION:
-            raise ValueError(f"unknown measurement schema {schema!r} (this version reads {SCHEMA_VERSION})")
+        if schema not in READABLE_SCHEMAS:
+            raise ValueError(f"unknown measurement schema {schema!r} (this version reads "
+                             f"{', '.join(map(str, READABLE_SCHEMAS))})")
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["problem"] = problem_from_dict(data["problem"])

@@ -2,8 +2,9 @@
 
 For each variant: fresh random inputs, an fp32 reference, `can_implement`, workspace sized
 by the kernel, `initialize` once, one launch into a NaN-poisoned output checked against the
-reference, then the launches timed by `time_launches` (the same function for cuBLAS), then
-the output checked again (a kernel can be right once and wrong when repeated).
+reference, then the launches timed by `time_paired` (the same function for cuBLAS; with
+paired timing the problem's cuBLAS call is sampled alternately with the kernel), then the
+output checked again (a kernel can be right once and wrong when repeated).
 
 A CUDA error yields RUNTIME_ERROR; the CUDA context may then be lost for good, so the worker
 loop exits after sending it (see `_worker`).
@@ -21,7 +22,7 @@ from ._env import ClockMonitor, Clocks, env_stamp
 from ._job import Job
 from ._loader import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ._measurement import Measurement
-from ._timing import L2Flush, time_launches
+from ._timing import L2Flush, time_paired
 from ._verify import Operands, allocate, randomize, reference, verify_launch
 
 
@@ -177,10 +178,13 @@ class GpuRunner:
             first = verify_launch(target.once, ops, ref)
             if first.status is not Status.OK:
                 return result(first.status, first.reason, rel_error=first.rel_error)
+            baseline = self._paired_baseline(job, ops)
             before = self._clocks.read()
-            stats = time_launches(target.launch, options=job.timing, flush=self._flush,
-                                  prepare=target.rearm)
+            stats, base = time_paired(target.launch, baseline.launch if baseline else None,
+                                      options=job.timing, flush=self._flush, prepare=target.rearm)
             after = self._clocks.read()
+            if baseline is not None:
+                baseline.close()
             again = verify_launch(target.once, ops, ref)
         except RuntimeError as err:  # torch's CUDA errors and KernelStatusError
             return result(Status.RUNTIME_ERROR, _first_line(err))
@@ -193,7 +197,19 @@ class GpuRunner:
             p80_ms=stats.p80_ms, samples=stats.samples,
             tflops=job.problem.flops / (stats.median_ms * 1e9),
             throttled=clocks.throttled if clocks else False, clocks=clocks,
+            **({} if base is None else dict(baseline_median_ms=base.median_ms, baseline_p20_ms=base.p20_ms,
+                                            baseline_p80_ms=base.p80_ms)),
         )
+
+    def _paired_baseline(self, job: Job, ops: Operands) -> CublasTarget | None:
+        """cuBLAS on the job's operands, to time alternately with the kernel, when the job
+        asks for paired timing and cuBLAS can run the problem."""
+        if not job.timing.paired or job.is_baseline:
+            return None
+        baseline = CublasTarget(job.problem)
+        if baseline.setup(RuntimeArgs(), ops) is not None:
+            return None
+        return baseline
 
 
 def _first_line(err: BaseException) -> str:

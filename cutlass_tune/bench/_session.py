@@ -96,7 +96,10 @@ def run_plan(plan: Plan, *, device: int = 0, timeout_s: float = DEFAULT_TIMEOUT_
 
 
 def baseline_ratio(m: Measurement, baselines: dict[tuple[Problem, int], Measurement]) -> float | None:
-    """Speed of `m` relative to the baseline of its problem in the same pass (>1: faster)."""
+    """Speed of `m` relative to cuBLAS (>1: faster): its paired baseline when it has one,
+    else the baseline of its problem in the same pass."""
+    if m.paired_ratio is not None:
+        return m.paired_ratio
     base = baselines.get((m.problem, m.repeat))
     if m.status is not Status.OK or base is None or base.status is not Status.OK:
         return None

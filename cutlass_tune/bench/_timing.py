@@ -8,6 +8,12 @@ Two methods, named in `Measurement.method`:
   sample being replay time / reps. L2 stays warm and launch overhead disappears; it suits
   problems so small that the host launch path would dominate.
 
+Either method can be *paired* (`TimingOptions.paired`): the kernel and the cuBLAS baseline are
+sampled alternately, sample by sample, with the order swapped every sample, so both see the
+same clocks, temperature and power state (`time_paired`). The board's power-limited clock
+drifts by a few percent over minutes; a baseline taken minutes before a kernel carries that
+drift into the ratio, a paired one does not.
+
 Only ratios measured with the same method in the same run compare (see the facts file).
 """
 
@@ -37,6 +43,8 @@ class TimingOptions:
         min_samples, max_samples: bounds on the sample count.
         warmup_ms: GPU time of untimed launches before sampling.
         graph: time CUDA-graph replays (warm L2) instead of single L2-cold launches.
+        paired: time each kernel alternately with the cuBLAS baseline of its problem; the
+            budget then covers both.
     """
 
     budget_ms: float = 100.0
@@ -44,6 +52,7 @@ class TimingOptions:
     max_samples: int = 1000
     warmup_ms: float = 25.0
     graph: bool = False
+    paired: bool = False
 
     def __post_init__(self) -> None:
         if self.budget_ms <= 0 or self.warmup_ms < 0:
@@ -54,6 +63,11 @@ class TimingOptions:
     @property
     def method(self) -> str:
         return "graph" if self.graph else "events"
+
+    @property
+    def scheme(self) -> str:
+        """`method`, with `-paired` when baselines are paired: what a results store binds to."""
+        return self.method + ("-paired" if self.paired else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +128,7 @@ def time_launches(
     Args:
         launch: enqueues one launch on `torch.cuda.current_stream()` (read at call time, so
             that graph capture sees its capture stream). Must not synchronize.
-        options: sample budget and method.
+        options: sample budget and method (`options.paired` is ignored: see `time_paired`).
         flush: run before each sample, outside the timed interval (events method only).
         prepare: run before every launch, warm-up included, outside the timed interval with
             events and inside the graph with graphs (it must then be capturable); used to
@@ -127,25 +141,62 @@ def time_launches(
         RuntimeError: a CUDA error surfaced at a synchronization (the context may be lost),
             or `launch` reported a failure.
     """
+    return time_paired(launch, None, options=options, flush=flush, prepare=prepare)[0]
+
+
+def time_paired(
+    launch: Launch,
+    baseline: Launch | None,
+    *,
+    options: TimingOptions,
+    flush: Launch | None = None,
+    prepare: Launch | None = None,
+) -> tuple[TimingStats, TimingStats | None]:
+    """Time `launch` and `baseline` alternately, by one method, in one sampling loop.
+
+    Sample i times both, `launch` first when i is even and `baseline` first when odd, each
+    after its own flush. The sample count fills `options.budget_ms` with the two together.
+    `prepare` (see `time_launches`) belongs to `launch` only. With `baseline` None this is
+    plain `time_launches`.
+
+    Returns:
+        (statistics of `launch`, statistics of `baseline` or None), per-launch milliseconds.
+
+    Raises:
+        RuntimeError: as `time_launches`.
+    """
 
     def once() -> None:
         if prepare is not None:
             prepare()
         launch()
 
-    estimate = _estimate_ms(once)
+    targets: list[_Timed] = [_Timed(once, launch, prepare)]
+    if baseline is not None:
+        targets.append(_Timed(baseline, baseline, None))
+    for t in targets:
+        t.estimate_ms = _estimate_ms(t.once)
     if options.graph:
-        return summarize(_graph_samples(once, estimate, options))
-    for _ in range(_warmup_count(estimate, options)):
-        once()
+        samples = _graph_samples(targets, options)
+    else:
+        for t in targets:
+            for _ in range(_warmup_count(t.estimate_ms, options)):
+                t.once()
+        per_sample = sum(t.estimate_ms for t in targets)
+        samples = _time_interleaved(sample_count(per_sample, options), targets, flush)
+    stats = [summarize(s) for s in samples]
+    return stats[0], (stats[1] if baseline is not None else None)
 
-    def untimed() -> None:
-        if flush is not None:
-            flush()
-        if prepare is not None:
-            prepare()
 
-    return summarize(_time_each(sample_count(estimate, options), launch, untimed))
+@dataclasses.dataclass
+class _Timed:
+    """One side of a timing loop: `once` is safe to repeat (re-arms), `timed` is what the
+    events enclose, `prepare` runs outside them."""
+
+    once: Launch
+    timed: Launch
+    prepare: Launch | None
+    estimate_ms: float = 0.0
 
 
 def _warmup_count(per_launch_ms: float, options: TimingOptions) -> int:
@@ -164,24 +215,52 @@ def _estimate_ms(once: Launch) -> float:
     return max(start.elapsed_time(end) / ESTIMATE_LAUNCHES, 1e-3)
 
 
-def _time_each(n: int, timed: Launch, untimed: Launch | None = None) -> list[float]:
-    """Milliseconds of `timed`, n times, each after `untimed` (outside the events)."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+def _time_interleaved(n: int, targets: Sequence[_Timed], flush: Launch | None) -> list[list[float]]:
+    """Milliseconds of each target's `timed`, n samples each, the order rotating per sample;
+    `flush` and the target's `prepare` run before each, outside the events."""
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(n)] for _ in targets]
     # Enqueue everything, then synchronize once: work queued ahead (the flush) keeps the GPU
     # busy while the host enqueues, so the host launch path stays outside the events.
-    for start, end in zip(starts, ends):
-        if untimed is not None:
-            untimed()
-        start.record()
-        timed()
-        end.record()
+    for i in range(n):
+        for j in range(len(targets)):
+            index = (i + j) % len(targets)
+            t = targets[index]
+            if flush is not None:
+                flush()
+            if t.prepare is not None:
+                t.prepare()
+            start, end = events[index][i]
+            start.record()
+            t.timed()
+            end.record()
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return [[s.elapsed_time(e) for s, e in pairs] for pairs in events]
 
 
-def _graph_samples(once: Launch, estimate_ms: float, options: TimingOptions) -> list[float]:
-    reps = max(1, min(MAX_GRAPH_LAUNCHES, math.ceil(GRAPH_REPLAY_MS / estimate_ms)))
+def _graph_samples(targets: Sequence[_Timed], options: TimingOptions) -> list[list[float]]:
+    """Per-launch milliseconds of each target from replays of a graph of `reps` launches
+    (one graph per target, replays alternating like `_time_interleaved`)."""
+    graphs, reps = [], []
+    try:
+        for t in targets:
+            r = max(1, min(MAX_GRAPH_LAUNCHES, math.ceil(GRAPH_REPLAY_MS / t.estimate_ms)))
+            graphs.append(_capture(t.once, r))
+            reps.append(r)
+        replays = [_Timed(g.replay, g.replay, None, t.estimate_ms * r)
+                   for g, t, r in zip(graphs, targets, reps)]
+        for t in replays:
+            for _ in range(_warmup_count(t.estimate_ms, options)):
+                t.once()
+        n = sample_count(sum(t.estimate_ms for t in replays), options)
+        samples = _time_interleaved(n, replays, None)
+        return [[s / r for s in side] for side, r in zip(samples, reps)]
+    finally:
+        for g in graphs:
+            g.reset()
+
+
+def _capture(once: Launch, reps: int) -> torch.cuda.CUDAGraph:
     # Warm up on a side stream before capture, as torch.cuda.graphs recommends (cuBLAS
     # allocates its per-stream workspace lazily).
     side = torch.cuda.Stream()
@@ -194,10 +273,4 @@ def _graph_samples(once: Launch, estimate_ms: float, options: TimingOptions) -> 
     with torch.cuda.graph(graph):
         for _ in range(reps):
             once()
-    try:
-        for _ in range(_warmup_count(estimate_ms * reps, options)):
-            graph.replay()
-        samples = _time_each(sample_count(estimate_ms * reps, options), graph.replay)
-        return [s / reps for s in samples]
-    finally:
-        graph.reset()
+    return graph

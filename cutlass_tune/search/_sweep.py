@@ -37,7 +37,7 @@ class Benchmarker(Protocol):
     """Measures compiled kernels on problems (the GPU side, or a fake in tests)."""
 
     gpu_name: str
-    timing_method: str  # "events" or "graph"; a store holds one
+    timing_method: str  # "events" or "graph", "-paired" appended when baselines are paired; a store holds one
 
     def baseline(self, problem: Problem) -> Measurement: ...
 
@@ -230,12 +230,13 @@ class Sweep:
                 self._record(pp, m)
                 if m.status is Status.OK and m.tflops:
                     self.results[key] = max(self.results.get(key) or 0.0, m.tflops)
+                    # The paired baseline when there is one, else cuBLAS measured before the batch.
+                    ratio = m.paired_ratio or (m.tflops / pp.cublas_tflops if pp.cublas_tflops else None)
+                    if ratio and (pp.best_ratio is None or ratio > pp.best_ratio):
+                        pp.best_tflops, pp.best_config, pp.best_at, pp.best_ratio = m.tflops, cfg, index, ratio
                 else:
                     self.results.setdefault(key, None)
             best = self.results.get(key)
-            ratio = best / pp.cublas_tflops if best and pp.cublas_tflops else None
-            if ratio and (pp.best_ratio is None or ratio > pp.best_ratio):
-                pp.best_tflops, pp.best_config, pp.best_at, pp.best_ratio = best, cfg, index, ratio
             pp.measured += 1
             pp.failed += best is None
 

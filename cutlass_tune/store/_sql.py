@@ -151,9 +151,15 @@ class ResultStore:
             raise StoreError(f"the store {self.url} has schema {rows.get('schema')}, this version "
                              f"reads {SCHEMA_VERSION}")
 
+    def timing(self) -> str | None:
+        """The timing scheme the store holds (see `bind_timing`), or None for a new store."""
+        self._create()
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "timing")).scalar()
+
     def bind_timing(self, method: str) -> None:
-        """Claim the store for one timing method (events, graph), or check that it uses it:
-        figures taken by different methods do not compare.
+        """Claim the store for one timing scheme (events, graph, either with `-paired`), or
+        check that it uses it: figures taken by different schemes do not compare.
 
         Raises:
             StoreError: the store holds results timed another way.
@@ -170,9 +176,11 @@ class ResultStore:
 
     def add(self, m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None,
             study: str | None = None, trial: int | None = None) -> None:
-        """Record one measurement in its own transaction."""
+        """Record one measurement in its own transaction. `cublas_tflops` is the problem's
+        baseline of the same run; a measurement with a paired baseline uses its own instead."""
         self._create()
         p = m.problem
+        cublas_tflops = m.baseline_tflops or cublas_tflops
         ratio = (m.tflops / cublas_tflops) if (m.tflops and cublas_tflops) else None
         row = {
             "gpu": gpu, "problem": p.name, "m": p.m, "n": p.n, "k": p.k,

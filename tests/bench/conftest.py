@@ -56,3 +56,19 @@ def launch_once(compiled, problem, seed=0):
         gemm.run(stream)
         torch.cuda.synchronize()
     return ops
+
+
+def spy_on_timing(monkeypatch):
+    """Record, for each call of the runner's timing function, the target classes it timed:
+    the kernel's, then the paired baseline's when there is one."""
+    from cutlass_tune.bench import _runner
+
+    timed = []
+    real = _runner.time_paired
+
+    def spy(launch, baseline, **kw):
+        timed.append(tuple(type(f.__self__).__name__ for f in (launch, baseline) if f is not None))
+        return real(launch, baseline, **kw)
+
+    monkeypatch.setattr(_runner, "time_paired", spy)
+    return timed

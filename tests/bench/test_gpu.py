@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cutlass_tune.bench import GpuRunner, Job, TimingOptions, Worker, _runner
+from cutlass_tune.bench import GpuRunner, Job, TimingOptions, Worker, _runner, time_paired
 from cutlass_tune.bench._verify import reference
 from cutlass_tune.space import Decomposition, Problem, RasterOrder, RuntimeArgs
 from cutlass_tune.status import Status
 
-from .conftest import launch_once
+from .conftest import launch_once, spy_on_timing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
@@ -79,22 +79,36 @@ def test_stream_k_variants_run_without_recompiling(gpu_kernels):
 
 
 def test_baseline_and_kernel_are_timed_by_the_same_function(gpu_kernels, monkeypatch):
-    timed = []
-    real = _runner.time_launches
-
-    def spy(launch, **kw):
-        timed.append(type(launch.__self__).__name__)
-        return real(launch, **kw)
-
-    monkeypatch.setattr(_runner, "time_launches", spy)
+    timed = spy_on_timing(monkeypatch)
     runner = GpuRunner(0)
     p = Problem(2048, 2048, 2048)
+    paired = TimingOptions(budget_ms=40, warmup_ms=5, paired=True)
     [base] = runner(Job.baseline(p, timing=SHORT))
     [kern] = runner(Job.for_kernel(gpu_kernels["cooperative"], p, (RuntimeArgs(),), timing=SHORT))
-    assert timed == ["CublasTarget", "CutlassTarget"]
-    assert base.status is Status.OK and kern.status is Status.OK
-    assert base.method == kern.method == "events" and base.env == kern.env
+    [pair] = runner(Job.for_kernel(gpu_kernels["cooperative"], p, (RuntimeArgs(),), timing=paired))
+    assert timed == [("CublasTarget",), ("CutlassTarget",), ("CutlassTarget", "CublasTarget")]
+    assert base.status is Status.OK and kern.status is Status.OK and pair.status is Status.OK
+    assert base.method == kern.method == pair.method == "events" and base.env == kern.env
     assert base.rel_error < 1e-2 and 0.2 < base.median_ms / kern.median_ms < 5
+    assert kern.baseline_median_ms is None and 0.2 < pair.paired_ratio < 5
+    print(f"\n2048^3 cooperative: alone {kern.median_ms * 1e3:.1f} us, cuBLAS before it "
+          f"{base.median_ms * 1e3:.1f} us; paired {pair.median_ms * 1e3:.1f} us vs cuBLAS "
+          f"{pair.baseline_median_ms * 1e3:.1f} us, ratio {pair.paired_ratio:.3f}")
+
+
+@pytest.mark.parametrize("size", [1024, 4096])
+def test_cublas_paired_with_itself_reads_even(size):
+    """The A/A check of paired timing: cuBLAS against cuBLAS must come out at 1.0."""
+    runner = GpuRunner(0)
+    ops = runner._operands(Problem(size, size, size))
+    first, second = _runner.CublasTarget(ops.problem), _runner.CublasTarget(ops.problem)
+    first.setup(RuntimeArgs(), ops)
+    second.setup(RuntimeArgs(), ops)
+    a, b = time_paired(first.launch, second.launch, options=TimingOptions(budget_ms=200, paired=True),
+                       flush=runner._flush)
+    print(f"\n{size}^3 cuBLAS vs cuBLAS: {a.median_ms * 1e3:.2f} / {b.median_ms * 1e3:.2f} us "
+          f"({a.samples} pairs), ratio {b.median_ms / a.median_ms:.4f}")
+    assert b.median_ms / a.median_ms == pytest.approx(1.0, abs=0.02)
 
 
 def test_graph_timing_of_small_problems(gpu_kernels):

@@ -7,13 +7,13 @@ the errors and TFLOP/s; nvcc builds the two kernels into the kernel cache first,
 import pytest
 import torch
 
-from cutlass_tune.bench import GpuRunner, Job, TimingOptions, _runner
+from cutlass_tune.bench import GpuRunner, Job, TimingOptions
 from cutlass_tune.bench._verify import FP8_TOLERANCE, reference
 from cutlass_tune.compile import compile_kernels
 from cutlass_tune.space import DType, KernelConfig, Problem, RasterOrder, RuntimeArgs
 from cutlass_tune.status import Status
 
-from .conftest import launch_once
+from .conftest import launch_once, spy_on_timing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
@@ -53,20 +53,13 @@ def test_fp8_kernel_matches_the_reference_and_scaled_mm_at_4096(fp8_kernels, nam
 
 
 def test_fp8_kernels_and_scaled_mm_are_timed_by_the_same_function(fp8_kernels, monkeypatch):
-    timed = []
-    real = _runner.time_launches
-
-    def spy(launch, **kw):
-        timed.append(type(launch.__self__).__name__)
-        return real(launch, **kw)
-
-    monkeypatch.setattr(_runner, "time_launches", spy)
+    timed = spy_on_timing(monkeypatch)
     runner = GpuRunner(0)
     variants = (RuntimeArgs(raster=RasterOrder.ALONG_M, swizzle=1), RuntimeArgs(raster=RasterOrder.ALONG_N, swizzle=4))
     [base] = runner(Job.baseline(P4096, timing=SHORT))
     kernels = {name: list(runner(Job.for_kernel(fp8_kernels[name], P4096, variants, timing=SHORT)))
                for name in ("fast", "promoting")}
-    assert timed == ["CublasTarget"] + ["CutlassTarget"] * 4
+    assert timed == [("CublasTarget",)] + [("CutlassTarget",)] * 4
     assert base.status is Status.OK, base.reason
     print(f"\ntorch._scaled_mm: {base.tflops:.1f} TFLOP/s, rel error {base.rel_error:.2e}")
     for name, ms in kernels.items():

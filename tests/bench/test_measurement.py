@@ -30,7 +30,8 @@ def _examples():
     ok = Measurement(p, cfg, variant, Status.OK, symbol="ct_x", median_ms=0.5, p20_ms=0.49,
                      p80_ms=0.52, samples=200, tflops=4.29, rel_error=3e-6, method="graph",
                      throttled=True, clocks=Clocks(1755, 2619, 60, 500.0, ("hw_slowdown",)), env=ENV,
-                     compile_seconds=31.5, repeat=1)
+                     compile_seconds=31.5, repeat=1, baseline_median_ms=0.55, baseline_p20_ms=0.54,
+                     baseline_p80_ms=0.57)
     baseline = Measurement(p, None, RuntimeArgs(), Status.OK, is_baseline=True, median_ms=0.4, env=ENV)
     failed = Measurement(p, cfg, RuntimeArgs(), Status.TIMEOUT, reason="killed")
     return [ok, baseline, failed]
@@ -66,6 +67,14 @@ def test_the_stored_schema_1_file_still_loads():
     assert loaded[0].is_baseline and loaded[0].env.gpu == "NVIDIA H200" and loaded[0].throttled
     assert loaded[1].runtime == RuntimeArgs(raster=RasterOrder.ALONG_N, swizzle=4)
     assert loaded[2].config.tile_scheduler is TileScheduler.STREAM_K
+    assert all(m.baseline_median_ms is None and m.paired_ratio is None for m in loaded)
+
+
+def test_the_stored_schema_2_file_still_loads():
+    loaded = list(read_jsonl(DATA / "measurements-v2.jsonl"))
+    assert loaded == _examples()
+    assert loaded[0].paired_ratio == pytest.approx(0.55 / 0.5)
+    assert loaded[1].paired_ratio is None and loaded[2].paired_ratio is None
 
 
 def test_unknown_schema_and_bad_lines_are_named(tmp_path):

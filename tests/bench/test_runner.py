@@ -54,6 +54,56 @@ def test_events_sample_each_launch_after_flush_and_prepare(fake_cuda):
     assert calls[-3:] == ["flush", "prepare", "launch"]
 
 
+def test_paired_sampling_alternates_kernel_and_baseline_by_one_method(fake_cuda):
+    calls = []
+
+    def timed(name, ms):
+        def launch():
+            calls.append(name)
+            FakeEvent.clock += ms
+        return launch
+
+    options = TimingOptions(budget_ms=40, warmup_ms=3, paired=True)
+    kernel, base = _timing.time_paired(timed("kernel", 1.0), timed("cublas", 3.0), options=options,
+                                       flush=lambda: calls.append("flush"), prepare=lambda: calls.append("prepare"))
+    assert (kernel.median_ms, base.median_ms) == (1.0, 3.0)
+    assert kernel.samples == base.samples == 10  # the 40 ms budget covers both: 4 ms a pair
+    sampled = [c for c in calls[-40:] if c != "prepare"]
+    # each timed launch after its own flush; the kernel goes first in even samples only
+    assert sampled[:8] == ["flush", "kernel", "flush", "cublas", "flush", "cublas", "flush", "kernel"]
+    assert calls.count("prepare") == calls.count("kernel")  # the re-arm belongs to the kernel alone
+    assert calls.count("cublas") == 1 + _timing.ESTIMATE_LAUNCHES + 1 + 10  # first, estimate, warm-up, samples
+
+
+def test_paired_graph_replays_alternate_and_report_per_launch_times(fake_cuda, monkeypatch):
+    class FakeGraph:
+        def __init__(self, once, reps):
+            self.once, self.reps = once, reps
+
+        def replay(self):
+            for _ in range(self.reps):
+                self.once()
+
+        def reset(self):
+            pass
+
+    monkeypatch.setattr(_timing, "_capture", FakeGraph)
+    order = []
+
+    def timed(name, ms):
+        def launch():
+            order.append(name)
+            FakeEvent.clock += ms
+        return launch
+
+    options = TimingOptions(budget_ms=20, warmup_ms=0, graph=True, paired=True)
+    kernel, base = _timing.time_paired(timed("k", 0.25), timed("b", 0.5), options=options)
+    assert (kernel.median_ms, base.median_ms) == (0.25, 0.5)  # a replay of 4 (2) launches / reps
+    assert kernel.samples == base.samples == 10
+    # samples 8 (kernel first) and 9 (baseline first): 4 kernel launches per replay, 2 cuBLAS
+    assert order[-12:] == ["k"] * 4 + ["b"] * 2 + ["b"] * 2 + ["k"] * 4
+
+
 class CpuTarget(_Target):
     """Computes D on the CPU; misbehaves as told."""
 
@@ -81,17 +131,20 @@ class CpuTarget(_Target):
         pass
 
 
-def _fake_time_launches(launch, *, options, flush, prepare):
+def _fake_time_paired(launch, baseline, *, options, flush, prepare):
     for _ in range(3):
         if prepare is not None:
             prepare()
         launch()
-    return TimingStats(median_ms=2.0, p20_ms=1.9, p80_ms=2.2, samples=3)
+        if baseline is not None:
+            baseline()
+    stats = TimingStats(median_ms=2.0, p20_ms=1.9, p80_ms=2.2, samples=3)
+    return stats, (None if baseline is None else TimingStats(median_ms=2.5, p20_ms=2.4, p80_ms=2.6, samples=3))
 
 
 @pytest.fixture
 def runner(monkeypatch):
-    monkeypatch.setattr(_runner, "time_launches", _fake_time_launches)
+    monkeypatch.setattr(_runner, "time_paired", _fake_time_paired)
     r = GpuRunner.__new__(GpuRunner)  # no CUDA: set by hand what __init__ would
     r.env, r._flush, r._ops = None, None, allocate(P, "cpu")
     r._clocks = type("NoClocks", (), {"read": lambda self: None})()
@@ -110,6 +163,26 @@ def test_a_correct_kernel_is_verified_then_timed_then_verified_again(runner):
     assert (m.median_ms, m.p20_ms, m.p80_ms, m.samples) == (2.0, 1.9, 2.2, 3)
     assert m.tflops == pytest.approx(P.flops / 2e9) and m.method == "events"
     assert target.launches == 1 + 3 + 1 and target.rearms == target.launches
+
+
+def test_a_paired_kernel_carries_its_own_cublas_figures(runner):
+    target = CpuTarget()
+    job = Job(problem=P, variants=(RuntimeArgs(),), library="/x.so", symbol="ct_x",
+              timing=TimingOptions(paired=True))
+    m = _measure(runner, target, job)
+    assert m.status is Status.OK and m.median_ms == 2.0
+    assert (m.baseline_median_ms, m.baseline_p20_ms, m.baseline_p80_ms) == (2.5, 2.4, 2.6)
+    assert m.paired_ratio == pytest.approx(1.25) and m.baseline_tflops == pytest.approx(P.flops / 2.5e9)
+    assert target.launches == 1 + 3 + 1  # the baseline is cuBLAS, not the kernel again
+
+
+def test_without_a_cublas_path_a_paired_job_is_timed_alone(runner):
+    p = Problem(64, 48, 32, dtype_d=DType.F16)  # bf16 x bf16 -> f16: torch.matmul has none
+    runner._ops = allocate(p, "cpu")
+    job = Job(problem=p, variants=(RuntimeArgs(),), library="/x.so", symbol="ct_x",
+              timing=TimingOptions(paired=True))
+    m = _measure(runner, CpuTarget(), job)
+    assert m.status is Status.OK and m.baseline_median_ms is None and m.paired_ratio is None
 
 
 @pytest.mark.parametrize("mode,status,reason", [

@@ -1,4 +1,5 @@
 import collections
+import dataclasses
 
 import optuna
 import pytest
@@ -163,6 +164,26 @@ def test_timeout_stops_proposing(space, tmp_path):
     state = make(space, tmp_path, trials=40, batch=2, timeout_s=1e-9)[0].run()
     assert state.stop_reason == "timeout"
     assert state.compiled == 2  # the first batch was already under way
+
+
+def test_paired_baselines_rank_the_best_and_fill_the_store(space, tmp_path):
+    class PairedBench(FakeBench):
+        """cuBLAS, timed beside each kernel, reads 1.5x slower next to 1x1 clusters."""
+
+        def measure(self, kernel, problem, variants):
+            factor = 1.5 if kernel.config.cluster_m == kernel.config.cluster_n == 1 else 1.0
+            for m in super().measure(kernel, problem, variants):
+                yield dataclasses.replace(m, baseline_median_ms=m.median_ms * factor) if m.median_ms else m
+
+    sweep, store = make(space, tmp_path, PairedBench(), trials=12, batch=4)
+    state = sweep.run()
+    rows = [r for r in kernel_rows(store) if r["status"] == "ok"]
+    for pp in state.problems:
+        mine = [r for r in rows if r["problem"] == pp.problem.name]
+        assert pp.best_ratio == pytest.approx(max(r["ratio"] for r in mine))
+        assert (pp.best_config.cluster_m, pp.best_config.cluster_n) == (1, 1)
+        # the baseline of each row is its own pair, not the batch's 600 TFLOP/s
+        assert {round(r["tflops"] / r["cublas_tflops"], 6) for r in mine} <= {1.0, 1.5}
 
 
 def test_baseline_is_measured_again_before_each_batch(space, tmp_path):

@@ -1,5 +1,6 @@
 """One contract, run against every backend (SQLite file and PostgreSQL server)."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,16 @@ def test_round_trip_and_ratio(store_url):
     measured = store.measured(P)
     assert set(measured) == {(CFG.hash, V1.name), (CFG.hash, V2.name)}
     assert measured[(CFG.hash, V2.name)][0]["reason"] == "rel error 0.5"
+
+
+def test_a_paired_measurement_is_rated_against_its_own_baseline(store_url):
+    store = ResultStore(store_url)
+    store.bind_gpu("NVIDIA H200")
+    paired = dataclasses.replace(ok(V1, 700.0), baseline_median_ms=P.flops / 680.0 / 1e9)
+    store.add(paired, gpu="NVIDIA H200", run_id="r1", cublas_tflops=750.0)  # 750: taken minutes before
+    row = store.rows()[0]
+    assert row["cublas_tflops"] == pytest.approx(680.0) and row["ratio"] == pytest.approx(700 / 680)
+    assert store.measurements()[0].paired_ratio == pytest.approx(700 / 680)
 
 
 def test_reopening_sees_what_was_written(store_url):
@@ -78,7 +89,9 @@ def test_default_store_is_per_gpu():
 
 def test_a_store_keeps_to_one_timing_method(store_url):
     store = ResultStore(store_url)
+    assert store.timing() is None
     store.bind_timing("events")
     store.bind_timing("events")
+    assert ResultStore(store_url).timing() == "events"
     with pytest.raises(StoreError, match="timed with events, not graph"):
         ResultStore(store_url).bind_timing("graph")
