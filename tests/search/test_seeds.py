@@ -39,7 +39,7 @@ def test_without_the_heuristics_package_seeds_are_cutlass_defaults(space, store,
     seeds = seed_configs(space, store, list(space.problems), "NVIDIA H200")
     members = {c.hash for c in space.candidates}
     assert seeds and all(c.hash in members and not check_config(c) for c in seeds)
-    assert seeds[0].name == "bf16_tn_128x256x64_c2x1_sauto_cooperative_tma_cooperative_persistent"
+    assert seeds[0].name == "bf16_tn_128x128x64_c1x2_sauto_pingpong_tma_persistent"
     assert len(seeds) <= len(COMMON_DEFAULTS)
 
 
