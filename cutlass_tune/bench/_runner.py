@@ -48,12 +48,15 @@ class _Target:
 class CublasTarget(_Target):
     """torch.matmul into a preallocated D: cuBLAS with the problem's layouts, no copies.
 
-    fp8 inputs go to torch._scaled_mm (cuBLASLt) with unit scales and its default, promoting
-    accumulation; it takes only the tn layout, which is the only fp8 layout a `Problem` allows.
+    fp8 inputs go to torch._scaled_mm (cuBLASLt) with unit scales; it takes only the tn layout,
+    which is the only fp8 layout a `Problem` allows. `fast_accum` picks its fast accumulation
+    (`use_fast_accum`), the counterpart of CUTLASS's FP8FastAccum kernels; the default is its
+    promoting accumulation.
     """
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, fast_accum: bool = False):
         self._problem = problem
+        self._fast_accum = fast_accum
         self._ops: Operands | None = None
         self._unit_scale: torch.Tensor | None = None  # set for fp8: _scaled_mm's scale_a/b
 
@@ -77,7 +80,7 @@ class CublasTarget(_Target):
         ops = self._ops
         if self._unit_scale is not None:
             torch._scaled_mm(ops.a_mk, ops.b_kn, scale_a=self._unit_scale, scale_b=self._unit_scale,
-                             out_dtype=ops.d.dtype, out=ops.d)
+                             out_dtype=ops.d.dtype, use_fast_accum=self._fast_accum, out=ops.d)
         elif ops.d.dtype == ops.a.dtype:
             torch.matmul(ops.a_mk, ops.b_kn, out=ops.d)
         else:
@@ -203,10 +206,12 @@ class GpuRunner:
 
     def _paired_baseline(self, job: Job, ops: Operands) -> CublasTarget | None:
         """cuBLAS on the job's operands, to time alternately with the kernel, when the job
-        asks for paired timing and cuBLAS can run the problem."""
+        asks for paired timing and cuBLAS can run the problem. An fp8 kernel with fast
+        accumulation is paired with torch._scaled_mm's fast accumulation: like with like."""
         if not job.timing.paired or job.is_baseline:
             return None
-        baseline = CublasTarget(job.problem)
+        fast = job.config is not None and job.config.fp8_fast_accum
+        baseline = CublasTarget(job.problem, fast_accum=fast)
         if baseline.setup(RuntimeArgs(), ops) is not None:
             return None
         return baseline

@@ -93,6 +93,8 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
                 out.setdefault(found[rank].hash, found[rank])
     for p in problems:
         for knobs in COMMON_DEFAULTS:
+            if p.dtype_a.is_fp8:  # the same shapes with fp8's 128-byte K rows, fast accumulation first
+                knobs = {**knobs, "tile_k": 128, "fp8_fast_accum": True}
             cfg = KernelConfig(dtype_a=p.dtype_a, dtype_b=p.dtype_b, dtype_c=p.dtype_d, dtype_d=p.dtype_d,
                                layout_a=p.layout_a, layout_b=p.layout_b, **knobs)
             if cfg.hash in members:

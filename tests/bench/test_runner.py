@@ -6,7 +6,7 @@ import torch
 from cutlass_tune.bench import Job, TimingOptions, TimingStats, _runner, _timing
 from cutlass_tune.bench._runner import CublasTarget, GpuRunner, _Target
 from cutlass_tune.bench._verify import allocate
-from cutlass_tune.space import DType, Problem, RuntimeArgs
+from cutlass_tune.space import DType, KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 
 P = Problem(64, 48, 32)
@@ -229,3 +229,24 @@ def test_fp8_baseline_without_scaled_mm_is_cannot_implement(runner, monkeypatch)
     monkeypatch.delattr(torch, "_scaled_mm")
     m = _measure_baseline(runner, p)
     assert m.status is Status.CANNOT_IMPLEMENT and "has no torch._scaled_mm" in m.reason
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_fp8_kernel_is_paired_with_scaled_mm_of_the_same_accumulation(runner, monkeypatch, fast):
+    p = Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16)
+    runner._ops = allocate(p, "cpu")
+    seen = []
+    real = torch._scaled_mm
+
+    def spy(*args, **kw):
+        seen.append(kw["use_fast_accum"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", spy)
+    cfg = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_c=DType.BF16, dtype_d=DType.BF16,
+                       tile_k=128, fp8_fast_accum=fast)
+    job = Job(problem=p, variants=(RuntimeArgs(),), library="/x.so", symbol="ct_x", config=cfg,
+              timing=TimingOptions(paired=True))
+    m = _measure(runner, CpuTarget(), job)
+    assert m.status is Status.OK and m.paired_ratio is not None
+    assert seen == [fast] * 3  # the fake timing loop's three baseline launches

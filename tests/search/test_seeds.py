@@ -62,3 +62,16 @@ def test_performance_model_picks_lead_the_seeds(space, store):
     first_in_space = next(c for c in picks[space.problems[0]] if c.hash in members)
     seeds = seed_configs(space, store, list(space.problems), "NVIDIA H200")
     assert seeds[0] == first_in_space
+
+
+def test_fp8_seeds_use_128_wide_k_and_fast_accumulation(tmp_path, store, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvMatmulHeuristics", None)
+    path = tmp_path / "fp8.yaml"
+    path.write_text("problems: [{m: 4096, n: 4096, k: 4096}]\n"
+                    "dtypes: [{input: e4m3, output: bf16}]\n"
+                    "kernels: {tile_m: [128], tile_n: [128, 192, 256], tile_k: [64, 128], cluster: [1x1, 1x2, 2x1],\n"
+                    "          kernel_schedule: [cooperative, pingpong], fp8_fast_accum: [true, false]}\n")
+    fp8 = load_space(path)
+    seeds = seed_configs(fp8, store, list(fp8.problems), "NVIDIA H200")
+    assert seeds and all(c.tile_k == 128 and c.fp8_fast_accum and not check_config(c) for c in seeds)
+    assert seeds[0].name == "e4m3_bf16bf16_tn_128x128x128_c1x2_sauto_pingpong_tma_persistent_fastaccum"
