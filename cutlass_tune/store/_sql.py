@@ -21,6 +21,8 @@ from ..errors import CutlassTuneError
 from ..space import Problem, layout_code
 
 SCHEMA_VERSION = 1
+LEGACY_TIMING = "events"
+"""The timing scheme of stores begun before `ct_meta` recorded one."""
 
 _metadata = sa.MetaData()
 
@@ -152,10 +154,15 @@ class ResultStore:
                              f"reads {SCHEMA_VERSION}")
 
     def timing(self) -> str | None:
-        """The timing scheme the store holds (see `bind_timing`), or None for a new store."""
+        """The timing scheme the store holds (see `bind_timing`), or None for a new store.
+
+        Stores begun before the scheme was recorded hold only unpaired `events` figures."""
         self._create()
         with self.engine.connect() as conn:
-            return conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "timing")).scalar()
+            found = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "timing")).scalar()
+            if found is None and conn.execute(sa.select(measurements_table.c.id).limit(1)).first():
+                return LEGACY_TIMING
+        return found
 
     def bind_timing(self, method: str) -> None:
         """Claim the store for one timing scheme (events, graph, either with `-paired`), or
@@ -164,15 +171,13 @@ class ResultStore:
         Raises:
             StoreError: the store holds results timed another way.
         """
-        self._create()
-        with self.engine.begin() as conn:
-            found = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "timing")).scalar()
-            if found is None:
-                conn.execute(meta_table.insert(), [{"key": "timing", "value": method}])
-                return
-        if found != method:
+        found = self.timing()
+        if found is not None and found != method:
             raise StoreError(f"the store {self.url} holds results timed with {found}, not {method}: "
                              "give this sweep its own --storage")
+        with self.engine.begin() as conn:
+            if conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "timing")).scalar() is None:
+                conn.execute(meta_table.insert(), [{"key": "timing", "value": method}])
 
     def add(self, m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None,
             study: str | None = None, trial: int | None = None) -> None:

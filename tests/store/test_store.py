@@ -93,5 +93,16 @@ def test_a_store_keeps_to_one_timing_method(store_url):
     store.bind_timing("events")
     store.bind_timing("events")
     assert ResultStore(store_url).timing() == "events"
+
+
+def test_a_store_older_than_its_timing_record_holds_unpaired_events(store_url):
+    store = ResultStore(store_url)
+    store.bind_gpu("NVIDIA H200")
+    store.add(ok(V1, 700.0), gpu="NVIDIA H200", run_id="r1", cublas_tflops=750.0)  # no bind_timing
+    assert store.timing() == "events"
+    with pytest.raises(StoreError, match="timed with events, not events-paired"):
+        store.bind_timing("events-paired")
+    store.bind_timing("events")
+    assert store.timing() == "events"
     with pytest.raises(StoreError, match="timed with events, not graph"):
         ResultStore(store_url).bind_timing("graph")
