@@ -1,7 +1,8 @@
 """Per problem of a sweep store: cuBLAS, the best kernel, its ratio, and when it was found.
 
-"found at" counts distinct compiled configs in the order they were first measured (the store's
-insertion order, across resumed runs). The ratio uses the cuBLAS figure of the same run (the
+"found at" counts the distinct compiled configs measured on the problem, in the order they were
+first measured (the store's insertion order, across resumed runs); a config built for another
+type or layout does not count. The ratio uses the cuBLAS figure of the same run (the
 paired one where the sweep paired its baselines). "99% at" is the tuning cost: the compiled
 configs, and the sweep's wall minutes (summed over resumed runs, idle time between runs left
 out), until a kernel within 1% of the final best ratio was measured for the problem.
@@ -40,12 +41,9 @@ def _elapsed_minutes(rows: list[dict]) -> list[float]:
 def main(url: str) -> None:
     store = ResultStore(url)
     rows = store.rows()
-    order: dict[str, int] = {}
-    for r in rows:
-        if r["config_hash"] and r["status"] != "invalid" and r["config_hash"] not in order:
-            order[r["config_hash"]] = len(order) + 1
+    compiled = {r["config_hash"] for r in rows if r["config_hash"] and r["status"] != "invalid"}
     minutes = _elapsed_minutes(rows)
-    print(f"store {url}: GPU {store.gpu()}, {len(order)} compiled configs, {len(rows)} rows, "
+    print(f"store {url}: GPU {store.gpu()}, {len(compiled)} compiled configs, {len(rows)} rows, "
           f"timing {store.timing()}")
     print("| problem | cuBLAS TFLOP/s | best TFLOP/s | ratio | p20-p80 ms | found at | 99% at | kernel | run-time |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -54,6 +52,10 @@ def main(url: str) -> None:
         if not ok:
             print(f"| {problem} | - | - | - | - | - | no kernel passed | - |")
             continue
+        order: dict[str, int] = {}  # config hash -> its place among the problem's configs
+        for r in rows:
+            if r["problem"] == problem and r["config_hash"] and r["status"] != "invalid":
+                order.setdefault(r["config_hash"], len(order) + 1)
         best = max(ok, key=lambda r: r["ratio"] or 0.0)
         first = min(order[r["config_hash"]] for r in ok if r["config_hash"] == best["config_hash"])
         near = next(i for i, r in enumerate(rows) if r in ok and (r["ratio"] or 0.0) >= 0.99 * best["ratio"])
