@@ -45,6 +45,10 @@ def main(url: str) -> None:
     minutes = _elapsed_minutes(rows)
     print(f"store {url}: GPU {store.gpu()}, {len(compiled)} compiled configs, {len(rows)} rows, "
           f"timing {store.timing()}")
+    env = next((m.env for m in store.measurements() if m.env is not None), None)
+    if env is not None:
+        print(f"{env.gpu} ({env.sm_count} SMs), driver {env.driver}, CUDA {env.cuda_runtime}, "
+              f"torch {env.torch}, nvcc {env.nvcc}, CUTLASS {env.cutlass}")
     print("| problem | cuBLAS TFLOP/s | best TFLOP/s | ratio | p20-p80 ms | found at | 99% at | kernel | run-time |")
     print("|---|---|---|---|---|---|---|---|---|")
     for problem in dict.fromkeys(r["problem"] for r in rows):
