@@ -10,7 +10,7 @@ Schema of the DataFrame `load_best` returns (one row per GPU and problem):
 | runtime, raster, swizzle, splits, decomposition | its best run-time variant |
 | tflops, median_ms, p20_ms, p80_ms, samples | its timing (L2-cold CUDA events, median) |
 | spread | (p80 - p20) / median |
-| cublas_tflops, ratio | cuBLAS in the same run, and tflops / cublas_tflops |
+| cublas_tflops, ratio | cuBLAS in the same run (sampled alternately with the kernel where the store pairs baselines), and tflops / cublas_tflops |
 | tile_m ... tile_scheduler | the config's knobs, one column each |
 | config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
 | run_id | the run that measured it |
