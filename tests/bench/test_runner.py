@@ -54,17 +54,18 @@ def test_events_sample_each_launch_after_flush_and_prepare(fake_cuda):
     assert calls[-3:] == ["flush", "prepare", "launch"]
 
 
+def _clocked(log, name, ms):
+    """A launch that logs `name` and advances the fake event clock by `ms`."""
+    def launch():
+        log.append(name)
+        FakeEvent.clock += ms
+    return launch
+
+
 def test_paired_sampling_alternates_kernel_and_baseline_by_one_method(fake_cuda):
     calls = []
-
-    def timed(name, ms):
-        def launch():
-            calls.append(name)
-            FakeEvent.clock += ms
-        return launch
-
     options = TimingOptions(budget_ms=40, warmup_ms=3, paired=True)
-    kernel, base = _timing.time_paired(timed("kernel", 1.0), timed("cublas", 3.0), options=options,
+    kernel, base = _timing.time_paired(_clocked(calls, "kernel", 1.0), _clocked(calls, "cublas", 3.0), options=options,
                                        flush=lambda: calls.append("flush"), prepare=lambda: calls.append("prepare"))
     assert (kernel.median_ms, base.median_ms) == (1.0, 3.0)
     assert kernel.samples == base.samples == 10  # the 40 ms budget covers both: 4 ms a pair
@@ -89,15 +90,8 @@ def test_paired_graph_replays_alternate_and_report_per_launch_times(fake_cuda, m
 
     monkeypatch.setattr(_timing, "_capture", FakeGraph)
     order = []
-
-    def timed(name, ms):
-        def launch():
-            order.append(name)
-            FakeEvent.clock += ms
-        return launch
-
     options = TimingOptions(budget_ms=20, warmup_ms=0, graph=True, paired=True)
-    kernel, base = _timing.time_paired(timed("k", 0.25), timed("b", 0.5), options=options)
+    kernel, base = _timing.time_paired(_clocked(order, "k", 0.25), _clocked(order, "b", 0.5), options=options)
     assert (kernel.median_ms, base.median_ms) == (0.25, 0.5)  # a replay of 4 (2) launches / reps
     assert kernel.samples == base.samples == 10
     # samples 8 (kernel first) and 9 (baseline first): 4 kernel launches per replay, 2 cuBLAS
