@@ -174,9 +174,11 @@ def bench(
             out.print(f"run-to-run: {len(spread)} measured in every pass; median spread "
                       f"{spread[len(spread) // 2]:.1%}, largest {spread[-1]:.1%}")
     failed = collections.Counter(m.status.value for m in results
-                                 if m.status not in (Status.OK, Status.CANNOT_IMPLEMENT))
+                                 if m.status not in (Status.OK, Status.CANNOT_IMPLEMENT, Status.UNSTABLE))
+    unstable = sum(m.status is Status.UNSTABLE for m in results)
     out.print(f"{len(results)} measurements written to {output}"
-              + (f"; failed: {dict(failed)}" if failed else ""))
+              + (f"; failed: {dict(failed)}" if failed else "")
+              + (f"; {unstable} too noisy to rank twice (unstable)" if unstable else ""))
     if failed:
         raise typer.Exit(1)
 

@@ -50,7 +50,7 @@ def runtime_from_dict(d: dict[str, Any]) -> RuntimeArgs:
 class Measurement:
     """One (kernel, problem, run-time variant) measured, or why it could not be.
 
-    Timing fields are set only when `status` is OK. `config` is None for the cuBLAS baseline
+    Timing fields are set only when `status` is OK or UNSTABLE (timed, but too noisy to rank). `config` is None for the cuBLAS baseline
     (`is_baseline`) and for hand-written kernels, which `symbol` then names. `method` says how
     it was timed (see `_timing`); only measurements with the same method, `env` and run
     compare. `repeat` numbers the passes of a run that measures everything more than once.

@@ -179,6 +179,29 @@ def test_without_a_cublas_path_a_paired_job_is_timed_alone(runner):
     assert m.status is Status.OK and m.baseline_median_ms is None and m.paired_ratio is None
 
 
+@pytest.mark.parametrize("noisy_times,status", [(1, Status.OK), (2, Status.UNSTABLE)])
+def test_a_scattered_timing_is_taken_again_and_never_ranks_if_it_stays_so(runner, monkeypatch, noisy_times, status):
+    # Regression: a host too busy to keep ahead of the GPU gave a 128^3 kernel a 1.49 "ratio".
+    calls = []
+
+    def timing(launch, baseline, *, options, flush, prepare):
+        calls.append(1)
+        launch()
+        noisy = len(calls) <= noisy_times
+        kernel = TimingStats(median_ms=2.0, p20_ms=1.9, p80_ms=4.0 if noisy else 2.1, samples=3)
+        return kernel, TimingStats(median_ms=2.5, p20_ms=2.4, p80_ms=2.6, samples=3)
+
+    monkeypatch.setattr(_runner, "time_paired", timing)
+    job = Job(problem=P, variants=(RuntimeArgs(),), library="/x.so", symbol="ct_x", timing=TimingOptions(paired=True))
+    m = _measure(runner, CpuTarget(), job)
+    assert len(calls) == 2 and m.status is status
+    assert m.paired_ratio == (None if status is Status.UNSTABLE else pytest.approx(1.25))
+    if status is Status.OK:
+        assert m.p80_ms == 2.1 and m.reason == ""
+    else:  # the figures stay, for the record, but nothing ranks by them
+        assert m.p80_ms == 4.0 and m.reason.startswith("timing spread (p80 - p20) / median 1.05, above 0.5")
+
+
 @pytest.mark.parametrize("mode,status,reason", [
     ("cannot", Status.CANNOT_IMPLEMENT, "can_implement returned kInvalid"),
     ("fault", Status.RUNTIME_ERROR, "RuntimeError: CUDA error: an illegal memory access was encountered"),
