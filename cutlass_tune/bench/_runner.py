@@ -8,8 +8,9 @@ output checked again (a kernel can be right once and wrong when repeated).
 
 A timing whose samples scatter widely (`UNSTABLE_SPREAD`, on either side of a pair) is taken
 once more; if it scatters again the variant is UNSTABLE, not OK (its figures kept), so that a
-disturbed run never ranks. The cause seen here: a host so loaded (nvcc compiling the next batch) that it
-enqueues slower than the GPU runs, which puts host time inside the events of short launches.
+disturbed run never ranks. Seen here twice at 128^3-512^3 while nvcc compiled the next batch
+(host time inside the events of 6 us launches is the likely cause; plain CPU load did not
+reproduce it, see benchmarks/beat_cublas.md).
 
 A CUDA error yields RUNTIME_ERROR; the CUDA context may then be lost for good, so the worker
 loop exits after sending it (see `_worker`).
