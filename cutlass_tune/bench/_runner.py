@@ -223,8 +223,8 @@ class GpuRunner:
         unstable = spread > UNSTABLE_SPREAD
         return result(
             Status.UNSTABLE if unstable else Status.OK,
-            unstable_reason(spread) if unstable else "", rel_error=first.rel_error, median_ms=stats.median_ms, p20_ms=stats.p20_ms,
-            p80_ms=stats.p80_ms, samples=stats.samples,
+            unstable_reason(spread) if unstable else "", rel_error=first.rel_error,
+            median_ms=stats.median_ms, p20_ms=stats.p20_ms, p80_ms=stats.p80_ms, samples=stats.samples,
             tflops=job.problem.flops / (stats.median_ms * 1e9),
             throttled=clocks.throttled if clocks else False, clocks=clocks,
             **({} if base is None else dict(baseline_median_ms=base.median_ms, baseline_p20_ms=base.p20_ms,
