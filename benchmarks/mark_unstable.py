@@ -15,7 +15,7 @@ import sys
 
 import sqlalchemy as sa
 
-from cutlass_tune.bench import Measurement
+from cutlass_tune.bench import Measurement, TimingStats
 from cutlass_tune.bench._runner import UNSTABLE_SPREAD
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
@@ -23,7 +23,9 @@ from cutlass_tune.store._sql import measurements_table as table
 
 
 def _spread(median: float | None, p20: float | None, p80: float | None) -> float:
-    return (p80 - p20) / median if median and p20 is not None and p80 is not None else 0.0
+    if not median or p20 is None or p80 is None:
+        return 0.0
+    return TimingStats(median_ms=median, p20_ms=p20, p80_ms=p80, samples=0).spread
 
 
 def mark(url: str, dry_run: bool) -> int:

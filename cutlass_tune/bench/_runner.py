@@ -37,7 +37,7 @@ two host-disturbed ones read 0.59-1.33, one of them a 1.49 "ratio" at 128^3."""
 
 
 def _spread(stats: TimingStats | None) -> float:
-    return 0.0 if stats is None else (stats.p80_ms - stats.p20_ms) / stats.median_ms
+    return 0.0 if stats is None else stats.spread
 
 
 def unstable_reason(spread: float) -> str:

@@ -77,6 +77,11 @@ class TimingStats:
     p80_ms: float
     samples: int
 
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: how widely the samples scatter."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms
+
 
 def percentile(ordered: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default) of already sorted values; q in [0, 1]."""
