@@ -26,6 +26,7 @@ from .space import (
     TileScheduler,
     check_config,
 )
+from .space._rules import epilogue_tile
 
 ABI_VERSION = 1
 
@@ -126,10 +127,11 @@ def _bool(cfg: KernelConfig, field: str) -> bool:
 
 def template_values(cfg: KernelConfig) -> dict[str, object]:
     """The values one kernel block substitutes. Raises RenderError for an invalid config."""
+    source = _bool(cfg, "epilogue_source")
     values: dict[str, object] = {
         "element_a": _member(cfg, "dtype_a", _ELEMENT),
         "element_b": _member(cfg, "dtype_b", _ELEMENT),
-        "element_c": _member(cfg, "dtype_c", _ELEMENT),
+        "element_c": _member(cfg, "dtype_c", _ELEMENT) if source else "void",
         "element_d": _member(cfg, "dtype_d", _ELEMENT),
         "element_acc": _member(cfg, "dtype_acc", _ELEMENT),
         "layout_a": _member(cfg, "layout_a", _LAYOUT),
@@ -139,11 +141,13 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
         "epilogue_schedule": _member(cfg, "epilogue_schedule", _EPILOGUE_SCHEDULE),
     }
     _member(cfg, "tile_scheduler", {t: t.value for t in TileScheduler})
-    for field in ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages"):
+    for field in ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "epilogue_tile_n"):
         values[field] = _int(cfg, field)
     rejections = check_config(cfg)
     if rejections:
         raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
+    values["epilogue_source"] = source
+    values["epilogue_tile_m"] = epilogue_tile(cfg)[0]
     values["tile_scheduler"] = _tile_scheduler(cfg)
     values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K
     values["symbol"] = kernel_symbol(cfg)

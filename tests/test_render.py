@@ -69,6 +69,10 @@ def test_invalid_config_is_not_rendered():
     ("fp8_fast_accum", "true"),  # a truthy string must not pick a schedule
     ("fp8_fast_accum", 1),
     ("fp8_fast_accum", None),
+    ("epilogue_tile_n", "64>, evil<int"),
+    ("epilogue_tile_n", 64.0),
+    ("epilogue_source", "false"),  # a truthy string must not pick the C operand
+    ("epilogue_source", 0),
 ])
 def test_hostile_values_never_reach_the_source(field, value):
     cfg = dataclasses.replace(KernelConfig(), **{field: value})
@@ -110,3 +114,16 @@ def test_templates_fail_loudly_on_missing_values():
     assert render._env.undefined is jinja2.StrictUndefined
     with pytest.raises(jinja2.UndefinedError):
         render._env.get_template("gemm_sm90_unit.cu.j2").render(abi_version=1, kernels=[{"symbol": "x"}])
+
+
+def test_epilogue_tile_and_sourceless_kernel():
+    pong = KernelConfig(kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=EpilogueSchedule.TMA)
+    src = render_unit([pong]).source
+    assert "EpilogueTileAuto" in src and "using ElementC = cutlass::bfloat16_t;" in src
+    assert "static_cast<const ElementC*>(p->c)" in src
+    tuned = render_unit([dataclasses.replace(pong, epilogue_tile_n=64, epilogue_source=False)]).source
+    assert "EpilogueTileAuto" not in tuned and "    Shape<_64, _64>," in tuned
+    assert "using ElementC = void;" in tuned and "constexpr int AlignmentC = AlignmentD;" in tuned
+    assert "static_cast<const ElementC*>(p->c)" not in tuned
+    coop = render_unit([dataclasses.replace(COOP, epilogue_tile_n=128)]).source
+    assert "    Shape<_128, _128>," in coop  # cooperative subtiles span both warpgroups' rows

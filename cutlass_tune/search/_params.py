@@ -3,6 +3,8 @@
 Each knob is one categorical parameter whose choices are the values the space file lists
 (the union over its `kernels` products). Every choice is a string, so Optuna stores and shows
 them plainly, and the mapping back to a `KernelConfig` goes through the validated enums.
+Knobs added later (the epilogue tile and source) become parameters only in spaces that list a
+value other than their default, so studies made before them keep their parameters.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import optuna
 
 from ..space import (
+    AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
     EpilogueSchedule,
     KernelConfig,
@@ -24,7 +27,10 @@ from ..space import (
 from ..space._spec import _EPILOGUE_AUTO
 
 KNOBS = ("tile_m", "tile_n", "tile_k", "cluster", "stages", "kernel_schedule",
-         "epilogue_schedule", "tile_scheduler", "fp8_fast_accum")
+         "epilogue_schedule", "tile_scheduler", "fp8_fast_accum", "epilogue_tile_n",
+         "epilogue_source")
+_OPTIONAL_DEFAULTS = {"epilogue_tile_n": "auto", "epilogue_source": "true"}
+"""Knobs left out of a study whose space lists only this value for them."""
 
 
 def _stages_label(v: int) -> str:
@@ -48,7 +54,13 @@ class ParamSpace:
                 if value not in choices[knob]:
                     choices[knob].append(value)
         # fp8_fast_accum exists only for fp8 problems: 16-bit studies keep their parameters.
-        return cls({k: tuple(v) for k, v in choices.items() if v}, frozenset(c.hash for c in configs))
+        kept = {k: tuple(v) for k, v in choices.items()
+                if v and v != [_OPTIONAL_DEFAULTS.get(k)]}
+        return cls(kept, frozenset(c.hash for c in configs))
+
+    def params(self, cfg: KernelConfig) -> dict[str, str]:
+        """`params_of(cfg)` restricted to this space's parameters."""
+        return {k: v for k, v in params_of(cfg).items() if k in self.choices}
 
     def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
         return {k: optuna.distributions.CategoricalDistribution(v) for k, v in self.choices.items()}
@@ -71,6 +83,9 @@ def params_of(cfg: KernelConfig) -> dict[str, str]:
         "cluster": f"{cfg.cluster_m}x{cfg.cluster_n}", "stages": _stages_label(cfg.stages),
         "kernel_schedule": cfg.kernel_schedule.value, "epilogue_schedule": epilogue,
         "tile_scheduler": cfg.tile_scheduler.value,
+        "epilogue_tile_n": ("auto" if cfg.epilogue_tile_n == AUTO_EPILOGUE_TILE
+                            else str(cfg.epilogue_tile_n)),
+        "epilogue_source": "true" if cfg.epilogue_source else "false",
     }
     if cfg.dtype_a.is_fp8 and cfg.dtype_b.is_fp8:
         params["fp8_fast_accum"] = "true" if cfg.fp8_fast_accum else "false"
@@ -78,7 +93,8 @@ def params_of(cfg: KernelConfig) -> dict[str, str]:
 
 
 def config_of(params: dict[str, Any], problem: Problem) -> KernelConfig:
-    """The config for Optuna parameters (as produced by `params_of`) on `problem`'s types."""
+    """The config for Optuna parameters (as produced by `params_of`, or `ParamSpace.params`:
+    a missing optional knob takes its default) on `problem`'s types."""
     schedule = KernelSchedule(params["kernel_schedule"])
     epilogue = params["epilogue_schedule"]
     cluster_m, cluster_n = (int(x) for x in params["cluster"].split("x"))
@@ -92,4 +108,7 @@ def config_of(params: dict[str, Any], problem: Problem) -> KernelConfig:
         epilogue_schedule=_EPILOGUE_AUTO[schedule] if epilogue == "auto" else EpilogueSchedule(epilogue),
         tile_scheduler=TileScheduler(params["tile_scheduler"]),
         fp8_fast_accum=params.get("fp8_fast_accum") == "true",
+        epilogue_tile_n=(AUTO_EPILOGUE_TILE if params.get("epilogue_tile_n", "auto") == "auto"
+                         else int(params["epilogue_tile_n"])),
+        epilogue_source=params.get("epilogue_source", "true") == "true",
     )

@@ -261,8 +261,10 @@ class Sweep:
                 continue
             value = self.results.get((pp.problem.name, cfg.hash))
             dists = self.params[pp.problem].distributions()
-            params = params_of(cfg)
-            if any(params[k] not in dists[k].choices for k in params):
+            params = self.params[pp.problem].params(cfg)
+            if config_of(params, pp.problem).hash != cfg.hash or any(
+                params[k] not in dists[k].choices for k in params
+            ):
                 continue
             attrs = {"config_hash": cfg.hash, "config": cfg.name}
             if value is None:
@@ -311,7 +313,7 @@ class Sweep:
             pp = self.state.problems[i % len(self.state.problems)]
             pcfg = config_of(params_of(cfg), pp.problem)
             if pcfg.hash in self.params[pp.problem].members and pcfg.hash not in self.in_study[pp.study.study_name]:
-                pp.study.enqueue_trial(params_of(pcfg), skip_if_exists=True)
+                pp.study.enqueue_trial(self.params[pp.problem].params(pcfg), skip_if_exists=True)
         self.on_update(self.state)
 
         def budget() -> int:

@@ -12,6 +12,7 @@ from ._rules import (
 )
 from ._spec import SearchSpace, load_space
 from ._types import (
+    AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
     Decomposition,
     DType,
@@ -27,7 +28,7 @@ from ._types import (
 )
 
 __all__ = [
-    "AUTO_STAGES", "DType", "Decomposition", "EpilogueSchedule", "KernelConfig", "KernelSchedule",
+    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "DType", "Decomposition", "EpilogueSchedule", "KernelConfig", "KernelSchedule",
     "Layout", "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "SMEM_CAPACITY_BYTES",
     "SearchSpace", "SmemUsage", "TileScheduler", "check_config", "check_pair", "check_problem",
     "check_runtime", "layout_code", "load_space", "smem_usage",

@@ -12,6 +12,7 @@ import dataclasses
 import math
 
 from ._types import (
+    AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
     DType,
     Decomposition,
@@ -110,6 +111,20 @@ def fp8_fast_accum_problem(v: bool) -> str | None:
     return None
 
 
+def epilogue_tile_n_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or not (
+        v == AUTO_EPILOGUE_TILE or (16 <= v <= 256 and v % 16 == 0)
+    ):
+        return "epilogue tile N must be auto or a multiple of 16 between 16 and 256"
+    return None
+
+
+def epilogue_source_problem(v: bool) -> str | None:
+    if type(v) is not bool:
+        return "epilogue_source must be true or false"
+    return None
+
+
 def _fp8_inputs(a: DType, b: DType) -> bool:
     return a.is_fp8 and b.is_fp8
 
@@ -137,8 +152,12 @@ class SmemUsage:
 
 
 def epilogue_tile(cfg: KernelConfig) -> tuple[int, int]:
-    """The epilogue subtile EpilogueTileAuto picks (sm90_compute_tile_shape_or_override)."""
-    if cfg.kernel_schedule is KernelSchedule.COOPERATIVE:
+    """The TMA epilogue's subtile: the override (rows 128 for cooperative, else 64) or what
+    EpilogueTileAuto picks (sm90_compute_tile_shape_or_override)."""
+    cooperative = cfg.kernel_schedule is KernelSchedule.COOPERATIVE
+    if cfg.epilogue_tile_n != AUTO_EPILOGUE_TILE:
+        return (128 if cooperative else 64), cfg.epilogue_tile_n
+    if cooperative:
         return min(128, cfg.tile_m), math.gcd(min(32, cfg.tile_n), cfg.tile_n)
     n_perf = 64 if cfg.dtype_d.bits == 8 and cfg.tile_n % 64 == 0 else 32
     return min(64, cfg.tile_m), math.gcd(min(n_perf, cfg.tile_n), cfg.tile_n)
@@ -151,10 +170,12 @@ def epilogue_smem_bytes(cfg: KernelConfig) -> int:
     epi_m, epi_n = epilogue_tile(cfg)
     epi_tiles = (cfg.tile_m // epi_m) * (cfg.tile_n // epi_n)
     stages_d = min(epi_tiles, 2)
-    reuse_c = cfg.dtype_c.bits == cfg.dtype_d.bits and cfg.dtype_d.bits > 8
+    reuse_c = cfg.epilogue_source and cfg.dtype_c.bits == cfg.dtype_d.bits and cfg.dtype_d.bits > 8
     stages_c = max(min(epi_tiles, 4), stages_d + 1) if reuse_c else min(epi_tiles, 4)
     elems = epi_m * epi_n
-    if reuse_c:
+    if not cfg.epilogue_source:  # D's buffers only; the (empty) C load pipeline keeps its barriers
+        tensors = stages_d * elems * cfg.dtype_d.bits // 8
+    elif reuse_c:
         tensors = stages_c * elems * cfg.dtype_c.bits // 8
     else:
         tensors = _round_up(stages_c * elems * cfg.dtype_c.bits // 8, 1024)
@@ -208,6 +229,7 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
         ("tile_m", tile_m_problem), ("tile_n", tile_n_problem), ("tile_k", tile_k_problem),
         ("cluster_m", cluster_dim_problem), ("cluster_n", cluster_dim_problem),
         ("stages", stages_problem), ("fp8_fast_accum", fp8_fast_accum_problem),
+        ("epilogue_tile_n", epilogue_tile_n_problem), ("epilogue_source", epilogue_source_problem),
     ):
         problem = check(getattr(cfg, field))
         if problem:
@@ -243,6 +265,15 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
                f"the {cfg.kernel_schedule.value} schedule (use {allowed})")
     if cfg.tile_scheduler is TileScheduler.STREAM_K and cfg.kernel_schedule is not KernelSchedule.COOPERATIVE:
         reject("stream_k_schedule", "Stream-K runs only with the cooperative schedule")
+    tma_epilogue = cfg.epilogue_schedule is not EpilogueSchedule.NO_SMEM
+    if cfg.epilogue_tile_n != AUTO_EPILOGUE_TILE and not tma_epilogue:
+        reject("epilogue_tile", "an epilogue tile applies to the TMA epilogues only")
+    elif cfg.epilogue_tile_n != AUTO_EPILOGUE_TILE and cfg.tile_n % cfg.epilogue_tile_n:
+        reject("epilogue_tile", f"epilogue tile N {cfg.epilogue_tile_n} does not divide tile N "
+               f"{cfg.tile_n}")
+    if not cfg.epilogue_source and not tma_epilogue:
+        reject("epilogue_source", "a kernel without a C operand is built here with the TMA "
+               "epilogues only (no_smem without C is not verified)")
 
     usage = smem_usage(cfg)
     if usage.stages < 2:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from ..errors import ConfigFileError
 from . import _rules
 from ._types import (
+    AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
     Decomposition,
     DType,
@@ -68,6 +69,14 @@ def _parse_stages(v: Any) -> Any:
     return v
 
 
+def _parse_epilogue_tile(v: Any) -> Any:
+    if v == "auto":
+        return AUTO_EPILOGUE_TILE
+    if v == AUTO_EPILOGUE_TILE or not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError("epilogue_tile_n must be auto or a multiple of 16 between 16 and 256")
+    return v
+
+
 def _parse_cluster(v: Any) -> Any:
     if isinstance(v, str) and "x" in v:
         parts = v.lower().split("x")
@@ -92,6 +101,9 @@ Cluster = Annotated[tuple[int, int], BeforeValidator(_parse_cluster)]
 Swizzle = Annotated[int, pydantic.AfterValidator(_checked(_rules.swizzle_problem))]
 Splits = Annotated[int, pydantic.AfterValidator(_checked(_rules.splits_problem))]
 FastAccum = Annotated[bool, BeforeValidator(_checked(_rules.fp8_fast_accum_problem))]
+EpilogueTileN = Annotated[int, BeforeValidator(_parse_epilogue_tile),
+                          pydantic.AfterValidator(_checked(_rules.epilogue_tile_n_problem))]
+EpilogueSource = Annotated[bool, BeforeValidator(_checked(_rules.epilogue_source_problem))]
 Listed = BeforeValidator(_as_list)
 Positive = Annotated[int, Field(gt=0)]
 
@@ -130,6 +142,8 @@ class _Knobs(BaseModel):
     epilogue_schedule: Annotated[list[Union[Literal["auto"], EpilogueSchedule]], Listed] = ["auto"]
     tile_scheduler: Annotated[list[TileScheduler], Listed] = [TileScheduler.PERSISTENT]
     fp8_fast_accum: Annotated[list[FastAccum], Listed] = [False]
+    epilogue_tile_n: Annotated[list[EpilogueTileN], Listed] = [AUTO_EPILOGUE_TILE]
+    epilogue_source: Annotated[list[EpilogueSource], Listed] = [True]
 
     @field_validator("cluster", mode="before")
     @classmethod
@@ -216,10 +230,10 @@ def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
     seen: dict[str, KernelConfig] = {}
     for dtypes, layout, knobs in itertools.product(spec.dtypes, spec.layouts, spec.kernels):
         layout_a, layout_b = _LAYOUT_CODES[layout]
-        for tm, tn, tk, (cm, cn), st, ks, es, ts, fast in itertools.product(
+        for tm, tn, tk, (cm, cn), st, ks, es, ts, fast, epi_n, source in itertools.product(
             knobs.tile_m, knobs.tile_n, knobs.tile_k, knobs.cluster, knobs.stages,
             knobs.kernel_schedule, knobs.epilogue_schedule, knobs.tile_scheduler,
-            knobs.fp8_fast_accum,
+            knobs.fp8_fast_accum, knobs.epilogue_tile_n, knobs.epilogue_source,
         ):
             cfg = KernelConfig(
                 dtype_a=dtypes.input, dtype_b=dtypes.input, dtype_c=dtypes.output,
@@ -227,7 +241,8 @@ def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
                 tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn, stages=st,
                 kernel_schedule=ks,
                 epilogue_schedule=_EPILOGUE_AUTO[ks] if es == "auto" else es,
-                tile_scheduler=ts, fp8_fast_accum=fast,
+                tile_scheduler=ts, fp8_fast_accum=fast, epilogue_tile_n=epi_n,
+                epilogue_source=source,
             )
             seen.setdefault(cfg.hash, cfg)
     return list(seen.values())

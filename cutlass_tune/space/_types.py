@@ -80,7 +80,10 @@ class Decomposition(enum.IntEnum):
 AUTO_STAGES = 0
 """`KernelConfig.stages` value meaning StageCountAutoCarveout."""
 
-_OMITTED_AT_DEFAULT = frozenset({"fp8_fast_accum"})
+AUTO_EPILOGUE_TILE = 0
+"""`KernelConfig.epilogue_tile_n` value meaning EpilogueTileAuto."""
+
+_OMITTED_AT_DEFAULT = frozenset({"fp8_fast_accum", "epilogue_tile_n", "epilogue_source"})
 
 
 def layout_code(layout_a: Layout, layout_b: Layout) -> str:
@@ -147,6 +150,13 @@ class KernelConfig:
     fp8_fast_accum: bool = False
     """fp8 only: the FP8FastAccum schedule, which accumulates the whole K loop inside the
     tensor core's reduced-precision accumulator instead of promoting to fp32 every 4 k-steps."""
+    epilogue_tile_n: int = AUTO_EPILOGUE_TILE
+    """Columns of the TMA epilogue's subtile (its rows are fixed: 64, or 128 for cooperative);
+    AUTO_EPILOGUE_TILE lets CUTLASS choose (32 for 16-bit outputs)."""
+    epilogue_source: bool = True
+    """False builds a kernel with no C operand (ElementC void): D = alpha * A @ B only. Its
+    epilogue keeps no shared-memory buffers for C and issues its TMA stores without waiting
+    for C loads. Every launch cutlass-tune makes has beta = 0, so both kinds serve it."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (enum values as strings); inverse of `from_dict`.
@@ -157,7 +167,7 @@ class KernelConfig:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.name in _OMITTED_AT_DEFAULT and v is f.default:
+            if f.name in _OMITTED_AT_DEFAULT and type(v) is type(f.default) and v == f.default:
                 continue
             out[f.name] = v.value if isinstance(v, enum.Enum) else v
         return out
@@ -188,7 +198,8 @@ class KernelConfig:
     @property
     def name(self) -> str:
         """Stable human-readable name, e.g. `bf16_tn_128x256x64_c2x1_sauto_cooperative_tma_cooperative_persistent`
-        (`_fastaccum` appended for fp8 fast accumulation)."""
+        (`_fastaccum` appended for fp8 fast accumulation, `_e64` for a 64-column epilogue
+        subtile, `_nosrc` for a kernel without a C operand)."""
         types = self.dtype_a.value
         if self.dtype_b != self.dtype_a:
             types += self.dtype_b.value
@@ -202,6 +213,8 @@ class KernelConfig:
             f"_{self.tile_m}x{self.tile_n}x{self.tile_k}_c{self.cluster_m}x{self.cluster_n}"
             f"_s{stages}_{self.kernel_schedule.value}_{self.epilogue_schedule.value}"
             f"_{self.tile_scheduler.value}{'_fastaccum' if self.fp8_fast_accum is True else ''}"
+            f"{f'_e{self.epilogue_tile_n}' if self.epilogue_tile_n != AUTO_EPILOGUE_TILE else ''}"
+            f"{'_nosrc' if self.epilogue_source is False else ''}"
         )
 
 

@@ -196,3 +196,31 @@ def test_baseline_is_measured_again_before_each_batch(space, tmp_path):
 
     make(space, tmp_path, CountingBench(), trials=6, batch=2)[0].run()
     assert CountingBench.calls == 2 * (1 + 3)  # two problems: at the start and before 3 batches
+
+
+def test_epilogue_knobs_are_parameters_only_where_the_space_lists_them(space, tmp_path):
+    from cutlass_tune.search import config_of
+
+    sweep, _ = make(space, tmp_path)
+    sweep.run()
+    for pp in sweep.state.problems:
+        for t in pp.study.trials:
+            assert "epilogue_tile_n" not in t.params and "epilogue_source" not in t.params
+
+    path = tmp_path / "epilogue.yaml"
+    path.write_text(SPACE.replace("  tile_scheduler: [persistent, stream_k]\n",
+                                  "  epilogue_tile_n: [auto, 64]\n  epilogue_source: [true, false]\n"))
+    epi_space = load_space(path)
+    compiler = FakeCompiler()
+    (tmp_path / "epi").mkdir()
+    sweep, _ = make(epi_space, tmp_path / "epi", compiler=compiler, trials=12)
+    sweep.run()
+    compiled = [c for call in compiler.calls for c in call]
+    assert len(compiled) == 12
+    assert {(c.epilogue_tile_n, c.epilogue_source) for c in compiled} > {(0, True)}
+    for pp in sweep.state.problems:
+        done = [t for t in pp.study.trials if t.state is optuna.trial.TrialState.COMPLETE]
+        assert done
+        for t in done:
+            assert {"epilogue_tile_n", "epilogue_source"} <= set(t.params)
+            assert config_of(t.params, pp.problem).hash == t.user_attrs["config_hash"]

@@ -235,3 +235,49 @@ def test_committed_stores_keep_their_config_hashes():
                  if m.config is not None]
         assert pairs, path
         assert all(stored == cfg.hash for stored, cfg in pairs), path
+
+
+PONG128 = KernelConfig(kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=EpilogueSchedule.TMA)
+
+
+def test_epilogue_knobs_leave_existing_names_and_hashes_unchanged():
+    # Regression guard, as for fp8_fast_accum: defaults are left out of the hashed dict.
+    assert COOP.hash == "4faaee0d329d4c76"
+    assert PONG128.hash == "ad336140d59765b8"
+    assert "epilogue_tile_n" not in PONG128.to_dict() and "epilogue_source" not in PONG128.to_dict()
+    tuned = dataclasses.replace(PONG128, epilogue_tile_n=64, epilogue_source=False)
+    assert tuned.name == PONG128.name + "_e64_nosrc"
+    assert tuned.to_dict()["epilogue_tile_n"] == 64 and tuned.to_dict()["epilogue_source"] is False
+    assert KernelConfig.from_dict(tuned.to_dict()) == tuned
+    assert len({PONG128.hash, tuned.hash, dataclasses.replace(tuned, epilogue_source=True).hash}) == 3
+
+
+@pytest.mark.parametrize("value", [8, 40, 272, -16, "64", 64.0, True, None])
+def test_epilogue_tile_values(value):
+    assert "epilogue_tile_n" in rules(dataclasses.replace(PONG128, epilogue_tile_n=value))
+
+
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_epilogue_source_must_be_a_bool(value):
+    assert "epilogue_source" in rules(dataclasses.replace(PONG128, epilogue_source=value))
+
+
+def test_epilogue_tile_must_divide_tile_n_and_needs_a_tma_epilogue():
+    assert rules(dataclasses.replace(PONG128, tile_n=192, epilogue_tile_n=64)) == set()
+    assert rules(dataclasses.replace(PONG128, tile_n=192, epilogue_tile_n=128)) == {"epilogue_tile"}
+    no_smem = dataclasses.replace(PONG128, epilogue_schedule=EpilogueSchedule.NO_SMEM)
+    assert rules(dataclasses.replace(no_smem, epilogue_tile_n=64)) == {"epilogue_tile"}
+    assert rules(dataclasses.replace(no_smem, epilogue_source=False)) == {"epilogue_source"}
+
+
+def test_epilogue_smem_follows_subtile_and_source():
+    # Ping-pong 128x128 bf16: 64x32 subtiles, four C stages shared with D (16 KiB); a 64x64
+    # subtile doubles that; without C only two D stages stay (8 KiB). Compiled kernels agree
+    # (tests/compile/test_nvcc_epilogue.py).
+    assert smem_usage(PONG128).epilogue_bytes == 16 * 1024 + 64
+    assert smem_usage(dataclasses.replace(PONG128, epilogue_tile_n=64)).epilogue_bytes == 32 * 1024 + 64
+    assert smem_usage(dataclasses.replace(PONG128, epilogue_source=False)).epilogue_bytes == 8 * 1024 + 64
+    wide = dataclasses.replace(PONG128, epilogue_tile_n=128)  # two subtiles: three C stages
+    assert smem_usage(wide).epilogue_bytes == 48 * 1024 + 48
+    assert smem_usage(wide).stages == 5
+    assert smem_usage(dataclasses.replace(wide, epilogue_source=False)).stages == 6

@@ -92,6 +92,10 @@ layouts: [nt]
      "problems", "64x64x64 nt"),
     ("problems: {m: 64, n: 64, k: 72}\ndtypes: {input: e4m3, output: bf16}\n", "problems", "64x64x72 tn"),
     ("problems: {m: 64, n: 64, k: 64}\ndtypes: {input: e3m4, output: bf16}\n", "dtypes.0.input", "e3m4"),
+    ("problems: {m: 64, n: 64, k: 64}\nkernels: {epilogue_tile_n: [auto, 40]}\n",
+     "kernels.0.epilogue_tile_n.1", 40),
+    ("problems: {m: 64, n: 64, k: 64}\nkernels: {epilogue_tile_n: wide}\n", "kernels.0.epilogue_tile_n.0", "wide"),
+    ("problems: {m: 64, n: 64, k: 64}\nkernels: {epilogue_source: \"no\"}\n", "kernels.0.epilogue_source.0", "no"),
     ("kernels: {}\n", "problems", None),
     ("- a list\n", "", None),
 ])
@@ -161,3 +165,19 @@ def test_shipped_fp8_config():
     assert sum(c.fp8_fast_accum for c in sp.candidates) == 4
     assert all(c.tile_k == 128 and c.layout_a is Layout.ROW and c.layout_b is Layout.COL for c in sp.candidates)
     assert all(len(sp.runtime_variants(c)) == 4 for c in sp.candidates)
+
+
+def test_epilogue_knobs(tmp_path):
+    sp = load_space(write(tmp_path, """
+problems: {m: 4096, n: 4096, k: 4096}
+kernels:
+  - {tile_n: 128, kernel_schedule: pingpong, epilogue_tile_n: [auto, 64, 96], epilogue_source: [true, false]}
+  - {tile_n: 128, kernel_schedule: pingpong, epilogue_schedule: no_smem, epilogue_source: false}
+"""))
+    classified = {(c.epilogue_schedule.value, c.epilogue_tile_n, c.epilogue_source): [r.rule for r in why]
+                  for c, why in sp.classify()}
+    assert classified == {
+        ("tma", 0, True): [], ("tma", 0, False): [], ("tma", 64, True): [], ("tma", 64, False): [],
+        ("tma", 96, True): ["epilogue_tile"], ("tma", 96, False): ["epilogue_tile"],
+        ("no_smem", 0, False): ["epilogue_source"],
+    }
