@@ -17,7 +17,7 @@ from cutlass_tune.space import (
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
 
-from .test_sweep import SPACE
+from .test_sweep import SPACE, SPACE_WITHOUT_C
 
 
 @pytest.fixture
@@ -75,3 +75,17 @@ def test_fp8_seeds_use_128_wide_k_and_fast_accumulation(tmp_path, store, monkeyp
     seeds = seed_configs(fp8, store, list(fp8.problems), "NVIDIA H200")
     assert seeds and all(c.tile_k == 128 and c.fp8_fast_accum and not check_config(c) for c in seeds)
     assert seeds[0].name == "e4m3_bf16bf16_tn_128x128x128_c1x2_sauto_pingpong_tma_persistent_fastaccum"
+
+
+def test_seeds_drop_the_c_operand_where_the_space_allows(space, tmp_path, store, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvMatmulHeuristics", None)
+    path = tmp_path / "nosrc.yaml"
+    path.write_text(SPACE_WITHOUT_C)
+    both = load_space(path)
+    seeds = seed_configs(both, store, list(both.problems), "NVIDIA H200")
+    assert seeds and all(not c.epilogue_source and not check_config(c) for c in seeds)
+    assert seeds[0].name == "bf16_tn_128x128x64_c1x2_sauto_pingpong_tma_persistent_nosrc"
+    # The same defaults, keeping C, where the space lists only kernels with it.
+    plain = seed_configs(space, store, list(both.problems), "NVIDIA H200")
+    assert [c.name + "_nosrc" for c in plain] == [c.name for c in seeds]
+

@@ -21,6 +21,8 @@ kernels:
   tile_scheduler: [persistent, stream_k]
 runtime: {raster: [heuristic, along_n], swizzle: [1, 2]}
 """
+SPACE_WITHOUT_C = SPACE.replace("  tile_scheduler: [persistent, stream_k]\n",
+                                "  tile_scheduler: [persistent, stream_k]\n  epilogue_source: [true, false]\n")
 
 
 @pytest.fixture
@@ -224,3 +226,23 @@ def test_epilogue_knobs_are_parameters_only_where_the_space_lists_them(space, tm
         for t in done:
             assert {"epilogue_tile_n", "epilogue_source"} <= set(t.params)
             assert config_of(t.params, pp.problem).hash == t.user_attrs["config_hash"]
+
+
+def test_a_store_resumes_with_the_c_operand_knob_added_to_its_space(space, tmp_path):
+    compiler = FakeCompiler()
+    sweep, store = make(space, tmp_path, compiler=compiler)
+    sweep.run()
+    before = {(r["problem"], r["config_hash"], r["runtime"]) for r in kernel_rows(store)}
+    path = tmp_path / "wider.yaml"
+    path.write_text(SPACE_WITHOUT_C)
+    wider, bench = load_space(path), FakeBench()
+    sweep, store = make(wider, tmp_path, bench=bench, compiler=compiler, trials=12)
+    state = sweep.run()
+    compiled = [c for call in compiler.calls for c in call]
+    assert len(compiled) == len({c.hash for c in compiled}) == 12  # nothing compiled twice
+    assert any(not c.epilogue_source for c in compiled[6:])
+    rows = kernel_rows(store)
+    assert len(rows) == len({(r["problem"], r["config_hash"], r["runtime"]) for r in rows})
+    assert before < {(r["problem"], r["config_hash"], r["runtime"]) for r in rows}
+    assert bench.measured and not {(p, h, v) for h, p, v in bench.measured} & before  # nothing measured twice
+    assert state.stop_reason == "trial budget reached"
