@@ -32,7 +32,7 @@ def main() -> None:
         def mm() -> None:
             torch.matmul(a, b.t(), out=d)
 
-        ms = _time_interleaved(samples, [_Timed(mm, mm, None)], flush)[0]
+        ms = _time_interleaved(samples, [_Timed(mm, mm, None)], flush)[0][0]
         us = sorted(x * 1e3 for x in ms)
         distinct = sorted(set(round(x, 4) for x in us))
         steps = [b - a for a, b in zip(distinct, distinct[1:]) if b - a > 1e-4]

@@ -15,6 +15,12 @@ drifts by a few percent over minutes; a baseline taken minutes before a kernel c
 drift into the ratio, a paired one does not.
 
 Only ratios measured with the same method in the same run compare (see the facts file).
+
+Host time never enters a sample: the events bracket the launch only if the host enqueued it
+(and the closing event) before the GPU reached the opening event. Work queued ahead (the
+flush) normally guarantees that; when the host falls behind (a busy CPU, a slow launch path)
+the sample is dropped and a GPU spin of growing length goes before the following samples, so
+that the host gets ahead again (`_time_interleaved`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ GRAPH_REPLAY_MS = 1.0
 """Target duration of one graph replay; short kernels are repeated inside it."""
 MAX_GRAPH_LAUNCHES = 100
 MIN_FLUSH_BYTES = 32 << 20
+HEADROOM_START_CYCLES = 200_000
+"""GPU spin queued before each sample once the host has fallen behind: about 0.1 ms on Hopper
+clocks, doubled after every dropped sample up to HEADROOM_MAX_CYCLES (about 2 ms, which bounds
+what the spin adds to a measurement of up to 1000 samples)."""
+HEADROOM_MAX_CYCLES = 3_200_000
+MAX_ATTEMPTS_PER_SAMPLE = 4
 
 Launch = Callable[[], None]
 
@@ -76,6 +88,9 @@ class TimingStats:
     p20_ms: float
     p80_ms: float
     samples: int
+    dropped: int = 0
+    """Samples thrown away because the host enqueued the launch after the GPU had reached the
+    opening event, which would have put host time inside the interval."""
 
     @property
     def spread(self) -> float:
@@ -93,7 +108,7 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def summarize(samples_ms: Sequence[float]) -> TimingStats:
+def summarize(samples_ms: Sequence[float], dropped: int = 0) -> TimingStats:
     """Median, 20th and 80th percentile of per-launch times. Raises ValueError when empty."""
     ordered = sorted(samples_ms)
     return TimingStats(
@@ -101,6 +116,7 @@ def summarize(samples_ms: Sequence[float]) -> TimingStats:
         p20_ms=percentile(ordered, 0.2),
         p80_ms=percentile(ordered, 0.8),
         samples=len(ordered),
+        dropped=dropped,
     )
 
 
@@ -182,14 +198,14 @@ def time_paired(
     for t in targets:
         t.estimate_ms = _estimate_ms(t.once)
     if options.graph:
-        samples = _graph_samples(targets, options)
+        samples, dropped = _graph_samples(targets, options)
     else:
         for t in targets:
             for _ in range(_warmup_count(t.estimate_ms, options)):
                 t.once()
         per_sample = sum(t.estimate_ms for t in targets)
-        samples = _time_interleaved(sample_count(per_sample, options), targets, flush)
-    stats = [summarize(s) for s in samples]
+        samples, dropped = _time_interleaved(sample_count(per_sample, options), targets, flush)
+    stats = [summarize(s, d) for s, d in zip(samples, dropped)]
     return stats[0], (stats[1] if baseline is not None else None)
 
 
@@ -220,32 +236,67 @@ def _estimate_ms(once: Launch) -> float:
     return max(start.elapsed_time(end) / ESTIMATE_LAUNCHES, 1e-3)
 
 
-def _time_interleaved(n: int, targets: Sequence[_Timed], flush: Launch | None) -> list[list[float]]:
+def _new_event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
+
+
+def _spin(cycles: int) -> None:
+    torch.cuda._sleep(cycles)
+
+
+def _time_interleaved(n: int, targets: Sequence[_Timed], flush: Launch | None, *,
+                      new_event: Callable[[], torch.cuda.Event] = _new_event,
+                      spin: Callable[[int], None] = _spin,
+                      synchronize: Launch | None = None) -> tuple[list[list[float]], list[int]]:
     """Milliseconds of each target's `timed`, n samples each, the order rotating per sample;
-    `flush` and the target's `prepare` run before each, outside the events."""
-    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-               for _ in range(n)] for _ in targets]
-    # Enqueue everything, then synchronize once: work queued ahead (the flush) keeps the GPU
-    # busy while the host enqueues, so the host launch path stays outside the events.
-    for i in range(n):
+    `flush` and the target's `prepare` run before each, outside the events. Also returns how
+    many samples of each target were dropped.
+
+    Everything is enqueued before one synchronization: the work queued ahead keeps the GPU
+    busy while the host enqueues. Right after enqueueing a sample the host asks whether the GPU
+    has already passed its opening event; if so, the GPU may have waited for the launch and the
+    sample is dropped, and from then on a spin (`HEADROOM_START_CYCLES`, doubling per drop)
+    goes before each sample. At most MAX_ATTEMPTS_PER_SAMPLE * n rounds are tried.
+
+    Raises:
+        RuntimeError: a target kept no sample at all.
+    """
+    kept: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = [[] for _ in targets]
+    dropped = [0] * len(targets)
+    headroom = 0
+    for i in range(MAX_ATTEMPTS_PER_SAMPLE * n):
+        if all(len(k) >= n for k in kept):
+            break
         for j in range(len(targets)):
             index = (i + j) % len(targets)
+            if len(kept[index]) >= n:
+                continue
             t = targets[index]
+            if headroom:
+                spin(headroom)
             if flush is not None:
                 flush()
             if t.prepare is not None:
                 t.prepare()
-            start, end = events[index][i]
+            start, end = new_event(), new_event()
             start.record()
             t.timed()
             end.record()
-    torch.cuda.synchronize()
-    return [[s.elapsed_time(e) for s, e in pairs] for pairs in events]
+            if start.query():  # the GPU got here first: host time may sit between the events
+                dropped[index] += 1
+                headroom = min(max(2 * headroom, HEADROOM_START_CYCLES), HEADROOM_MAX_CYCLES)
+            else:
+                kept[index].append((start, end))
+    (synchronize or torch.cuda.synchronize)()
+    if not all(kept):
+        raise RuntimeError(f"timing: the host never got ahead of the GPU in {MAX_ATTEMPTS_PER_SAMPLE * n} "
+                           f"tries (dropped {dropped}); the host is too busy to time this launch")
+    return [[s.elapsed_time(e) for s, e in pairs] for pairs in kept], dropped
 
 
-def _graph_samples(targets: Sequence[_Timed], options: TimingOptions) -> list[list[float]]:
+def _graph_samples(targets: Sequence[_Timed], options: TimingOptions) -> tuple[list[list[float]], list[int]]:
     """Per-launch milliseconds of each target from replays of a graph of `reps` launches
-    (one graph per target, replays alternating like `_time_interleaved`)."""
+    (one graph per target, replays alternating like `_time_interleaved`), and drops."""
     graphs, reps = [], []
     try:
         for t in targets:
@@ -258,8 +309,8 @@ def _graph_samples(targets: Sequence[_Timed], options: TimingOptions) -> list[li
             for _ in range(_warmup_count(t.estimate_ms, options)):
                 t.once()
         n = sample_count(sum(t.estimate_ms for t in replays), options)
-        samples = _time_interleaved(n, replays, None)
-        return [[s / r for s in side] for side, r in zip(samples, reps)]
+        samples, dropped = _time_interleaved(n, replays, None)
+        return [[s / r for s in side] for side, r in zip(samples, reps)], dropped
     finally:
         for g in graphs:
             g.reset()

@@ -4,7 +4,7 @@ import torch
 from cutlass_tune.bench import LoadedKernel, make_args
 from cutlass_tune.bench._verify import allocate, randomize
 from cutlass_tune.compile import compile_kernels
-from cutlass_tune.space import KernelConfig, RuntimeArgs, TileScheduler
+from cutlass_tune.space import EpilogueSchedule, KernelConfig, KernelSchedule, RuntimeArgs, TileScheduler
 from cutlass_tune.status import Status
 
 from .abi import build_faulty
@@ -12,6 +12,8 @@ from .abi import build_faulty
 COOPERATIVE = KernelConfig(tile_m=128, tile_n=128, tile_k=64)
 STREAM_K = KernelConfig(tile_m=128, tile_n=256, tile_k=64, cluster_m=2,
                         tile_scheduler=TileScheduler.STREAM_K)
+SOURCELESS = KernelConfig(kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=EpilogueSchedule.TMA,
+                          epilogue_tile_n=64, epilogue_source=False)
 
 
 def _compiled(configs):
@@ -35,9 +37,10 @@ def cooperative_kernel():
 
 @pytest.fixture(scope="session")
 def gpu_kernels():
-    """The cooperative kernel and a Stream-K one, compiled in parallel."""
-    cooperative, stream_k = _compiled([COOPERATIVE, STREAM_K])
-    return {"cooperative": cooperative, "stream_k": stream_k}
+    """The cooperative kernel, a Stream-K one and a ping-pong one without a C operand,
+    compiled in parallel."""
+    cooperative, stream_k, sourceless = _compiled([COOPERATIVE, STREAM_K, SOURCELESS])
+    return {"cooperative": cooperative, "stream_k": stream_k, "sourceless": sourceless}
 
 
 def launch_once(compiled, problem, seed=0):

@@ -37,6 +37,12 @@ def test_a_real_kernel_matches_torch_at_4096_bf16_tn(gpu_kernels):
     torch.testing.assert_close(ops.d.float(), cublas.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (2048, 1024, 3072)])
+def test_a_kernel_without_c_operand_matches_torch(gpu_kernels, shape):
+    ops = launch_once(gpu_kernels["sourceless"], Problem(*shape))
+    assert _rel(ops.d, reference(ops)) < 1e-2
+
+
 def test_faulting_hanging_and_corrupt_kernels_do_not_stop_a_good_one(gpu_kernels, faulty_library):
     p = Problem(1024, 1024, 1024)
     good = Job.for_kernel(gpu_kernels["cooperative"], p, (RuntimeArgs(),), timing=SHORT)
@@ -109,6 +115,32 @@ def test_cublas_paired_with_itself_reads_even(size):
     print(f"\n{size}^3 cuBLAS vs cuBLAS: {a.median_ms * 1e3:.2f} / {b.median_ms * 1e3:.2f} us "
           f"({a.samples} pairs), ratio {b.median_ms / a.median_ms:.4f}")
     assert b.median_ms / a.median_ms == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.parametrize("host_delay_ms", [0.0, 0.5])
+def test_host_time_stays_out_of_the_samples(host_delay_ms):
+    """A launch whose host side stalls (a busy CPU) times like one that does not: samples the
+    GPU reached before the launch was enqueued are dropped, and a GPU spin lets the host get
+    ahead again."""
+    import time
+
+    runner = GpuRunner(0)
+    ops = runner._operands(Problem(256, 256, 256))
+    cublas = _runner.CublasTarget(ops.problem)
+    cublas.setup(RuntimeArgs(), ops)
+
+    def stalled():
+        time.sleep(host_delay_ms / 1e3)
+        cublas.launch()
+
+    stats = time_paired(stalled, None, options=TimingOptions(budget_ms=20, warmup_ms=5),
+                                flush=runner._flush)[0]
+    print(f"\n256^3 cuBLAS, host stall {host_delay_ms} ms per launch: median {stats.median_ms * 1e3:.1f} us, "
+          f"p20-p80 {stats.p20_ms * 1e3:.1f}-{stats.p80_ms * 1e3:.1f} us, {stats.samples} kept, "
+          f"{stats.dropped} dropped")
+    assert stats.median_ms < 0.05  # a 6 us kernel, not the 500 us stall
+    if host_delay_ms:
+        assert stats.dropped >= 1
 
 
 def test_graph_timing_of_small_problems(gpu_kernels):

@@ -48,3 +48,56 @@ def test_timing_options_validate():
     with pytest.raises(ValueError):
         TimingOptions(budget_ms=0)
     assert TimingOptions().method == "events" and TimingOptions(graph=True).method == "graph"
+
+
+class _FakeEvent:
+    """Stands in for a CUDA event: `query` says whether the 'GPU' already passed it."""
+
+    def __init__(self, clock, behind):
+        self.clock, self.behind, self.t = clock, behind, None
+
+    def record(self):
+        self.clock["now"] += 1.0
+        self.t = self.clock["now"]
+
+    def query(self):
+        return self.behind()
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_samples_the_host_fell_behind_on_are_dropped_and_a_spin_grows():
+    from cutlass_tune.bench._timing import HEADROOM_MAX_CYCLES, HEADROOM_START_CYCLES, _time_interleaved, _Timed
+
+    clock, spins, behind_for = {"now": 0.0}, [], {"kernel": 3, "baseline": 1}
+    current = {}
+
+    def target(name):
+        def timed():
+            current["name"] = name
+        return _Timed(timed, timed, None)
+
+    def behind():
+        name = current["name"]
+        behind_for[name] -= 1
+        return behind_for[name] >= 0  # the first few samples of each side: the GPU got there first
+
+    samples, dropped = _time_interleaved(
+        5, [target("kernel"), target("baseline")], None,
+        new_event=lambda: _FakeEvent(clock, behind), spin=spins.append, synchronize=lambda: None)
+    assert [len(s) for s in samples] == [5, 5] and dropped == [3, 1]
+    assert all(ms == 1.0 for side in samples for ms in side)
+    assert spins[0] == HEADROOM_START_CYCLES and spins == sorted(spins)  # grows, never shrinks
+    assert max(spins) == min(HEADROOM_START_CYCLES * 8, HEADROOM_MAX_CYCLES)  # doubled per drop
+    assert len(spins) == 5 + 5 + 4 - 1  # every sample after the first drop
+
+
+def test_a_host_that_never_gets_ahead_is_an_error_not_a_figure():
+    from cutlass_tune.bench._timing import _time_interleaved, _Timed
+
+    noop = _Timed(lambda: None, lambda: None, None)
+    clock = {"now": 0.0}
+    with pytest.raises(RuntimeError, match="never got ahead"):
+        _time_interleaved(3, [noop], None, new_event=lambda: _FakeEvent(clock, lambda: True),
+                          spin=lambda c: None, synchronize=lambda: None)

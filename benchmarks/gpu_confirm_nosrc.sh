@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One device call: the sourceless bf16 winners in three paired passes, the tuned matmul through
+# the API on the resumed squares table, and the GPU tests.
+# Usage on the GPU host, from the repository root: benchmarks/gpu_confirm_nosrc.sh OUTDIR
+set -uo pipefail
+out=${1:?output directory}
+export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
+timeout -k 10 200 python3 -m cutlass_tune.cli bench configs/winners_nosrc_bf16.yaml --repeat 3 \
+  --output "$out/winners_nosrc.jsonl" > "$out/winners_nosrc_bench.txt" 2>&1
+echo "winners bench rc=$?"; tail -3 "$out/winners_nosrc_bench.txt"
+python3 benchmarks/repeat_report.py "$out/winners_nosrc.jsonl" > "$out/winners_nosrc_report.md"
+sed -n '/best kernel by median/,$p' "$out/winners_nosrc_report.md"
+timeout -k 10 100 python3 benchmarks/matmul_api.py results/squares-paired-nvidia-h200.sqlite > "$out/matmul_api.md" 2>&1
+echo "matmul api rc=$?"; cat "$out/matmul_api.md"
+timeout -k 10 240 python3 -m pytest tests/bench tests/report/test_matmul.py -m gpu -q -s -p no:cacheprovider \
+  > "$out/gpu_tests.log" 2>&1  # the dashboard tests need plotly, which GPU hosts here lack
+echo "tests rc=$?"; grep -E "host stall|cuBLAS vs|passed|failed|Error" "$out/gpu_tests.log" | tail -15
