@@ -19,8 +19,8 @@ Only ratios measured with the same method in the same run compare (see the facts
 Host time never enters a sample: the events bracket the launch only if the host enqueued it
 (and the closing event) before the GPU reached the opening event. Work queued ahead (the
 flush) normally guarantees that; when the host falls behind (a busy CPU, a slow launch path)
-the sample is dropped and a GPU spin of growing length goes before the following samples, so
-that the host gets ahead again (`_time_interleaved`).
+the sample is dropped and a GPU spin of growing length goes before the next sample, so that
+the host gets ahead again (`_time_interleaved`).
 """
 
 from __future__ import annotations
@@ -255,15 +255,17 @@ def _time_interleaved(n: int, targets: Sequence[_Timed], flush: Launch | None, *
     Everything is enqueued before one synchronization: the work queued ahead keeps the GPU
     busy while the host enqueues. Right after enqueueing a sample the host asks whether the GPU
     has already passed its opening event; if so, the GPU may have waited for the launch and the
-    sample is dropped, and from then on a spin (`HEADROOM_START_CYCLES`, doubling per drop)
-    goes before each sample. At most MAX_ATTEMPTS_PER_SAMPLE * n rounds are tried.
+    sample is dropped, and one spin (`HEADROOM_START_CYCLES`, doubling per drop) goes before
+    the next sample, giving the host time to get ahead again. The spin runs only after a drop:
+    spinning before every sample would idle the GPU between launches and change the clocks
+    that both sides are measured at. At most MAX_ATTEMPTS_PER_SAMPLE * n rounds are tried.
 
     Raises:
         RuntimeError: a target kept no sample at all.
     """
     kept: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = [[] for _ in targets]
     dropped = [0] * len(targets)
-    headroom = 0
+    headroom, spin_next = 0, False
     for i in range(MAX_ATTEMPTS_PER_SAMPLE * n):
         if all(len(k) >= n for k in kept):
             break
@@ -272,8 +274,9 @@ def _time_interleaved(n: int, targets: Sequence[_Timed], flush: Launch | None, *
             if len(kept[index]) >= n:
                 continue
             t = targets[index]
-            if headroom:
+            if spin_next:
                 spin(headroom)
+                spin_next = False
             if flush is not None:
                 flush()
             if t.prepare is not None:
@@ -285,6 +288,7 @@ def _time_interleaved(n: int, targets: Sequence[_Timed], flush: Launch | None, *
             if start.query():  # the GPU got here first: host time may sit between the events
                 dropped[index] += 1
                 headroom = min(max(2 * headroom, HEADROOM_START_CYCLES), HEADROOM_MAX_CYCLES)
+                spin_next = True
             else:
                 kept[index].append((start, end))
     (synchronize or torch.cuda.synchronize)()
