@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal, Union
+from typing import Annotated, Any, Callable, Iterator, Literal, Union
 
 import pydantic
 import yaml
@@ -61,20 +61,21 @@ def _checked(rule):
     return check
 
 
-def _parse_stages(v: Any) -> Any:
-    if v == "auto":
-        return AUTO_STAGES
-    if v == AUTO_STAGES or not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError("stages must be auto or a number from 2 to 16")
-    return v
+def _auto_or_number(auto: int, message: str) -> Callable[[Any], Any]:
+    """A parser for knobs written `auto` or a number: `auto` becomes the `auto` sentinel; the
+    sentinel itself, a bool or a non-integer is refused with `message`."""
+    def parse(v: Any) -> Any:
+        if v == "auto":
+            return auto
+        if v == auto or not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(message)
+        return v
+    return parse
 
 
-def _parse_epilogue_tile(v: Any) -> Any:
-    if v == "auto":
-        return AUTO_EPILOGUE_TILE
-    if v == AUTO_EPILOGUE_TILE or not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError("epilogue_tile_n must be auto or a multiple of 16 between 16 and 256")
-    return v
+_parse_stages = _auto_or_number(AUTO_STAGES, "stages must be auto or a number from 2 to 16")
+_parse_epilogue_tile = _auto_or_number(
+    AUTO_EPILOGUE_TILE, "epilogue_tile_n must be auto or a multiple of 16 between 16 and 256")
 
 
 def _parse_cluster(v: Any) -> Any:
