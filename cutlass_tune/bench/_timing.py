@@ -37,9 +37,8 @@ GRAPH_REPLAY_MS = 1.0
 MAX_GRAPH_LAUNCHES = 100
 MIN_FLUSH_BYTES = 32 << 20
 HEADROOM_START_CYCLES = 200_000
-"""GPU spin queued before each sample once the host has fallen behind: about 0.1 ms on Hopper
-clocks, doubled after every dropped sample up to HEADROOM_MAX_CYCLES (about 2 ms, which bounds
-what the spin adds to a measurement of up to 1000 samples)."""
+"""GPU spin queued before the sample that follows a dropped one: about 0.1 ms on Hopper clocks,
+doubled after every drop up to HEADROOM_MAX_CYCLES (about 2 ms)."""
 HEADROOM_MAX_CYCLES = 3_200_000
 MAX_ATTEMPTS_PER_SAMPLE = 4
 

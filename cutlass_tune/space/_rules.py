@@ -105,10 +105,15 @@ def splits_problem(v: int) -> str | None:
     return None
 
 
-def fp8_fast_accum_problem(v: bool) -> str | None:
-    if type(v) is not bool:
-        return "fp8_fast_accum must be true or false"
-    return None
+def _flag_rule(name: str):
+    """The per-value rule of a true/false knob: a bool, never a truthy string or number."""
+    def problem(v: bool) -> str | None:
+        return None if type(v) is bool else f"{name} must be true or false"
+    return problem
+
+
+fp8_fast_accum_problem = _flag_rule("fp8_fast_accum")
+epilogue_source_problem = _flag_rule("epilogue_source")
 
 
 def epilogue_tile_n_problem(v: int) -> str | None:
@@ -116,12 +121,6 @@ def epilogue_tile_n_problem(v: int) -> str | None:
         v == AUTO_EPILOGUE_TILE or (16 <= v <= 256 and v % 16 == 0)
     ):
         return "epilogue tile N must be auto or a multiple of 16 between 16 and 256"
-    return None
-
-
-def epilogue_source_problem(v: bool) -> str | None:
-    if type(v) is not bool:
-        return "epilogue_source must be true or false"
     return None
 
 
