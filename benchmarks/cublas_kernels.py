@@ -1,6 +1,7 @@
 """Which kernel torch's own path launches for each benchmark problem (device only).
 
     python3 benchmarks/cublas_kernels.py > cublas_kernels.md
+    python3 benchmarks/cublas_kernels.py configs/llama3_70b_tp8_bf16.yaml   # a space's problems
 
 Runs each problem's baseline (`CublasTarget`: torch.matmul, or torch._scaled_mm for fp8, both
 accumulations) under torch.profiler and prints the GPU kernels it launched, with their mean
@@ -10,12 +11,14 @@ duration. cuBLAS's kernel names carry its tile and cluster shape (e.g.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from cutlass_tune.bench._runner import CublasTarget
 from cutlass_tune.bench._verify import allocate, randomize
-from cutlass_tune.space import DType, Problem, RuntimeArgs
+from cutlass_tune.space import DType, Problem, RuntimeArgs, load_space
 
 SQUARES = (128, 256, 512, 1024, 2048, 4096, 6144, 8192)
 CASES = (
@@ -46,9 +49,10 @@ def kernels_of(problem: Problem, fast_accum: bool) -> list[tuple[str, float]]:
 def main() -> None:
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda}\n")
+    cases = [(p, False) for path in sys.argv[1:] for p in load_space(path).problems] or CASES
     print("| problem | baseline | kernel | mean ms |")
     print("|---|---|---|---|")
-    for problem, fast in CASES:
+    for problem, fast in cases:
         base = ("_scaled_mm" + (" fast accum" if fast else "")) if problem.dtype_a.is_fp8 else "matmul"
         for name, ms in kernels_of(problem, fast):
             print(f"| {problem.name} | {base} | `{name[:110]}` | {ms:.4f} |", flush=True)
