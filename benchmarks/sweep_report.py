@@ -16,6 +16,7 @@ import sys
 
 import datetime
 
+from cutlass_tune.search import CONFIRM_STUDY
 from cutlass_tune.store import ResultStore
 
 
@@ -40,7 +41,7 @@ def _elapsed_minutes(rows: list[dict]) -> list[float]:
 
 def main(url: str) -> None:
     store = ResultStore(url)
-    rows = store.rows()
+    rows = [r for r in store.rows() if r["study"] != CONFIRM_STUDY]  # the sweep's own rows
     compiled = {r["config_hash"] for r in rows if r["config_hash"] and r["status"] != "invalid"}
     minutes = _elapsed_minutes(rows)
     print(f"store {url}: GPU {store.gpu()}, {len(compiled)} compiled configs, {len(rows)} rows, "

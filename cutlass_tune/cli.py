@@ -207,11 +207,13 @@ def best(
         raise CutlassTuneError(f"--format {fmt!r}: use table, csv, json or parquet")
     frame = load_best(_storage_or_default(storage))
     if fmt == "table":
-        table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "kernel", "run-time",
-                      box=None, pad_edge=False)
+        table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "confirmed", "kernel",
+                      "run-time", box=None, pad_edge=False)
         for r in frame.itertuples():
+            confirmed = (f"{r.confirm_passes} passes, {r.ratio_low:.3f}-{r.ratio_high:.3f} "
+                         f"(sweep {r.sweep_ratio:.3f})" if r.confirm_passes else "-")
             table.add_row(r.gpu, r.problem, f"{r.tflops:.1f}", f"{r.cublas_tflops:.1f}", f"{r.ratio:.3f}",
-                          f"{r.spread:.1%}", r.kernel, r.runtime)
+                          f"{r.spread:.1%}", confirmed, r.kernel, r.runtime)
         if output:
             with open(output, "w") as f:
                 Console(file=f, width=250).print(table)
@@ -226,6 +228,63 @@ def best(
         return
     write_table(frame[list(COLUMNS)], output, fmt)
     out.print(f"{len(frame)} rows written to {output}")
+
+
+@app.command()
+def confirm(
+    storage: Optional[str] = typer.Option(None, "--storage", help="store URL or .sqlite file (default: the one results/sweep-*.sqlite)"),
+    top: int = typer.Option(3, "--top", min=1, help="candidates per problem: the best kernel variants by sweep ratio"),
+    passes: int = typer.Option(3, "--passes", min=1, help="times each candidate is measured"),
+    gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+) -> None:
+    """Re-measure each problem's leading kernel variants in several passes, into the same store;
+    `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
+    largest of many noisy medians and reads high)."""
+    from . import settings
+    from .bench import TimingOptions, WorkerBenchmarker
+    from .compile import KernelCache, compile_kernels
+    from .search import candidates
+    from .search import confirm as confirm_run
+    from .status import Status
+    from .store import ResultStore, store_url_of
+
+    url = store_url_of(_storage_or_default(storage)) or ""
+    if not url:
+        raise CutlassTuneError(f"--storage {storage}: expected a store URL or a .sqlite file")
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise CutlassTuneError(f"no store at {url}")
+    store = ResultStore(url)
+    chosen = candidates(store, top)
+    if not chosen:
+        raise CutlassTuneError(f"store {url} has no successful kernel measurement to confirm")
+    bench = WorkerBenchmarker(gpu)
+    try:
+        bench.timing = TimingOptions(paired=(store.timing() or "-paired").endswith("-paired"))
+        cache = KernelCache(cache_dir or settings.cache_dir())
+        problems = len({c.problem for c in chosen})
+        out.print(f"{url}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
+                  f"{bench.gpu_name} ({bench.timing_method})")
+        with Progress(TextColumn("measuring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as progress:
+            task = progress.add_task("measure", total=passes * (problems + len(chosen)))
+            result = confirm_run(store, chosen, lambda cfgs: compile_kernels(cfgs, cache=cache, jobs=jobs),
+                                 bench, passes, on_measurement=lambda m: progress.advance(task))
+    finally:
+        bench.close()
+    ratios = result.ratios()
+    table = Table("problem", "kernel", "run-time", "sweep", "confirmed (median)", "passes", "low-high",
+                  box=None, pad_edge=False)
+    for c in chosen:
+        got = sorted(ratios.get((c.problem.name, c.config.name, c.runtime.name), []))
+        table.add_row(c.problem.name, c.config.name, c.runtime.name, f"{c.ratio:.3f}",
+                      f"{got[(len(got) - 1) // 2]:.3f}" if got else "failed", str(len(got)),
+                      f"{got[0]:.3f}-{got[-1]:.3f}" if got else "")
+    out.print(table)
+    failed = collections.Counter(m.status.value for m, _ in result.rows if m.status is not Status.OK)
+    out.print(f"run {result.run_id}: {len(result.rows)} measurements added to {url}"
+              + (f"; not ok: {dict(failed)}" if failed else ""))
 
 
 @app.command()

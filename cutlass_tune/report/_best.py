@@ -14,9 +14,16 @@ Schema of the DataFrame `load_best` returns (one row per GPU and problem):
 | tile_m ... tile_scheduler | the config's knobs, one column each |
 | config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
 | run_id | the run that measured it |
+| sweep_ratio | the best ratio the sweep measured for this kernel and variant |
+| confirm_passes | passes of `cutlass-tune confirm` that measured it (0: not confirmed) |
+| ratio_low, ratio_high | lowest and highest confirmed ratio (both `ratio` when not confirmed) |
 
 The best is chosen by `ratio`: figures from different runs are compared through their
-same-run cuBLAS baselines, never as absolute TFLOP/s.
+same-run cuBLAS baselines, never as absolute TFLOP/s. Where `cutlass-tune confirm` re-measured
+a problem's leading candidates, the best is the candidate with the highest median confirmed
+ratio, and `ratio` is that median (a sweep's best is the largest of many noisy medians, so it
+reads high). A kernel that ever gave a wrong result on a problem, with any run-time variant,
+is never that problem's best.
 """
 
 from __future__ import annotations
@@ -31,26 +38,19 @@ import pandas as pd
 from ..errors import CutlassTuneError
 from ..space import KernelConfig, RuntimeArgs
 from ..status import Status
+from ..store import store_url_of
 
 KNOB_COLUMNS = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "kernel_schedule",
                 "epilogue_schedule", "tile_scheduler")
 COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
            "config_hash", "runtime", "raster", "swizzle", "splits", "decomposition", "tflops", "median_ms",
            "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
-           "run_id")
+           "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high")
+_CONFIRM_COLUMNS = ("sweep_ratio", "confirm_passes", "ratio_low", "ratio_high")
 
 
 class BestTableError(CutlassTuneError):
     """A best-config table cannot be built or read, or has no entry for a lookup."""
-
-
-def _store_url(source: str | Path) -> str | None:
-    text = str(source)
-    if "://" in text:
-        return text
-    if Path(text).suffix in (".sqlite", ".db", ".sqlite3"):
-        return f"sqlite:///{text}"
-    return None
 
 
 def _from_store(url: str) -> pd.DataFrame:
@@ -68,9 +68,14 @@ def _from_store(url: str) -> pd.DataFrame:
         reasons = pd.Series([f"{r['status']}: {r['reason']}" for r in rows if r["kernel"] != "cuBLAS"])
         raise BestTableError(f"store {url} has no successful measurement: {len(reasons)} failed "
                              f"(most common: {reasons.value_counts().index[0][:120]})")
+    from ..search import CONFIRM_STUDY
+
+    wrong = {(r["gpu"], r["problem"], r["config_hash"]) for r in rows if r["status"] == Status.WRONG_RESULT.value}
     out = []
     for r, m in zip(rows, measurements):
         if r["status"] != Status.OK.value or m.is_baseline or m.config is None or not r["tflops"]:
+            continue
+        if (r["gpu"], r["problem"], r["config_hash"]) in wrong:
             continue
         out.append({
             **{c: r[c] for c in ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout",
@@ -81,13 +86,39 @@ def _from_store(url: str) -> pd.DataFrame:
             **{k: (v.value if hasattr(v, "value") else v) for k, v in m.config.to_dict().items()
                if k in KNOB_COLUMNS},
             "config": json.dumps(m.config.to_dict(), sort_keys=True),
+            "_confirm": r["study"] == CONFIRM_STUDY,
         })
+    if not out:
+        raise BestTableError(f"store {url} has no kernel that verified every time it ran")
     frame = pd.DataFrame(out)
     frame["spread"] = (frame["p80_ms"] - frame["p20_ms"]) / frame["median_ms"]
-    frame["_rank"] = frame["ratio"].fillna(0.0)
-    frame = frame.sort_values(["gpu", "m", "n", "k", "problem", "_rank", "tflops"],
-                              ascending=[True, True, True, True, True, False, False])
-    best = frame.groupby(["gpu", "problem"], sort=False).head(1).drop(columns="_rank")
+    variant = ["gpu", "problem", "config_hash", "runtime"]
+    sweep = frame[~frame["_confirm"]]
+    sweep_best = sweep.groupby(variant)["ratio"].max().rename("sweep_ratio")
+    picked = []
+    for _, group in frame.groupby(["gpu", "problem"], sort=False):
+        confirmed = group[group["_confirm"] & group["ratio"].notna()]
+        if confirmed.empty:
+            row = group.assign(_rank=group["ratio"].fillna(0.0)).sort_values(
+                ["_rank", "tflops"], ascending=False).iloc[0].copy()
+            row["confirm_passes"], row["ratio_low"], row["ratio_high"] = 0, row["ratio"], row["ratio"]
+            picked.append(row)
+            continue
+        passes = confirmed.groupby(variant)["ratio"]
+        enough = passes.count() >= math.ceil(passes.count().max() / 2)
+        medians = passes.median()[enough]
+        key = medians.idxmax()
+        runs = confirmed.set_index(variant).loc[[key]].reset_index().sort_values("ratio")
+        row = runs.iloc[(len(runs) - 1) // 2].copy()  # the median pass (the lower one of an even count)
+        row["ratio"] = float(medians[key])
+        row["confirm_passes"] = len(runs)
+        row["ratio_low"], row["ratio_high"] = float(runs["ratio"].min()), float(runs["ratio"].max())
+        picked.append(row)
+    best = pd.DataFrame(picked).drop(columns=["_confirm"])
+    best = best.join(sweep_best, on=variant)
+    best["sweep_ratio"] = best["sweep_ratio"].fillna(best["ratio"])
+    best["confirm_passes"] = best["confirm_passes"].astype(int)
+    best = best.sort_values(["gpu", "m", "n", "k", "problem"], kind="stable")
     return best[list(COLUMNS)].reset_index(drop=True)
 
 
@@ -102,7 +133,7 @@ def load_best(source: str | Path) -> pd.DataFrame:
         BestTableError: no such file, an empty store, or a store with no successful measurement.
         StoreError: the store cannot be reached.
     """
-    url = _store_url(source)
+    url = store_url_of(source)
     if url is not None:
         return _from_store(url)
     path = Path(source)
@@ -113,6 +144,10 @@ def load_best(source: str | Path) -> pd.DataFrame:
     if path.suffix not in readers:
         raise BestTableError(f"{path}: expected a store URL or a .sqlite, .csv, .json or .parquet file")
     frame = readers[path.suffix](path)
+    if "ratio" in frame.columns:  # a table written before confirmation existed
+        defaults = {"sweep_ratio": frame["ratio"], "confirm_passes": 0, "ratio_low": frame["ratio"],
+                    "ratio_high": frame["ratio"]}
+        frame = frame.assign(**{c: v for c, v in defaults.items() if c not in frame.columns})
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise BestTableError(f"{path} is not a best-config table: missing {', '.join(missing)}")

@@ -29,6 +29,7 @@ from ..bench import EnvStamp, Measurement
 from ..errors import CutlassTuneError
 from ..space import AUTO_STAGES, Decomposition, RasterOrder
 from ..store import ResultStore
+from ._best import COLUMNS, BestTableError, load_best
 
 TIMING_NOTES = {"events": "L2-cold CUDA events", "graph": "CUDA-graph replays (warm L2)"}
 _COLUMNS = ("id", "problem", "kernel", "config_hash", "runtime", "status", "reason", "tflops",
@@ -99,6 +100,7 @@ class _Data:
     trials: dict[str, list[Any]]  # problem -> its study's FrozenTrials ([] without a study)
     studies: dict[str, str]  # problem -> study name
     env: EnvStamp | None  # of the latest measurement that has one
+    best: pd.DataFrame  # `load_best` of the store: the table `cutlass-tune best` prints (may be empty)
 
 
 def _load(url: str) -> _Data:
@@ -128,8 +130,12 @@ def _load(url: str) -> _Data:
     problems = list(dict.fromkeys(frame.problem))
     studies, trials = _studies(store, url, frame, problems)
     envs = [m.env for m in frame.measurement if m.env is not None]
+    try:
+        best = load_best(url)
+    except BestTableError:  # e.g. only kernels without a config (a bare library) succeeded
+        best = pd.DataFrame(columns=list(COLUMNS))
     return _Data(shown_url=shown, gpu=store.gpu() or "unknown GPU", rows=frame, problems=problems,
-                 trials=trials, studies=studies, env=envs[-1] if envs else None)
+                 trials=trials, studies=studies, env=envs[-1] if envs else None, best=best)
 
 
 def _frame(raw: list[dict[str, Any]], shown: str) -> pd.DataFrame:
@@ -208,10 +214,19 @@ def _summary(data: _Data) -> tuple[go.Figure, pd.DataFrame]:
     frame = data.rows
     best_rows = []
     for p in data.problems:
-        ok = _ok(frame[(frame.problem == p) & ~frame.baseline])
+        configs = frame[(frame.problem == p) & ~frame.baseline].config_hash.nunique()
+        found = data.best[data.best.problem == p]
+        if not found.empty:  # as `cutlass-tune best` ranks: same-run ratios, confirmed medians first
+            best = found.iloc[0]
+            confirmed = (f" (median of {best.confirm_passes} confirmation passes, {best.ratio_low:.3f}-"
+                         f"{best.ratio_high:.3f}; sweep {best.sweep_ratio:.3f})" if best.confirm_passes else "")
+            best_rows.append({"problem": p, "kernel": best.kernel, "runtime": best.runtime + confirmed,
+                              "tflops": best.tflops, "cublas": best.cublas_tflops, "ratio": best.ratio,
+                              "configs": configs})
+            continue
+        ok = _ok(frame[(frame.problem == p) & ~frame.baseline])  # kernels without a config only
         if ok.empty:
             continue
-        # As `cutlass-tune best` does: runs compare through their own cuBLAS baselines.
         rated = ok[ok.ratio.notna()]
         best = rated.loc[rated.ratio.idxmax()] if not rated.empty else ok.loc[ok.tflops.idxmax()]
         cublas = best.cublas_tflops
@@ -219,8 +234,7 @@ def _summary(data: _Data) -> tuple[go.Figure, pd.DataFrame]:
             base = _ok(frame[(frame.problem == p) & frame.baseline & (frame.run_id == best.run_id)])
             cublas = base.tflops.max() if not base.empty else float("nan")
         best_rows.append({"problem": p, "kernel": best.kernel, "runtime": best.runtime, "tflops": best.tflops,
-                          "cublas": cublas, "ratio": best.tflops / cublas,
-                          "configs": frame[(frame.problem == p) & ~frame.baseline].config_hash.nunique()})
+                          "cublas": cublas, "ratio": best.tflops / cublas, "configs": configs})
     table = pd.DataFrame(best_rows)
     fig = go.Figure()
     fig.add_bar(name="best CUTLASS", x=table.problem, y=table.tflops,

@@ -1,5 +1,5 @@
 """Store stage: where measurements live (SQLite by default, PostgreSQL for several hosts)."""
 
-from ._sql import ResultStore, StoreError, StoreGpuMismatchError, default_store_url
+from ._sql import ResultStore, StoreError, StoreGpuMismatchError, default_store_url, store_url_of
 
-__all__ = ["ResultStore", "StoreError", "StoreGpuMismatchError", "default_store_url"]
+__all__ = ["ResultStore", "StoreError", "StoreGpuMismatchError", "default_store_url", "store_url_of"]

@@ -74,6 +74,17 @@ class StoreGpuMismatchError(StoreError):
     """The store holds results from another GPU model."""
 
 
+def store_url_of(source: str | Path) -> str | None:
+    """`source` as a store URL: a URL as it is, a .sqlite (.db, .sqlite3) file as a SQLite URL;
+    None for anything else (a table file)."""
+    text = str(source)
+    if "://" in text:
+        return text
+    if Path(text).suffix in (".sqlite", ".db", ".sqlite3"):
+        return f"sqlite:///{text}"
+    return None
+
+
 def default_store_url(gpu_name: str, results_dir: str | Path = "results") -> str:
     """`sqlite:///results/sweep-<gpu>.sqlite`: one embedded store per GPU model."""
     slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "gpu"

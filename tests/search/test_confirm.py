@@ -1,0 +1,187 @@
+"""Confirmation of a sweep's winners: which candidates, how they are re-measured, and how the
+best-config table ranks them afterwards (CPU only: a scripted GPU)."""
+
+import pytest
+
+from cutlass_tune import load_best
+from cutlass_tune.bench import Measurement
+from cutlass_tune.search import CONFIRM_STUDY, candidates, confirm
+from cutlass_tune.space import (EpilogueSchedule, KernelConfig, KernelSchedule, Problem, RasterOrder, RuntimeArgs,
+                                check_config)
+from cutlass_tune.status import Status
+from cutlass_tune.store import ResultStore
+
+from .fakes import FakeCompiler
+
+BIG, SMALL = Problem(4096, 4096, 4096), Problem(1024, 1024, 1024)
+PINGPONG = KernelConfig(tile_m=128, tile_n=128, kernel_schedule=KernelSchedule.PINGPONG,
+                        epilogue_schedule=EpilogueSchedule.TMA)
+COOP = KernelConfig(tile_m=128, tile_n=256, kernel_schedule=KernelSchedule.COOPERATIVE)
+PLAIN = KernelConfig(tile_m=64, tile_n=128, kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=EpilogueSchedule.TMA)
+assert not any(check_config(c) for c in (PINGPONG, COOP, PLAIN))
+ALONG_N = RuntimeArgs(raster=RasterOrder.ALONG_N)
+SWIZZLE_2 = RuntimeArgs(swizzle=2)
+CUBLAS_TFLOPS = 600.0
+
+
+def kernel(problem, cfg, runtime, ratio, status=Status.OK):
+    t = CUBLAS_TFLOPS * ratio
+    return Measurement(problem=problem, config=cfg, runtime=runtime, status=status,
+                       tflops=t if status is Status.OK else None,
+                       median_ms=problem.flops / t / 1e9 if status is Status.OK else None,
+                       p20_ms=0.0, p80_ms=0.0, samples=10,
+                       reason="" if status is Status.OK else "rel error 0.9 > 0.01")
+
+
+def baseline(problem):
+    return Measurement(problem=problem, config=None, runtime=RuntimeArgs(), status=Status.OK, is_baseline=True,
+                       tflops=CUBLAS_TFLOPS, median_ms=problem.flops / CUBLAS_TFLOPS / 1e9, samples=10)
+
+
+class ScriptedBench:
+    """A GPU whose kernels run at a given ratio to cuBLAS, per (config, run-time name)."""
+
+    gpu_name = "Fake GPU"
+
+    def __init__(self, ratios, wrong=()):
+        self.ratios, self.wrong, self.order = ratios, set(wrong), []
+
+    def baseline(self, problem):
+        self.order.append(("cuBLAS", problem.name))
+        return baseline(problem)
+
+    def measure(self, compiled, problem, variants):
+        for v in variants:
+            self.order.append((compiled.config.name, problem.name, v.name))
+            key = (compiled.config.hash, v.name)
+            status = Status.WRONG_RESULT if key in self.wrong else Status.OK
+            yield kernel(problem, compiled.config, v, self.ratios.get(key, 0.5), status)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A swept store: on BIG, PINGPONG (heuristic raster) read a lucky 1.05, with swizzle 2
+    1.045; COOP 1.03 and 1.01; PLAIN 0.90, along N 1.06, and once a wrong result; on SMALL,
+    PLAIN 1.01."""
+    s = ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    s.bind_gpu("Fake GPU")
+    rows = [(BIG, PINGPONG, RuntimeArgs(), 1.05, Status.OK), (BIG, COOP, RuntimeArgs(), 1.03, Status.OK),
+            (BIG, COOP, RuntimeArgs(), 1.01, Status.OK), (BIG, PLAIN, RuntimeArgs(), 0.90, Status.OK),
+            (BIG, PINGPONG, SWIZZLE_2, 1.045, Status.OK), (BIG, PLAIN, ALONG_N, 1.06, Status.OK),
+            (BIG, PLAIN, RuntimeArgs(), 0.0, Status.WRONG_RESULT),
+            (SMALL, PLAIN, RuntimeArgs(), 1.01, Status.OK)]
+    for problem, cfg, runtime, ratio, status in rows:
+        s.add(baseline(problem), gpu="Fake GPU", run_id="sweep", study=f"study-{problem.name}")
+        s.add(kernel(problem, cfg, runtime, ratio or 1.0, status), gpu="Fake GPU", run_id="sweep",
+              cublas_tflops=CUBLAS_TFLOPS, study=f"study-{problem.name}")
+    return s
+
+
+def test_candidates_are_each_problems_best_variants_never_a_wrong_one(store):
+    chosen = candidates(store, top=2)
+    assert [(c.problem, c.config.name, c.runtime.name, round(c.ratio, 3)) for c in chosen] == [
+        (BIG, PINGPONG.name, RuntimeArgs().name, 1.05),
+        (BIG, COOP.name, RuntimeArgs().name, 1.03),  # its best sweep figure, not its last
+        (SMALL, PLAIN.name, RuntimeArgs().name, 1.01),
+    ]  # one variant per kernel (not PINGPONG with swizzle 2 before COOP); PLAIN was once wrong on BIG
+    assert [c.runtime for c in candidates(store, top=3) if c.config == PINGPONG] == [RuntimeArgs()]
+
+
+def test_confirm_measures_each_candidate_every_pass_with_a_fresh_baseline(store):
+    chosen = candidates(store, top=2)
+    bench = ScriptedBench({(PINGPONG.hash, RuntimeArgs().name): 1.00, (COOP.hash, RuntimeArgs().name): 1.02,
+                           (PLAIN.hash, RuntimeArgs().name): 1.01})
+    compiler = FakeCompiler()
+    result = confirm(store, chosen, compiler, bench, passes=3)
+    assert len(compiler.calls) == 1 and {c.hash for c in compiler.calls[0]} == {PINGPONG.hash, COOP.hash, PLAIN.hash}
+    big = [(name, p) for name, p, *_ in bench.order if p == BIG.name]
+    # per pass: cuBLAS, then the candidates, in ranking order on even passes, reversed on odd ones
+    assert big == [("cuBLAS", BIG.name), (PINGPONG.name, BIG.name), (COOP.name, BIG.name),
+                   ("cuBLAS", BIG.name), (COOP.name, BIG.name), (PINGPONG.name, BIG.name),
+                   ("cuBLAS", BIG.name), (PINGPONG.name, BIG.name), (COOP.name, BIG.name)]
+    rows = [r for r in store.rows() if r["study"] == CONFIRM_STUDY]
+    assert len(rows) == 3 * (2 + 3) and {r["run_id"] for r in rows} == {result.run_id}
+    assert result.ratios()[(BIG.name, COOP.name, RuntimeArgs().name)] == pytest.approx([1.02] * 3)
+    passes = sorted(m.repeat for m, _ in result.rows if m.problem == SMALL and not m.is_baseline)
+    assert passes == [0, 1, 2]
+
+
+def test_after_confirmation_the_best_is_the_best_median_not_the_luckiest_sweep_figure(store):
+    before = load_best(store.url).set_index("problem")
+    assert before.loc[BIG.name, "kernel"] == PINGPONG.name and before.loc[BIG.name, "confirm_passes"] == 0
+    script = iter([1.00, 1.02, 1.03, 0.99, 1.01, 1.01])  # BIG's kernels in measuring order
+
+    class Drifting(ScriptedBench):
+        def measure(self, compiled, problem, variants):
+            for m in super().measure(compiled, problem, variants):
+                yield kernel(problem, m.config, m.runtime, next(script)) if problem == BIG else m
+
+    confirm(store, candidates(store, top=2), FakeCompiler(),
+            Drifting({(PLAIN.hash, RuntimeArgs().name): 1.01}), passes=3)
+    after = load_best(store.url).set_index("problem")
+    big = after.loc[BIG.name]
+    # PINGPONG (swept 1.05) re-measured 1.00, 0.99, 1.01; COOP (swept 1.03) 1.02, 1.03, 1.01
+    assert big["kernel"] == COOP.name
+    assert big["ratio"] == pytest.approx(1.02) and big["sweep_ratio"] == pytest.approx(1.03)
+    assert (big["confirm_passes"], big["ratio_low"], big["ratio_high"]) == (3, pytest.approx(1.01), pytest.approx(1.03))
+    assert big["tflops"] == pytest.approx(CUBLAS_TFLOPS * 1.02)  # the median pass's own figures
+    small = after.loc[SMALL.name]
+    assert small["kernel"] == PLAIN.name and small["confirm_passes"] == 3
+
+
+def test_a_candidate_wrong_in_confirmation_is_never_best_again(store):
+    bench = ScriptedBench({(PINGPONG.hash, RuntimeArgs().name): 1.10, (COOP.hash, RuntimeArgs().name): 0.98,
+                           (PLAIN.hash, RuntimeArgs().name): 1.01}, wrong={(PINGPONG.hash, RuntimeArgs().name)})
+    result = confirm(store, candidates(store, top=2), FakeCompiler(), bench, passes=2)
+    assert sum(m.status is Status.WRONG_RESULT for m, _ in result.rows) == 2
+    big = load_best(store.url).set_index("problem").loc[BIG.name]
+    assert big["kernel"] == COOP.name and big["ratio"] == pytest.approx(0.98)
+    assert big["confirm_passes"] == 2
+    assert [c.config.name for c in candidates(store, top=3) if c.problem == BIG] == [COOP.name]
+
+
+def test_a_kernel_that_no_longer_compiles_is_recorded_once_and_the_rest_confirmed(store):
+    bench = ScriptedBench({(PINGPONG.hash, RuntimeArgs().name): 1.0, (PLAIN.hash, RuntimeArgs().name): 1.0})
+    result = confirm(store, candidates(store, top=2), FakeCompiler(fail_tile_n=256), bench, passes=2)
+    failed = [m for m, _ in result.rows if m.status is Status.COMPILE_ERROR]
+    assert [(m.problem, m.config.name) for m in failed] == [(BIG, COOP.name)]
+    assert "planted" in failed[0].reason
+    assert COOP.name not in {name for name, *_ in bench.order}
+
+
+def test_a_table_written_before_confirmation_still_loads(store, tmp_path):
+    path = tmp_path / "old.csv"
+    load_best(store.url).drop(columns=["sweep_ratio", "confirm_passes", "ratio_low", "ratio_high"]).to_csv(path, index=False)
+    table = load_best(path)
+    assert list(table["confirm_passes"]) == [0, 0]
+    assert list(table["ratio_low"]) == list(table["ratio"]) == list(table["sweep_ratio"])
+
+
+def _cli(*args):
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("cutlass-tune")
+    cmd = [exe] if exe else [sys.executable, "-m", "cutlass_tune.cli"]
+    return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("storage, message", [
+    ("{tmp}/missing.sqlite", "error: no store at sqlite:///{tmp}/missing.sqlite\n"),
+    ("{tmp}/table.csv", "error: --storage {tmp}/table.csv: expected a store URL or a .sqlite file\n"),
+    ("{tmp}/empty.sqlite", "error: store sqlite:///{tmp}/empty.sqlite has no successful kernel measurement to confirm\n"),
+])
+def test_confirm_rejects_what_it_cannot_confirm_in_one_line(tmp_path, storage, message):
+    ResultStore(f"sqlite:///{tmp_path / 'empty.sqlite'}").rows()  # creates the tables, adds nothing
+    r = _cli("confirm", "--storage", storage.format(tmp=tmp_path))
+    assert (r.returncode, r.stderr, r.stdout) == (2, message.format(tmp=tmp_path), "")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message shown without a GPU")
+def test_confirm_without_a_gpu_is_one_line_and_leaves_the_store_alone(store):
+    before = len(store.rows())
+    r = _cli("confirm", "--storage", store.url, "--passes", "2")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "error: no CUDA GPU is visible; `cutlass-tune compile CONFIG` builds kernels without one\n"
+    assert len(store.rows()) == before
