@@ -94,3 +94,12 @@ def test_missing_or_foreign_files(tmp_path):
     (tmp_path / "y.csv").write_text("a,b\n1,2\n")
     with pytest.raises(BestTableError, match="missing gpu"):
         load_best(tmp_path / "y.csv")
+
+
+def test_a_table_written_before_confirmation_still_loads():
+    """A `best --format csv` file from before the confirmation columns (tests/report/data)."""
+    path = Path(__file__).resolve().parent / "data" / "best-v1.csv"
+    table = load_best(path)
+    assert len(table) == 4 and list(table["confirm_passes"]) == [0] * 4
+    assert list(table["ratio_low"]) == list(table["ratio"]) == list(table["sweep_ratio"])
+    assert BestTable.load(path).lookup(8192, 4096, 4096).row["kernel"].startswith("bf16_tn_128x128x64_c1x2")

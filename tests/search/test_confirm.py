@@ -149,14 +149,6 @@ def test_a_kernel_that_no_longer_compiles_is_recorded_once_and_the_rest_confirme
     assert COOP.name not in {name for name, *_ in bench.order}
 
 
-def test_a_table_written_before_confirmation_still_loads(store, tmp_path):
-    path = tmp_path / "old.csv"
-    load_best(store.url).drop(columns=["sweep_ratio", "confirm_passes", "ratio_low", "ratio_high"]).to_csv(path, index=False)
-    table = load_best(path)
-    assert list(table["confirm_passes"]) == [0, 0]
-    assert list(table["ratio_low"]) == list(table["ratio"]) == list(table["sweep_ratio"])
-
-
 def _cli(*args):
     import shutil
     import subprocess
