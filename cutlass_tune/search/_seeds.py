@@ -16,14 +16,16 @@ _PLAIN = dict(kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=EpilogueS
 
 # 16-bit GEMM configs that won somewhere on an H200 against a paired cuBLAS baseline
 # (benchmarks/beat_cublas.md), best first: ping-pong 128x128 and 128x192 from 4096^3 up,
-# the plain (not persistent) 64x128 and 128x64 for about 1024^3, the cooperative 128x256 /
-# 256x128 that CUTLASS's profiler favours, and Stream-K for shapes whose tile count leaves a
-# wave part-empty.
+# the plain (not persistent) 64x128 and 128x64 for about 1024^3 and 64x64 below it (it won
+# 128^3-512^3 on both an H200 and an H100, where sweeps found it only after 17-43 configs), the
+# cooperative 128x256 / 256x128 that CUTLASS's profiler favours, and Stream-K for shapes whose
+# tile count leaves a wave part-empty.
 COMMON_DEFAULTS = (
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2, **_PINGPONG),
     dict(tile_m=128, tile_n=192, tile_k=64, cluster_m=2, cluster_n=1, **_PINGPONG),
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PLAIN),
     dict(tile_m=128, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, **_PLAIN),
+    dict(tile_m=64, tile_n=64, tile_k=64, cluster_m=1, cluster_n=1, **_PLAIN),
     dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=1, cluster_n=2),
     dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=1, cluster_n=2),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),

@@ -1,3 +1,4 @@
+import pathlib
 import sys
 
 import pytest
@@ -89,3 +90,16 @@ def test_seeds_drop_the_c_operand_where_the_space_allows(space, tmp_path, store,
     plain = seed_configs(space, store, list(both.problems), "NVIDIA H200")
     assert [c.name + "_nosrc" for c in plain] == [c.name for c in seeds]
 
+
+def test_the_square_benchmark_seeds_every_kernel_family_that_won_it_in_one_batch(store, monkeypatch):
+    """The 64x64 plain kernel won 128^3-512^3 on both GPUs but came 17th-43rd from the sampler."""
+    monkeypatch.setitem(sys.modules, "nvMatmulHeuristics", None)
+    squares = load_space(pathlib.Path(__file__).resolve().parents[2] / "configs" / "squares_bf16.yaml")
+    seeds = seed_configs(squares, store, list(squares.problems), "NVIDIA H100 80GB HBM3")
+    names = [c.name for c in seeds]
+    assert len(names) <= 16  # the first compile batch on a 16-core host
+    for winner in ("64x64x64_c1x1_sauto_tma_ws", "128x64x64_c1x1_sauto_tma_ws", "64x128x64_c1x1_sauto_tma_ws",
+                   "128x128x64_c1x2_sauto_pingpong", "128x192x64_c2x1_sauto_pingpong",
+                   "128x256x64_c1x2_sauto_cooperative"):
+        assert f"bf16_tn_{winner}_tma_persistent_nosrc" in names or \
+            f"bf16_tn_{winner}_tma_cooperative_persistent_nosrc" in names, winner
