@@ -261,7 +261,8 @@ def confirm(
         raise CutlassTuneError(f"store {url} has no successful kernel measurement to confirm")
     bench = WorkerBenchmarker(gpu)
     try:
-        bench.timing = TimingOptions(paired=(store.timing() or "-paired").endswith("-paired"))
+        method = store.timing() or "events-paired"  # re-measure the way the store was measured
+        bench.timing = TimingOptions(graph=method.startswith("graph"), paired=method.endswith("-paired"))
         cache = KernelCache(cache_dir or settings.cache_dir())
         problems = len({c.problem for c in chosen})
         out.print(f"{url}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
