@@ -239,7 +239,7 @@ def confirm(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
 ) -> None:
-    """Re-measure each problem's leading kernel variants in several passes, into the same store;
+    """Re-measure each problem's leading kernels in several passes, into the same store;
     `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
     largest of many noisy medians and reads high)."""
     from . import settings

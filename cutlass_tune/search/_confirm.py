@@ -89,7 +89,12 @@ def confirm(store: ResultStore, chosen: Sequence[Candidate], compile_: Callable[
 
     Each pass measures, per problem, cuBLAS first and then the problem's candidates, in the
     order of the ranking on even passes and reversed on odd ones. A kernel that no longer
-    compiles is recorded once per problem with its reason.
+    compiles is recorded once per problem with its reason. Every row is committed as it is
+    taken, so an interrupted run keeps what it measured (`load_best` ranks a candidate only if
+    it has at least half as many confirmed passes as its problem's most confirmed one).
+
+    Raises:
+        StoreError: the store holds another GPU's results, or results of another timing method.
     """
     store.bind_gpu(bench.gpu_name)
     store.bind_timing(getattr(bench, "timing_method", "events"))
