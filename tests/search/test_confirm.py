@@ -177,3 +177,14 @@ def test_confirm_without_a_gpu_is_one_line_and_leaves_the_store_alone(store):
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == "error: no CUDA GPU is visible; `cutlass-tune compile CONFIG` builds kernels without one\n"
     assert len(store.rows()) == before
+
+
+def test_confirm_refuses_a_store_of_another_gpu_before_measuring(store):
+    from cutlass_tune.store import StoreGpuMismatchError
+
+    bench = ScriptedBench({})
+    bench.gpu_name = "Other GPU"
+    before = len(store.rows())
+    with pytest.raises(StoreGpuMismatchError, match="Fake GPU"):
+        confirm(store, candidates(store, top=1), FakeCompiler(), bench, passes=1)
+    assert bench.order == [] and len(store.rows()) == before
