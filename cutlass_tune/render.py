@@ -26,9 +26,10 @@ from .space import (
     TileScheduler,
     check_config,
 )
-from .space._rules import epilogue_tile
+from .space._rules import epilogue_tile, needs_extended_wgmma
 
-ABI_VERSION = 1
+ABI_VERSION = 2
+"""2: kernels export S_mma_n; units that need them enable the extended wgmma shapes."""
 
 _ELEMENT = {
     DType.BF16: "cutlass::bfloat16_t",
@@ -166,7 +167,10 @@ def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
         raise RenderError("a unit cannot hold the same kernel twice")
     kernels = [template_values(c) for c in configs]
     source = _env.get_template("gemm_sm90_unit.cu.j2").render(
-        kernels=kernels, abi_version=ABI_VERSION
+        kernels=kernels, abi_version=ABI_VERSION,
+        # Only where a tile needs them: for the other tiles the builder picks the same wgmma
+        # either way, and their units stay on CUTLASS's default path.
+        extended_wgmma=any(needs_extended_wgmma(c) for c in configs),
     )
     key = hashlib.sha256(source.encode()).hexdigest()
     return RenderedKernel(source=source, configs=tuple(configs), key=key)

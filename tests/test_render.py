@@ -127,3 +127,11 @@ def test_epilogue_tile_and_sourceless_kernel():
     assert "static_cast<const ElementC*>(p->c)" not in tuned
     coop = render_unit([dataclasses.replace(COOP, epilogue_tile_n=128)]).source
     assert "    Shape<_128, _128>," in coop  # cooperative subtiles span both warpgroups' rows
+
+
+def test_extended_wgmma_shapes_only_where_a_tile_needs_them():
+    define = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
+    wide = KernelConfig(tile_m=256, tile_n=160, epilogue_source=False)
+    assert define not in render_unit([COOP]).source
+    assert render_unit([wide]).source.index(define) < render_unit([wide]).source.index("#include")
+    assert define in render_unit([COOP, wide]).source  # a unit with one such tile enables them

@@ -1,7 +1,7 @@
 """ctypes bindings to the C entry points every compiled kernel exports.
 
 The ABI is defined in templates/gemm_sm90_unit.cu.j2: `cutlass_tune_abi_version()` per
-library, and per kernel symbol S the functions S_shared_storage_bytes, S_stages,
+library, and per kernel symbol S the functions S_shared_storage_bytes, S_stages, S_mma_n,
 S_workspace_size, S_can_implement, S_create, S_destroy, S_initialize and S_run. Statuses are
 `cutlass::Status` values (0 is kSuccess).
 
@@ -81,6 +81,7 @@ _ARGS_P = ctypes.POINTER(GemmArgs)
 _SIGNATURES = {
     "shared_storage_bytes": (ctypes.c_int, []),
     "stages": (ctypes.c_int, []),
+    "mma_n": (ctypes.c_int, []),
     "workspace_size": (ctypes.c_size_t, [_ARGS_P]),
     "can_implement": (ctypes.c_int, [_ARGS_P]),
     "create": (ctypes.c_void_p, []),
@@ -123,6 +124,10 @@ class LoadedKernel:
 
     def stages(self) -> int:
         return self._fn["stages"]()
+
+    def mma_n(self) -> int:
+        """N of the kernel's wgmma instruction (its tiled MMA's atom)."""
+        return self._fn["mma_n"]()
 
     def workspace_size(self, args: GemmArgs) -> int:
         return self._fn["workspace_size"](ctypes.byref(args))

@@ -162,6 +162,27 @@ def epilogue_tile(cfg: KernelConfig) -> tuple[int, int]:
     return min(64, cfg.tile_m), math.gcd(min(n_perf, cfg.tile_n), cfg.tile_n)
 
 
+WGMMA_N_DEFAULT = (256, 192, 128, 96, 64, 32, 16, 8)
+"""The wgmma N sizes CUTLASS's SM90 builder picks from unless the unit defines
+CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (cute/arch/mma_sm90.hpp, ss_op_selector)."""
+
+
+def wgmma_n(cfg: KernelConfig, *, extended: bool) -> int:
+    """N of the wgmma instruction the builder picks for the config's tile: the largest
+    available size that divides tile N. With the extended shapes every multiple of 8 up to 256
+    is available, so the whole tile N; without, tile N 160 gets 32, tile N 224 gets 32."""
+    if extended:
+        return cfg.tile_n
+    return next(n for n in WGMMA_N_DEFAULT if cfg.tile_n % n == 0)
+
+
+def needs_extended_wgmma(cfg: KernelConfig) -> bool:
+    """Whether the unit must enable CUTLASS's extended wgmma shapes for the tile to run as one
+    instruction per 64 rows. Without them a 256x160 tile issues five 64x32 wgmmas per k-step
+    where one 64x160 would do, and ran at 0.71 of cuBLAS (benchmarks/beat_cublas.md)."""
+    return wgmma_n(cfg, extended=False) != cfg.tile_n
+
+
 def epilogue_smem_bytes(cfg: KernelConfig) -> int:
     """sizeof(CollectiveEpilogue::SharedStorage) for the TMA epilogues; 0 without smem."""
     if cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:

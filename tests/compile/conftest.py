@@ -34,9 +34,10 @@ def nvcc_calls(tmp_path, monkeypatch):
 
 
 def build_and_check_smem(configs, cache_dir):
-    """Compile accepted configs with the real nvcc; check each loads, reports our ABI, and that
-    the smem model matches what CUTLASS computed (exact stages; bytes overestimated by at most
-    the kernel allowance, never under). Returns the CompiledKernels."""
+    """Compile accepted configs with the real nvcc; check each loads, reports our ABI, runs one
+    wgmma as wide as its tile N, and that the smem model matches what CUTLASS computed (exact
+    stages; bytes overestimated by at most the kernel allowance, never under). Returns the
+    CompiledKernels."""
     for cfg in configs:
         assert check_config(cfg) == [], cfg.name
     results = compile_kernels(configs, cache=KernelCache(cache_dir), toolchain=find_toolchain(), jobs=2)
@@ -48,6 +49,8 @@ def build_and_check_smem(configs, cache_dir):
         actual = getattr(lib, f"{r.symbol}_shared_storage_bytes")()
         model = smem_usage(r.config)
         assert getattr(lib, f"{r.symbol}_stages")() == model.stages, r.config.name
+        # One wgmma spans the whole tile N (tile N 160 once ran five 64x32 ones at 0.71 of cuBLAS).
+        assert getattr(lib, f"{r.symbol}_mma_n")() == r.config.tile_n, r.config.name
         assert actual <= SMEM_CAPACITY_BYTES
         assert actual <= model.total_bytes, (r.config.name, actual, model)
         assert model.total_bytes - actual <= KERNEL_SMEM_ALLOWANCE_BYTES, (r.config.name, actual, model)

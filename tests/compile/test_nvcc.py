@@ -28,6 +28,10 @@ BOUNDARY = [
                  layout_a=Layout.COL, layout_b=Layout.COL),
     KernelConfig(tile_m=256, tile_n=64, cluster_m=4, dtype_a=DType.F16, dtype_b=DType.F16,
                  dtype_c=DType.F32, dtype_d=DType.F32, layout_b=Layout.ROW),
+    # tile N outside the builder's default wgmma sizes: needs the extended shapes
+    KernelConfig(tile_m=256, tile_n=160, epilogue_source=False),
+    KernelConfig(tile_m=128, tile_n=224, kernel_schedule=KernelSchedule.PINGPONG,
+                 epilogue_schedule=EpilogueSchedule.TMA, epilogue_source=False),
 ]
 
 

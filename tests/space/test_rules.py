@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+from cutlass_tune.space import _rules
 from cutlass_tune.space import (
     AUTO_STAGES,
     SMEM_CAPACITY_BYTES,
@@ -281,3 +282,14 @@ def test_epilogue_smem_follows_subtile_and_source():
     assert smem_usage(wide).epilogue_bytes == 48 * 1024 + 48
     assert smem_usage(wide).stages == 5
     assert smem_usage(dataclasses.replace(wide, epilogue_source=False)).stages == 6
+
+
+@pytest.mark.parametrize("tile_n, default_n", [
+    (256, 256), (192, 192), (128, 128), (96, 96), (64, 64), (32, 32), (16, 16),
+    (160, 32), (224, 32), (240, 16), (144, 16), (208, 16), (176, 16), (80, 16), (48, 16), (112, 16),
+])
+def test_wgmma_n_follows_the_builders_selector(tile_n, default_n):
+    cfg = KernelConfig(tile_n=tile_n)
+    assert _rules.wgmma_n(cfg, extended=False) == default_n
+    assert _rules.wgmma_n(cfg, extended=True) == tile_n
+    assert _rules.needs_extended_wgmma(cfg) is (default_n != tile_n)

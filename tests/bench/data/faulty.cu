@@ -55,6 +55,7 @@ extern "C" int cutlass_tune_abi_version() { return CUTLASS_TUNE_ABI; }
 #define CT_EXPORT(NAME, LAUNCH)                                                                   \
   extern "C" int NAME##_shared_storage_bytes() { return 0; }                                      \
   extern "C" int NAME##_stages() { return 0; }                                                    \
+  extern "C" int NAME##_mma_n() { return 0; }                                                     \
   extern "C" size_t NAME##_workspace_size(const cutlass_tune_args*) { return 0; }                 \
   extern "C" int NAME##_can_implement(const cutlass_tune_args*) { return 0; }                     \
   extern "C" void* NAME##_create() { return new cutlass_tune_args(); }                            \
