@@ -45,6 +45,12 @@ FP8_PROMOTION_INTERVAL = 4
 default `mma_promotion_interval` of CUTLASS's SM90 fp8 mainloop, which we do not set)."""
 FP8_MMA_K = 32
 """K of one fp8 wgmma instruction (32 bytes)."""
+MAX_ACCUMULATOR_REGISTERS = 192
+"""fp32 accumulators per consumer thread above which we do not build a kernel. The consumer
+warpgroups of the persistent kernels get 232 registers (setmaxnreg); at 224 accumulators ptxas
+spilled 6.6 KB per thread (128x224 ping-pong) and the kernels ran at 0.05-0.06 of cuBLAS on an
+H100, as every committed store's kernel above 192 did (best 0.33). 192 (128x192 ping-pong,
+256x192 cooperative) builds without spills and wins the largest squares; 193-223 is not measured."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +182,13 @@ def wgmma_n(cfg: KernelConfig, *, extended: bool) -> int:
     return next(n for n in WGMMA_N_DEFAULT if cfg.tile_n % n == 0)
 
 
+def accumulator_registers(cfg: KernelConfig) -> int:
+    """fp32 accumulator registers per consumer thread: the tile over 128 threads, split between
+    two warpgroups by the cooperative schedule (ping-pong and plain kernels hold whole tiles)."""
+    warpgroups = 2 if cfg.kernel_schedule is KernelSchedule.COOPERATIVE else 1
+    return cfg.tile_m * cfg.tile_n // (128 * warpgroups)
+
+
 def needs_extended_wgmma(cfg: KernelConfig) -> bool:
     """Whether the unit must enable CUTLASS's extended wgmma shapes for the tile to run as one
     instruction per 64 rows. Without them a 256x160 tile issues five 64x32 wgmmas per k-step
@@ -279,6 +292,11 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
     if cfg.kernel_schedule is KernelSchedule.COOPERATIVE and cfg.tile_m % 128:
         reject("cooperative_tile_m", "cooperative splits tile M over two consumer warpgroups "
                "of 64 rows: tile M must be 128 or 256")
+    elif accumulator_registers(cfg) > MAX_ACCUMULATOR_REGISTERS:
+        reject("accumulator_registers", f"a {cfg.tile_m}x{cfg.tile_n} tile puts "
+               f"{accumulator_registers(cfg)} fp32 accumulators in each {cfg.kernel_schedule.value} "
+               f"consumer thread; above {MAX_ACCUMULATOR_REGISTERS} ptxas spills them and the "
+               f"kernel runs at a fraction of cuBLAS (use a smaller tile, or cooperative)")
     if cfg.epilogue_schedule not in _EPILOGUE_PAIRS[cfg.kernel_schedule]:
         allowed = ", ".join(e.value for e in _EPILOGUE_PAIRS[cfg.kernel_schedule])
         reject("epilogue_pairing", f"epilogue {cfg.epilogue_schedule.value} does not pair with "
