@@ -28,6 +28,7 @@ class WorkerBenchmarker:
         self.worker = Worker(device, timeout_s=timeout_s)
         self.env = self.worker.start()
         self.gpu_name = self.env.gpu
+        self.sm_count = self.env.sm_count
 
     @property
     def timing_method(self) -> str:

@@ -1,5 +1,6 @@
-"""Warm-start configs: CUTLASS's common choices, the best of the nearest tuned problems, and,
-when the optional `nvidia-matmul-heuristics` package is installed, its top-k for each problem."""
+"""Warm-start configs: CUTLASS's common choices, a tile that fills the GPU's waves for each
+problem the common choices fit badly, the best of the nearest tuned problems, and, when the
+optional `nvidia-matmul-heuristics` package is installed, its top-k for each problem."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ COMMON_DEFAULTS = (
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
 )
 NEAREST_PROBLEMS = 3
+WAVE_FIT_MARGIN = 0.05
+"""How much better a tile must fill the last wave than every common default's tile before it
+joins the seeds (on the squares and the Llama shapes measured, the defaults fill 96-97%)."""
 HEURISTIC_TOP_K = 4
 _HEURISTICS_GPU = (("H200", "H200_SXM"), ("H100 PCIe", "H100_PCIE"), ("H100 NVL", "H100_NVL"),
                    ("H100", "H100_SXM"), ("H20", "H20_SXM"))
@@ -79,14 +83,56 @@ def heuristic_configs(problem: Problem, gpu_name: str | None, count: int = HEURI
     return out
 
 
+def wave_fill(cfg: KernelConfig, problem: Problem, sm_count: int) -> float:
+    """Share of the SM time a persistent data-parallel kernel spends on useful tile area: the
+    problem's area over whole waves of tiles (a ping-pong SM works on two tiles at once, at half
+    speed each). 1.0 when the tiles divide the problem and fill every wave."""
+    tiles = math.ceil(problem.m / cfg.tile_m) * math.ceil(problem.n / cfg.tile_n)
+    slots = sm_count * (2 if cfg.kernel_schedule is KernelSchedule.PINGPONG else 1)
+    return problem.m * problem.n / (math.ceil(tiles / slots) * slots * cfg.tile_m * cfg.tile_n)
+
+
+def _persistent(cfg: KernelConfig) -> bool:
+    """Persistent and data-parallel: one CTA per SM walks the tiles (the plain kernel launches a
+    CTA per tile, several per SM; Stream-K splits K)."""
+    return cfg.kernel_schedule is not KernelSchedule.TMA_WS and cfg.tile_scheduler is TileScheduler.PERSISTENT
+
+
+def wave_fit_configs(members: list[KernelConfig], problems: list[Problem], sm_count: int,
+                     defaults: list[KernelConfig]) -> list[KernelConfig]:
+    """For each problem whose best-filling common default fills the waves less well than some
+    persistent tile of the space (by WAVE_FIT_MARGIN), that tile: the largest among the best
+    filling, cooperative where its tile M allows, data-parallel, the smallest cluster, as few
+    other knobs as the space allows. Stream-K is left out of the comparison: it fills waves by
+    splitting K, at a cost the sampler measures."""
+    out = []
+    for p in problems:
+        same = [c for c in members if (c.dtype_a, c.dtype_d, c.layout_a, c.layout_b) ==
+                (p.dtype_a, p.dtype_d, p.layout_a, p.layout_b) and _persistent(c)]
+        ours = [c for c in defaults if _persistent(c)]
+        if not same:
+            continue
+        floor = max((wave_fill(c, p, sm_count) for c in ours), default=0.0) + WAVE_FIT_MARGIN
+
+        def rank(c: KernelConfig) -> tuple:
+            return (round(wave_fill(c, p, sm_count), 2), c.tile_m * c.tile_n,
+                    c.kernel_schedule is KernelSchedule.COOPERATIVE, -c.cluster_m * c.cluster_n,
+                    not c.epilogue_source, c.stages == 0, c.epilogue_tile_n == 0, -c.tile_k)
+        best = max(same, key=rank)
+        if wave_fill(best, p, sm_count) >= floor:
+            out.append(best)
+    return out
+
+
 def _log_distance(a: Problem, b: Problem) -> float:
     return math.dist((math.log2(a.m), math.log2(a.n), math.log2(a.k)),
                      (math.log2(b.m), math.log2(b.n), math.log2(b.k)))
 
 
 def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem],
-                 gpu_name: str | None = None) -> list[KernelConfig]:
-    """Configs to enqueue before sampling, in order, each valid and in `space`."""
+                 gpu_name: str | None = None, sm_count: int | None = None) -> list[KernelConfig]:
+    """Configs to enqueue before sampling, in order, each valid and in `space`. Without
+    `sm_count` (the GPU's SMs) no wave-fitting tiles are added."""
     members = {c.hash: c for c in space.candidates}
     out: dict[str, KernelConfig] = {}
     # The performance model's picks first, one problem at a time, so each problem gets its own.
@@ -95,6 +141,7 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
         for found in picks:
             if rank < len(found) and found[rank].hash in members:
                 out.setdefault(found[rank].hash, found[rank])
+    defaults: list[KernelConfig] = []
     for p in problems:
         for knobs in COMMON_DEFAULTS:
             if p.dtype_a.is_fp8:  # the same shapes with fp8's 128-byte K rows, fast accumulation first
@@ -106,7 +153,11 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
                                    layout_a=p.layout_a, layout_b=p.layout_b, epilogue_source=source, **knobs)
                 if cfg.hash in members:
                     out.setdefault(cfg.hash, cfg)
+                    defaults.append(cfg)
                     break
+    if sm_count:
+        for cfg in wave_fit_configs(list(space.valid), problems, sm_count, defaults):
+            out.setdefault(cfg.hash, cfg)
     # The best config of each stored problem nearest to ours (same types and layouts).
     best: dict[Problem, tuple[float, KernelConfig]] = {}
     for m in store.measurements():

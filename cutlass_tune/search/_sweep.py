@@ -37,6 +37,7 @@ class Benchmarker(Protocol):
     """Measures compiled kernels on problems (the GPU side, or a fake in tests)."""
 
     gpu_name: str
+    sm_count: int
     timing_method: str  # "events" or "graph", "-paired" appended when baselines are paired; a store holds one
 
     def baseline(self, problem: Problem) -> Measurement: ...
@@ -307,7 +308,7 @@ class Sweep:
                 pp.best_ratio, pp.best_tflops = row["ratio"], row["tflops"]
                 pp.best_config = self._config_for(row["config_hash"], pp.problem)
         seeds = unfinished + seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems],
-                                          self.gpu)
+                                          self.gpu, self.bench.sm_count)
         for i, cfg in enumerate(seeds):
             # Spread seeds over the studies: the round robin asks each in turn.
             pp = self.state.problems[i % len(self.state.problems)]

@@ -36,6 +36,7 @@ class FakeCompiler:
 
 class FakeBench:
     gpu_name = "Fake GPU"
+    sm_count = 132
 
     def __init__(self, wrong_tile_m=None, interrupt_after=None):
         self.measured = []

@@ -42,6 +42,7 @@ class ScriptedBench:
     """A GPU whose kernels run at a given ratio to cuBLAS, per (config, run-time name)."""
 
     gpu_name = "Fake GPU"
+    sm_count = 132
 
     def __init__(self, ratios, wrong=()):
         self.ratios, self.wrong, self.order = ratios, set(wrong), []

@@ -5,6 +5,7 @@ import pytest
 
 from cutlass_tune.bench import Measurement
 from cutlass_tune.search import COMMON_DEFAULTS, seed_configs
+from cutlass_tune.search import _seeds
 from cutlass_tune.search._seeds import heuristic_configs
 from cutlass_tune.space import (
     EpilogueSchedule,
@@ -103,3 +104,45 @@ def test_the_square_benchmark_seeds_every_kernel_family_that_won_it_in_one_batch
                    "128x256x64_c1x2_sauto_cooperative"):
         assert f"bf16_tn_{winner}_tma_persistent_nosrc" in names or \
             f"bf16_tn_{winner}_tma_cooperative_persistent_nosrc" in names, winner
+
+
+SKINNY = """
+problems:
+  - {m: 4096, n: 1280, k: 8192}
+  - {m: 4096, n: 4096, k: 4096}
+dtypes: [bf16]
+layouts: [tn]
+kernels:
+  tile_m: [64, 128, 256]
+  tile_n: [64, 128, 160, 192, 256]
+  cluster: [1x1, 1x2]
+  kernel_schedule: [tma_ws, cooperative, pingpong]
+  tile_scheduler: [persistent, stream_k]
+  epilogue_source: [false, true]
+"""
+
+
+def test_a_tile_that_fills_the_waves_joins_the_seeds_where_the_defaults_fit_badly(tmp_path, store, monkeypatch):
+    """4096x1280: 128x256 tiles are 1.2 waves on 132 SMs, 128x192 ping-pong leaves 19% of one
+    idle; 256x160 is 128 tiles, 0.97 of a wave (it measured 1.00 of cuBLAS, the defaults 0.92)."""
+    monkeypatch.setitem(sys.modules, "nvMatmulHeuristics", None)
+    path = tmp_path / "skinny.yaml"
+    path.write_text(SKINNY)
+    space = load_space(path)
+    skinny, square = space.problems
+    without = seed_configs(space, store, [skinny, square], "NVIDIA H100 80GB HBM3")
+    seeds = seed_configs(space, store, [skinny, square], "NVIDIA H100 80GB HBM3", sm_count=132)
+    added = [c for c in seeds if c not in without]
+    assert [c.name for c in added] == ["bf16_tn_256x160x64_c1x1_sauto_cooperative_tma_cooperative_persistent_nosrc"]
+    assert _seeds.wave_fill(added[0], skinny, 132) == pytest.approx(128 / 132)
+    # the square fits the defaults' tiles: nothing added for it, alone or with more SMs
+    assert seed_configs(space, store, [square], "GPU", sm_count=132) == seed_configs(space, store, [square], "GPU")
+
+
+def test_wave_fill_counts_whole_waves_and_ping_pong_pairs():
+    p = Problem(4096, 1280, 8192)
+    coop = KernelConfig(tile_m=128, tile_n=256)  # 160 tiles: two waves of 132
+    assert _seeds.wave_fill(coop, p, 132) == pytest.approx(160 / 264)
+    pong = KernelConfig(tile_m=128, tile_n=192, kernel_schedule=KernelSchedule.PINGPONG,
+                        epilogue_schedule=EpilogueSchedule.TMA)  # 32 x 7 = 224 tiles of 264 slots, 1280 of 1344 columns
+    assert _seeds.wave_fill(pong, p, 132) == pytest.approx(4096 * 1280 / (264 * 128 * 192))
