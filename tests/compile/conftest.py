@@ -34,15 +34,16 @@ def nvcc_calls(tmp_path, monkeypatch):
 
 
 def build_and_check_smem(configs, cache_dir):
-    """Compile accepted configs with the real nvcc; check each loads, reports our ABI, runs one
-    wgmma as wide as its tile N, and that the smem model matches what CUTLASS computed (exact
-    stages; bytes overestimated by at most the kernel allowance, never under). Returns the
-    CompiledKernels."""
+    """Compile accepted configs with the real nvcc; check each builds without spills, loads,
+    reports our ABI, runs one wgmma as wide as its tile N, and that the smem model matches what
+    CUTLASS computed (exact stages; bytes overestimated by at most the kernel allowance, never
+    under). Returns the CompiledKernels."""
     for cfg in configs:
         assert check_config(cfg) == [], cfg.name
     results = compile_kernels(configs, cache=KernelCache(cache_dir), toolchain=find_toolchain(), jobs=2)
     for r in results:
         assert r.status is Status.OK, f"{r.config.name}: {r.reason} (log {r.log_path})"
+        assert not r.reason, f"{r.config.name}: {r.reason}"  # e.g. ptxas spilled
     for r in results:
         lib = ctypes.CDLL(str(r.library))
         assert lib.cutlass_tune_abi_version() == ABI_VERSION
