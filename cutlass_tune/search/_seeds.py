@@ -106,10 +106,10 @@ def wave_fit_configs(members: list[KernelConfig], problems: list[Problem], sm_co
     other knobs as the space allows. Stream-K is left out of the comparison: it fills waves by
     splitting K, at a cost the sampler measures."""
     out = []
+    ours = [c for c in defaults if _persistent(c)]
     for p in problems:
         same = [c for c in members if (c.dtype_a, c.dtype_d, c.layout_a, c.layout_b) ==
                 (p.dtype_a, p.dtype_d, p.layout_a, p.layout_b) and _persistent(c)]
-        ours = [c for c in defaults if _persistent(c)]
         if not same:
             continue
         floor = max((wave_fill(c, p, sm_count) for c in ours), default=0.0) + WAVE_FIT_MARGIN
