@@ -292,9 +292,9 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
     if cfg.kernel_schedule is KernelSchedule.COOPERATIVE and cfg.tile_m % 128:
         reject("cooperative_tile_m", "cooperative splits tile M over two consumer warpgroups "
                "of 64 rows: tile M must be 128 or 256")
-    elif accumulator_registers(cfg) > MAX_ACCUMULATOR_REGISTERS:
+    elif (registers := accumulator_registers(cfg)) > MAX_ACCUMULATOR_REGISTERS:
         reject("accumulator_registers", f"a {cfg.tile_m}x{cfg.tile_n} tile puts "
-               f"{accumulator_registers(cfg)} fp32 accumulators in each {cfg.kernel_schedule.value} "
+               f"{registers} fp32 accumulators in each {cfg.kernel_schedule.value} "
                f"consumer thread; above {MAX_ACCUMULATOR_REGISTERS} ptxas spills them and the "
                f"kernel runs at a fraction of cuBLAS (use a smaller tile, or cooperative)")
     if cfg.epilogue_schedule not in _EPILOGUE_PAIRS[cfg.kernel_schedule]:
