@@ -12,6 +12,7 @@ This module never imports GPU code: the compiler and the benchmarker are passed 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -86,6 +87,11 @@ class SweepState:
     queued: int = 0
     run_id: str = ""
     stop_reason: str = ""
+
+
+def _kind(x: KernelConfig | Problem) -> tuple:
+    """What a kernel is compiled for besides its knobs: operand types and layouts."""
+    return x.dtype_a, x.dtype_b, x.dtype_d, x.layout_a, x.layout_b
 
 
 def study_name(problem: Problem, arch: str, gpu: str) -> str:
@@ -309,9 +315,16 @@ class Sweep:
                 pp.best_config = self._config_for(row["config_hash"], pp.problem)
         seeds = unfinished + seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems],
                                           self.gpu, self.bench.sm_count)
-        for i, cfg in enumerate(seeds):
-            # Spread seeds over the studies: the round robin asks each in turn.
-            pp = self.state.problems[i % len(self.state.problems)]
+        turns: collections.Counter = collections.Counter()
+        for cfg in seeds:
+            # A seed goes to a study of its own types and layouts (its parameters say nothing
+            # of them), the studies of each taking turns: the round robin asks each in turn.
+            kind = _kind(cfg)
+            mine = [pp for pp in self.state.problems if _kind(pp.problem) == kind]
+            if not mine:
+                continue
+            pp = mine[turns[kind] % len(mine)]
+            turns[kind] += 1
             pcfg = config_of(params_of(cfg), pp.problem)
             if pcfg.hash in self.params[pp.problem].members and pcfg.hash not in self.in_study[pp.study.study_name]:
                 pp.study.enqueue_trial(self.params[pp.problem].params(pcfg), skip_if_exists=True)

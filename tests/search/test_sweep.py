@@ -246,3 +246,20 @@ def test_a_store_resumes_with_the_c_operand_knob_added_to_its_space(space, tmp_p
     assert before < {(r["problem"], r["config_hash"], r["runtime"]) for r in rows}
     assert bench.measured and not {(p, h, v) for h, p, v in bench.measured} & before  # nothing measured twice
     assert state.stop_reason == "trial budget reached"
+
+
+def test_each_layout_gets_its_own_seeds(tmp_path):
+    """A seed's knobs carry no types or layouts: it must go to a study of its own kind, or
+    one layout's studies would compile another layout's seeds and miss some of their own."""
+    from cutlass_tune.search import seed_configs
+
+    path = tmp_path / "layouts.yaml"
+    path.write_text(SPACE.replace("problems:", "layouts: [tn, nt, nn]\nproblems:"))
+    space = load_space(path)
+    compiler = FakeCompiler()
+    sweep, store = make(space, tmp_path, compiler=compiler, trials=60, batch=60)
+    seeds = seed_configs(space, store, list(space.problems), "Fake GPU")
+    kinds = collections.Counter((c.layout_a, c.layout_b) for c in seeds)
+    assert len(kinds) == 3 and len(set(kinds.values())) == 1  # the same seeds for each layout
+    sweep.run()
+    assert {c.hash for c in compiler.calls[0]} >= {c.hash for c in seeds}
