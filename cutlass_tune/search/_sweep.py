@@ -122,6 +122,7 @@ class Sweep:
         self.results: dict[tuple[str, str], float | None] = {}
         self.compiled_hashes: set[str] = set()
         self.in_study: dict[str, set[str]] = {pp.study.study_name: set() for pp in progress}
+        self._turn = 0  # the next study `_propose` asks
 
     # ---- resume -------------------------------------------------------------------------
     def _load_previous(self) -> list[KernelConfig]:
@@ -188,13 +189,16 @@ class Sweep:
 
     def _propose(self, want: int, pending: dict[str, KernelConfig],
                  waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]]) -> list[KernelConfig]:
-        """Ask the studies (round robin) until `want` new configs are pending. Invalid,
-        already measured and already pending proposals are answered without a compile."""
+        """Ask the studies (round robin, where the last call stopped: with more problems than a
+        batch holds, restarting at the first would leave the last studies never asked) until
+        `want` new configs are pending. Invalid, already measured and already pending proposals
+        are answered without a compile."""
         batch: list[KernelConfig] = []
         attempts = 0
         limit = 50 * max(want, 1) + 100
         while len(batch) < want and attempts < limit:
-            pp = self.state.problems[attempts % len(self.state.problems)]
+            pp = self.state.problems[self._turn % len(self.state.problems)]
+            self._turn += 1
             attempts += 1
             trial = pp.study.ask(self.params[pp.problem].distributions())
             cfg = config_of(trial.params, pp.problem)

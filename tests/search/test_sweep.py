@@ -5,7 +5,7 @@ import optuna
 import pytest
 
 from cutlass_tune.search import Sweep, SweepSettings
-from cutlass_tune.space import load_space
+from cutlass_tune.space import check_config, load_space
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore, StoreGpuMismatchError
 
@@ -263,3 +263,30 @@ def test_each_layout_gets_its_own_seeds(tmp_path):
     assert len(kinds) == 3 and len(set(kinds.values())) == 1  # the same seeds for each layout
     sweep.run()
     assert {c.hash for c in compiler.calls[0]} >= {c.hash for c in seeds}
+
+
+def test_batches_smaller_than_the_studies_ask_every_study_in_turn(tmp_path):
+    """One config per batch, six studies, every proposal valid: each batch must ask the study
+    after the one the last batch asked, or the first study proposes everything."""
+    from cutlass_tune.search import seed_configs
+
+    path = tmp_path / "small.yaml"
+    path.write_text("""
+problems: [{m: [1024, 4096], n: 4096, k: 4096}]
+layouts: [tn, nt, nn]
+kernels:
+  tile_m: [128]
+  tile_n: [64, 128]
+  cluster: [1x1, 2x1, 1x2]
+  kernel_schedule: [cooperative, pingpong]
+""")
+    space = load_space(path)
+    assert all(not check_config(c) for c in space.candidates)
+    compiler = FakeCompiler()
+    store = ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    seeds = seed_configs(space, store, list(space.problems), "Fake GPU")
+    assert len(seeds) == 6  # two per layout, one for each of its two studies
+    sweep, store = make(space, tmp_path, compiler=compiler, trials=len(seeds), batch=1)
+    sweep.run()
+    assert [len(call) for call in compiler.calls] == [1] * 6
+    assert {c.hash for call in compiler.calls for c in call} == {c.hash for c in seeds}
