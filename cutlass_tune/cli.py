@@ -274,14 +274,15 @@ def confirm(
                                  bench, passes, on_measurement=lambda m: progress.advance(task))
     finally:
         bench.close()
-    ratios = result.ratios()
+    ratios, medians = result.ratios(), result.medians()
     table = Table("problem", "kernel", "run-time", "sweep", "confirmed (median)", "passes", "low-high",
                   box=None, pad_edge=False)
     for c in chosen:
-        got = sorted(ratios.get((c.problem.name, c.config.name, c.runtime.name), []))
+        key = (c.problem.name, c.config.name, c.runtime.name)
+        got = ratios.get(key, [])
         table.add_row(c.problem.name, c.config.name, c.runtime.name, f"{c.ratio:.3f}",
-                      f"{got[(len(got) - 1) // 2]:.3f}" if got else "failed", str(len(got)),
-                      f"{got[0]:.3f}-{got[-1]:.3f}" if got else "")
+                      f"{medians[key]:.3f}" if got else "failed", str(len(got)),
+                      f"{min(got):.3f}-{max(got):.3f}" if got else "")
     out.print(table)
     failed = collections.Counter(m.status.value for m, _ in result.rows if m.status is not Status.OK)
     out.print(f"run {result.run_id}: {len(result.rows)} measurements added to {url}"

@@ -13,6 +13,7 @@ This module never imports GPU code: the compiler and the benchmarker are passed 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import uuid
 from typing import Callable, Sequence
 
@@ -52,6 +53,11 @@ class ConfirmResult:
             if not m.is_baseline and ratio is not None:
                 out.setdefault((m.problem.name, m.kernel_name, m.runtime.name), []).append(ratio)
         return out
+
+    def medians(self) -> dict[tuple[str, str, str], float]:
+        """(problem, kernel, run-time name) -> the median of its passes' ratios (of an even
+        count, the mean of the middle two: the figure `load_best` ranks by)."""
+        return {key: statistics.median(got) for key, got in self.ratios().items()}
 
 
 def candidates(store: ResultStore, top: int) -> list[Candidate]:

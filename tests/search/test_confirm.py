@@ -130,6 +130,23 @@ def test_after_confirmation_the_best_is_the_best_median_not_the_luckiest_sweep_f
     assert small["kernel"] == PLAIN.name and small["confirm_passes"] == 3
 
 
+def test_the_confirmed_median_of_an_even_count_is_the_one_the_table_ranks_by(store):
+    script = iter([1.00, 1.02, 1.04, 1.00])  # BIG's kernels in measuring order, two passes
+
+    class Drifting(ScriptedBench):
+        def measure(self, compiled, problem, variants):
+            for m in super().measure(compiled, problem, variants):
+                yield kernel(problem, m.config, m.runtime, next(script)) if problem == BIG else m
+
+    result = confirm(store, candidates(store, top=2), FakeCompiler(),
+                     Drifting({(PLAIN.hash, RuntimeArgs().name): 1.01}), passes=2)
+    medians = result.medians()
+    # PINGPONG passes 1.00 and 1.00, COOP 1.02 and 1.04: its median is their mean, not the lower
+    assert medians[(BIG.name, COOP.name, RuntimeArgs().name)] == pytest.approx(1.03)
+    big = load_best(store.url).set_index("problem").loc[BIG.name]
+    assert big["kernel"] == COOP.name and big["ratio"] == pytest.approx(1.03)
+
+
 def test_a_candidate_wrong_in_confirmation_is_never_best_again(store):
     bench = ScriptedBench({(PINGPONG.hash, RuntimeArgs().name): 1.10, (COOP.hash, RuntimeArgs().name): 0.98,
                            (PLAIN.hash, RuntimeArgs().name): 1.01}, wrong={(PINGPONG.hash, RuntimeArgs().name)})
@@ -189,3 +206,38 @@ def test_confirm_refuses_a_store_of_another_gpu_before_measuring(store):
     with pytest.raises(StoreGpuMismatchError, match="Fake GPU"):
         confirm(store, candidates(store, top=1), FakeCompiler(), bench, passes=1)
     assert bench.order == [] and len(store.rows()) == before
+
+
+def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
+    """The command's own table, on a scripted GPU: two passes, COOP at 1.02 and 1.04."""
+    from typer.testing import CliRunner
+
+    import cutlass_tune.bench
+    import cutlass_tune.compile
+    from cutlass_tune.cli import app
+
+    script = iter([1.00, 1.02, 1.04, 1.00])
+
+    class Gpu(ScriptedBench):
+        def __init__(self, gpu):
+            super().__init__({(PLAIN.hash, RuntimeArgs().name): 1.01})
+            self.timing = None
+
+        @property
+        def timing_method(self):  # as the worker names it: the store's own method is kept
+            return "events" + ("-paired" if self.timing.paired else "")
+
+        def measure(self, compiled, problem, variants):
+            for m in super().measure(compiled, problem, variants):
+                yield kernel(problem, m.config, m.runtime, next(script)) if problem == BIG else m
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cutlass_tune.bench, "WorkerBenchmarker", Gpu)
+    monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", lambda cfgs, **kw: FakeCompiler()(cfgs))
+    r = CliRunner().invoke(app, ["confirm", "--storage", store.url, "--passes", "2"], terminal_width=250)
+    assert r.exit_code == 0, r.output
+    coop = next(line.split() for line in r.output.splitlines() if line.startswith(BIG.name) and COOP.name in line)
+    # sweep, confirmed median, passes, low-high
+    assert coop[-4:] == ["1.030", "1.030", "2", "1.020-1.040"]
