@@ -37,10 +37,11 @@ def main(config: str, trials: int) -> int:
         wanted[kind(c)].add(c.hash)
     ok = True
     for k, want in wanted.items():
-        first = set(compiled[k][:len(want)])
-        ok &= first == want
-        print(f"{k}: {len(want)} seeds, {len(compiled[k])} compiled, "
-              f"seeds first: {'yes' if first == want else 'no'}")
+        # Seeds first: the kind's first compiled configs are its seeds, as many as the budget allowed.
+        first = compiled[k][:len(want)]
+        good = bool(first) and all(h in want for h in first)
+        ok &= good
+        print(f"{k}: {len(want)} seeds, {len(compiled[k])} compiled, seeds first: {'yes' if good else 'no'}")
     return 0 if ok else 1
 
 
