@@ -83,6 +83,12 @@ def heuristic_configs(problem: Problem, gpu_name: str | None, count: int = HEURI
     return out
 
 
+def operand_kind(x: KernelConfig | Problem) -> tuple:
+    """What a kernel is compiled for besides its knobs: operand types and layouts. A config
+    serves exactly the problems of its kind."""
+    return x.dtype_a, x.dtype_b, x.dtype_d, x.layout_a, x.layout_b
+
+
 def wave_fill(cfg: KernelConfig, problem: Problem, sm_count: int) -> float:
     """Share of the SM time a persistent data-parallel kernel spends on useful tile area: the
     problem's area over whole waves of tiles (a ping-pong SM works on two tiles at once, at half
@@ -108,8 +114,7 @@ def wave_fit_configs(members: list[KernelConfig], problems: list[Problem], sm_co
     out = []
     ours = [c for c in defaults if _persistent(c)]
     for p in problems:
-        same = [c for c in members if (c.dtype_a, c.dtype_d, c.layout_a, c.layout_b) ==
-                (p.dtype_a, p.dtype_d, p.layout_a, p.layout_b) and _persistent(c)]
+        same = [c for c in members if operand_kind(c) == operand_kind(p) and _persistent(c)]
         if not same:
             continue
         floor = max((wave_fill(c, p, sm_count) for c in ours), default=0.0) + WAVE_FIT_MARGIN
@@ -165,8 +170,8 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
             if m.problem not in best or m.tflops > best[m.problem][0]:
                 best[m.problem] = (m.tflops, m.config)
     for p in problems:
-        nearest = sorted((q for q in best if q != p and (q.dtype_a, q.layout_a, q.layout_b) ==
-                          (p.dtype_a, p.layout_a, p.layout_b)), key=lambda q: _log_distance(p, q))
+        nearest = sorted((q for q in best if q != p and operand_kind(q) == operand_kind(p)),
+                         key=lambda q: _log_distance(p, q))
         for q in nearest[:NEAREST_PROBLEMS]:
             out.setdefault(best[q][1].hash, best[q][1])
     return list(out.values())

@@ -29,7 +29,7 @@ from ..status import Status
 from ..store import ResultStore
 from ._params import ParamSpace, config_of, params_of
 from ._samplers import CONSTRAINT, make_sampler
-from ._seeds import seed_configs
+from ._seeds import operand_kind, seed_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -87,11 +87,6 @@ class SweepState:
     queued: int = 0
     run_id: str = ""
     stop_reason: str = ""
-
-
-def _kind(x: KernelConfig | Problem) -> tuple:
-    """What a kernel is compiled for besides its knobs: operand types and layouts."""
-    return x.dtype_a, x.dtype_b, x.dtype_d, x.layout_a, x.layout_b
 
 
 def study_name(problem: Problem, arch: str, gpu: str) -> str:
@@ -319,15 +314,17 @@ class Sweep:
                 pp.best_config = self._config_for(row["config_hash"], pp.problem)
         seeds = unfinished + seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems],
                                           self.gpu, self.bench.sm_count)
+        # A seed goes to a study of its own types and layouts (its parameters say nothing of
+        # them), the studies of each kind taking turns: the round robin asks each in turn.
+        studies_of = collections.defaultdict(list)
+        for pp in self.state.problems:
+            studies_of[operand_kind(pp.problem)].append(pp)
         turns: collections.Counter = collections.Counter()
         for cfg in seeds:
-            # A seed goes to a study of its own types and layouts (its parameters say nothing
-            # of them), the studies of each taking turns: the round robin asks each in turn.
-            kind = _kind(cfg)
-            mine = [pp for pp in self.state.problems if _kind(pp.problem) == kind]
-            if not mine:
+            kind = operand_kind(cfg)
+            if not studies_of[kind]:
                 continue
-            pp = mine[turns[kind] % len(mine)]
+            pp = studies_of[kind][turns[kind] % len(studies_of[kind])]
             turns[kind] += 1
             pcfg = config_of(params_of(cfg), pp.problem)
             if pcfg.hash in self.params[pp.problem].members and pcfg.hash not in self.in_study[pp.study.study_name]:
