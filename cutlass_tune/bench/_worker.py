@@ -103,6 +103,7 @@ class Worker:
         self.starts = 0
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
+        self._owed = 0  # results the child still owes for the job being collected
 
     @property
     def pid(self) -> int | None:
@@ -137,7 +138,9 @@ class Worker:
         """Measure `job`, yielding one Measurement per variant in order.
 
         A CUDA error, a crash or a hang becomes a measurement (RUNTIME_ERROR, TIMEOUT) and a
-        fresh child carries on. Stopping the iteration early discards the child.
+        fresh child carries on. Stopping the iteration while the child still owes results
+        discards it (they must not mix with the next job's); stopping after the last result,
+        as a caller that takes only the one measurement of a baseline does, keeps it.
 
         Raises:
             WorkerError: see `start`, or the child's own code failed.
@@ -146,10 +149,12 @@ class Worker:
         try:
             while pending:
                 self.start()
+                self._owed = len(pending)
                 self._conn.send(dataclasses.replace(job, variants=pending))
                 pending = yield from self._collect(job, pending)
         except BaseException:
-            self._discard()
+            if self._owed:
+                self._discard()
             raise
 
     def _collect(self, job: Job, variants: tuple[RuntimeArgs, ...]
@@ -158,10 +163,12 @@ class Worker:
         for i, variant in enumerate(variants):
             kind, payload = self._receive(self.timeout_s)
             if kind == "result":
-                yield payload
-                if payload.status is Status.RUNTIME_ERROR:
+                if payload.status is Status.RUNTIME_ERROR:  # the child exits after sending it
                     self._discard(wait=True)
+                    yield payload
                     return variants[i + 1:]
+                self._owed -= 1
+                yield payload
                 continue
             self._discard()
             if kind == "error":

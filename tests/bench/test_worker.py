@@ -106,6 +106,24 @@ def test_stopping_early_discards_the_worker_so_results_cannot_mix(worker):
     assert [m.runtime for m in again] == [VARIANTS[2]]
 
 
+def test_stopping_after_the_last_result_keeps_the_worker(worker):
+    # What a baseline does: take the one measurement of a one-variant job and stop. Nothing is
+    # owed, so the child stays (starting one costs seconds: torch and CUDA in a new process).
+    first = next(iter(worker.run(_job("ok", VARIANTS[:1]))))
+    results = worker.run(_job("ok", VARIANTS[:2]))
+    list(zip(range(2), results))
+    results.close()
+    again = list(worker.run(_job("ok")))
+    assert {_pid(m) for m in [first, *again]} == {worker.pid} and worker.starts == 1
+
+
+def test_stopping_after_a_cuda_error_as_the_last_result_still_replaces_the_worker(worker):
+    results = worker.run(_job("cuda_error", VARIANTS[1:2]))
+    assert next(results).status is Status.RUNTIME_ERROR
+    results.close()
+    assert [m.status for m in worker.run(_job("ok"))] == [Status.OK] * 3 and worker.starts == 2
+
+
 def test_a_worker_that_cannot_start_says_why():
     with Worker(0, factory=failing_factory, start_timeout_s=60) as w:
         with pytest.raises(WorkerError, match="CUDA driver initialization failed"):
