@@ -1,7 +1,8 @@
 """Where the wall time of one measurement goes, on the GPU host.
 
 `cutlass-tune confirm` took about 2.2 s per kernel measurement on an H200 whatever the size
-(1000 samples at 1024^3, 35 at 8192^3) and 0.2 s per cuBLAS baseline. This script measures
+(1000 samples at 1024^3, 35 at 8192^3) and 0.2 s per cuBLAS baseline, before the worker fix of
+benchmarks/worker_restarts.md, which this script's figures led to. This script measures
 one sourceless 64x128 plain kernel and cuBLAS at 1024^3 and 8192^3, paired as confirm does:
 the wall time of each job in this process (no worker) and through the worker, then a cProfile
 of one kernel job in this process.
