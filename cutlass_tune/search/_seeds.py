@@ -35,8 +35,15 @@ COMMON_DEFAULTS = (
 )
 NEAREST_PROBLEMS = 3
 WAVE_FIT_MARGIN = 0.05
-"""How much better a tile must fill the last wave than every common default's tile before it
-joins the seeds (on the squares and the Llama shapes measured, the defaults fill 96-97%)."""
+"""How much better a tile must fill the last wave than every large common default's tile before
+it joins the seeds (on the squares and the Llama shapes measured, the defaults fill 96-97%)."""
+WAVE_FIT_MIN_AREA = 128 * 128
+"""Wave fill is compared among tiles of at least this area. Smaller tiles fill the waves of a
+large problem evenly but load each operand byte for fewer flops: none won a problem from 2048^3
+up, and a 64x128 default filling 97% of the waves of LLaMA-33B's 6656-wide GEMMs hid the
+128x208 tile that matched or beat every default there (benchmarks/beat_cublas.md)."""
+WAVE_FIT_MIN_FILL = 0.90
+"""A tile that leaves more of its last wave idle is no fit (large tiles on small problems)."""
 HEURISTIC_TOP_K = 4
 _HEURISTICS_GPU = (("H200", "H200_SXM"), ("H100 PCIe", "H100_PCIE"), ("H100 NVL", "H100_NVL"),
                    ("H100", "H100_SXM"), ("H20", "H20_SXM"))
@@ -106,26 +113,28 @@ def _persistent(cfg: KernelConfig) -> bool:
 
 def wave_fit_configs(members: list[KernelConfig], problems: list[Problem], sm_count: int,
                      defaults: list[KernelConfig]) -> list[KernelConfig]:
-    """For each problem whose best-filling common default fills the waves less well than some
-    persistent tile of the space (by WAVE_FIT_MARGIN), that tile: the largest among the best
-    filling, cooperative where its tile M allows, data-parallel, the smallest cluster, as few
-    other knobs as the space allows. Stream-K is left out of the comparison: it fills waves by
-    splitting K, at a cost the sampler measures."""
+    """For each problem whose large common defaults fill the waves less well than some large
+    persistent tile of the space (by WAVE_FIT_MARGIN, and at least WAVE_FIT_MIN_FILL), the best
+    filling tile of each schedule, cooperative and ping-pong (they split the SM differently, and
+    each won shapes the other lost): the largest among the best filling, data-parallel, the
+    smallest cluster, as few other knobs as the space allows. Stream-K is left out of the
+    comparison: it fills waves by splitting K, at a cost the sampler measures."""
+    def large(c: KernelConfig) -> bool:
+        return _persistent(c) and c.tile_m * c.tile_n >= WAVE_FIT_MIN_AREA
+
     out = []
-    ours = [c for c in defaults if _persistent(c)]
+    ours = [c for c in defaults if large(c)]
     for p in problems:
-        same = [c for c in members if operand_kind(c) == operand_kind(p) and _persistent(c)]
-        if not same:
-            continue
         floor = max((wave_fill(c, p, sm_count) for c in ours), default=0.0) + WAVE_FIT_MARGIN
 
         def rank(c: KernelConfig) -> tuple:
-            return (round(wave_fill(c, p, sm_count), 2), c.tile_m * c.tile_n,
-                    c.kernel_schedule is KernelSchedule.COOPERATIVE, -c.cluster_m * c.cluster_n,
+            return (round(wave_fill(c, p, sm_count), 2), c.tile_m * c.tile_n, -c.cluster_m * c.cluster_n,
                     not c.epilogue_source, c.stages == 0, c.epilogue_tile_n == 0, -c.tile_k)
-        best = max(same, key=rank)
-        if wave_fill(best, p, sm_count) >= floor:
-            out.append(best)
+        for schedule in (KernelSchedule.COOPERATIVE, KernelSchedule.PINGPONG):
+            same = [c for c in members if operand_kind(c) == operand_kind(p) and large(c)
+                    and c.kernel_schedule is schedule]
+            if same and wave_fill(best := max(same, key=rank), p, sm_count) >= max(floor, WAVE_FIT_MIN_FILL):
+                out.append(best)
     return out
 
 

@@ -45,12 +45,14 @@ FP8_PROMOTION_INTERVAL = 4
 default `mma_promotion_interval` of CUTLASS's SM90 fp8 mainloop, which we do not set)."""
 FP8_MMA_K = 32
 """K of one fp8 wgmma instruction (32 bytes)."""
-MAX_ACCUMULATOR_REGISTERS = 192
+MAX_ACCUMULATOR_REGISTERS = 208
 """fp32 accumulators per consumer thread above which we do not build a kernel. The consumer
-warpgroups of the persistent kernels get 232 registers (setmaxnreg); at 224 accumulators ptxas
-spilled 6.6 KB per thread (128x224 ping-pong) and the kernels ran at 0.05-0.06 of cuBLAS on an
-H100, as every committed store's kernel above 192 did (best 0.33). 192 (128x192 ping-pong,
-256x192 cooperative) builds without spills and wins the largest squares; 193-223 is not measured."""
+warpgroups of the persistent kernels get 232 registers (setmaxnreg). ptxas
+(benchmarks/accumulator_spills.py): 176, 192 and 208 build without spills (208 also with a C
+operand); 224 stores and loads 3.3-3.4 KB of spills per thread (6.6 KB in all), and every
+committed kernel above 208 ran at 0.05-0.33 of cuBLAS. At 208, ping-pong 128x208 was the best
+kernel, or tied for it, on LLaMA-33B's 6656-wide GEMMs on an H100 (1.044-1.054 of cuBLAS
+confirmed; benchmarks/beat_cublas.md)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,9 @@ BOUNDARY = [
     # tile N outside the builder's default wgmma sizes: needs the extended shapes
     KernelConfig(tile_m=256, tile_n=160, epilogue_source=False),
     KernelConfig(tile_m=128, tile_n=224, epilogue_source=False),
+    # the most accumulators per thread the rules allow (208)
+    KernelConfig(tile_m=128, tile_n=208, kernel_schedule=KernelSchedule.PINGPONG,
+                 epilogue_schedule=EpilogueSchedule.TMA, epilogue_source=False),
 ]
 
 

@@ -133,10 +133,46 @@ def test_a_tile_that_fills_the_waves_joins_the_seeds_where_the_defaults_fit_badl
     without = seed_configs(space, store, [skinny, square], "NVIDIA H100 80GB HBM3")
     seeds = seed_configs(space, store, [skinny, square], "NVIDIA H100 80GB HBM3", sm_count=132)
     added = [c for c in seeds if c not in without]
-    assert [c.name for c in added] == ["bf16_tn_256x160x64_c1x1_sauto_cooperative_tma_cooperative_persistent_nosrc"]
+    assert [c.name for c in added] == ["bf16_tn_256x160x64_c1x1_sauto_cooperative_tma_cooperative_persistent_nosrc",
+                                       "bf16_tn_128x160x64_c1x1_sauto_pingpong_tma_persistent_nosrc"]
     assert _seeds.wave_fill(added[0], skinny, 132) == pytest.approx(128 / 132)
+    assert _seeds.wave_fill(added[1], skinny, 132) == pytest.approx(256 / 264)
     # the square fits the defaults' tiles: nothing added for it, alone or with more SMs
     assert seed_configs(space, store, [square], "GPU", sm_count=132) == seed_configs(space, store, [square], "GPU")
+
+
+WIDE = """
+problems:
+  - {m: 4096, n: 6656, k: 6656}
+  - {m: 1024, n: 1024, k: 1024}
+dtypes: [bf16]
+layouts: [tn]
+kernels:
+  tile_m: [64, 128, 256]
+  tile_n: [64, 128, 192, 208, 256]
+  cluster: [1x1, 1x2]
+  kernel_schedule: [tma_ws, cooperative, pingpong]
+  epilogue_source: [false, true]
+"""
+
+
+def test_small_default_tiles_that_fill_the_waves_do_not_hide_a_large_tile_that_fits(tmp_path, store, monkeypatch):
+    """4096x6656 (LLaMA-33B's o projection): the 64x128 ping-pong default fills 97% of its
+    13 waves, the large defaults 90% of 7; 6656 = 32 x 208, and 128x208 ping-pong, 0.97 of 4
+    waves, beat every default there. At 1024^3 no large tile fills 90% of a wave: nothing added."""
+    monkeypatch.setitem(sys.modules, "nvMatmulHeuristics", None)
+    path = tmp_path / "wide.yaml"
+    path.write_text(WIDE)
+    space = load_space(path)
+    wide, small = space.problems
+    without = seed_configs(space, store, [wide], "GPU")
+    added = [c.name for c in seed_configs(space, store, [wide], "GPU", sm_count=132) if c not in without]
+    assert added == ["bf16_tn_256x208x64_c1x1_sauto_cooperative_tma_cooperative_persistent_nosrc",
+                     "bf16_tn_128x208x64_c1x1_sauto_pingpong_tma_persistent_nosrc"]
+    small_default = KernelConfig(tile_m=64, tile_n=128, kernel_schedule=KernelSchedule.PINGPONG,
+                                 epilogue_schedule=EpilogueSchedule.TMA, epilogue_source=False)
+    assert small_default in without and _seeds.wave_fill(small_default, wide, 132) == pytest.approx(0.97, abs=0.005)
+    assert seed_configs(space, store, [small], "GPU", sm_count=132) == seed_configs(space, store, [small], "GPU")
 
 
 def test_wave_fill_counts_whole_waves_and_ping_pong_pairs():
