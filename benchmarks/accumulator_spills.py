@@ -35,10 +35,10 @@ def unit_source(schedule: KernelSchedule, tile_m: int, tile_n: int, source: bool
     epilogue = EpilogueSchedule.TMA if schedule is KernelSchedule.PINGPONG else EpilogueSchedule.TMA_COOPERATIVE
     cfg = KernelConfig(tile_m=tile_m, tile_n=160, tile_k=64, cluster_m=1, cluster_n=1,
                        kernel_schedule=schedule, epilogue_schedule=epilogue, epilogue_source=source)
-    source = render_unit([cfg]).source
+    text = render_unit([cfg]).source
     old = f"Shape<_{tile_m}, _160, _64>"
-    assert source.count(old) == 1 and "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in source
-    return source.replace(old, f"Shape<_{tile_m}, cute::Int<{tile_n}>, _64>")
+    assert text.count(old) == 1 and "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in text
+    return text.replace(old, f"Shape<_{tile_m}, cute::Int<{tile_n}>, _64>")
 
 
 def ptxas_report(log: str) -> tuple[int, int, int] | None:

@@ -124,6 +124,7 @@ def wave_fit_configs(members: list[KernelConfig], problems: list[Problem], sm_co
 
     out = []
     ours = [c for c in defaults if large(c)]
+    theirs = [c for c in members if large(c)]
     for p in problems:
         floor = max((wave_fill(c, p, sm_count) for c in ours), default=0.0) + WAVE_FIT_MARGIN
 
@@ -131,8 +132,7 @@ def wave_fit_configs(members: list[KernelConfig], problems: list[Problem], sm_co
             return (round(wave_fill(c, p, sm_count), 2), c.tile_m * c.tile_n, -c.cluster_m * c.cluster_n,
                     not c.epilogue_source, c.stages == 0, c.epilogue_tile_n == 0, -c.tile_k)
         for schedule in (KernelSchedule.COOPERATIVE, KernelSchedule.PINGPONG):
-            same = [c for c in members if operand_kind(c) == operand_kind(p) and large(c)
-                    and c.kernel_schedule is schedule]
+            same = [c for c in theirs if operand_kind(c) == operand_kind(p) and c.kernel_schedule is schedule]
             if same and wave_fill(best := max(same, key=rank), p, sm_count) >= max(floor, WAVE_FIT_MIN_FILL):
                 out.append(best)
     return out
