@@ -12,7 +12,7 @@ python3 benchmarks/summarize_bench.py "$out/mid.jsonl" > "$out/mid_summary.md"; 
 ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 if [ -n "$ncu" ]; then
   timeout -k 10 120 "$ncu" --profile-from-start off --clock-control none --section SpeedOfLight \
-    --section ComputeWorkloadAnalysis --csv --page details python3 benchmarks/ncu_largest.py > "$out/ncu_8192.csv" 2> "$out/ncu.err"
+    --section ComputeWorkloadAnalysis --csv --page details python3 benchmarks/ncu_profile.py > "$out/ncu_8192.csv" 2> "$out/ncu.err"
   echo "ncu rc=$?"; grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy" "$out/ncu_8192.csv" | cut -c1-300 | head -30
 else
   echo "no ncu on this host"
