@@ -16,13 +16,14 @@ then cuBLAS, one launch on L2-cold operands. `--clock-control none` keeps the bo
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
 
 from cutlass_tune import settings
 from cutlass_tune.bench._loader import LoadedKernel, make_args
 from cutlass_tune.bench._timing import L2Flush
-from cutlass_tune.bench._verify import allocate, randomize
+from cutlass_tune.bench._verify import Operands, allocate, randomize
 from cutlass_tune.compile import KernelCache, compile_kernels
 from cutlass_tune.space import EpilogueSchedule, KernelConfig, KernelSchedule, Problem, RasterOrder, RuntimeArgs
 
@@ -43,13 +44,14 @@ KERNELS = {
 }
 
 
-def main(size: int, rounds: int) -> None:
+def build_launches(size: int) -> tuple[Operands, list[tuple[str, Callable[[], None]]]]:
+    """The operands of the square problem `size` and one launch per kernel of KERNELS[size]
+    (compiled through the cache, prepared), cuBLAS last."""
     problem = Problem(size, size, size)
     chosen = KERNELS[size]
     built = compile_kernels([c for c, _ in chosen], cache=KernelCache(settings.cache_dir()))
     ops = allocate(problem, "cuda:0")
     randomize(ops, torch.Generator("cuda:0").manual_seed(0))
-    flush = L2Flush(0, torch.cuda.get_device_properties(0).L2_cache_size)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     stream = torch.cuda.current_stream().cuda_stream
     launches = []
@@ -61,6 +63,12 @@ def main(size: int, rounds: int) -> None:
         gemm.initialize(args, None, stream)
         launches.append((compiled.config.name, lambda g=gemm: g.run(stream)))
     launches.append(("cuBLAS", lambda: torch.matmul(ops.a, ops.b.t(), out=ops.d)))
+    return ops, launches
+
+
+def main(size: int, rounds: int) -> None:
+    _, launches = build_launches(size)
+    flush = L2Flush(0, torch.cuda.get_device_properties(0).L2_cache_size)
     for _, launch in launches:  # warm up: clocks, cuBLAS's heuristics cache, module loading
         for _ in range(20):
             launch()
