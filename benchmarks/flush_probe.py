@@ -34,7 +34,7 @@ class ReadFlush:
         self._sink = torch.empty((), dtype=torch.int64, device="cuda:0")
 
     def __call__(self) -> None:
-        torch.sum(self._buffer, out=self._sink)
+        torch.sum(self._buffer, dim=0, out=self._sink)
 
 
 def main(size: int) -> None:

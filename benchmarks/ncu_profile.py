@@ -61,7 +61,8 @@ def build_launches(size: int) -> tuple[Operands, list[tuple[str, Callable[[], No
         args = make_args(problem, runtime, a=ops.a.data_ptr(), b=ops.b.data_ptr(), d=ops.d.data_ptr(),
                          device_id=0, sm_count=sms)
         gemm.initialize(args, None, stream)
-        launches.append((compiled.config.name, lambda g=gemm: g.run(stream)))
+        launches.append((compiled.config.name,  # the stream read at launch time, as graph capture needs
+                         lambda g=gemm: g.run(torch.cuda.current_stream().cuda_stream)))
     launches.append(("cuBLAS", lambda: torch.matmul(ops.a, ops.b.t(), out=ops.d)))
     return ops, launches
 
