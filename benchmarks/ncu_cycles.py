@@ -31,8 +31,8 @@ def _number(text: str) -> float:
 def summarize(text: str) -> str:
     names = [line.split("profiled: ", 1)[1].strip() for line in text.splitlines() if "profiled: " in line]
     table = text[text.index('"ID"'):]
-    rows = [r for r in csv.DictReader(io.StringIO("\n".join(
-        line for line in table.splitlines() if line.startswith('"'))))]
+    rows = list(csv.DictReader(io.StringIO("\n".join(
+        line for line in table.splitlines() if line.startswith('"')))))
     flush_grid = rows[0]["Grid Size"]  # the first launch profiled is an L2 flush
     launches: dict[int, dict[str, str]] = defaultdict(dict)
     for r in rows:

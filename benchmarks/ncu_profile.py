@@ -33,9 +33,9 @@ KERNELS = {
     8192: ((KernelConfig(tile_m=128, tile_n=192, cluster_m=2, **_PINGPONG),
             RuntimeArgs(raster=RasterOrder.ALONG_N, swizzle=1)),
            (KernelConfig(tile_m=128, tile_n=256, cluster_n=2), RuntimeArgs(raster=RasterOrder.ALONG_M, swizzle=4))),
-    # the sweeps' winner at 2048^3 (256 tiles: 1.94 per SM) and its clusters (TMA multicast:
-    # fewer L2 reads), and cuBLAS's own tile and cluster there (256x128 cooperative 1x2: 128
-    # tiles, one per SM), all sourceless
+    # the sweeps' winner at 2048^3 (256 tiles: 1.94 per SM) with each cluster shape (TMA
+    # multicast), and cuBLAS's own tile and cluster there (256x128 cooperative 1x2: 128 tiles,
+    # one per SM), all sourceless
     2048: tuple((KernelConfig(tile_m=128, tile_n=128, cluster_m=cm, cluster_n=cn, epilogue_source=False,
                               **_PINGPONG), RuntimeArgs(raster=RasterOrder.ALONG_M, swizzle=8))
                 for cm, cn in ((1, 1), (1, 2), (2, 1), (2, 2))) + (
