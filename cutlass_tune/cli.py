@@ -7,11 +7,12 @@ does not compile) are reported in the output and exit 1.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -333,7 +334,8 @@ def sweep(
     storage: Optional[str] = typer.Option(
         None, "--storage", help="SQLAlchemy URL of the store (default sqlite:///results/sweep-<gpu>.sqlite)"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
-    gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
+    gpu: List[int] = typer.Option([0], "--gpu", min=0, help="CUDA device index; repeat it to measure on "
+                                  "several GPUs of one model at once (--gpu 0 --gpu 1)"),
     batch: Optional[int] = typer.Option(None, "--batch", min=1, help="configs compiled per batch (default: jobs)"),
     seed: int = typer.Option(0, "--seed", help="sampler seed"),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
@@ -348,45 +350,73 @@ def sweep(
     from rich.live import Live
 
     from . import settings
-    from .bench import TimingOptions, WorkerBenchmarker
+    from .bench import TimingOptions
     from .compile import KernelCache, compile_kernels, default_jobs
-    from .search import SAMPLERS, Sweep, SweepSettings
+    from .search import SAMPLERS, Sweep, SweepSettings, require_one_model
     from .space import load_space
     from .store import ResultStore, default_store_url
 
     if sampler not in SAMPLERS:
         raise CutlassTuneError(f"--sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
+    repeated = sorted({g for g in gpu if gpu.count(g) > 1})
+    if repeated:
+        raise CutlassTuneError(f"--gpu {repeated[0]} given more than once")
     sp = load_space(config)
     if storage is not None:
         store = ResultStore(storage)  # a bad URL fails here, before any GPU work
-    bench = WorkerBenchmarker(gpu)
+    benches = _start_benchmarkers(gpu)
+    bench = benches[0]
     try:
+        require_one_model(benches)
         if storage is None:
             storage = default_store_url(bench.gpu_name)
             store = ResultStore(storage)
         if paired is None:
             paired = (store.timing() or "-paired").endswith("-paired")
-        bench.timing = TimingOptions(graph=graph, paired=paired)
+        for b in benches:
+            b.timing = TimingOptions(graph=graph, paired=paired)
         store.bind_gpu(bench.gpu_name)
         store.bind_timing(bench.timing_method)
         jobs = jobs or default_jobs()
         cache = KernelCache(cache_dir or settings.cache_dir())
+        gpus = f"{len(benches)} x {bench.gpu_name} (GPUs {', '.join(map(str, gpu))})" if len(benches) > 1 else bench.gpu_name
         out.print(f"{config}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "
-                  f"{bench.gpu_name}; store {storage} ({bench.timing_method}); sampler {sampler}, "
+                  f"{gpus}; store {storage} ({bench.timing_method}); sampler {sampler}, "
                   f"up to {trials} compiled configs")
 
         def compile_batch(configs):
             return compile_kernels(configs, cache=cache, jobs=jobs)
 
         with Live(console=out, refresh_per_second=2, transient=False) as live:
-            run = Sweep(sp, store, storage, compile_batch, bench,
+            run = Sweep(sp, store, storage, compile_batch, benches,
                         SweepSettings(trials=trials, timeout_s=timeout, sampler=sampler,
                                       batch=batch or jobs, seed=seed),
                         on_update=lambda state: live.update(_sweep_table(state)))
             state = run.run()
         out.print(f"stopped: {state.stop_reason}; run {state.run_id}")
     finally:
-        bench.close()
+        for b in benches:
+            b.close()
+
+
+def _start_benchmarkers(devices: List[int]) -> list:
+    """One benchmark worker per GPU, started in parallel (each imports torch and opens a
+    context: seconds). Closes those that started if another fails."""
+    from .bench import WorkerBenchmarker
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(devices)) as pool:
+        futures = [pool.submit(WorkerBenchmarker, d) for d in devices]
+    started, error = [], None
+    for f in futures:
+        try:
+            started.append(f.result())
+        except Exception as exc:  # the first error is reported, after the others are closed
+            error = error or exc
+    if error is not None:
+        for b in started:
+            b.close()
+        raise error
+    return started
 
 
 def _interrupt(signum: int, frame: object) -> None:

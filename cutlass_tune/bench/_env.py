@@ -92,6 +92,10 @@ class EnvStamp:
     torch: str
     nvcc: str | None
     cutlass: str | None
+    device: int | None = None
+    """CUDA device index in the measuring process (None in records older than multi-GPU sweeps)."""
+    gpu_uuid: str | None = None
+    """Which board it was, where a host has several of one model."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,6 +161,8 @@ def env_stamp(device: int) -> EnvStamp:
         torch=torch.__version__,
         nvcc=nvcc,
         cutlass=cutlass,
+        device=device,
+        gpu_uuid=f"GPU-{props.uuid}" if getattr(props, "uuid", None) is not None else None,
     )
 
 

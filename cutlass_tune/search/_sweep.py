@@ -4,8 +4,9 @@ One Optuna study per problem (named from problem, types, layout, arch and GPU) o
 compile-time knobs. A trial's value is the best TFLOP/s over its run-time variants. Each
 compiled kernel is measured on every problem of the sweep, and its result is added to every
 study, so one compile informs all shapes. The next batch compiles on a background thread while
-the current one is measured. Everything measured goes to the store one row at a time; a
-re-run with the same store measures only what is missing.
+the current one is measured, on one GPU or several of one model (each (kernel, problem) on one
+of them, next to cuBLAS measured on that GPU). Everything measured goes to the store one row at
+a time; a re-run with the same store measures only what is missing.
 
 This module never imports GPU code: the compiler and the benchmarker are passed in.
 """
@@ -24,9 +25,11 @@ import optuna
 
 from ..bench import Measurement
 from ..compile import CompiledKernel
+from ..errors import CutlassTuneError
 from ..space import KernelConfig, Problem, RuntimeArgs, SearchSpace, check_config
 from ..status import Status
 from ..store import ResultStore
+from ._lanes import Lanes
 from ._params import ParamSpace, config_of, params_of
 from ._samplers import CONSTRAINT, make_sampler
 from ._seeds import operand_kind, seed_configs
@@ -68,6 +71,9 @@ class ProblemProgress:
     problem: Problem
     study: optuna.Study
     cublas_tflops: float | None = None
+    """cuBLAS measured before the current batch, on the first GPU (what the display shows)."""
+    cublas_by_lane: dict[int, float | None] = dataclasses.field(default_factory=dict)
+    """The same on each GPU (lane): the baseline of unpaired ratios taken there."""
     best_tflops: float | None = None
     best_config: KernelConfig | None = None
     best_at: int | None = None  # compile index at which the best was first reached
@@ -93,16 +99,53 @@ def study_name(problem: Problem, arch: str, gpu: str) -> str:
     return f"{problem.name}_{arch}_{gpu.replace(' ', '-')}"
 
 
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    """One kernel on one problem: the variants still to measure, all on one GPU."""
+
+    kernel: CompiledKernel
+    progress: ProblemProgress
+    variants: tuple[RuntimeArgs, ...]
+
+
+def _measure_task(bench: Benchmarker, task: _Task) -> Iterator[Measurement]:
+    return bench.measure(task.kernel, task.progress.problem, task.variants)
+
+
+def _measure_baseline(bench: Benchmarker, progress: ProblemProgress) -> Iterator[Measurement]:
+    yield bench.baseline(progress.problem)
+
+
+def require_one_model(benches: Sequence[Benchmarker]) -> None:
+    """Raise CutlassTuneError unless all `benches` measure on one GPU model by one method."""
+    first = benches[0]
+    for i, b in enumerate(benches[1:], start=1):
+        if (b.gpu_name, b.sm_count) != (first.gpu_name, first.sm_count):
+            raise CutlassTuneError(
+                f"the sweep's GPUs differ: {b.gpu_name} ({b.sm_count} SMs) beside {first.gpu_name} "
+                f"({first.sm_count} SMs); a store holds one GPU model, so sweep each model on its own")
+        if getattr(b, "timing_method", "events") != getattr(first, "timing_method", "events"):
+            raise CutlassTuneError("the sweep's benchmarkers time by different methods")
+
+
 class Sweep:
+    """Args:
+        benchmarker: one per GPU, all of one model (else CutlassTuneError); each measures the
+            kernels handed to it next to its own cuBLAS baseline, in parallel with the others.
+    """
+
     def __init__(self, space: SearchSpace, store: ResultStore, storage_url: str, compiler: Compiler,
-                 benchmarker: Benchmarker, settings: SweepSettings = SweepSettings(),
+                 benchmarker: Benchmarker | Sequence[Benchmarker], settings: SweepSettings = SweepSettings(),
                  on_update: Callable[[SweepState], None] | None = None):
-        self.space, self.store, self.compile, self.bench = space, store, compiler, benchmarker
+        benches = list(benchmarker) if isinstance(benchmarker, (list, tuple)) else [benchmarker]
+        require_one_model(benches)
+        self.lanes = Lanes(benches)
+        self.space, self.store, self.compile, self.bench = space, store, compiler, benches[0]
         self.settings = settings
         self.on_update = on_update or (lambda state: None)
-        self.gpu = benchmarker.gpu_name
+        self.gpu = self.bench.gpu_name
         store.bind_gpu(self.gpu)
-        store.bind_timing(getattr(benchmarker, "timing_method", "events"))
+        store.bind_timing(getattr(self.bench, "timing_method", "events"))
         self.storage = optuna.storages.RDBStorage(storage_url)
         self.params = {p: ParamSpace.from_space(space, p) for p in space.problems}
         progress = []
@@ -217,39 +260,73 @@ class Sweep:
         return batch
 
     # ---- measuring ------------------------------------------------------------------------
-    def _measure(self, kernel: CompiledKernel, index: int) -> None:
-        cfg = kernel.config
-        for pp in self.state.problems:
-            pcfg = config_of(params_of(cfg), pp.problem)
-            if pcfg.hash != cfg.hash:
-                continue  # another type or layout: not this kernel's problem
-            key = (pp.problem.name, cfg.hash)
-            if kernel.status is not Status.OK:
-                if not self.done.get(key):
-                    m = Measurement(problem=pp.problem, config=cfg, runtime=RuntimeArgs(), status=kernel.status,
-                                    reason=kernel.reason, compile_seconds=kernel.seconds)
-                    self._record(pp, m)
-                self.results[key] = None
-                continue
-            missing = self._missing(cfg, pp.problem)
-            for m in self.bench.measure(kernel, pp.problem, missing) if missing else ():
-                self._record(pp, m)
-                if m.status is Status.OK and m.tflops:
-                    self.results[key] = max(self.results.get(key) or 0.0, m.tflops)
-                    # The paired baseline when there is one, else cuBLAS measured before the batch.
-                    ratio = m.paired_ratio or (m.tflops / pp.cublas_tflops if pp.cublas_tflops else None)
-                    if ratio and (pp.best_ratio is None or ratio > pp.best_ratio):
-                        pp.best_tflops, pp.best_config, pp.best_at, pp.best_ratio = m.tflops, cfg, index, ratio
+    def _measure_batch(self, compiled: Sequence[CompiledKernel], before: int, pending: dict[str, KernelConfig],
+                       waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]]) -> None:
+        """Measure every missing variant of `compiled` on every problem it applies to, on all
+        GPUs at once; tell each kernel's trials as soon as its last problem is measured."""
+        index = {k.config.hash: before + i + 1 for i, k in enumerate(compiled)}
+        kernels = {k.config.hash: k for k in compiled}
+        open_tasks: collections.Counter = collections.Counter()
+        tasks: list[_Task] = []
+        for kernel in compiled:
+            cfg = kernel.config
+            for pp in self.state.problems:
+                if config_of(params_of(cfg), pp.problem).hash != cfg.hash:
+                    continue  # another type or layout: not this kernel's problem
+                key = (pp.problem.name, cfg.hash)
+                if kernel.status is not Status.OK:
+                    if not self.done.get(key):
+                        self._record(pp, Measurement(problem=pp.problem, config=cfg, runtime=RuntimeArgs(),
+                                                     status=kernel.status, reason=kernel.reason,
+                                                     compile_seconds=kernel.seconds), lane=0)
+                    self.results[key] = None
+                    continue
+                missing = self._missing(cfg, pp.problem)
+                if missing:
+                    tasks.append(_Task(kernel, pp, tuple(missing)))
+                    open_tasks[cfg.hash] += 1
                 else:
-                    self.results.setdefault(key, None)
-            best = self.results.get(key)
-            pp.measured += 1
-            pp.failed += best is None
+                    self._count(pp, key)
+        for kernel in compiled:
+            if not open_tasks[kernel.config.hash]:
+                self._kernel_done(kernel.config, pending, waiting)
+        for event in self.lanes.run(tasks, _measure_task):
+            task, pp = event.task, event.task.progress
+            cfg = task.kernel.config
+            key = (pp.problem.name, cfg.hash)
+            m = event.result
+            if m is None:
+                self._count(pp, key)
+                open_tasks[cfg.hash] -= 1
+                if not open_tasks[cfg.hash]:
+                    self._kernel_done(kernels[cfg.hash].config, pending, waiting)
+                continue
+            self._record(pp, m, lane=event.lane)
+            if m.status is Status.OK and m.tflops:
+                self.results[key] = max(self.results.get(key) or 0.0, m.tflops)
+                # The paired baseline when there is one, else cuBLAS measured on the same GPU
+                # before the batch.
+                cublas = pp.cublas_by_lane.get(event.lane)
+                ratio = m.paired_ratio or (m.tflops / cublas if cublas else None)
+                if ratio and (pp.best_ratio is None or ratio > pp.best_ratio):
+                    pp.best_tflops, pp.best_config, pp.best_at, pp.best_ratio = m.tflops, cfg, index[cfg.hash], ratio
+            else:
+                self.results.setdefault(key, None)
 
-    def _record(self, pp: ProblemProgress, m: Measurement) -> None:
+    def _count(self, pp: ProblemProgress, key: tuple[str, str]) -> None:
+        pp.measured += 1
+        pp.failed += self.results.get(key) is None
+
+    def _kernel_done(self, cfg: KernelConfig, pending: dict[str, KernelConfig],
+                     waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]]) -> None:
+        self._finish(cfg, waiting.pop(cfg.hash, []))
+        pending.pop(cfg.hash, None)
+        self.on_update(self.state)
+
+    def _record(self, pp: ProblemProgress, m: Measurement, lane: int) -> None:
         key = (pp.problem.name, m.config.hash)
         self.done.setdefault(key, set()).add(m.runtime.name)
-        self.store.add(m, gpu=self.gpu, run_id=self.state.run_id, cublas_tflops=pp.cublas_tflops,
+        self.store.add(m, gpu=self.gpu, run_id=self.state.run_id, cublas_tflops=pp.cublas_by_lane.get(lane),
                        study=pp.study.study_name)
 
     def _finish(self, cfg: KernelConfig, waiting: list[tuple[ProblemProgress, optuna.Trial]]) -> None:
@@ -290,13 +367,17 @@ class Sweep:
         return "no result"
 
     def _measure_baselines(self) -> None:
-        """cuBLAS on every problem, now: before each batch, so that each kernel's ratio is taken
-        against a baseline measured minutes, not the whole run, away (the board's power-limited
-        clock drifts by a few percent over a run)."""
-        for pp in self.state.problems:
-            base = self.bench.baseline(pp.problem)
+        """cuBLAS on every problem and GPU, now: before each batch, so that each kernel's ratio is
+        taken against a baseline measured minutes, not the whole run, away (the board's
+        power-limited clock drifts by a few percent over a run), on the GPU that measures it."""
+        for event in self.lanes.run(self.state.problems, _measure_baseline, every_lane=True):
+            if event.result is None:
+                continue
+            pp, base = event.task, event.result
             self.store.add(base, gpu=self.gpu, run_id=self.state.run_id, study=pp.study.study_name)
-            pp.cublas_tflops = base.tflops if base.status is Status.OK else None
+            pp.cublas_by_lane[event.lane] = base.tflops if base.status is Status.OK else None
+        for pp in self.state.problems:
+            pp.cublas_tflops = pp.cublas_by_lane.get(0)
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> SweepState:
@@ -355,11 +436,7 @@ class Sweep:
                 self.state.queued = len(batch)
                 if compiled:
                     self._measure_baselines()
-                for i, kernel in enumerate(compiled):
-                    self._measure(kernel, index=before + i + 1)
-                    self._finish(kernel.config, waiting.pop(kernel.config.hash, []))
-                    pending.pop(kernel.config.hash, None)
-                    self.on_update(self.state)
+                self._measure_batch(compiled, before, pending, waiting)
             self.state.stop_reason = ("timeout" if timed_out() else
                                       "trial budget reached" if budget() <= 0 else "no new configs proposed")
         finally:

@@ -1,4 +1,4 @@
-"""Killing a sweep process (SIGKILL, SIGINT) loses at most the measurement in flight."""
+"""Killing a sweep process (SIGKILL, SIGINT) loses at most the measurements in flight (one per GPU)."""
 
 import collections
 import signal
@@ -31,9 +31,9 @@ class SlowBench(FakeBench):
             time.sleep(0.05)
             yield m
 
-url = sys.argv[2]
+url, gpus = sys.argv[2], int(sys.argv[3])
 try:
-    Sweep(load_space(sys.argv[1]), ResultStore(url), url, FakeCompiler(), SlowBench(),
+    Sweep(load_space(sys.argv[1]), ResultStore(url), url, FakeCompiler(), [SlowBench() for _ in range(gpus)],
           SweepSettings(trials=6, batch=3)).run()
 except KeyboardInterrupt:
     sys.exit(130)
@@ -44,12 +44,13 @@ def kernel_rows(url):
     return [r for r in ResultStore(url).rows() if r["kernel"] != "cuBLAS"]
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
-def test_killed_sweep_resumes_without_loss_or_repeats(tmp_path, sig):
+def test_killed_sweep_resumes_without_loss_or_repeats(tmp_path, sig, gpus):
     space_path = tmp_path / "space.yaml"
     space_path.write_text(SPACE)
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(space_path), url], cwd=REPO,
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(space_path), url, str(gpus)], cwd=REPO,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler))
     deadline = time.monotonic() + 60
     seen = 0

@@ -1,5 +1,6 @@
 import collections
 import dataclasses
+import time
 
 import optuna
 import pytest
@@ -290,3 +291,78 @@ kernels:
     sweep.run()
     assert [len(call) for call in compiler.calls] == [1] * 6
     assert {c.hash for call in compiler.calls for c in call} == {c.hash for c in seeds}
+
+
+class SlowBench(FakeBench):
+    """A fake GPU whose cuBLAS runs at `cublas` TFLOP/s and whose kernels take `delay` s each."""
+
+    def __init__(self, cublas=600.0, delay=0.002, name="Fake GPU", **kw):
+        super().__init__(**kw)
+        self.cublas, self.delay, self.gpu_name = cublas, delay, name
+
+    def baseline(self, problem):
+        return dataclasses.replace(super().baseline(problem), tflops=self.cublas)
+
+    def measure(self, kernel, problem, variants):
+        for m in super().measure(kernel, problem, variants):
+            time.sleep(self.delay)
+            yield m
+
+
+def test_several_gpus_share_the_work_and_each_ratio_uses_its_own_cublas(space, tmp_path):
+    gpus = [SlowBench(cublas=600.0), SlowBench(cublas=500.0)]
+    sweep, store = make(space, tmp_path, gpus, trials=6)
+    state = sweep.run()
+    measured = gpus[0].measured + gpus[1].measured
+    assert gpus[0].measured and gpus[1].measured
+    assert len(measured) == len(set(measured)) == 6 * 2 * 4  # each variant once, on one GPU
+    # a (kernel, problem) runs on one GPU from its first variant to its last
+    on = {(h, p): i for i, g in enumerate(gpus) for h, p, _ in g.measured}
+    assert len(on) == 6 * 2
+    rows = kernel_rows(store)
+    assert len(rows) == 6 * 2 * 4
+    for r in rows:
+        cublas = gpus[on[(r["config_hash"], r["problem"])]].cublas
+        assert r["cublas_tflops"] == cublas and r["ratio"] == pytest.approx(r["tflops"] / cublas)
+    baselines = [r for r in store.rows() if r["kernel"] == "cuBLAS"]
+    assert sorted({r["tflops"] for r in baselines}) == [500.0, 600.0]  # each GPU's baseline kept
+    for pp in state.problems:
+        best = max(r["ratio"] for r in rows if r["problem"] == pp.problem.name)
+        assert pp.best_ratio == pytest.approx(best)
+        done = [t for t in pp.study.trials if t.state is optuna.trial.TrialState.COMPLETE
+                and t.constraints["invalid"] == 0.0]
+        assert len(done) == 6
+
+
+def test_several_gpus_resume_a_one_gpu_sweep_without_repeats(space, tmp_path):
+    make(space, tmp_path, FakeBench(), trials=3)[0].run()
+    gpus = [SlowBench(), SlowBench()]
+    state = make(space, tmp_path, gpus, trials=6)[0].run()
+    assert state.compiled == 6
+    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in kernel_rows(state_store(tmp_path)))
+    assert len(keys) == 6 * 2 * 4 and set(keys.values()) == {1}
+
+
+def test_an_interrupt_on_one_gpu_stops_the_sweep_and_keeps_what_was_taken(space, tmp_path):
+    gpus = [SlowBench(interrupt_after=5), SlowBench()]
+    with pytest.raises(KeyboardInterrupt):
+        make(space, tmp_path, gpus)[0].run()
+    kept = len(kernel_rows(state_store(tmp_path)))
+    assert kept >= 5
+    again = FakeBench()
+    make(space, tmp_path, again)[0].run()
+    rows = kernel_rows(state_store(tmp_path))
+    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
+    assert len(rows) == 6 * 2 * 4 and set(keys.values()) == {1}
+    assert len(again.measured) == len(rows) - kept
+
+
+def test_gpus_of_different_models_are_refused(space, tmp_path):
+    from cutlass_tune.errors import CutlassTuneError
+
+    with pytest.raises(CutlassTuneError, match="Other GPU .* beside Fake GPU"):
+        make(space, tmp_path, [SlowBench(), SlowBench(name="Other GPU")])
+
+
+def state_store(tmp_path):
+    return ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")

@@ -1,0 +1,94 @@
+"""`cutlass-tune sweep --gpu I --gpu J`: one benchmark worker per GPU, on scripted GPUs."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+import cutlass_tune.bench
+import cutlass_tune.compile
+from cutlass_tune.cli import app
+from cutlass_tune.errors import CutlassTuneError
+from cutlass_tune.store import ResultStore
+
+from .fakes import FakeBench, FakeCompiler
+from .test_sweep import SPACE
+
+
+class Gpu(FakeBench):
+    """Stands in for WorkerBenchmarker(device): `models` names the model of each device."""
+
+    models = {}
+    started = []
+
+    def __init__(self, device):
+        if device not in self.models:
+            raise CutlassTuneError(f"GPU {device} is not visible")
+        super().__init__()
+        self.device, self.gpu_name, self.timing, self.closed = device, self.models[device], None, False
+        Gpu.started.append(self)
+
+    @property
+    def timing_method(self):
+        return "events" + ("-paired" if self.timing.paired else "")
+
+    def measure(self, kernel, problem, variants):
+        for m in super().measure(kernel, problem, variants):
+            time.sleep(0.002)  # as long as a measurement takes, the other GPU takes the next task
+            yield m
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    Gpu.models, Gpu.started = {0: "Fake GPU", 1: "Fake GPU"}, []
+    monkeypatch.setattr(cutlass_tune.bench, "WorkerBenchmarker", Gpu)
+    monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", lambda cfgs, **kw: FakeCompiler()(cfgs))
+    return Gpu
+
+
+def sweep(tmp_path, *args):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    result = CliRunner().invoke(app, ["sweep", str(space), "--storage", url, "--trials", "4", "--jobs", "2",
+                                      "--cache-dir", str(tmp_path / "cache"), *args], terminal_width=250)
+    return result, url
+
+
+def test_two_gpus_both_measure_and_both_are_closed(tmp_path, gpus):
+    r, url = sweep(tmp_path, "--gpu", "0", "--gpu", "1")
+    assert r.exit_code == 0, r.output
+    assert "2 x Fake GPU (GPUs 0, 1)" in r.output.splitlines()[0]
+    a, b = gpus.started
+    assert (a.device, b.device) == (0, 1) and a.measured and b.measured
+    assert len(a.measured) + len(b.measured) == 4 * 2 * 4
+    assert a.closed and b.closed
+    rows = [row for row in ResultStore(url).rows() if row["kernel"] != "cuBLAS"]
+    assert len(rows) == 4 * 2 * 4
+
+
+def test_gpus_of_two_models_are_refused_before_the_store_is_touched(tmp_path, gpus):
+    gpus.models[1] = "Other GPU"
+    r, url = sweep(tmp_path, "--gpu", "0", "--gpu", "1")
+    assert isinstance(r.exception, CutlassTuneError) and "Other GPU (132 SMs) beside Fake GPU" in str(r.exception)
+    assert all(g.closed for g in gpus.started) and not any(g.measured for g in gpus.started)
+    assert ResultStore(url).rows() == []
+
+
+def test_a_gpu_that_cannot_start_closes_the_others(tmp_path, gpus):
+    r, _ = sweep(tmp_path, "--gpu", "0", "--gpu", "7")
+    assert isinstance(r.exception, CutlassTuneError) and str(r.exception) == "GPU 7 is not visible"
+    assert [g.device for g in gpus.started] == [0] and gpus.started[0].closed
+
+
+def test_a_gpu_named_twice_is_one_line_and_exit_2(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "sweep", str(space), "--gpu", "1", "--gpu", "1"],
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "error: --gpu 1 given more than once\n")
