@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One run of the multi-GPU comparison (benchmarks/multi_gpu.md): the same sweep on GPU 0 ("one")
-# or on GPUs 0 and 1 ("two"), each with its own empty kernel cache and store.
-# Usage (on a host with two GPUs of one model, wheels installed):
-#   benchmarks/gpu_multi_gpu.sh OUT one|two [TRIALS [CONFIG]]     (default 32 configs of configs/sm90_bf16.yaml)
+# One run of the multi-GPU comparison (benchmarks/multi_gpu.md): the same sweep on GPU 0 ("one"),
+# on GPUs 0 and 1 ("two") or on GPUs 0-3 ("four"), each with its own empty kernel cache and store.
+# Usage (on a host with two (four) GPUs of one model, wheels installed):
+#   benchmarks/gpu_multi_gpu.sh OUT one|two|four [TRIALS [CONFIG]]     (default 32 configs of configs/sm90_bf16.yaml)
 set -euo pipefail
-usage="usage: gpu_multi_gpu.sh OUT one|two [TRIALS [CONFIG]]"
+usage="usage: gpu_multi_gpu.sh OUT one|two|four [TRIALS [CONFIG]]"
 out=${1:?$usage}
 name=${2:?$usage}
 trials=${3:-32}
@@ -12,6 +12,7 @@ config=${4:-configs/sm90_bf16.yaml}
 case $name in
   one) gpus=(--gpu 0) ;;
   two) gpus=(--gpu 0 --gpu 1) ;;
+  four) gpus=(--gpu 0 --gpu 1 --gpu 2 --gpu 3) ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 tag=$(basename "$config" .yaml)-$name
