@@ -161,11 +161,13 @@ class Sweep:
         self.compiled_hashes: set[str] = set()
         self.in_study: dict[str, set[str]] = {pp.study.study_name: set() for pp in progress}
         self._turn = 0  # the next study `_propose` asks
+        self._seen_id = 0  # the last store row `_absorb_store` read
 
     # ---- resume -------------------------------------------------------------------------
     def _load_previous(self) -> list[KernelConfig]:
-        """Read the store and studies; fail trials a killed run left running; return configs
-        whose measurement is incomplete (to finish first)."""
+        """Read the store and studies; fail trials a killed run left running (or a live sweep
+        on another host: that one then adds its results as trials of their own, see `_tell`);
+        return configs whose measurement is incomplete (to finish first)."""
         unfinished: dict[str, KernelConfig] = {}
         for pp in self.state.problems:
             for t in pp.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -174,18 +176,7 @@ class Sweep:
             for t in pp.study.get_trials(deepcopy=False):
                 if "config_hash" in t.user_attrs:
                     self.in_study[pp.study.study_name].add(t.user_attrs["config_hash"])
-        for record in self.store.measurements():
-            if record.config is None or record.is_baseline:
-                continue
-            key = (record.problem.name, record.config.hash)
-            if record.status is not Status.INVALID:
-                self.compiled_hashes.add(record.config.hash)
-            self.done.setdefault(key, set()).add(record.runtime.name)
-            if record.status is Status.OK and record.tflops:
-                best = self.results.get(key)
-                self.results[key] = max(best or 0.0, record.tflops)
-            else:
-                self.results.setdefault(key, None)
+        self._absorb_store()
         for cfg_hash in self.compiled_hashes:
             for pp in self.state.problems:
                 cfg = self._config_for(cfg_hash, pp.problem)
@@ -193,6 +184,28 @@ class Sweep:
                     unfinished[cfg_hash] = cfg
         self.state.compiled = len(self.compiled_hashes)
         return list(unfinished.values())
+
+    def _absorb_store(self) -> None:
+        """Fold the store's rows not yet seen into what is compiled and measured: at the start
+        those of earlier runs, later those of another sweep on the same store (another host)
+        and this run's own. So a config another sweep measured is not measured again, and
+        `--trials` counts the configs of the whole store."""
+        rows = self.store.rows(["id", "problem", "config_hash", "runtime", "status", "tflops"],
+                               after_id=self._seen_id)
+        for row in rows:
+            if row["config_hash"] is None:
+                continue  # the cuBLAS baseline, or a hand-written kernel
+            key = (row["problem"], row["config_hash"])
+            if row["status"] != Status.INVALID.value:
+                self.compiled_hashes.add(row["config_hash"])
+            self.done.setdefault(key, set()).add(row["runtime"])
+            if row["status"] == Status.OK.value and row["tflops"]:
+                self.results[key] = max(self.results.get(key) or 0.0, row["tflops"])
+            else:
+                self.results.setdefault(key, None)
+        if rows:
+            self._seen_id = rows[-1]["id"]
+        self.state.compiled = len(self.compiled_hashes)
 
     def _config_for(self, cfg_hash: str, problem: Problem) -> KernelConfig | None:
         for c in self.space.candidates:
@@ -212,12 +225,17 @@ class Sweep:
     # ---- proposing ------------------------------------------------------------------------
     def _tell(self, pp: ProblemProgress, trial: optuna.Trial, cfg: KernelConfig,
               value: float | None, reason: str = "", invalid: bool = False) -> None:
+        self.in_study[pp.study.study_name].add(cfg.hash)
+        if self.storage.get_trial(trial._trial_id).state.is_finished():
+            # Another sweep that started on this store meanwhile failed it as left over from a
+            # killed run (`_load_previous`): keep the result in the study as a trial of its own.
+            self._add_trial(pp, trial.params, cfg, value, reason, invalid)
+            return
         trial.set_user_attr("config_hash", cfg.hash)
         trial.set_user_attr("config", cfg.name)
         trial.set_constraint(CONSTRAINT, 1.0 if invalid else 0.0)
         if reason:
             trial.set_user_attr("reason", reason)
-        self.in_study[pp.study.study_name].add(cfg.hash)
         if invalid:
             pp.study.tell(trial, 0.0)  # infeasible: the constraint, not this value, ranks it
         elif value is None:
@@ -349,14 +367,22 @@ class Sweep:
                 params[k] not in dists[k].choices for k in params
             ):
                 continue
-            attrs = {"config_hash": cfg.hash, "config": cfg.name}
-            if value is None:
-                attrs["reason"] = self._failure_reason(pp.problem, cfg)
-            pp.study.add_trial(optuna.trial.create_trial(
-                params=params, distributions=dists, value=value,
-                state=optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL,
-                user_attrs=attrs, constraints={CONSTRAINT: 0.0}))
+            reason = "" if value is not None else self._failure_reason(pp.problem, cfg)
+            self._add_trial(pp, params, cfg, value, reason)
             self.in_study[name].add(cfg.hash)
+
+    def _add_trial(self, pp: ProblemProgress, params: dict, cfg: KernelConfig, value: float | None,
+                   reason: str = "", invalid: bool = False) -> None:
+        """Add a finished trial of `cfg` to `pp`'s study without asking for it."""
+        attrs = {"config_hash": cfg.hash, "config": cfg.name}
+        if reason:
+            attrs["reason"] = reason
+        complete = invalid or value is not None
+        pp.study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=self.params[pp.problem].distributions(),
+            value=(0.0 if invalid else value) if complete else None,
+            state=optuna.trial.TrialState.COMPLETE if complete else optuna.trial.TrialState.FAIL,
+            user_attrs=attrs, constraints={CONSTRAINT: 1.0 if invalid else 0.0}))
 
     def _failure_reason(self, problem: Problem, cfg: KernelConfig) -> str:
         for (h, _), found in self.store.measured(problem).items():
@@ -427,6 +453,7 @@ class Sweep:
             self.state.queued = len(batch)
             while future is not None:
                 compiled = future.result()
+                self._absorb_store()  # what another sweep on this store measured meanwhile
                 before = len(self.compiled_hashes)
                 self.compiled_hashes.update(k.config.hash for k in compiled)
                 self.state.compiled = len(self.compiled_hashes)

@@ -226,13 +226,17 @@ class ResultStore:
                 out.setdefault((row["config_hash"], row["runtime"]), []).append(dict(row))
         return out
 
-    def rows(self, columns: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """Every measurement row as a dict (all columns but `record` unless asked)."""
+    def rows(self, columns: Iterable[str] | None = None, *, after_id: int = 0) -> list[dict[str, Any]]:
+        """Every measurement row as a dict (all columns but `record` unless asked), in the order
+        they were added; with `after_id`, only those added after the row of that `id`."""
         self._create()
         t = measurements_table
         cols = [t.c[c] for c in columns] if columns else [c for c in t.c if c.name != "record"]
+        query = sa.select(*cols).order_by(t.c.id)
+        if after_id:
+            query = query.where(t.c.id > after_id)
         with self.engine.connect() as conn:
-            return [dict(r) for r in conn.execute(sa.select(*cols).order_by(t.c.id)).mappings()]
+            return [dict(r) for r in conn.execute(query).mappings()]
 
     def measurements(self) -> list[Measurement]:
         """Every stored measurement, rebuilt losslessly."""

@@ -366,3 +366,33 @@ def test_gpus_of_different_models_are_refused(space, tmp_path):
 
 def state_store(tmp_path):
     return ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")
+
+
+def test_a_sweep_started_on_the_store_meanwhile_neither_breaks_the_first_nor_repeats_it(space, tmp_path):
+    """Two hosts on one store: the second starts while the first's first batch compiles, fails
+    the first's running trials as left over (it cannot tell a live sweep from a killed one) and
+    measures configs of its own. The first must still tell its trials, must not measure again
+    what the second measured, and counts the second's configs against --trials."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    second_bench = FakeBench()
+
+    class FirstHostCompiler(FakeCompiler):
+        def __call__(self, configs):
+            if not self.calls:
+                Sweep(space, ResultStore(url), url, FakeCompiler(), second_bench,
+                      SweepSettings(trials=4, batch=2)).run()
+            return super().__call__(configs)
+
+    first_bench = FakeBench()
+    state = Sweep(space, ResultStore(url), url, FirstHostCompiler(), first_bench,
+                  SweepSettings(trials=8, batch=3)).run()
+    rows = kernel_rows(ResultStore(url))
+    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
+    assert set(keys.values()) == {1}, "a measurement was taken twice"
+    assert second_bench.measured and first_bench.measured
+    assert not set(first_bench.measured) & set(second_bench.measured)
+    assert state.compiled == len({r["config_hash"] for r in rows}) == 8
+    for pp in state.problems:  # the first sweep's results reached its studies
+        told = {t.user_attrs.get("config_hash") for t in pp.study.trials
+                if t.state is optuna.trial.TrialState.COMPLETE and t.constraints["invalid"] == 0.0}
+        assert {r["config_hash"] for r in rows} <= told

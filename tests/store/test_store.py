@@ -57,6 +57,17 @@ def test_reopening_sees_what_was_written(store_url):
     assert [m.tflops for m in again.measurements()] == [650.0]
 
 
+def test_rows_after_an_id_are_those_another_writer_added_since(store_url):
+    mine, theirs = ResultStore(store_url), ResultStore(store_url)
+    mine.add(ok(V1, 600.0), gpu="NVIDIA H200", run_id="r1")
+    seen = mine.rows(["id"])[-1]["id"]
+    theirs.add(ok(V2, 610.0), gpu="NVIDIA H200", run_id="r2")
+    theirs.add(ok(V1, 620.0), gpu="NVIDIA H200", run_id="r2")
+    new = mine.rows(["id", "tflops", "run_id"], after_id=seen)
+    assert [(r["tflops"], r["run_id"]) for r in new] == [(610.0, "r2"), (620.0, "r2")]
+    assert mine.rows(["id"], after_id=new[-1]["id"]) == []
+
+
 def test_a_store_keeps_to_one_gpu(store_url):
     ResultStore(store_url).bind_gpu("NVIDIA H200")
     with pytest.raises(StoreGpuMismatchError, match="holds results from NVIDIA H200, not NVIDIA H100"):
