@@ -444,6 +444,41 @@ def _header(data: _Data) -> str:
             f"<th>measurements</th></tr>{run_rows}</table>")
 
 
+def _boards(data: _Data) -> str:
+    """Where a sweep measured on several GPUs: each board's share, and its cuBLAS per problem
+    against the mean of the boards (boards of one model differ by a few percent, which is why
+    every ratio is taken on one board). Empty for a store measured on one board."""
+    frame = data.rows
+    board = [m.env.gpu_uuid or (f"device {m.env.device}" if m.env.device is not None else None)
+             if m.env is not None else None for m in frame.measurement]
+    frame = frame.assign(board=board, device=[m.env.device if m.env is not None else None
+                                              for m in frame.measurement])
+    frame = frame[frame.board.notna()]
+    if frame.board.nunique() < 2:
+        return ""
+    base = _ok(frame[frame.baseline])
+    cublas = base.groupby(["board", "problem"]).tflops.median().unstack()
+    problems = [p for p in data.problems if p in cublas.columns]
+    relative = cublas[problems] / cublas[problems].mean()
+    kernels = frame[~frame.baseline]
+    head = "".join(f"<th>{_esc(p)}</th>" for p in problems)
+    rows = []
+    order = frame.groupby("board").device.min().sort_values(na_position="last").index
+    for name in order:
+        group = frame[frame.board == name]
+        mine = kernels[kernels.board == name]
+        throttled = int(mine.throttled.fillna(False).astype(bool).sum())
+        cells = "".join(f"<td>{_fmt(relative.loc[name, p] if name in relative.index else None, '.3f')}</td>"
+                        for p in problems)
+        devices = ", ".join(str(int(d)) for d in sorted(group.device.dropna().unique()))
+        rows.append(f"<tr><td><code>{_esc(name)}</code></td><td>{_esc(devices)}</td><td>{len(mine)}</td>"
+                    f"<td>{throttled}</td>{cells}</tr>")
+    return ('<p>Measured on several GPUs; each kernel\'s ratio is taken against cuBLAS on the GPU that '
+            "measured it. cuBLAS TFLOP/s per GPU, relative to the mean of the GPUs (median of its baselines):</p>"
+            '<table class="boards"><tr><th>GPU</th><th>device</th><th>kernel measurements</th>'
+            f"<th>throttled</th>{head}</tr>{''.join(rows)}</table>")
+
+
 def _best_table(table: pd.DataFrame) -> str:
     rows = "".join(
         f"<tr><td>{_esc(r.problem)}</td><td><code>{_esc(r.kernel)}</code></td><td><code>{_esc(r.runtime)}</code>"
@@ -501,6 +536,7 @@ def _page(data: _Data) -> str:
 </head>
 <body>
 {_header(data)}
+{_boards(data)}
 <div class="cell" data-section="summary">{_div(summary, "summary")}</div>
 {_best_table(table)}
 <div class="selector"><label for="problem-select">Problem: </label><select id="problem-select">{options}</select></div>

@@ -2,7 +2,7 @@
 
 One SQLAlchemy implementation serves both; Optuna keeps its studies in the same database
 through its own RDB storage. Each measurement is committed on its own, so a killed process
-loses at most the one in flight. A store belongs to one GPU model: opening it for another
+loses at most those in flight (one per GPU it measures on). A store belongs to one GPU model: opening it for another
 raises `StoreGpuMismatchError` instead of mixing results silently.
 """
 

@@ -162,3 +162,30 @@ def test_a_problem_with_only_failures_keeps_its_section(tmp_path):
     assert f'<option value="p1">{other.name}</option>' in page
     assert "No successful measurement of this problem." in page
     assert '<div id="p1-failures" class="plotly-graph-div"' in page
+
+
+def test_a_store_measured_on_two_gpus_shows_each_gpus_share_and_cublas(tmp_path):
+    import dataclasses
+
+    from cutlass_tune.bench import EnvStamp
+
+    env = EnvStamp(host="h", gpu="NVIDIA H200", capability="9.0", sm_count=132, l2_bytes=50 << 20,
+                   driver="580", cuda_runtime="13.0", torch="2.11", nvcc="13.0", cutlass="4.2.0")
+    boards = [dataclasses.replace(env, device=d, gpu_uuid=f"GPU-board-{d}") for d in (1, 0)]
+    base = Measurement(problem=P, config=None, runtime=RuntimeArgs(), status=Status.OK, is_baseline=True,
+                       tflops=0.0, median_ms=1.0, p20_ms=1.0, p80_ms=1.0, samples=10, method="events")
+    rows = [dataclasses.replace(base, tflops=t, env=e) for t, e in ((680.0, boards[0]), (700.0, boards[1]))]
+    rows += [ok(tflops=600.0 + i, runtime=RuntimeArgs(swizzle=s), env=boards[i % 2])
+             for i, s in enumerate((1, 2, 4))]
+    page = build_dashboard(make_store(tmp_path / "two.sqlite", rows))
+    table = page[page.index('<table class="boards">'):]
+    table = table[:table.index("</table>")]
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in table.split("<tr>")[2:]]
+    # board 0 first; its cuBLAS 700 against the boards' mean 690, board 1's 680
+    assert cells == [["<code>GPU-board-0</code>", "0", "1", "0", "1.014"],
+                     ["<code>GPU-board-1</code>", "1", "2", "0", "0.986"]]
+
+
+def test_a_store_measured_on_one_gpu_has_no_gpu_table(committed_report):
+    _, page = committed_report
+    assert 'class="boards"' not in page
