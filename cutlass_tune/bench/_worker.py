@@ -184,13 +184,16 @@ class Worker:
         return ()
 
     def _receive(self, timeout: float) -> tuple[str, Any]:
+        # Local references: `close` from another thread (a sweep stopping while this worker's
+        # lane still waits on a hung kernel) may clear the attributes meanwhile.
+        process, conn = self._process, self._conn
         try:
-            if not self._conn.poll(timeout):
+            if not conn.poll(timeout):
                 return "timeout", None
-            return self._conn.recv()
+            return conn.recv()
         except (EOFError, OSError):
-            self._process.join(_REAP_S)
-            return "exited", self._process.exitcode
+            process.join(_REAP_S)
+            return "exited", process.exitcode
 
     def _discard(self, wait: bool = False) -> None:
         """Forget the child: let it exit (`wait`) or kill it."""

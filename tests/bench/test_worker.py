@@ -137,3 +137,27 @@ def test_run_plan_stamps_compile_failures_with_the_worker_environment():
     results = list(run_plan(plan, factory=FakeRunner, timeout_s=10))
     assert [m.status for m in results] == [Status.COMPILE_ERROR, Status.OK]
     assert all(m.env == ENV for m in results)
+
+
+def test_closing_from_another_thread_ends_a_wait_on_a_hang_as_a_runtime_error():
+    # Regression: a sweep's lane thread waiting on a hung kernel raised AttributeError once the
+    # sweep, stopping, closed the worker from its own thread.
+    import threading
+
+    worker = Worker(0, factory=FakeRunner, timeout_s=60, start_timeout_s=60)
+    worker.start()
+    got, errors = [], []
+
+    def wait():
+        try:
+            got.extend(worker.run(_job("hang", (RuntimeArgs(swizzle=2),))))
+        except BaseException as exc:
+            errors.append(exc)
+
+    lane = threading.Thread(target=wait)
+    lane.start()
+    time.sleep(1.0)  # the lane now waits on the hung variant
+    worker.close()
+    lane.join(30)
+    assert not lane.is_alive() and errors == []
+    assert [m.status for m in got] == [Status.RUNTIME_ERROR]
