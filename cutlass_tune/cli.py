@@ -314,7 +314,8 @@ def _sweep_table(state) -> Table:
     table = Table("problem", "kernels measured", "failed", "cuBLAS TFLOP/s", "best TFLOP/s",
                   "vs cuBLAS", "best at", "best config", box=None, pad_edge=False,
                   title=f"compiled {state.compiled}, next batch {state.queued}, invalid proposals "
-                        f"{state.invalid}", title_justify="left")
+                        f"{state.invalid}" + "".join(f"; given up: {r}" for r in state.lost),
+                  title_justify="left")
     for pp in state.problems:
         table.add_row(pp.problem.name, str(pp.measured), str(pp.failed),
                       f"{pp.cublas_tflops:.1f}" if pp.cublas_tflops else "-",
@@ -393,6 +394,8 @@ def sweep(
                                       batch=batch or jobs, seed=seed),
                         on_update=lambda state: live.update(_sweep_table(state)))
             state = run.run()
+        for reason in state.lost:
+            out.print(f"given up mid-sweep: {reason}; the other GPUs measured what it left", markup=False)
         out.print(f"stopped: {state.stop_reason}; run {state.run_id}")
     finally:
         for b in benches:

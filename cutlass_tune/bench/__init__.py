@@ -15,13 +15,13 @@ from ._runner import GpuRunner
 from ._session import Plan, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
 from ._timing import L2Flush, TimingOptions, TimingStats, summarize, time_launches, time_paired
 from ._verify import TOLERANCE, Operands, Verdict, compare, verify_launch
-from ._worker import DEFAULT_TIMEOUT_S, Worker, WorkerError
+from ._worker import DEFAULT_TIMEOUT_S, Worker, WorkerError, WorkerStartError
 
 __all__ = [
     "ClockMonitor", "Clocks", "DEFAULT_TIMEOUT_S", "EnvStamp", "GemmArgs", "GemmInstance",
     "GpuRunner", "InvalidJobError", "Job", "KernelLoadError", "KernelStatusError", "L2Flush",
     "LoadedKernel", "Measurement", "Operands", "Plan", "TOLERANCE", "TimingOptions",
-    "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError", "baseline_ratio", "compare", "env_stamp",
-    "make_args", "plan_jobs", "read_jsonl", "repeat_spread", "require_gpu", "run_plan",
+    "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError", "WorkerStartError",
+    "baseline_ratio", "compare", "env_stamp", "make_args", "plan_jobs", "read_jsonl", "repeat_spread", "require_gpu", "run_plan",
     "summarize", "time_launches", "time_paired", "verify_launch", "write_jsonl",
 ]

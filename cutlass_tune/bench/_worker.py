@@ -27,6 +27,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Generator, Iterator, Protocol
 
+from ..errors import CutlassTuneError
 from ..space import RuntimeArgs
 from ..status import Status
 from ._env import EnvStamp
@@ -55,6 +56,13 @@ RunnerFactory = Callable[[int], JobRunner]
 class WorkerError(RuntimeError):
     """The worker failed for a reason that is not a kernel's: it could not start, or our own
     code raised (the message holds the child's traceback)."""
+
+
+class WorkerStartError(WorkerError, CutlassTuneError):
+    """The worker could not start, or start again after losing a child: its GPU is unusable
+    (CUDA cannot initialize, the context cannot be created) or too slow to come up. A problem
+    of the host, not of our code: it reads as one line, and a sweep on several GPUs carries on
+    without this one."""
 
 
 def _default_factory(device: int) -> JobRunner:
@@ -113,7 +121,7 @@ class Worker:
         """Start a child unless one is running; return its environment stamp.
 
         Raises:
-            WorkerError: the child died, failed or timed out while starting.
+            WorkerStartError: the child died, failed or timed out while starting.
         """
         if self._process is not None:
             return self.env
@@ -128,9 +136,14 @@ class Worker:
         kind, payload = self._receive(self.start_timeout_s)
         if kind != "ready":
             self._discard()
-            detail = {"timeout": f"did not start within {self.start_timeout_s:g} s",
-                      "exited": f"exited with code {payload} while starting"}.get(kind, payload)
-            raise WorkerError(f"benchmark worker for GPU {self.device} {detail}")
+            if kind == "timeout":
+                detail = f"did not start within {self.start_timeout_s:g} s"
+            elif kind == "exited":
+                detail = f"exited with code {payload} while starting"
+            else:  # the child's traceback: its last line names the exception
+                lines = [line for line in str(payload).splitlines() if line.strip()]
+                detail = f"failed while starting: {lines[-1].strip() if lines else payload}"
+            raise WorkerStartError(f"benchmark worker for GPU {self.device} {detail}")
         self.env = payload
         return self.env
 
@@ -143,7 +156,8 @@ class Worker:
         as a caller that takes only the one measurement of a baseline does, keeps it.
 
         Raises:
-            WorkerError: see `start`, or the child's own code failed.
+            WorkerStartError: see `start` (a fresh child after a lost one cannot start).
+            WorkerError: the child's own code failed.
         """
         pending = job.variants
         try:

@@ -1,13 +1,13 @@
 """Search stage: what to compile and measure next (Optuna ask/tell; never touches the GPU)."""
 
 from ._confirm import CONFIRM_STUDY, Candidate, ConfirmResult, candidates, confirm
-from ._lanes import LaneEvent, Lanes
+from ._lanes import LaneEvent, LaneLost, Lanes
 from ._params import ParamSpace, config_of, params_of
 from ._samplers import SAMPLERS, make_sampler
 from ._seeds import COMMON_DEFAULTS, seed_configs
 from ._sweep import Benchmarker, ProblemProgress, Sweep, SweepSettings, SweepState, require_one_model, study_name
 
 __all__ = [
-    "Benchmarker", "CONFIRM_STUDY", "COMMON_DEFAULTS", "Candidate", "ConfirmResult", "LaneEvent", "Lanes", "ParamSpace", "ProblemProgress", "SAMPLERS", "Sweep",
+    "Benchmarker", "CONFIRM_STUDY", "COMMON_DEFAULTS", "Candidate", "ConfirmResult", "LaneEvent", "LaneLost", "Lanes", "ParamSpace", "ProblemProgress", "SAMPLERS", "Sweep",
     "SweepSettings", "SweepState", "candidates", "config_of", "confirm", "make_sampler", "params_of", "require_one_model", "seed_configs", "study_name",
 ]

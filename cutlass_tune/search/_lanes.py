@@ -34,22 +34,41 @@ class LaneEvent(Generic[T, M]):
     result: M | None
 
 
+@dataclasses.dataclass(frozen=True)
+class LaneLost:
+    """Lane `lane` was given up during `Lanes.run` (its benchmarker raised one of the
+    `retire_on` errors, `reason`); what remained of its task went to the other lanes."""
+
+    lane: int
+    reason: str
+
+
 class Lanes(Generic[B]):
     """Runs tasks on several benchmarkers in parallel, at most one task per benchmarker at a time.
+
+    Args:
+        retire_on: errors that mean a benchmarker is gone for good (its GPU cannot start a
+            worker again). While another lane is left, such a lane is given up: it takes no
+            more tasks in this or later runs (`lost`), and its task goes back to the others.
+            The last lane's error is raised like any other.
 
     Not thread-safe itself: call `run` from one thread, one run at a time.
     """
 
-    def __init__(self, benches: Sequence[B]):
+    def __init__(self, benches: Sequence[B], *, retire_on: tuple[type[BaseException], ...] = ()):
         if not benches:
             raise ValueError("Lanes needs at least one benchmarker")
         self.benches = tuple(benches)
+        self.retire_on = retire_on
+        self.lost: dict[int, str] = {}
+        """Lanes given up, by index: the error that retired each."""
 
     def __len__(self) -> int:
         return len(self.benches)
 
     def run(self, tasks: Iterable[T], measure: Callable[[B, T], Iterator[M]], *,
-            every_lane: bool = False) -> Iterator[LaneEvent[T, M]]:
+            every_lane: bool = False, remainder: Callable[[T, list[M]], T | None] | None = None
+            ) -> Iterator[LaneEvent[T, M] | LaneLost]:
         """Measure `tasks`: each once, on whichever lane is free (`every_lane`: each on every lane).
 
         `measure(bench, task)` runs in the lane's thread and yields the task's results. Events
@@ -57,45 +76,86 @@ class Lanes(Generic[B]):
         result each is on (waiting at most STOP_WAIT_S per lane); results taken meanwhile are
         dropped.
 
+        `remainder(task, results)` is what is left of `task` after `results` (None: nothing);
+        a lane given up while on a task hands that back to the others. Without it a lane is
+        not given up outside `every_lane` runs (where a lost lane's tasks are simply dropped).
+
         Raises:
             Whatever `measure` raised in a lane, KeyboardInterrupt included, re-raised here
             after the other lanes were stopped.
         """
         tasks = list(tasks)
+        lanes = [i for i in range(len(self.benches)) if i not in self.lost]
         shared: queue.SimpleQueue = queue.SimpleQueue()
-        queues = []
-        for _ in self.benches:
+        queues: dict[int, queue.SimpleQueue] = {}
+        for lane in lanes:
+            queues[lane] = queue.SimpleQueue() if every_lane else shared
             if every_lane:
-                own: queue.SimpleQueue = queue.SimpleQueue()
                 for t in tasks:
-                    own.put(t)
-                queues.append(own)
-            else:
-                queues.append(shared)
+                    queues[lane].put(t)
         if not every_lane:
             for t in tasks:
                 shared.put(t)
         events: queue.SimpleQueue = queue.SimpleQueue()
         stop = threading.Event()
-        done = object()
+        lock = threading.Lock()  # guards `busy`, `self.lost` and the hand-back of a lost task
+        busy = 0  # tasks on a lane now, each of which may yet come back to the shared queue
+        done, nothing = object(), object()  # end of a lane's thread; no task left for a lane
 
-        def serve(lane: int) -> None:
-            try:
-                while not stop.is_set():
+        def take(lane: int) -> object:
+            nonlocal busy
+            while not stop.is_set():
+                with lock:
                     try:
                         task = queues[lane].get_nowait()
                     except queue.Empty:
-                        break
-                    results = measure(self.benches[lane], task)
+                        if every_lane or not busy:
+                            return nothing
+                    else:
+                        busy += 1
+                        return task
+                stop.wait(_POLL_S / 4)  # a lane being given up may hand its task back
+            return nothing
+
+        def give_up(lane: int, task: T, taken: list[M], exc: BaseException) -> bool:
+            with lock:
+                others = [i for i in lanes if i != lane and i not in self.lost]
+                if not others or (remainder is None and not every_lane):
+                    return False
+                self.lost[lane] = str(exc)
+                if not every_lane:
+                    rest = remainder(task, taken)
+                    if rest is None:
+                        events.put(LaneEvent(lane, task, None))
+                    else:
+                        shared.put(rest)
+            events.put(LaneLost(lane, str(exc)))
+            return True
+
+        def serve(lane: int) -> None:
+            nonlocal busy
+            try:
+                while (task := take(lane)) is not nothing:
+                    taken: list[M] = []
                     try:
-                        for r in results:
-                            if stop.is_set():
-                                return
-                            events.put(LaneEvent(lane, task, r))
+                        results = measure(self.benches[lane], task)
+                        try:
+                            for r in results:
+                                if stop.is_set():
+                                    return
+                                taken.append(r)
+                                events.put(LaneEvent(lane, task, r))
+                        finally:
+                            close = getattr(results, "close", None)
+                            if close is not None:
+                                close()
+                    except self.retire_on as exc:
+                        if give_up(lane, task, taken, exc):
+                            return
+                        raise
                     finally:
-                        close = getattr(results, "close", None)
-                        if close is not None:
-                            close()
+                        with lock:
+                            busy -= 1
                     events.put(LaneEvent(lane, task, None))
             except BaseException as exc:  # handed to the caller's thread, which re-raises it
                 events.put(exc)
@@ -103,7 +163,7 @@ class Lanes(Generic[B]):
                 events.put(done)
 
         threads = [threading.Thread(target=serve, args=(i,), name=f"cutlass-tune-lane{i}", daemon=True)
-                   for i in range(len(self.benches))]
+                   for i in lanes]
         for t in threads:
             t.start()
         running = len(threads)

@@ -23,13 +23,13 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import optuna
 
-from ..bench import Measurement
+from ..bench import Measurement, WorkerStartError
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
 from ..space import KernelConfig, Problem, RuntimeArgs, SearchSpace, check_config
 from ..status import Status
 from ..store import ResultStore
-from ._lanes import Lanes
+from ._lanes import LaneLost, Lanes
 from ._params import ParamSpace, config_of, params_of
 from ._samplers import CONSTRAINT, make_sampler
 from ._seeds import operand_kind, seed_configs
@@ -38,7 +38,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 class Benchmarker(Protocol):
-    """Measures compiled kernels on problems (the GPU side, or a fake in tests)."""
+    """Measures compiled kernels on problems (the GPU side, or a fake in tests). Raises
+    WorkerStartError when its GPU can measure no more (a sweep on several goes on without it)."""
 
     gpu_name: str
     sm_count: int
@@ -71,7 +72,8 @@ class ProblemProgress:
     problem: Problem
     study: optuna.Study
     cublas_tflops: float | None = None
-    """cuBLAS measured before the current batch, on the first GPU (what the display shows)."""
+    """cuBLAS measured before the current batch, on the first GPU still measuring (what the
+    display shows)."""
     cublas_by_lane: dict[int, float | None] = dataclasses.field(default_factory=dict)
     """The same on each GPU (lane): the baseline of unpaired ratios taken there."""
     best_tflops: float | None = None
@@ -93,6 +95,8 @@ class SweepState:
     queued: int = 0
     run_id: str = ""
     stop_reason: str = ""
+    lost: list[str] = dataclasses.field(default_factory=list)
+    """Why each GPU given up during the sweep was (the others measured what it left)."""
 
 
 def study_name(problem: Problem, arch: str, gpu: str) -> str:
@@ -114,6 +118,13 @@ def _measure_task(bench: Benchmarker, task: _Task) -> Iterator[Measurement]:
 
 def _measure_baseline(bench: Benchmarker, progress: ProblemProgress) -> Iterator[Measurement]:
     yield bench.baseline(progress.problem)
+
+
+def _remainder(task: _Task, taken: list[Measurement]) -> _Task | None:
+    """The variants of `task` not in `taken`: what a lost GPU hands to the others."""
+    names = {m.runtime.name for m in taken}
+    rest = tuple(v for v in task.variants if v.name not in names)
+    return dataclasses.replace(task, variants=rest) if rest else None
 
 
 def require_one_model(benches: Sequence[Benchmarker]) -> None:
@@ -139,7 +150,7 @@ class Sweep:
                  on_update: Callable[[SweepState], None] | None = None):
         benches = list(benchmarker) if isinstance(benchmarker, (list, tuple)) else [benchmarker]
         require_one_model(benches)
-        self.lanes = Lanes(benches)
+        self.lanes = Lanes(benches, retire_on=(WorkerStartError,))
         self.space, self.store, self.compile, self.bench = space, store, compiler, benches[0]
         self.settings = settings
         self.on_update = on_update or (lambda state: None)
@@ -308,7 +319,10 @@ class Sweep:
         for kernel in compiled:
             if not open_tasks[kernel.config.hash]:
                 self._kernel_done(kernel.config, pending, waiting)
-        for event in self.lanes.run(tasks, _measure_task):
+        for event in self.lanes.run(tasks, _measure_task, remainder=_remainder):
+            if isinstance(event, LaneLost):
+                self._lose(event)
+                continue
             task, pp = event.task, event.task.progress
             cfg = task.kernel.config
             key = (pp.problem.name, cfg.hash)
@@ -397,13 +411,21 @@ class Sweep:
         taken against a baseline measured minutes, not the whole run, away (the board's
         power-limited clock drifts by a few percent over a run), on the GPU that measures it."""
         for event in self.lanes.run(self.state.problems, _measure_baseline, every_lane=True):
+            if isinstance(event, LaneLost):
+                self._lose(event)
+                continue
             if event.result is None:
                 continue
             pp, base = event.task, event.result
             self.store.add(base, gpu=self.gpu, run_id=self.state.run_id, study=pp.study.study_name)
             pp.cublas_by_lane[event.lane] = base.tflops if base.status is Status.OK else None
+        shown = min(i for i in range(len(self.lanes)) if i not in self.lanes.lost)
         for pp in self.state.problems:
-            pp.cublas_tflops = pp.cublas_by_lane.get(0)
+            pp.cublas_tflops = pp.cublas_by_lane.get(shown)
+
+    def _lose(self, event: LaneLost) -> None:
+        self.state.lost.append(event.reason)
+        self.on_update(self.state)
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> SweepState:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cutlass_tune.bench import EnvStamp, Job, Measurement, Worker, WorkerError, run_plan
+from cutlass_tune.bench import EnvStamp, Job, Measurement, Worker, WorkerError, WorkerStartError, run_plan
 from cutlass_tune.bench._session import Plan
+from cutlass_tune.errors import CutlassTuneError
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 
@@ -124,10 +125,33 @@ def test_stopping_after_a_cuda_error_as_the_last_result_still_replaces_the_worke
     assert [m.status for m in worker.run(_job("ok"))] == [Status.OK] * 3 and worker.starts == 2
 
 
-def test_a_worker_that_cannot_start_says_why():
+def once_factory(device):
+    """Starts one child; every later one fails as a GPU that fell off the bus would."""
+    marker = Path(os.environ["CUTLASS_TUNE_TEST_STARTED"])
+    if marker.exists():
+        raise RuntimeError("CUDA error: unknown error")
+    marker.touch()
+    return FakeRunner(device)
+
+
+def test_a_worker_that_cannot_start_says_why_in_one_line():
     with Worker(0, factory=failing_factory, start_timeout_s=60) as w:
-        with pytest.raises(WorkerError, match="CUDA driver initialization failed"):
+        with pytest.raises(WorkerStartError) as caught:
             w.start()
+    assert str(caught.value) == ("benchmark worker for GPU 0 failed while starting: "
+                                 "RuntimeError: CUDA driver initialization failed")
+    assert isinstance(caught.value, CutlassTuneError)  # the CLI prints it as one line
+
+
+def test_a_child_lost_and_not_restarted_ends_the_job_with_a_start_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTLASS_TUNE_TEST_STARTED", str(tmp_path / "started"))
+    with Worker(0, factory=once_factory, timeout_s=3, start_timeout_s=60) as w:
+        results = w.run(_job("crash"))
+        first, lost = next(results), next(results)
+        assert first.status is Status.OK and lost.status is Status.RUNTIME_ERROR
+        with pytest.raises(WorkerStartError, match="GPU 0 failed while starting: RuntimeError: CUDA error"):
+            next(results)  # the third variant needs a fresh child
+        assert w.starts == 2 and w.pid is None
 
 
 def test_run_plan_stamps_compile_failures_with_the_worker_environment():

@@ -6,29 +6,56 @@ import time
 
 import pytest
 
-from cutlass_tune.search import Lanes
+from cutlass_tune.search import LaneEvent, LaneLost, Lanes
+
+
+class Gone(Exception):
+    """What a benchmarker raises when its GPU can measure no more."""
 
 
 class Recorder:
-    """A benchmarker stand-in: `measure` yields two results per task, `delay` seconds each."""
+    """A benchmarker stand-in: `measure` yields two results per task, `delay` seconds each.
 
-    def __init__(self, name, delay=0.0, fail_on=None):
-        self.name, self.delay, self.fail_on = name, delay, fail_on
+    A task is an int, or (int, first part) for what is left of one. `lose_after`: raise Gone
+    instead of the result that would follow that many."""
+
+    def __init__(self, name, delay=0.0, fail_on=None, lose_after=None):
+        self.name, self.delay, self.fail_on, self.lose_after = name, delay, fail_on, lose_after
         self.tasks = []
         self.threads = set()
+        self.results = 0
 
     def measure(self, task):
         self.tasks.append(task)
         self.threads.add(threading.current_thread().name)
-        for part in (0, 1):
-            if task == self.fail_on:
+        number, first = task if isinstance(task, tuple) else (task, 0)
+        for part in range(first, 2):
+            if number == self.fail_on:
                 raise RuntimeError(f"planted failure on {task}")
+            if self.results == self.lose_after:
+                raise Gone(f"GPU {self.name} cannot start a worker")
             time.sleep(self.delay)
-            yield (self.name, task, part)
+            self.results += 1
+            yield (self.name, number, part)
 
 
 def measure(bench, task):
     return bench.measure(task)
+
+
+def remainder(task, taken):
+    number, first = task if isinstance(task, tuple) else (task, 0)
+    first += len(taken)
+    return (number, first) if first < 2 else None
+
+
+def parts(events):
+    """(task number, part) -> lanes that took it."""
+    took = collections.defaultdict(list)
+    for e in events:
+        if isinstance(e, LaneEvent) and e.result is not None:
+            took[e.result[1:]].append(e.lane)
+    return took
 
 
 def test_each_task_runs_once_on_one_lane_with_an_end_event():
@@ -91,3 +118,75 @@ def test_a_single_lane_keeps_the_task_order():
 def test_no_benchmarker_is_refused():
     with pytest.raises(ValueError):
         Lanes([])
+
+
+def test_a_lane_given_up_hands_the_rest_of_its_task_to_a_lane_that_had_run_dry():
+    # The slow lane takes task 0 and is lost after its first result; by then the fast lane
+    # has finished every other task, and must wait for what the lost lane hands back.
+    slow, fast = Recorder("slow", 0.2, lose_after=1), Recorder("fast", 0.001)
+    lanes = Lanes([slow, fast], retire_on=(Gone,))
+    events = list(lanes.run(range(4), measure, remainder=remainder))
+    took = parts(events)
+    assert sorted(took) == [(t, p) for t in range(4) for p in (0, 1)]
+    assert all(len(v) == 1 for v in took.values())  # nothing measured twice
+    assert took[(0, 0)] == [0] and took[(0, 1)] == [1]
+    assert [e for e in events if isinstance(e, LaneLost)] == [LaneLost(0, "GPU slow cannot start a worker")]
+    ends = sorted((e.task for e in events if isinstance(e, LaneEvent) and e.result is None), key=str)
+    assert ends == [(0, 1), 1, 2, 3]  # the rest of task 0 ends as a task of its own
+    assert lanes.lost == {0: "GPU slow cannot start a worker"}
+
+
+def test_a_lane_lost_after_the_last_result_of_its_task_ends_that_task():
+    class LostAtEnd(Recorder):
+        def measure(self, task):
+            yield from super().measure(task)
+            raise Gone("lost after its task")
+
+    a, b = LostAtEnd("a"), Recorder("b", 0.05)
+    events = list(Lanes([a, b], retire_on=(Gone,)).run([0, 1], measure, remainder=remainder))
+    took = parts(events)
+    assert sorted(took) == [(0, 0), (0, 1), (1, 0), (1, 1)] and all(len(v) == 1 for v in took.values())
+    assert len(a.tasks) == 1 and [e.lane for e in events if isinstance(e, LaneLost)] == [0]
+    ends = [(e.lane, e.task) for e in events if isinstance(e, LaneEvent) and e.result is None]
+    assert sorted(ends) == [(0, a.tasks[0]), (1, b.tasks[0])]
+
+
+def test_a_lane_given_up_takes_no_task_in_later_runs():
+    a, b = Recorder("a", lose_after=0), Recorder("b")
+    lanes = Lanes([a, b], retire_on=(Gone,))
+    list(lanes.run(range(3), measure, remainder=remainder))
+    a.lose_after = None  # even if it could measure again
+    events = list(lanes.run(range(5), measure, remainder=remainder))
+    assert {e.lane for e in events} == {1}
+    events = list(lanes.run(["p"], measure, every_lane=True))
+    assert [(e.lane, e.task) for e in events if e.result is None] == [(1, "p")]
+
+
+def test_the_last_lane_is_not_given_up_its_error_is_raised():
+    a, b = Recorder("a", lose_after=0), Recorder("b", 0.01, lose_after=3)
+    lanes = Lanes([a, b], retire_on=(Gone,))
+    with pytest.raises(Gone, match="GPU b"):
+        list(lanes.run(range(6), measure, remainder=remainder))
+    assert list(lanes.lost) == [0]
+
+
+def test_an_every_lane_run_drops_the_tasks_of_a_lane_given_up():
+    a, b = Recorder("a", lose_after=1), Recorder("b")
+    events = list(Lanes([a, b], retire_on=(Gone,)).run(["p", "q"], measure, every_lane=True))
+    assert sorted((e.lane, e.task) for e in events if isinstance(e, LaneEvent) and e.result is None) == [
+        (1, "p"), (1, "q")]
+    assert [e.lane for e in events if isinstance(e, LaneLost)] == [0]
+
+
+def test_without_a_remainder_a_lane_is_not_given_up():
+    a, b = Recorder("a", lose_after=0), Recorder("b", 0.01)
+    lanes = Lanes([a, b], retire_on=(Gone,))
+    with pytest.raises(Gone):
+        list(lanes.run(range(4), measure))
+    assert lanes.lost == {}
+
+
+def test_errors_not_named_for_retirement_still_stop_the_run():
+    bad, good = Recorder("bad", fail_on=1), Recorder("good")
+    with pytest.raises(RuntimeError, match="planted failure"):
+        list(Lanes([bad, good], retire_on=(Gone,)).run([1], measure, every_lane=True))

@@ -5,6 +5,7 @@ import time
 import optuna
 import pytest
 
+from cutlass_tune.bench import WorkerStartError
 from cutlass_tune.search import Sweep, SweepSettings
 from cutlass_tune.space import check_config, load_space
 from cutlass_tune.status import Status
@@ -362,6 +363,61 @@ def test_gpus_of_different_models_are_refused(space, tmp_path):
 
     with pytest.raises(CutlassTuneError, match="Other GPU .* beside Fake GPU"):
         make(space, tmp_path, [SlowBench(), SlowBench(name="Other GPU")])
+
+
+class LostBench(SlowBench):
+    """A GPU that cannot start a worker again after `lose_after` measurements."""
+
+    def __init__(self, lose_after, **kw):
+        super().__init__(**kw)
+        self.lose_after = lose_after
+
+    def _check(self):
+        if len(self.measured) >= self.lose_after:
+            raise WorkerStartError("benchmark worker for GPU 1 did not start within 180 s")
+
+    def baseline(self, problem):
+        self._check()
+        return super().baseline(problem)
+
+    def measure(self, kernel, problem, variants):
+        for v in variants:
+            self._check()
+            yield from super().measure(kernel, problem, [v])
+
+
+def variant_counts(store):
+    return collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in kernel_rows(store))
+
+
+@pytest.mark.parametrize("lose_after", [0, 3, 21])  # before its first kernel, within a task, later
+def test_a_gpu_lost_mid_sweep_is_given_up_and_the_others_measure_the_rest(space, tmp_path, lose_after):
+    gpus = [SlowBench(cublas=600.0), LostBench(lose_after, cublas=500.0)]
+    sweep, store = make(space, tmp_path, gpus, trials=6)
+    state = sweep.run()
+    assert state.stop_reason == "trial budget reached"
+    assert state.lost == ["benchmark worker for GPU 1 did not start within 180 s"]
+    assert len(gpus[1].measured) == lose_after
+    counts = variant_counts(store)
+    assert len(counts) == 6 * 2 * 4 and set(counts.values()) == {1}  # all of it, nothing twice
+    for r in kernel_rows(store):  # each ratio against the cuBLAS of the GPU that measured it
+        assert r["ratio"] == pytest.approx(r["tflops"] / r["cublas_tflops"])
+    for pp in state.problems:
+        assert pp.cublas_tflops == 600.0
+        done = [t for t in pp.study.trials if t.state is optuna.trial.TrialState.COMPLETE
+                and t.constraints["invalid"] == 0.0]
+        assert len(done) == 6
+
+
+def test_a_lone_gpu_lost_stops_the_sweep_with_its_reason_and_a_rerun_resumes(space, tmp_path):
+    with pytest.raises(WorkerStartError, match="did not start"):
+        make(space, tmp_path, LostBench(10), trials=6)[0].run()
+    assert len(kernel_rows(state_store(tmp_path))) == 10
+    again = FakeBench()
+    make(space, tmp_path, again, trials=6)[0].run()
+    counts = variant_counts(state_store(tmp_path))
+    assert len(counts) == 6 * 2 * 4 and set(counts.values()) == {1}
+    assert len(again.measured) == 6 * 2 * 4 - 10
 
 
 def state_store(tmp_path):

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 import cutlass_tune.bench
 import cutlass_tune.compile
 from cutlass_tune.cli import app
+from cutlass_tune.bench import WorkerStartError
 from cutlass_tune.errors import CutlassTuneError
 from cutlass_tune.store import ResultStore
 
@@ -22,6 +23,7 @@ class Gpu(FakeBench):
 
     models = {}
     started = []
+    lose = {}  # device -> measurements after which it cannot start a worker again
 
     def __init__(self, device):
         if device not in self.models:
@@ -35,9 +37,11 @@ class Gpu(FakeBench):
         return "events" + ("-paired" if self.timing.paired else "")
 
     def measure(self, kernel, problem, variants):
-        for m in super().measure(kernel, problem, variants):
+        for v in variants:
+            if len(self.measured) >= self.lose.get(self.device, float("inf")):
+                raise WorkerStartError(f"benchmark worker for GPU {self.device} exited with code 1 while starting")
             time.sleep(0.002)  # as long as a measurement takes, the other GPU takes the next task
-            yield m
+            yield from super().measure(kernel, problem, [v])
 
     def close(self):
         self.closed = True
@@ -45,7 +49,7 @@ class Gpu(FakeBench):
 
 @pytest.fixture
 def gpus(monkeypatch):
-    Gpu.models, Gpu.started = {0: "Fake GPU", 1: "Fake GPU"}, []
+    Gpu.models, Gpu.started, Gpu.lose = {0: "Fake GPU", 1: "Fake GPU"}, [], {}
     monkeypatch.setattr(cutlass_tune.bench, "WorkerBenchmarker", Gpu)
     monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", lambda cfgs, **kw: FakeCompiler()(cfgs))
     return Gpu
@@ -92,3 +96,25 @@ def test_a_gpu_named_twice_is_one_line_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "sweep", str(space), "--gpu", "1", "--gpu", "1"],
                        capture_output=True, text=True)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", "error: --gpu 1 given more than once\n")
+
+
+def test_a_gpu_lost_mid_sweep_is_named_and_the_sweep_finishes_on_the_other(tmp_path, gpus):
+    gpus.lose[1] = 3
+    r, url = sweep(tmp_path, "--gpu", "0", "--gpu", "1")
+    assert r.exit_code == 0, r.output
+    assert ("given up mid-sweep: benchmark worker for GPU 1 exited with code 1 while starting; "
+            "the other GPUs measured what it left") in r.output
+    assert "stopped: trial budget reached" in r.output
+    a, b = gpus.started
+    assert len(b.measured) == 3 and len(a.measured) == 4 * 2 * 4 - 3
+    assert a.closed and b.closed
+    assert len([row for row in ResultStore(url).rows() if row["kernel"] != "cuBLAS"]) == 4 * 2 * 4
+
+
+def test_a_lone_gpu_lost_is_an_error_of_one_line(tmp_path, gpus):
+    gpus.lose[0] = 3
+    r, url = sweep(tmp_path)
+    assert isinstance(r.exception, CutlassTuneError)
+    assert str(r.exception) == "benchmark worker for GPU 0 exited with code 1 while starting"
+    assert gpus.started[0].closed
+    assert len([row for row in ResultStore(url).rows() if row["kernel"] != "cuBLAS"]) == 3
