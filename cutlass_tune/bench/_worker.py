@@ -118,13 +118,16 @@ class Worker:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> EnvStamp | None:
-        """Start a child unless one is running; return its environment stamp.
+        """Start a child unless one is running (one that died while idle is replaced); return
+        its environment stamp.
 
         Raises:
             WorkerStartError: the child died, failed or timed out while starting.
         """
         if self._process is not None:
-            return self.env
+            if self._process.is_alive():
+                return self.env
+            self._discard()  # died between jobs (killed, out of memory): nothing was owed
         ctx = multiprocessing.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe()
         process = ctx.Process(target=_serve, args=(child_conn, self.device, self.factory),
@@ -164,7 +167,8 @@ class Worker:
             while pending:
                 self.start()
                 self._owed = len(pending)
-                self._conn.send(dataclasses.replace(job, variants=pending))
+                with contextlib.suppress(OSError):  # a child that died just now reads as exited below
+                    self._conn.send(dataclasses.replace(job, variants=pending))
                 pending = yield from self._collect(job, pending)
         except BaseException:
             if self._owed:

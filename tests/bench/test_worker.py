@@ -1,6 +1,7 @@
 """Worker isolation without a GPU: fake runners crash, hang, fail and misbehave in the child."""
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -132,6 +133,15 @@ def once_factory(device):
         raise RuntimeError("CUDA error: unknown error")
     marker.touch()
     return FakeRunner(device)
+
+
+def test_a_child_that_died_between_jobs_is_replaced_without_losing_a_variant(worker):
+    first = list(worker.run(_job("ok")))
+    os.kill(worker.pid, signal.SIGKILL)
+    time.sleep(0.5)
+    again = list(worker.run(_job("ok")))
+    assert [m.status for m in again] == [Status.OK] * 3 and worker.starts == 2
+    assert _pid(again[0]) != _pid(first[0])
 
 
 def test_a_worker_that_cannot_start_says_why_in_one_line():
