@@ -224,11 +224,52 @@ def best(
     if output is None:
         if fmt == "parquet":
             raise CutlassTuneError("--format parquet needs --output FILE")
-        text = frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=1)
+        text = frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=1, double_precision=15)
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     write_table(frame[list(COLUMNS)], output, fmt)
     out.print(f"{len(frame)} rows written to {output}")
+
+
+@app.command()
+def export(
+    storage: Optional[str] = typer.Option(
+        None, "--storage", help="store URL, .sqlite file or best-config table (default: the one results/sweep-*.sqlite)"),
+    output: Path = typer.Option(..., "--output", "-o", help="the bundle: a directory that does not exist yet"),
+    gpu_name: Optional[str] = typer.Option(None, "--gpu-name", help="keep only the rows of this GPU model"),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+) -> None:
+    """Pin the best kernel of every problem for shipping: one directory with the table and the
+    compiled kernels, which `BestTable.load(DIR)` and `matmul` use with no nvcc or CUTLASS."""
+    import json
+
+    from . import __version__, settings
+    from .compile import KernelCache, compile_kernels, default_jobs, find_toolchain
+    from .report import load_best, write_bundle
+    from .space import KernelConfig
+
+    if output.exists():
+        raise CutlassTuneError(f"{output} exists: remove it or export to a new directory")
+    frame = load_best(_storage_or_default(storage))
+    if gpu_name is not None:
+        frame = frame[frame["gpu"] == gpu_name].reset_index(drop=True)
+        if frame.empty:
+            raise CutlassTuneError(f"--gpu-name {gpu_name!r}: the table has no row for it")
+    configs = list({h: KernelConfig.from_dict(json.loads(c)) for h, c in zip(frame["config_hash"], frame["config"])}.values())
+    toolchain = find_toolchain()
+    with Progress(TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task("compile", total=len(configs))
+        compiled = compile_kernels(configs, cache=KernelCache(cache_dir or settings.cache_dir()),
+                                   toolchain=toolchain, jobs=jobs or default_jobs(),
+                                   on_result=lambda r: progress.advance(task))
+    summary = write_bundle(frame, compiled, output, {"nvcc": toolchain.nvcc_version,
+                                                     "cutlass": toolchain.cutlass_version,
+                                                     "cutlass_tune": __version__})
+    out.print(f"exported {summary.problems} problems, {summary.kernels} kernels in {summary.libraries} "
+              f"libraries ({summary.bytes / 1e6:.1f} MB) to {summary.path}; "
+              f"load it with cutlass_tune.BestTable.load({str(summary.path)!r})", markup=False)
 
 
 @app.command()

@@ -1,10 +1,12 @@
 """Report stage: best-config tables, the tuned matmul, dashboards."""
 
 from ._best import COLUMNS, BestTable, BestTableError, Match, load_best, write_table
+from ._bundle import BundledKernel, BundleError, BundleSummary, is_bundle, read_bundle, write_bundle
 from ._matmul import Gemm, MatmulInputError, matmul, problem_of
 
-__all__ = ["BestTable", "BestTableError", "COLUMNS", "DashboardError", "build_dashboard", "write_dashboard", "Gemm", "Match", "MatmulInputError", "load_best",
-           "matmul", "problem_of", "write_table"]
+__all__ = ["BestTable", "BestTableError", "BundleError", "BundleSummary", "BundledKernel", "COLUMNS",
+           "DashboardError", "Gemm", "Match", "MatmulInputError", "build_dashboard", "is_bundle", "load_best",
+           "matmul", "problem_of", "read_bundle", "write_bundle", "write_dashboard", "write_table"]
 
 
 _DASHBOARD = ("DashboardError", "build_dashboard", "write_dashboard")

@@ -32,6 +32,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
 import pandas as pd
 
@@ -39,6 +40,9 @@ from ..errors import CutlassTuneError
 from ..space import KernelConfig, RuntimeArgs
 from ..status import Status
 from ..store import store_url_of
+
+if TYPE_CHECKING:
+    from ._bundle import BundledKernel
 
 KNOB_COLUMNS = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "kernel_schedule",
                 "epilogue_schedule", "tile_scheduler")
@@ -126,23 +130,30 @@ def load_best(source: str | Path) -> pd.DataFrame:
     """The best verified kernel per (GPU, problem), with the schema in this module's docstring.
 
     Args:
-        source: a store URL (`sqlite:///...`, `postgresql+psycopg://...`), a `.sqlite` file, or a
-            table written by `cutlass-tune best` (`.csv`, `.json`, `.parquet`).
+        source: a store URL (`sqlite:///...`, `postgresql+psycopg://...`), a `.sqlite` file, a
+            table written by `cutlass-tune best` (`.csv`, `.json`, `.parquet`), or a bundle
+            directory written by `cutlass-tune export`.
 
     Raises:
         BestTableError: no such file, an empty store, or a store with no successful measurement.
+        BundleError: a bundle whose files do not match its manifest.
         StoreError: the store cannot be reached.
     """
+    from ._bundle import is_bundle, read_bundle
+
     url = store_url_of(source)
     if url is not None:
         return _from_store(url)
     path = Path(source)
     if not path.exists():
         raise BestTableError(f"no best-config table at {path}")
+    if is_bundle(path):
+        return read_bundle(path)[0]
     readers = {".csv": pd.read_csv, ".json": lambda p: pd.read_json(p, orient="records"),
                ".parquet": pd.read_parquet}
     if path.suffix not in readers:
-        raise BestTableError(f"{path}: expected a store URL or a .sqlite, .csv, .json or .parquet file")
+        raise BestTableError(f"{path}: expected a store URL, a .sqlite, .csv, .json or .parquet file, "
+                             "or a bundle directory")
     frame = readers[path.suffix](path)
     if "ratio" in frame.columns:  # a table written before confirmation existed
         defaults = {"sweep_ratio": frame["ratio"], "confirm_passes": 0, "ratio_low": frame["ratio"],
@@ -177,16 +188,28 @@ class Match:
 
 
 class BestTable:
-    """Lookups into a best-config table (`load_best`'s DataFrame)."""
+    """Lookups into a best-config table (`load_best`'s DataFrame).
 
-    def __init__(self, frame: pd.DataFrame, gpu: str | None = None):
+    `bundled`: the compiled kernels of a bundle by config hash (`matmul` loads these instead of
+    compiling); empty for a table from a store or file.
+    """
+
+    def __init__(self, frame: pd.DataFrame, gpu: str | None = None,
+                 bundled: Mapping[str, BundledKernel] | None = None):
         if gpu is not None:
             frame = frame[frame["gpu"] == gpu]
         self.frame = frame.reset_index(drop=True)
+        self.bundled = dict(bundled or {})
         self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
 
     @classmethod
     def load(cls, source: str | Path, gpu: str | None = None) -> BestTable:
+        """`load_best(source)` as a table; a bundle brings its compiled kernels along."""
+        from ._bundle import is_bundle, read_bundle
+
+        if store_url_of(source) is None and is_bundle(source):
+            frame, bundled = read_bundle(source)
+            return cls(frame, gpu=gpu, bundled=bundled)
         return cls(load_best(source), gpu=gpu)
 
     def lookup(self, m: int, n: int, k: int, dtype: str = "bf16", layout: str = "tn") -> Match:
@@ -214,7 +237,7 @@ def write_table(frame: pd.DataFrame, path: Path, fmt: str) -> None:
     if fmt == "csv":
         frame.to_csv(tmp, index=False)
     elif fmt == "json":
-        frame.to_json(tmp, orient="records", indent=1)
+        frame.to_json(tmp, orient="records", indent=1, double_precision=15)
     elif fmt == "parquet":
         try:
             frame.to_parquet(tmp, index=False)

@@ -3,7 +3,8 @@
 Conventions (those of `Problem`): `a` is M x K and `b` is K x N, D = a @ b is returned M x N
 row-major. Each operand may be row- or column-major: `b = w.t()` of a contiguous N x K weight
 is the "tn" case of nn.Linear. Kernels are compiled on demand from the kernel cache (a cache
-hit when the sweep ran on this machine) and loaded once per process.
+hit when the sweep ran on this machine), or taken from the table's bundle (`cutlass-tune
+export`: no compiler needed), and loaded once per process.
 
 fp8 (torch.float8_e4m3fn) inputs must be "tn" and give a bfloat16 D (unless the kernel says
 otherwise), computed with unit scales: scale the result yourself. Where no tuned kernel can
@@ -23,6 +24,7 @@ from ..errors import CutlassTuneError
 from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, TileScheduler, check_problem, layout_code
 from ..status import Status
 from ._best import BestTable, BestTableError
+from ._bundle import BundledKernel
 
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
 _TORCH = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
@@ -82,21 +84,29 @@ class Gemm:
     Args:
         config: the kernel to run; `runtime`: its run-time variant.
         cache_dir: kernel cache (default: `settings.cache_dir()`).
+        bundled: the kernel's library in a bundle: loaded as it is, nothing compiled.
 
     Raises:
         CutlassTuneError: the kernel does not compile (with the compiler's reason).
+        KernelLoadError: the library cannot be loaded.
     """
 
-    def __init__(self, config: KernelConfig, runtime: RuntimeArgs = RuntimeArgs(), cache_dir: Path | None = None):
-        from .. import settings
+    def __init__(self, config: KernelConfig, runtime: RuntimeArgs = RuntimeArgs(), cache_dir: Path | None = None,
+                 bundled: BundledKernel | None = None):
         from ..bench import LoadedKernel
-        from ..compile import KernelCache, compile_kernels
 
-        compiled = compile_kernels([config], cache=KernelCache(cache_dir or settings.cache_dir()), jobs=1)[0]
-        if compiled.status is not Status.OK:
-            raise CutlassTuneError(f"{config.name} does not compile: {compiled.reason} (log {compiled.log_path})")
+        if bundled is None:
+            from .. import settings
+            from ..compile import KernelCache, compile_kernels
+
+            compiled = compile_kernels([config], cache=KernelCache(cache_dir or settings.cache_dir()), jobs=1)[0]
+            if compiled.status is not Status.OK:
+                raise CutlassTuneError(f"{config.name} does not compile: {compiled.reason} (log {compiled.log_path})")
+            library, symbol = compiled.library, compiled.symbol
+        else:
+            library, symbol = bundled.library, bundled.symbol
         self.config, self.runtime = config, runtime
-        self.kernel = LoadedKernel(compiled.library, compiled.symbol)
+        self.kernel = LoadedKernel(library, symbol)
         self._local = threading.local()
         self._stream_k = config.tile_scheduler is TileScheduler.STREAM_K
 
@@ -158,8 +168,8 @@ def _sm_count(device: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _gemm(config_json: str, runtime: RuntimeArgs) -> Gemm:
-    return Gemm(KernelConfig.from_dict(__import__("json").loads(config_json)), runtime)
+def _gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None) -> Gemm:
+    return Gemm(KernelConfig.from_dict(__import__("json").loads(config_json)), runtime, bundled=bundled)
 
 
 _warned: set[str] = set()
@@ -198,7 +208,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> t
         return _untuned(a, b)
     from ..bench import KernelStatusError
 
-    gemm = _gemm(match.row["config"], match.runtime)
+    gemm = _gemm(match.row["config"], match.runtime, table.bundled.get(match.row["config_hash"]))
     try:
         result = gemm.run(problem, a, b)
     except KernelStatusError as err:

@@ -52,6 +52,36 @@ def test_tuned_matmul_matches_torch_for_every_tuned_problem():
 
 
 @pytest.mark.gpu
+@pytest.mark.nvcc
+def test_a_bundle_runs_its_kernels_where_nothing_can_compile(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import cutlass_tune.compile
+
+    out = tmp_path / "bundle"
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "export", "--storage", STORE, "-o", out],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("a bundle's kernels must not be compiled")
+
+    monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", no_compiler)
+    monkeypatch.setenv("CUTLASS_TUNE_NVCC", str(tmp_path / "no-nvcc"))
+    table = BestTable.load(out)
+    for row in table.frame.itertuples():
+        a = torch.randn(row.m, row.k, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(row.n, row.k, dtype=torch.bfloat16, device="cuda")
+        got = cutlass_tune.matmul(a, w.t(), table=table)
+        ref = a.float() @ w.float().t()
+        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
+        gemm, _ = table._kernels[(a.shape, w.t().shape, a.stride(), w.t().stride(), a.dtype, w.dtype)]
+        assert gemm.kernel.library.parent == out / "kernels" and gemm.config.hash == row.config_hash
+        print(f"bundle {row.problem}: {gemm.kernel.library.name} {gemm.kernel.symbol} ok")
+
+
+@pytest.mark.gpu
 def test_untuned_dtype_falls_back_to_torch_once():
     table = BestTable.load(STORE)
     a = torch.randn(256, 256, dtype=torch.float16, device="cuda")
