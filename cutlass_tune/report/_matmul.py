@@ -208,7 +208,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> t
         return _untuned(a, b)
     from ..bench import KernelStatusError
 
-    gemm = _gemm(match.row["config"], match.runtime, table.bundled.get(match.row["config_hash"]))
+    bundled = table.bundled.get(match.row.get("config_hash")) if table.bundled else None
+    gemm = _gemm(match.row["config"], match.runtime, bundled)
     try:
         result = gemm.run(problem, a, b)
     except KernelStatusError as err:
