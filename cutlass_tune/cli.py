@@ -224,7 +224,8 @@ def best(
     if output is None:
         if fmt == "parquet":
             raise CutlassTuneError("--format parquet needs --output FILE")
-        text = frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=1, double_precision=15)
+        text = (frame.to_csv(index=False) if fmt == "csv"
+                else frame.to_json(orient="records", indent=1, double_precision=15))
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     write_table(frame[list(COLUMNS)], output, fmt)
@@ -256,7 +257,8 @@ def export(
         frame = frame[frame["gpu"] == gpu_name].reset_index(drop=True)
         if frame.empty:
             raise CutlassTuneError(f"--gpu-name {gpu_name!r}: the table has no row for it")
-    configs = list({h: KernelConfig.from_dict(json.loads(c)) for h, c in zip(frame["config_hash"], frame["config"])}.values())
+    configs = list({h: KernelConfig.from_dict(json.loads(c))
+                    for h, c in zip(frame["config_hash"], frame["config"])}.values())
     toolchain = find_toolchain()
     with Progress(TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as progress:

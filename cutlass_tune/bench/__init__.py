@@ -22,6 +22,6 @@ __all__ = [
     "GpuRunner", "InvalidJobError", "Job", "KernelLoadError", "KernelStatusError", "L2Flush",
     "LoadedKernel", "Measurement", "Operands", "Plan", "TOLERANCE", "TimingOptions",
     "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError", "WorkerStartError",
-    "baseline_ratio", "compare", "env_stamp", "make_args", "plan_jobs", "read_jsonl", "repeat_spread", "require_gpu", "run_plan",
-    "summarize", "time_launches", "time_paired", "verify_launch", "write_jsonl",
+    "baseline_ratio", "compare", "env_stamp", "make_args", "plan_jobs", "read_jsonl", "repeat_spread",
+    "require_gpu", "run_plan", "summarize", "time_launches", "time_paired", "verify_launch", "write_jsonl",
 ]
