@@ -39,16 +39,23 @@ def test_layouts_dtypes_and_alignment_are_checked():
         problem_of(a[:, ::2], w.t()[::2])
 
 
+def _matches_torch(table, row):
+    """matmul of a row's problem (bf16, a @ w.t()) against an fp32 reference; returns the
+    resolved (Gemm, Problem) the table keeps for those tensors."""
+    a = torch.randn(row.m, row.k, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(row.n, row.k, dtype=torch.bfloat16, device="cuda")
+    got = cutlass_tune.matmul(a, w.t(), table=table)
+    ref = a.float() @ w.float().t()
+    assert torch.isfinite(got).all()
+    assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
+    return table._kernels[(a.shape, w.t().shape, a.stride(), w.t().stride(), a.dtype, w.dtype)]
+
+
 @pytest.mark.gpu
 def test_tuned_matmul_matches_torch_for_every_tuned_problem():
     table = BestTable.load(STORE)
     for row in table.frame.itertuples():
-        a = torch.randn(row.m, row.k, dtype=torch.bfloat16, device="cuda")
-        w = torch.randn(row.n, row.k, dtype=torch.bfloat16, device="cuda")
-        got = cutlass_tune.matmul(a, w.t(), table=table)
-        ref = a.float() @ w.float().t()
-        assert torch.isfinite(got).all()
-        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
+        _matches_torch(table, row)
 
 
 @pytest.mark.gpu
@@ -71,12 +78,7 @@ def test_a_bundle_runs_its_kernels_where_nothing_can_compile(tmp_path, monkeypat
     monkeypatch.setenv("CUTLASS_TUNE_NVCC", str(tmp_path / "no-nvcc"))
     table = BestTable.load(out)
     for row in table.frame.itertuples():
-        a = torch.randn(row.m, row.k, dtype=torch.bfloat16, device="cuda")
-        w = torch.randn(row.n, row.k, dtype=torch.bfloat16, device="cuda")
-        got = cutlass_tune.matmul(a, w.t(), table=table)
-        ref = a.float() @ w.float().t()
-        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
-        gemm, _ = table._kernels[(a.shape, w.t().shape, a.stride(), w.t().stride(), a.dtype, w.dtype)]
+        gemm, _ = _matches_torch(table, row)
         assert gemm.kernel.library.parent == out / "kernels" and gemm.config.hash == row.config_hash
         print(f"bundle {row.problem}: {gemm.kernel.library.name} {gemm.kernel.symbol} ok")
 
