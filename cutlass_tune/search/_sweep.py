@@ -28,7 +28,7 @@ from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
 from ..space import KernelConfig, Problem, RuntimeArgs, SearchSpace, check_config
 from ..status import Status
-from ..store import ResultStore
+from ..store import ResultStore, open_study_storage
 from ._lanes import LaneLost, Lanes
 from ._params import ParamSpace, config_of, params_of
 from ._samplers import CONSTRAINT, make_sampler
@@ -157,7 +157,7 @@ class Sweep:
         self.gpu = self.bench.gpu_name
         store.bind_gpu(self.gpu)
         store.bind_timing(getattr(self.bench, "timing_method", "events"))
-        self.storage = optuna.storages.RDBStorage(storage_url)
+        self.storage = open_study_storage(storage_url)
         self.params = {p: ParamSpace.from_space(space, p) for p in space.problems}
         progress = []
         for p in space.problems:

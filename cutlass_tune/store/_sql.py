@@ -11,8 +11,9 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 import sqlalchemy as sa
 
@@ -20,7 +21,12 @@ from ..bench import Measurement
 from ..errors import CutlassTuneError
 from ..space import Problem, layout_code
 
+if TYPE_CHECKING:
+    import optuna
+
 SCHEMA_VERSION = 1
+_CREATE_ATTEMPTS = 5
+T = TypeVar("T")
 LEGACY_TIMING = "events"
 """The timing scheme of stores begun before `ct_meta` recorded one."""
 
@@ -96,6 +102,36 @@ def _one_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
+def _create_despite_racers(create: Callable[[], T], what: str) -> T:
+    """Run `create`, which looks for tables and creates those missing. Processes that open a new
+    store at once race between the look and the CREATE; a loser fails and tries again, finding
+    more tables each time.
+
+    Raises:
+        StoreError: the tables still cannot be made after `_CREATE_ATTEMPTS` tries.
+    """
+    for attempt in range(1, _CREATE_ATTEMPTS + 1):
+        try:
+            return create()
+        except sa.exc.SQLAlchemyError as err:
+            if attempt == _CREATE_ATTEMPTS:
+                raise StoreError(f"cannot create {what}: {_one_line(err)}") from err
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
+def open_study_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's storage in the store at `url`, its tables created if need be, safely when
+    several sweeps start on a new store at once (Optuna's own creation is not).
+
+    Raises:
+        StoreError: the tables cannot be made.
+    """
+    import optuna
+
+    return _create_despite_racers(lambda: optuna.storages.RDBStorage(url), f"Optuna's tables in {url}")
+
+
 class ResultStore:
     """Measurements of sweeps. Process-safe through the database; one GPU model per store.
 
@@ -129,11 +165,23 @@ class ResultStore:
 
     def _create(self) -> None:
         if not self._created:
-            try:
-                _metadata.create_all(self.engine)
-            except sa.exc.SQLAlchemyError as err:
-                raise StoreError(f"cannot create tables in {self.url}: {_one_line(err)}") from err
+            _create_despite_racers(lambda: _metadata.create_all(self.engine), f"tables in {self.url}")
             self._created = True
+
+    def _claim(self, key: str, value: str) -> str:
+        """Record `value` under `key` in ct_meta unless another writer recorded one first;
+        return the value that holds."""
+        query = sa.select(meta_table.c.value).where(meta_table.c.key == key)
+        try:
+            with self.engine.begin() as conn:
+                found = conn.execute(query).scalar()
+                if found is not None:
+                    return found
+                conn.execute(meta_table.insert(), [{"key": key, "value": value}])
+                return value
+        except sa.exc.IntegrityError:  # another process inserted the key after our look
+            with self.engine.connect() as conn:
+                return conn.execute(query).scalar_one()
 
     def gpu(self) -> str | None:
         """The GPU model the store belongs to, or None for a new store."""
@@ -148,21 +196,14 @@ class ResultStore:
             StoreGpuMismatchError: the store was made on another GPU model.
         """
         self._create()
-        with self.engine.begin() as conn:
-            rows = dict(conn.execute(sa.select(meta_table.c.key, meta_table.c.value)).all())
-            if "gpu" not in rows:
-                conn.execute(meta_table.insert(), [
-                    {"key": "gpu", "value": gpu_name},
-                    {"key": "schema", "value": str(SCHEMA_VERSION)},
-                ])
-                return
-        if rows["gpu"] != gpu_name:
+        held = self._claim("gpu", gpu_name)
+        if held != gpu_name:
             raise StoreGpuMismatchError(
-                f"the store {self.url} holds results from {rows['gpu']}, not {gpu_name}: "
+                f"the store {self.url} holds results from {held}, not {gpu_name}: "
                 "give this GPU its own --storage")
-        if rows.get("schema") != str(SCHEMA_VERSION):
-            raise StoreError(f"the store {self.url} has schema {rows.get('schema')}, this version "
-                             f"reads {SCHEMA_VERSION}")
+        schema = self._claim("schema", str(SCHEMA_VERSION))
+        if schema != str(SCHEMA_VERSION):
+            raise StoreError(f"the store {self.url} has schema {schema}, this version reads {SCHEMA_VERSION}")
 
     def timing(self) -> str | None:
         """The timing scheme the store holds (see `bind_timing`), or None for a new store.
@@ -183,12 +224,11 @@ class ResultStore:
             StoreError: the store holds results timed another way.
         """
         found = self.timing()
-        if found is not None and found != method:
+        if found in (None, method):  # another sweep may claim the store between the look and the claim
+            found = self._claim("timing", method)
+        if found != method:
             raise StoreError(f"the store {self.url} holds results timed with {found}, not {method}: "
                              "give this sweep its own --storage")
-        with self.engine.begin() as conn:
-            if conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "timing")).scalar() is None:
-                conn.execute(meta_table.insert(), [{"key": "timing", "value": method}])
 
     def add(self, m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None,
             study: str | None = None, trial: int | None = None) -> None:

@@ -392,7 +392,8 @@ def variant_counts(store):
 
 @pytest.mark.parametrize("lose_after", [0, 3, 21])  # before its first kernel, within a task, later
 def test_a_gpu_lost_mid_sweep_is_given_up_and_the_others_measure_the_rest(space, tmp_path, lose_after):
-    gpus = [SlowBench(cublas=600.0), LostBench(lose_after, cublas=500.0)]
+    # GPU 0 ten times slower, so that GPU 1 surely takes 21 of the 48 measurements before it is lost
+    gpus = [SlowBench(cublas=600.0, delay=0.02), LostBench(lose_after, cublas=500.0)]
     sweep, store = make(space, tmp_path, gpus, trials=6)
     state = sweep.run()
     assert state.stop_reason == "trial budget reached"

@@ -1,13 +1,18 @@
 """One contract, run against every backend (SQLite file and PostgreSQL server)."""
 
 import dataclasses
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from cutlass_tune.bench import Measurement, read_jsonl
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
+from cutlass_tune.store import _sql
 from cutlass_tune.store import ResultStore, StoreError, StoreGpuMismatchError, default_store_url
 
 P = Problem(4096, 4096, 4096)
@@ -117,3 +122,62 @@ def test_a_store_older_than_its_timing_record_holds_unpaired_events(store_url):
     assert store.timing() == "events"
     with pytest.raises(StoreError, match="timed with events, not graph"):
         ResultStore(store_url).bind_timing("graph")
+
+
+def test_stores_opened_at_once_both_get_the_tables(store_url, monkeypatch):
+    real_create_all = _sql._metadata.create_all
+    theirs = ResultStore(store_url)
+    calls = []
+
+    def racing(bind, **kwargs):
+        calls.append(bind)
+        if len(calls) == 1:  # the other process creates the tables between our look and our CREATE
+            real_create_all(theirs.engine)
+            return real_create_all(bind, checkfirst=False)
+        return real_create_all(bind, **kwargs)
+
+    monkeypatch.setattr(_sql._metadata, "create_all", racing)
+    mine = ResultStore(store_url)
+    mine.bind_gpu("NVIDIA H200")
+    assert len(calls) == 2
+    assert mine.gpu() == theirs.gpu() == "NVIDIA H200"
+
+
+def test_two_sweeps_claiming_a_new_store_at_once_agree_on_its_gpu(store_url):
+    mine, theirs = ResultStore(store_url), ResultStore(store_url)
+
+    @sa.event.listens_for(mine.engine, "before_cursor_execute")
+    def race(conn, cursor, statement, *args):
+        if statement.startswith("INSERT INTO ct_meta") and theirs.gpu() is None:
+            theirs.bind_gpu("NVIDIA H100 80GB HBM3")  # lands between our look and our insert
+
+    with pytest.raises(StoreGpuMismatchError, match="holds results from NVIDIA H100 80GB HBM3, not NVIDIA H200"):
+        mine.bind_gpu("NVIDIA H200")
+    theirs.bind_timing("graph")
+    with pytest.raises(StoreError, match="timed with graph, not events"):
+        mine.bind_timing("events")
+
+
+RACER = """
+import pathlib, sys, time
+from cutlass_tune.store import ResultStore, open_study_storage
+url, me = sys.argv[1], pathlib.Path(sys.argv[2])
+me.with_suffix(".ready").touch()
+while not me.with_name("go").exists():
+    time.sleep(0.001)
+ResultStore(url).bind_gpu("NVIDIA H200")
+open_study_storage(url)
+"""
+
+
+def test_sweeps_started_at_once_on_a_new_store_all_open_it(store_url, tmp_path):
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, store_url, str(tmp_path / f"racer{i}")],
+                               stderr=subprocess.PIPE, text=True) for i in range(4)]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.ready"))) < len(racers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    errors = [r.communicate(timeout=120)[1] for r in racers]
+    assert [r.returncode for r in racers] == [0] * len(racers), "\n".join(errors)
+    assert ResultStore(store_url).gpu() == "NVIDIA H200"
+    assert sa.inspect(ResultStore(store_url).engine).has_table("studies")
