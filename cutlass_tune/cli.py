@@ -437,6 +437,8 @@ def sweep(
                                       batch=batch or jobs, seed=seed),
                         on_update=lambda state: live.update(_sweep_table(state)))
             state = run.run()
+        if not out.is_terminal:  # rich ends the last frame with a newline only on a terminal
+            out.line()
         for reason in state.lost:
             out.print(f"given up mid-sweep: {reason}; the other GPUs measured what it left", markup=False)
         out.print(f"stopped: {state.stop_reason}; run {state.run_id}")

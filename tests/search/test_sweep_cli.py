@@ -68,6 +68,7 @@ def test_two_gpus_both_measure_and_both_are_closed(tmp_path, gpus):
     r, url = sweep(tmp_path, "--gpu", "0", "--gpu", "1")
     assert r.exit_code == 0, r.output
     assert "2 x Fake GPU (GPUs 0, 1)" in r.output.splitlines()[0]
+    assert r.output.splitlines()[-1].startswith("stopped: trial budget reached")  # not run into the table
     a, b = gpus.started
     assert (a.device, b.device) == (0, 1) and a.measured and b.measured
     assert len(a.measured) + len(b.measured) == 4 * 2 * 4
@@ -104,7 +105,7 @@ def test_a_gpu_lost_mid_sweep_is_named_and_the_sweep_finishes_on_the_other(tmp_p
     assert r.exit_code == 0, r.output
     assert ("given up mid-sweep: benchmark worker for GPU 1 exited with code 1 while starting; "
             "the other GPUs measured what it left") in r.output
-    assert "stopped: trial budget reached" in r.output
+    assert "\nstopped: trial budget reached" in r.output
     a, b = gpus.started
     assert len(b.measured) == 3 and len(a.measured) == 4 * 2 * 4 - 3
     assert a.closed and b.closed
