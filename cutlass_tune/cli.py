@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import signal
 import sys
 import time
@@ -369,6 +370,37 @@ def _sweep_table(state) -> Table:
     return table
 
 
+class _SweepLog:
+    """A sweep's progress as plain lines, for output that is not a terminal (a log file, a batch
+    job), where a live table would show nothing until the end: a line when a batch is compiled
+    or a kernel is measured on every problem, a line for each new best, one for a GPU given up."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.counts: tuple[int, int, int] | None = None
+        self.best: dict[str, tuple] = {}
+        self.lost = 0
+
+    def __call__(self, state) -> None:
+        say = lambda text: self.console.print(text, markup=False)  # noqa: E731
+        for reason in state.lost[self.lost:]:
+            say(f"given up: {reason}")
+        self.lost = len(state.lost)
+        counts = (state.compiled, sum(pp.measured for pp in state.problems),
+                  sum(pp.failed for pp in state.problems))
+        if state.compiled and counts != self.counts:
+            say(f"compiled {counts[0]} configs, compiling {state.queued} more; {counts[1]} kernel-problem "
+                f"pairs measured, {counts[2]} failed")
+        self.counts = counts
+        for pp in state.problems:
+            best = (pp.best_ratio, pp.best_config.hash if pp.best_config else None)
+            if pp.best_ratio and best != self.best.get(pp.problem.name):
+                found = f"config {pp.best_at}" if pp.best_at else "an earlier run"
+                say(f"best {pp.problem.name}: {pp.best_ratio:.3f} of cuBLAS, {pp.best_tflops:.1f} TFLOP/s, "
+                    f"{pp.best_config.name if pp.best_config else '?'} ({found})")
+                self.best[pp.problem.name] = best
+
+
 @app.command()
 def sweep(
     config: Path = ConfigArg,
@@ -431,14 +463,19 @@ def sweep(
         def compile_batch(configs):
             return compile_kernels(configs, cache=cache, jobs=jobs)
 
-        with Live(console=out, refresh_per_second=2, transient=False) as live:
+        if out.is_terminal:  # a live table
+            display = Live(console=out, refresh_per_second=2, transient=False)
+            show = lambda state: display.update(_sweep_table(state))  # noqa: E731
+        else:  # a log: lines as things happen, the table at the end
+            display, show = contextlib.nullcontext(), _SweepLog(out)
+        with display:
             run = Sweep(sp, store, storage, compile_batch, benches,
                         SweepSettings(trials=trials, timeout_s=timeout, sampler=sampler,
                                       batch=batch or jobs, seed=seed),
-                        on_update=lambda state: live.update(_sweep_table(state)))
+                        on_update=show)
             state = run.run()
-        if not out.is_terminal:  # rich ends the last frame with a newline only on a terminal
-            out.line()
+        if not out.is_terminal:
+            out.print(_sweep_table(state))
         for reason in state.lost:
             out.print(f"given up mid-sweep: {reason}; the other GPUs measured what it left", markup=False)
         out.print(f"stopped: {state.stop_reason}; run {state.run_id}")
