@@ -102,6 +102,10 @@ def _one_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
+def _meta_value(key: str) -> sa.Select:
+    return sa.select(meta_table.c.value).where(meta_table.c.key == key)
+
+
 def _create_despite_racers(create: Callable[[], T], what: str) -> T:
     """Run `create`, which looks for tables and creates those missing. Processes that open a new
     store at once race between the look and the CREATE; a loser fails and tries again, finding
@@ -171,7 +175,7 @@ class ResultStore:
     def _claim(self, key: str, value: str) -> str:
         """Record `value` under `key` in ct_meta unless another writer recorded one first;
         return the value that holds."""
-        query = sa.select(meta_table.c.value).where(meta_table.c.key == key)
+        query = _meta_value(key)
         try:
             with self.engine.begin() as conn:
                 found = conn.execute(query).scalar()
@@ -187,7 +191,7 @@ class ResultStore:
         """The GPU model the store belongs to, or None for a new store."""
         self._create()
         with self.engine.connect() as conn:
-            return conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "gpu")).scalar()
+            return conn.execute(_meta_value("gpu")).scalar()
 
     def bind_gpu(self, gpu_name: str) -> None:
         """Claim a new store for `gpu_name`, or check that an existing one belongs to it.
@@ -211,7 +215,7 @@ class ResultStore:
         Stores begun before the scheme was recorded hold only unpaired `events` figures."""
         self._create()
         with self.engine.connect() as conn:
-            found = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "timing")).scalar()
+            found = conn.execute(_meta_value("timing")).scalar()
             if found is None and conn.execute(sa.select(measurements_table.c.id).limit(1)).first():
                 return LEGACY_TIMING
         return found
