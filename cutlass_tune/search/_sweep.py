@@ -441,8 +441,8 @@ class Sweep:
             if pp.best_ratio is None or row["ratio"] > pp.best_ratio:
                 pp.best_ratio, pp.best_tflops = row["ratio"], row["tflops"]
                 pp.best_config = self._config_for(row["config_hash"], pp.problem)
-        seeds = unfinished + seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems],
-                                          self.gpu, self.bench.sm_count)
+        seeds = seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems],
+                             self.gpu, self.bench.sm_count)
         # A seed goes to a study of its own types and layouts (its parameters say nothing of
         # them), the studies of each kind taking turns: the round robin asks each in turn.
         studies_of = collections.defaultdict(list)
@@ -470,7 +470,14 @@ class Sweep:
         pending: dict[str, KernelConfig] = {}
         waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]] = {}
         try:
-            batch = self._propose(min(self.settings.batch, budget()), pending, waiting) if budget() > 0 else []
+            # Configs an interrupted run left part-measured go first, straight to the compiler (a
+            # cache hit), asked by no study: as a seed, a study that holds the failed trial of the
+            # interrupted run would skip it. `_finish` adds their results to every study.
+            batch = list(unfinished)
+            for cfg in unfinished:
+                pending[cfg.hash], waiting[cfg.hash] = cfg, []
+            room = min(self.settings.batch, budget())
+            batch += self._propose(room, pending, waiting) if room > 0 else []
             future = pool.submit(self.compile, batch) if batch else None
             self.state.queued = len(batch)
             while future is not None:

@@ -453,3 +453,24 @@ def test_a_sweep_started_on_the_store_meanwhile_neither_breaks_the_first_nor_rep
         told = {t.user_attrs.get("config_hash") for t in pp.study.trials
                 if t.state is optuna.trial.TrialState.COMPLETE and t.constraints["invalid"] == 0.0}
         assert {r["config_hash"] for r in rows} <= told
+
+
+@pytest.mark.parametrize("interrupt_after", [2, 5])  # within the first kernel, within the second
+def test_a_kernel_an_interrupt_left_part_measured_is_finished_on_resume(tmp_path, interrupt_after):
+    """With one problem, its study holds the interrupted trial of that kernel, and Optuna skips
+    a seed it already holds: the resumed run must finish the kernel without asking the study."""
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE.replace("m: [1024, 4096]", "m: 4096"))
+    space = load_space(path)
+    with pytest.raises(KeyboardInterrupt):
+        make(space, tmp_path, FakeBench(interrupt_after=interrupt_after), batch=1)[0].run()
+    part = collections.Counter(r["config_hash"] for r in kernel_rows(state_store(tmp_path)))
+    assert sum(part.values()) == interrupt_after and min(part.values()) < 4
+    again = FakeBench()
+    state = make(space, tmp_path, again, batch=1)[0].run()
+    counts = variant_counts(state_store(tmp_path))
+    assert len(counts) == 6 * 4 and set(counts.values()) == {1}  # every kernel whole, nothing twice
+    assert state.compiled == 6
+    (pp,) = state.problems
+    told = {t.user_attrs.get("config_hash") for t in pp.study.trials if t.state is optuna.trial.TrialState.COMPLETE}
+    assert set(part) <= told  # the finished kernels' results reached the study
