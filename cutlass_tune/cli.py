@@ -478,7 +478,9 @@ def sweep(
             out.print(_sweep_table(state))
         for reason in state.lost:
             out.print(f"given up mid-sweep: {reason}; the other GPUs measured what it left", markup=False)
-        out.print(f"stopped: {state.stop_reason}; run {state.run_id}")
+        shared = (f"; {state.elsewhere} of its proposals left to another sweep on the store, which was "
+                  "measuring them" if state.elsewhere else "")
+        out.print(f"stopped: {state.stop_reason}; run {state.run_id}{shared}", markup=False)
     finally:
         for b in benches:
             b.close()

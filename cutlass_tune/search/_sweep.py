@@ -97,6 +97,8 @@ class SweepState:
     stop_reason: str = ""
     lost: list[str] = dataclasses.field(default_factory=list)
     """Why each GPU given up during the sweep was (the others measured what it left)."""
+    elsewhere: int = 0
+    """Configs this sweep proposed that another sweep on the store is measuring."""
 
 
 def study_name(problem: Problem, arch: str, gpu: str) -> str:
@@ -172,18 +174,27 @@ class Sweep:
         self.compiled_hashes: set[str] = set()
         self.in_study: dict[str, set[str]] = {pp.study.study_name: set() for pp in progress}
         self._turn = 0  # the next study `_propose` asks
+        # Configs proposed here that another sweep on the store claimed first (it measures them;
+        # `_settle_elsewhere` tells their trials its results, or takes them over if it dies).
+        self.elsewhere: dict[str, KernelConfig] = {}
         self._seen_id = 0  # the last store row `_absorb_store` read
 
     # ---- resume -------------------------------------------------------------------------
     def _load_previous(self) -> list[KernelConfig]:
-        """Read the store and studies; fail trials a killed run left running (or a live sweep
-        on another host: that one then adds its results as trials of their own, see `_tell`);
-        return configs whose measurement is incomplete (to finish first)."""
+        """Read the store and studies; fail trials a dead sweep left running (a live sweep's
+        are its own: should one be taken for dead, it adds its results as trials of their own,
+        see `_tell`); return configs whose measurement is incomplete (to finish first)."""
         unfinished: dict[str, KernelConfig] = {}
+        live = self.store.live_runs() - {self.state.run_id}
         for pp in self.state.problems:
             for t in pp.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-                self.storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
-                self.storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+                # A live sweep's trial is its own; one without an owner may be one a live sweep
+                # is asking for this moment (`_propose` names the owner right after).
+                if t.user_attrs.get("run_id") in live or ("run_id" not in t.user_attrs and live):
+                    continue
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another sweep's look
+                    self.storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+                    self.storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             for t in pp.study.get_trials(deepcopy=False):
                 if "config_hash" in t.user_attrs:
                     self.in_study[pp.study.study_name].add(t.user_attrs["config_hash"])
@@ -238,8 +249,8 @@ class Sweep:
               value: float | None, reason: str = "", invalid: bool = False) -> None:
         self.in_study[pp.study.study_name].add(cfg.hash)
         if self.storage.get_trial(trial._trial_id).state.is_finished():
-            # Another sweep that started on this store meanwhile failed it as left over from a
-            # killed run (`_load_previous`): keep the result in the study as a trial of its own.
+            # Another sweep that started on this store meanwhile took this one for dead and failed
+            # it as left over (`_load_previous`): keep the result in the study as a trial of its own.
             self._add_trial(pp, trial.params, cfg, value, reason, invalid)
             return
         trial.set_user_attr("config_hash", cfg.hash)
@@ -267,7 +278,11 @@ class Sweep:
             pp = self.state.problems[self._turn % len(self.state.problems)]
             self._turn += 1
             attempts += 1
-            trial = pp.study.ask(self.params[pp.problem].distributions())
+            try:
+                trial = pp.study.ask(self.params[pp.problem].distributions())
+                trial.set_user_attr("run_id", self.state.run_id)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # a sweep starting on the store failed it as left over before it was named ours
             cfg = config_of(trial.params, pp.problem)
             why = check_config(cfg)
             if cfg.hash not in self.params[pp.problem].members:
@@ -276,17 +291,38 @@ class Sweep:
                 self.state.invalid += 1
                 self._tell(pp, trial, cfg, None, reason=str(why[0]), invalid=True)
                 continue
-            if cfg.hash in pending:
+            if cfg.hash in pending or cfg.hash in self.elsewhere:
                 waiting[cfg.hash].append((pp, trial))
                 continue
             if cfg.hash in self.compiled_hashes and self._complete(cfg):
                 value = self.results.get((pp.problem.name, cfg.hash))
                 self._tell(pp, trial, cfg, value, reason="" if value else self._failure_reason(pp.problem, cfg))
                 continue
+            if self.store.claim(cfg.hash, self.state.run_id):  # another sweep measures it now
+                self.elsewhere[cfg.hash] = cfg
+                waiting[cfg.hash] = [(pp, trial)]
+                continue
             pending[cfg.hash] = cfg
             waiting[cfg.hash] = [(pp, trial)]
             batch.append(cfg)
         return batch
+
+    def _settle_elsewhere(self, pending: dict[str, KernelConfig],
+                          waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]]) -> list[KernelConfig]:
+        """Tell the trials of configs another sweep has finished measuring (in the store as last
+        absorbed) its results; claim those it gave up unfinished (it stopped, or died) and return
+        them, to compile and measure what is missing."""
+        taken = []
+        for cfg in list(self.elsewhere.values()):
+            if cfg.hash in self.compiled_hashes and self._complete(cfg):
+                del self.elsewhere[cfg.hash]
+                self._finish(cfg, waiting.pop(cfg.hash, []))
+            elif not self.store.claim(cfg.hash, self.state.run_id):
+                del self.elsewhere[cfg.hash]
+                pending[cfg.hash] = cfg
+                taken.append(cfg)
+        self.state.elsewhere = len(self.elsewhere)
+        return taken
 
     # ---- measuring ------------------------------------------------------------------------
     def _measure_batch(self, compiled: Sequence[CompiledKernel], before: int, pending: dict[str, KernelConfig],
@@ -353,6 +389,7 @@ class Sweep:
                      waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]]) -> None:
         self._finish(cfg, waiting.pop(cfg.hash, []))
         pending.pop(cfg.hash, None)
+        self.store.release(cfg.hash, self.state.run_id)
         self.on_update(self.state)
 
     def _record(self, pp: ProblemProgress, m: Measurement, lane: int) -> None:
@@ -430,7 +467,15 @@ class Sweep:
     # ---- the loop -------------------------------------------------------------------------
     def run(self) -> SweepState:
         """Run until `settings.trials` configs are compiled (counting earlier runs), the
-        timeout passes or the sampler runs out of new configs. Returns the final state."""
+        timeout passes or the sampler runs out of new configs. Returns the final state.
+
+        Other sweeps may run on the same store at once (other hosts): each claims a config in
+        the store before compiling it, and one that another claimed first waits in its study
+        for that sweep's results instead of being measured twice."""
+        with self.store.running(self.state.run_id):
+            return self._run()
+
+    def _run(self) -> SweepState:
         start = time.monotonic()
         unfinished = self._load_previous()
         self._measure_baselines()
@@ -473,9 +518,14 @@ class Sweep:
             # Configs an interrupted run left part-measured go first, straight to the compiler (a
             # cache hit), asked by no study: as a seed, a study that holds the failed trial of the
             # interrupted run would skip it. `_finish` adds their results to every study.
-            batch = list(unfinished)
+            batch = []
             for cfg in unfinished:
-                pending[cfg.hash], waiting[cfg.hash] = cfg, []
+                waiting[cfg.hash] = []
+                if self.store.claim(cfg.hash, self.state.run_id):
+                    self.elsewhere[cfg.hash] = cfg
+                else:
+                    pending[cfg.hash] = cfg
+                    batch.append(cfg)
             room = min(self.settings.batch, budget())
             batch += self._propose(room, pending, waiting) if room > 0 else []
             future = pool.submit(self.compile, batch) if batch else None
@@ -486,8 +536,9 @@ class Sweep:
                 before = len(self.compiled_hashes)
                 self.compiled_hashes.update(k.config.hash for k in compiled)
                 self.state.compiled = len(self.compiled_hashes)
-                room = min(self.settings.batch, budget())
-                batch = [] if timed_out() or room <= 0 else self._propose(room, pending, waiting)
+                batch = [] if timed_out() else self._settle_elsewhere(pending, waiting)
+                room = min(self.settings.batch, budget()) - len(batch)
+                batch += [] if timed_out() or room <= 0 else self._propose(room, pending, waiting)
                 future = pool.submit(self.compile, batch) if batch else None
                 self.state.queued = len(batch)
                 if compiled:
@@ -496,10 +547,17 @@ class Sweep:
             self.state.stop_reason = ("timeout" if timed_out() else
                                       "trial budget reached" if budget() <= 0 else "no new configs proposed")
         finally:
-            # Trials still waiting (interrupt) are failed so a resumed run does not wait on them.
-            for items in waiting.values():
+            # Trials still waiting (interrupt, or another sweep still measuring their configs) are
+            # failed so a resumed run does not wait on them; the other sweep adds its results to
+            # every study when it has them (`_finish`).
+            self.state.elsewhere = len(self.elsewhere)
+            for cfg_hash, items in waiting.items():
                 for pp, trial in items:
                     with contextlib.suppress(Exception):
+                        if cfg_hash in self.elsewhere:
+                            trial.set_user_attr("config_hash", cfg_hash)
+                            trial.set_user_attr("config", self.elsewhere[cfg_hash].name)
+                            trial.set_user_attr("reason", "measured by another sweep on the store")
                         pp.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             pool.shutdown(wait=False, cancel_futures=True)
         self.on_update(self.state)

@@ -8,12 +8,16 @@ raises `StoreGpuMismatchError` instead of mixing results silently.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import os
 import re
+import socket
+import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 import sqlalchemy as sa
 
@@ -29,6 +33,11 @@ _CREATE_ATTEMPTS = 5
 T = TypeVar("T")
 LEGACY_TIMING = "events"
 """The timing scheme of stores begun before `ct_meta` recorded one."""
+HEARTBEAT_S = 15.0
+"""How often a running sweep says, in the store, that it is alive."""
+STALE_AFTER_S = 120.0
+"""A sweep silent this long is taken for dead and its claims for free (another host's sweep;
+one on this host is dead as soon as its process is)."""
 
 _metadata = sa.MetaData()
 
@@ -69,6 +78,20 @@ measurements_table = sa.Table(
     sa.Column("trial", sa.Integer, nullable=True),
     sa.Column("created_at", sa.String(32), nullable=False),
     sa.Column("record", sa.Text, nullable=False),  # Measurement.to_dict(), lossless
+)
+
+runs_table = sa.Table(
+    "ct_runs", _metadata,
+    sa.Column("run_id", sa.String(64), primary_key=True),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),  # seconds since the epoch, the run's clock
+)
+
+claims_table = sa.Table(
+    "ct_claims", _metadata,
+    sa.Column("config_hash", sa.String(16), primary_key=True),
+    sa.Column("run_id", sa.String(64), nullable=False, index=True),
 )
 
 
@@ -134,6 +157,22 @@ def open_study_storage(url: str) -> optuna.storages.RDBStorage:
     import optuna
 
     return _create_despite_racers(lambda: optuna.storages.RDBStorage(url), f"Optuna's tables in {url}")
+
+
+def _alive(run: sa.Row | None, now: float) -> bool:
+    """Whether the sweep of a `ct_runs` row still runs: it spoke within `STALE_AFTER_S` and, on
+    this host, its process exists."""
+    if run is None or now - run.heartbeat_at > STALE_AFTER_S:
+        return False
+    if run.host != socket.gethostname():
+        return True
+    try:
+        os.kill(run.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class ResultStore:
@@ -233,6 +272,78 @@ class ResultStore:
         if found != method:
             raise StoreError(f"the store {self.url} holds results timed with {found}, not {method}: "
                              "give this sweep its own --storage")
+
+    # ---- sweeps running at once -----------------------------------------------------------
+    @contextlib.contextmanager
+    def running(self, run_id: str) -> Iterator[None]:
+        """Announce the sweep `run_id` as running for the block: it speaks every `HEARTBEAT_S`
+        (from a thread of its own, so a long compile does not silence it) and its claims are
+        given up when the block ends, however it ends."""
+        self._create()
+        row = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat_at": time.time()}
+        with self.engine.begin() as conn:
+            conn.execute(runs_table.insert(), row)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                with contextlib.suppress(sa.exc.SQLAlchemyError):  # a missed beat is the next one's
+                    with self.engine.begin() as conn:
+                        conn.execute(runs_table.update().where(runs_table.c.run_id == run_id)
+                                     .values(heartbeat_at=time.time()))
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{run_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            with self.engine.begin() as conn:
+                conn.execute(claims_table.delete().where(claims_table.c.run_id == run_id))
+                conn.execute(runs_table.delete().where(runs_table.c.run_id == run_id))
+
+    def claim(self, config_hash: str, run_id: str) -> str | None:
+        """Claim the config for measuring by the sweep `run_id`, which must be `running`: None
+        when it is that sweep's now, else the run id of the live sweep that holds it. A claim
+        of a dead sweep is taken over."""
+        c, r = claims_table.c, runs_table.c
+        for _ in range(_CREATE_ATTEMPTS):
+            with self.engine.connect() as conn:
+                held = conn.execute(sa.select(c.run_id).where(c.config_hash == config_hash)).scalar()
+                owner = None if held in (None, run_id) else conn.execute(
+                    sa.select(r.host, r.pid, r.heartbeat_at).where(r.run_id == held)).first()
+            if held == run_id:
+                return None
+            if held is not None and _alive(owner, time.time()):
+                return held
+            try:
+                with self.engine.begin() as conn:
+                    if held is None:
+                        conn.execute(claims_table.insert(), {"config_hash": config_hash, "run_id": run_id})
+                        return None
+                    # A dead sweep's claim: take it over unless another sweep just did.
+                    if conn.execute(claims_table.update().where(c.config_hash == config_hash, c.run_id == held)
+                                    .values(run_id=run_id)).rowcount:
+                        return None
+            except sa.exc.IntegrityError:
+                pass  # another sweep claimed it after our look: look again
+        raise StoreError(f"cannot claim config {config_hash} in {self.url}: other sweeps keep taking it")
+
+    def live_runs(self) -> set[str]:
+        """The run ids of the sweeps running on the store now (see `running`)."""
+        self._create()
+        r = runs_table.c
+        now = time.time()
+        with self.engine.connect() as conn:
+            return {row.run_id for row in conn.execute(sa.select(r.run_id, r.host, r.pid, r.heartbeat_at))
+                    if _alive(row, now)}
+
+    def release(self, config_hash: str, run_id: str) -> None:
+        """Give up the sweep `run_id`'s claim of the config (done with it)."""
+        c = claims_table.c
+        with self.engine.begin() as conn:
+            conn.execute(claims_table.delete().where(c.config_hash == config_hash, c.run_id == run_id))
 
     def add(self, m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None,
             study: str | None = None, trial: int | None = None) -> None:

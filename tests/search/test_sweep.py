@@ -425,19 +425,24 @@ def state_store(tmp_path):
     return ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")
 
 
-def test_a_sweep_started_on_the_store_meanwhile_neither_breaks_the_first_nor_repeats_it(space, tmp_path):
-    """Two hosts on one store: the second starts while the first's first batch compiles, fails
-    the first's running trials as left over (it cannot tell a live sweep from a killed one) and
-    measures configs of its own. The first must still tell its trials, must not measure again
-    what the second measured, and counts the second's configs against --trials."""
+@pytest.mark.parametrize("misjudged", [False, True])
+def test_a_sweep_started_on_the_store_meanwhile_neither_breaks_the_first_nor_repeats_it(space, tmp_path,
+                                                                                        misjudged):
+    """Two hosts on one store: the second starts while the first's first batch compiles, leaves
+    the first's batch to it (claimed) and measures configs of its own. The first must still tell
+    its trials, must not measure again what the second measured, and counts the second's configs
+    against --trials. `misjudged`: the second takes the first for dead when it looks at the
+    studies, and fails the first's running trials as left over."""
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     second_bench = FakeBench()
 
     class FirstHostCompiler(FakeCompiler):
         def __call__(self, configs):
             if not self.calls:
-                Sweep(space, ResultStore(url), url, FakeCompiler(), second_bench,
-                      SweepSettings(trials=4, batch=2)).run()
+                store = ResultStore(url)
+                if misjudged:
+                    store.live_runs = lambda: set()
+                Sweep(space, store, url, FakeCompiler(), second_bench, SweepSettings(trials=4, batch=2)).run()
             return super().__call__(configs)
 
     first_bench = FakeBench()

@@ -128,3 +128,21 @@ def test_a_lone_gpu_lost_is_an_error_of_one_line(tmp_path, gpus):
     assert str(r.exception) == "benchmark worker for GPU 0 exited with code 1 while starting"
     assert gpus.started[0].closed
     assert len([row for row in ResultStore(url).rows() if row["kernel"] != "cuBLAS"]) == 3
+
+
+def test_proposals_left_to_another_sweep_are_counted_when_it_stops(tmp_path, gpus):
+    from cutlass_tune.search import seed_configs
+    from cutlass_tune.space import load_space
+
+    from .test_shared_store import claim_for
+
+    (tmp_path / "space.yaml").write_text(SPACE)
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    space = load_space(tmp_path / "space.yaml")
+    held = [c.hash for c in seed_configs(space, ResultStore(url), list(space.problems), "Fake GPU")[:2]]
+    claim_for(url, "other-host-run", held, host="gpu-host-7", pid=1)
+    r, _ = sweep(tmp_path, "--gpu", "0")
+    assert r.exit_code == 0, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert re.fullmatch(r"stopped: trial budget reached; run [0-9a-f]{12}; 2 of its proposals left to another "
+                        r"sweep on the store, which was measuring them", last), last

@@ -1,6 +1,7 @@
 """One contract, run against every backend (SQLite file and PostgreSQL server)."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -181,3 +182,106 @@ def test_sweeps_started_at_once_on_a_new_store_all_open_it(store_url, tmp_path):
     assert [r.returncode for r in racers] == [0] * len(racers), "\n".join(errors)
     assert ResultStore(store_url).gpu() == "NVIDIA H200"
     assert sa.inspect(ResultStore(store_url).engine).has_table("studies")
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _add_run(store, run_id, *, host, pid, age_s=0.0):
+    with store.engine.begin() as conn:
+        conn.execute(_sql.runs_table.insert(), {"run_id": run_id, "host": host, "pid": pid,
+                                                "heartbeat_at": time.time() - age_s})
+
+
+def test_a_config_is_one_live_sweeps_until_it_lets_go(store_url):
+    a, b = ResultStore(store_url), ResultStore(store_url)
+    with a.running("run-a"), b.running("run-b"):
+        assert a.claim(CFG.hash, "run-a") is None
+        assert a.claim(CFG.hash, "run-a") is None  # again: still its own
+        assert b.claim(CFG.hash, "run-b") == "run-a"
+        assert b.claim("0" * 16, "run-b") is None  # another config is free
+        a.release(CFG.hash, "run-a")
+        assert b.claim(CFG.hash, "run-b") is None
+        assert a.claim(CFG.hash, "run-a") == "run-b"
+
+
+def test_ending_a_run_frees_its_claims_however_it_ends(store_url):
+    store = ResultStore(store_url)
+    with pytest.raises(KeyboardInterrupt):
+        with store.running("run-a"):
+            assert store.claim(CFG.hash, "run-a") is None
+            raise KeyboardInterrupt
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(_sql.claims_table.c.run_id)).all() == []
+        assert conn.execute(sa.select(_sql.runs_table.c.run_id)).all() == []
+    with store.running("run-b"):
+        assert store.claim(CFG.hash, "run-b") is None
+
+
+@pytest.mark.parametrize("owner, alive", [
+    ({"host": "this", "pid": "dead"}, False),   # killed on this host: free at once
+    ({"host": "this", "pid": "mine"}, True),
+    ({"host": "gpu-host-7", "pid": 1, "age_s": 5.0}, True),  # another host that spoke lately
+    ({"host": "gpu-host-7", "pid": 1, "age_s": _sql.STALE_AFTER_S + 5}, False),  # silent too long
+    ({"host": "this", "pid": "mine", "age_s": _sql.STALE_AFTER_S + 5}, False),
+])
+def test_a_dead_sweeps_claim_is_taken_over_and_a_live_ones_is_not(store_url, owner, alive):
+    import socket
+    store = ResultStore(store_url)
+    store.rows()  # creates the tables
+    host = socket.gethostname() if owner["host"] == "this" else owner["host"]
+    pid = {"dead": _dead_pid(), "mine": os.getpid()}.get(owner["pid"], owner["pid"])
+    _add_run(store, "run-old", host=host, pid=pid, age_s=owner.get("age_s", 0.0))
+    with store.engine.begin() as conn:
+        conn.execute(_sql.claims_table.insert(), {"config_hash": CFG.hash, "run_id": "run-old"})
+    with store.running("run-new"):
+        assert store.claim(CFG.hash, "run-new") == ("run-old" if alive else None)
+
+
+def test_a_running_sweep_keeps_speaking(store_url, monkeypatch):
+    monkeypatch.setattr(_sql, "HEARTBEAT_S", 0.05)
+    store = ResultStore(store_url)
+    beat = sa.select(_sql.runs_table.c.heartbeat_at)
+    with store.running("run-a"):
+        with store.engine.connect() as conn:
+            first = conn.execute(beat).scalar_one()
+        time.sleep(0.5)
+        with store.engine.connect() as conn:
+            assert conn.execute(beat).scalar_one() > first
+
+
+CLAIMER = """
+import pathlib, sys, time
+from cutlass_tune.store import ResultStore
+url, me = sys.argv[1], pathlib.Path(sys.argv[2])
+store = ResultStore(url)
+with store.running(me.name):
+    me.with_suffix(".ready").touch()
+    while not me.with_name("go").exists():
+        time.sleep(0.001)
+    won = [h for h in sys.argv[3:] if store.claim(h, me.name) is None]
+    me.with_suffix(".won").write_text(" ".join(won))
+    while not me.with_name("end").exists():  # hold the claims until every racer has tried
+        time.sleep(0.01)
+"""
+
+
+def test_sweeps_claiming_at_once_get_each_config_once(store_url, tmp_path):
+    configs = [f"{i:016x}" for i in range(20)]
+    ResultStore(store_url).rows()  # the tables; their creation racing is tested above
+    racers = [subprocess.Popen([sys.executable, "-c", CLAIMER, store_url, str(tmp_path / f"racer{i}"), *configs],
+                               stderr=subprocess.PIPE, text=True) for i in range(4)]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.ready"))) < len(racers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    while len(list(tmp_path.glob("*.won"))) < len(racers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "end").touch()
+    errors = [r.communicate(timeout=120)[1] for r in racers]
+    assert [r.returncode for r in racers] == [0] * len(racers), "\n".join(errors)
+    won = [h for path in tmp_path.glob("*.won") for h in path.read_text().split()]
+    assert sorted(won) == configs  # every config claimed, none by two sweeps
