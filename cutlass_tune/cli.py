@@ -395,7 +395,7 @@ class _SweepLog:
         for pp in state.problems:
             best = (pp.best_ratio, pp.best_config.hash if pp.best_config else None)
             if pp.best_ratio and best != self.best.get(pp.problem.name):
-                found = f"config {pp.best_at}" if pp.best_at else "an earlier run"
+                found = f"config {pp.best_at}" if pp.best_at else "in the store: an earlier run or another sweep"
                 say(f"best {pp.problem.name}: {pp.best_ratio:.3f} of cuBLAS, {pp.best_tflops:.1f} TFLOP/s, "
                     f"{pp.best_config.name if pp.best_config else '?'} ({found})")
                 self.best[pp.problem.name] = best

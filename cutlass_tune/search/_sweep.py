@@ -280,9 +280,8 @@ class Sweep:
             attempts += 1
             try:
                 trial = pp.study.ask(self.params[pp.problem].distributions())
-                trial.set_user_attr("run_id", self.state.run_id)
             except optuna.exceptions.UpdateFinishedTrialError:
-                continue  # a sweep starting on the store failed it as left over before it was named ours
+                continue  # a sweep starting on the store took this one for dead as Optuna made the trial
             cfg = config_of(trial.params, pp.problem)
             why = check_config(cfg)
             if cfg.hash not in self.params[pp.problem].members:
@@ -291,12 +290,16 @@ class Sweep:
                 self.state.invalid += 1
                 self._tell(pp, trial, cfg, None, reason=str(why[0]), invalid=True)
                 continue
-            if cfg.hash in pending or cfg.hash in self.elsewhere:
-                waiting[cfg.hash].append((pp, trial))
-                continue
             if cfg.hash in self.compiled_hashes and self._complete(cfg):
                 value = self.results.get((pp.problem.name, cfg.hash))
                 self._tell(pp, trial, cfg, value, reason="" if value else self._failure_reason(pp.problem, cfg))
+                continue
+            # The trial waits for a measurement: name its owner, so that a sweep starting on the
+            # store while this one lives leaves it alone even if a third one died (`_load_previous`).
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # see `_tell`
+                trial.set_user_attr("run_id", self.state.run_id)
+            if cfg.hash in pending or cfg.hash in self.elsewhere:
+                waiting[cfg.hash].append((pp, trial))
                 continue
             if self.store.claim(cfg.hash, self.state.run_id):  # another sweep measures it now
                 self.elsewhere[cfg.hash] = cfg
@@ -460,6 +463,17 @@ class Sweep:
         for pp in self.state.problems:
             pp.cublas_tflops = pp.cublas_by_lane.get(shown)
 
+    def _best_in_store(self) -> None:
+        """Take as each problem's best the best in the store where it beats the one shown (found
+        by an earlier run, or by another sweep on the store)."""
+        for row in self.store.rows(["problem", "config_hash", "status", "tflops", "ratio"]):
+            pp = next((q for q in self.state.problems if q.problem.name == row["problem"]), None)
+            if pp is None or row["status"] != Status.OK.value or not row["config_hash"] or not row["ratio"]:
+                continue
+            if pp.best_ratio is None or row["ratio"] > pp.best_ratio * (1 + 1e-9):  # not our own again
+                pp.best_ratio, pp.best_tflops, pp.best_at = row["ratio"], row["tflops"], None
+                pp.best_config = self._config_for(row["config_hash"], pp.problem)
+
     def _lose(self, event: LaneLost) -> None:
         self.state.lost.append(event.reason)
         self.on_update(self.state)
@@ -479,13 +493,7 @@ class Sweep:
         start = time.monotonic()
         unfinished = self._load_previous()
         self._measure_baselines()
-        for row in self.store.rows(["problem", "config_hash", "status", "tflops", "ratio"]):
-            pp = next((q for q in self.state.problems if q.problem.name == row["problem"]), None)
-            if pp is None or row["status"] != Status.OK.value or not row["config_hash"] or not row["ratio"]:
-                continue
-            if pp.best_ratio is None or row["ratio"] > pp.best_ratio:
-                pp.best_ratio, pp.best_tflops = row["ratio"], row["tflops"]
-                pp.best_config = self._config_for(row["config_hash"], pp.problem)
+        self._best_in_store()
         seeds = seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems],
                              self.gpu, self.bench.sm_count)
         # A seed goes to a study of its own types and layouts (its parameters say nothing of
@@ -544,6 +552,14 @@ class Sweep:
                 if compiled:
                     self._measure_baselines()
                 self._measure_batch(compiled, before, pending, waiting)
+                if future is None and self.elsewhere and not timed_out():
+                    # Last, what other sweeps finished meanwhile, or gave up unfinished.
+                    self._absorb_store()
+                    batch = self._settle_elsewhere(pending, waiting)
+                    future = pool.submit(self.compile, batch) if batch else None
+                    self.state.queued = len(batch)
+            self._absorb_store()
+            self._best_in_store()  # another sweep on the store may have found a better one
             self.state.stop_reason = ("timeout" if timed_out() else
                                       "trial budget reached" if budget() <= 0 else "no new configs proposed")
         finally:

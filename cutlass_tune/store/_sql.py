@@ -281,7 +281,10 @@ class ResultStore:
         given up when the block ends, however it ends."""
         self._create()
         row = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat_at": time.time()}
+        dead = self._runs(alive=False)  # killed sweeps: forget them and what they held
         with self.engine.begin() as conn:
+            conn.execute(claims_table.delete().where(claims_table.c.run_id.in_(dead)))
+            conn.execute(runs_table.delete().where(runs_table.c.run_id.in_(dead)))
             conn.execute(runs_table.insert(), row)
         stop = threading.Event()
 
@@ -330,14 +333,17 @@ class ResultStore:
                 pass  # another sweep claimed it after our look: look again
         raise StoreError(f"cannot claim config {config_hash} in {self.url}: other sweeps keep taking it")
 
-    def live_runs(self) -> set[str]:
-        """The run ids of the sweeps running on the store now (see `running`)."""
-        self._create()
+    def _runs(self, alive: bool | None = None) -> set[str]:
         r = runs_table.c
         now = time.time()
         with self.engine.connect() as conn:
             return {row.run_id for row in conn.execute(sa.select(r.run_id, r.host, r.pid, r.heartbeat_at))
-                    if _alive(row, now)}
+                    if alive is None or _alive(row, now) == alive}
+
+    def live_runs(self) -> set[str]:
+        """The run ids of the sweeps running on the store now (see `running`)."""
+        self._create()
+        return self._runs(alive=True)
 
     def release(self, config_hash: str, run_id: str) -> None:
         """Give up the sweep `run_id`'s claim of the config (done with it)."""

@@ -3,6 +3,7 @@ a config is measured by the sweep that claimed it first; the others wait for its
 take it over if that sweep dies."""
 
 import collections
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -190,3 +191,36 @@ def test_a_trial_being_asked_for_while_another_sweep_lives_is_not_failed(space, 
     make(space, url, trials=1).run()
     state = optuna.load_study(study_name=trial.study.study_name, storage=url).trials[trial.number].state
     assert state is optuna.trial.TrialState.RUNNING
+
+
+def test_what_another_sweep_finishes_during_the_last_batch_is_taken_in_at_the_end(space, tmp_path):
+    """Results the other sweep records while this one measures its last kernel reach the
+    waiting trials (not failed as left to it), and its better kernel becomes the problem's best."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    held = seeds(space, url, 1)
+    claim_for(url, "other-host-run", held, host="gpu-host-7", pid=1)
+    kernel = FakeCompiler()([c for c in space.candidates if c.hash == held[0]])[0]
+
+    class OtherBench(FakeBench):  # the other host's board, 1.5x as fast
+        def measure(self, kernel, problem, variants):
+            for m in super().measure(kernel, problem, variants):
+                yield dataclasses.replace(m, tflops=1.5 * m.tflops, median_ms=m.median_ms / 1.5)
+
+    class Bench(FakeBench):
+        def measure(self, kernel_, problem, variants):
+            for v in variants:
+                if len(self.measured) == 6 * 2 * 4 - 1:  # before our last measurement
+                    store = ResultStore(url)
+                    for p in space.problems:
+                        for m in OtherBench().measure(kernel, p, list(space.runtime_variants(kernel.config))):
+                            store.add(m, gpu=FakeBench.gpu_name, run_id="other-host-run", cublas_tflops=600.0)
+                    store.release(held[0], "other-host-run")
+                yield from super().measure(kernel_, problem, [v])
+
+    state = make(space, url, Bench()).run()
+    assert state.elsewhere == 0 and state.compiled == 7
+    assert all(t.state is optuna.trial.TrialState.COMPLETE for t in told(state, held[0]))
+    for pp in state.problems:
+        assert pp.best_config.hash == held[0] and pp.best_at is None
+        assert pp.best_ratio == pytest.approx(max(r["ratio"] for r in kernel_rows(ResultStore(url))
+                                                  if r["problem"] == pp.problem.name))

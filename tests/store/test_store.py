@@ -234,11 +234,26 @@ def test_a_dead_sweeps_claim_is_taken_over_and_a_live_ones_is_not(store_url, own
     store.rows()  # creates the tables
     host = socket.gethostname() if owner["host"] == "this" else owner["host"]
     pid = {"dead": _dead_pid(), "mine": os.getpid()}.get(owner["pid"], owner["pid"])
-    _add_run(store, "run-old", host=host, pid=pid, age_s=owner.get("age_s", 0.0))
-    with store.engine.begin() as conn:
-        conn.execute(_sql.claims_table.insert(), {"config_hash": CFG.hash, "run_id": "run-old"})
-    with store.running("run-new"):
+    with store.running("run-new"):  # the old one dies while the new one runs
+        _add_run(store, "run-old", host=host, pid=pid, age_s=owner.get("age_s", 0.0))
+        with store.engine.begin() as conn:
+            conn.execute(_sql.claims_table.insert(), {"config_hash": CFG.hash, "run_id": "run-old"})
+        assert store.live_runs() == ({"run-new", "run-old"} if alive else {"run-new"})
         assert store.claim(CFG.hash, "run-new") == ("run-old" if alive else None)
+
+
+def test_a_sweep_starting_forgets_dead_sweeps_and_their_claims(store_url):
+    store = ResultStore(store_url)
+    store.rows()  # creates the tables
+    _add_run(store, "run-dead", host="gpu-host-7", pid=1, age_s=_sql.STALE_AFTER_S + 5)
+    _add_run(store, "run-live", host="gpu-host-7", pid=1)
+    with store.engine.begin() as conn:
+        conn.execute(_sql.claims_table.insert(), [{"config_hash": "0" * 16, "run_id": "run-dead"},
+                                                  {"config_hash": "1" * 16, "run_id": "run-live"}])
+    with store.running("run-new"):
+        with store.engine.connect() as conn:
+            assert {r.run_id for r in conn.execute(sa.select(_sql.runs_table.c.run_id))} == {"run-live", "run-new"}
+            assert conn.execute(sa.select(_sql.claims_table.c.run_id)).scalars().all() == ["run-live"]
 
 
 def test_a_running_sweep_keeps_speaking(store_url, monkeypatch):
