@@ -3,11 +3,27 @@ set -u
 # Start two sweeps at once on one new store (as two hosts sharing a PostgreSQL store would; here
 # two processes on one GPU, so their timings interfere and are not results), then count: nothing
 # measured twice, every config whole (12 variants). Needs a GPU.
+# KILL_AT=N: SIGKILL the first sweep once the store holds N kernel rows; the second takes over
+# what it held, and a third run afterwards finishes what is left.
 OUT=${OUT:-/tmp}  # where the sweeps write their logs
 S=sqlite:////tmp/shared.sqlite; rm -f /tmp/shared.sqlite
 CMD="python3 -m cutlass_tune.cli sweep configs/quick.yaml --trials 6 --jobs 8 --batch 3 --storage $S"
-for i in 1 2; do $CMD > $OUT/shared$i.log 2>&1 & done
-for job in $(jobs -p); do wait $job; echo "sweep rc=$?"; done
+rows() { python3 -c "
+import sys, time
+from cutlass_tune.store import ResultStore
+n, t0 = int(sys.argv[1]), time.time()
+while time.time() - t0 < 240:
+    try:
+        k = [r for r in ResultStore('$S').rows(['kernel']) if r['kernel'] != 'cuBLAS']
+        if len(k) >= n: print('rows', len(k)); break
+    except Exception: pass
+    time.sleep(0.2)
+" $1; }
+$CMD > $OUT/shared1.log 2>&1 & first=$!
+$CMD > $OUT/shared2.log 2>&1 & second=$!
+if [ -n "${KILL_AT:-}" ]; then rows $KILL_AT; kill -KILL $first; fi
+wait $first; echo "sweep 1 rc=$?"; wait $second; echo "sweep 2 rc=$?"
+if [ -n "${KILL_AT:-}" ]; then $CMD > $OUT/shared3.log 2>&1; echo "sweep 3 rc=$?"; fi
 python3 -c "
 import collections
 from cutlass_tune.store import ResultStore
@@ -18,4 +34,4 @@ print('kernel rows', len(rows), 'distinct', len(keys), 'repeated', sum(v - 1 for
 print('rows per config', sorted(per.values()), 'status', dict(collections.Counter(r['status'] for r in rows)))
 print('rows per run', dict(collections.Counter(r['run_id'] for r in rows)))
 "
-for i in 1 2; do tail -n 1 $OUT/shared$i.log; done
+for log in $OUT/shared*.log; do tail -n 3 $log; done
