@@ -85,6 +85,11 @@ class ProblemProgress:
     failed: int = 0
 
 
+ASKS_PER_CONFIG = 50
+"""How many proposals a batch may ask of the studies per config it wants (plus two configs'
+worth) before it takes configs never proposed in the file's order (`Sweep._unproposed`)."""
+
+
 @dataclasses.dataclass
 class SweepState:
     """What a progress display shows; updated in place as the sweep runs."""
@@ -273,7 +278,7 @@ class Sweep:
         are answered without a compile."""
         batch: list[KernelConfig] = []
         attempts = 0
-        limit = 50 * max(want, 1) + 100
+        limit = ASKS_PER_CONFIG * (max(want, 1) + 2)
         while len(batch) < want and attempts < limit:
             pp = self.state.problems[self._turn % len(self.state.problems)]
             self._turn += 1
@@ -308,7 +313,29 @@ class Sweep:
             pending[cfg.hash] = cfg
             waiting[cfg.hash] = [(pp, trial)]
             batch.append(cfg)
+        if len(batch) < want:
+            batch += self._unproposed(want - len(batch), pending, waiting)
         return batch
+
+    def _unproposed(self, want: int, pending: dict[str, KernelConfig],
+                    waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]]) -> list[KernelConfig]:
+        """Up to `want` valid configs of the space never compiled, pending or held by another
+        sweep, in the file's order, asked by no study: for when the samplers stall (they keep
+        proposing known or invalid configs, as in a short list of configs or a space whose rest
+        other sweeps hold), so that a sweep does not stop short of `--trials` with configs left.
+        `_finish` adds their results to every study."""
+        taken: list[KernelConfig] = []
+        for cfg in self.space.candidates:
+            if len(taken) == want:
+                break
+            if (cfg.hash in pending or cfg.hash in self.elsewhere or cfg.hash in self.compiled_hashes
+                    or check_config(cfg) or not any(cfg.hash in self.params[pp.problem].members for pp in self.state.problems)):
+                continue
+            if self.store.claim(cfg.hash, self.state.run_id):
+                continue  # another sweep measures it: nothing waits on it here
+            pending[cfg.hash], waiting[cfg.hash] = cfg, []
+            taken.append(cfg)
+        return taken
 
     def _settle_elsewhere(self, pending: dict[str, KernelConfig],
                           waiting: dict[str, list[tuple[ProblemProgress, optuna.Trial]]]) -> list[KernelConfig]:

@@ -479,3 +479,34 @@ def test_a_kernel_an_interrupt_left_part_measured_is_finished_on_resume(tmp_path
     (pp,) = state.problems
     told = {t.user_attrs.get("config_hash") for t in pp.study.trials if t.state is optuna.trial.TrialState.COMPLETE}
     assert set(part) <= told  # the finished kernels' results reached the study
+
+
+class _Stuck(optuna.samplers.RandomSampler):
+    """A sampler that proposes one config over and over, as TPE can once it has settled."""
+
+    def __init__(self, params):
+        super().__init__(seed=0)
+        self.fixed = params
+
+    def sample_independent(self, study, trial, name, distribution):
+        return self.fixed[name]
+
+
+def test_a_stalled_sampler_does_not_stop_the_sweep_short_of_its_budget(space, tmp_path, monkeypatch):
+    import cutlass_tune.search._sweep as sweep_module
+
+    first = next(c for c in space.candidates if not check_config(c))
+    params = sweep_module.params_of(first)
+    monkeypatch.setattr(sweep_module, "make_sampler", lambda name, **kw: _Stuck(params))
+    monkeypatch.setattr(sweep_module, "ASKS_PER_CONFIG", 3)  # each stalled ask costs a few commits
+    compiler = FakeCompiler()
+    sweep, store = make(space, tmp_path, compiler=compiler, trials=14)  # 8 warm-start seeds, then the sampler
+    state = sweep.run()
+    assert state.compiled == 14 and state.stop_reason == "trial budget reached"
+    compiled = [c.hash for call in compiler.calls for c in call]
+    assert len(compiled) == len(set(compiled)) == 14
+    assert set(variant_counts(store).values()) == {1}
+    for pp in state.problems:  # their results reached the studies
+        done = {t.user_attrs.get("config_hash") for t in pp.study.trials
+                if t.state is optuna.trial.TrialState.COMPLETE and t.constraints["invalid"] == 0.0}
+        assert set(compiled) <= done
