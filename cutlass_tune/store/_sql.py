@@ -302,7 +302,8 @@ class ResultStore:
         finally:
             stop.set()
             thread.join()
-            with self.engine.begin() as conn:
+            # A store lost meanwhile keeps them: the run is dead to others once it stops speaking.
+            with contextlib.suppress(sa.exc.SQLAlchemyError), self.engine.begin() as conn:
                 conn.execute(claims_table.delete().where(claims_table.c.run_id == run_id))
                 conn.execute(runs_table.delete().where(runs_table.c.run_id == run_id))
 

@@ -300,3 +300,14 @@ def test_sweeps_claiming_at_once_get_each_config_once(store_url, tmp_path):
     assert [r.returncode for r in racers] == [0] * len(racers), "\n".join(errors)
     won = [h for path in tmp_path.glob("*.won") for h in path.read_text().split()]
     assert sorted(won) == configs  # every config claimed, none by two sweeps
+
+
+def test_a_store_lost_during_a_run_does_not_hide_why_the_run_ended(tmp_path):
+    import shutil
+
+    store = ResultStore(f"sqlite:///{tmp_path / 'lost' / 'store.sqlite'}")
+    with pytest.raises(KeyboardInterrupt):
+        with store.running("run-a"):
+            shutil.rmtree(tmp_path / "lost")
+            store.engine.dispose()
+            raise KeyboardInterrupt
