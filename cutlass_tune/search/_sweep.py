@@ -540,8 +540,8 @@ class Sweep:
                 pp.study.enqueue_trial(self.params[pp.problem].params(pcfg), skip_if_exists=True)
         self.on_update(self.state)
 
-        def budget() -> int:
-            return self.settings.trials - len(self.compiled_hashes)
+        def budget() -> int:  # configs another sweep holds will be compiled too
+            return self.settings.trials - len(self.compiled_hashes | self.store.held_by_others(self.state.run_id))
 
         def timed_out() -> bool:
             return self.settings.timeout_s is not None and time.monotonic() - start > self.settings.timeout_s

@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from cutlass_tune.search import Sweep, SweepSettings
-from cutlass_tune.space import load_space
+from cutlass_tune.space import check_config, load_space
 from cutlass_tune.store import ResultStore
 from cutlass_tune.store import _sql
 
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 RACER = """
 import pathlib, sys, time
 from cutlass_tune.search import Sweep, SweepSettings
-from cutlass_tune.space import load_space
+from cutlass_tune.space import check_config, load_space
 from cutlass_tune.store import ResultStore
 from tests.search.fakes import FakeBench, FakeCompiler
 
@@ -112,7 +112,7 @@ def test_configs_a_live_sweep_holds_are_left_to_it(space, tmp_path):
     bench = FakeBench()
     state = make(space, url, bench).run()
     assert not {h for h, _, _ in bench.measured} & set(held)
-    assert state.compiled == 6 and state.elsewhere == 2
+    assert state.compiled == 4 and state.elsewhere == 2  # the two held count against --trials 6
     for h in held:
         trials = told(state, h)
         assert trials and all(t.state is optuna.trial.TrialState.FAIL for t in trials)
@@ -209,7 +209,7 @@ def test_what_another_sweep_finishes_during_the_last_batch_is_taken_in_at_the_en
     class Bench(FakeBench):
         def measure(self, kernel_, problem, variants):
             for v in variants:
-                if len(self.measured) == 6 * 2 * 4 - 1:  # before our last measurement
+                if len(self.measured) == 5 * 2 * 4 - 1:  # before our last (of 5 kernels: the held one counts)
                     store = ResultStore(url)
                     for p in space.problems:
                         for m in OtherBench().measure(kernel, p, list(space.runtime_variants(kernel.config))):
@@ -218,9 +218,20 @@ def test_what_another_sweep_finishes_during_the_last_batch_is_taken_in_at_the_en
                 yield from super().measure(kernel_, problem, [v])
 
     state = make(space, url, Bench()).run()
-    assert state.elsewhere == 0 and state.compiled == 7
+    assert state.elsewhere == 0 and state.compiled == 6
     assert all(t.state is optuna.trial.TrialState.COMPLETE for t in told(state, held[0]))
     for pp in state.problems:
         assert pp.best_config.hash == held[0] and pp.best_at is None
         assert pp.best_ratio == pytest.approx(max(r["ratio"] for r in kernel_rows(ResultStore(url))
                                                   if r["problem"] == pp.problem.name))
+
+
+def test_configs_another_sweep_holds_count_against_the_trials(space, tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    held = [c.hash for c in space.candidates if not check_config(c)][-4:]  # no warm-start seeds
+    claim_for(url, "other-host-run", held, host="gpu-host-7", pid=1)
+    compiler = FakeCompiler()
+    state = make(space, url, compiler=compiler, trials=6).run()
+    compiled = [c.hash for call in compiler.calls for c in call]
+    assert len(compiled) == 2 and not set(compiled) & set(held)
+    assert state.stop_reason == "trial budget reached"
