@@ -325,11 +325,12 @@ class Sweep:
         other sweeps hold), so that a sweep does not stop short of `--trials` with configs left.
         `_finish` adds their results to every study."""
         taken: list[KernelConfig] = []
+        members = set().union(*(self.params[pp.problem].members for pp in self.state.problems))
         for cfg in self.space.candidates:
             if len(taken) == want:
                 break
             if (cfg.hash in pending or cfg.hash in self.elsewhere or cfg.hash in self.compiled_hashes
-                    or check_config(cfg) or not any(cfg.hash in self.params[pp.problem].members for pp in self.state.problems)):
+                    or cfg.hash not in members or check_config(cfg)):
                 continue
             if self.store.claim(cfg.hash, self.state.run_id):
                 continue  # another sweep measures it: nothing waits on it here
