@@ -1,6 +1,8 @@
 """A fake compiler and GPU for testing the search loop on a CPU, with recorded-looking figures."""
 
+import dataclasses
 import hashlib
+import time
 from pathlib import Path
 
 from cutlass_tune.bench import Measurement
@@ -59,3 +61,19 @@ class FakeBench:
             t = synthetic_tflops(kernel.config, problem, v)
             yield Measurement(problem=problem, config=kernel.config, runtime=v, status=Status.OK,
                               tflops=t, median_ms=problem.flops / t / 1e9, p20_ms=0.0, p80_ms=0.0, samples=10)
+
+
+class SlowBench(FakeBench):
+    """A fake GPU whose cuBLAS runs at `cublas` TFLOP/s and whose kernels take `delay` s each."""
+
+    def __init__(self, cublas=600.0, delay=0.002, name="Fake GPU", **kw):
+        super().__init__(**kw)
+        self.cublas, self.delay, self.gpu_name = cublas, delay, name
+
+    def baseline(self, problem):
+        return dataclasses.replace(super().baseline(problem), tflops=self.cublas)
+
+    def measure(self, kernel, problem, variants):
+        for m in super().measure(kernel, problem, variants):
+            time.sleep(self.delay)
+            yield m

@@ -23,17 +23,11 @@ import sys, time
 from cutlass_tune.search import Sweep, SweepSettings
 from cutlass_tune.space import load_space
 from cutlass_tune.store import ResultStore
-from tests.search.fakes import FakeBench, FakeCompiler
-
-class SlowBench(FakeBench):
-    def measure(self, kernel, problem, variants):
-        for m in super().measure(kernel, problem, variants):
-            time.sleep(0.05)
-            yield m
+from tests.search.fakes import FakeCompiler, SlowBench
 
 url, gpus = sys.argv[2], int(sys.argv[3])
 try:
-    Sweep(load_space(sys.argv[1]), ResultStore(url), url, FakeCompiler(), [SlowBench() for _ in range(gpus)],
+    Sweep(load_space(sys.argv[1]), ResultStore(url), url, FakeCompiler(), [SlowBench(delay=0.05) for _ in range(gpus)],
           SweepSettings(trials=6, batch=3)).run()
 except KeyboardInterrupt:
     sys.exit(130)

@@ -26,15 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 RACER = """
 import pathlib, sys, time
 from cutlass_tune.search import Sweep, SweepSettings
-from cutlass_tune.space import check_config, load_space
+from cutlass_tune.space import load_space
 from cutlass_tune.store import ResultStore
-from tests.search.fakes import FakeBench, FakeCompiler
-
-class SlowBench(FakeBench):
-    def measure(self, kernel, problem, variants):
-        for m in super().measure(kernel, problem, variants):
-            time.sleep(0.05)
-            yield m
+from tests.search.fakes import FakeBench, FakeCompiler, SlowBench
 
 space, url, me = load_space(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
 store = ResultStore(url)
@@ -42,7 +36,7 @@ store.bind_gpu(FakeBench.gpu_name)
 me.with_suffix(".ready").touch()
 while not me.with_name("go").exists():
     time.sleep(0.001)
-bench = SlowBench()
+bench = SlowBench(delay=0.05)
 state = Sweep(space, store, url, FakeCompiler(), bench, SweepSettings(trials=6, batch=3)).run()
 me.with_suffix(".measured").write_text(str(len(bench.measured)))
 """

@@ -1,6 +1,5 @@
 import collections
 import dataclasses
-import time
 
 import optuna
 import pytest
@@ -11,7 +10,7 @@ from cutlass_tune.space import check_config, load_space
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore, StoreGpuMismatchError
 
-from .fakes import FakeBench, FakeCompiler
+from .fakes import FakeBench, FakeCompiler, SlowBench
 
 SPACE = """
 problems: [{m: [1024, 4096], n: 4096, k: 4096}]
@@ -292,22 +291,6 @@ kernels:
     sweep.run()
     assert [len(call) for call in compiler.calls] == [1] * 6
     assert {c.hash for call in compiler.calls for c in call} == {c.hash for c in seeds}
-
-
-class SlowBench(FakeBench):
-    """A fake GPU whose cuBLAS runs at `cublas` TFLOP/s and whose kernels take `delay` s each."""
-
-    def __init__(self, cublas=600.0, delay=0.002, name="Fake GPU", **kw):
-        super().__init__(**kw)
-        self.cublas, self.delay, self.gpu_name = cublas, delay, name
-
-    def baseline(self, problem):
-        return dataclasses.replace(super().baseline(problem), tflops=self.cublas)
-
-    def measure(self, kernel, problem, variants):
-        for m in super().measure(kernel, problem, variants):
-            time.sleep(self.delay)
-            yield m
 
 
 def test_several_gpus_share_the_work_and_each_ratio_uses_its_own_cublas(space, tmp_path):
