@@ -348,12 +348,10 @@ class ResultStore:
 
     def held_by_others(self, run_id: str) -> set[str]:
         """The configs that live sweeps other than `run_id` hold (compiling or measuring them)."""
-        c, r = claims_table.c, runs_table.c
-        now = time.time()
-        query = sa.select(c.config_hash, r.run_id, r.host, r.pid, r.heartbeat_at).join(
-            runs_table, r.run_id == c.run_id).where(c.run_id != run_id)
+        others = self.live_runs() - {run_id}
+        c = claims_table.c
         with self.engine.connect() as conn:
-            return {row.config_hash for row in conn.execute(query) if _alive(row, now)}
+            return set(conn.execute(sa.select(c.config_hash).where(c.run_id.in_(others))).scalars())
 
     def release(self, config_hash: str, run_id: str) -> None:
         """Give up the sweep `run_id`'s claim of the config (done with it)."""

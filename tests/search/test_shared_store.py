@@ -18,6 +18,7 @@ from cutlass_tune.space import check_config, load_space
 from cutlass_tune.store import ResultStore
 from cutlass_tune.store import _sql
 
+from ..racing import start_together
 from .fakes import FakeBench, FakeCompiler
 from .test_sweep import SPACE, kernel_rows, variant_counts
 
@@ -48,12 +49,8 @@ def test_sweeps_started_at_once_on_one_store_measure_nothing_twice(tmp_path):
     space_path = tmp_path / "space.yaml"
     space_path.write_text(SPACE)
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
-    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(space_path), url, str(tmp_path / f"sweep{i}")],
-                               cwd=REPO, stderr=subprocess.PIPE, text=True) for i in range(3)]
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("*.ready"))) < len(racers) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    (tmp_path / "go").touch()
+    racers = start_together([[sys.executable, "-c", RACER, str(space_path), url, str(tmp_path / f"sweep{i}")]
+                             for i in range(3)], tmp_path, cwd=REPO)
     errors = [r.communicate(timeout=300)[1] for r in racers]
     assert [r.returncode for r in racers] == [0] * len(racers), "\n".join(errors)
     counts = variant_counts(ResultStore(url))

@@ -16,6 +16,8 @@ from cutlass_tune.status import Status
 from cutlass_tune.store import _sql
 from cutlass_tune.store import ResultStore, StoreError, StoreGpuMismatchError, default_store_url
 
+from ..racing import start_together, wait_for_files
+
 P = Problem(4096, 4096, 4096)
 CFG = KernelConfig(tile_n=256, cluster_m=2)
 V1, V2 = RuntimeArgs(), RuntimeArgs(swizzle=8)
@@ -172,12 +174,8 @@ open_study_storage(url)
 
 
 def test_sweeps_started_at_once_on_a_new_store_all_open_it(store_url, tmp_path):
-    racers = [subprocess.Popen([sys.executable, "-c", RACER, store_url, str(tmp_path / f"racer{i}")],
-                               stderr=subprocess.PIPE, text=True) for i in range(4)]
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("*.ready"))) < len(racers) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    (tmp_path / "go").touch()
+    racers = start_together([[sys.executable, "-c", RACER, store_url, str(tmp_path / f"racer{i}")]
+                             for i in range(4)], tmp_path)
     errors = [r.communicate(timeout=120)[1] for r in racers]
     assert [r.returncode for r in racers] == [0] * len(racers), "\n".join(errors)
     assert ResultStore(store_url).gpu() == "NVIDIA H200"
@@ -287,14 +285,9 @@ with store.running(me.name):
 def test_sweeps_claiming_at_once_get_each_config_once(store_url, tmp_path):
     configs = [f"{i:016x}" for i in range(20)]
     ResultStore(store_url).rows()  # the tables; their creation racing is tested above
-    racers = [subprocess.Popen([sys.executable, "-c", CLAIMER, store_url, str(tmp_path / f"racer{i}"), *configs],
-                               stderr=subprocess.PIPE, text=True) for i in range(4)]
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("*.ready"))) < len(racers) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    (tmp_path / "go").touch()
-    while len(list(tmp_path.glob("*.won"))) < len(racers) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    racers = start_together([[sys.executable, "-c", CLAIMER, store_url, str(tmp_path / f"racer{i}"), *configs]
+                             for i in range(4)], tmp_path)
+    wait_for_files(tmp_path, "*.won", len(racers), time.monotonic() + 120)
     (tmp_path / "end").touch()
     errors = [r.communicate(timeout=120)[1] for r in racers]
     assert [r.returncode for r in racers] == [0] * len(racers), "\n".join(errors)
