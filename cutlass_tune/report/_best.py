@@ -8,10 +8,10 @@ Schema of the DataFrame `load_best` returns (one row per GPU and problem):
 | problem, m, n, k, dtype_a, dtype_b, dtype_d, layout | the GEMM (layout: BLAS two letters, e.g. tn) |
 | kernel, config_hash | name and content hash of the winning `KernelConfig` |
 | runtime, raster, swizzle, splits, decomposition | its best run-time variant |
-| tflops, median_ms, p20_ms, p80_ms, samples | its timing (L2-cold CUDA events, median) |
+| tflops, median_ms, p20_ms, p80_ms, samples | its timing (median; L2-cold CUDA events, or CUDA-graph replays where the store was swept with `--graph`) |
 | spread | (p80 - p20) / median |
 | cublas_tflops, ratio | cuBLAS in the same run (sampled alternately with the kernel where the store pairs baselines), and tflops / cublas_tflops |
-| tile_m ... tile_scheduler | the config's knobs, one column each |
+| tile_m ... tile_scheduler, fp8_fast_accum, epilogue_tile_n, epilogue_source | the config's knobs, one column each (stages and epilogue_tile_n 0: auto) |
 | config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
 | run_id | the run that measured it |
 | sweep_ratio | the best ratio the sweep measured for this kernel and variant |
@@ -45,7 +45,13 @@ if TYPE_CHECKING:
     from ._bundle import BundledKernel
 
 KNOB_COLUMNS = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "kernel_schedule",
-                "epilogue_schedule", "tile_scheduler")
+                "epilogue_schedule", "tile_scheduler", "fp8_fast_accum", "epilogue_tile_n", "epilogue_source")
+_LATER_KNOBS = ("fp8_fast_accum", "epilogue_tile_n", "epilogue_source")
+"""Knob columns that tables written before them lack; `load_best` fills them from `config`."""
+
+
+def _knob_values(cfg: KernelConfig) -> dict:
+    return {k: (v.value if hasattr(v, "value") else v) for k in KNOB_COLUMNS for v in (getattr(cfg, k),)}
 COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
            "config_hash", "runtime", "raster", "swizzle", "splits", "decomposition", "tflops", "median_ms",
            "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
@@ -87,8 +93,7 @@ def _from_store(url: str) -> pd.DataFrame:
                                  "p80_ms", "samples", "cublas_tflops", "ratio", "run_id")},
             "raster": m.runtime.raster.name.lower(), "swizzle": m.runtime.swizzle,
             "splits": m.runtime.splits, "decomposition": m.runtime.decomposition.name.lower(),
-            **{k: (v.value if hasattr(v, "value") else v) for k, v in m.config.to_dict().items()
-               if k in KNOB_COLUMNS},
+            **_knob_values(m.config),
             "config": json.dumps(m.config.to_dict(), sort_keys=True),
             "_confirm": r["study"] == CONFIRM_STUDY,
         })
@@ -159,6 +164,10 @@ def load_best(source: str | Path) -> pd.DataFrame:
         defaults = {"sweep_ratio": frame["ratio"], "confirm_passes": 0, "ratio_low": frame["ratio"],
                     "ratio_high": frame["ratio"]}
         frame = frame.assign(**{c: v for c, v in defaults.items() if c not in frame.columns})
+    if "config" in frame.columns and any(c not in frame.columns for c in _LATER_KNOBS):
+        knobs = pd.DataFrame([_knob_values(KernelConfig.from_dict(json.loads(c))) for c in frame["config"]],
+                             index=frame.index)
+        frame = frame.assign(**{c: knobs[c] for c in _LATER_KNOBS if c not in frame.columns})
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise BestTableError(f"{path} is not a best-config table: missing {', '.join(missing)}")
@@ -212,19 +221,30 @@ class BestTable:
             return cls(frame, gpu=gpu, bundled=bundled)
         return cls(load_best(source), gpu=gpu)
 
-    def lookup(self, m: int, n: int, k: int, dtype: str = "bf16", layout: str = "tn") -> Match:
-        """The row for M x N x K, or the nearest tuned problem of the same dtype and layout on a
+    def lookup(self, m: int, n: int, k: int, dtype: str = "bf16", layout: str = "tn",
+               out_dtype: str | None = None) -> Match:
+        """The row for M x N x K, or the nearest tuned problem of the same dtypes and layout on a
         log scale (`exact` False).
 
+        Args:
+            dtype: the input type (`dtype_a`: bf16, f16, e4m3, e5m2).
+            layout: BLAS two letters (tn, nt, nn, tt).
+            out_dtype: the output type (`dtype_d`); None takes rows of any output type.
+
         Raises:
-            BestTableError: nothing tuned for this dtype and layout (or a non-positive size).
+            BestTableError: nothing tuned for these dtypes and layout (or a non-positive size).
         """
         if min(m, n, k) <= 0:
             raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
-        same = self.frame[(self.frame["dtype_a"] == dtype) & (self.frame["layout"] == layout)]
+        f = self.frame
+        wanted = (f["dtype_a"] == dtype) & (f["layout"] == layout)
+        if out_dtype is not None:
+            wanted &= f["dtype_d"] == out_dtype
+        same = f[wanted]
         if same.empty:
-            tuned = sorted({f"{d} {lay}" for d, lay in zip(self.frame["dtype_a"], self.frame["layout"])})
-            raise BestTableError(f"no tuned problem for {dtype} {layout} (the table has: {', '.join(tuned) or 'none'})")
+            tuned = sorted({f"{a} -> {d} {lay}" for a, d, lay in zip(f["dtype_a"], f["dtype_d"], f["layout"])})
+            asked = f"{dtype} -> {out_dtype}" if out_dtype is not None else dtype
+            raise BestTableError(f"no tuned problem for {asked} {layout} (the table has: {', '.join(tuned) or 'none'})")
         distance = same.apply(lambda r: math.dist((math.log2(m), math.log2(n), math.log2(k)),
                                                   (math.log2(r["m"]), math.log2(r["n"]), math.log2(r["k"]))), axis=1)
         best = distance.idxmin()

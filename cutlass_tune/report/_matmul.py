@@ -26,7 +26,8 @@ from ..status import Status
 from ._best import BestTable, BestTableError
 from ._bundle import BundledKernel
 
-_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
+_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3,
+           torch.float8_e5m2: DType.E5M2}
 _TORCH = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
 _FP8_OUT = DType.BF16
 
@@ -55,8 +56,8 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
         if t.dim() != 2:
             raise MatmulInputError(f"{name} must be 2-D, not {t.dim()}-D")
         if t.dtype not in _DTYPES:
-            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned kernels take bfloat16, float16 "
-                                   "or float8_e4m3fn")
+            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned kernels take bfloat16, float16, "
+                                   "float8_e4m3fn or float8_e5m2")
         if t.data_ptr() % 16:
             raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (TMA needs it)")
     if a.dtype != b.dtype:
@@ -67,7 +68,7 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
         raise MatmulInputError(f"a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
     dtype = _DTYPES[a.dtype]
     default = _FP8_OUT if dtype.is_fp8 else dtype
-    out = _DTYPES.get(out_dtype, DType.F32 if out_dtype == torch.float32 else None) if out_dtype else default
+    out = {t: d for d, t in _TORCH.items()}.get(out_dtype) if out_dtype is not None else default
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
     problem = Problem(a.shape[0], b.shape[1], a.shape[1], dtype, dtype, out,
@@ -154,12 +155,15 @@ def _untuned_name(problem: Problem) -> str:
     return "torch._scaled_mm" if problem.dtype_a.is_fp8 else "torch.matmul"
 
 
-def _untuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """What `matmul` runs where no tuned kernel can: torch's own GEMM for the same inputs."""
+def _untuned(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """What `matmul` runs where no tuned kernel can: torch's own GEMM for the same inputs and
+    output type."""
     if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         one = torch.ones((), dtype=torch.float32, device=a.device)
-        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=_TORCH[_FP8_OUT])
-    return torch.matmul(a, b)
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=out_dtype)
+    if out_dtype == a.dtype:
+        return torch.matmul(a, b)
+    return torch.mm(a, b, out_dtype=out_dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,37 +179,42 @@ def _gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None)
 _warned: set[str] = set()
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> torch.Tensor:
+def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """a @ b through the best kernel the table has for this problem.
 
-    The first call for a shape looks the problem up and loads its kernel; later calls with the
-    same shapes, strides and dtypes go straight to the launch (a table loaded from a path is
-    kept per path).
+    `out_dtype` is the type of the result: by default the inputs' type for bfloat16 and
+    float16, bfloat16 for fp8; torch.float32 (or another 16-bit type) picks the table's kernels
+    with that output. The first call for a shape looks the problem up and loads its kernel;
+    later calls with the same shapes, strides and dtypes go straight to the launch (a table
+    loaded from a path is kept per path).
 
     An exact entry runs its kernel; a problem that was not tuned runs the kernel of the nearest
-    tuned problem of the same dtype and layout (every kernel is correct for every aligned
-    shape; only its speed was measured elsewhere). Where the table has nothing for the dtype and
-    layout, or CUTLASS cannot implement the problem, it falls back to torch.matmul (for fp8,
-    torch._scaled_mm with unit scales, D bfloat16) and warns once per cause.
+    tuned problem of the same dtypes and layout (every kernel is correct for every aligned
+    shape; only its speed was measured elsewhere). Where the table has nothing for the dtypes
+    and layout, or CUTLASS cannot implement the problem, it falls back to torch's own GEMM
+    (torch.matmul, or torch.mm with `out_dtype`; for fp8, torch._scaled_mm with unit scales)
+    and warns once per cause.
 
     Raises:
         MatmulInputError: CPU tensors, unsupported dtypes, misaligned or non-contiguous tensors.
     """
     table = table if isinstance(table, BestTable) else _load_table(str(table))
-    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype)
+    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype)
     cached = table._kernels.get(key)
     if cached is not None and a.device.type == "cuda" and b.device == a.device \
             and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
         gemm, problem = cached
-        return _untuned(a, b) if gemm is None else gemm.run(problem, a, b)
-    problem = problem_of(a, b)
+        return _untuned(a, b, _TORCH[problem.dtype_d]) if gemm is None else gemm.run(problem, a, b)
+    problem = problem_of(a, b, out_dtype)
     code = layout_code(problem.layout_a, problem.layout_b)
+    dtypes = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {code}"
     try:
-        match = table.lookup(problem.m, problem.n, problem.k, problem.dtype_a.value, code)
+        match = table.lookup(problem.m, problem.n, problem.k, problem.dtype_a.value, code, problem.dtype_d.value)
     except BestTableError as err:
-        _warn_once(f"{problem.dtype_a.value} {code}", f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
+        _warn_once(dtypes, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
         table._kernels[key] = (None, problem)
-        return _untuned(a, b)
+        return _untuned(a, b, _TORCH[problem.dtype_d])
     from ..bench import KernelStatusError
 
     bundled = table.bundled.get(match.row.get("config_hash")) if table.bundled else None
@@ -216,7 +225,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path) -> t
         _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
                    f"{problem.name} ({err}); using {_untuned_name(problem)}")
         table._kernels[key] = (None, problem)
-        return _untuned(a, b)
+        return _untuned(a, b, _TORCH[problem.dtype_d])
     table._kernels[key] = (gemm, problem)
     return result
 

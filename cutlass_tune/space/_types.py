@@ -87,7 +87,8 @@ _OMITTED_AT_DEFAULT = frozenset({"fp8_fast_accum", "epilogue_tile_n", "epilogue_
 
 
 def layout_code(layout_a: Layout, layout_b: Layout) -> str:
-    """BLAS-style two-letter code: 't' for a K-major operand, 'n' for an M/N-major one."""
+    """BLAS-style two-letter code, A then B: 't' row-major, 'n' column-major, with A seen as
+    M x K and B as K x N; so "tn" has both operands K-major."""
     a = "t" if layout_a is Layout.ROW else "n"
     b = "n" if layout_b is Layout.COL else "t"
     return a + b

@@ -211,6 +211,14 @@ class ResultStore:
             _create_despite_racers(lambda: _metadata.create_all(self.engine), f"tables in {self.url}")
             self._created = True
 
+    def _readable(self) -> bool:
+        """Whether the store has its measurement tables; reads never create them, so reading a
+        store (a report, a best table) leaves its file as it was."""
+        if self._created:
+            return True
+        found = set(sa.inspect(self.engine).get_table_names())
+        return {meta_table.name, measurements_table.name} <= found
+
     def _claim(self, key: str, value: str) -> str:
         """Record `value` under `key` in ct_meta unless another writer recorded one first;
         return the value that holds."""
@@ -228,7 +236,8 @@ class ResultStore:
 
     def gpu(self) -> str | None:
         """The GPU model the store belongs to, or None for a new store."""
-        self._create()
+        if not self._readable():
+            return None
         with self.engine.connect() as conn:
             return conn.execute(_meta_value("gpu")).scalar()
 
@@ -252,7 +261,8 @@ class ResultStore:
         """The timing scheme the store holds (see `bind_timing`), or None for a new store.
 
         Stores begun before the scheme was recorded hold only unpaired `events` figures."""
-        self._create()
+        if not self._readable():
+            return None
         with self.engine.connect() as conn:
             found = conn.execute(_meta_value("timing")).scalar()
             if found is None and conn.execute(sa.select(measurements_table.c.id).limit(1)).first():
@@ -266,6 +276,7 @@ class ResultStore:
         Raises:
             StoreError: the store holds results timed another way.
         """
+        self._create()
         found = self.timing()
         if found in (None, method):  # another sweep may claim the store between the look and the claim
             found = self._claim("timing", method)
@@ -385,7 +396,8 @@ class ResultStore:
 
     def measured(self, problem: Problem) -> dict[tuple[str, str], list[dict[str, Any]]]:
         """Rows of `problem` by (config_hash, runtime name), for resuming without re-measuring."""
-        self._create()
+        if not self._readable():
+            return {}
         t = measurements_table
         query = sa.select(t.c.config_hash, t.c.runtime, t.c.status, t.c.reason, t.c.tflops,
                           t.c.ratio, t.c.kernel).where(t.c.problem == problem.name, t.c.config_hash.isnot(None))
@@ -398,7 +410,8 @@ class ResultStore:
     def rows(self, columns: Iterable[str] | None = None, *, after_id: int = 0) -> list[dict[str, Any]]:
         """Every measurement row as a dict (all columns but `record` unless asked), in the order
         they were added; with `after_id`, only those added after the row of that `id`."""
-        self._create()
+        if not self._readable():
+            return []
         t = measurements_table
         cols = [t.c[c] for c in columns] if columns else [c for c in t.c if c.name != "record"]
         query = sa.select(*cols).order_by(t.c.id)

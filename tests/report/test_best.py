@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from cutlass_tune import BestTable, load_best
@@ -46,6 +47,20 @@ def test_lookup_exact_nearest_and_unknown():
         table.lookup(4096, 4096, 4096, dtype="f16")
     with pytest.raises(BestTableError, match="positive"):
         table.lookup(0, 4096, 4096)
+
+
+def test_lookup_matches_the_output_type_when_asked():
+    # Guards against matmul returning an f32 kernel's output for bf16 inputs because that row came first.
+    frame = load_best(STORE)
+    row = frame.iloc[0]
+    f32 = row.copy()
+    f32["dtype_d"], f32["kernel"] = "f32", "the f32 kernel"
+    table = BestTable(pd.DataFrame([f32, row]))
+    assert table.lookup(row.m, row.n, row.k, "bf16", "tn", "bf16").row["kernel"] == row.kernel
+    assert table.lookup(row.m, row.n, row.k, "bf16", "tn", "f32").row["kernel"] == "the f32 kernel"
+    assert table.lookup(row.m, row.n, row.k, "bf16", "tn").row["kernel"] == "the f32 kernel"  # any output
+    with pytest.raises(BestTableError, match="no tuned problem for bf16 -> f16 tn .*bf16 -> bf16 tn"):
+        table.lookup(row.m, row.n, row.k, "bf16", "tn", "f16")
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])
@@ -103,3 +118,16 @@ def test_a_table_written_before_confirmation_still_loads():
     assert len(table) == 4 and list(table["confirm_passes"]) == [0] * 4
     assert list(table["ratio_low"]) == list(table["ratio"]) == list(table["sweep_ratio"])
     assert BestTable.load(path).lookup(8192, 4096, 4096).row["kernel"].startswith("bf16_tn_128x128x64_c1x2")
+    assert list(table["epilogue_source"]) == [not k.endswith("_nosrc") for k in table["kernel"]]
+
+
+def test_a_table_written_before_the_epilogue_knob_columns_still_loads():
+    """A `best --format csv` file with confirmation but without fp8_fast_accum, epilogue_tile_n
+    and epilogue_source columns (tests/report/data): they are filled from each row's config."""
+    table = load_best(Path(__file__).resolve().parent / "data" / "best-v2.csv")
+    assert set(COLUMNS) <= set(table.columns)
+    for r in table.itertuples():
+        cfg = KernelConfig.from_dict(json.loads(r.config))
+        assert (r.fp8_fast_accum, r.epilogue_tile_n, r.epilogue_source) == (
+            cfg.fp8_fast_accum, cfg.epilogue_tile_n, cfg.epilogue_source)
+    assert not table["epilogue_source"].all() and table["confirm_passes"].max() > 0

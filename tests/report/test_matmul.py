@@ -48,7 +48,7 @@ def _matches_torch(table, row):
     ref = a.float() @ w.float().t()
     assert torch.isfinite(got).all()
     assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
-    return table._kernels[(a.shape, w.t().shape, a.stride(), w.t().stride(), a.dtype, w.dtype)]
+    return table._kernels[(a.shape, w.t().shape, a.stride(), w.t().stride(), a.dtype, w.dtype, None)]
 
 
 @pytest.mark.gpu
@@ -93,7 +93,27 @@ def test_untuned_dtype_falls_back_to_torch_once():
         cutlass_tune.matmul(a, a.t(), table=table)
     assert torch.equal(first, torch.matmul(a, a.t()))
     assert [str(w.message) for w in caught].count(
-        "cutlass_tune.matmul: no tuned problem for f16 tn (the table has: bf16 tn); using torch.matmul") == 1
+        "cutlass_tune.matmul: no tuned problem for f16 -> f16 tn (the table has: bf16 -> bf16 tn); "
+        "using torch.matmul") == 1
+
+
+@pytest.mark.gpu
+def test_an_f32_result_asked_of_a_bf16_table_comes_from_torch_in_f32():
+    # Guards against matmul handing back a kernel's bf16 output when float32 was asked for.
+    table = BestTable.load(STORE)
+    a = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = cutlass_tune.matmul(a, w.t(), table=table, out_dtype=torch.float32)
+        tuned = cutlass_tune.matmul(a, w.t(), table=table)
+    assert got.dtype == torch.float32 and tuned.dtype == torch.bfloat16
+    ref = a.float() @ w.float().t()
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+    assert ((tuned.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert any("no tuned problem for bf16 -> f32 tn" in str(w.message) for w in caught)
+    with pytest.raises(MatmulInputError, match="out_dtype torch.float8_e4m3fn is not supported"):
+        cutlass_tune.matmul(a, w.t(), table=table, out_dtype=torch.float8_e4m3fn)
 
 
 @pytest.mark.gpu
@@ -118,7 +138,7 @@ def test_untuned_fp8_falls_back_to_scaled_mm_with_a_bf16_result():
 
     a = torch.randn(32, 64).to(torch.float8_e4m3fn)
     w = torch.randn(48, 64).to(torch.float8_e4m3fn)
-    got = _untuned(a, w.t())
+    got = _untuned(a, w.t(), torch.bfloat16)
     assert got.dtype == torch.bfloat16 and got.shape == (32, 48)
     torch.testing.assert_close(got.float(), a.float() @ w.float().t(), rtol=1e-2, atol=1e-2)
 

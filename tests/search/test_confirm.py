@@ -183,7 +183,7 @@ def _cli(*args):
     ("{tmp}/empty.sqlite", "error: store sqlite:///{tmp}/empty.sqlite has no successful kernel measurement to confirm\n"),
 ])
 def test_confirm_rejects_what_it_cannot_confirm_in_one_line(tmp_path, storage, message):
-    ResultStore(f"sqlite:///{tmp_path / 'empty.sqlite'}").rows()  # creates the tables, adds nothing
+    ResultStore(f"sqlite:///{tmp_path / 'empty.sqlite'}").bind_gpu("NVIDIA H200")  # creates the tables, adds nothing
     r = _cli("confirm", "--storage", storage.format(tmp=tmp_path))
     assert (r.returncode, r.stderr, r.stdout) == (2, message.format(tmp=tmp_path), "")
 

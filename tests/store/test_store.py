@@ -106,6 +106,28 @@ def test_default_store_is_per_gpu():
     assert default_store_url("NVIDIA H100 80GB HBM3").endswith("sweep-nvidia-h100-80gb-hbm3.sqlite")
 
 
+def test_reading_a_store_writes_nothing_to_it(tmp_path):
+    # Guards against reports (best, dashboard) adding the sweep's newer tables to a committed store.
+    import hashlib
+
+    path = tmp_path / "older.sqlite"
+    path.write_bytes((Path(__file__).resolve().parents[2] / "results" / "llama33b-nvidia-h200.sqlite").read_bytes())
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    store = ResultStore(f"sqlite:///{path}")
+    assert store.gpu() == "NVIDIA H200" and store.timing() == "events-paired"
+    assert len(store.rows()) == len(store.measurements()) == 476
+    assert store.measured(Problem(4096, 6656, 6656))
+    assert "ct_claims" not in sa.inspect(store.engine).get_table_names()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_a_new_store_reads_as_empty_until_a_sweep_binds_it(store_url):
+    store = ResultStore(store_url)
+    assert (store.gpu(), store.timing(), store.rows(), store.measured(P)) == (None, None, [], {})
+    store.bind_gpu("NVIDIA H200")
+    assert store.rows() == [] and ResultStore(store_url).gpu() == "NVIDIA H200"
+
+
 def test_a_store_keeps_to_one_timing_method(store_url):
     store = ResultStore(store_url)
     assert store.timing() is None
@@ -229,7 +251,7 @@ def test_ending_a_run_frees_its_claims_however_it_ends(store_url):
 def test_a_dead_sweeps_claim_is_taken_over_and_a_live_ones_is_not(store_url, owner, alive):
     import socket
     store = ResultStore(store_url)
-    store.rows()  # creates the tables
+    store.bind_gpu("NVIDIA H200")  # creates the tables
     host = socket.gethostname() if owner["host"] == "this" else owner["host"]
     pid = {"dead": _dead_pid(), "mine": os.getpid()}.get(owner["pid"], owner["pid"])
     with store.running("run-new"):  # the old one dies while the new one runs
@@ -242,7 +264,7 @@ def test_a_dead_sweeps_claim_is_taken_over_and_a_live_ones_is_not(store_url, own
 
 def test_a_sweep_starting_forgets_dead_sweeps_and_their_claims(store_url):
     store = ResultStore(store_url)
-    store.rows()  # creates the tables
+    store.bind_gpu("NVIDIA H200")  # creates the tables
     _add_run(store, "run-dead", host="gpu-host-7", pid=1, age_s=_sql.STALE_AFTER_S + 5)
     _add_run(store, "run-live", host="gpu-host-7", pid=1)
     with store.engine.begin() as conn:
@@ -284,7 +306,7 @@ with store.running(me.name):
 
 def test_sweeps_claiming_at_once_get_each_config_once(store_url, tmp_path):
     configs = [f"{i:016x}" for i in range(20)]
-    ResultStore(store_url).rows()  # the tables; their creation racing is tested above
+    ResultStore(store_url).bind_gpu("NVIDIA H200")  # the tables; their creation racing is tested above
     racers = start_together([[sys.executable, "-c", CLAIMER, store_url, str(tmp_path / f"racer{i}"), *configs]
                              for i in range(4)], tmp_path)
     wait_for_files(tmp_path, "*.won", len(racers), time.monotonic() + 120)
