@@ -72,6 +72,9 @@ class Measurement:
     samples: int = 0
     tflops: float | None = None
     rel_error: float | None = None
+    worst_error: float | None = None
+    """The largest error of one output element, in units of the reference's RMS (absent from
+    records written before it was kept)."""
     method: str = ""
     throttled: bool = False
     clocks: Clocks | None = None

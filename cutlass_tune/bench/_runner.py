@@ -201,7 +201,7 @@ class GpuRunner:
                 return result(Status.CANNOT_IMPLEMENT, why)
             first = verify_launch(target.once, ops, ref)
             if first.status is not Status.OK:
-                return result(first.status, first.reason, rel_error=first.rel_error)
+                return result(first.status, first.reason, rel_error=first.rel_error, worst_error=first.worst_error)
             baseline = self._paired_baseline(job, ops)
             before = self._clocks.read()
             for _attempt in range(2):
@@ -218,12 +218,13 @@ class GpuRunner:
             return result(Status.RUNTIME_ERROR, _first_line(err))
         if again.status is not Status.OK:
             return result(again.status, f"right after one launch, wrong after {stats.samples} "
-                          f"more: {again.reason}", rel_error=again.rel_error)
+                          f"more: {again.reason}", rel_error=again.rel_error,
+                          worst_error=again.worst_error)
         clocks = Clocks.around(before, after)
         unstable = spread > UNSTABLE_SPREAD
         return result(
             Status.UNSTABLE if unstable else Status.OK,
-            unstable_reason(spread) if unstable else "", rel_error=first.rel_error,
+            unstable_reason(spread) if unstable else "", rel_error=first.rel_error, worst_error=first.worst_error,
             median_ms=stats.median_ms, p20_ms=stats.p20_ms, p80_ms=stats.p80_ms, samples=stats.samples,
             tflops=job.problem.flops / (stats.median_ms * 1e9),
             throttled=clocks.throttled if clocks else False, clocks=clocks,

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from cutlass_tune.bench import GpuRunner, Job, TimingOptions, Worker, _runner, time_paired
-from cutlass_tune.bench._verify import reference
-from cutlass_tune.space import Decomposition, Problem, RasterOrder, RuntimeArgs
+from cutlass_tune.bench import compare
+from cutlass_tune.bench._verify import ELEMENT_TOLERANCE, reference
+from cutlass_tune.space import Decomposition, DType, Problem, RasterOrder, RuntimeArgs
 from cutlass_tune.status import Status
 
 from .conftest import launch_once, spy_on_timing
@@ -41,6 +42,33 @@ def test_a_real_kernel_matches_torch_at_4096_bf16_tn(gpu_kernels):
 def test_a_kernel_without_c_operand_matches_torch(gpu_kernels, shape):
     ops = launch_once(gpu_kernels["sourceless"], Problem(*shape))
     assert _rel(ops.d, reference(ops)) < 1e-2
+
+
+ODD = Problem(4097, 1288, 4112)  # no tile divides M, N or K: partial tiles and a K residue
+
+
+@pytest.mark.parametrize("kind", ["cooperative", "sourceless"])
+def test_partial_tiles_match_torch_element_by_element(gpu_kernels, kind):
+    # Guards against wrong edge tiles, which a Frobenius average over the whole output can hide.
+    ops = launch_once(gpu_kernels[kind], ODD)
+    ref = reference(ops)
+    rms = ref.pow(2).mean().sqrt().item()
+    torch.testing.assert_close(ops.d.float(), ref, rtol=2 ** -7, atol=1e-2 * rms)
+    verdict = compare(ops.d, ref, DType.BF16)
+    print(f"\n{kind} {ODD.name}: relative error {verdict.rel_error:.2e}, worst element "
+          f"{verdict.worst_error:.3f} RMS")
+    assert verdict.status is Status.OK and verdict.worst_error < ELEMENT_TOLERANCE[DType.BF16] / 2
+
+
+def test_stream_k_partial_tiles_verify_in_every_decomposition(gpu_kernels):
+    variants = (RuntimeArgs(), RuntimeArgs(splits=3, decomposition=Decomposition.SPLIT_K),
+                RuntimeArgs(decomposition=Decomposition.STREAM_K))
+    with Worker(0, timeout_s=60) as worker:
+        results = list(worker.run(Job.for_kernel(gpu_kernels["stream_k"], ODD, variants, timing=SHORT)))
+    for m in results:
+        print(f"\nStream-K {m.runtime.name} {ODD.name}: {m.status.value}, worst element {m.worst_error} RMS")
+        assert m.status is Status.OK, (m.runtime.name, m.reason)
+        assert m.worst_error < ELEMENT_TOLERANCE[DType.BF16] / 2
 
 
 def test_faulting_hanging_and_corrupt_kernels_do_not_stop_a_good_one(gpu_kernels, faulty_library):

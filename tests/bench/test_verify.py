@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from cutlass_tune.bench import compare, verify_launch
-from cutlass_tune.bench._verify import FP8_TOLERANCE, TOLERANCE, allocate, randomize, reference, tolerance
+from cutlass_tune.bench._verify import (ELEMENT_TOLERANCE, FP8_TOLERANCE, TOLERANCE, allocate, element_tolerance,
+                                        randomize, reference, tolerance)
 from cutlass_tune.space import DType, Layout, Problem
 from cutlass_tune.status import Status
 
@@ -50,6 +51,29 @@ def test_a_correct_output_rounded_to_its_type_passes(dtype_d):
     ops, ref = _ref_and_out(dtype_d)
     verdict = compare(ref.to(ops.d.dtype), ref, dtype_d)
     assert verdict.status is Status.OK and verdict.rel_error < TOLERANCE[dtype_d] / 2
+    assert 0 <= verdict.worst_error < ELEMENT_TOLERANCE[dtype_d] / 2
+
+
+BIG = torch.randn(4096, 4096, generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("dtype_d", [DType.BF16, DType.F16])
+def test_rounding_millions_of_elements_stays_within_the_element_bound(dtype_d):
+    out = BIG.to({DType.BF16: torch.bfloat16, DType.F16: torch.float16}[dtype_d])
+    verdict = compare(out, BIG, dtype_d)
+    assert verdict.status is Status.OK and verdict.worst_error < ELEMENT_TOLERANCE[dtype_d] / 3
+
+
+def test_one_wrong_tile_fails_though_the_frobenius_error_passes():
+    # Guards against a kernel whose one bad 32x32 block (a partial tile) hides in a 4096^2 average.
+    out = BIG.to(torch.bfloat16)
+    out[4064:, 1000:1032] += torch.randn(32, 32, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    verdict = compare(out, BIG, DType.BF16)
+    assert verdict.rel_error < TOLERANCE[DType.BF16]
+    assert verdict.status is Status.WRONG_RESULT and verdict.worst_error > ELEMENT_TOLERANCE[DType.BF16]
+    row, col = map(int, verdict.reason.removeprefix("element (").split(")")[0].split(", "))
+    assert 4064 <= row < 4096 and 1000 <= col < 1032, verdict.reason
+    assert "of the reference's RMS, more than the 0.1 allowed for a bf16 output" in verdict.reason
 
 
 @pytest.mark.parametrize("wrong", [
@@ -106,6 +130,7 @@ def test_fp8_values_are_clamped_into_range():
 def test_fp8_inputs_get_the_looser_tolerance():
     assert tolerance(DType.BF16, fp8_inputs=True) == FP8_TOLERANCE == 2e-2
     assert tolerance(DType.BF16) == TOLERANCE[DType.BF16]
+    assert element_tolerance(DType.F16, fp8_inputs=True) == 0.25 > element_tolerance(DType.BF16)
     ops = allocate(FP8_PROBLEM, "cpu")
     randomize(ops, torch.Generator().manual_seed(5))
     ref = reference(ops)
