@@ -9,11 +9,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import math
+import os
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import typer
 from rich.console import Console
@@ -85,12 +87,9 @@ def compile_(
     out.print(f"{len(configs)} configs, {jobs} jobs, nvcc {toolchain.nvcc_version}, "
               f"CUTLASS {toolchain.cutlass_version}, cache {cache.root}")
     start = time.monotonic()
-    with Progress(TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        task = progress.add_task("compile", total=len(configs))
+    with _progress("compiling", len(configs)) as advance:
         results = compile_kernels(configs, cache=cache, toolchain=toolchain, jobs=jobs,
-                                  kernels_per_unit=kernels_per_unit,
-                                  on_result=lambda r: progress.advance(task))
+                                  kernels_per_unit=kernels_per_unit, on_result=advance)
     wall = time.monotonic() - start
     built = [r for r in results if r.status is Status.OK and not r.cached]
     cached = [r for r in results if r.status is Status.OK and r.cached]
@@ -129,29 +128,27 @@ def bench(
     from .status import Status
 
     sp = load_space(config)
+    if output is not None:
+        _check_output(output)
     require_gpu(gpu)
     configs = list(sp.valid)
     if not configs:
         raise CutlassTuneError(f"{config}: no valid config to measure (see `cutlass-tune space {config} --list`)")
     output = output or Path("results") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     output.parent.mkdir(parents=True, exist_ok=True)
-    with Progress(TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        task = progress.add_task("compile", total=len(configs))
+    with _progress("compiling", len(configs)) as advance:
         kernels = compile_kernels(configs, cache=KernelCache(cache_dir or settings.cache_dir()), jobs=jobs,
-                                  on_result=lambda r: progress.advance(task))
+                                  on_result=advance)
     timing = TimingOptions(graph=graph, paired=paired)
     plan = plan_jobs(kernels, sp.problems, sp.runtime_variants, timing=timing, repeat=repeat)
     table = Table("problem", "kernel", "runtime", "status", "median ms", "TFLOP/s", "vs cuBLAS",
                   box=None, pad_edge=False)
     baselines, results = {}, []
-    with open(output, "a") as sink, Progress(TextColumn("measuring"), BarColumn(), MofNCompleteColumn(),
-                                             TimeElapsedColumn(), console=err, transient=True) as progress:
-        task = progress.add_task("measure", total=plan.size)
+    with open(output, "a") as sink, _progress("measuring", plan.size) as advance:
         for m in run_plan(plan, device=gpu):
             write_jsonl(sink, m)
             results.append(m)
-            progress.advance(task)
+            advance()
             if m.is_baseline:
                 baselines[(m.problem, m.repeat)] = m
             ratio = baseline_ratio(m, baselines)
@@ -184,6 +181,50 @@ def bench(
     if failed:
         raise typer.Exit(1)
 
+def _source_file(source: str) -> Optional[Path]:
+    """The local file a `--storage` value reads (a SQLite store or a table file), if any."""
+    if source.startswith("sqlite:///"):
+        return Path(source.removeprefix("sqlite:///"))
+    return None if "://" in source else Path(source)
+
+
+def _check_output(path: Path, source: Optional[str] = None) -> Path:
+    """`path` if a file (or a new folder) can be written there, without overwriting `source`.
+
+    Raises:
+        CutlassTuneError: an empty name, an existing folder, a parent that is a file or cannot be
+            written, or the file `source` names.
+    """
+    if not path.name:
+        raise CutlassTuneError(f"-o {str(path)!r}: give a file name")
+    if path.is_dir():
+        raise CutlassTuneError(f"-o {path}: is a folder")
+    ancestor = path.parent.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise CutlassTuneError(f"-o {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise CutlassTuneError(f"-o {path}: no permission to write in {ancestor}")
+    read = _source_file(source) if source else None
+    if read is not None and read.exists() and path.exists() and os.path.samefile(read, path):
+        raise CutlassTuneError(f"-o {path} is the file the results are read from: write elsewhere")
+    return path
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int) -> Iterator[Callable[..., None]]:
+    """A progress bar on a terminal's stderr (gone when done); nothing on a pipe or log.
+    Yields the function to call once per finished item."""
+    if not err.is_terminal:
+        yield lambda *_: None
+        return
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda *_: progress.advance(task)
+
+
 def _storage_or_default(storage: Optional[str]) -> str:
     """`--storage`, or the one sweep store under results/."""
     if storage:
@@ -207,7 +248,10 @@ def best(
 
     if fmt not in ("table", "csv", "json", "parquet"):
         raise CutlassTuneError(f"--format {fmt!r}: use table, csv, json or parquet")
-    frame = load_best(_storage_or_default(storage))
+    source = _storage_or_default(storage)
+    if output is not None:
+        _check_output(output, source)
+    frame = load_best(source)
     if fmt == "table":
         table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "confirmed", "kernel",
                       "run-time", box=None, pad_edge=False)
@@ -253,6 +297,7 @@ def export(
 
     if output.exists():
         raise CutlassTuneError(f"{output} exists: remove it or export to a new directory")
+    _check_output(output)
     frame = load_best(_storage_or_default(storage))
     if gpu_name is not None:
         frame = frame[frame["gpu"] == gpu_name].reset_index(drop=True)
@@ -261,12 +306,9 @@ def export(
     configs = list({h: KernelConfig.from_dict(json.loads(c))
                     for h, c in zip(frame["config_hash"], frame["config"])}.values())
     toolchain = find_toolchain()
-    with Progress(TextColumn("compiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        task = progress.add_task("compile", total=len(configs))
+    with _progress("compiling", len(configs)) as advance:
         compiled = compile_kernels(configs, cache=KernelCache(cache_dir or settings.cache_dir()),
-                                   toolchain=toolchain, jobs=jobs or default_jobs(),
-                                   on_result=lambda r: progress.advance(task))
+                                   toolchain=toolchain, jobs=jobs or default_jobs(), on_result=advance)
     summary = write_bundle(frame, compiled, output, {"nvcc": toolchain.nvcc_version,
                                                      "cutlass": toolchain.cutlass_version,
                                                      "cutlass_tune": __version__})
@@ -347,7 +389,8 @@ def dashboard(
 
     from .report._dashboard import write_dashboard
 
-    report = write_dashboard(_storage_or_default(storage), output)
+    source = _storage_or_default(storage)
+    report = write_dashboard(source, _check_output(output, source))
     out.print(f"wrote {report.path}: {len(report.problems)} problems, {report.measurements} measurements "
               f"from {report.storage}", markup=False)
     if open_:
@@ -437,7 +480,11 @@ def sweep(
     repeated = sorted({g for g in gpu if gpu.count(g) > 1})
     if repeated:
         raise CutlassTuneError(f"--gpu {repeated[0]} given more than once")
+    if timeout is not None and not math.isfinite(timeout):
+        raise CutlassTuneError(f"--timeout {timeout}: give a number of seconds")
     sp = load_space(config)
+    if not sp.valid:
+        raise CutlassTuneError(f"{config}: no valid config to tune (see `cutlass-tune space {config} --list`)")
     if storage is not None:
         store = ResultStore(storage)  # a bad URL fails here, before any GPU work
     benches = _start_benchmarkers(gpu)
@@ -510,17 +557,26 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _fail(message: str, code: int = 2) -> None:
+    """Print `message` as one line on stderr and exit with `code`."""
+    line = " ".join(message.split())
+    err.print(f"error: {line[:1000]}" + (" ..." if len(line) > 1000 else ""), markup=False)
+    sys.exit(code)
+
+
 def main() -> None:
     # A parent that started us in the background may have set SIGINT to "ignore"; Ctrl-C and
     # SIGTERM must still stop nvcc and clean up.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        from . import settings
+
+        settings.check()
         # Without standalone mode, click returns the code of a typer.Exit or an interrupt.
         code = app(standalone_mode=False)
     except CutlassTuneError as e:
-        err.print(f"error: {e}", markup=False)
-        sys.exit(2)
+        _fail(str(e))
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
         sys.exit(130)
@@ -529,11 +585,18 @@ def main() -> None:
     except typer.Abort:  # the parser turns KeyboardInterrupt into Abort
         err.print("interrupted", markup=False)
         sys.exit(130)
+    except OSError as e:  # a path given that cannot be read or written (a folder, a full disk)
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        _fail(f"{where}: {e.strerror}" if where and e.strerror else str(e))
     except Exception as e:
         # Usage errors: click's ClickException, or typer's vendored copy in typer >= 0.29.
         if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
-            e.show()
-            sys.exit(e.exit_code)
+            if type(e).__name__ == "NoArgsIsHelpError" or not hasattr(e, "format_message"):
+                e.show()
+                sys.exit(e.exit_code)
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            _fail(f"{where}{e.format_message()} (see --help)", e.exit_code)
         raise
     if code == 130:
         err.print("interrupted", markup=False)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from pathlib import Path
@@ -29,12 +30,13 @@ def _number(name: str, default: float, kind: type = float) -> float:
     raw = _env(name)
     if raw is None:
         return default
+    noun = {int: "whole number", float: "number"}[kind]
     try:
         value = kind(raw)
     except ValueError as err:
-        raise CutlassTuneError(f"{name}={raw!r} is not a {kind.__name__}") from err
-    if value <= 0:
-        raise CutlassTuneError(f"{name}={raw!r} must be positive")
+        raise CutlassTuneError(f"{name}={raw!r} is not a {noun}") from err
+    if not math.isfinite(value) or value <= 0:
+        raise CutlassTuneError(f"{name}={raw!r} must be a finite positive {noun}")
     return value
 
 
@@ -68,3 +70,14 @@ def compile_timeout_s() -> float:
 
 def nvcc_memory_bytes() -> int:
     return int(_number("CUTLASS_TUNE_NVCC_MEMORY_GB", 3.2) * 1e9)
+
+
+def check() -> None:
+    """Read every numeric setting once, so a malformed one stops a command before it starts.
+
+    Raises:
+        CutlassTuneError: a setting that is not a finite positive number.
+    """
+    compile_jobs()
+    compile_timeout_s()
+    nvcc_memory_bytes()

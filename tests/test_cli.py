@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run(*args, **kw):
     return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO, **kw)
+                          capture_output=True, text=True, **{"cwd": REPO, **kw})
 
 
 def test_space_counts_the_broad_config():
@@ -62,7 +62,7 @@ def test_compile_reports_counts_with_a_fake_nvcc(tmp_path):
     assert first.returncode == 0, first.stderr
     assert "compiled 3, cached 0, failed 0" in first.stdout and "kernels/min" in first.stdout
     second = run("compile", "configs/quick.yaml", "--limit", "3", env=env)
-    assert "compiled 0, cached 3, failed 0" in second.stdout
+    assert second.returncode == 0 and "compiled 0, cached 3, failed 0" in second.stdout
 
 
 def test_failed_kernels_exit_1_with_their_log(tmp_path):
@@ -72,3 +72,82 @@ def test_failed_kernels_exit_1_with_their_log(tmp_path):
     assert r.returncode == 1
     assert "FAILED bf16_tn_128x256x64" in r.stdout and "planted failure" in r.stdout
     assert "log:" in r.stdout and "unit.cu" in r.stdout
+
+
+def one_line_error(r, code=2):
+    """The message of a command that failed with `code` and one line on stderr, nothing on stdout."""
+    lines = r.stderr.splitlines()
+    assert (r.returncode, r.stdout, len(lines)) == (code, "", 1), r.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["sweep", "configs/quick.yaml", "--trials", "0"], "sweep: Invalid value for '--trials'"),
+    (["compile", "configs/quick.yaml", "--jobs", "abc"], "Invalid value for '--jobs'"),
+    (["confirm", "--top", "0"], "Invalid value for '--top'"),
+    (["export", "--storage", "x.csv"], "Missing option '--output'"),
+    (["warp"], "No such command 'warp'"),
+])
+def test_usage_errors_are_one_line(args, expected):
+    # Guards against click's four-line usage block, which breaks the one-line rule.
+    assert expected in one_line_error(run(*args))
+
+
+def test_an_output_that_is_the_source_is_refused_and_the_store_kept(tmp_path):
+    # Guards against `best -o STORE` / `dashboard -o STORE` replacing the store with the report.
+    store = tmp_path / "s.sqlite"
+    store.write_bytes((REPO / "results" / "sweep-nvidia-h200.sqlite").read_bytes())
+    before = store.read_bytes()
+    for args in (["best", "--format", "csv"], ["dashboard"]):
+        line = one_line_error(run(*args, "--storage", store, "-o", store))
+        assert line == f"error: -o {store} is the file the results are read from: write elsewhere"
+    assert store.read_bytes() == before
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("folder", "is a folder"),
+    ("plain/x.csv", "plain is a file, not a folder"),
+    ("", "give a file name"),
+])
+@pytest.mark.parametrize("command", [["best", "--format", "csv"], ["dashboard"]])
+def test_unwritable_outputs_are_refused_before_any_work(tmp_path, output, expected, command):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "plain").write_text("x")
+    r = run(*command, "--storage", REPO / "results" / "sweep-nvidia-h200.sqlite", "-o",
+            tmp_path / output if output else "", cwd=tmp_path)
+    assert expected in one_line_error(r)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "plain"]
+
+
+def test_environment_settings_must_be_finite_positive_numbers():
+    for name, value in (("CUTLASS_TUNE_NVCC_MEMORY_GB", "nan"), ("CUTLASS_TUNE_COMPILE_TIMEOUT", "inf"),
+                        ("CUTLASS_TUNE_JOBS", "0"), ("CUTLASS_TUNE_JOBS", "two")):
+        r = run("compile", "configs/quick.yaml", env={**__import__("os").environ, name: value})
+        line = one_line_error(r)
+        assert line.startswith(f"error: {name}={value!r}") and ("finite positive" in line or "not a" in line)
+
+
+def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "plain").write_text("x")
+    env = {**__import__("os").environ, "CUTLASS_TUNE_NVCC": str(REPO / "tests/compile/fake_nvcc.py")}
+    r = run("compile", "configs/quick.yaml", "--limit", "1", "--cache-dir", tmp_path / "plain", env=env)
+    assert "Not a directory" in one_line_error(r)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks what a host without a GPU is told")
+def test_a_sweep_that_cannot_start_leaves_no_store_behind(tmp_path):
+    r = run("sweep", "configs/quick.yaml", "--storage", f"sqlite:///{tmp_path}/new/x.sqlite")
+    assert "no CUDA GPU is visible" in one_line_error(r)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_refuses_what_it_could_never_run_before_looking_for_a_gpu(tmp_path):
+    bad = tmp_path / "invalid.yaml"
+    bad.write_text("problems: {m: 4096, n: 4096, k: 4096}\nkernels: {tile_m: 64, kernel_schedule: cooperative}\n")
+    assert "no valid config to tune" in one_line_error(run("sweep", bad))
+    assert "--timeout inf: give a number of seconds" in one_line_error(run("sweep", "configs/quick.yaml",
+                                                                           "--timeout", "inf"))
+    (tmp_path / "plain").write_text("x")
+    line = one_line_error(run("sweep", "configs/quick.yaml", "--storage", f"sqlite:///{tmp_path}/plain/x.sqlite"))
+    assert "plain is a file, not a folder" in line

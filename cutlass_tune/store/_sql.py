@@ -147,6 +147,18 @@ def _create_despite_racers(create: Callable[[], T], what: str) -> T:
     raise AssertionError("unreachable")
 
 
+def _check_can_make(path: Path) -> None:
+    """Raise StoreError unless the file `path` could be made: its nearest existing ancestor must
+    be a folder this process may write in."""
+    ancestor = path.parent.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise StoreError(f"cannot make the store {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise StoreError(f"cannot make the store {path}: no permission to write in {ancestor}")
+
+
 def open_study_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's storage in the store at `url`, its tables created if need be, safely when
     several sweeps start on a new store at once (Optuna's own creation is not).
@@ -193,12 +205,18 @@ class ResultStore:
         except sa.exc.ArgumentError as err:
             raise StoreError(f"cannot parse storage URL {url!r}: expected e.g. "
                              "sqlite:///results/sweep.sqlite or postgresql+psycopg://user@host/db") from err
-        if parsed.get_backend_name() == "sqlite" and parsed.database:
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        # A new SQLite file (and its folder) is made by the first write, not here: a command
+        # that stops before writing (no GPU, bad input) leaves nothing behind.
+        self._new_file = (Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database
+                          and not parsed.database.startswith("file:") and not Path(parsed.database).exists()
+                          else None)
+        if self._new_file is not None:
+            _check_can_make(self._new_file)
         try:
             self.engine = sa.create_engine(parsed, pool_pre_ping=True)
-            with self.engine.connect() as conn:
-                conn.execute(sa.text("SELECT 1"))
+            if self._new_file is None:
+                with self.engine.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
         except (sa.exc.NoSuchModuleError, ModuleNotFoundError) as err:
             raise StoreError(f"storage URL {url!r}: no driver for {parsed.drivername!r}") from err
         except sa.exc.SQLAlchemyError as err:
@@ -208,6 +226,12 @@ class ResultStore:
 
     def _create(self) -> None:
         if not self._created:
+            if self._new_file is not None:
+                try:
+                    self._new_file.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as err:
+                    raise StoreError(f"cannot make the store {self._new_file}: {err.strerror} "
+                                     f"({err.filename})") from err
             _create_despite_racers(lambda: _metadata.create_all(self.engine), f"tables in {self.url}")
             self._created = True
 
@@ -216,6 +240,8 @@ class ResultStore:
         store (a report, a best table) leaves its file as it was."""
         if self._created:
             return True
+        if self._new_file is not None and not self._new_file.exists():
+            return False
         found = set(sa.inspect(self.engine).get_table_names())
         return {meta_table.name, measurements_table.name} <= found
 

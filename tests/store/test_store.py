@@ -128,6 +128,22 @@ def test_a_new_store_reads_as_empty_until_a_sweep_binds_it(store_url):
     assert store.rows() == [] and ResultStore(store_url).gpu() == "NVIDIA H200"
 
 
+def test_a_new_sqlite_store_is_made_by_its_first_write_only(tmp_path):
+    # Guards against a sweep that stops before measuring (no GPU) leaving an empty database.
+    path = tmp_path / "new" / "folder" / "x.sqlite"
+    store = ResultStore(f"sqlite:///{path}")
+    assert (store.gpu(), store.rows()) == (None, [])
+    assert not (tmp_path / "new").exists()
+    store.bind_gpu("NVIDIA H200")
+    assert path.is_file() and ResultStore(f"sqlite:///{path}").gpu() == "NVIDIA H200"
+
+
+def test_a_store_under_a_file_is_refused_at_once(tmp_path):
+    (tmp_path / "plain").write_text("not a folder")
+    with pytest.raises(StoreError, match="plain is a file, not a folder"):
+        ResultStore(f"sqlite:///{tmp_path / 'plain' / 'x.sqlite'}")
+
+
 def test_a_store_keeps_to_one_timing_method(store_url):
     store = ResultStore(store_url)
     assert store.timing() is None
