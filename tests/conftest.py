@@ -8,23 +8,36 @@ import sqlalchemy as sa
 POSTGRES_ENV = "CUTLASS_TUNE_TEST_POSTGRES_URL"
 
 
-def _gpu_visible() -> bool:
+def _hopper_visible() -> bool:
     try:
         import torch
     except ImportError:
         return False
-    return torch.cuda.is_available()
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
+
+
+REQUIRE_ENV = "CUTLASS_TUNE_TEST_REQUIRE"
+"""Space-separated needs (nvcc, postgresql) whose absence fails the run instead of skipping
+tests: CI sets it, so a lost compiler or database cannot pass as a green run of skips."""
+
+
+def _required(need: str) -> bool:
+    return need in os.environ.get(REQUIRE_ENV, "").split()
 
 
 def pytest_collection_modifyitems(config, items):
-    has_gpu = _gpu_visible()
-    has_nvcc = shutil.which("nvcc") is not None
+    from cutlass_tune import settings
+
+    has_gpu = _hopper_visible()
+    nvcc = settings.nvcc_path()
+    has_nvcc = nvcc is not None and shutil.which(nvcc) is not None
+    if _required("nvcc") and not has_nvcc:
+        raise pytest.UsageError(f"{REQUIRE_ENV} needs nvcc, and none was found (PATH, CUTLASS_TUNE_NVCC, CUDA_HOME)")
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is visible"))
+            item.add_marker(pytest.mark.skip(reason="needs a Hopper (SM90) GPU; none is visible"))
         if "nvcc" in item.keywords and not has_nvcc:
-            item.add_marker(pytest.mark.skip(reason="needs nvcc on PATH"))
-
+            item.add_marker(pytest.mark.skip(reason="needs nvcc (PATH, CUTLASS_TUNE_NVCC or CUDA_HOME)"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -36,6 +49,8 @@ def store_url(request, tmp_path):
         return
     admin_url = os.environ.get(POSTGRES_ENV)
     if not admin_url:
+        if _required("postgresql"):
+            pytest.fail(f"{REQUIRE_ENV} needs postgresql: set {POSTGRES_ENV}")
         pytest.skip(f"set {POSTGRES_ENV} to a PostgreSQL server (.ci/run starts one)")
     name = f"ct_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")

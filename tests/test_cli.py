@@ -151,3 +151,14 @@ def test_a_sweep_refuses_what_it_could_never_run_before_looking_for_a_gpu(tmp_pa
     (tmp_path / "plain").write_text("x")
     line = one_line_error(run("sweep", "configs/quick.yaml", "--storage", f"sqlite:///{tmp_path}/plain/x.sqlite"))
     assert "plain is a file, not a folder" in line
+
+
+def test_the_default_store_must_be_the_only_sweep_store(tmp_path):
+    assert one_line_error(run("best", cwd=tmp_path)) == \
+        "error: give --storage: found 0 sweep stores (none in results/)"
+    (tmp_path / "results").mkdir()
+    for gpu in ("nvidia-h100-80gb-hbm3", "nvidia-h200"):
+        (tmp_path / "results" / f"sweep-{gpu}.sqlite").write_bytes(b"")
+    line = one_line_error(run("dashboard", cwd=tmp_path))
+    assert line.startswith("error: give --storage: found 2 sweep stores (results/sweep-nvidia-h100")
+    assert not (tmp_path / "report.html").exists()

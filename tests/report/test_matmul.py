@@ -52,6 +52,7 @@ def _matches_torch(table, row):
 
 
 @pytest.mark.gpu
+@pytest.mark.nvcc
 def test_tuned_matmul_matches_torch_for_every_tuned_problem():
     table = BestTable.load(STORE)
     for row in table.frame.itertuples():
@@ -98,6 +99,7 @@ def test_untuned_dtype_falls_back_to_torch_once():
 
 
 @pytest.mark.gpu
+@pytest.mark.nvcc
 def test_an_f32_result_asked_of_a_bf16_table_comes_from_torch_in_f32():
     # Guards against matmul handing back a kernel's bf16 output when float32 was asked for.
     table = BestTable.load(STORE)
@@ -117,6 +119,7 @@ def test_an_f32_result_asked_of_a_bf16_table_comes_from_torch_in_f32():
 
 
 @pytest.mark.gpu
+@pytest.mark.nvcc
 def test_repeated_calls_stay_correct_on_new_and_reused_buffers():
     # Regression guard for the fast path: initialize is skipped only when nothing changed.
     table = BestTable.load(STORE)

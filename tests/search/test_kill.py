@@ -55,10 +55,13 @@ def test_killed_sweep_resumes_without_loss_or_repeats(tmp_path, sig, gpus):
                 seen = len(kernel_rows(url))
             except Exception:  # the child may be creating the tables
                 seen = 0
+    assert child.poll() is None, "the sweep ended before it could be interrupted"
     child.send_signal(sig)
-    child.wait(timeout=30)
+    code = child.wait(timeout=30)
+    assert code == (130 if sig == signal.SIGINT else -signal.SIGKILL)
     kept = kernel_rows(url)
     assert len(kept) >= seen >= 12  # nothing committed before the kill was lost
+    assert len(kept) < 6 * 2 * 4, "the interrupted sweep had finished: nothing left to resume"
 
     resumed = FakeBench()
     state = Sweep(load_space(space_path), ResultStore(url), url, FakeCompiler(), resumed,

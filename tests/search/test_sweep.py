@@ -91,14 +91,20 @@ def test_failed_kernels_are_failed_trials_with_reasons(space, tmp_path):
     compiler, bench = FakeCompiler(fail_tile_n=256), FakeBench(wrong_tile_m=64)
     sweep, store = make(space, tmp_path, bench, compiler, trials=12)
     state = sweep.run()
+    failed = good = 0
     for pp in state.problems:
         for t in pp.study.trials:
             cfg = t.user_attrs.get("config", "")
             if t.constraints.get("invalid") == 1.0:
                 continue
             if "x256x" in cfg or cfg.split("_")[2].startswith("64x"):
+                failed += 1
                 assert t.state is optuna.trial.TrialState.FAIL, cfg
                 assert t.value is None and t.user_attrs["reason"].split(":")[0] in ("compile_error", "wrong_result")
+            else:
+                good += 1
+                assert t.state is optuna.trial.TrialState.COMPLETE and t.value > 0, cfg
+    assert failed > 0 and good > 0
     statuses = {r["status"] for r in kernel_rows(store)}
     assert Status.OK.value in statuses
 
