@@ -1,9 +1,10 @@
-"""Every CUTLASS_TUNE_* environment variable, read in one place as a typed value.
+"""Every CUTLASS_TUNE_* environment variable the package reads, in one place as a typed value
+(the test suite's own, CUTLASS_TUNE_TEST_*, are described in tests/conftest.py).
 
 | variable | meaning | default |
 |---|---|---|
 | CUTLASS_TUNE_CACHE_DIR | where compiled kernels are cached | the user cache dir (platformdirs) |
-| CUTLASS_TUNE_NVCC | the nvcc to run | `nvcc` on PATH, else $CUDA_HOME (or /usr/local/cuda)/bin/nvcc |
+| CUTLASS_TUNE_NVCC | the nvcc to run | `nvcc` on PATH, else $CUDA_HOME (or $CUDA_PATH, or /usr/local/cuda)/bin/nvcc |
 | CUTLASS_TUNE_JOBS | parallel nvcc jobs | bounded by cores and memory |
 | CUTLASS_TUNE_COMPILE_TIMEOUT | seconds before one nvcc job is killed | 900 |
 | CUTLASS_TUNE_NVCC_MEMORY_GB | memory one nvcc job is assumed to peak at | 3.2 |

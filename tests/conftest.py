@@ -1,3 +1,12 @@
+"""Test-suite settings, read from the environment (the package's own are in cutlass_tune/settings.py):
+
+| variable | meaning |
+|---|---|
+| CUTLASS_TUNE_TEST_POSTGRES_URL | a PostgreSQL server for the store's contract tests (`.ci/postgres.sh` starts one) |
+| CUTLASS_TUNE_TEST_REQUIRE | needs (nvcc, postgresql) whose absence fails the run instead of skipping |
+| CUTLASS_TUNE_TEST_STARTED | set by tests/bench/test_worker.py for the worker it starts; not for users |
+"""
+
 import os
 import shutil
 import uuid
