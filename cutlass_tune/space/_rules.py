@@ -38,6 +38,10 @@ MAX_CLUSTER_CTAS = 8
 MAX_FIXED_STAGES = 16
 SWIZZLE_VALUES = (1, 2, 4, 8)
 MAX_SPLITS = 32
+MAX_PROBLEM_DIM = 2**31 - 1
+"""Largest M, N or K: the kernels' problem shape is `Shape<int, int, int, int>`, filled with
+`static_cast<int>` of the ABI's int64 sizes (templates/gemm_sm90_kernel.cu.j2), so a larger size
+would wrap. Strides are int64, so no element count overflows below this bound."""
 SUPPORTED_INPUTS = (DType.BF16, DType.F16, DType.E4M3, DType.E5M2)
 SUPPORTED_OUTPUTS = (DType.BF16, DType.F16, DType.F32)
 FP8_PROMOTION_INTERVAL = 4
@@ -110,6 +114,13 @@ def swizzle_problem(v: int) -> str | None:
 def splits_problem(v: int) -> str | None:
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_SPLITS:
         return f"splits must be a number from 1 to {MAX_SPLITS}"
+    return None
+
+
+def problem_dim_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_PROBLEM_DIM:
+        return (f"a problem size must be a whole number from 1 to {MAX_PROBLEM_DIM} (M, N and K "
+                f"are 32-bit ints in CUTLASS's problem shape)")
     return None
 
 
@@ -336,8 +347,10 @@ def check_problem(problem: Problem) -> list[Rejection]:
     out: list[Rejection] = []
     for dim in ("m", "n", "k"):
         v = getattr(problem, dim)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            out.append(Rejection("shape", f"{dim.upper()} must be a positive integer, not {v!r}"))
+        if problem_dim_problem(v):
+            out.append(Rejection("shape", f"{dim.upper()} must be a whole number from 1 to "
+                                 f"{MAX_PROBLEM_DIM} (a 32-bit int in CUTLASS's problem shape), "
+                                 f"not {v!r}"))
     if out:
         return out
     fp8 = _fp8_inputs(problem.dtype_a, problem.dtype_b)
