@@ -181,13 +181,6 @@ def bench(
     if failed:
         raise typer.Exit(1)
 
-def _source_file(source: str) -> Optional[Path]:
-    """The local file a `--storage` value reads (a SQLite store or a table file), if any."""
-    if source.startswith("sqlite:///"):
-        return Path(source.removeprefix("sqlite:///"))
-    return None if "://" in source else Path(source)
-
-
 def _check_output(path: Path, source: Optional[str] = None) -> Path:
     """`path` if a file (or a new folder) can be written there, without overwriting `source`.
 
@@ -206,8 +199,9 @@ def _check_output(path: Path, source: Optional[str] = None) -> Path:
         raise CutlassTuneError(f"-o {path}: {ancestor} is a file, not a folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise CutlassTuneError(f"-o {path}: no permission to write in {ancestor}")
-    read = _source_file(source) if source else None
-    if read is not None and read.exists() and path.exists() and os.path.samefile(read, path):
+    from .report import same_file
+
+    if source is not None and same_file(source, path):
         raise CutlassTuneError(f"-o {path} is the file the results are read from: write elsewhere")
     return path
 
@@ -273,7 +267,7 @@ def best(
                 else frame.to_json(orient="records", indent=1, double_precision=15))
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    write_table(frame[list(COLUMNS)], output, fmt)
+    write_table(frame[list(COLUMNS)], output, fmt, source=source)
     out.print(f"{len(frame)} rows written to {output}")
 
 

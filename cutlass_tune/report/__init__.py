@@ -1,12 +1,13 @@
 """Report stage: best-config tables, the tuned matmul, dashboards."""
 
-from ._best import COLUMNS, BestTable, BestTableError, Match, load_best, write_table
+from ._best import COLUMNS, BestTable, BestTableError, Match, load_best
 from ._bundle import BundledKernel, BundleError, BundleSummary, is_bundle, read_bundle, write_bundle
 from ._matmul import Gemm, MatmulInputError, matmul, problem_of
+from ._table_file import same_file, write_table
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundleSummary", "BundledKernel", "COLUMNS",
            "DashboardError", "Gemm", "Match", "MatmulInputError", "build_dashboard", "is_bundle", "load_best",
-           "matmul", "problem_of", "read_bundle", "write_bundle", "write_dashboard", "write_table"]
+           "matmul", "problem_of", "read_bundle", "same_file", "write_bundle", "write_dashboard", "write_table"]
 
 
 _DASHBOARD = ("DashboardError", "build_dashboard", "write_dashboard")

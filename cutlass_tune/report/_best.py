@@ -63,17 +63,46 @@ class BestTableError(CutlassTuneError):
     """A best-config table cannot be built or read, or has no entry for a lookup."""
 
 
+def _one_line(err: BaseException) -> str:
+    """The first line of an exception's message (its class name where it has none)."""
+    lines = str(err).strip().splitlines()
+    return lines[0].strip() if lines else type(err).__name__
+
+
+def _measurements(store, url: str, rows: list[dict]) -> list:
+    """The Measurement of each of `rows` (store rows with their `id`), rebuilt from its
+    `record`; a record that cannot be rebuilt is a BestTableError naming its row."""
+    from ..bench import Measurement
+
+    records = {r["id"]: r["record"] for r in store.rows(["id", "record"])}
+    out = []
+    for r in rows:
+        try:
+            out.append(Measurement.from_dict(json.loads(records[r["id"]])))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise BestTableError(f"store {url}: measurement {r['id']} ({r['kernel']} on {r['problem']}) "
+                                 f"cannot be read: {type(err).__name__}: {_one_line(err)}") from err
+    return out
+
+
+_STORE_NUMBERS = ("tflops", "median_ms", "p20_ms", "p80_ms", "cublas_tflops", "ratio")
+
+
 def _from_store(url: str) -> pd.DataFrame:
     from ..store import ResultStore
 
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+    local = _local_file(url)
+    if local is not None and not local.exists():  # (looking into it would make an empty file)
         raise BestTableError(f"no store at {url}")
     store = ResultStore(url)
-    measurements = store.measurements()
+    # StoreError, not BestTableError: the dashboard shows a store whose best table cannot be
+    # built (BestTableError) with an empty one, but must not read a store of another schema.
+    store.check_schema()
+    rows = store.rows()
+    measurements = _measurements(store, url, rows)
     kernels = [m for m in measurements if not m.is_baseline and m.config is not None]
     if not kernels:
         raise BestTableError(f"store {url} has no measurements: run `cutlass-tune sweep` first")
-    rows = store.rows()
     if not any(r["status"] == Status.OK.value and r["kernel"] != "cuBLAS" for r in rows):
         reasons = pd.Series([f"{r['status']}: {r['reason']}" for r in rows if r["kernel"] != "cuBLAS"])
         raise BestTableError(f"store {url} has no successful measurement: {len(reasons)} failed "
@@ -100,6 +129,9 @@ def _from_store(url: str) -> pd.DataFrame:
     if not out:
         raise BestTableError(f"store {url} has no kernel that verified every time it ran")
     frame = pd.DataFrame(out)
+    # NULLs (a kernel of an unpaired store without a cuBLAS figure has no ratio) become NaN:
+    # every figure is a float, which ranks (NaN ratios last) and formats ("nan") like one.
+    frame = frame.assign(**{c: pd.to_numeric(frame[c]).astype(float) for c in _STORE_NUMBERS})
     frame["spread"] = (frame["p80_ms"] - frame["p20_ms"]) / frame["median_ms"]
     variant = ["gpu", "problem", "config_hash", "runtime"]
     sweep = frame[~frame["_confirm"]]
@@ -140,11 +172,15 @@ def load_best(source: str | Path) -> pd.DataFrame:
             directory written by `cutlass-tune export`.
 
     Raises:
-        BestTableError: no such file, an empty store, or a store with no successful measurement.
+        BestTableError: no such file; a file that cannot be read as a table, lacks a column, has
+            no rows or a value that is not of its column's kind (the message names the row and
+            column); an empty store, a store with no successful measurement, or a stored
+            measurement that cannot be read.
         BundleError: a bundle whose files do not match its manifest.
-        StoreError: the store cannot be reached.
+        StoreError: the store cannot be reached, or is of another schema version.
     """
     from ._bundle import is_bundle, read_bundle
+    from ._table_file import read_table
 
     url = store_url_of(source)
     if url is not None:
@@ -154,24 +190,25 @@ def load_best(source: str | Path) -> pd.DataFrame:
         raise BestTableError(f"no best-config table at {path}")
     if is_bundle(path):
         return read_bundle(path)[0]
-    readers = {".csv": pd.read_csv, ".json": lambda p: pd.read_json(p, orient="records"),
-               ".parquet": pd.read_parquet}
-    if path.suffix not in readers:
-        raise BestTableError(f"{path}: expected a store URL, a .sqlite, .csv, .json or .parquet file, "
-                             "or a bundle directory")
-    frame = readers[path.suffix](path)
-    if "ratio" in frame.columns:  # a table written before confirmation existed
-        defaults = {"sweep_ratio": frame["ratio"], "confirm_passes": 0, "ratio_low": frame["ratio"],
-                    "ratio_high": frame["ratio"]}
-        frame = frame.assign(**{c: v for c, v in defaults.items() if c not in frame.columns})
-    if "config" in frame.columns and any(c not in frame.columns for c in _LATER_KNOBS):
-        knobs = pd.DataFrame([_knob_values(KernelConfig.from_dict(json.loads(c))) for c in frame["config"]],
-                             index=frame.index)
-        frame = frame.assign(**{c: knobs[c] for c in _LATER_KNOBS if c not in frame.columns})
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise BestTableError(f"{path} is not a best-config table: missing {', '.join(missing)}")
-    return frame
+    return read_table(path)
+
+
+def _local_file(source: str | Path) -> Path | None:
+    """The file `source` names on this host: a path as it is, a SQLite store URL's database;
+    None for a store on a server (or an in-memory one)."""
+    url = store_url_of(source)
+    if url is None:
+        return Path(source)
+    import sqlalchemy as sa
+
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,20 +286,3 @@ class BestTable:
                                                   (math.log2(r["m"]), math.log2(r["n"]), math.log2(r["k"]))), axis=1)
         best = distance.idxmin()
         return Match(row=same.loc[best], exact=bool(distance[best] == 0.0), distance=float(distance[best]))
-
-
-def write_table(frame: pd.DataFrame, path: Path, fmt: str) -> None:
-    """Write `frame` as csv, json or parquet, atomically (temporary file, then rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    if fmt == "csv":
-        frame.to_csv(tmp, index=False)
-    elif fmt == "json":
-        frame.to_json(tmp, orient="records", indent=1, double_precision=15)
-    elif fmt == "parquet":
-        try:
-            frame.to_parquet(tmp, index=False)
-        except ImportError as err:
-            raise BestTableError("parquet output needs pyarrow (pip install pyarrow)") from err
-    else:
-        raise BestTableError(f"unknown format {fmt!r}")
-    tmp.replace(path)

@@ -85,7 +85,7 @@ def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: P
         BundleError: `out` exists, or a kernel of the table is missing from `compiled` or did
             not compile.
     """
-    from ._best import write_table
+    from ._table_file import write_table
 
     out = Path(out)
     if out.exists():

@@ -283,6 +283,20 @@ class ResultStore:
         if schema != str(SCHEMA_VERSION):
             raise StoreError(f"the store {self.url} has schema {schema}, this version reads {SCHEMA_VERSION}")
 
+    def check_schema(self) -> None:
+        """Refuse a store of another schema version; one that records none (new, or begun before
+        the version was recorded) passes. Writes nothing.
+
+        Raises:
+            StoreError: the store records another schema version.
+        """
+        if not self._readable():
+            return
+        with self.engine.connect() as conn:
+            found = conn.execute(_meta_value("schema")).scalar()
+        if found is not None and found != str(SCHEMA_VERSION):
+            raise StoreError(f"the store {self.url} has schema {found}, this version reads {SCHEMA_VERSION}")
+
     def timing(self) -> str | None:
         """The timing scheme the store holds (see `bind_timing`), or None for a new store.
 

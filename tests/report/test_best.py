@@ -63,7 +63,7 @@ def test_lookup_matches_the_output_type_when_asked():
         table.lookup(row.m, row.n, row.k, "bf16", "tn", "f16")
 
 
-@pytest.mark.parametrize("fmt", ["csv", "json"])
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
 def test_exported_tables_load_back(tmp_path, fmt):
     path = tmp_path / f"best.{fmt}"
     r = run("best", "--storage", f"sqlite:///{STORE}", "--format", fmt, "-o", path)

@@ -1,0 +1,331 @@
+"""Best-config tables as files: reading and checking them (`read_table`, for `load_best`),
+and writing them atomically (`write_table`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from ..space import Decomposition, DType, KernelConfig, RasterOrder
+from ._best import _LATER_KNOBS, COLUMNS, KNOB_COLUMNS, BestTableError, _knob_values, _local_file, _one_line
+
+_TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
+_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "raster", "decomposition",
+                 "kernel_schedule", "epilogue_schedule", "tile_scheduler", "config")
+"""Columns a CSV file's reader keeps as text (a config hash or run id of digits stays a string)."""
+
+
+def _read_json(path: Path) -> pd.DataFrame:
+    """A table as `write_table` writes it in JSON: a list of row objects. The values are taken
+    as JSON has them (pandas' reader would turn a run id or config hash of digits into a
+    number, and rounds some floats)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, list):
+        raise ValueError(f"expected a list of rows, found {_json_kind(data)}")
+    for number, row in enumerate(data, 1):
+        if not isinstance(row, dict):
+            raise ValueError(f"row {number} is {_json_kind(row)}, not an object")
+    return pd.DataFrame.from_records(data) if data else pd.DataFrame()
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+    return kinds.get(type(value), "a number")
+
+
+_READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
+    ".csv": lambda p: pd.read_csv(p, dtype={c: str for c in _TEXT_COLUMNS}),
+    ".json": _read_json,
+    ".parquet": lambda p: pd.read_parquet(p),
+}
+
+
+def _reader_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (ValueError, TypeError, KeyError, IndexError, OSError,
+                                               NotImplementedError, OverflowError)
+    try:
+        import pyarrow
+
+        errors += (pyarrow.ArrowException,)
+    except ImportError:
+        pass
+    return errors
+
+
+def _read_file(path: Path) -> pd.DataFrame:
+    """The table in `path` as it is, or a one-line BestTableError naming the file and why not
+    (its values are checked by `_check_rows`)."""
+    kind = path.suffix[1:]
+    try:
+        frame = _READERS[path.suffix](path)
+    except ImportError as err:
+        raise BestTableError(f"cannot read {path}: reading {kind} needs pyarrow (pip install 'cutlass-tune[parquet]')") from err
+    except _reader_errors() as err:
+        raise BestTableError(f"cannot read {path} as a {kind} table: {type(err).__name__}: {_one_line(err)}") from err
+    if not isinstance(frame, pd.DataFrame):
+        raise BestTableError(f"cannot read {path} as a {kind} table: it holds no list of rows")
+    return frame
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _as_number(v: Any) -> Any:
+    """`v`, or the number a text `v` spells (a CSV column with one bad cell is read as text)."""
+    if isinstance(v, str):
+        for kind in (int, float):
+            try:
+                return kind(v.strip())
+            except ValueError:
+                pass
+    return v
+
+
+def _is_missing(v: Any) -> bool:
+    return v is None or (isinstance(v, (float, np.floating)) and math.isnan(v))
+
+
+def _whole(v: Any, least: int) -> bool:
+    v = _as_number(v)
+    return _is_number(v) and math.isfinite(v) and v == int(v) and v >= least
+
+
+def _positive(v: Any) -> bool:
+    v = _as_number(v)
+    return _is_number(v) and math.isfinite(v) and v > 0
+
+
+def _number_or_empty(v: Any) -> bool:
+    v = _as_number(v)
+    return _is_missing(v) or (_is_number(v) and math.isfinite(v))
+
+
+_INTEGERS = ("m", "n", "k", "swizzle", "splits", "samples", "confirm_passes")
+_POSITIVE = ("tflops", "median_ms")
+_NUMBERS = ("p20_ms", "p80_ms", "spread", "cublas_tflops", "ratio", "sweep_ratio", "ratio_low", "ratio_high")
+_DTYPES = tuple(sorted(d.value for d in DType))
+_RASTERS = tuple(r.name.lower() for r in RasterOrder)
+_DECOMPOSITIONS = tuple(d.name.lower() for d in Decomposition)
+_LAYOUTS = ("tn", "nt", "nn", "tt")
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{c: (lambda v: isinstance(v, str) and v.strip() != "", "text") for c in _TEXT},
+    **{c: (lambda v: _whole(v, 1), "a positive integer") for c in ("m", "n", "k", "swizzle", "splits")},
+    **{c: (lambda v: _whole(v, 0), "a whole number") for c in ("samples", "confirm_passes")},
+    **{c: (lambda v: isinstance(v, str) and v in _DTYPES, f"one of {', '.join(_DTYPES)}")
+       for c in ("dtype_a", "dtype_b", "dtype_d")},
+    "layout": (lambda v: isinstance(v, str) and v in _LAYOUTS, f"one of {', '.join(_LAYOUTS)}"),
+    "raster": (lambda v: isinstance(v, str) and v in _RASTERS, f"one of {', '.join(_RASTERS)}"),
+    "decomposition": (lambda v: isinstance(v, str) and v in _DECOMPOSITIONS, f"one of {', '.join(_DECOMPOSITIONS)}"),
+    **{c: (_positive, "a positive number") for c in _POSITIVE},
+    # figures a store may lack (a kernel without a cuBLAS figure has no ratio): empty or a number
+    **{c: (_number_or_empty, "a number") for c in _NUMBERS},
+}
+
+
+def _holds(check: Callable[[Any], bool], v: Any) -> bool:
+    try:
+        return bool(check(v))
+    except (TypeError, ValueError):  # a list or array where a scalar belongs (a parquet file may hold one)
+        return False
+
+
+def _shown(v: Any) -> str:
+    if _is_missing(v):
+        return "(empty)"
+    text = repr(v.item() if isinstance(v, np.generic) else v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _where(path: Path, number: int, problem: Any) -> str:
+    named = f" ({problem})" if isinstance(problem, str) and problem.strip() and len(problem) <= 80 else ""
+    return f"{path}: row {number}{named}"
+
+
+def _parse_config(text: Any) -> KernelConfig:
+    """The KernelConfig in a table's `config` cell. Only that it parses, with each field of its
+    type, is checked: configs the current validity rules reject still load (older tables)."""
+    if not isinstance(text, str):
+        raise ValueError(f"config {_shown(text)} is not JSON text")
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"config is not JSON ({_one_line(err)})") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"config {_shown(text)} is not a JSON object")
+    try:
+        cfg = KernelConfig.from_dict(data)
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise ValueError(f"config is not a kernel config ({_one_line(err)})") from err
+    for f in dataclasses.fields(KernelConfig):
+        value = getattr(cfg, f.name)
+        if type(value) is not type(f.default):
+            raise ValueError(f"config is not a kernel config ({f.name} {_shown(value)} is not "
+                             f"{'true or false' if isinstance(f.default, bool) else type(f.default).__name__})")
+    return cfg
+
+
+def _check_rows(frame: pd.DataFrame, path: Path) -> list[KernelConfig]:
+    """Check every value of a table read from a file; return each row's config.
+
+    Raises:
+        BestTableError: one line naming the file, the row (1-based, with its problem) and the
+            column of the first bad value.
+    """
+    columns = [c for c in _CHECKS if c in frame.columns]
+    configs = []
+    for number, row in enumerate(frame.to_dict("records"), 1):
+        where = _where(path, number, row.get("problem"))
+        for column in columns:
+            check, kind = _CHECKS[column]
+            if not _holds(check, row[column]):
+                raise BestTableError(f"{where}: {column} {_shown(row[column])} is not {kind}")
+        try:
+            configs.append(_parse_config(row["config"]))
+        except ValueError as err:
+            raise BestTableError(f"{where}: {err}") from err
+    return configs
+
+
+def _same_knob(got: Any, want: Any) -> bool:
+    if isinstance(want, bool):
+        got = {"True": True, "False": False}.get(got, got) if isinstance(got, str) else got
+        return isinstance(got, (bool, np.bool_)) and got == want
+    if isinstance(want, int):
+        got = _as_number(got)
+        return _is_number(got) and got == want
+    return isinstance(got, str) and got == want
+
+
+def _check_knobs(frame: pd.DataFrame, wanted: list[dict], path: Path) -> None:
+    """The knob columns a table has hold its rows' configs' knobs: the kernel is built from
+    `config`, and a column that says otherwise would mislead whoever reads the table."""
+    have = [c for c in KNOB_COLUMNS if c in frame.columns]
+    for number, (row, want) in enumerate(zip(frame[have + ["problem"]].to_dict("records"), wanted), 1):
+        for column in have:
+            if not _holds(lambda v: _same_knob(v, want[column]), row[column]):
+                raise BestTableError(f"{_where(path, number, row['problem'])}: {column} {_shown(row[column])} "
+                                     f"is not its config's {_shown(want[column])}")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """The best-config table in the file `path` (.csv, .json or .parquet), every value checked
+    and of its column's kind; see `load_best`.
+
+    Raises:
+        BestTableError: an unknown suffix, a file that cannot be read as a table, a missing
+            column, no rows, or a value that is not of its column's kind (naming row and column).
+    """
+    if path.suffix not in _READERS:
+        raise BestTableError(f"{path}: expected a store URL, a .sqlite, .csv, .json or .parquet file, "
+                             "or a bundle directory")
+    frame = _read_file(path)
+    if "ratio" in frame.columns:  # a table written before confirmation existed
+        defaults = {"sweep_ratio": frame["ratio"], "confirm_passes": 0, "ratio_low": frame["ratio"],
+                    "ratio_high": frame["ratio"]}
+        frame = frame.assign(**{c: v for c, v in defaults.items() if c not in frame.columns})
+    if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
+        raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
+    fillable = _LATER_KNOBS if "config" in frame.columns else ()
+    missing = [c for c in COLUMNS if c not in frame.columns and c not in fillable]
+    if missing:
+        listed = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise BestTableError(f"{path} is not a best-config table: missing {listed}")
+    if frame.empty:
+        raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
+    configs = _check_rows(frame, path)
+    wanted = [_knob_values(c) for c in configs]
+    _check_knobs(frame, wanted, path)
+    knobs = pd.DataFrame(wanted, index=frame.index)
+    # Each column of its kind: knobs from the configs (which they equal; tables written before
+    # fp8_fast_accum, epilogue_tile_n and epilogue_source had columns get them here), figures as
+    # numbers (a missing one NaN, never None or text).
+    return frame.assign(**{c: knobs[c] for c in KNOB_COLUMNS},
+                        **{c: pd.to_numeric(frame[c].map(_as_number)).astype("int64") for c in _INTEGERS},
+                        **{c: pd.to_numeric(frame[c].map(_as_number)).astype(float) for c in (*_POSITIVE, *_NUMBERS)})
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether `a` and `b` (paths, `.sqlite` files or SQLite store URLs, as `load_best` takes
+    them) name one existing file, through links too; a bundle directory stands for its table
+    file as well. False where either does not exist or is a store on a server.
+
+    `cutlass-tune best --storage SOURCE -o OUTPUT` refuses to write where this holds: the
+    output would replace the table, or the store, it was read from."""
+    from ._bundle import TABLE, is_bundle
+
+    def files(x: str | Path) -> list[Path]:
+        path = _local_file(x)
+        if path is None:
+            return []
+        return [path, path / TABLE] if is_bundle(path) else [path]
+
+    for x in files(a):
+        for y in files(b):
+            try:
+                if os.path.samefile(x, y):
+                    return True
+            except (OSError, ValueError):  # one of them does not exist (or is not a valid path)
+                continue
+    return False
+
+
+def _cannot_write(path: Path | str, err: OSError) -> BestTableError:
+    return BestTableError(f"cannot write {path}: {err.strerror or _one_line(err)}")
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, source: str | Path | None = None) -> None:
+    """Write `frame` as csv, json or parquet, atomically: to a temporary file beside `path`,
+    then renamed over it; on any failure `path` is as it was and the temporary file is gone.
+
+    Args:
+        source: where `frame` was read from (as given to `load_best`); writing over it is refused.
+
+    Raises:
+        BestTableError: an unknown format, parquet without pyarrow, `path` is `source`, or
+            `path` cannot be written (a directory, no such folder, no permission, a full disk):
+            one line, "cannot write PATH: <reason>".
+    """
+    if fmt not in ("csv", "json", "parquet"):
+        raise BestTableError(f"unknown format {fmt!r}")
+    if not str(path):
+        raise BestTableError("cannot write '': no file name given")
+    path = Path(path)
+    if source is not None and same_file(source, path):
+        raise BestTableError(f"cannot write {path}: it is the table's source ({source}); write to another file")
+    if path.is_dir() or not path.name:
+        raise _cannot_write(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    text = {} if fmt == "parquet" else {"encoding": "utf-8", "newline": ""}  # as pandas opens a path
+    try:
+        try:
+            with open(tmp, "wb" if fmt == "parquet" else "w", **text) as f:
+                if fmt == "csv":
+                    frame.to_csv(f, index=False)
+                elif fmt == "json":
+                    frame.to_json(f, orient="records", indent=1, double_precision=15)
+                else:
+                    frame.to_parquet(f, index=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except ImportError as err:
+            raise BestTableError("parquet output needs pyarrow (pip install 'cutlass-tune[parquet]')") from err
+        except OSError as err:
+            raise _cannot_write(path, err) from err
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:  # never created (no such folder, no permission), or already renamed
+            pass
+        raise
