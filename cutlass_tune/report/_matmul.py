@@ -26,8 +26,8 @@ from ..status import Status
 from ._best import BestTable, BestTableError
 from ._bundle import BundledKernel
 
-_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3,
-           torch.float8_e5m2: DType.E5M2}
+_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
+# Not e5m2: with both inputs e5m2, torch._scaled_mm (the fallback where no kernel applies) has no GEMM.
 _TORCH = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
 _FP8_OUT = DType.BF16
 
@@ -56,8 +56,8 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
         if t.dim() != 2:
             raise MatmulInputError(f"{name} must be 2-D, not {t.dim()}-D")
         if t.dtype not in _DTYPES:
-            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned kernels take bfloat16, float16, "
-                                   "float8_e4m3fn or float8_e5m2")
+            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned kernels take bfloat16, float16 "
+                                   "or float8_e4m3fn")
         if t.data_ptr() % 16:
             raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (TMA needs it)")
     if a.dtype != b.dtype:
