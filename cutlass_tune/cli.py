@@ -206,6 +206,11 @@ def _check_output(path: Path, source: Optional[str] = None) -> Path:
     return path
 
 
+def _figure(value: float, spec: str) -> str:
+    """`value` formatted by `spec`, or "-" where it is missing (NaN)."""
+    return "-" if value != value else format(value, spec)
+
+
 @contextlib.contextmanager
 def _progress(label: str, total: int) -> Iterator[Callable[..., None]]:
     """A progress bar on a terminal's stderr (gone when done); nothing on a pipe or log.
@@ -239,6 +244,7 @@ def best(
     """The best verified kernel per problem and GPU: TFLOP/s, ratio to cuBLAS of the same run,
     spread, and the full config."""
     from .report import COLUMNS, load_best, write_table
+    from .report._table_file import write_atomically
 
     if fmt not in ("table", "csv", "json", "parquet"):
         raise CutlassTuneError(f"--format {fmt!r}: use table, csv, json or parquet")
@@ -252,11 +258,10 @@ def best(
         for r in frame.itertuples():
             confirmed = (f"{r.confirm_passes} passes, {r.ratio_low:.3f}-{r.ratio_high:.3f} "
                          f"(sweep {r.sweep_ratio:.3f})" if r.confirm_passes else "-")
-            table.add_row(r.gpu, r.problem, f"{r.tflops:.1f}", f"{r.cublas_tflops:.1f}", f"{r.ratio:.3f}",
-                          f"{r.spread:.1%}", confirmed, r.kernel, r.runtime)
+            table.add_row(r.gpu, r.problem, _figure(r.tflops, ".1f"), _figure(r.cublas_tflops, ".1f"),
+                          _figure(r.ratio, ".3f"), _figure(r.spread, ".1%"), confirmed, r.kernel, r.runtime)
         if output:
-            with open(output, "w") as f:
-                Console(file=f, width=250).print(table)
+            write_atomically(output, lambda f: Console(file=f, width=250).print(table))
         else:
             out.print(table)
         return

@@ -162,3 +162,12 @@ def test_the_default_store_must_be_the_only_sweep_store(tmp_path):
     line = one_line_error(run("dashboard", cwd=tmp_path))
     assert line.startswith("error: give --storage: found 2 sweep stores (results/sweep-nvidia-h100")
     assert not (tmp_path / "report.html").exists()
+
+
+def test_best_writes_its_table_to_a_file_whole(tmp_path):
+    out = tmp_path / "best.txt"
+    r = run("best", "--storage", REPO / "results" / "sweep-nvidia-h200.sqlite", "-o", out)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    text = out.read_text()
+    assert "4096x4096x4096_bf16bf16bf16_tn" in text and "ratio" in text.splitlines()[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["best.txt"]  # no temporary file left

@@ -10,7 +10,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -305,17 +305,27 @@ def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, source: str 
         raise BestTableError(f"cannot write {path}: it is the table's source ({source}); write to another file")
     if path.is_dir() or not path.name:
         raise _cannot_write(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+    if fmt == "csv":
+        write_atomically(path, lambda f: frame.to_csv(f, index=False))
+    elif fmt == "json":
+        write_atomically(path, lambda f: frame.to_json(f, orient="records", indent=1, double_precision=15))
+    else:
+        write_atomically(path, lambda f: frame.to_parquet(f, index=False), binary=True)
+
+
+def write_atomically(path: Path, write: Callable[[IO], None], *, binary: bool = False) -> None:
+    """Call `write` on a temporary file beside `path`, flush it to disk and rename it over
+    `path`: on any failure `path` is as it was and the temporary file is gone.
+
+    Raises:
+        BestTableError: `path` cannot be written (one line), or parquet without pyarrow.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    text = {} if fmt == "parquet" else {"encoding": "utf-8", "newline": ""}  # as pandas opens a path
+    text = {} if binary else {"encoding": "utf-8", "newline": ""}  # as pandas opens a path
     try:
         try:
-            with open(tmp, "wb" if fmt == "parquet" else "w", **text) as f:
-                if fmt == "csv":
-                    frame.to_csv(f, index=False)
-                elif fmt == "json":
-                    frame.to_json(f, orient="records", indent=1, double_precision=15)
-                else:
-                    frame.to_parquet(f, index=False)
+            with open(tmp, "wb" if binary else "w", **text) as f:
+                write(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
