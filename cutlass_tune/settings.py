@@ -70,7 +70,11 @@ def compile_timeout_s() -> float:
 
 
 def nvcc_memory_bytes() -> int:
-    return int(_number("CUTLASS_TUNE_NVCC_MEMORY_GB", 3.2) * 1e9)
+    gb = _number("CUTLASS_TUNE_NVCC_MEMORY_GB", 3.2)
+    if not 0.01 <= gb <= 1e6:
+        raise CutlassTuneError(f"CUTLASS_TUNE_NVCC_MEMORY_GB={_env('CUTLASS_TUNE_NVCC_MEMORY_GB')!r} must be "
+                               "between 0.01 and 1000000 (GB)")
+    return int(gb * 1e9)
 
 
 def check() -> None:

@@ -68,17 +68,18 @@ class KernelCache:
         """The cached outcome for `key`, or None when it was never built (or its files are gone)."""
         try:
             entry = json.loads(self._entry_path(key).read_text())
-        except (OSError, ValueError):
+            unit = self.unit_dir(entry["unit"])
+            status = Status(entry["status"])
+            symbol, seconds, reason = str(entry["symbol"]), float(entry["seconds"]), str(entry.get("reason", ""))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # gone, or not an entry
             return None
-        unit = self.unit_dir(entry["unit"])
         library = unit / "kernels.so"
-        status = Status(entry["status"])
         if status is Status.OK and not library.exists():
             return None
         return CompiledKernel(
             config=config, key=key, status=status,
-            library=library if status is Status.OK else None, symbol=entry["symbol"],
-            seconds=entry["seconds"], cached=True, reason=entry.get("reason", ""),
+            library=library if status is Status.OK else None, symbol=symbol,
+            seconds=seconds, cached=True, reason=reason,
             log_path=unit / "build.log", source_path=unit / "unit.cu",
         )
 
@@ -88,14 +89,21 @@ class KernelCache:
     def publish(self, build_dir: Path, unit_key: str, results: list[CompiledKernel]) -> list[CompiledKernel]:
         """Move a finished build into place and record its kernels. Returns the results with
         paths pointing into the cache. If another process published the same unit first, its
-        copy is kept and ours deleted."""
+        copy is kept and ours deleted, unless its library is gone."""
         target = self.unit_dir(unit_key)
         try:
             os.rename(build_dir, target)
         except OSError:
             if not target.exists():
                 raise
-            shutil.rmtree(build_dir, ignore_errors=True)
+            if (build_dir / "kernels.so").exists() and not (target / "kernels.so").exists():
+                # The unit in place lost its library: ours replaces it.
+                stale = Path(tempfile.mkdtemp(prefix="stale-", dir=self.root / "tmp"))
+                os.rename(target, stale / "unit")
+                os.rename(build_dir, target)
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                shutil.rmtree(build_dir, ignore_errors=True)
         published = []
         for r in results:
             entry = {

@@ -72,7 +72,7 @@ def cutlass_version(root: Path) -> str:
 
 def nvcc_version(nvcc: str) -> str:
     try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, errors="replace", timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as err:
         raise ToolchainError(f"cannot run {nvcc}: {err}") from err
     found = re.search(r"V(\d+\.\d+\.\d+)", out)
