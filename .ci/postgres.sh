@@ -13,11 +13,11 @@ run() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/sh -c "$*"; else sh -c "
 [ "$(id -u)" = 0 ] && chown postgres "$data"
 run "$bin/initdb -D $data -A trust -U postgres" >/dev/null
 run "$bin/pg_ctl -D $data -o '-p $port -k /tmp -c listen_addresses=localhost' -l $data/log -w start" >/dev/null
-if [ $# -gt 0 ]; then
+if [ $# -gt 0 ]; then  # stop the server, then remove its data directory
   if [ "$(id -u)" = 0 ]; then
-    echo "su postgres -s /bin/sh -c '$bin/pg_ctl -D $data -m fast stop'" > "$1"
+    echo "su postgres -s /bin/sh -c '$bin/pg_ctl -D $data -m fast stop'; rm -rf $data" > "$1"
   else
-    echo "$bin/pg_ctl -D $data -m fast stop" > "$1"
+    echo "$bin/pg_ctl -D $data -m fast stop; rm -rf $data" > "$1"
   fi
 fi
 echo "postgresql+psycopg://postgres@localhost:$port/postgres"

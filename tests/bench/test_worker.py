@@ -1,5 +1,6 @@
 """Worker isolation without a GPU: fake runners crash, hang, fail and misbehave in the child."""
 
+import multiprocessing
 import os
 import signal
 import time
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cutlass_tune.bench import EnvStamp, Job, Measurement, Worker, WorkerError, WorkerStartError, run_plan
-from cutlass_tune.bench._session import Plan
+from cutlass_tune.bench._session import Plan, require_gpu
 from cutlass_tune.errors import CutlassTuneError
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
@@ -151,6 +152,49 @@ def test_a_worker_that_cannot_start_says_why_in_one_line():
     assert str(caught.value) == ("benchmark worker for GPU 0 failed while starting: "
                                  "RuntimeError: CUDA driver initialization failed")
     assert isinstance(caught.value, CutlassTuneError)  # the CLI prints it as one line
+
+
+def hanging_factory(device):
+    time.sleep(3600)  # CUDA initialization stuck on a wedged GPU
+
+
+def exiting_factory(device):
+    """Writes its pid where CUTLASS_TUNE_TEST_STARTED says, then dies as a crash in the driver would."""
+    Path(os.environ["CUTLASS_TUNE_TEST_STARTED"]).write_text(str(os.getpid()))
+    os._exit(3)
+
+
+def test_a_worker_that_never_becomes_ready_is_killed_and_says_so_in_one_line():
+    # Guards against a child stuck starting being left to hold its GPU after the parent gives up.
+    with Worker(5, factory=hanging_factory, start_timeout_s=1) as w:
+        with pytest.raises(WorkerStartError) as caught:
+            w.start()
+        assert str(caught.value) == "benchmark worker for GPU 5 did not start within 1 s"
+        assert w.pid is None
+        assert [p for p in multiprocessing.active_children() if p.name == "cutlass-tune-bench-gpu5"] == []
+
+
+def test_a_worker_that_exits_while_starting_gives_its_exit_code_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTLASS_TUNE_TEST_STARTED", str(tmp_path / "pid"))
+    with Worker(0, factory=exiting_factory, start_timeout_s=60) as w:
+        with pytest.raises(WorkerStartError) as caught:
+            w.start()
+        assert str(caught.value) == "benchmark worker for GPU 0 exited with code 3 while starting"
+        assert w.pid is None
+        with pytest.raises(ProcessLookupError):  # reaped: not even a zombie is left
+            os.kill(int((tmp_path / "pid").read_text()), 0)
+
+
+@pytest.mark.parametrize("device", [2, -1])
+def test_a_gpu_index_out_of_range_is_refused_in_one_line(monkeypatch, device):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(CutlassTuneError) as caught:
+        require_gpu(device)
+    assert str(caught.value) == f"GPU {device} is not visible: there are 2 (0 to 1)"
+    require_gpu(1)  # the last visible one passes
 
 
 def test_a_child_lost_and_not_restarted_ends_the_job_with_a_start_error(tmp_path, monkeypatch):

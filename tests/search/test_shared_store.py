@@ -43,12 +43,12 @@ me.with_suffix(".measured").write_text(str(len(bench.measured)))
 """
 
 
-def test_sweeps_started_at_once_on_one_store_measure_nothing_twice(tmp_path):
+def test_sweeps_started_at_once_on_one_store_measure_nothing_twice(tmp_path, store_url):
     """All begin with the same warm-start seeds, the case that measured configs twice before
     sweeps claimed them."""
     space_path = tmp_path / "space.yaml"
     space_path.write_text(SPACE)
-    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    url = store_url
     racers = start_together([[sys.executable, "-c", RACER, str(space_path), url, str(tmp_path / f"sweep{i}")]
                              for i in range(3)], tmp_path, cwd=REPO)
     errors = [r.communicate(timeout=300)[1] for r in racers]
