@@ -10,7 +10,6 @@ import collections
 import concurrent.futures
 import contextlib
 import math
-import os
 import signal
 import sys
 import time
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ._files import why_unwritable
 from .errors import CutlassTuneError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -192,13 +192,9 @@ def _check_output(path: Path, source: Optional[str] = None) -> Path:
         raise CutlassTuneError(f"-o {str(path)!r}: give a file name")
     if path.is_dir():
         raise CutlassTuneError(f"-o {path}: is a folder")
-    ancestor = path.parent.absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise CutlassTuneError(f"-o {path}: {ancestor} is a file, not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise CutlassTuneError(f"-o {path}: no permission to write in {ancestor}")
+    why = why_unwritable(path)
+    if why:
+        raise CutlassTuneError(f"-o {path}: {why}")
     from .report import same_file
 
     if source is not None and same_file(source, path):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 import sqlalchemy as sa
 
 from ..bench import Measurement
+from .._files import why_unwritable
 from ..errors import CutlassTuneError
 from ..space import Problem, layout_code
 
@@ -147,18 +148,6 @@ def _create_despite_racers(create: Callable[[], T], what: str) -> T:
     raise AssertionError("unreachable")
 
 
-def _check_can_make(path: Path) -> None:
-    """Raise StoreError unless the file `path` could be made: its nearest existing ancestor must
-    be a folder this process may write in."""
-    ancestor = path.parent.absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise StoreError(f"cannot make the store {path}: {ancestor} is a file, not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise StoreError(f"cannot make the store {path}: no permission to write in {ancestor}")
-
-
 def open_study_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's storage in the store at `url`, its tables created if need be, safely when
     several sweeps start on a new store at once (Optuna's own creation is not).
@@ -210,8 +199,9 @@ class ResultStore:
         self._new_file = (Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database
                           and not parsed.database.startswith("file:") and not Path(parsed.database).exists()
                           else None)
-        if self._new_file is not None:
-            _check_can_make(self._new_file)
+        why = why_unwritable(self._new_file) if self._new_file is not None else None
+        if why:
+            raise StoreError(f"cannot make the store {self._new_file}: {why}")
         try:
             self.engine = sa.create_engine(parsed, pool_pre_ping=True)
             if self._new_file is None:
