@@ -1,6 +1,13 @@
 """Exception classes. Each names what the user should fix; the CLI prints them on one line."""
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (a SQLAlchemy error's driver message; the
+    class name where there is none)."""
+    lines = str(getattr(err, "orig", None) or err).strip().splitlines()
+    return lines[0].strip() if lines else type(err).__name__
+
+
 class CutlassTuneError(Exception):
     """Base class of the errors the CLI reports as one line with exit code 2."""
 

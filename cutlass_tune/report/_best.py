@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import pandas as pd
 
-from ..errors import CutlassTuneError
+from ..errors import CutlassTuneError, first_line
 from ..space import KernelConfig, RuntimeArgs
 from ..status import Status
 from ..store import store_url_of
@@ -63,12 +63,6 @@ class BestTableError(CutlassTuneError):
     """A best-config table cannot be built or read, or has no entry for a lookup."""
 
 
-def _one_line(err: BaseException) -> str:
-    """The first line of an exception's message (its class name where it has none)."""
-    lines = str(err).strip().splitlines()
-    return lines[0].strip() if lines else type(err).__name__
-
-
 def _measurements(store, url: str, rows: list[dict]) -> list:
     """The Measurement of each of `rows` (store rows with their `id`), rebuilt from its
     `record`; a record that cannot be rebuilt is a BestTableError naming its row."""
@@ -81,7 +75,7 @@ def _measurements(store, url: str, rows: list[dict]) -> list:
             out.append(Measurement.from_dict(json.loads(records[r["id"]])))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise BestTableError(f"store {url}: measurement {r['id']} ({r['kernel']} on {r['problem']}) "
-                                 f"cannot be read: {type(err).__name__}: {_one_line(err)}") from err
+                                 f"cannot be read: {type(err).__name__}: {first_line(err)}") from err
     return out
 
 

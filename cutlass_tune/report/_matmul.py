@@ -29,6 +29,7 @@ from ._bundle import BundledKernel
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
 # Not e5m2: with both inputs e5m2, torch._scaled_mm (the fallback where no kernel applies) has no GEMM.
 _TORCH = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
+_OUT_DTYPES = {t: d for d, t in _TORCH.items()}
 _FP8_OUT = DType.BF16
 
 
@@ -68,7 +69,7 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
         raise MatmulInputError(f"a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
     dtype = _DTYPES[a.dtype]
     default = _FP8_OUT if dtype.is_fp8 else dtype
-    out = {t: d for d, t in _TORCH.items()}.get(out_dtype) if out_dtype is not None else default
+    out = _OUT_DTYPES.get(out_dtype) if out_dtype is not None else default
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
     problem = Problem(a.shape[0], b.shape[1], a.shape[1], dtype, dtype, out,

@@ -15,8 +15,9 @@ from typing import IO, Any, Callable
 import numpy as np
 import pandas as pd
 
+from ..errors import first_line
 from ..space import Decomposition, DType, KernelConfig, RasterOrder
-from ._best import _LATER_KNOBS, COLUMNS, KNOB_COLUMNS, BestTableError, _knob_values, _local_file, _one_line
+from ._best import _LATER_KNOBS, COLUMNS, KNOB_COLUMNS, BestTableError, _knob_values, _local_file
 
 _TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
 _TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "raster", "decomposition",
@@ -71,7 +72,7 @@ def _read_file(path: Path) -> pd.DataFrame:
     except ImportError as err:
         raise BestTableError(f"cannot read {path}: reading {kind} needs pyarrow (pip install 'cutlass-tune[parquet]')") from err
     except _reader_errors() as err:
-        raise BestTableError(f"cannot read {path} as a {kind} table: {type(err).__name__}: {_one_line(err)}") from err
+        raise BestTableError(f"cannot read {path} as a {kind} table: {type(err).__name__}: {first_line(err)}") from err
     if not isinstance(frame, pd.DataFrame):
         raise BestTableError(f"cannot read {path} as a {kind} table: it holds no list of rows")
     return frame
@@ -160,13 +161,13 @@ def _parse_config(text: Any) -> KernelConfig:
     try:
         data = json.loads(text)
     except ValueError as err:
-        raise ValueError(f"config is not JSON ({_one_line(err)})") from err
+        raise ValueError(f"config is not JSON ({first_line(err)})") from err
     if not isinstance(data, dict):
         raise ValueError(f"config {_shown(text)} is not a JSON object")
     try:
         cfg = KernelConfig.from_dict(data)
     except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise ValueError(f"config is not a kernel config ({_one_line(err)})") from err
+        raise ValueError(f"config is not a kernel config ({first_line(err)})") from err
     for f in dataclasses.fields(KernelConfig):
         value = getattr(cfg, f.name)
         if type(value) is not type(f.default):
@@ -281,7 +282,7 @@ def same_file(a: str | Path, b: str | Path) -> bool:
 
 
 def _cannot_write(path: Path | str, err: OSError) -> BestTableError:
-    return BestTableError(f"cannot write {path}: {err.strerror or _one_line(err)}")
+    return BestTableError(f"cannot write {path}: {err.strerror or first_line(err)}")
 
 
 def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, source: str | Path | None = None) -> None:

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from ..bench import Measurement
 from .._files import why_unwritable
-from ..errors import CutlassTuneError
+from ..errors import CutlassTuneError, first_line
 from ..space import Problem, layout_code
 
 if TYPE_CHECKING:
@@ -121,11 +121,6 @@ def default_store_url(gpu_name: str, results_dir: str | Path = "results") -> str
     return f"sqlite:///{Path(results_dir) / f'sweep-{slug}.sqlite'}"
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(getattr(err, "orig", None) or err).strip().splitlines()
-    return text[0] if text else type(err).__name__
-
-
 def _meta_value(key: str) -> sa.Select:
     return sa.select(meta_table.c.value).where(meta_table.c.key == key)
 
@@ -143,7 +138,7 @@ def _create_despite_racers(create: Callable[[], T], what: str) -> T:
             return create()
         except sa.exc.SQLAlchemyError as err:
             if attempt == _CREATE_ATTEMPTS:
-                raise StoreError(f"cannot create {what}: {_one_line(err)}") from err
+                raise StoreError(f"cannot create {what}: {first_line(err)}") from err
             time.sleep(0.05 * attempt)
     raise AssertionError("unreachable")
 
@@ -211,7 +206,7 @@ class ResultStore:
             raise StoreError(f"storage URL {url!r}: no driver for {parsed.drivername!r}") from err
         except sa.exc.SQLAlchemyError as err:
             raise StoreError(f"cannot reach the store {parsed.render_as_string(hide_password=True)}: "
-                             f"{_one_line(err)}") from err
+                             f"{first_line(err)}") from err
         self._created = False
 
     def _create(self) -> None:
