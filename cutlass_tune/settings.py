@@ -8,6 +8,7 @@
 | CUTLASS_TUNE_JOBS | parallel nvcc jobs | bounded by cores and memory |
 | CUTLASS_TUNE_COMPILE_TIMEOUT | seconds before one nvcc job is killed | 900 |
 | CUTLASS_TUNE_NVCC_MEMORY_GB | memory one nvcc job is assumed to peak at | 3.2 |
+| CUTLASS_TUNE_STORE | the store `best`, `dashboard`, `export` and `confirm` read without `--storage` | `DEFAULT_STORE` |
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from importlib import resources
 from pathlib import Path
 
 import platformdirs
 
 from .errors import CutlassTuneError
+
+DEFAULT_STORE = "results/squares-paired-nvidia-h100-80gb-hbm3.sqlite"
+"""The committed store behind the README's headline table (bf16 squares on an H100, paired
+baselines, the leaders confirmed over three passes), relative to the working directory."""
 
 
 def _env(name: str) -> str | None:
@@ -45,6 +51,27 @@ def cache_dir() -> Path:
     """Root of the kernel cache."""
     raw = _env("CUTLASS_TUNE_CACHE_DIR")
     return Path(raw).expanduser() if raw else Path(platformdirs.user_cache_dir("cutlass-tune"))
+
+
+def default_store() -> str:
+    """The store (URL or .sqlite path) that the reading commands use when given no `--storage`."""
+    return _env("CUTLASS_TUNE_STORE") or DEFAULT_STORE
+
+
+def bundled_config(name: str) -> Path:
+    """The search-space file `name` (e.g. `sm90_bf16.yaml`) shipped with the package.
+
+    Raises:
+        CutlassTuneError: no bundled config has that name.
+    """
+    # An editable checkout keeps configs/ at the repository root; a wheel carries it inside the package.
+    checkout = Path(__file__).resolve().parent.parent / "configs"
+    root = checkout if checkout.is_dir() else Path(str(resources.files("cutlass_tune") / "configs"))
+    path = root / name
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.name for p in root.glob("*.yaml")))
+        raise CutlassTuneError(f"no bundled config {name!r} (bundled: {shipped})")
+    return path
 
 
 def nvcc_path() -> str | None:
