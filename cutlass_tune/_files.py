@@ -1,9 +1,17 @@
-"""Checks on files the tool is asked to make, shared by the commands and the store."""
+"""Files the tool makes: where one can be made, and publishing one whole. Shared by the
+commands' outputs, the best tables, the dashboard, the kernel cache and a new SQLite store."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import IO, Callable
+
+from .errors import CutlassTuneError, first_line
+
+
+class FileWriteError(CutlassTuneError):
+    """A file cannot be written: "cannot write PATH: <reason>", one line."""
 
 
 def why_unwritable(path: Path) -> str | None:
@@ -17,3 +25,42 @@ def why_unwritable(path: Path) -> str | None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"no permission to write in {ancestor}"
     return None
+
+
+def write_atomically(path: Path, content: str | Callable[[IO], None], *, binary: bool = False) -> None:
+    """Publish the file `path` whole: write `content` to a temporary file beside it, flush that
+    to disk and rename it over `path`. Readers (another process too) see the old file or the new
+    one, never a part; on any failure `path` is as it was and the temporary file is gone.
+
+    Args:
+        path: the file to write; its folder must exist.
+        content: the text, or a function that writes the content to the open file it is given
+            (text files are UTF-8, newlines written as given).
+        binary: open the temporary file in binary mode (for a `content` function).
+
+    Raises:
+        FileWriteError: `path` cannot be written (a folder, no such folder, no permission, a
+            full disk); one line naming `path`, not the temporary file.
+        Exception: whatever a `content` function raises other than OSError, unchanged.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    text = {} if binary else {"encoding": "utf-8", "newline": ""}  # as pandas opens a path
+    try:
+        try:
+            with open(tmp, "wb" if binary else "w", **text) as f:
+                if isinstance(content, str):
+                    f.write(content)
+                else:
+                    content(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as err:
+            raise FileWriteError(f"cannot write {path}: {err.strerror or first_line(err)}") from err
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:  # never created (no such folder, no permission), or already renamed
+            pass
+        raise

@@ -122,7 +122,8 @@ def bench(
     """Compile the valid configs, then measure every (kernel, problem, run-time variant) and
     cuBLAS on one GPU, each checked against an fp32 reference first."""
     from . import settings
-    from .bench import TimingOptions, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan, write_jsonl
+    from .bench import TimingOptions, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
+    from .measurement import write_jsonl
     from .compile import KernelCache, compile_kernels
     from .space import load_space
     from .status import Status
@@ -240,7 +241,7 @@ def best(
     """The best verified kernel per problem and GPU: TFLOP/s, ratio to cuBLAS of the same run,
     spread, and the full config."""
     from .report import COLUMNS, load_best, write_table
-    from .report._table_file import write_atomically
+    from ._files import write_atomically
 
     if fmt not in ("table", "csv", "json", "parquet"):
         raise CutlassTuneError(f"--format {fmt!r}: use table, csv, json or parquet")

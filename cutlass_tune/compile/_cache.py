@@ -23,6 +23,8 @@ from pathlib import Path
 
 import filelock
 
+from .. import settings
+from .._files import write_atomically
 from ..space import KernelConfig
 from ..status import Status
 
@@ -50,10 +52,21 @@ class CompiledKernel:
 
 
 class KernelCache:
+    """The cache under `root` (its layout version below it), its folders made if need be.
+
+    Raises:
+        OSError: a folder cannot be made (a file in the way, no permission).
+    """
+
     def __init__(self, root: Path):
         self.root = Path(root) / CACHE_LAYOUT_VERSION
         for sub in ("units", "kernels", "locks", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def at(cls, root: Path | None = None) -> KernelCache:
+        """The cache at `root` (a `--cache-dir`), or where the settings put it when None."""
+        return cls(root if root is not None else settings.cache_dir())
 
     def _entry_path(self, key: str) -> Path:
         return self.root / "kernels" / key[:2] / f"{key}.json"
@@ -92,6 +105,8 @@ class KernelCache:
         copy is kept and ours deleted, unless its library is gone."""
         target = self.unit_dir(unit_key)
         try:
+            # A folder, so a rename and not `write_atomically`: it fails where another process
+            # published the unit first, which is how this one learns to keep theirs.
             os.rename(build_dir, target)
         except OSError:
             if not target.exists():
@@ -112,9 +127,7 @@ class KernelCache:
             }
             path = self._entry_path(r.key)
             path.parent.mkdir(exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(entry, indent=1))
-            os.replace(tmp, path)
+            write_atomically(path, json.dumps(entry, indent=1))
             published.append(dataclasses.replace(
                 r,
                 library=target / "kernels.so" if r.status is Status.OK else None,

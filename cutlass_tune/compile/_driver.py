@@ -251,7 +251,7 @@ def compile_kernels(
         if why:
             raise RenderError(f"{cfg.name} is invalid: {why[0]}")
     toolchain = toolchain or find_toolchain()
-    cache = cache or KernelCache(settings.cache_dir())
+    cache = cache or KernelCache.at()
     jobs = jobs or default_jobs()
     keys = {c.hash: kernel_key(c, toolchain) for c in configs}
     results: dict[str, CompiledKernel] = {}

@@ -98,10 +98,9 @@ class Gemm:
         from ..bench import LoadedKernel
 
         if bundled is None:
-            from .. import settings
             from ..compile import KernelCache, compile_kernels
 
-            compiled = compile_kernels([config], cache=KernelCache(cache_dir or settings.cache_dir()), jobs=1)[0]
+            compiled = compile_kernels([config], cache=KernelCache.at(cache_dir), jobs=1)[0]
             if compiled.status is not Status.OK:
                 raise CutlassTuneError(f"{config.name} does not compile: {compiled.reason} (log {compiled.log_path})")
             library, symbol = compiled.library, compiled.symbol

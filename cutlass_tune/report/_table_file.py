@@ -10,11 +10,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
+from .._files import FileWriteError, write_atomically
 from ..errors import first_line
 from ..space import Decomposition, DType, KernelConfig, RasterOrder
 from ._best import _LATER_KNOBS, COLUMNS, KNOB_COLUMNS, BestTableError, _knob_values, _local_file
@@ -306,37 +307,12 @@ def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, source: str 
         raise BestTableError(f"cannot write {path}: it is the table's source ({source}); write to another file")
     if path.is_dir() or not path.name:
         raise _cannot_write(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
-    if fmt == "csv":
-        write_atomically(path, lambda f: frame.to_csv(f, index=False))
-    elif fmt == "json":
-        write_atomically(path, lambda f: frame.to_json(f, orient="records", indent=1, double_precision=15))
-    else:
-        write_atomically(path, lambda f: frame.to_parquet(f, index=False), binary=True)
-
-
-def write_atomically(path: Path, write: Callable[[IO], None], *, binary: bool = False) -> None:
-    """Call `write` on a temporary file beside `path`, flush it to disk and rename it over
-    `path`: on any failure `path` is as it was and the temporary file is gone.
-
-    Raises:
-        BestTableError: `path` cannot be written (one line), or parquet without pyarrow.
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    text = {} if binary else {"encoding": "utf-8", "newline": ""}  # as pandas opens a path
+    writers = {"csv": lambda f: frame.to_csv(f, index=False),
+               "json": lambda f: frame.to_json(f, orient="records", indent=1, double_precision=15),
+               "parquet": lambda f: frame.to_parquet(f, index=False)}
     try:
-        try:
-            with open(tmp, "wb" if binary else "w", **text) as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except ImportError as err:
-            raise BestTableError("parquet output needs pyarrow (pip install 'cutlass-tune[parquet]')") from err
-        except OSError as err:
-            raise _cannot_write(path, err) from err
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:  # never created (no such folder, no permission), or already renamed
-            pass
-        raise
+        write_atomically(path, writers[fmt], binary=fmt == "parquet")
+    except ImportError as err:
+        raise BestTableError("parquet output needs pyarrow (pip install 'cutlass-tune[parquet]')") from err
+    except FileWriteError as err:
+        raise BestTableError(str(err)) from err
