@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from cutlass_tune.bench import read_jsonl
+from cutlass_tune.measurement import read_jsonl
 
 
 def main(path: str) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from cutlass_tune.bench import baseline_ratio, read_jsonl
+from cutlass_tune.bench import baseline_ratio
+from cutlass_tune.measurement import read_jsonl
 from cutlass_tune.status import Status
 
 
