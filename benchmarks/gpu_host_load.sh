@@ -10,7 +10,7 @@ python3 -m cutlass_tune.cli compile configs/host_load_bf16.yaml > /dev/null 2>&1
 summary() {
   python3 - "$1" <<'PY'
 import statistics, sys
-from cutlass_tune.bench import read_jsonl
+from cutlass_tune.measurement import read_jsonl
 rows = [m for m in read_jsonl(sys.argv[1]) if not m.is_baseline]
 spread = lambda med, lo, hi: (hi - lo) / med if med else 0.0
 s = sorted(max(spread(m.median_ms, m.p20_ms, m.p80_ms), spread(m.baseline_median_ms, m.baseline_p20_ms, m.baseline_p80_ms))

@@ -28,3 +28,9 @@ class RenderError(CutlassTuneError):
 
 class ToolchainError(CutlassTuneError):
     """nvcc or the CUTLASS headers cannot be found or used."""
+
+
+class GpuUnusableError(CutlassTuneError):
+    """A GPU can measure no more: its worker could not start, or start again after losing a
+    child. The bench stage raises it (as `WorkerStartError`); a sweep on several GPUs retires
+    that one and goes on with the others."""

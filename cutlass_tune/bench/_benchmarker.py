@@ -7,7 +7,7 @@ from typing import Iterator, Sequence
 from ..compile import CompiledKernel
 from ..space import Problem, RuntimeArgs
 from ._job import Job
-from ._measurement import Measurement
+from ..measurement import Measurement
 from ._session import require_gpu
 from ._timing import TimingOptions
 from ._worker import DEFAULT_TIMEOUT_S, Worker

@@ -1,7 +1,8 @@
-"""What a measurement ran on: the environment stamp and the GPU clocks around it.
+"""Reading what a measurement runs on: the environment stamp and the GPU clocks around it.
 
 Clocks and throttle reasons come from NVML (module `pynvml`, package nvidia-ml-py). It is
 imported lazily; without it, or when NVML cannot start, clocks are None and nothing fails.
+The record types (`Clocks`, `EnvStamp`) live in `cutlass_tune.measurement`, free of torch.
 """
 
 from __future__ import annotations
@@ -15,95 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-# nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
-THROTTLE_REASONS = {
-    0x001: "gpu_idle",
-    0x002: "applications_clocks_setting",
-    0x004: "sw_power_cap",
-    0x008: "hw_slowdown",
-    0x010: "sync_boost",
-    0x020: "sw_thermal_slowdown",
-    0x040: "hw_thermal_slowdown",
-    0x080: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-BENIGN_REASONS = frozenset({"gpu_idle", "applications_clocks_setting", "sw_power_cap"})
-"""Reasons that do not mark a measurement throttled. A dense GEMM on an H100/H200 runs at the
-board's power limit (on the H200 host every one of 339 measurements on 2026-11-21 had
-sw_power_cap set, at 1500-1620 MHz): the clock a kernel sustains there is part of its speed.
-Thermal and hardware slowdowns are not, and mark the measurement."""
-
-
-def decode_reasons(mask: int) -> tuple[str, ...]:
-    """Names of the throttle-reason bits set in `mask` (unknown bits as hex)."""
-    names = []
-    bit = 1
-    while bit <= mask:
-        if mask & bit:
-            names.append(THROTTLE_REASONS.get(bit, f"0x{bit:x}"))
-        bit <<= 1
-    return tuple(names)
-
-
-@dataclasses.dataclass(frozen=True)
-class Clocks:
-    """GPU state read through NVML. Fields NVML does not report on a device are None."""
-
-    sm_mhz: int | None = None
-    mem_mhz: int | None = None
-    temperature_c: int | None = None
-    power_w: float | None = None
-    reasons: tuple[str, ...] = ()
-
-    @property
-    def throttled(self) -> bool:
-        return any(r not in BENIGN_REASONS for r in self.reasons)
-
-    @classmethod
-    def around(cls, before: Clocks | None, after: Clocks | None) -> Clocks | None:
-        """One record for a measurement: the readings after it, and every throttle reason seen
-        before or after it."""
-        if after is None:
-            return before
-        if before is None:
-            return after
-        reasons = tuple(sorted(set(before.reasons) | set(after.reasons)))
-        return dataclasses.replace(after, reasons=reasons)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Clocks:
-        return cls(**{**data, "reasons": tuple(data.get("reasons", ()))})
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvStamp:
-    """The machine and software a measurement ran on. Versions that cannot be read are None."""
-
-    host: str
-    gpu: str
-    capability: str
-    sm_count: int
-    l2_bytes: int
-    driver: str | None
-    cuda_runtime: str | None
-    torch: str
-    nvcc: str | None
-    cutlass: str | None
-    device: int | None = None
-    """CUDA device index in the measuring process (None in records older than multi-GPU sweeps)."""
-    gpu_uuid: str | None = None
-    """Which board it was, where a host has several of one model."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EnvStamp:
-        return cls(**data)
-
+from ..measurement import Clocks, EnvStamp, decode_reasons
 
 @functools.cache
 def _nvml() -> ModuleType | None:

@@ -10,8 +10,8 @@ from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
 from ..space import KernelConfig, Problem, RuntimeArgs, check_pair, check_problem, check_runtime
 from ..status import Status
-from ._env import EnvStamp
-from ._measurement import Measurement
+from ..measurement import EnvStamp
+from ..measurement import Measurement
 from ._timing import TimingOptions
 
 

@@ -24,10 +24,11 @@ import torch
 
 from ..space import DType, Problem, RuntimeArgs
 from ..status import Status
-from ._env import ClockMonitor, Clocks, env_stamp
+from ..measurement import Clocks
+from ._env import ClockMonitor, env_stamp
 from ._job import Job
 from ._loader import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
-from ._measurement import Measurement
+from ..measurement import Measurement
 from ._timing import L2Flush, TimingStats, time_paired
 
 UNSTABLE_SPREAD = 0.5

@@ -11,7 +11,7 @@ from ..errors import CutlassTuneError
 from ..space import KernelConfig, Problem, RuntimeArgs, check_pair
 from ..status import Status
 from ._job import Job
-from ._measurement import Measurement
+from ..measurement import Measurement
 from ._timing import TimingOptions
 from ._worker import DEFAULT_TIMEOUT_S, RunnerFactory, Worker
 

@@ -27,12 +27,12 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Generator, Iterator, Protocol
 
-from ..errors import CutlassTuneError
+from ..errors import CutlassTuneError, GpuUnusableError
 from ..space import RuntimeArgs
 from ..status import Status
-from ._env import EnvStamp
+from ..measurement import EnvStamp
 from ._job import Job
-from ._measurement import Measurement
+from ..measurement import Measurement
 
 DEFAULT_TIMEOUT_S = 60.0
 """Seconds one measurement may take (inputs, reference, check, timing) before it is a hang."""
@@ -58,7 +58,7 @@ class WorkerError(RuntimeError):
     code raised (the message holds the child's traceback)."""
 
 
-class WorkerStartError(WorkerError, CutlassTuneError):
+class WorkerStartError(WorkerError, GpuUnusableError):
     """The worker could not start, or start again after losing a child: its GPU is unusable
     (CUDA cannot initialize, the context cannot be created) or too slow to come up. A problem
     of the host, not of our code: it reads as one line, and a sweep on several GPUs carries on

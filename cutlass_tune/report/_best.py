@@ -66,7 +66,7 @@ class BestTableError(CutlassTuneError):
 def _measurements(store, url: str, rows: list[dict]) -> list:
     """The Measurement of each of `rows` (store rows with their `id`), rebuilt from its
     `record`; a record that cannot be rebuilt is a BestTableError naming its row."""
-    from ..bench import Measurement
+    from ..measurement import Measurement
 
     records = {r["id"]: r["record"] for r in store.rows(["id", "record"])}
     out = []

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 import plotly.offline
 import sqlalchemy as sa
 
-from ..bench import EnvStamp, Measurement
+from ..measurement import EnvStamp, Measurement
 from ..errors import CutlassTuneError
 from ..space import AUTO_STAGES, Decomposition, RasterOrder
 from ..store import ResultStore

@@ -17,7 +17,7 @@ import statistics
 import uuid
 from typing import Callable, Sequence
 
-from ..bench import Measurement
+from ..measurement import Measurement
 from ..compile import CompiledKernel
 from ..space import KernelConfig, Problem, RuntimeArgs
 from ..status import Status

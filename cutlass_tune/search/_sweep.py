@@ -23,9 +23,9 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import optuna
 
-from ..bench import Measurement, WorkerStartError
 from ..compile import CompiledKernel
-from ..errors import CutlassTuneError
+from ..errors import CutlassTuneError, GpuUnusableError
+from ..measurement import Measurement
 from ..space import KernelConfig, Problem, RuntimeArgs, SearchSpace, check_config
 from ..status import Status
 from ..store import ResultStore, open_study_storage
@@ -39,7 +39,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 class Benchmarker(Protocol):
     """Measures compiled kernels on problems (the GPU side, or a fake in tests). Raises
-    WorkerStartError when its GPU can measure no more (a sweep on several goes on without it)."""
+    GpuUnusableError when its GPU can measure no more (a sweep on several goes on without it)."""
 
     gpu_name: str
     sm_count: int
@@ -157,7 +157,7 @@ class Sweep:
                  on_update: Callable[[SweepState], None] | None = None):
         benches = list(benchmarker) if isinstance(benchmarker, (list, tuple)) else [benchmarker]
         require_one_model(benches)
-        self.lanes = Lanes(benches, retire_on=(WorkerStartError,))
+        self.lanes = Lanes(benches, retire_on=(GpuUnusableError,))
         self.space, self.store, self.compile, self.bench = space, store, compiler, benches[0]
         self.settings = settings
         self.on_update = on_update or (lambda state: None)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 import sqlalchemy as sa
 
-from ..bench import Measurement
+from ..measurement import Measurement
 from .._files import why_unwritable
 from ..errors import CutlassTuneError, first_line
 from ..space import Problem, layout_code

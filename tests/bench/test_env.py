@@ -1,7 +1,9 @@
 import sys
 
-from cutlass_tune.bench import ClockMonitor, Clocks, _env
-from cutlass_tune.bench._env import decode_reasons, parse_driver_version
+from cutlass_tune.bench import ClockMonitor, _env
+from cutlass_tune.measurement import Clocks
+from cutlass_tune.bench._env import parse_driver_version
+from cutlass_tune.measurement import decode_reasons
 
 
 def test_throttle_reasons_are_decoded_by_bit():

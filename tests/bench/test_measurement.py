@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from cutlass_tune.bench import Clocks, EnvStamp, Measurement, read_jsonl, write_jsonl
+from cutlass_tune.measurement import Clocks, EnvStamp, Measurement, read_jsonl, write_jsonl
 from cutlass_tune.space import (
     Decomposition,
     DType,

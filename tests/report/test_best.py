@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from cutlass_tune import BestTable, load_best
-from cutlass_tune.bench import Measurement
+from cutlass_tune.measurement import Measurement
 from cutlass_tune.report import COLUMNS, BestTableError
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status

@@ -8,7 +8,7 @@ import optuna
 import plotly.offline
 import pytest
 
-from cutlass_tune.bench import Measurement
+from cutlass_tune.measurement import Measurement
 from cutlass_tune.report._dashboard import build_dashboard, write_dashboard
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
@@ -167,7 +167,7 @@ def test_a_problem_with_only_failures_keeps_its_section(tmp_path):
 def test_a_store_measured_on_two_gpus_shows_each_gpus_share_and_cublas(tmp_path):
     import dataclasses
 
-    from cutlass_tune.bench import EnvStamp
+    from cutlass_tune.measurement import EnvStamp
 
     env = EnvStamp(host="h", gpu="NVIDIA H200", capability="9.0", sm_count=132, l2_bytes=50 << 20,
                    driver="580", cuda_runtime="13.0", torch="2.11", nvcc="13.0", cutlass="4.2.0")

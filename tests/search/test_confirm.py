@@ -4,7 +4,7 @@ best-config table ranks them afterwards (CPU only: a scripted GPU)."""
 import pytest
 
 from cutlass_tune import load_best
-from cutlass_tune.bench import Measurement
+from cutlass_tune.measurement import Measurement
 from cutlass_tune.search import CONFIRM_STUDY, candidates, confirm
 from cutlass_tune.space import (EpilogueSchedule, KernelConfig, KernelSchedule, Problem, RasterOrder, RuntimeArgs,
                                 check_config)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from cutlass_tune.bench import Measurement, read_jsonl
+from cutlass_tune.measurement import Measurement, read_jsonl
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 from cutlass_tune.store import _sql
