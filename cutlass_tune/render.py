@@ -10,12 +10,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-from importlib import resources
-from pathlib import Path
 from typing import Sequence
 
 import jinja2
 
+from ._files import shipped
 from .errors import RenderError
 from .space import (
     DType,
@@ -67,17 +66,8 @@ def _tile_scheduler(cfg: KernelConfig) -> str:
     return "cutlass::gemm::PersistentScheduler"
 
 
-def _template_dir() -> Path:
-    # Installed wheels carry the templates inside the package; an editable checkout has them
-    # at the repository root.
-    checkout = Path(__file__).resolve().parent.parent / "templates"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(resources.files("cutlass_tune") / "templates"))
-
-
 _env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(_template_dir())),
+    loader=jinja2.FileSystemLoader(str(shipped("templates"))),
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=True,
@@ -126,9 +116,18 @@ def _bool(cfg: KernelConfig, field: str) -> bool:
     return v
 
 
+def _plain_knobs(cfg: KernelConfig) -> dict[str, object]:
+    """Every number and flag knob's field, each checked to be of its type."""
+    typed = {int: _int, bool: _bool}
+    return {field: typed[kind](cfg, field) for knob in cfg.knobs
+            for field, kind in zip(knob.fields, knob.value_types) if kind in typed}
+
+
 def template_values(cfg: KernelConfig) -> dict[str, object]:
-    """The values one kernel block substitutes. Raises RenderError for an invalid config."""
-    source = _bool(cfg, "epilogue_source")
+    """The values one kernel block substitutes: the number and flag knobs as they are, the
+    others through fixed tables. Raises RenderError for an invalid config."""
+    plain = _plain_knobs(cfg)
+    source = plain["epilogue_source"]
     values: dict[str, object] = {
         "element_a": _member(cfg, "dtype_a", _ELEMENT),
         "element_b": _member(cfg, "dtype_b", _ELEMENT),
@@ -138,16 +137,14 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
         "layout_a": _member(cfg, "layout_a", _LAYOUT),
         "layout_b": _member(cfg, "layout_b", _LAYOUT),
         "kernel_schedule": _member(cfg, "kernel_schedule", _KERNEL_SCHEDULE_FP8_FAST_ACCUM
-                                   if _bool(cfg, "fp8_fast_accum") else _KERNEL_SCHEDULE),
+                                   if plain["fp8_fast_accum"] else _KERNEL_SCHEDULE),
         "epilogue_schedule": _member(cfg, "epilogue_schedule", _EPILOGUE_SCHEDULE),
     }
     _member(cfg, "tile_scheduler", {t: t.value for t in TileScheduler})
-    for field in ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "epilogue_tile_n"):
-        values[field] = _int(cfg, field)
     rejections = check_config(cfg)
     if rejections:
         raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
-    values["epilogue_source"] = source
+    values.update(plain)
     values["epilogue_tile_m"] = epilogue_tile(cfg)[0]
     values["tile_scheduler"] = _tile_scheduler(cfg)
     values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K

@@ -1,10 +1,12 @@
 """The compile-time knobs of a search space as Optuna parameters, and back.
 
-Each knob is one categorical parameter whose choices are the values the space file lists
-(the union over its `kernels` products). Every choice is a string, so Optuna stores and shows
-them plainly, and the mapping back to a `KernelConfig` goes through the validated enums.
-Knobs added later (the epilogue tile and source) become parameters only in spaces that list a
-value other than their default, so studies made before them keep their parameters.
+Each knob (`KernelConfig.knobs`) is one categorical parameter of its name whose choices are the
+values the space file lists (the union over its `kernels` products), each the string its kind
+writes (`Kind.text`), so Optuna stores and shows them plainly; the mapping back to a
+`KernelConfig` goes through the validated enums. A knob that does not apply to a problem's
+configs (fp8 fast accumulation for 16-bit inputs) is no parameter of its study, and knobs
+declared without `parameter_at_default` (added after studies were made) become parameters only
+in spaces that list a value other than their default, so older studies keep their parameters.
 """
 
 from __future__ import annotations
@@ -14,27 +16,11 @@ from typing import Any
 
 import optuna
 
-from ..space import (
-    AUTO_EPILOGUE_TILE,
-    AUTO_STAGES,
-    EpilogueSchedule,
-    KernelConfig,
-    KernelSchedule,
-    Problem,
-    SearchSpace,
-    TileScheduler,
-)
-from ..space._spec import _EPILOGUE_AUTO
+from ..space import KernelConfig, Problem, SearchSpace
 
-KNOBS = ("tile_m", "tile_n", "tile_k", "cluster", "stages", "kernel_schedule",
-         "epilogue_schedule", "tile_scheduler", "fp8_fast_accum", "epilogue_tile_n",
-         "epilogue_source")
-_OPTIONAL_DEFAULTS = {"epilogue_tile_n": "auto", "epilogue_source": "true"}
+KNOBS = tuple(k.name for k in KernelConfig.knobs)
+_ONLY_AT_DEFAULT = {k.name: k.kind.text(k.default) for k in KernelConfig.knobs if not k.parameter_at_default}
 """Knobs left out of a study whose space lists only this value for them."""
-
-
-def _stages_label(v: int) -> str:
-    return "auto" if v == AUTO_STAGES else str(v)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +39,7 @@ class ParamSpace:
             for knob, value in params_of(c).items():
                 if value not in choices[knob]:
                     choices[knob].append(value)
-        # fp8_fast_accum exists only for fp8 problems: 16-bit studies keep their parameters.
-        kept = {k: tuple(v) for k, v in choices.items()
-                if v and v != [_OPTIONAL_DEFAULTS.get(k)]}
+        kept = {k: tuple(v) for k, v in choices.items() if v and v != [_ONLY_AT_DEFAULT.get(k)]}
         return cls(kept, frozenset(c.hash for c in configs))
 
     def params(self, cfg: KernelConfig) -> dict[str, str]:
@@ -75,40 +59,16 @@ def _matches(cfg: KernelConfig, problem: Problem) -> bool:
 
 
 def params_of(cfg: KernelConfig) -> dict[str, str]:
-    """Optuna parameters of a config. The epilogue is "auto" when it is the schedule's pair."""
-    epilogue = ("auto" if cfg.epilogue_schedule is _EPILOGUE_AUTO[cfg.kernel_schedule]
-                else cfg.epilogue_schedule.value)
-    params = {
-        "tile_m": str(cfg.tile_m), "tile_n": str(cfg.tile_n), "tile_k": str(cfg.tile_k),
-        "cluster": f"{cfg.cluster_m}x{cfg.cluster_n}", "stages": _stages_label(cfg.stages),
-        "kernel_schedule": cfg.kernel_schedule.value, "epilogue_schedule": epilogue,
-        "tile_scheduler": cfg.tile_scheduler.value,
-        "epilogue_tile_n": ("auto" if cfg.epilogue_tile_n == AUTO_EPILOGUE_TILE
-                            else str(cfg.epilogue_tile_n)),
-        "epilogue_source": "true" if cfg.epilogue_source else "false",
-    }
-    if cfg.dtype_a.is_fp8 and cfg.dtype_b.is_fp8:
-        params["fp8_fast_accum"] = "true" if cfg.fp8_fast_accum else "false"
-    return params
+    """Optuna parameters of a config: each knob that applies to it, as text. The epilogue is
+    "auto" when it is the schedule's pair."""
+    return {k.name: k.text(cfg) for k in cfg.knobs if k.applies_to(cfg)}
 
 
 def config_of(params: dict[str, Any], problem: Problem) -> KernelConfig:
     """The config for Optuna parameters (as produced by `params_of`, or `ParamSpace.params`:
-    a missing optional knob takes its default) on `problem`'s types."""
-    schedule = KernelSchedule(params["kernel_schedule"])
-    epilogue = params["epilogue_schedule"]
-    cluster_m, cluster_n = (int(x) for x in params["cluster"].split("x"))
-    return KernelConfig(
+    a missing knob takes its default) on `problem`'s types."""
+    return KernelConfig.from_knobs(
+        {k.name: k.kind.read(params[k.name]) for k in KernelConfig.knobs if k.name in params},
         dtype_a=problem.dtype_a, dtype_b=problem.dtype_b, dtype_c=problem.dtype_d,
         dtype_d=problem.dtype_d, layout_a=problem.layout_a, layout_b=problem.layout_b,
-        tile_m=int(params["tile_m"]), tile_n=int(params["tile_n"]), tile_k=int(params["tile_k"]),
-        cluster_m=cluster_m, cluster_n=cluster_n,
-        stages=AUTO_STAGES if params["stages"] == "auto" else int(params["stages"]),
-        kernel_schedule=schedule,
-        epilogue_schedule=_EPILOGUE_AUTO[schedule] if epilogue == "auto" else EpilogueSchedule(epilogue),
-        tile_scheduler=TileScheduler(params["tile_scheduler"]),
-        fp8_fast_accum=params.get("fp8_fast_accum") == "true",
-        epilogue_tile_n=(AUTO_EPILOGUE_TILE if params.get("epilogue_tile_n", "auto") == "auto"
-                         else int(params["epilogue_tile_n"])),
-        epilogue_source=params.get("epilogue_source", "true") == "true",
     )

@@ -8,12 +8,12 @@ import dataclasses
 import logging
 import math
 
-from ..space import DType, EpilogueSchedule, KernelConfig, KernelSchedule, Layout, Problem, SearchSpace, TileScheduler
+from ..space import PAIRED_EPILOGUE, DType, KernelConfig, KernelSchedule, Layout, Problem, SearchSpace, TileScheduler
 from ..status import Status
 from ..store import ResultStore
 
-_PINGPONG = dict(kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=EpilogueSchedule.TMA)
-_PLAIN = dict(kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=EpilogueSchedule.TMA)
+_PINGPONG = dict(kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=PAIRED_EPILOGUE[KernelSchedule.PINGPONG])
+_PLAIN = dict(kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=PAIRED_EPILOGUE[KernelSchedule.TMA_WS])
 
 # 16-bit GEMM configs that won somewhere on an H200 against a paired cuBLAS baseline
 # (benchmarks/beat_cublas.md), best first: ping-pong 128x128 and 128x192 from 4096^3 up,
@@ -83,8 +83,7 @@ def heuristic_configs(problem: Problem, gpu_name: str | None, count: int = HEURI
             layout_a=problem.layout_a, layout_b=problem.layout_b, tile_m=int(k.cta_tile_m),
             tile_n=int(k.cta_tile_n), tile_k=int(k.cta_tile_k), cluster_m=int(k.cluster_m),
             cluster_n=int(k.cluster_n), stages=int(getattr(k, "stages", 0) or 0), kernel_schedule=schedule,
-            epilogue_schedule=(EpilogueSchedule.TMA_COOPERATIVE if schedule is KernelSchedule.COOPERATIVE
-                               else EpilogueSchedule.TMA))
+            epilogue_schedule=PAIRED_EPILOGUE[schedule])
         out.append(cfg)
         out.append(dataclasses.replace(cfg, stages=0))  # the same tile with CUTLASS's auto stages
     return out

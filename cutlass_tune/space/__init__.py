@@ -1,5 +1,6 @@
 """Config space: which kernels and problems exist, which are valid, and why not."""
 
+from ._knobs import KernelConfig, Knob, RuntimeArgs, cells, column_kinds, columns, texts
 from ._rules import (
     SMEM_CAPACITY_BYTES,
     Rejection,
@@ -14,22 +15,22 @@ from ._spec import SearchSpace, load_space
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
+    PAIRED_EPILOGUE,
     Decomposition,
     DType,
     EpilogueSchedule,
-    KernelConfig,
     KernelSchedule,
     Layout,
     Problem,
     RasterOrder,
-    RuntimeArgs,
     TileScheduler,
     layout_code,
 )
 
 __all__ = [
-    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "DType", "Decomposition", "EpilogueSchedule", "KernelConfig", "KernelSchedule",
-    "Layout", "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "SMEM_CAPACITY_BYTES",
-    "SearchSpace", "SmemUsage", "TileScheduler", "check_config", "check_pair", "check_problem",
-    "check_runtime", "layout_code", "load_space", "smem_usage",
+    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "DType",
+    "Decomposition", "EpilogueSchedule", "KernelConfig", "KernelSchedule", "Knob", "Layout",
+    "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "SearchSpace", "SmemUsage",
+    "TileScheduler", "cells", "check_config", "check_pair", "check_problem", "check_runtime",
+    "column_kinds", "columns", "layout_code", "load_space", "smem_usage", "texts",
 ]

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
-    DType,
+    PAIRED_EPILOGUE,
     Decomposition,
+    DType,
     EpilogueSchedule,
-    KernelConfig,
     KernelSchedule,
     Layout,
     Problem,
-    RuntimeArgs,
     TileScheduler,
 )
+
+if TYPE_CHECKING:  # _knobs declares each knob with its rule from here
+    from ._knobs import KernelConfig, RuntimeArgs
 
 SMEM_CAPACITY_BYTES = 232448
 """Shared memory per CTA on SM90 (cutlass::arch::sm90_smem_capacity_bytes)."""
@@ -71,7 +74,8 @@ class Rejection:
 
 
 # Per-value rules: a value that fails one of these is wrong in every combination, so a config
-# file that lists it is malformed rather than merely containing invalid configs.
+# file that lists it is malformed rather than merely containing invalid configs. Each knob's
+# declaration (space/_knobs.py) names its rule.
 
 def tile_m_problem(v: int) -> str | None:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v % 64 or v > 256:
@@ -245,11 +249,7 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
                      epilogue_reuses_mainloop=cfg.kernel_schedule is KernelSchedule.TMA_WS)
 
 
-_EPILOGUE_PAIRS = {
-    KernelSchedule.COOPERATIVE: (EpilogueSchedule.TMA_COOPERATIVE, EpilogueSchedule.NO_SMEM),
-    KernelSchedule.PINGPONG: (EpilogueSchedule.TMA, EpilogueSchedule.NO_SMEM),
-    KernelSchedule.TMA_WS: (EpilogueSchedule.TMA, EpilogueSchedule.NO_SMEM),
-}
+_EPILOGUE_PAIRS = {schedule: (epilogue, EpilogueSchedule.NO_SMEM) for schedule, epilogue in PAIRED_EPILOGUE.items()}
 
 
 def check_config(cfg: KernelConfig) -> list[Rejection]:
@@ -271,14 +271,8 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
         reject("dtype_output", "C and D must have the same type, one of bf16, f16, f32")
     if cfg.dtype_acc != DType.F32:
         reject("dtype_accumulator", "the accumulator must be f32")
-    for field, check in (
-        ("tile_m", tile_m_problem), ("tile_n", tile_n_problem), ("tile_k", tile_k_problem),
-        ("cluster_m", cluster_dim_problem), ("cluster_n", cluster_dim_problem),
-        ("stages", stages_problem), ("fp8_fast_accum", fp8_fast_accum_problem),
-        ("epilogue_tile_n", epilogue_tile_n_problem), ("epilogue_source", epilogue_source_problem),
-    ):
-        problem = check(getattr(cfg, field))
-        if problem:
+    for knob in cfg.knobs:
+        for field, problem in knob.problems(cfg):
             reject(field, problem)
     if out:
         return out  # the combination rules below assume sane values
@@ -394,11 +388,7 @@ def check_pair(cfg: KernelConfig, problem: Problem) -> list[Rejection]:
 
 def check_runtime(cfg: KernelConfig, args: RuntimeArgs) -> list[Rejection]:
     """Reasons `args` cannot be used with a kernel built from `cfg`."""
-    out: list[Rejection] = []
-    if problem := swizzle_problem(args.swizzle):
-        out.append(Rejection("swizzle", problem))
-    if problem := splits_problem(args.splits):
-        out.append(Rejection("splits", problem))
+    out = [Rejection(field, problem) for knob in args.knobs for field, problem in knob.problems(args)]
     stream_k = cfg.tile_scheduler is TileScheduler.STREAM_K
     if not stream_k and (args.splits != 1 or args.decomposition is not Decomposition.HEURISTIC):
         out.append(Rejection("stream_k_args", "splits and decomposition apply to Stream-K kernels only"))

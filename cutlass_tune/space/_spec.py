@@ -12,37 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 import reprlib
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Literal, TypeVar, Union
+from typing import Annotated, Any, Iterator, Literal, TypeVar
 
 import pydantic
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..errors import ConfigFileError
 from . import _rules
-from ._types import (
-    AUTO_EPILOGUE_TILE,
-    AUTO_STAGES,
-    Decomposition,
-    DType,
-    EpilogueSchedule,
-    KernelConfig,
-    KernelSchedule,
-    Layout,
-    Problem,
-    RasterOrder,
-    RuntimeArgs,
-    TileScheduler,
-)
+from ._knobs import Int, KernelConfig, Knob, RuntimeArgs, checked
+from ._types import DType, Layout, Problem
 
-_EPILOGUE_AUTO = {
-    KernelSchedule.COOPERATIVE: EpilogueSchedule.TMA_COOPERATIVE,
-    KernelSchedule.PINGPONG: EpilogueSchedule.TMA,
-    KernelSchedule.TMA_WS: EpilogueSchedule.TMA,
-}
 _LAYOUT_CODES = {
     "tn": (Layout.ROW, Layout.COL),
     "nt": (Layout.COL, Layout.ROW),
@@ -65,74 +47,7 @@ def _as_list(v: Any) -> Any:
 
 Many = Annotated[list[_T], BeforeValidator(_as_list), Field(min_length=1)]
 """A value or a non-empty list of values."""
-Int = Annotated[int, Strict()]
-"""An integer written as one: not a string, float or bool."""
-
-
-def _checked(rule):
-    def check(v: Any) -> Any:
-        problem = rule(v)
-        if problem:
-            raise ValueError(problem)
-        return v
-    return check
-
-
-def _auto_or_number(auto: int, message: str) -> Callable[[Any], Any]:
-    """A parser for knobs written `auto` or a number: `auto` becomes the `auto` sentinel; the
-    sentinel itself, a bool or a non-integer is refused with `message`."""
-    def parse(v: Any) -> Any:
-        if v == "auto":
-            return auto
-        if v == auto or not isinstance(v, int) or isinstance(v, bool):
-            raise ValueError(message)
-        return v
-    return parse
-
-
-_parse_stages = _auto_or_number(AUTO_STAGES, "stages must be auto or a number from 2 to 16")
-_parse_epilogue_tile = _auto_or_number(
-    AUTO_EPILOGUE_TILE, "epilogue_tile_n must be auto or a multiple of 16 between 16 and 256")
-
-
-_CLUSTER = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", re.ASCII)
-
-
-def _parse_cluster(v: Any) -> Any:
-    if isinstance(v, str) and (match := _CLUSTER.fullmatch(v)):
-        v = [int(match[1]), int(match[2])]
-    if not (isinstance(v, list) and len(v) == 2):
-        raise ValueError("cluster must be written MxN (e.g. 2x1) or [M, N]")
-    for dim in v:
-        problem = _rules.cluster_dim_problem(dim)
-        if problem:
-            raise ValueError(problem)
-    if v[0] * v[1] > _rules.MAX_CLUSTER_CTAS:
-        raise ValueError(f"a cluster holds at most {_rules.MAX_CLUSTER_CTAS} CTAs")
-    return (v[0], v[1])
-
-
-def _parse_epilogue_schedule(v: Any) -> Any:
-    names = ["auto", *(e.value for e in EpilogueSchedule)]
-    if isinstance(v, str) and v in names:
-        return v if v == "auto" else EpilogueSchedule(v)
-    raise ValueError(f"epilogue_schedule must be {', '.join(names[:-1])} or {names[-1]}")
-
-
-TileM = Annotated[Int, pydantic.AfterValidator(_checked(_rules.tile_m_problem))]
-TileN = Annotated[Int, pydantic.AfterValidator(_checked(_rules.tile_n_problem))]
-TileK = Annotated[Int, pydantic.AfterValidator(_checked(_rules.tile_k_problem))]
-Stages = Annotated[Int, BeforeValidator(_parse_stages), pydantic.AfterValidator(_checked(_rules.stages_problem))]
-Cluster = Annotated[tuple[Int, Int], BeforeValidator(_parse_cluster)]
-Swizzle = Annotated[Int, pydantic.AfterValidator(_checked(_rules.swizzle_problem))]
-Splits = Annotated[Int, pydantic.AfterValidator(_checked(_rules.splits_problem))]
-FastAccum = Annotated[bool, BeforeValidator(_checked(_rules.fp8_fast_accum_problem))]
-EpilogueTileN = Annotated[Int, BeforeValidator(_parse_epilogue_tile),
-                          pydantic.AfterValidator(_checked(_rules.epilogue_tile_n_problem))]
-EpilogueSource = Annotated[bool, BeforeValidator(_checked(_rules.epilogue_source_problem))]
-EpilogueChoice = Annotated[Union[Literal["auto"], EpilogueSchedule],
-                           BeforeValidator(_parse_epilogue_schedule)]
-Size = Annotated[Int, pydantic.AfterValidator(_checked(_rules.problem_dim_problem))]
+Size = Annotated[Int, pydantic.AfterValidator(checked(_rules.problem_dim_problem))]
 
 _STRICT = ConfigDict(extra="forbid", strict=False, frozen=True)
 
@@ -156,51 +71,19 @@ class _Problems(BaseModel):
     k: Many[Size]
 
 
-class _Knobs(BaseModel):
-    """One product of compile-time knob values; each a value or a list."""
-
-    model_config = _STRICT
-    tile_m: Many[TileM] = [128]
-    tile_n: Many[TileN] = [128]
-    tile_k: Many[TileK] = [64]
-    cluster: Many[Cluster] = [(1, 1)]
-    stages: Many[Stages] = [AUTO_STAGES]
-    kernel_schedule: Many[KernelSchedule] = [KernelSchedule.COOPERATIVE]
-    epilogue_schedule: Many[EpilogueChoice] = ["auto"]
-    tile_scheduler: Many[TileScheduler] = [TileScheduler.PERSISTENT]
-    fp8_fast_accum: Many[FastAccum] = [False]
-    epilogue_tile_n: Many[EpilogueTileN] = [AUTO_EPILOGUE_TILE]
-    epilogue_source: Many[EpilogueSource] = [True]
-
-    @field_validator("cluster", mode="before")
-    @classmethod
-    def _cluster_pair_is_one_value(cls, v: Any) -> Any:
-        # [2, 1] is one cluster, not a list of two.
-        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
-            return [v]
-        return v
+def _knob_model(name: str, knobs: tuple[Knob, ...], doc: str) -> type[BaseModel]:
+    """A model with a key per knob: a value or a non-empty list of values, its default alone
+    when the key is left out."""
+    fields: dict[str, Any] = {
+        k.name: (Annotated[list[k.kind.annotation(k.name)], BeforeValidator(k.kind.as_list),  # type: ignore[misc]
+                           Field(min_length=1)], [k.default])
+        for k in knobs
+    }
+    return pydantic.create_model(name, __config__=_STRICT, __doc__=doc, **fields)
 
 
-def _parse_raster(v: Any) -> Any:
-    if isinstance(v, str) and v.upper() in RasterOrder.__members__:
-        return RasterOrder[v.upper()]
-    raise ValueError("raster must be heuristic, along_m or along_n")
-
-
-def _parse_decomposition(v: Any) -> Any:
-    if isinstance(v, str) and v.upper() in Decomposition.__members__:
-        return Decomposition[v.upper()]
-    raise ValueError("decomposition must be heuristic, data_parallel, split_k or stream_k")
-
-
-class _Runtime(BaseModel):
-    model_config = _STRICT
-    raster: Many[Annotated[RasterOrder, BeforeValidator(_parse_raster)]] = [RasterOrder.HEURISTIC]
-    swizzle: Many[Swizzle] = [1]
-    splits: Many[Splits] = [1]
-    decomposition: Many[Annotated[Decomposition, BeforeValidator(_parse_decomposition)]] = [
-        Decomposition.HEURISTIC
-    ]
+_Knobs = _knob_model("_Knobs", KernelConfig.knobs, "One product of compile-time knob values; each a value or a list.")
+_Runtime = _knob_model("_Runtime", RuntimeArgs.knobs, "The run-time knob values; each a value or a list.")
 
 
 class _SpaceFile(BaseModel):
@@ -211,8 +94,8 @@ class _SpaceFile(BaseModel):
         _Dtypes(input=DType.BF16, output=DType.BF16)
     ]
     layouts: Many[Literal["tn", "nt", "nn", "tt"]] = ["tn"]
-    kernels: Many[_Knobs] = [_Knobs()]
-    runtime: _Runtime = _Runtime()
+    kernels: Many[_Knobs] = [_Knobs()]  # type: ignore[valid-type]
+    runtime: _Runtime = _Runtime()  # type: ignore[valid-type]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +107,8 @@ class SearchSpace:
     problems: tuple[Problem, ...]
     candidates: tuple[KernelConfig, ...]
     """Every distinct config the file describes, valid or not, in file order."""
-    runtime: _Runtime
+    runtime: BaseModel
+    """The run-time knobs' values, a list per knob name."""
 
     def classify(self) -> Iterator[tuple[KernelConfig, list[_rules.Rejection]]]:
         """Each candidate with its rejections (empty for a valid config)."""
@@ -236,38 +120,28 @@ class SearchSpace:
         return tuple(c for c, why in self.classify() if not why)
 
     def runtime_variants(self, cfg: KernelConfig) -> tuple[RuntimeArgs, ...]:
-        """The run-time variants of the file that apply to `cfg` (splits and decomposition
-        only to Stream-K kernels)."""
-        stream_k = cfg.tile_scheduler is TileScheduler.STREAM_K
-        splits = self.runtime.splits if stream_k else [1]
-        modes = self.runtime.decomposition if stream_k else [Decomposition.HEURISTIC]
-        out = []
-        for raster, swizzle, sp, mode in itertools.product(
-            self.runtime.raster, self.runtime.swizzle, splits, modes
-        ):
-            args = RuntimeArgs(raster=raster, swizzle=swizzle, splits=sp, decomposition=mode)
+        """The run-time variants of the file that apply to `cfg` (a knob that does not apply to
+        it, such as splits for a kernel that is not Stream-K, takes its default alone)."""
+        knobs = RuntimeArgs.knobs
+        listed = [getattr(self.runtime, k.name) if k.applies_to(cfg) else [k.default] for k in knobs]
+        out: list[RuntimeArgs] = []
+        for values in itertools.product(*listed):
+            args = RuntimeArgs.from_knobs({k.name: v for k, v in zip(knobs, values)})
             if not _rules.check_runtime(cfg, args) and args not in out:
                 out.append(args)
         return tuple(out)
 
 
 def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
+    knobs = KernelConfig.knobs
     seen: dict[str, KernelConfig] = {}
-    for dtypes, layout, knobs in itertools.product(spec.dtypes, spec.layouts, spec.kernels):
+    for dtypes, layout, listed in itertools.product(spec.dtypes, spec.layouts, spec.kernels):
         layout_a, layout_b = _LAYOUT_CODES[layout]
-        for tm, tn, tk, (cm, cn), st, ks, es, ts, fast, epi_n, source in itertools.product(
-            knobs.tile_m, knobs.tile_n, knobs.tile_k, knobs.cluster, knobs.stages,
-            knobs.kernel_schedule, knobs.epilogue_schedule, knobs.tile_scheduler,
-            knobs.fp8_fast_accum, knobs.epilogue_tile_n, knobs.epilogue_source,
-        ):
-            cfg = KernelConfig(
+        for values in itertools.product(*(getattr(listed, k.name) for k in knobs)):
+            cfg = KernelConfig.from_knobs(
+                {k.name: v for k, v in zip(knobs, values)},
                 dtype_a=dtypes.input, dtype_b=dtypes.input, dtype_c=dtypes.output,
                 dtype_d=dtypes.output, layout_a=layout_a, layout_b=layout_b,
-                tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn, stages=st,
-                kernel_schedule=ks,
-                epilogue_schedule=_EPILOGUE_AUTO[ks] if es == "auto" else es,
-                tile_scheduler=ts, fp8_fast_accum=fast, epilogue_tile_n=epi_n,
-                epilogue_source=source,
             )
             seen.setdefault(cfg.hash, cfg)
     return list(seen.values())
