@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import reprlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import pydantic
 import yaml
@@ -22,7 +23,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from ..errors import ConfigFileError
 from . import _rules
-from ._knobs import Int, KernelConfig, Knob, RuntimeArgs, checked
+from ._kinds import Int, checked
+from ._knobs import KernelConfig, Knob, RuntimeArgs
 from ._types import DType, Layout, Problem
 
 _LAYOUT_CODES = {

@@ -25,7 +25,8 @@ from cutlass_tune.space import (
     load_space,
     texts,
 )
-from cutlass_tune.space._knobs import Knob, Number, _declare
+from cutlass_tune.space._kinds import Number
+from cutlass_tune.space._knobs import Knob, _declare
 from cutlass_tune.space._spec import _knob_model, _Knobs, _Runtime
 
 REPO = Path(__file__).resolve().parents[2]
