@@ -324,6 +324,7 @@ _declare(
          applies_to=_stream_k),
 )
 
+
 def columns(owner: _Owner, *, added_later: bool = False) -> tuple[str, ...]:
     """The table columns of `owner`'s knobs (`KernelConfig` or `RuntimeArgs`), in order; with
     `added_later`, only those of knobs added later (which older tables lack)."""

@@ -249,7 +249,8 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
                      epilogue_reuses_mainloop=cfg.kernel_schedule is KernelSchedule.TMA_WS)
 
 
-_EPILOGUE_PAIRS = {schedule: (epilogue, EpilogueSchedule.NO_SMEM) for schedule, epilogue in PAIRED_EPILOGUE.items()}
+_EPILOGUE_PAIRS = {schedule: (epilogue, EpilogueSchedule.NO_SMEM)
+                   for schedule, epilogue in PAIRED_EPILOGUE.items()}
 
 
 def check_config(cfg: KernelConfig) -> list[Rejection]:
