@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from ..measurement import EnvStamp, Measurement
 from ..errors import CutlassTuneError
-from ..space import AUTO_STAGES, Decomposition, RasterOrder
+from ..space import Decomposition, KernelConfig, RasterOrder, texts
 from ..store import ResultStore
 from ._best import COLUMNS, BestTableError, load_best
 
@@ -150,12 +150,9 @@ def _frame(raw: list[dict[str, Any]], shown: str) -> pd.DataFrame:
             **{k: v for k, v in r.items() if k != "record"},
             "measurement": m, "baseline": m.is_baseline, "method": m.method,
             "tile": f"{c.tile_m}x{c.tile_n}x{c.tile_k}" if c else None,
-            "cluster": f"{c.cluster_m}x{c.cluster_n}" if c else None,
-            "stages": ("auto" if c.stages == AUTO_STAGES else str(c.stages)) if c else None,
-            "kernel_schedule": c.kernel_schedule.value if c else None,
-            "tile_scheduler": c.tile_scheduler.value if c else None,
+            **{k.name: k.text(c) if c else None for k in KernelConfig.knobs},
+            **texts(rt),
             "raster": _raster_label(rt.raster, rt.decomposition, rt.splits),
-            "swizzle": str(rt.swizzle),
         })
     frame = pd.DataFrame.from_records(records)
     for column in ("tflops", "compile_seconds", "ratio", "cublas_tflops"):
