@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from ..measurement import EnvStamp, Measurement
 from ..errors import CutlassTuneError
-from ..space import Decomposition, KernelConfig, RasterOrder, texts
+from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs, texts
 from ..store import ResultStore
 from ._best import COLUMNS, BestTableError, load_best
 
@@ -36,6 +36,7 @@ _COLUMNS = ("id", "problem", "kernel", "config_hash", "runtime", "status", "reas
             "cublas_tflops", "ratio", "compile_seconds", "throttled", "run_id", "study", "created_at",
             "record")
 _PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+_LABELS = {k.name: k.label for k in (*KernelConfig.knobs, *RuntimeArgs.knobs)}
 
 
 class DashboardError(CutlassTuneError):
@@ -403,11 +404,12 @@ def _problem_section(data: _Data, index: int, problem: str, order: dict[str, int
 
     if not ok.empty:
         cell(_heatmap(ok, "tile", "cluster", f"TFLOP/s by tile (MxNxK) x cluster: {problem}", "tile",
-                      "cluster", _numeric_key, _numeric_key), "tile")
+                      _LABELS["cluster"], _numeric_key, _numeric_key), "tile")
         cell(_heatmap(ok, "kernel_schedule", "stages", f"TFLOP/s by kernel schedule x stages: {problem}",
-                      "schedule", "stages", str, lambda s: (s != "auto", _numeric_key(s))), "schedule")
-        cell(_heatmap(ok, "raster", "swizzle", f"TFLOP/s by raster x swizzle: {problem}", "raster",
-                      "swizzle", str, _numeric_key), "raster")
+                      _LABELS["kernel_schedule"], _LABELS["stages"], str,
+                      lambda s: (s != "auto", _numeric_key(s))), "schedule")
+        cell(_heatmap(ok, "raster", "swizzle", f"TFLOP/s by raster x swizzle: {problem}", _LABELS["raster"],
+                      _LABELS["swizzle"], str, _numeric_key), "raster")
     else:
         cell(None, "tile", "No successful measurement of this problem.")
     cell(_history(problem, kernels, order, cublas), "history")
