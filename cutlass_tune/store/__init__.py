@@ -1,6 +1,7 @@
 """Store stage: where measurements live (SQLite by default, PostgreSQL for several hosts)."""
 
-from ._sql import ResultStore, StoreError, StoreGpuMismatchError, default_store_url, open_study_storage, store_url_of
+from ._open import default_store_url, local_file, open_store, resolve_storage, store_url_of
+from ._sql import ResultStore, StoreError, StoreGpuMismatchError, open_study_storage
 
-__all__ = ["ResultStore", "StoreError", "StoreGpuMismatchError", "default_store_url", "open_study_storage",
-           "store_url_of"]
+__all__ = ["ResultStore", "StoreError", "StoreGpuMismatchError", "default_store_url", "local_file", "open_store",
+           "open_study_storage", "resolve_storage", "store_url_of"]

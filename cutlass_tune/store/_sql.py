@@ -12,7 +12,6 @@ import contextlib
 import datetime
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -104,21 +103,13 @@ class StoreGpuMismatchError(StoreError):
     """The store holds results from another GPU model."""
 
 
-def store_url_of(source: str | Path) -> str | None:
-    """`source` as a store URL: a URL as it is, a .sqlite (.db, .sqlite3) file as a SQLite URL;
-    None for anything else (a table file)."""
-    text = str(source)
-    if "://" in text:
-        return text
-    if Path(text).suffix in (".sqlite", ".db", ".sqlite3"):
-        return f"sqlite:///{text}"
-    return None
-
-
-def default_store_url(gpu_name: str, results_dir: str | Path = "results") -> str:
-    """`sqlite:///results/sweep-<gpu>.sqlite`: one embedded store per GPU model."""
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "gpu"
-    return f"sqlite:///{Path(results_dir) / f'sweep-{slug}.sqlite'}"
+def database_file(url: sa.engine.URL) -> Path | None:
+    """The file a SQLite URL's database is in; None for a server's database, an in-memory one
+    or a `file:` URI."""
+    name = url.database
+    if url.get_backend_name() != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
+        return None
+    return Path(name)
 
 
 def _meta_value(key: str) -> sa.Select:
@@ -191,9 +182,8 @@ class ResultStore:
                              "sqlite:///results/sweep.sqlite or postgresql+psycopg://user@host/db") from err
         # A new SQLite file (and its folder) is made by the first write, not here: a command
         # that stops before writing (no GPU, bad input) leaves nothing behind.
-        self._new_file = (Path(parsed.database) if parsed.get_backend_name() == "sqlite" and parsed.database
-                          and not parsed.database.startswith("file:") and not Path(parsed.database).exists()
-                          else None)
+        database = database_file(parsed)
+        self._new_file = database if database is not None and not database.exists() else None
         why = why_unwritable(self._new_file) if self._new_file is not None else None
         if why:
             raise StoreError(f"cannot make the store {self._new_file}: {why}")
