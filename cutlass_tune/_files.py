@@ -1,9 +1,11 @@
-"""Files the tool makes: where one can be made, and publishing one whole. Shared by the
-commands' outputs, the best tables, the dashboard, the kernel cache and a new SQLite store."""
+"""Files: the folders shipped with the package, where a file can be made, and publishing one
+whole. Shared by the commands' outputs, the best tables, the dashboard, the kernel cache, a new
+SQLite store and the templates' loaders."""
 
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 from typing import IO, Callable
 
@@ -12,6 +14,15 @@ from .errors import CutlassTuneError, first_line
 
 class FileWriteError(CutlassTuneError):
     """A file cannot be written: "cannot write PATH: <reason>", one line."""
+
+
+def shipped(folder: str) -> Path:
+    """The folder shipped with the package (`templates`, `configs`): at the repository root in
+    a checkout (an editable install), inside the package in an installed wheel."""
+    checkout = Path(__file__).resolve().parent.parent / folder
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("cutlass_tune") / folder))
 
 
 def why_unwritable(path: Path) -> str | None:

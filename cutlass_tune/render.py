@@ -10,12 +10,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-from importlib import resources
-from pathlib import Path
 from typing import Sequence
 
 import jinja2
 
+from ._files import shipped
 from .errors import RenderError
 from .space import (
     DType,
@@ -67,17 +66,8 @@ def _tile_scheduler(cfg: KernelConfig) -> str:
     return "cutlass::gemm::PersistentScheduler"
 
 
-def _template_dir() -> Path:
-    # Installed wheels carry the templates inside the package; an editable checkout has them
-    # at the repository root.
-    checkout = Path(__file__).resolve().parent.parent / "templates"
-    if checkout.is_dir():
-        return checkout
-    return Path(str(resources.files("cutlass_tune") / "templates"))
-
-
 _env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(_template_dir())),
+    loader=jinja2.FileSystemLoader(str(shipped("templates"))),
     undefined=jinja2.StrictUndefined,
     autoescape=False,
     keep_trailing_newline=True,

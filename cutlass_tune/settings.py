@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from importlib import resources
 from pathlib import Path
 
 import platformdirs
 
+from ._files import shipped
 from .errors import CutlassTuneError
 
 DEFAULT_STORE = "results/squares-paired-nvidia-h100-80gb-hbm3.sqlite"
@@ -64,13 +64,11 @@ def bundled_config(name: str) -> Path:
     Raises:
         CutlassTuneError: no bundled config has that name.
     """
-    # An editable checkout keeps configs/ at the repository root; a wheel carries it inside the package.
-    checkout = Path(__file__).resolve().parent.parent / "configs"
-    root = checkout if checkout.is_dir() else Path(str(resources.files("cutlass_tune") / "configs"))
+    root = shipped("configs")
     path = root / name
     if not path.is_file():
-        shipped = ", ".join(sorted(p.name for p in root.glob("*.yaml")))
-        raise CutlassTuneError(f"no bundled config {name!r} (bundled: {shipped})")
+        bundled = ", ".join(sorted(p.name for p in root.glob("*.yaml")))
+        raise CutlassTuneError(f"no bundled config {name!r} (bundled: {bundled})")
     return path
 
 
