@@ -1,7 +1,9 @@
 """`cutlass-tune` command line: thin commands over the pipeline stages.
 
 Bad input prints one line on stderr and exits 2; failures of the work itself (a kernel that
-does not compile) are reported in the output and exit 1.
+does not compile) are reported in the output and exit 1. The commands that need no GPU
+(`space`, `compile`, `best`, `export`, `dashboard`) never import torch: the GPU and search
+stages (torch, optuna) and the dashboard (plotly) are imported inside the commands that use them.
 """
 
 from __future__ import annotations
@@ -9,20 +11,31 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import enum
+import json
 import math
 import signal
 import sys
 import time
+import webbrowser
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional
 
 import typer
 from rich.console import Console
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ._files import why_unwritable
+from . import __version__, settings
+from ._files import why_unwritable, write_atomically
+from .compile import KernelCache, compile_kernels, default_jobs, find_toolchain
 from .errors import CutlassTuneError
+from .report import load_best, same_file, write_bundle, write_table
+from .space import KernelConfig, load_space
+from .status import Status
+from .store import default_store_url, open_store, resolve_storage
+from .tables import COLUMNS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Autotune CUTLASS 3.x GEMM kernels on Hopper (SM90).")
@@ -31,14 +44,44 @@ out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty()
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigArg = typer.Argument(..., help="search-space YAML file (see configs/README.md)")
+_READ_DEFAULT = f"default: $CUTLASS_TUNE_STORE, else {settings.DEFAULT_STORE}"
+
+
+class TableFormat(str, enum.Enum):
+    """How `best` writes its table."""
+
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+    PARQUET = "parquet"
+
+
+class Sampler(str, enum.Enum):
+    """The search's samplers: the names of `search.SAMPLERS`, spelt out here so that the help
+    lists them without importing Optuna (a test keeps the two equal)."""
+
+    TPE = "tpe"
+    GP = "gp"
+    RANDOM = "random"
+    GRID = "grid"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        out.print(f"cutlass-tune {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                          help="print the version and exit")) -> None:
+    """Options of `cutlass-tune` itself, before a command (the app's help is `app`'s)."""
 
 
 @app.command()
 def space(config: Path = ConfigArg,
           list_: bool = typer.Option(False, "--list", help="show every config and why it is invalid")) -> None:
     """Count the configs a search-space file describes: total, valid, invalid by reason."""
-    from .space import load_space
-
     sp = load_space(config)
     by_rule: collections.Counter[str] = collections.Counter()
     example: dict[str, str] = {}
@@ -72,17 +115,12 @@ def compile_(
         None, "--kernels-per-unit", min=1, max=8, help="kernels per translation unit (default: automatic)"),
 ) -> None:
     """Compile the valid configs of a search-space file into the kernel cache (no GPU needed)."""
-    from . import settings
-    from .compile import KernelCache, compile_kernels, default_jobs, find_toolchain
-    from .space import load_space
-    from .status import Status
-
     sp = load_space(config)
     configs = list(sp.valid)[:limit] if limit else list(sp.valid)
     if not configs:
         raise CutlassTuneError(f"{config}: no valid config to compile (see `cutlass-tune space {config} --list`)")
     toolchain = find_toolchain()
-    cache = KernelCache(cache_dir or settings.cache_dir())
+    cache = KernelCache.at(cache_dir)
     jobs = jobs or default_jobs()
     out.print(f"{len(configs)} configs, {jobs} jobs, nvcc {toolchain.nvcc_version}, "
               f"CUTLASS {toolchain.cutlass_version}, cache {cache.root}")
@@ -121,12 +159,9 @@ def bench(
 ) -> None:
     """Compile the valid configs, then measure every (kernel, problem, run-time variant) and
     cuBLAS on one GPU, each checked against an fp32 reference first."""
-    from . import settings
+    # torch, with the GPU stage: only the commands that measure import it.
     from .bench import TimingOptions, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
     from .measurement import write_jsonl
-    from .compile import KernelCache, compile_kernels
-    from .space import load_space
-    from .status import Status
 
     sp = load_space(config)
     if output is not None:
@@ -138,8 +173,7 @@ def bench(
     output = output or Path("results") / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     output.parent.mkdir(parents=True, exist_ok=True)
     with _progress("compiling", len(configs)) as advance:
-        kernels = compile_kernels(configs, cache=KernelCache(cache_dir or settings.cache_dir()), jobs=jobs,
-                                  on_result=advance)
+        kernels = compile_kernels(configs, cache=KernelCache.at(cache_dir), jobs=jobs, on_result=advance)
     timing = TimingOptions(graph=graph, paired=paired)
     plan = plan_jobs(kernels, sp.problems, sp.runtime_variants, timing=timing, repeat=repeat)
     table = Table("problem", "kernel", "runtime", "status", "median ms", "TFLOP/s", "vs cuBLAS",
@@ -182,6 +216,7 @@ def bench(
     if failed:
         raise typer.Exit(1)
 
+
 def _check_output(path: Path, source: Optional[str] = None) -> Path:
     """`path` if a file (or a new folder) can be written there, without overwriting `source`.
 
@@ -196,8 +231,6 @@ def _check_output(path: Path, source: Optional[str] = None) -> Path:
     why = why_unwritable(path)
     if why:
         raise CutlassTuneError(f"-o {path}: {why}")
-    from .report import same_file
-
     if source is not None and same_file(source, path):
         raise CutlassTuneError(f"-o {path} is the file the results are read from: write elsewhere")
     return path
@@ -221,35 +254,20 @@ def _progress(label: str, total: int) -> Iterator[Callable[..., None]]:
         yield lambda *_: progress.advance(task)
 
 
-def _storage_or_default(storage: Optional[str]) -> str:
-    """`--storage`, or the one sweep store under results/."""
-    if storage:
-        return storage
-    found = sorted(Path("results").glob("sweep-*.sqlite"))
-    if len(found) != 1:
-        where = ", ".join(map(str, found)) if found else "none in results/"
-        raise CutlassTuneError(f"give --storage: found {len(found)} sweep stores ({where})")
-    return f"sqlite:///{found[0]}"
-
-
 @app.command()
 def best(
-    storage: Optional[str] = typer.Option(None, "--storage", help="store URL or .sqlite file (default: the one results/sweep-*.sqlite)"),
-    fmt: str = typer.Option("table", "--format", help="table, csv, json or parquet"),
+    storage: Optional[str] = typer.Option(
+        None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({_READ_DEFAULT})"),
+    fmt: TableFormat = typer.Option(TableFormat.TABLE, "--format", help="how to write the table"),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="write to FILE instead of the screen"),
 ) -> None:
     """The best verified kernel per problem and GPU: TFLOP/s, ratio to cuBLAS of the same run,
     spread, and the full config."""
-    from .report import COLUMNS, load_best, write_table
-    from ._files import write_atomically
-
-    if fmt not in ("table", "csv", "json", "parquet"):
-        raise CutlassTuneError(f"--format {fmt!r}: use table, csv, json or parquet")
-    source = _storage_or_default(storage)
+    source = resolve_storage(storage)
     if output is not None:
         _check_output(output, source)
     frame = load_best(source)
-    if fmt == "table":
+    if fmt is TableFormat.TABLE:
         table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "confirmed", "kernel",
                       "run-time", box=None, pad_edge=False)
         for r in frame.itertuples():
@@ -263,20 +281,20 @@ def best(
             out.print(table)
         return
     if output is None:
-        if fmt == "parquet":
+        if fmt is TableFormat.PARQUET:
             raise CutlassTuneError("--format parquet needs --output FILE")
-        text = (frame.to_csv(index=False) if fmt == "csv"
+        text = (frame.to_csv(index=False) if fmt is TableFormat.CSV
                 else frame.to_json(orient="records", indent=1, double_precision=15))
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    write_table(frame[list(COLUMNS)], output, fmt, source=source)
+    write_table(frame[list(COLUMNS)], output, fmt.value, source=source)
     out.print(f"{len(frame)} rows written to {output}")
 
 
 @app.command()
 def export(
     storage: Optional[str] = typer.Option(
-        None, "--storage", help="store URL, .sqlite file or best-config table (default: the one results/sweep-*.sqlite)"),
+        None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({_READ_DEFAULT})"),
     output: Path = typer.Option(..., "--output", "-o", help="the bundle: a directory that does not exist yet"),
     gpu_name: Optional[str] = typer.Option(None, "--gpu-name", help="keep only the rows of this GPU model"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
@@ -284,17 +302,10 @@ def export(
 ) -> None:
     """Pin the best kernel of every problem for shipping: one directory with the table and the
     compiled kernels, which `BestTable.load(DIR)` and `matmul` use with no nvcc or CUTLASS."""
-    import json
-
-    from . import __version__, settings
-    from .compile import KernelCache, compile_kernels, default_jobs, find_toolchain
-    from .report import load_best, write_bundle
-    from .space import KernelConfig
-
     if output.exists():
         raise CutlassTuneError(f"{output} exists: remove it or export to a new directory")
     _check_output(output)
-    frame = load_best(_storage_or_default(storage))
+    frame = load_best(resolve_storage(storage))
     if gpu_name is not None:
         frame = frame[frame["gpu"] == gpu_name].reset_index(drop=True)
         if frame.empty:
@@ -303,8 +314,7 @@ def export(
                     for h, c in zip(frame["config_hash"], frame["config"])}.values())
     toolchain = find_toolchain()
     with _progress("compiling", len(configs)) as advance:
-        compiled = compile_kernels(configs, cache=KernelCache(cache_dir or settings.cache_dir()),
-                                   toolchain=toolchain, jobs=jobs or default_jobs(), on_result=advance)
+        compiled = compile_kernels(configs, cache=KernelCache.at(cache_dir), toolchain=toolchain, jobs=jobs or default_jobs(), on_result=advance)
     summary = write_bundle(frame, compiled, output, {"nvcc": toolchain.nvcc_version,
                                                      "cutlass": toolchain.cutlass_version,
                                                      "cutlass_tune": __version__})
@@ -315,7 +325,7 @@ def export(
 
 @app.command()
 def confirm(
-    storage: Optional[str] = typer.Option(None, "--storage", help="store URL or .sqlite file (default: the one results/sweep-*.sqlite)"),
+    storage: Optional[str] = typer.Option(None, "--storage", help=f"store URL or .sqlite file ({_READ_DEFAULT})"),
     top: int = typer.Option(3, "--top", min=1, help="candidates per problem: the best kernel variants by sweep ratio"),
     passes: int = typer.Option(3, "--passes", min=1, help="times each candidate is measured"),
     gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
@@ -325,20 +335,13 @@ def confirm(
     """Re-measure each problem's leading kernels in several passes, into the same store;
     `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
     largest of many noisy medians and reads high)."""
-    from . import settings
+    # torch and optuna, with the GPU and search stages: only the commands that measure import them.
     from .bench import TimingOptions, WorkerBenchmarker
-    from .compile import KernelCache, compile_kernels
     from .search import candidates
     from .search import confirm as confirm_run
-    from .status import Status
-    from .store import ResultStore, store_url_of
 
-    url = store_url_of(_storage_or_default(storage)) or ""
-    if not url:
-        raise CutlassTuneError(f"--storage {storage}: expected a store URL or a .sqlite file")
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise CutlassTuneError(f"no store at {url}")
-    store = ResultStore(url)
+    store = open_store(resolve_storage(storage))
+    url = store.url
     chosen = candidates(store, top)
     if not chosen:
         raise CutlassTuneError(f"store {url} has no successful kernel measurement to confirm")
@@ -346,7 +349,7 @@ def confirm(
     try:
         method = store.timing() or "events-paired"  # re-measure the way the store was measured
         bench.timing = TimingOptions(graph=method.startswith("graph"), paired=method.endswith("-paired"))
-        cache = KernelCache(cache_dir or settings.cache_dir())
+        cache = KernelCache.at(cache_dir)
         problems = len({c.problem for c in chosen})
         out.print(f"{url}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
                   f"{bench.gpu_name} ({bench.timing_method})")
@@ -375,17 +378,15 @@ def confirm(
 @app.command()
 def dashboard(
     storage: Optional[str] = typer.Option(
-        None, "--storage", help="store URL or .sqlite file (default: the one results/sweep-*.sqlite)"),
+        None, "--storage", help=f"store URL or .sqlite file ({_READ_DEFAULT})"),
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="HTML file to write"),
     open_: bool = typer.Option(False, "--open", help="open the report in the default web browser"),
 ) -> None:
     """Write one self-contained interactive HTML report of a sweep's store (viewing it needs no
     network): best kernel vs cuBLAS, TFLOP/s by knob, search history, importances, failures."""
-    import webbrowser
+    from .report import write_dashboard  # plotly, which only the dashboard uses
 
-    from .report._dashboard import write_dashboard
-
-    source = _storage_or_default(storage)
+    source = resolve_storage(storage)
     report = write_dashboard(source, _check_output(output, source))
     out.print(f"wrote {report.path}: {len(report.problems)} problems, {report.measurements} measurements "
               f"from {report.storage}", markup=False)
@@ -445,9 +446,9 @@ def sweep(
     config: Path = ConfigArg,
     trials: int = typer.Option(48, "--trials", min=1, help="most configs compiled and measured in this store"),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="stop proposing after S seconds"),
-    sampler: str = typer.Option("tpe", "--sampler", help="tpe, gp, random or grid"),
+    sampler: Sampler = typer.Option(Sampler.TPE, "--sampler", help="how the search proposes configs"),
     storage: Optional[str] = typer.Option(
-        None, "--storage", help="SQLAlchemy URL of the store (default sqlite:///results/sweep-<gpu>.sqlite)"),
+        None, "--storage", help="store URL or .sqlite file (default: results/sweep-<gpu>.sqlite)"),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
     gpu: List[int] = typer.Option([0], "--gpu", min=0, help="CUDA device index; repeat it to measure on "
                                   "several GPUs of one model at once (--gpu 0 --gpu 1)"),
@@ -462,17 +463,10 @@ def sweep(
 ) -> None:
     """Search the compile-time knobs with Optuna; measure every run-time variant of each kernel
     on every problem; keep everything in the store. Re-running the same command resumes."""
-    from rich.live import Live
-
-    from . import settings
+    # torch and optuna, with the GPU and search stages: only the commands that measure import them.
     from .bench import TimingOptions
-    from .compile import KernelCache, compile_kernels, default_jobs
-    from .search import SAMPLERS, Sweep, SweepSettings, require_one_model
-    from .space import load_space
-    from .store import ResultStore, default_store_url
+    from .search import Sweep, SweepSettings, require_one_model
 
-    if sampler not in SAMPLERS:
-        raise CutlassTuneError(f"--sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
     repeated = sorted({g for g in gpu if gpu.count(g) > 1})
     if repeated:
         raise CutlassTuneError(f"--gpu {repeated[0]} given more than once")
@@ -481,15 +475,14 @@ def sweep(
     sp = load_space(config)
     if not sp.valid:
         raise CutlassTuneError(f"{config}: no valid config to tune (see `cutlass-tune space {config} --list`)")
-    if storage is not None:
-        store = ResultStore(storage)  # a bad URL fails here, before any GPU work
+    # A bad --storage fails here, before any GPU work; a new store is made by its first write.
+    store = open_store(storage, new=True) if storage is not None else None
     benches = _start_benchmarkers(gpu)
     bench = benches[0]
     try:
         require_one_model(benches)
-        if storage is None:
-            storage = default_store_url(bench.gpu_name)
-            store = ResultStore(storage)
+        if store is None:
+            store = open_store(default_store_url(bench.gpu_name), new=True)
         if paired is None:
             paired = (store.timing() or "-paired").endswith("-paired")
         for b in benches:
@@ -497,10 +490,10 @@ def sweep(
         store.bind_gpu(bench.gpu_name)
         store.bind_timing(bench.timing_method)
         jobs = jobs or default_jobs()
-        cache = KernelCache(cache_dir or settings.cache_dir())
+        cache = KernelCache.at(cache_dir)
         gpus = f"{len(benches)} x {bench.gpu_name} (GPUs {', '.join(map(str, gpu))})" if len(benches) > 1 else bench.gpu_name
         out.print(f"{config}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "
-                  f"{gpus}; store {storage} ({bench.timing_method}); sampler {sampler}, "
+                  f"{gpus}; store {store.url} ({bench.timing_method}); sampler {sampler.value}, "
                   f"up to {trials} compiled configs")
 
         def compile_batch(configs):
@@ -512,8 +505,8 @@ def sweep(
         else:  # a log: lines as things happen, the table at the end
             display, show = contextlib.nullcontext(), _SweepLog(out)
         with display:
-            run = Sweep(sp, store, storage, compile_batch, benches,
-                        SweepSettings(trials=trials, timeout_s=timeout, sampler=sampler,
+            run = Sweep(sp, store, store.url, compile_batch, benches,
+                        SweepSettings(trials=trials, timeout_s=timeout, sampler=sampler.value,
                                       batch=batch or jobs, seed=seed),
                         on_update=show)
             state = run.run()
@@ -532,7 +525,7 @@ def sweep(
 def _start_benchmarkers(devices: List[int]) -> list:
     """One benchmark worker per GPU, started in parallel (each imports torch and opens a
     context: seconds). Closes those that started if another fails."""
-    from .bench import WorkerBenchmarker
+    from .bench import WorkerBenchmarker  # torch, with the GPU stage
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(devices)) as pool:
         futures = [pool.submit(WorkerBenchmarker, d) for d in devices]
@@ -566,8 +559,6 @@ def main() -> None:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        from . import settings
-
         settings.check()
         # Without standalone mode, click returns the code of a typer.Exit or an interrupt.
         code = app(standalone_mode=False)

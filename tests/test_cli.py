@@ -1,8 +1,13 @@
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from cutlass_tune import __version__
+from cutlass_tune.settings import DEFAULT_STORE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,15 +158,14 @@ def test_a_sweep_refuses_what_it_could_never_run_before_looking_for_a_gpu(tmp_pa
     assert "plain is a file, not a folder" in line
 
 
-def test_the_default_store_must_be_the_only_sweep_store(tmp_path):
-    assert one_line_error(run("best", cwd=tmp_path)) == \
-        "error: give --storage: found 0 sweep stores (none in results/)"
-    (tmp_path / "results").mkdir()
-    for gpu in ("nvidia-h100-80gb-hbm3", "nvidia-h200"):
-        (tmp_path / "results" / f"sweep-{gpu}.sqlite").write_bytes(b"")
-    line = one_line_error(run("dashboard", cwd=tmp_path))
-    assert line.startswith("error: give --storage: found 2 sweep stores (results/sweep-nvidia-h100")
-    assert not (tmp_path / "report.html").exists()
+def test_without_storage_the_reading_commands_read_the_default_store(tmp_path):
+    for command in (["best"], ["dashboard"], ["export", "-o", "b"], ["confirm"]):
+        assert one_line_error(run(*command, cwd=tmp_path)).startswith(
+            f"error: give --storage: the default store {DEFAULT_STORE} is not here"), command
+    assert list(tmp_path.iterdir()) == []
+    store = REPO / "results" / "sweep-nvidia-h200.sqlite"
+    r = run("best", "--format", "csv", cwd=tmp_path, env={**os.environ, "CUTLASS_TUNE_STORE": str(store)})
+    assert r.returncode == 0 and "4096x4096x4096_bf16bf16bf16_tn" in r.stdout
 
 
 def test_best_writes_its_table_to_a_file_whole(tmp_path):
@@ -171,3 +175,38 @@ def test_best_writes_its_table_to_a_file_whole(tmp_path):
     text = out.read_text()
     assert "4096x4096x4096_bf16bf16bf16_tn" in text and "ratio" in text.splitlines()[0]
     assert [p.name for p in tmp_path.iterdir()] == ["best.txt"]  # no temporary file left
+
+
+def test_version():
+    r = run("--version")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"cutlass-tune {__version__}\n", "")
+
+
+@pytest.mark.parametrize("command, choices", [("best", "table|csv|json|parquet"), ("sweep", "tpe|gp|random|grid")])
+def test_closed_choices_are_listed_in_the_help_and_checked(command, choices):
+    assert choices in run(command, "--help").stdout
+    option = "--format" if command == "best" else "--sampler"
+    line = one_line_error(run(command, *(["configs/quick.yaml"] if command == "sweep" else []), option, "nope"))
+    assert f"Invalid value for '{option}'" in line
+
+
+def test_the_sampler_choices_are_the_search_samplers():
+    from cutlass_tune.cli import Sampler
+    from cutlass_tune.search import SAMPLERS
+
+    assert tuple(s.value for s in Sampler) == tuple(SAMPLERS)
+
+
+@pytest.mark.parametrize("command", ["space", "best", "dashboard", "export"])
+def test_the_commands_without_a_gpu_do_not_import_torch(tmp_path, command):
+    # Guards against `best` spending seconds importing torch, which only measuring needs.
+    store = REPO / "results" / "sweep-nvidia-h200.sqlite"
+    args = {"space": ["configs/quick.yaml"], "best": ["--storage", store],
+            "dashboard": ["--storage", store, "-o", tmp_path / "r.html"],
+            "export": ["--storage", store, "-o", tmp_path / "b", "--cache-dir", tmp_path / "cache"]}[command]
+    env = {**os.environ, "CUTLASS_TUNE_NVCC": str(REPO / "tests/compile/fake_nvcc.py")}
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "cutlass_tune.cli", command, *map(str, args)],
+                       capture_output=True, text=True, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    imported = set(re.findall(r"^import time:.*\|\s+([\w.]+)$", r.stderr, re.MULTILINE))
+    assert "torch" not in imported
