@@ -5,9 +5,13 @@ from ._lanes import LaneEvent, LaneLost, Lanes
 from ._params import ParamSpace, config_of, params_of
 from ._samplers import SAMPLERS, make_sampler
 from ._seeds import COMMON_DEFAULTS, seed_configs
-from ._sweep import Benchmarker, ProblemProgress, Sweep, SweepSettings, SweepState, require_one_model, study_name
+from ._state import ProblemProgress, SweepSettings, SweepState
+from ._strategy import study_name
+from ._sweep import Benchmarker, Sweep, require_one_model
 
 __all__ = [
-    "Benchmarker", "CONFIRM_STUDY", "COMMON_DEFAULTS", "Candidate", "ConfirmResult", "LaneEvent", "LaneLost", "Lanes", "ParamSpace", "ProblemProgress", "SAMPLERS", "Sweep",
-    "SweepSettings", "SweepState", "candidates", "config_of", "confirm", "make_sampler", "params_of", "require_one_model", "seed_configs", "study_name",
+    "Benchmarker", "COMMON_DEFAULTS", "CONFIRM_STUDY", "Candidate", "ConfirmResult", "LaneEvent", "LaneLost",
+    "Lanes", "ParamSpace", "ProblemProgress", "SAMPLERS", "Sweep", "SweepSettings", "SweepState",
+    "candidates", "config_of", "confirm", "make_sampler", "params_of", "require_one_model", "seed_configs",
+    "study_name",
 ]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from typing import Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 T = TypeVar("T")
 B = TypeVar("B")
@@ -84,102 +85,118 @@ class Lanes(Generic[B]):
             Whatever `measure` raised in a lane, KeyboardInterrupt included, re-raised here
             after the other lanes were stopped.
         """
-        tasks = list(tasks)
-        lanes = [i for i in range(len(self.benches)) if i not in self.lost]
-        shared: queue.SimpleQueue = queue.SimpleQueue()
-        queues: dict[int, queue.SimpleQueue] = {}
-        for lane in lanes:
-            queues[lane] = queue.SimpleQueue() if every_lane else shared
-            if every_lane:
-                for t in tasks:
-                    queues[lane].put(t)
-        if not every_lane:
+        yield from _Run(self, list(tasks), measure, every_lane, remainder).events()
+
+
+_DONE = object()  # a lane's thread has ended
+_NOTHING = object()  # no task left for a lane
+
+
+class _Run(Generic[B, T, M]):
+    """One `Lanes.run`: a thread per lane still measuring, their events passed to the caller."""
+
+    def __init__(self, lanes: Lanes[B], tasks: list[T], measure: Callable[[B, T], Iterator[M]],
+                 every_lane: bool, remainder: Callable[[T, list[M]], T | None] | None):
+        self.lanes, self.measure, self.every_lane, self.remainder = lanes, measure, every_lane, remainder
+        self.running = [i for i in range(len(lanes)) if i not in lanes.lost]
+        self.shared: queue.SimpleQueue = queue.SimpleQueue()
+        self.queues = {lane: queue.SimpleQueue() if every_lane else self.shared for lane in self.running}
+        for q in (self.queues.values() if every_lane else [self.shared]):
             for t in tasks:
-                shared.put(t)
-        events: queue.SimpleQueue = queue.SimpleQueue()
-        stop = threading.Event()
-        lock = threading.Lock()  # guards `busy`, `self.lost` and the hand-back of a lost task
-        busy = 0  # tasks on a lane now, each of which may yet come back to the shared queue
-        done, nothing = object(), object()  # end of a lane's thread; no task left for a lane
+                q.put(t)
+        self.out: queue.SimpleQueue = queue.SimpleQueue()  # events, errors and _DONE, from the lanes
+        self.stop = threading.Event()
+        self.lock = threading.Lock()  # guards `busy`, `lanes.lost` and the hand-back of a lost task
+        self.busy = 0  # tasks on a lane now, each of which may yet come back to the shared queue
 
-        def take(lane: int) -> object:
-            nonlocal busy
-            while not stop.is_set():
-                with lock:
-                    try:
-                        task = queues[lane].get_nowait()
-                    except queue.Empty:
-                        if every_lane or not busy:
-                            return nothing
-                    else:
-                        busy += 1
-                        return task
-                stop.wait(_POLL_S / 4)  # a lane being given up may hand its task back
-            return nothing
-
-        def give_up(lane: int, task: T, taken: list[M], exc: BaseException) -> bool:
-            with lock:
-                others = [i for i in lanes if i != lane and i not in self.lost]
-                if not others or (remainder is None and not every_lane):
-                    return False
-                self.lost[lane] = str(exc)
-                if not every_lane:
-                    rest = remainder(task, taken)
-                    if rest is None:
-                        events.put(LaneEvent(lane, task, None))
-                    else:
-                        shared.put(rest)
-            events.put(LaneLost(lane, str(exc)))
-            return True
-
-        def serve(lane: int) -> None:
-            nonlocal busy
-            try:
-                while (task := take(lane)) is not nothing:
-                    taken: list[M] = []
-                    try:
-                        results = measure(self.benches[lane], task)
-                        try:
-                            for r in results:
-                                if stop.is_set():
-                                    return
-                                taken.append(r)
-                                events.put(LaneEvent(lane, task, r))
-                        finally:
-                            close = getattr(results, "close", None)
-                            if close is not None:
-                                close()
-                    except self.retire_on as exc:
-                        if give_up(lane, task, taken, exc):
-                            return
-                        raise
-                    finally:
-                        with lock:
-                            busy -= 1
-                    events.put(LaneEvent(lane, task, None))
-            except BaseException as exc:  # handed to the caller's thread, which re-raises it
-                events.put(exc)
-            finally:
-                events.put(done)
-
-        threads = [threading.Thread(target=serve, args=(i,), name=f"cutlass-tune-lane{i}", daemon=True)
-                   for i in lanes]
+    def events(self) -> Iterator[LaneEvent[T, M] | LaneLost]:
+        threads = [threading.Thread(target=self._serve, args=(i,), name=f"cutlass-tune-lane{i}", daemon=True)
+                   for i in self.running]
         for t in threads:
             t.start()
         running = len(threads)
         try:
             while running:
                 try:
-                    item = events.get(timeout=_POLL_S)
+                    item = self.out.get(timeout=_POLL_S)
                 except queue.Empty:
                     continue
-                if item is done:
+                if item is _DONE:
                     running -= 1
                 elif isinstance(item, BaseException):
                     raise item
                 else:
                     yield item
         finally:
-            stop.set()
+            self.stop.set()
             for t in threads:
                 t.join(STOP_WAIT_S)
+
+    def _serve(self, lane: int) -> None:
+        """A lane's thread: take tasks until none is left, the run stops or the lane is given up."""
+        try:
+            while (task := self._take(lane)) is not _NOTHING:
+                if not self._measure(lane, task):
+                    return
+                self.out.put(LaneEvent(lane, task, None))
+        except BaseException as exc:  # handed to the caller's thread, which re-raises it
+            self.out.put(exc)
+        finally:
+            self.out.put(_DONE)
+
+    def _take(self, lane: int) -> object:
+        while not self.stop.is_set():
+            with self.lock:
+                try:
+                    task = self.queues[lane].get_nowait()
+                except queue.Empty:
+                    if self.every_lane or not self.busy:
+                        return _NOTHING
+                else:
+                    self.busy += 1
+                    return task
+            self.stop.wait(_POLL_S / 4)  # a lane being given up may hand its task back
+        return _NOTHING
+
+    def _measure(self, lane: int, task: T) -> bool:
+        """Measure `task` on `lane`, passing on each result; False when the lane is to stop
+        (the run is stopping, or the lane was given up)."""
+        taken: list[M] = []
+        try:
+            results = self.measure(self.lanes.benches[lane], task)
+            try:
+                for r in results:
+                    if self.stop.is_set():
+                        return False
+                    taken.append(r)
+                    self.out.put(LaneEvent(lane, task, r))
+            finally:
+                close = getattr(results, "close", None)
+                if close is not None:
+                    close()
+        except self.lanes.retire_on as exc:
+            if self._give_up(lane, task, taken, exc):
+                return False
+            raise
+        finally:
+            with self.lock:
+                self.busy -= 1
+        return True
+
+    def _give_up(self, lane: int, task: T, taken: list[M], exc: BaseException) -> bool:
+        """Retire `lane` and hand what is left of `task` to the others; False when it may not
+        be given up (it is the last lane, or no `remainder` says what is left)."""
+        with self.lock:
+            others = [i for i in self.running if i != lane and i not in self.lanes.lost]
+            if not others or (self.remainder is None and not self.every_lane):
+                return False
+            self.lanes.lost[lane] = str(exc)
+            if not self.every_lane:
+                assert self.remainder is not None
+                rest = self.remainder(task, taken)
+                if rest is None:
+                    self.out.put(LaneEvent(lane, task, None))
+                else:
+                    self.shared.put(rest)
+        self.out.put(LaneLost(lane, str(exc)))
+        return True

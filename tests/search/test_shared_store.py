@@ -164,8 +164,8 @@ def test_only_a_dead_sweeps_running_trials_are_failed_as_left_over(space, tmp_pa
     if owner:
         claim_for(url, "live-run", [], host="gpu-host-7", pid=1)
     claim_for(url, "dead-run", [], host="gpu-host-7", pid=1, age_s=_sql.STALE_AFTER_S + 1)
-    first = make(space, url)
-    trial = first.state.problems[0].study.ask(first.params[space.problems[0]].distributions())
+    study = make(space, url).strategy.studies[0]
+    trial = study.study.ask(study.params.distributions())
     if owner:
         trial.set_user_attr("run_id", owner)
     make(space, url, trials=1).run()
@@ -177,8 +177,8 @@ def test_a_trial_being_asked_for_while_another_sweep_lives_is_not_failed(space, 
     """Optuna makes a trial before our sweep can name itself its owner."""
     url = f"sqlite:///{tmp_path / 'store.sqlite'}"
     claim_for(url, "live-run", [], host="gpu-host-7", pid=1)
-    first = make(space, url)
-    trial = first.state.problems[0].study.ask(first.params[space.problems[0]].distributions())
+    study = make(space, url).strategy.studies[0]
+    trial = study.study.ask(study.params.distributions())
     make(space, url, trials=1).run()
     state = optuna.load_study(study_name=trial.study.study_name, storage=url).trials[trial.number].state
     assert state is optuna.trial.TrialState.RUNNING

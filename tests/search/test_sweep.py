@@ -4,7 +4,7 @@ import dataclasses
 import optuna
 import pytest
 
-from cutlass_tune.bench import WorkerStartError
+from cutlass_tune.errors import GpuUnusableError
 from cutlass_tune.search import Sweep, SweepSettings
 from cutlass_tune.space import check_config, load_space
 from cutlass_tune.status import Status
@@ -363,7 +363,7 @@ class LostBench(SlowBench):
 
     def _check(self):
         if len(self.measured) >= self.lose_after:
-            raise WorkerStartError("benchmark worker for GPU 1 did not start within 180 s")
+            raise GpuUnusableError("benchmark worker for GPU 1 did not start within 180 s")
 
     def baseline(self, problem):
         self._check()
@@ -400,7 +400,7 @@ def test_a_gpu_lost_mid_sweep_is_given_up_and_the_others_measure_the_rest(space,
 
 
 def test_a_lone_gpu_lost_stops_the_sweep_with_its_reason_and_a_rerun_resumes(space, tmp_path):
-    with pytest.raises(WorkerStartError, match="did not start"):
+    with pytest.raises(GpuUnusableError, match="did not start"):
         make(space, tmp_path, LostBench(10), trials=6)[0].run()
     assert len(kernel_rows(state_store(tmp_path))) == 10
     again = FakeBench()
@@ -482,12 +482,12 @@ class _Stuck(optuna.samplers.RandomSampler):
 
 
 def test_a_stalled_sampler_does_not_stop_the_sweep_short_of_its_budget(space, tmp_path, monkeypatch):
-    import cutlass_tune.search._sweep as sweep_module
+    import cutlass_tune.search._strategy as strategy_module
+    from cutlass_tune.search import params_of
 
     first = next(c for c in space.candidates if not check_config(c))
-    params = sweep_module.params_of(first)
-    monkeypatch.setattr(sweep_module, "make_sampler", lambda name, **kw: _Stuck(params))
-    monkeypatch.setattr(sweep_module, "ASKS_PER_CONFIG", 3)  # each stalled ask costs a few commits
+    monkeypatch.setattr(strategy_module, "make_sampler", lambda name, **kw: _Stuck(params_of(first)))
+    monkeypatch.setattr(strategy_module, "ASKS_PER_CONFIG", 3)  # each stalled ask costs a few commits
     compiler = FakeCompiler()
     sweep, store = make(space, tmp_path, compiler=compiler, trials=14)  # 8 warm-start seeds, then the sampler
     state = sweep.run()

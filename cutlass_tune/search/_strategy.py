@@ -1,0 +1,258 @@
+"""What to compile next: one Optuna study per problem, asked in turn, told every result.
+
+Each study (named from problem, types, layout, arch and GPU) searches the compile-time knobs of
+its problem; a trial's value is the config's best TFLOP/s over its run-time variants. A proposal
+that is invalid, or already measured, is answered at once without a compile; one already
+awaiting results (measured here or by another sweep on the store) waits with it. A compiled
+kernel's result is added to every study of its kind, so one compile informs all shapes. When the
+samplers stall, configs never proposed are taken in the space file's order.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+from collections.abc import Iterable
+
+import optuna
+
+from ..space import KernelConfig, Problem, SearchSpace, check_config
+from ..store import open_study_storage
+from ._claims import Claims
+from ._ledger import Ledger
+from ._params import ParamSpace, config_of, params_of
+from ._samplers import CONSTRAINT, make_sampler
+from ._seeds import operand_kind
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+ASKS_PER_CONFIG = 50
+"""How many proposals `OptunaStrategy.ask` may ask of the studies per config it wants (plus two
+configs' worth) before it takes configs never proposed, in the file's order."""
+
+
+def study_name(problem: Problem, arch: str, gpu: str) -> str:
+    return f"{problem.name}_{arch}_{gpu.replace(' ', '-')}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """The Optuna study of one problem, over the knobs the space lists for its kind."""
+
+    problem: Problem
+    study: optuna.Study
+    params: ParamSpace
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+
+_Waiting = list[tuple[Study, optuna.trial.Trial]]
+
+
+class OptunaStrategy:
+    """Proposes configs to compile and tells the studies what was measured.
+
+    Args:
+        space: the search space.
+        storage_url: where the studies live (created, or loaded to resume).
+        sampler, seed: the Optuna sampler by name (`SAMPLERS`) and its seed.
+        arch, gpu: what the study names carry.
+        run_id: this sweep's run, named as the owner of the trials it asks.
+
+    The trials awaiting results are held here, by config, from `ask` until `tell` (or
+    `abandon`). Not thread-safe: use it from the sweep's thread.
+    """
+
+    def __init__(self, space: SearchSpace, storage_url: str, *, sampler: str, seed: int, arch: str, gpu: str,
+                 run_id: str):
+        self.space, self.run_id = space, run_id
+        self.storage = open_study_storage(storage_url)
+        self.studies: list[Study] = []
+        for p in space.problems:
+            params = ParamSpace.from_space(space, p)
+            study = optuna.create_study(study_name=study_name(p, arch, gpu), storage=self.storage,
+                                        sampler=make_sampler(sampler, seed=seed, grid=params.grid()),
+                                        direction="maximize", load_if_exists=True)
+            self.studies.append(Study(p, study, params))
+        self.invalid = 0
+        """Proposals answered as invalid."""
+        self._known: dict[str, set[str]] = {s.name: set() for s in self.studies}  # config hashes in each study
+        self._waiting: dict[str, _Waiting] = {}  # config hash -> trials awaiting its results
+        self._turn = 0  # the study `ask` asks next
+
+    # ---- starting -------------------------------------------------------------------------
+    def fail_left_over(self, live: set[str]) -> None:
+        """Fail the running trials a dead sweep left (none of the `live` runs owns them), and
+        learn which configs each study holds.
+
+        A live sweep's trial is its own: should it be taken for dead, it adds its results as
+        trials of their own (`_tell`). One without an owner may be one a live sweep is asking
+        for this moment (`ask` names the owner right after)."""
+        for s in self.studies:
+            for t in s.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                if t.user_attrs.get("run_id") in live or ("run_id" not in t.user_attrs and live):
+                    continue
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another sweep's look
+                    self.storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+                    self.storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+            self._known[s.name].update(t.user_attrs["config_hash"] for t in s.study.get_trials(deepcopy=False)
+                                       if "config_hash" in t.user_attrs)
+
+    def seed(self, configs: Iterable[KernelConfig]) -> None:
+        """Queue warm-start configs, each for a study of its own types and layouts (its knobs
+        say nothing of them), the studies of each kind taking turns."""
+        studies_of = collections.defaultdict(list)
+        for s in self.studies:
+            studies_of[operand_kind(s.problem)].append(s)
+        turns: collections.Counter = collections.Counter()
+        for cfg in configs:
+            kind = operand_kind(cfg)
+            if not studies_of[kind]:
+                continue
+            s = studies_of[kind][turns[kind] % len(studies_of[kind])]
+            turns[kind] += 1
+            pcfg = config_of(params_of(cfg), s.problem)
+            if pcfg.hash in s.params.members and pcfg.hash not in self._known[s.name]:
+                s.study.enqueue_trial(s.params.params(pcfg), skip_if_exists=True)
+
+    # ---- proposing ------------------------------------------------------------------------
+    def expect(self, cfg: KernelConfig) -> None:
+        """Await results of `cfg`, which no study asked for (an interrupted run's): `tell`
+        adds them to every study. Asked as a seed, a study that holds the interrupted run's
+        failed trial of it would skip it."""
+        self._waiting.setdefault(cfg.hash, [])
+
+    def ask(self, want: int, ledger: Ledger, claims: Claims) -> list[KernelConfig]:
+        """Up to `want` configs to compile, each claimed for this sweep.
+
+        Asks the studies in turn, where the last call stopped (with more problems than a batch
+        holds, restarting at the first would leave the last studies never asked); answers
+        invalid and measured proposals at once; a proposal awaiting results, or claimed by
+        another sweep, waits for them. After `ASKS_PER_CONFIG` asks per config wanted, takes
+        configs never proposed (`_unproposed`)."""
+        batch: list[KernelConfig] = []
+        for _ in range(ASKS_PER_CONFIG * (max(want, 1) + 2)):
+            if len(batch) >= want:
+                break
+            cfg = self._ask_one(ledger, claims)
+            if cfg is not None:
+                batch.append(cfg)
+        if len(batch) < want:
+            batch += self._unproposed(want - len(batch), ledger, claims)
+        return batch
+
+    def _ask_one(self, ledger: Ledger, claims: Claims) -> KernelConfig | None:
+        """Ask the next study; the config to compile, or None when the proposal needs none."""
+        s = self.studies[self._turn % len(self.studies)]
+        self._turn += 1
+        try:
+            trial = s.study.ask(s.params.distributions())
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return None  # a sweep starting on the store took this one for dead as Optuna made the trial
+        cfg = config_of(trial.params, s.problem)
+        why = check_config(cfg) or ([] if cfg.hash in s.params.members else ["not in the search space"])
+        if why:
+            self.invalid += 1
+            self._tell(s, trial, cfg, None, reason=str(why[0]), invalid=True)
+            return None
+        if cfg.hash in ledger.compiled and ledger.complete(cfg):
+            value = ledger.value(s.problem, cfg.hash)
+            self._tell(s, trial, cfg, value, reason="" if value else ledger.failure_reason(s.problem, cfg))
+            return None
+        # The trial waits for a measurement: name its owner, so that a sweep starting on the
+        # store while this one lives leaves it alone even if a third one died (`fail_left_over`).
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # see `_tell`
+            trial.set_user_attr("run_id", self.run_id)
+        if cfg.hash in self._waiting:
+            self._waiting[cfg.hash].append((s, trial))
+            return None
+        self._waiting[cfg.hash] = [(s, trial)]
+        return cfg if claims.claim(cfg) else None
+
+    def _unproposed(self, want: int, ledger: Ledger, claims: Claims) -> list[KernelConfig]:
+        """Up to `want` valid configs of the space never compiled, awaited or held by another
+        sweep, in the file's order, asked by no study: for when the samplers stall (they keep
+        proposing known or invalid configs, as in a short list of configs or a space whose rest
+        other sweeps hold), so that a sweep does not stop short of `--trials` with configs left."""
+        taken: list[KernelConfig] = []
+        members = set().union(*(s.params.members for s in self.studies))
+        for cfg in self.space.candidates:
+            if len(taken) == want:
+                break
+            if (cfg.hash in self._waiting or cfg.hash in ledger.compiled or cfg.hash not in members
+                    or check_config(cfg)):
+                continue
+            if claims.claim(cfg, wait=False):  # else another sweep measures it: nothing waits on it here
+                self.expect(cfg)
+                taken.append(cfg)
+        return taken
+
+    # ---- telling --------------------------------------------------------------------------
+    def tell(self, cfg: KernelConfig, ledger: Ledger) -> None:
+        """`cfg` is measured (as far as it will be): tell the trials awaiting it its figure on
+        their problem (`ledger`), and add it to every other study of its kind."""
+        asked = set()
+        for s, trial in self._waiting.pop(cfg.hash, []):
+            value = ledger.value(s.problem, cfg.hash)
+            reason = "" if value else ledger.failure_reason(s.problem, cfg)
+            self._tell(s, trial, config_of(trial.params, s.problem), value, reason=reason)
+            asked.add(s.name)
+        for s in self.studies:
+            if s.name in asked or cfg.hash in self._known[s.name]:
+                continue
+            params = s.params.params(cfg)
+            dists = s.params.distributions()
+            if config_of(params, s.problem).hash != cfg.hash or any(params[k] not in dists[k].choices for k in params):
+                continue  # another kind, or a value this study's parameters lack
+            value = ledger.value(s.problem, cfg.hash)
+            self._add_trial(s, params, cfg, value, "" if value is not None else ledger.failure_reason(s.problem, cfg))
+            self._known[s.name].add(cfg.hash)
+
+    def abandon(self, left_to_others: dict[str, KernelConfig]) -> None:
+        """Fail the trials still awaiting results (an interrupt, or another sweep still
+        measuring their configs, `left_to_others`), so that a resumed run does not wait on them;
+        the other sweep adds its results to every study when it has them (`tell`)."""
+        for cfg_hash, waiting in self._waiting.items():
+            for s, trial in waiting:
+                with contextlib.suppress(Exception):
+                    if cfg_hash in left_to_others:
+                        trial.set_user_attr("config_hash", cfg_hash)
+                        trial.set_user_attr("config", left_to_others[cfg_hash].name)
+                        trial.set_user_attr("reason", "measured by another sweep on the store")
+                    s.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _tell(self, s: Study, trial: optuna.trial.Trial, cfg: KernelConfig, value: float | None,
+              reason: str = "", invalid: bool = False) -> None:
+        self._known[s.name].add(cfg.hash)
+        if self.storage.get_trial(trial._trial_id).state.is_finished():
+            # Another sweep that started on this store meanwhile took this one for dead and failed
+            # it as left over (`fail_left_over`): keep the result as a trial of its own.
+            self._add_trial(s, trial.params, cfg, value, reason, invalid)
+            return
+        trial.set_user_attr("config_hash", cfg.hash)
+        trial.set_user_attr("config", cfg.name)
+        trial.set_constraint(CONSTRAINT, 1.0 if invalid else 0.0)
+        if reason:
+            trial.set_user_attr("reason", reason)
+        if invalid:
+            s.study.tell(trial, 0.0)  # infeasible: the constraint, not this value, ranks it
+        elif value is None:
+            s.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            s.study.tell(trial, value)
+
+    def _add_trial(self, s: Study, params: dict, cfg: KernelConfig, value: float | None,
+                   reason: str = "", invalid: bool = False) -> None:
+        """Add a finished trial of `cfg` to `s` without asking for it."""
+        attrs = {"config_hash": cfg.hash, "config": cfg.name}
+        if reason:
+            attrs["reason"] = reason
+        complete = invalid or value is not None
+        s.study.add_trial(optuna.trial.create_trial(
+            params=params, distributions=s.params.distributions(),
+            value=(0.0 if invalid else value) if complete else None,
+            state=optuna.trial.TrialState.COMPLETE if complete else optuna.trial.TrialState.FAIL,
+            user_attrs=attrs, constraints={CONSTRAINT: 1.0 if invalid else 0.0}))
