@@ -128,16 +128,6 @@ def problem_from_dict(d: dict[str, Any]) -> Problem:
     )
 
 
-def runtime_to_dict(r: RuntimeArgs) -> dict[str, Any]:
-    return {"raster": r.raster.name.lower(), "swizzle": r.swizzle, "splits": r.splits,
-            "decomposition": r.decomposition.name.lower()}
-
-
-def runtime_from_dict(d: dict[str, Any]) -> RuntimeArgs:
-    return RuntimeArgs(raster=RasterOrder[d["raster"].upper()], swizzle=d["swizzle"],
-                       splits=d["splits"], decomposition=Decomposition[d["decomposition"].upper()])
-
-
 @dataclasses.dataclass(frozen=True)
 class Measurement:
     """One (kernel, problem, run-time variant) measured, or why it could not be.
@@ -206,7 +196,7 @@ class Measurement:
             if f.name == "problem":
                 v = problem_to_dict(v)
             elif f.name == "runtime":
-                v = runtime_to_dict(v)
+                v = v.to_dict()
             elif f.name == "status":
                 v = v.value
             elif v is not None and f.name in ("config", "clocks", "env"):
@@ -224,7 +214,7 @@ class Measurement:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["problem"] = problem_from_dict(data["problem"])
-        values["runtime"] = runtime_from_dict(data["runtime"])
+        values["runtime"] = RuntimeArgs.from_dict(data["runtime"])
         values["status"] = Status(data["status"])
         for name, kind in (("config", KernelConfig), ("clocks", Clocks), ("env", EnvStamp)):
             if data.get(name) is not None:

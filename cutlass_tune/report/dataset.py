@@ -19,7 +19,7 @@ from typing import IO, Any, Iterable, Iterator
 import pandas as pd
 
 from .._files import write_atomically
-from ..measurement import Measurement, problem_to_dict, read_jsonl, runtime_to_dict
+from ..measurement import Measurement, problem_to_dict, read_jsonl
 from ..space import KernelConfig, Problem, RuntimeArgs, layout_code
 from ..store import ResultStore
 
@@ -53,7 +53,7 @@ def _row(m: Measurement, origin: _Origin) -> dict[str, Any]:
     row.update(kernel=m.kernel_name, is_baseline=m.is_baseline,
                config_hash=m.config.hash if m.config is not None else None)
     row.update({name: _plain(getattr(m.config, name)) if m.config is not None else None for name in CONFIG_COLUMNS})
-    row.update(runtime_to_dict(m.runtime))
+    row.update(m.runtime.to_dict())
     reason = m.reason.strip().splitlines()[0] if m.reason.strip() else ""
     row.update(
         status=m.status.value, reason=reason[:REASON_CHARS],
