@@ -10,6 +10,6 @@ timeout -k 10 240 python3 -m cutlass_tune.cli bench configs/winners_bf16.yaml --
 echo "winners bench rc=$?"; tail -4 "$out/winners_bench.txt"
 timeout -k 10 90 python3 benchmarks/matmul_api.py results/squares-paired-nvidia-h200.sqlite > "$out/matmul_api.md" 2>&1
 echo "matmul api rc=$?"; cat "$out/matmul_api.md"
-timeout -k 10 300 python3 -m pytest tests/bench tests/report/test_matmul.py -m gpu -q -s -p no:cacheprovider \
+timeout -k 10 300 python3 -m pytest tests/bench tests/runtime/test_matmul.py -m gpu -q -s -p no:cacheprovider \
   > "$out/gpu_tests.log" 2>&1  # the dashboard tests need plotly, which GPU hosts here lack
 echo "tests rc=$?"; grep -E "cuBLAS|paired|passed|failed|Error" "$out/gpu_tests.log" | tail -15

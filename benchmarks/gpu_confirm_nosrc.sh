@@ -12,6 +12,6 @@ python3 benchmarks/repeat_report.py "$out/winners_nosrc.jsonl" > "$out/winners_n
 sed -n '/best kernel by median/,$p' "$out/winners_nosrc_report.md"
 timeout -k 10 100 python3 benchmarks/matmul_api.py results/squares-paired-nvidia-h200.sqlite > "$out/matmul_api.md" 2>&1
 echo "matmul api rc=$?"; cat "$out/matmul_api.md"
-timeout -k 10 240 python3 -m pytest tests/bench tests/report/test_matmul.py -m gpu -q -s -p no:cacheprovider \
+timeout -k 10 240 python3 -m pytest tests/bench tests/runtime/test_matmul.py -m gpu -q -s -p no:cacheprovider \
   > "$out/gpu_tests.log" 2>&1  # the dashboard tests need plotly, which GPU hosts here lack
 echo "tests rc=$?"; grep -E "host stall|cuBLAS vs|passed|failed|Error" "$out/gpu_tests.log" | tail -15

@@ -13,6 +13,6 @@ for name in skinny_qkv wide_tiles; do
   echo "$name bench rc=$?"; grep -iE "compiled|failed|spill" "$out/${name}_bench.txt" | head -5
   python3 benchmarks/repeat_report.py "$out/${name}.jsonl" > "$out/${name}_report.md"; cat "$out/${name}_report.md"
 done
-timeout -k 10 240 python3 -m pytest tests/bench tests/report/test_matmul.py -m gpu -q -s -p no:cacheprovider \
+timeout -k 10 240 python3 -m pytest tests/bench tests/runtime/test_matmul.py -m gpu -q -s -p no:cacheprovider \
   > "$out/gpu_tests.log" 2>&1  # the dashboard tests need plotly, which GPU hosts here lack
 echo "tests rc=$?"; grep -E "host stall|cuBLAS vs|passed|failed|Error" "$out/gpu_tests.log" | tail -15

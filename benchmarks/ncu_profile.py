@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from cutlass_tune import settings
-from cutlass_tune.bench._loader import LoadedKernel, make_args
+from cutlass_tune.runtime import LoadedKernel, make_args
 from cutlass_tune.bench._timing import L2Flush
 from cutlass_tune.bench._verify import Operands, allocate, randomize
 from cutlass_tune.compile import KernelCache, compile_kernels

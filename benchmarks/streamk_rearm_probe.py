@@ -19,10 +19,11 @@ import argparse
 import torch
 
 from cutlass_tune import BestTable
-from cutlass_tune.bench import L2Flush, LoadedKernel, TimingOptions, make_args, time_paired
+from cutlass_tune.bench import L2Flush, TimingOptions, time_paired
 from cutlass_tune.bench._runner import CublasTarget, CutlassTarget, _stream
 from cutlass_tune.bench._verify import allocate, compare, randomize, reference
 from cutlass_tune.compile import compile_kernels
+from cutlass_tune.runtime import LoadedKernel, make_args
 from cutlass_tune.space import Problem, TileScheduler
 
 

@@ -2,17 +2,23 @@
 
 The user-facing API: `load_best` (best-config tables as pandas DataFrames), `BestTable`
 (lookups), `matmul` and `Gemm` (run tuned kernels on torch tensors). Stages live in
-`cutlass_tune.space`, `.render`, `.compile`, `.bench`, `.search`, `.store` and `.report`.
+`cutlass_tune.space`, `.render`, `.compile`, `.bench`, `.search`, `.store` and `.report`; what a
+serving host needs in `.tables` and `.runtime`.
 """
 
 __version__ = "0.1.0"
 
-_REPORT = ("BestTable", "Gemm", "load_best", "matmul")
-__all__ = [*_REPORT, "__version__"]
+_RUNTIME = ("BestTable", "Gemm", "matmul")
+_REPORT = ("load_best",)
+__all__ = [*_RUNTIME, *_REPORT, "__version__"]
 
 
 def __getattr__(name: str):
     # Imported on first use: `import cutlass_tune` stays light (no torch, pandas) for the CLI.
+    if name in _RUNTIME:
+        from . import runtime
+
+        return getattr(runtime, name)
     if name in _REPORT:
         from . import report
 

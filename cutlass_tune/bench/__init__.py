@@ -9,7 +9,6 @@ function.
 from ._benchmarker import WorkerBenchmarker
 from ._env import ClockMonitor, env_stamp
 from ._job import InvalidJobError, Job
-from ._loader import GemmArgs, GemmInstance, KernelLoadError, KernelStatusError, LoadedKernel, make_args
 from ._runner import GpuRunner
 from ._session import Plan, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
 from ._timing import L2Flush, TimingOptions, TimingStats, summarize, time_launches, time_paired
@@ -17,10 +16,8 @@ from ._verify import TOLERANCE, Operands, Verdict, compare, verify_launch
 from ._worker import DEFAULT_TIMEOUT_S, Worker, WorkerError, WorkerStartError
 
 __all__ = [
-    "ClockMonitor", "DEFAULT_TIMEOUT_S", "GemmArgs", "GemmInstance",
-    "GpuRunner", "InvalidJobError", "Job", "KernelLoadError", "KernelStatusError", "L2Flush",
-    "LoadedKernel", "Operands", "Plan", "TOLERANCE", "TimingOptions",
-    "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError", "WorkerStartError",
-    "baseline_ratio", "compare", "env_stamp", "make_args", "plan_jobs", "repeat_spread",
+    "ClockMonitor", "DEFAULT_TIMEOUT_S", "GpuRunner", "InvalidJobError", "Job", "L2Flush", "Operands", "Plan",
+    "TOLERANCE", "TimingOptions", "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError", "WorkerStartError",
+    "baseline_ratio", "compare", "env_stamp", "plan_jobs", "repeat_spread",
     "require_gpu", "run_plan", "summarize", "time_launches", "time_paired", "verify_launch",
 ]

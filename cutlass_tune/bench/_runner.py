@@ -27,7 +27,7 @@ from ..status import Status
 from ..measurement import Clocks
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
-from ._loader import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
+from ..runtime import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..measurement import Measurement
 from ._timing import L2Flush, TimingStats, time_paired
 

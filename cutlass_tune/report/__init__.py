@@ -1,20 +1,19 @@
-"""Report stage: best-config tables, the tuned matmul, dashboards."""
+"""Report stage: best-config tables built from a store, the files the tuner hands on (tables
+and bundles), dashboards. Reading tables and bundles and running their kernels is the runtime's
+(`cutlass_tune.tables`, `cutlass_tune.runtime`)."""
 
-from ._best import COLUMNS, BestTable, BestTableError, Match, load_best
-from ._bundle import BundledKernel, BundleError, BundleSummary, is_bundle, read_bundle, write_bundle
-from ._matmul import Gemm, MatmulInputError, matmul, problem_of
-from ._table_file import same_file, write_table
+from ._best import load_best
+from ._export import BundleSummary, same_file, write_bundle, write_table
 
-__all__ = ["BestTable", "BestTableError", "BundleError", "BundleSummary", "BundledKernel", "COLUMNS",
-           "DashboardError", "Gemm", "Match", "MatmulInputError", "build_dashboard", "is_bundle", "load_best",
-           "matmul", "problem_of", "read_bundle", "same_file", "write_bundle", "write_dashboard", "write_table"]
+__all__ = ["BundleSummary", "DashboardError", "build_dashboard", "load_best", "same_file", "write_bundle",
+           "write_dashboard", "write_table"]
 
 
 _DASHBOARD = ("DashboardError", "build_dashboard", "write_dashboard")
 
 
 def __getattr__(name: str):
-    # plotly loads only for the dashboard: using tables and the tuned matmul does not need it.
+    # plotly loads only for the dashboard: building and writing tables does not need it.
     if name in _DASHBOARD:
         from . import _dashboard
 

@@ -1,22 +1,6 @@
-"""Best-config tables: the best verified kernel per (GPU, problem), and lookups into them.
+"""Best-config tables built from a store: the best verified kernel per (GPU, problem).
 
-Schema of the DataFrame `load_best` returns (one row per GPU and problem):
-
-| column | meaning |
-|---|---|
-| gpu | GPU model the figures were measured on |
-| problem, m, n, k, dtype_a, dtype_b, dtype_d, layout | the GEMM (layout: BLAS two letters, e.g. tn) |
-| kernel, config_hash | name and content hash of the winning `KernelConfig` |
-| runtime, raster, swizzle, splits, decomposition | its best run-time variant |
-| tflops, median_ms, p20_ms, p80_ms, samples | its timing (median; L2-cold CUDA events, or CUDA-graph replays where the store was swept with `--graph`) |
-| spread | (p80 - p20) / median |
-| cublas_tflops, ratio | cuBLAS in the same run (sampled alternately with the kernel where the store pairs baselines), and tflops / cublas_tflops |
-| tile_m ... tile_scheduler, fp8_fast_accum, epilogue_tile_n, epilogue_source | the config's knobs, one column each (stages and epilogue_tile_n 0: auto) |
-| config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
-| run_id | the run that measured it |
-| sweep_ratio | the best ratio the sweep measured for this kernel and variant |
-| confirm_passes | passes of `cutlass-tune confirm` that measured it (0: not confirmed) |
-| ratio_low, ratio_high | lowest and highest confirmed ratio (both `ratio` when not confirmed) |
+The table's columns are those of `cutlass_tune.tables` (tables/_schema.py).
 
 The best is chosen by `ratio`: figures from different runs are compared through their
 same-run cuBLAS baselines, never as absolute TFLOP/s. Where `cutlass-tune confirm` re-measured
@@ -28,46 +12,23 @@ is never that problem's best.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
 
 import pandas as pd
 
-from ..errors import CutlassTuneError, first_line
-from ..space import KernelConfig, RuntimeArgs
+from ..errors import first_line
+from ..measurement import Measurement
+from ..space import cells
 from ..status import Status
-from ..store import store_url_of
-
-if TYPE_CHECKING:
-    from ._bundle import BundledKernel
-
-KNOB_COLUMNS = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "kernel_schedule",
-                "epilogue_schedule", "tile_scheduler", "fp8_fast_accum", "epilogue_tile_n", "epilogue_source")
-_LATER_KNOBS = ("fp8_fast_accum", "epilogue_tile_n", "epilogue_source")
-"""Knob columns that tables written before them lack; `load_best` fills them from `config`."""
-
-
-def _knob_values(cfg: KernelConfig) -> dict:
-    return {k: (v.value if hasattr(v, "value") else v) for k in KNOB_COLUMNS for v in (getattr(cfg, k),)}
-COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
-           "config_hash", "runtime", "raster", "swizzle", "splits", "decomposition", "tflops", "median_ms",
-           "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
-           "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high")
-_CONFIRM_COLUMNS = ("sweep_ratio", "confirm_passes", "ratio_low", "ratio_high")
-
-
-class BestTableError(CutlassTuneError):
-    """A best-config table cannot be built or read, or has no entry for a lookup."""
+from ..store import open_store, store_url_of
+from ..tables import COLUMNS, BestTableError, read_local
 
 
 def _measurements(store, url: str, rows: list[dict]) -> list:
     """The Measurement of each of `rows` (store rows with their `id`), rebuilt from its
     `record`; a record that cannot be rebuilt is a BestTableError naming its row."""
-    from ..measurement import Measurement
-
     records = {r["id"]: r["record"] for r in store.rows(["id", "record"])}
     out = []
     for r in rows:
@@ -83,12 +44,7 @@ _STORE_NUMBERS = ("tflops", "median_ms", "p20_ms", "p80_ms", "cublas_tflops", "r
 
 
 def _from_store(url: str) -> pd.DataFrame:
-    from ..store import ResultStore
-
-    local = _local_file(url)
-    if local is not None and not local.exists():  # (looking into it would make an empty file)
-        raise BestTableError(f"no store at {url}")
-    store = ResultStore(url)
+    store = open_store(url)
     # StoreError, not BestTableError: the dashboard shows a store whose best table cannot be
     # built (BestTableError) with an empty one, but must not read a store of another schema.
     store.check_schema()
@@ -114,9 +70,8 @@ def _from_store(url: str) -> pd.DataFrame:
             **{c: r[c] for c in ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout",
                                  "kernel", "config_hash", "runtime", "tflops", "median_ms", "p20_ms",
                                  "p80_ms", "samples", "cublas_tflops", "ratio", "run_id")},
-            "raster": m.runtime.raster.name.lower(), "swizzle": m.runtime.swizzle,
-            "splits": m.runtime.splits, "decomposition": m.runtime.decomposition.name.lower(),
-            **_knob_values(m.config),
+            **cells(m.runtime),
+            **cells(m.config),
             "config": json.dumps(m.config.to_dict(), sort_keys=True),
             "_confirm": r["study"] == CONFIRM_STUDY,
         })
@@ -158,7 +113,7 @@ def _from_store(url: str) -> pd.DataFrame:
 
 
 def load_best(source: str | Path) -> pd.DataFrame:
-    """The best verified kernel per (GPU, problem), with the schema in this module's docstring.
+    """The best verified kernel per (GPU, problem), with the columns of `cutlass_tune.tables`.
 
     Args:
         source: a store URL (`sqlite:///...`, `postgresql+psycopg://...`), a `.sqlite` file, a
@@ -171,112 +126,9 @@ def load_best(source: str | Path) -> pd.DataFrame:
             column); an empty store, a store with no successful measurement, or a stored
             measurement that cannot be read.
         BundleError: a bundle whose files do not match its manifest.
-        StoreError: the store cannot be reached, or is of another schema version.
+        StoreError: no such SQLite store, the store cannot be reached, or is of another schema version.
     """
-    from ._bundle import is_bundle, read_bundle
-    from ._table_file import read_table
-
     url = store_url_of(source)
     if url is not None:
         return _from_store(url)
-    path = Path(source)
-    if not path.exists():
-        raise BestTableError(f"no best-config table at {path}")
-    if is_bundle(path):
-        return read_bundle(path)[0]
-    return read_table(path)
-
-
-def _local_file(source: str | Path) -> Path | None:
-    """The file `source` names on this host: a path as it is, a SQLite store URL's database;
-    None for a store on a server (or an in-memory one)."""
-    url = store_url_of(source)
-    if url is None:
-        return Path(source)
-    import sqlalchemy as sa
-
-    try:
-        parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
-        return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
-        return None
-    return Path(parsed.database)
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Match:
-    """A lookup result: the table row, and whether it is the problem asked for."""
-
-    row: pd.Series
-    exact: bool
-    distance: float
-    """Euclidean distance in log2(M), log2(N), log2(K) between asked and tuned problem."""
-
-    @property
-    def config(self) -> KernelConfig:
-        return KernelConfig.from_dict(json.loads(self.row["config"]))
-
-    @property
-    def runtime(self) -> RuntimeArgs:
-        from ..space import Decomposition, RasterOrder
-
-        return RuntimeArgs(raster=RasterOrder[self.row["raster"].upper()], swizzle=int(self.row["swizzle"]),
-                           splits=int(self.row["splits"]),
-                           decomposition=Decomposition[self.row["decomposition"].upper()])
-
-
-class BestTable:
-    """Lookups into a best-config table (`load_best`'s DataFrame).
-
-    `bundled`: the compiled kernels of a bundle by config hash (`matmul` loads these instead of
-    compiling); empty for a table from a store or file.
-    """
-
-    def __init__(self, frame: pd.DataFrame, gpu: str | None = None,
-                 bundled: Mapping[str, BundledKernel] | None = None):
-        if gpu is not None:
-            frame = frame[frame["gpu"] == gpu]
-        self.frame = frame.reset_index(drop=True)
-        self.bundled = dict(bundled or {})
-        self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
-
-    @classmethod
-    def load(cls, source: str | Path, gpu: str | None = None) -> BestTable:
-        """`load_best(source)` as a table; a bundle brings its compiled kernels along."""
-        from ._bundle import is_bundle, read_bundle
-
-        if store_url_of(source) is None and is_bundle(source):
-            frame, bundled = read_bundle(source)
-            return cls(frame, gpu=gpu, bundled=bundled)
-        return cls(load_best(source), gpu=gpu)
-
-    def lookup(self, m: int, n: int, k: int, dtype: str = "bf16", layout: str = "tn",
-               out_dtype: str | None = None) -> Match:
-        """The row for M x N x K, or the nearest tuned problem of the same dtypes and layout on a
-        log scale (`exact` False).
-
-        Args:
-            dtype: the input type (`dtype_a`: bf16, f16, e4m3, e5m2).
-            layout: BLAS two letters (tn, nt, nn, tt).
-            out_dtype: the output type (`dtype_d`); None takes rows of any output type.
-
-        Raises:
-            BestTableError: nothing tuned for these dtypes and layout (or a non-positive size).
-        """
-        if min(m, n, k) <= 0:
-            raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
-        f = self.frame
-        wanted = (f["dtype_a"] == dtype) & (f["layout"] == layout)
-        if out_dtype is not None:
-            wanted &= f["dtype_d"] == out_dtype
-        same = f[wanted]
-        if same.empty:
-            tuned = sorted({f"{a} -> {d} {lay}" for a, d, lay in zip(f["dtype_a"], f["dtype_d"], f["layout"])})
-            asked = f"{dtype} -> {out_dtype}" if out_dtype is not None else dtype
-            raise BestTableError(f"no tuned problem for {asked} {layout} (the table has: {', '.join(tuned) or 'none'})")
-        distance = same.apply(lambda r: math.dist((math.log2(m), math.log2(n), math.log2(k)),
-                                                  (math.log2(r["m"]), math.log2(r["n"]), math.log2(r["k"]))), axis=1)
-        best = distance.idxmin()
-        return Match(row=same.loc[best], exact=bool(distance[best] == 0.0), distance=float(distance[best]))
+    return read_local(source)[0]

@@ -8,10 +8,10 @@ import pytest
 
 from cutlass_tune import BestTable, load_best
 from cutlass_tune.measurement import Measurement
-from cutlass_tune.report import COLUMNS, BestTableError
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
+from cutlass_tune.tables import COLUMNS, BestTableError
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"

@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 
 from cutlass_tune import load_best, render
-from cutlass_tune.report import BestTableError, write_table
-from cutlass_tune.report import same_file
+from cutlass_tune.report import same_file, write_table
 from cutlass_tune.space import KernelConfig, check_config
 from cutlass_tune.store import StoreError
+from cutlass_tune.tables import BestTableError
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"

@@ -11,10 +11,11 @@ import pytest
 
 from cutlass_tune import BestTable, load_best
 from cutlass_tune.compile import CompiledKernel
-from cutlass_tune.report import BundleError, read_bundle, write_bundle
-from cutlass_tune.report import _bundle
+from cutlass_tune.report import _export, write_bundle
+from cutlass_tune.runtime import LoadedKernel
 from cutlass_tune.space import KernelConfig
 from cutlass_tune.status import Status
+from cutlass_tune.tables import BundleError, read_bundle
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"
@@ -93,7 +94,7 @@ def test_an_export_stopped_while_copying_leaves_no_directory(frame, tmp_path, mo
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_bundle.shutil, "copyfile", interrupted)
+    monkeypatch.setattr(_export.shutil, "copyfile", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_bundle(frame, stand_ins(frame, tmp_path / "cache"), tmp_path / "bundle", BUILT_WITH)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
@@ -175,8 +176,6 @@ def test_export_errors_are_one_line(tmp_path):
 
 @pytest.mark.nvcc
 def test_export_builds_the_winners_and_they_load_from_the_bundle_alone(tmp_path):
-    from cutlass_tune.bench import LoadedKernel
-
     out = tmp_path / "bundle"
     r = run("export", "--storage", STORE, "-o", out, "--cache-dir", tmp_path / "cache")
     assert r.returncode == 0, r.stderr

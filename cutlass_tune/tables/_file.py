@@ -1,28 +1,26 @@
-"""Best-config tables as files: reading and checking them (`read_table`, for `load_best`),
-and writing them atomically (`write_table`).
+"""Best-config tables as files: reading one (.csv, .json or .parquet) and checking every value.
+(`cutlass-tune best` writes them: report/_export.py.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
-from .._files import FileWriteError, write_atomically
 from ..errors import first_line
-from ..space import Decomposition, DType, KernelConfig, RasterOrder
-from ._best import _LATER_KNOBS, COLUMNS, KNOB_COLUMNS, BestTableError, _knob_values, _local_file
+from ..space import Decomposition, DType, KernelConfig, RasterOrder, RuntimeArgs, cells, column_kinds
+from ._schema import COLUMNS, KNOB_COLUMNS, LATER_KNOBS, BestTableError
 
 _TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
-_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "raster", "decomposition",
-                 "kernel_schedule", "epilogue_schedule", "tile_scheduler", "config")
+_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config",
+                 *(c for kinds in (column_kinds(RuntimeArgs), column_kinds(KernelConfig))
+                   for c, kind in kinds.items() if kind == "text"))
 """Columns a CSV file's reader keeps as text (a config hash or run id of digits stays a string)."""
 
 
@@ -50,6 +48,8 @@ _READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
     ".json": _read_json,
     ".parquet": lambda p: pd.read_parquet(p),
 }
+TABLE_SUFFIXES = tuple(_READERS)
+"""The suffixes of the table files `read_table` reads."""
 
 
 def _reader_errors() -> tuple[type[BaseException], ...]:
@@ -222,12 +222,15 @@ def _check_knobs(frame: pd.DataFrame, wanted: list[dict], path: Path) -> None:
 
 def read_table(path: Path) -> pd.DataFrame:
     """The best-config table in the file `path` (.csv, .json or .parquet), every value checked
-    and of its column's kind; see `load_best`.
+    and of its column's kind (the columns of tables/_schema.py).
 
     Raises:
-        BestTableError: an unknown suffix, a file that cannot be read as a table, a missing
-            column, no rows, or a value that is not of its column's kind (naming row and column).
+        BestTableError: no such file, an unknown suffix, a file that cannot be read as a table, a
+            missing column, no rows, or a value that is not of its column's kind (naming row and
+            column).
     """
+    if not path.exists():
+        raise BestTableError(f"no best-config table at {path}")
     if path.suffix not in _READERS:
         raise BestTableError(f"{path}: expected a store URL, a .sqlite, .csv, .json or .parquet file, "
                              "or a bundle directory")
@@ -238,7 +241,7 @@ def read_table(path: Path) -> pd.DataFrame:
         frame = frame.assign(**{c: v for c, v in defaults.items() if c not in frame.columns})
     if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
-    fillable = _LATER_KNOBS if "config" in frame.columns else ()
+    fillable = LATER_KNOBS if "config" in frame.columns else ()
     missing = [c for c in COLUMNS if c not in frame.columns and c not in fillable]
     if missing:
         listed = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
@@ -246,7 +249,7 @@ def read_table(path: Path) -> pd.DataFrame:
     if frame.empty:
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
     configs = _check_rows(frame, path)
-    wanted = [_knob_values(c) for c in configs]
+    wanted = [cells(c) for c in configs]
     _check_knobs(frame, wanted, path)
     knobs = pd.DataFrame(wanted, index=frame.index)
     # Each column of its kind: knobs from the configs (which they equal; tables written before
@@ -256,63 +259,3 @@ def read_table(path: Path) -> pd.DataFrame:
                         **{c: pd.to_numeric(frame[c].map(_as_number)).astype("int64") for c in _INTEGERS},
                         **{c: pd.to_numeric(frame[c].map(_as_number)).astype(float) for c in (*_POSITIVE, *_NUMBERS)})
 
-
-def same_file(a: str | Path, b: str | Path) -> bool:
-    """Whether `a` and `b` (paths, `.sqlite` files or SQLite store URLs, as `load_best` takes
-    them) name one existing file, through links too; a bundle directory stands for its table
-    file as well. False where either does not exist or is a store on a server.
-
-    `cutlass-tune best --storage SOURCE -o OUTPUT` refuses to write where this holds: the
-    output would replace the table, or the store, it was read from."""
-    from ._bundle import TABLE, is_bundle
-
-    def files(x: str | Path) -> list[Path]:
-        path = _local_file(x)
-        if path is None:
-            return []
-        return [path, path / TABLE] if is_bundle(path) else [path]
-
-    for x in files(a):
-        for y in files(b):
-            try:
-                if os.path.samefile(x, y):
-                    return True
-            except (OSError, ValueError):  # one of them does not exist (or is not a valid path)
-                continue
-    return False
-
-
-def _cannot_write(path: Path | str, err: OSError) -> BestTableError:
-    return BestTableError(f"cannot write {path}: {err.strerror or first_line(err)}")
-
-
-def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, source: str | Path | None = None) -> None:
-    """Write `frame` as csv, json or parquet, atomically: to a temporary file beside `path`,
-    then renamed over it; on any failure `path` is as it was and the temporary file is gone.
-
-    Args:
-        source: where `frame` was read from (as given to `load_best`); writing over it is refused.
-
-    Raises:
-        BestTableError: an unknown format, parquet without pyarrow, `path` is `source`, or
-            `path` cannot be written (a directory, no such folder, no permission, a full disk):
-            one line, "cannot write PATH: <reason>".
-    """
-    if fmt not in ("csv", "json", "parquet"):
-        raise BestTableError(f"unknown format {fmt!r}")
-    if not str(path):
-        raise BestTableError("cannot write '': no file name given")
-    path = Path(path)
-    if source is not None and same_file(source, path):
-        raise BestTableError(f"cannot write {path}: it is the table's source ({source}); write to another file")
-    if path.is_dir() or not path.name:
-        raise _cannot_write(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
-    writers = {"csv": lambda f: frame.to_csv(f, index=False),
-               "json": lambda f: frame.to_json(f, orient="records", indent=1, double_precision=15),
-               "parquet": lambda f: frame.to_parquet(f, index=False)}
-    try:
-        write_atomically(path, writers[fmt], binary=fmt == "parquet")
-    except ImportError as err:
-        raise BestTableError("parquet output needs pyarrow (pip install 'cutlass-tune[parquet]')") from err
-    except FileWriteError as err:
-        raise BestTableError(str(err)) from err

@@ -1,12 +1,16 @@
+import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
 import cutlass_tune
-from cutlass_tune.report import BestTable, MatmulInputError, problem_of
-from cutlass_tune.space import Layout
+from cutlass_tune.runtime import BestTable, MatmulInputError, _matmul, problem_of
+from cutlass_tune.space import DType, KernelConfig, Layout
 
 STORE = Path(__file__).resolve().parents[2] / "results" / "sweep-nvidia-h200.sqlite"
 
@@ -62,11 +66,6 @@ def test_tuned_matmul_matches_torch_for_every_tuned_problem():
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_a_bundle_runs_its_kernels_where_nothing_can_compile(tmp_path, monkeypatch):
-    import subprocess
-    import sys
-
-    import cutlass_tune.compile
-
     out = tmp_path / "bundle"
     done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "export", "--storage", STORE, "-o", out],
                           capture_output=True, text=True)
@@ -75,7 +74,7 @@ def test_a_bundle_runs_its_kernels_where_nothing_can_compile(tmp_path, monkeypat
     def no_compiler(*args, **kwargs):
         raise AssertionError("a bundle's kernels must not be compiled")
 
-    monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", no_compiler)
+    monkeypatch.setattr(_matmul, "compile_kernels", no_compiler)
     monkeypatch.setenv("CUTLASS_TUNE_NVCC", str(tmp_path / "no-nvcc"))
     table = BestTable.load(out)
     for row in table.frame.itertuples():
@@ -137,18 +136,14 @@ def test_repeated_calls_stay_correct_on_new_and_reused_buffers():
 
 
 def test_untuned_fp8_falls_back_to_scaled_mm_with_a_bf16_result():
-    from cutlass_tune.report._matmul import _untuned
-
     a = torch.randn(32, 64).to(torch.float8_e4m3fn)
     w = torch.randn(48, 64).to(torch.float8_e4m3fn)
-    got = _untuned(a, w.t(), torch.bfloat16)
+    got = _matmul._untuned(a, w.t(), torch.bfloat16)
     assert got.dtype == torch.bfloat16 and got.shape == (32, 48)
     torch.testing.assert_close(got.float(), a.float() @ w.float().t(), rtol=1e-2, atol=1e-2)
 
 
 def _fp8_table(config_json):
-    import pandas as pd
-
     row = dict(gpu="any", problem="4096x4096x4096_e4m3e4m3bf16_tn", m=4096, n=4096, k=4096, dtype_a="e4m3",
                dtype_b="e4m3", dtype_d="bf16", layout="tn", kernel="fp8", config=config_json,
                raster="along_n", swizzle=4, splits=1, decomposition="heuristic")
@@ -158,10 +153,6 @@ def _fp8_table(config_json):
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_fp8_inputs_run_the_tuned_fp8_kernel():
-    import json
-
-    from cutlass_tune.space import DType, KernelConfig
-
     cfg = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_m=128, tile_n=256, tile_k=128,
                        cluster_m=2, fp8_fast_accum=True)
     table = _fp8_table(json.dumps(cfg.to_dict()))

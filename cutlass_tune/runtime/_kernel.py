@@ -5,7 +5,7 @@ library, and per kernel symbol S the functions S_shared_storage_bytes, S_stages,
 S_workspace_size, S_can_implement, S_create, S_destroy, S_initialize and S_run. Statuses are
 `cutlass::Status` values (0 is kSuccess).
 
-Not thread-safe: one `GemmInstance` belongs to one thread (the worker's).
+Not thread-safe: one `GemmInstance` belongs to one thread (a bench worker, or a thread calling a `Gemm`).
 """
 
 from __future__ import annotations

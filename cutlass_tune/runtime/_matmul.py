@@ -14,17 +14,20 @@ run them, torch._scaled_mm does.
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import warnings
 from pathlib import Path
 
 import torch
 
+from ..compile import KernelCache, compile_kernels
 from ..errors import CutlassTuneError
 from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, TileScheduler, check_problem, layout_code
 from ..status import Status
-from ._best import BestTable, BestTableError
-from ._bundle import BundledKernel
+from ..tables import BestTableError, BundledKernel
+from ._kernel import KernelStatusError, LoadedKernel, make_args
+from ._table import BestTable
 
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
 # Not e5m2: with both inputs e5m2, torch._scaled_mm (the fallback where no kernel applies) has no GEMM.
@@ -95,11 +98,7 @@ class Gemm:
 
     def __init__(self, config: KernelConfig, runtime: RuntimeArgs = RuntimeArgs(), cache_dir: Path | None = None,
                  bundled: BundledKernel | None = None):
-        from ..bench import LoadedKernel
-
         if bundled is None:
-            from ..compile import KernelCache, compile_kernels
-
             compiled = compile_kernels([config], cache=KernelCache.at(cache_dir), jobs=1)[0]
             if compiled.status is not Status.OK:
                 raise CutlassTuneError(f"{config.name} does not compile: {compiled.reason} (log {compiled.log_path})")
@@ -122,8 +121,6 @@ class Gemm:
 
     def run(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Launch on tensors already checked to pose `problem` (the fast path of `matmul`)."""
-        from ..bench import make_args
-
         dtype_d = _TORCH[self.config.dtype_d]
         if out is None:
             out = torch.empty(problem.m, problem.n, dtype=dtype_d, device=a.device)
@@ -173,7 +170,7 @@ def _sm_count(device: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None) -> Gemm:
-    return Gemm(KernelConfig.from_dict(__import__("json").loads(config_json)), runtime, bundled=bundled)
+    return Gemm(KernelConfig.from_dict(json.loads(config_json)), runtime, bundled=bundled)
 
 
 _warned: set[str] = set()
@@ -215,8 +212,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
         _warn_once(dtypes, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
         table._kernels[key] = (None, problem)
         return _untuned(a, b, _TORCH[problem.dtype_d])
-    from ..bench import KernelStatusError
-
     bundled = table.bundled.get(match.row.get("config_hash")) if table.bundled else None
     gemm = _gemm(match.row["config"], match.runtime, bundled)
     try:

@@ -6,11 +6,10 @@ import subprocess
 import pytest
 
 from cutlass_tune import render
-from cutlass_tune.bench import GemmArgs, KernelLoadError, LoadedKernel, make_args
-from cutlass_tune.bench._loader import cutlass_status_name
+from cutlass_tune.runtime import GemmArgs, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from cutlass_tune.space import Decomposition, Problem, RasterOrder, RuntimeArgs, smem_usage
 
-from .abi import header_text
+from ..bench.abi import header_text
 
 FIELDS = ["m", "n", "k", "a", "b", "c", "d", "alpha", "beta", "raster", "swizzle", "splits",
           "decomposition", "device_id", "sm_count"]

@@ -1,0 +1,146 @@
+"""What the tuner hands on: best-config tables written to files (`cutlass-tune best -o`) and
+bundles (`cutlass-tune export`), in the formats `cutlass_tune.tables` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import pandas as pd
+
+from .. import render
+from .._files import FileWriteError, write_atomically
+from ..errors import first_line
+from ..status import Status
+from ..store import local_file
+from ..tables import BUNDLE_FORMAT, MANIFEST, TABLE, BestTableError, BundleError, is_bundle, sha256_of
+
+if TYPE_CHECKING:
+    from ..compile import CompiledKernel
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether `a` and `b` (paths, `.sqlite` files or SQLite store URLs, as `load_best` takes
+    them) name one existing file, through links too; a bundle directory stands for its table
+    file as well. False where either does not exist or is a store on a server.
+
+    `cutlass-tune best --storage SOURCE -o OUTPUT` refuses to write where this holds: the
+    output would replace the table, or the store, it was read from."""
+
+    def files(x: str | Path) -> list[Path]:
+        path = local_file(x)
+        if path is None:
+            return []
+        return [path, path / TABLE] if is_bundle(path) else [path]
+
+    for x in files(a):
+        for y in files(b):
+            try:
+                if os.path.samefile(x, y):
+                    return True
+            except (OSError, ValueError):  # one of them does not exist (or is not a valid path)
+                continue
+    return False
+
+
+def _cannot_write(path: Path | str, err: OSError) -> BestTableError:
+    return BestTableError(f"cannot write {path}: {err.strerror or first_line(err)}")
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, source: str | Path | None = None) -> None:
+    """Write `frame` as csv, json or parquet, atomically: to a temporary file beside `path`,
+    then renamed over it; on any failure `path` is as it was and the temporary file is gone.
+
+    Args:
+        source: where `frame` was read from (as given to `load_best`); writing over it is refused.
+
+    Raises:
+        BestTableError: an unknown format, parquet without pyarrow, `path` is `source`, or
+            `path` cannot be written (a directory, no such folder, no permission, a full disk):
+            one line, "cannot write PATH: <reason>".
+    """
+    if fmt not in ("csv", "json", "parquet"):
+        raise BestTableError(f"unknown format {fmt!r}")
+    if not str(path):
+        raise BestTableError("cannot write '': no file name given")
+    path = Path(path)
+    if source is not None and same_file(source, path):
+        raise BestTableError(f"cannot write {path}: it is the table's source ({source}); write to another file")
+    if path.is_dir() or not path.name:
+        raise _cannot_write(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+    writers = {"csv": lambda f: frame.to_csv(f, index=False),
+               "json": lambda f: frame.to_json(f, orient="records", indent=1, double_precision=15),
+               "parquet": lambda f: frame.to_parquet(f, index=False)}
+    try:
+        write_atomically(path, writers[fmt], binary=fmt == "parquet")
+    except ImportError as err:
+        raise BestTableError("parquet output needs pyarrow (pip install 'cutlass-tune[parquet]')") from err
+    except FileWriteError as err:
+        raise BestTableError(str(err)) from err
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleSummary:
+    """What `write_bundle` wrote: the bundle's directory, its problems, kernels, libraries and their bytes."""
+
+    path: Path
+    problems: int
+    kernels: int
+    libraries: int
+    bytes: int
+
+
+def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: Path,
+                 built_with: Mapping[str, str]) -> BundleSummary:
+    """Write `frame` and the libraries of its kernels (`compiled`: at least one per config
+    hash of the table) to the new directory `out`, all at once: it appears complete or not at
+    all.
+
+    Args:
+        built_with: toolchain facts for the manifest (nvcc and CUTLASS versions).
+
+    Raises:
+        BundleError: `out` exists, or a kernel of the table is missing from `compiled` or did
+            not compile.
+    """
+    out = Path(out)
+    if out.exists():
+        raise BundleError(f"{out} exists: remove it or export to a new directory")
+    by_hash = {k.config.hash: k for k in compiled}
+    kernels: dict[str, dict[str, str]] = {}
+    sources: dict[str, Path] = {}
+    for config_hash, name in dict(zip(frame["config_hash"], frame["kernel"])).items():
+        kernel = by_hash.get(config_hash)
+        if kernel is None:
+            raise BundleError(f"{name} ({config_hash}) was not compiled for the bundle")
+        if kernel.status is not Status.OK or kernel.library is None:
+            raise BundleError(f"{name} does not compile: {kernel.reason}")
+        file = f"{kernel.library.parent.name}.so"  # the unit's key: one copy per unit
+        sources[file] = kernel.library
+        kernels[config_hash] = {"library": f"kernels/{file}", "symbol": kernel.symbol, "name": name}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        (tmp / "kernels").mkdir(parents=True)
+        libraries = {}
+        for file, source in sorted(sources.items()):
+            shutil.copyfile(source, tmp / "kernels" / file)
+            libraries[f"kernels/{file}"] = sha256_of(tmp / "kernels" / file)
+        write_table(frame, tmp / TABLE, "json")
+        manifest = {"format": BUNDLE_FORMAT, "abi_version": render.ABI_VERSION, "arch": "sm90a",
+                    "gpus": sorted(set(frame["gpu"])), "built_with": dict(built_with),
+                    "libraries": libraries, "kernels": kernels}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum((out / f).stat().st_size for f in libraries)
+    return BundleSummary(path=out, problems=len(frame), kernels=len(kernels), libraries=len(libraries), bytes=size)

@@ -1,0 +1,37 @@
+"""Runtime: what a serving host imports to run tuned kernels, without the tuner.
+
+`BestTable` looks problems up in a best-config table (a bundle from `cutlass-tune export`, a
+table file, or a store through the tuner); `matmul` and `Gemm` run the tuned kernels on torch
+tensors; `LoadedKernel` binds a compiled kernel's C entry points (the bench stage times kernels
+through it too). Importing this package imports none of the store, the search, the dashboard or
+their dependencies (SQLAlchemy, Optuna, plotly).
+"""
+
+from ._kernel import GemmArgs, GemmInstance, KernelLoadError, KernelStatusError, LoadedKernel, make_args
+from ._kernel import cutlass_status_name
+
+__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Gemm", "GemmArgs", "GemmInstance",
+           "KernelLoadError", "KernelStatusError", "LoadedKernel", "Match", "MatmulInputError",
+           "cutlass_status_name", "make_args", "matmul", "problem_of"]
+
+_TABLES = ("BestTableError", "BundleError", "BundledKernel")
+_LOOKUP = ("BestTable", "Match")
+_MATMUL = ("Gemm", "MatmulInputError", "matmul", "problem_of")
+
+
+def __getattr__(name: str):
+    # Imported on first use: the bench stage's GPU workers load kernels through `LoadedKernel`
+    # alone, and start without pandas (the tables) or this package's torch code.
+    if name in _TABLES:
+        from .. import tables
+
+        return getattr(tables, name)
+    if name in _LOOKUP:
+        from . import _table
+
+        return getattr(_table, name)
+    if name in _MATMUL:
+        from . import _matmul
+
+        return getattr(_matmul, name)
+    raise AttributeError(f"module 'cutlass_tune.runtime' has no attribute {name!r}")

@@ -1,0 +1,98 @@
+"""Lookups into a best-config table: the tuned problem nearest to the one asked for."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Mapping
+
+import pandas as pd
+
+from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs
+from ..tables import TABLE_SUFFIXES, BestTableError, BundledKernel, is_bundle, read_local
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """A lookup result: the table row, and whether it is the problem asked for."""
+
+    row: pd.Series
+    exact: bool
+    distance: float
+    """Euclidean distance in log2(M), log2(N), log2(K) between asked and tuned problem."""
+
+    @property
+    def config(self) -> KernelConfig:
+        return KernelConfig.from_dict(json.loads(self.row["config"]))
+
+    @property
+    def runtime(self) -> RuntimeArgs:
+        return RuntimeArgs(raster=RasterOrder[self.row["raster"].upper()], swizzle=int(self.row["swizzle"]),
+                           splits=int(self.row["splits"]),
+                           decomposition=Decomposition[self.row["decomposition"].upper()])
+
+
+class BestTable:
+    """Lookups into a best-config table (a DataFrame of the columns of `cutlass_tune.tables`).
+
+    `bundled`: the compiled kernels of a bundle by config hash (`matmul` loads these instead of
+    compiling); empty for a table from a store or file.
+    """
+
+    def __init__(self, frame: pd.DataFrame, gpu: str | None = None,
+                 bundled: Mapping[str, BundledKernel] | None = None):
+        if gpu is not None:
+            frame = frame[frame["gpu"] == gpu]
+        self.frame = frame.reset_index(drop=True)
+        self.bundled = dict(bundled or {})
+        self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
+
+    @classmethod
+    def load(cls, source: str | Path, gpu: str | None = None) -> BestTable:
+        """The best-config table of `source`, as `cutlass_tune.load_best` reads it; a bundle
+        brings its compiled kernels along.
+
+        A bundle directory or a table file is read here; any other source (a store) is read by
+        the tuner's `load_best`, imported only then: a serving host that loads bundles and table
+        files never imports the store and its dependencies.
+
+        Raises:
+            BestTableError, BundleError, StoreError: as `cutlass_tune.load_best`.
+        """
+        if is_bundle(source) or Path(source).suffix in TABLE_SUFFIXES:
+            frame, bundled = read_local(source)
+            return cls(frame, gpu=gpu, bundled=bundled)
+        from ..report import load_best  # the tuner's store reader (SQLAlchemy, Optuna): for stores only
+
+        return cls(load_best(source), gpu=gpu)
+
+    def lookup(self, m: int, n: int, k: int, dtype: str = "bf16", layout: str = "tn",
+               out_dtype: str | None = None) -> Match:
+        """The row for M x N x K, or the nearest tuned problem of the same dtypes and layout on a
+        log scale (`exact` False).
+
+        Args:
+            dtype: the input type (`dtype_a`: bf16, f16, e4m3, e5m2).
+            layout: BLAS two letters (tn, nt, nn, tt).
+            out_dtype: the output type (`dtype_d`); None takes rows of any output type.
+
+        Raises:
+            BestTableError: nothing tuned for these dtypes and layout (or a non-positive size).
+        """
+        if min(m, n, k) <= 0:
+            raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
+        f = self.frame
+        wanted = (f["dtype_a"] == dtype) & (f["layout"] == layout)
+        if out_dtype is not None:
+            wanted &= f["dtype_d"] == out_dtype
+        same = f[wanted]
+        if same.empty:
+            tuned = sorted({f"{a} -> {d} {lay}" for a, d, lay in zip(f["dtype_a"], f["dtype_d"], f["layout"])})
+            asked = f"{dtype} -> {out_dtype}" if out_dtype is not None else dtype
+            raise BestTableError(f"no tuned problem for {asked} {layout} (the table has: {', '.join(tuned) or 'none'})")
+        distance = same.apply(lambda r: math.dist((math.log2(m), math.log2(n), math.log2(k)),
+                                                  (math.log2(r["m"]), math.log2(r["n"]), math.log2(r["k"]))), axis=1)
+        best = distance.idxmin()
+        return Match(row=same.loc[best], exact=bool(distance[best] == 0.0), distance=float(distance[best]))

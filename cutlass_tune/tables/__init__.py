@@ -1,0 +1,23 @@
+"""Best-config tables as the tuner hands them on: their columns, table files and bundles.
+
+The tuner writes them (`cutlass_tune.report`); the runtime reads them (`cutlass_tune.runtime`),
+on a serving host too: nothing here imports the store, the search or torch.
+"""
+
+from ._bundle import (
+    BUNDLE_FORMAT,
+    MANIFEST,
+    TABLE,
+    BundledKernel,
+    BundleError,
+    is_bundle,
+    read_bundle,
+    read_local,
+    sha256_of,
+)
+from ._file import TABLE_SUFFIXES, read_table
+from ._schema import COLUMNS, KNOB_COLUMNS, LATER_KNOBS, BestTableError
+
+__all__ = ["BUNDLE_FORMAT", "BestTableError", "BundleError", "BundledKernel", "COLUMNS", "KNOB_COLUMNS",
+           "LATER_KNOBS", "MANIFEST", "TABLE", "TABLE_SUFFIXES", "is_bundle", "read_bundle", "read_local",
+           "read_table", "sha256_of"]

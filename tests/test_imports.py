@@ -1,0 +1,41 @@
+"""Stages import downward only: the runtime without the tuner, the tuner's stages without torch
+(tests/test_cli.py checks the commands). Each check runs in a fresh interpreter and looks at
+what it loaded."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"
+
+
+def loaded(code: str, *watched: str) -> list[str]:
+    """Which of `watched` (top-level modules or packages) running `code` imports."""
+    probe = (f"{code}\nimport json, sys\n"
+             f"print(json.dumps(sorted(w for w in {list(watched)!r} if any("
+             "m == w or m.startswith(w + '.') for m in sys.modules))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_runtime_imports_none_of_the_tuner():
+    # Guards a serving host against needing the store's, the search's or the dashboard's dependencies.
+    every_name = "import cutlass_tune.runtime as r\nfor name in r.__all__:\n    getattr(r, name)"
+    assert loaded(every_name, "optuna", "sqlalchemy", "plotly", "cutlass_tune.search",
+                  "cutlass_tune.store", "cutlass_tune.report", "cutlass_tune.bench") == []
+
+
+def test_a_table_file_loads_without_the_tuner(tmp_path):
+    table = tmp_path / "best.csv"
+    subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "best", "--storage", STORE, "-o", table,
+                    "--format", "csv"], check=True, capture_output=True, cwd=REPO)
+    code = f"from cutlass_tune.runtime import BestTable\nBestTable.load({str(table)!r})"
+    assert loaded(code, "optuna", "sqlalchemy", "cutlass_tune.store", "cutlass_tune.report") == []
+
+
+def test_the_tuner_stages_import_no_torch():
+    stages = "import cutlass_tune, cutlass_tune.store, cutlass_tune.search, cutlass_tune.report, cutlass_tune.tables"
+    assert loaded(stages, "torch") == []
