@@ -77,3 +77,17 @@ class SlowBench(FakeBench):
         for m in super().measure(kernel, problem, variants):
             time.sleep(self.delay)
             yield m
+
+
+def record(store, space, cfg, problems=None, variants=None, bench=None, run_id="earlier-run"):
+    """Store `bench`'s measurements of `cfg` (compiled) on `problems` (default: all of its
+    kind in `space`), `variants` of each (default: every one), as a sweep would."""
+    from cutlass_tune.search import config_of, params_of
+
+    kernel = FakeCompiler()([cfg])[0]
+    for p in problems if problems is not None else space.problems:
+        if config_of(params_of(cfg), p).hash != cfg.hash:
+            continue
+        chosen = variants if variants is not None else space.runtime_variants(cfg)
+        for m in (bench or FakeBench()).measure(kernel, p, list(chosen)):
+            store.add(m, gpu=FakeBench.gpu_name, run_id=run_id, cublas_tflops=600.0)

@@ -79,14 +79,6 @@ def test_first_batch_is_the_warm_start_seeds(space, tmp_path):
     assert [c.hash for c in compiler.calls[0]] == [c.hash for c in expected]
 
 
-def test_invalid_configs_are_told_as_infeasible_not_compiled(space, tmp_path):
-    sweep, _ = make(space, tmp_path, trials=10)
-    state = sweep.run()
-    infeasible = [t for pp in state.problems for t in pp.study.trials if t.constraints.get("invalid") == 1.0]
-    assert state.invalid == len(infeasible) > 0
-    assert all(t.user_attrs["reason"] for t in infeasible)
-
-
 def test_failed_kernels_are_failed_trials_with_reasons(space, tmp_path):
     compiler, bench = FakeCompiler(fail_tile_n=256), FakeBench(wrong_tile_m=64)
     sweep, store = make(space, tmp_path, bench, compiler, trials=12)

@@ -1,0 +1,96 @@
+"""The strategy alone: proposals asked of the studies and answered from recorded measurements."""
+
+import optuna
+import pytest
+
+import cutlass_tune.search._strategy as strategy_module
+from cutlass_tune.search import params_of
+from cutlass_tune.search._claims import Claims
+from cutlass_tune.search._ledger import Ledger
+from cutlass_tune.search._strategy import OptunaStrategy
+from cutlass_tune.space import check_config, load_space
+from cutlass_tune.store import ResultStore
+
+from .fakes import record
+from .test_sweep import SPACE, _Stuck
+
+
+@pytest.fixture
+def space(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE)
+    return load_space(path)
+
+
+@pytest.fixture
+def parts(space, tmp_path):
+    """A strategy with its ledger and claims, on one store, its sweep running."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    store = ResultStore(url)
+    with store.running("ours"):
+        strategy = OptunaStrategy(space, url, sampler="random", seed=0, arch="sm90a", gpu="Fake GPU", run_id="ours")
+        yield strategy, Ledger(store, space, space.problems), Claims(store, "ours"), store
+
+
+def trials_of(strategy, cfg_hash):
+    """(study, trial) for each trial of the config."""
+    return [(s, t) for s in strategy.studies for t in s.study.trials if t.user_attrs.get("config_hash") == cfg_hash]
+
+
+def test_a_stalled_samplers_known_proposals_are_answered_and_unproposed_configs_fill_the_batch(
+        space, tmp_path, monkeypatch):
+    known, *rest = [c for c in space.candidates if not check_config(c)]
+    monkeypatch.setattr(strategy_module, "make_sampler", lambda name, **kw: _Stuck(params_of(known)))
+    monkeypatch.setattr(strategy_module, "ASKS_PER_CONFIG", 2)
+    url = f"sqlite:///{tmp_path / 'stalled.sqlite'}"
+    store = ResultStore(url)
+    record(store, space, known)
+    ledger = Ledger(store, space, space.problems)
+    ledger.absorb()
+    with store.running("ours"):
+        strategy = OptunaStrategy(space, url, sampler="tpe", seed=0, arch="sm90a", gpu="Fake GPU", run_id="ours")
+        assert strategy.ask(3, ledger, Claims(store, "ours")) == rest[:3]  # in the file's order
+    told = trials_of(strategy, known.hash)
+    assert len(told) == 2 * (3 + 2)  # every ask answered, none compiled
+    for s, t in told:
+        assert t.state is optuna.trial.TrialState.COMPLETE and t.value == ledger.value(s.problem, known.hash)
+
+
+def test_invalid_proposals_are_told_as_infeasible(parts):
+    strategy, ledger, claims, _ = parts
+    batch = strategy.ask(6, ledger, claims)
+    assert len(batch) == len({c.hash for c in batch}) == 6 and not any(check_config(c) for c in batch)
+    infeasible = [t for s in strategy.studies for t in s.study.trials if t.constraints.get("invalid") == 1.0]
+    assert strategy.invalid == len(infeasible) > 0
+    assert all(t.state is optuna.trial.TrialState.COMPLETE and t.user_attrs["reason"] for t in infeasible)
+
+
+def test_a_result_reaches_the_asking_trial_and_every_study_of_its_kind(parts, space):
+    strategy, ledger, claims, store = parts
+    (cfg,) = strategy.ask(1, ledger, claims)
+    record(store, space, cfg)
+    ledger.absorb()
+    strategy.tell(cfg, ledger)
+    told = trials_of(strategy, cfg.hash)
+    assert [s.name for s, _ in told] == [s.name for s in strategy.studies]  # asked in one, added to the other
+    assert all(t.state is optuna.trial.TrialState.COMPLETE for _, t in told)
+    assert all(t.value == ledger.value(s.problem, cfg.hash) > 0 for s, t in told)
+
+
+def test_trials_waiting_on_another_sweep_are_failed_with_the_reason_when_it_stops(space, tmp_path, monkeypatch):
+    held, *rest = [c for c in space.candidates if not check_config(c)]
+    monkeypatch.setattr(strategy_module, "make_sampler", lambda name, **kw: _Stuck(params_of(held)))
+    monkeypatch.setattr(strategy_module, "ASKS_PER_CONFIG", 1)
+    url = f"sqlite:///{tmp_path / 'held.sqlite'}"
+    store = ResultStore(url)
+    with store.running("ours"), store.running("theirs"):
+        assert Claims(store, "theirs").claim(held)
+        strategy = OptunaStrategy(space, url, sampler="tpe", seed=0, arch="sm90a", gpu="Fake GPU", run_id="ours")
+        claims = Claims(store, "ours")
+        assert strategy.ask(1, Ledger(store, space, space.problems), claims) == rest[:1]
+        assert set(claims.elsewhere) == {held.hash}
+        strategy.abandon(claims.elsewhere)
+    waited = trials_of(strategy, held.hash)
+    assert len(waited) == 3  # each ask waited on the other sweep
+    assert all(t.state is optuna.trial.TrialState.FAIL for _, t in waited)
+    assert {t.user_attrs["reason"] for _, t in waited} == {"measured by another sweep on the store"}
