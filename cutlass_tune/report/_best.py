@@ -57,7 +57,7 @@ def _from_store(url: str) -> pd.DataFrame:
         reasons = pd.Series([f"{r['status']}: {r['reason']}" for r in rows if r["kernel"] != "cuBLAS"])
         raise BestTableError(f"store {url} has no successful measurement: {len(reasons)} failed "
                              f"(most common: {reasons.value_counts().index[0][:120]})")
-    from ..search import CONFIRM_STUDY
+    from ..search import CONFIRM_STUDY  # imports Optuna: only a table built from a store needs it
 
     wrong = {(r["gpu"], r["problem"], r["config_hash"]) for r in rows if r["status"] == Status.WRONG_RESULT.value}
     out = []

@@ -66,6 +66,7 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
     Raises:
         BundleError: the manifest is unreadable or of another format or ABI version, a
             library is missing or changed, or a row of the table has no kernel.
+        BestTableError: the bundle's table file, as `read_table` raises it.
     """
     path = Path(path)
     try:
