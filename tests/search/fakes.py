@@ -5,8 +5,8 @@ import hashlib
 import time
 from pathlib import Path
 
-from cutlass_tune.measurement import Measurement
 from cutlass_tune.compile import CompiledKernel
+from cutlass_tune.measurement import Measurement
 from cutlass_tune.space import KernelSchedule, RuntimeArgs, check_config
 from cutlass_tune.status import Status
 
