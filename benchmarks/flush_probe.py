@@ -17,11 +17,11 @@ from __future__ import annotations
 import sys
 
 import torch
+from ncu_profile import build_launches
 
 from cutlass_tune.bench._timing import L2Flush, TimingOptions, time_paired
 from cutlass_tune.bench._verify import reference, verify_launch
 from cutlass_tune.status import Status
-from ncu_profile import build_launches
 
 PASSES = 3
 

@@ -21,8 +21,8 @@ import sys
 import sqlalchemy as sa
 
 from cutlass_tune.bench import TimingStats
-from cutlass_tune.measurement import Measurement
 from cutlass_tune.bench._runner import UNSTABLE_SPREAD
+from cutlass_tune.measurement import Measurement
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
 from cutlass_tune.store._sql import measurements_table as table

@@ -47,7 +47,8 @@ def main(source: str, min_m: int = 0) -> None:
                                      lambda: torch.matmul(a, w.t(), out=out), options=options, flush=flush)
         flops = 2 * row.m * row.n * row.k
         t_api, t_base = flops / api.median_ms / 1e9, flops / base.median_ms / 1e9
-        print(f"| {row.problem} | {err:.1e} | {t_api:.1f} ({flops / api.p80_ms / 1e9:.0f}-{flops / api.p20_ms / 1e9:.0f}) "
+        low, high = flops / api.p80_ms / 1e9, flops / api.p20_ms / 1e9
+        print(f"| {row.problem} | {err:.1e} | {t_api:.1f} ({low:.0f}-{high:.0f}) "
               f"| {t_base:.1f} | {t_api / t_base:.3f} | {base_k.median_ms / direct.median_ms:.3f} "
               f"| {row.ratio:.3f} | {row.kernel} {row.runtime} |", flush=True)
 

@@ -12,9 +12,8 @@ out), until a kernel within 1% of the final best ratio was measured for the prob
 
 from __future__ import annotations
 
-import sys
-
 import datetime
+import sys
 
 from cutlass_tune.search import CONFIRM_STUDY
 from cutlass_tune.store import ResultStore

@@ -15,7 +15,7 @@ import sys
 import torch
 
 from cutlass_tune.bench._env import env_stamp
-from cutlass_tune.bench._timing import L2Flush, _Timed, _time_interleaved
+from cutlass_tune.bench._timing import L2Flush, _time_interleaved, _Timed
 
 
 def main() -> None:

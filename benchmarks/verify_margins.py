@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from cutlass_tune.measurement import read_jsonl
 from cutlass_tune.bench._verify import element_tolerance, tolerance
+from cutlass_tune.measurement import read_jsonl
 from cutlass_tune.status import Status
 
 

@@ -5,9 +5,10 @@ SQLite store and the templates' loaders."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from .errors import CutlassTuneError, first_line
 

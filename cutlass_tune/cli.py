@@ -18,8 +18,8 @@ import signal
 import sys
 import time
 import webbrowser
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
 
 import typer
 from rich.console import Console
@@ -108,10 +108,10 @@ def space(config: Path = ConfigArg,
 @app.command("compile")
 def compile_(
     config: Path = ConfigArg,
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="compile the first N valid configs"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
-    kernels_per_unit: Optional[int] = typer.Option(
+    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="compile the first N valid configs"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    kernels_per_unit: int | None = typer.Option(
         None, "--kernels-per-unit", min=1, max=8, help="kernels per translation unit (default: automatic)"),
 ) -> None:
     """Compile the valid configs of a search-space file into the kernel cache (no GPU needed)."""
@@ -133,7 +133,8 @@ def compile_(
     cached = [r for r in results if r.status is Status.OK and r.cached]
     failed = [r for r in results if r.status is not Status.OK]
     for r in failed:
-        out.print(f"FAILED {r.config.name} ({r.status.value}): {r.reason}\n  source: {r.source_path}\n  log: {r.log_path}")
+        out.print(f"FAILED {r.config.name} ({r.status.value}): {r.reason}\n"
+                  f"  source: {r.source_path}\n  log: {r.log_path}")
     for r in results:
         if r.status is Status.OK and r.reason:
             out.print(f"warning {r.config.name}: {r.reason}")
@@ -149,10 +150,10 @@ def bench(
     config: Path = ConfigArg,
     gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
     repeat: int = typer.Option(1, "--repeat", min=1, help="measure everything N times in this run"),
-    output: Optional[Path] = typer.Option(
+    output: Path | None = typer.Option(
         None, "--output", "-o", help="JSON lines file (default results/bench-<timestamp>.jsonl)"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
     graph: bool = typer.Option(False, "--graph", help="time CUDA-graph replays (warm L2; for small problems)"),
     paired: bool = typer.Option(True, "--paired/--no-paired",
                                 help="time cuBLAS alternately with each kernel (the ratio's baseline)"),
@@ -217,7 +218,7 @@ def bench(
         raise typer.Exit(1)
 
 
-def _check_output(path: Path, source: Optional[str] = None) -> Path:
+def _check_output(path: Path, source: str | None = None) -> Path:
     """`path` if a file (or a new folder) can be written there, without overwriting `source`.
 
     Raises:
@@ -256,10 +257,10 @@ def _progress(label: str, total: int) -> Iterator[Callable[..., None]]:
 
 @app.command()
 def best(
-    storage: Optional[str] = typer.Option(
+    storage: str | None = typer.Option(
         None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({_READ_DEFAULT})"),
     fmt: TableFormat = typer.Option(TableFormat.TABLE, "--format", help="how to write the table"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write to FILE instead of the screen"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="write to FILE instead of the screen"),
 ) -> None:
     """The best verified kernel per problem and GPU: TFLOP/s, ratio to cuBLAS of the same run,
     spread, and the full config."""
@@ -293,12 +294,12 @@ def best(
 
 @app.command()
 def export(
-    storage: Optional[str] = typer.Option(
+    storage: str | None = typer.Option(
         None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({_READ_DEFAULT})"),
     output: Path = typer.Option(..., "--output", "-o", help="the bundle: a directory that does not exist yet"),
-    gpu_name: Optional[str] = typer.Option(None, "--gpu-name", help="keep only the rows of this GPU model"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    gpu_name: str | None = typer.Option(None, "--gpu-name", help="keep only the rows of this GPU model"),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
 ) -> None:
     """Pin the best kernel of every problem for shipping: one directory with the table and the
     compiled kernels, which `BestTable.load(DIR)` and `matmul` use with no nvcc or CUTLASS."""
@@ -314,7 +315,8 @@ def export(
                     for h, c in zip(frame["config_hash"], frame["config"])}.values())
     toolchain = find_toolchain()
     with _progress("compiling", len(configs)) as advance:
-        compiled = compile_kernels(configs, cache=KernelCache.at(cache_dir), toolchain=toolchain, jobs=jobs or default_jobs(), on_result=advance)
+        compiled = compile_kernels(configs, cache=KernelCache.at(cache_dir), toolchain=toolchain,
+                                   jobs=jobs or default_jobs(), on_result=advance)
     summary = write_bundle(frame, compiled, output, {"nvcc": toolchain.nvcc_version,
                                                      "cutlass": toolchain.cutlass_version,
                                                      "cutlass_tune": __version__})
@@ -325,12 +327,12 @@ def export(
 
 @app.command()
 def confirm(
-    storage: Optional[str] = typer.Option(None, "--storage", help=f"store URL or .sqlite file ({_READ_DEFAULT})"),
+    storage: str | None = typer.Option(None, "--storage", help=f"store URL or .sqlite file ({_READ_DEFAULT})"),
     top: int = typer.Option(3, "--top", min=1, help="candidates per problem: the best kernel variants by sweep ratio"),
     passes: int = typer.Option(3, "--passes", min=1, help="times each candidate is measured"),
     gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
 ) -> None:
     """Re-measure each problem's leading kernels in several passes, into the same store;
     `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
@@ -377,7 +379,7 @@ def confirm(
 
 @app.command()
 def dashboard(
-    storage: Optional[str] = typer.Option(
+    storage: str | None = typer.Option(
         None, "--storage", help=f"store URL or .sqlite file ({_READ_DEFAULT})"),
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="HTML file to write"),
     open_: bool = typer.Option(False, "--open", help="open the report in the default web browser"),
@@ -445,19 +447,19 @@ class _SweepLog:
 def sweep(
     config: Path = ConfigArg,
     trials: int = typer.Option(48, "--trials", min=1, help="most configs compiled and measured in this store"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="stop proposing after S seconds"),
+    timeout: float | None = typer.Option(None, "--timeout", min=1, help="stop proposing after S seconds"),
     sampler: Sampler = typer.Option(Sampler.TPE, "--sampler", help="how the search proposes configs"),
-    storage: Optional[str] = typer.Option(
+    storage: str | None = typer.Option(
         None, "--storage", help="store URL or .sqlite file (default: results/sweep-<gpu>.sqlite)"),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
-    gpu: List[int] = typer.Option([0], "--gpu", min=0, help="CUDA device index; repeat it to measure on "
+    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
+    gpu: list[int] = typer.Option([0], "--gpu", min=0, help="CUDA device index; repeat it to measure on "
                                   "several GPUs of one model at once (--gpu 0 --gpu 1)"),
-    batch: Optional[int] = typer.Option(None, "--batch", min=1, help="configs compiled per batch (default: jobs)"),
+    batch: int | None = typer.Option(None, "--batch", min=1, help="configs compiled per batch (default: jobs)"),
     seed: int = typer.Option(0, "--seed", help="sampler seed"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
     graph: bool = typer.Option(False, "--graph", help="time CUDA-graph replays, kernels and cuBLAS alike "
                                "(warm L2; the fair method for small problems); a store holds one method"),
-    paired: Optional[bool] = typer.Option(
+    paired: bool | None = typer.Option(
         None, "--paired/--no-paired", help="time cuBLAS alternately with each kernel, the baseline of its "
         "ratio (default: as the store was begun; paired for a new store)"),
 ) -> None:
@@ -491,7 +493,8 @@ def sweep(
         store.bind_timing(bench.timing_method)
         jobs = jobs or default_jobs()
         cache = KernelCache.at(cache_dir)
-        gpus = f"{len(benches)} x {bench.gpu_name} (GPUs {', '.join(map(str, gpu))})" if len(benches) > 1 else bench.gpu_name
+        gpus = (f"{len(benches)} x {bench.gpu_name} (GPUs {', '.join(map(str, gpu))})" if len(benches) > 1
+                else bench.gpu_name)
         out.print(f"{config}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "
                   f"{gpus}; store {store.url} ({bench.timing_method}); sampler {sampler.value}, "
                   f"up to {trials} compiled configs")
@@ -522,7 +525,7 @@ def sweep(
             b.close()
 
 
-def _start_benchmarkers(devices: List[int]) -> list:
+def _start_benchmarkers(devices: list[int]) -> list:
     """One benchmark worker per GPU, started in parallel (each imports torch and opens a
     context: seconds). Closes those that started if another fails."""
     from .bench import WorkerBenchmarker  # torch, with the GPU stage

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
-from .space import Decomposition, DType, KernelConfig, Layout, Problem, RasterOrder, RuntimeArgs
+from .space import DType, KernelConfig, Layout, Problem, RuntimeArgs
 from .status import Status
 
 # nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
@@ -132,13 +133,13 @@ def problem_from_dict(d: dict[str, Any]) -> Problem:
 class Measurement:
     """One (kernel, problem, run-time variant) measured, or why it could not be.
 
-    Timing fields are set only when `status` is OK or UNSTABLE (timed, but too noisy to rank). `config` is None for the cuBLAS baseline
-    (`is_baseline`) and for hand-written kernels, which `symbol` then names. `method` says how
-    it was timed (see `_timing`); only measurements with the same method, `env` and run
-    compare. `repeat` numbers the passes of a run that measures everything more than once.
-    The `baseline_*` fields are set when the cuBLAS baseline of the problem was timed in the
-    same sampling loop, alternately with this kernel (paired timing); `paired_ratio` is then
-    this kernel's speed relative to it.
+    Timing fields are set only when `status` is OK or UNSTABLE (timed, but too noisy to rank).
+    `config` is None for the cuBLAS baseline (`is_baseline`) and for hand-written kernels, which
+    `symbol` then names. `method` says how it was timed (see `_timing`); only measurements with
+    the same method, `env` and run compare. `repeat` numbers the passes of a run that measures
+    everything more than once. The `baseline_*` fields are set when the cuBLAS baseline of the
+    problem was timed in the same sampling loop, alternately with this kernel (paired timing);
+    `paired_ratio` is then this kernel's speed relative to it.
     """
 
     problem: Problem

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import jinja2
 

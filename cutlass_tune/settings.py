@@ -8,7 +8,7 @@
 | CUTLASS_TUNE_JOBS | parallel nvcc jobs | bounded by cores and memory |
 | CUTLASS_TUNE_COMPILE_TIMEOUT | seconds before one nvcc job is killed | 900 |
 | CUTLASS_TUNE_NVCC_MEMORY_GB | memory one nvcc job is assumed to peak at | 3.2 |
-| CUTLASS_TUNE_STORE | the store `best`, `dashboard`, `export` and `confirm` read without `--storage` | `DEFAULT_STORE` |
+| CUTLASS_TUNE_STORE | the store `best`, `dashboard`, `export`, `confirm` read with no `--storage` | `DEFAULT_STORE` |
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from ._worker import DEFAULT_TIMEOUT_S, Worker, WorkerError, WorkerStartError
 
 __all__ = [
     "ClockMonitor", "DEFAULT_TIMEOUT_S", "GpuRunner", "InvalidJobError", "Job", "L2Flush", "Operands", "Plan",
-    "TOLERANCE", "TimingOptions", "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError", "WorkerStartError",
+    "TOLERANCE", "TimingOptions", "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError",
+    "WorkerStartError",
     "baseline_ratio", "compare", "env_stamp", "plan_jobs", "repeat_spread",
     "require_gpu", "run_plan", "summarize", "time_launches", "time_paired", "verify_launch",
 ]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from ..compile import CompiledKernel
+from ..measurement import Measurement
 from ..space import Problem, RuntimeArgs
 from ._job import Job
-from ..measurement import Measurement
 from ._session import require_gpu
 from ._timing import TimingOptions
 from ._worker import DEFAULT_TIMEOUT_S, Worker

@@ -7,7 +7,6 @@ The record types (`Clocks`, `EnvStamp`) live in `cutlass_tune.measurement`, free
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import re
@@ -17,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from ..measurement import Clocks, EnvStamp, decode_reasons
+
 
 @functools.cache
 def _nvml() -> ModuleType | None:

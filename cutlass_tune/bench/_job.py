@@ -8,10 +8,9 @@ from typing import Any
 
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
+from ..measurement import EnvStamp, Measurement
 from ..space import KernelConfig, Problem, RuntimeArgs, check_pair, check_problem, check_runtime
 from ..status import Status
-from ..measurement import EnvStamp
-from ..measurement import Measurement
 from ._timing import TimingOptions
 
 

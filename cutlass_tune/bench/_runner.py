@@ -18,18 +18,18 @@ loop exits after sending it (see `_worker`).
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
+from ..measurement import Clocks, Measurement
+from ..runtime import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..space import DType, Problem, RuntimeArgs
 from ..status import Status
-from ..measurement import Clocks
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
-from ..runtime import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
-from ..measurement import Measurement
 from ._timing import L2Flush, TimingStats, time_paired
+from ._verify import Operands, allocate, randomize, reference, verify_launch
 
 UNSTABLE_SPREAD = 0.5
 """Largest (p80 - p20) / median accepted for a kernel or its paired baseline. Undisturbed
@@ -45,7 +45,6 @@ def unstable_reason(spread: float) -> str:
     """The reason recorded with an UNSTABLE measurement."""
     return (f"timing spread (p80 - p20) / median {spread:.2f}, above {UNSTABLE_SPREAD}, twice: "
             "the host or GPU was disturbed")
-from ._verify import Operands, allocate, randomize, reference, verify_launch
 
 
 def _stream() -> int:

@@ -4,14 +4,14 @@ baseline of each problem measured by the same worker in the same pass."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
+from ..measurement import Measurement
 from ..space import KernelConfig, Problem, RuntimeArgs, check_pair
 from ..status import Status
 from ._job import Job
-from ..measurement import Measurement
 from ._timing import TimingOptions
 from ._worker import DEFAULT_TIMEOUT_S, RunnerFactory, Worker
 

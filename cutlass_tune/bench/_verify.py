@@ -11,7 +11,7 @@ output; the quantization of fp8 inputs is never counted.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

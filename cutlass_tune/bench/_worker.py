@@ -24,15 +24,15 @@ import multiprocessing
 import os
 import signal
 import traceback
+from collections.abc import Callable, Generator, Iterator
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Generator, Iterator, Protocol
+from typing import Any, Protocol
 
-from ..errors import CutlassTuneError, GpuUnusableError
+from ..errors import GpuUnusableError
+from ..measurement import EnvStamp, Measurement
 from ..space import RuntimeArgs
 from ..status import Status
-from ..measurement import EnvStamp
 from ._job import Job
-from ..measurement import Measurement
 
 DEFAULT_TIMEOUT_S = 60.0
 """Seconds one measurement may take (inputs, reference, check, timing) before it is a hang."""

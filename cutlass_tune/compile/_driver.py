@@ -21,8 +21,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from .. import settings
 from ..errors import RenderError

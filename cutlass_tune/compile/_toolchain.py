@@ -81,7 +81,7 @@ def nvcc_version(nvcc: str) -> str:
     return found.group(1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def find_toolchain(nvcc: str | None = None) -> Toolchain:
     """Locate nvcc and CUTLASS. Raises ToolchainError with what to install when either is missing."""
     nvcc = nvcc or settings.nvcc_path()

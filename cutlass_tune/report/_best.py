@@ -22,7 +22,7 @@ from ..errors import first_line
 from ..measurement import Measurement
 from ..space import cells
 from ..status import Status
-from ..store import open_store, store_url_of
+from ..store import CONFIRM_STUDY, open_store, store_url_of
 from ..tables import COLUMNS, BestTableError, read_local
 
 
@@ -57,8 +57,6 @@ def _from_store(url: str) -> pd.DataFrame:
         reasons = pd.Series([f"{r['status']}: {r['reason']}" for r in rows if r["kernel"] != "cuBLAS"])
         raise BestTableError(f"store {url} has no successful measurement: {len(reasons)} failed "
                              f"(most common: {reasons.value_counts().index[0][:120]})")
-    from ..search import CONFIRM_STUDY  # imports Optuna: only a table built from a store needs it
-
     wrong = {(r["gpu"], r["problem"], r["config_hash"]) for r in rows if r["status"] == Status.WRONG_RESULT.value}
     out = []
     for r, m in zip(rows, measurements):

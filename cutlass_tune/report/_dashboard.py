@@ -25,12 +25,12 @@ import sqlalchemy as sa
 from markupsafe import Markup
 
 from .._files import shipped, write_atomically
-from ..measurement import EnvStamp, Measurement
 from ..errors import CutlassTuneError
+from ..measurement import EnvStamp, Measurement
 from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs, texts
 from ..store import ResultStore, open_store
-from . import _figures as figures
 from ..tables import COLUMNS, BestTableError
+from . import _figures as figures
 from ._best import load_best
 
 TIMING_NOTES = {"events": "L2-cold CUDA events", "graph": "CUDA-graph replays (warm L2)"}

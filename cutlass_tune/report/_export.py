@@ -9,8 +9,9 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 

@@ -8,7 +8,8 @@ where a figure may be missing.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go

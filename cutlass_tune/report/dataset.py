@@ -13,8 +13,9 @@ import dataclasses
 import enum
 import gzip
 import io
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any
 
 import pandas as pd
 

@@ -7,8 +7,15 @@ through it too). Importing this package imports none of the store, the search, t
 their dependencies (SQLAlchemy, Optuna, plotly).
 """
 
-from ._kernel import GemmArgs, GemmInstance, KernelLoadError, KernelStatusError, LoadedKernel, make_args
-from ._kernel import cutlass_status_name
+from ._kernel import (
+    GemmArgs,
+    GemmInstance,
+    KernelLoadError,
+    KernelStatusError,
+    LoadedKernel,
+    cutlass_status_name,
+    make_args,
+)
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Gemm", "GemmArgs", "GemmInstance",
            "KernelLoadError", "KernelStatusError", "LoadedKernel", "Match", "MatmulInputError",

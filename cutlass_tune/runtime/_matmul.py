@@ -141,7 +141,8 @@ class Gemm:
             workspace = state["workspaces"].get(problem)
             if workspace is None:
                 size = self.kernel.workspace_size(args)
-                workspace = state["workspaces"][problem] = torch.empty(max(size, 16), dtype=torch.uint8, device=a.device)
+                workspace = torch.empty(max(size, 16), dtype=torch.uint8, device=a.device)
+                state["workspaces"][problem] = workspace
             state["instance"].initialize(args, workspace.data_ptr(), stream)
             state["key"], state["args"] = key, args
         state["instance"].run(stream)
@@ -163,12 +164,12 @@ def _untuned(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.
     return torch.mm(a, b, out_dtype=out_dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None) -> Gemm:
     return Gemm(KernelConfig.from_dict(json.loads(config_json)), runtime, bundled=bundled)
 

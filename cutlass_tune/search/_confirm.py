@@ -15,17 +15,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import uuid
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from ..measurement import Measurement
 from ..compile import CompiledKernel
+from ..measurement import Measurement
 from ..space import KernelConfig, Problem, RuntimeArgs
 from ..status import Status
-from ..store import ResultStore
+from ..store import CONFIRM_STUDY, ResultStore
 from ._sweep import Benchmarker
-
-CONFIRM_STUDY = "confirm"
-"""Study name of confirmation rows in the store (sweep rows carry their Optuna study's name)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from typing import Generic, TypeVar
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 B = TypeVar("B")

@@ -127,7 +127,7 @@ def wave_fit_configs(members: list[KernelConfig], problems: list[Problem], sm_co
     for p in problems:
         floor = max((wave_fill(c, p, sm_count) for c in ours), default=0.0) + WAVE_FIT_MARGIN
 
-        def rank(c: KernelConfig) -> tuple:
+        def rank(c: KernelConfig, p: Problem = p) -> tuple:
             return (round(wave_fill(c, p, sm_count), 2), c.tile_m * c.tile_n, -c.cluster_m * c.cluster_n,
                     not c.epilogue_source, c.stages == 0, c.epilogue_tile_n == 0, -c.tile_k)
         for schedule in (KernelSchedule.COOPERATIVE, KernelSchedule.PINGPONG):

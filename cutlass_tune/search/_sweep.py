@@ -17,8 +17,8 @@ import concurrent.futures
 import dataclasses
 import time
 import uuid
-from typing import Protocol
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError, GpuUnusableError

@@ -151,9 +151,7 @@ def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
 
 def _expand_problems(path: str, spec: _SpaceFile) -> list[Problem]:
     out: list[Problem] = []
-    for i, (block, dtypes, layout) in enumerate(
-        itertools.product(spec.problems, spec.dtypes, spec.layouts)
-    ):
+    for block, dtypes, layout in itertools.product(spec.problems, spec.dtypes, spec.layouts):
         layout_a, layout_b = _LAYOUT_CODES[layout]
         for m, n, k in itertools.product(block.m, block.n, block.k):
             p = Problem(m, n, k, dtypes.input, dtypes.input, dtypes.output, layout_a, layout_b)

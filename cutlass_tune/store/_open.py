@@ -2,8 +2,9 @@
 
 A source is a SQLAlchemy URL, a SQLite file (`.sqlite`, `.sqlite3`, `.db`) or, for the
 commands that read best-config tables, a table file or bundle directory; none given means the
-default store of `settings` (a sweep instead writes to its GPU's store under results/). Opening a store to read never writes to it: a SQLite file that
-does not exist is refused, not made. A store a sweep writes to may be new: its file is made by
+default store of `settings` (a sweep instead writes to its GPU's store under results/).
+Opening a store to read never writes to it: a SQLite file that does not exist is refused, not
+made. A store a sweep writes to may be new: its file is made by
 its first write (see `ResultStore`).
 """
 

@@ -15,14 +15,15 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
-from ..measurement import Measurement
 from .._files import why_unwritable
 from ..errors import CutlassTuneError, first_line
+from ..measurement import Measurement
 from ..space import Problem, layout_code
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ SCHEMA_VERSION = 1
 _CREATE_ATTEMPTS = 5
 T = TypeVar("T")
 LEGACY_TIMING = "events"
+CONFIRM_STUDY = "confirm"
+"""The `study` of the rows `cutlass-tune confirm` adds (a sweep's rows carry their Optuna study's name)."""
 """The timing scheme of stores begun before `ct_meta` recorded one."""
 HEARTBEAT_S = 15.0
 """How often a running sweep says, in the store, that it is alive."""

@@ -7,7 +7,7 @@ A bundle is a directory:
 |---|---|
 | `best.json` | the table (`load_best`'s schema), as `cutlass-tune best --format json` writes it |
 | `kernels/<unit>.so` | the compiled units holding the table's kernels, copied from the kernel cache |
-| `manifest.json` | format, ABI version, toolchain, and for each kernel (by config hash) its library, symbol and the library's SHA-256 |
+| `manifest.json` | format, ABI version, toolchain; per kernel (config hash): library, symbol, SHA-256 |
 
 `read_bundle` checks the manifest against the files before anything is loaded: a library
 changed or missing after export, a table row without its kernel, or another ABI version is a

@@ -7,8 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -71,7 +72,8 @@ def _read_file(path: Path) -> pd.DataFrame:
     try:
         frame = _READERS[path.suffix](path)
     except ImportError as err:
-        raise BestTableError(f"cannot read {path}: reading {kind} needs pyarrow (pip install 'cutlass-tune[parquet]')") from err
+        raise BestTableError(f"cannot read {path}: reading {kind} needs pyarrow "
+                             "(pip install 'cutlass-tune[parquet]')") from err
     except _reader_errors() as err:
         raise BestTableError(f"cannot read {path} as a {kind} table: {type(err).__name__}: {first_line(err)}") from err
     if not isinstance(frame, pd.DataFrame):
@@ -215,7 +217,7 @@ def _check_knobs(frame: pd.DataFrame, wanted: list[dict], path: Path) -> None:
     have = [c for c in KNOB_COLUMNS if c in frame.columns]
     for number, (row, want) in enumerate(zip(frame[have + ["problem"]].to_dict("records"), wanted), 1):
         for column in have:
-            if not _holds(lambda v: _same_knob(v, want[column]), row[column]):
+            if not _holds(lambda v, expected=want[column]: _same_knob(v, expected), row[column]):
                 raise BestTableError(f"{_where(path, number, row['problem'])}: {column} {_shown(row[column])} "
                                      f"is not its config's {_shown(want[column])}")
 

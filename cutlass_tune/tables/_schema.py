@@ -6,10 +6,10 @@
 | problem, m, n, k, dtype_a, dtype_b, dtype_d, layout | the GEMM (layout: BLAS two letters, e.g. tn) |
 | kernel, config_hash | name and content hash of the winning `KernelConfig` |
 | runtime, raster, swizzle, splits, decomposition | its best run-time variant |
-| tflops, median_ms, p20_ms, p80_ms, samples | its timing (median; L2-cold CUDA events, or CUDA-graph replays where the store was swept with `--graph`) |
+| tflops, median_ms, p20_ms, p80_ms, samples | its timing (median, by the store's timing method) |
 | spread | (p80 - p20) / median |
-| cublas_tflops, ratio | cuBLAS in the same run (sampled alternately with the kernel where the store pairs baselines), and tflops / cublas_tflops |
-| tile_m ... tile_scheduler, fp8_fast_accum, epilogue_tile_n, epilogue_source | the config's knobs, one column each (stages and epilogue_tile_n 0: auto) |
+| cublas_tflops, ratio | cuBLAS in the same run (paired where the store pairs), tflops / cublas_tflops |
+| `KNOB_COLUMNS` | the config's knobs, one column each, as declared in space/_knobs.py (0: auto) |
 | config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
 | run_id | the run that measured it |
 | sweep_ratio | the best ratio the sweep measured for this kernel and variant |
@@ -20,13 +20,13 @@
 from __future__ import annotations
 
 from ..errors import CutlassTuneError
-from ..space import KernelConfig, columns
+from ..space import KernelConfig, RuntimeArgs, columns
 
 KNOB_COLUMNS = columns(KernelConfig)
 LATER_KNOBS = columns(KernelConfig, added_later=True)
 """Knob columns that tables written before them lack; reading a table fills them from `config`."""
 COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
-           "config_hash", "runtime", "raster", "swizzle", "splits", "decomposition", "tflops", "median_ms",
+           "config_hash", "runtime", *columns(RuntimeArgs), "tflops", "median_ms",
            "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
            "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high")
 

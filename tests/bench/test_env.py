@@ -1,9 +1,8 @@
 import sys
 
 from cutlass_tune.bench import ClockMonitor, _env
-from cutlass_tune.measurement import Clocks
 from cutlass_tune.bench._env import parse_driver_version
-from cutlass_tune.measurement import decode_reasons
+from cutlass_tune.measurement import Clocks, decode_reasons
 
 
 def test_throttle_reasons_are_decoded_by_bit():

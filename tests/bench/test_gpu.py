@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cutlass_tune.bench import GpuRunner, Job, TimingOptions, Worker, _runner, time_paired
-from cutlass_tune.bench import compare
+from cutlass_tune.bench import GpuRunner, Job, TimingOptions, Worker, _runner, compare, time_paired
 from cutlass_tune.bench._verify import ELEMENT_TOLERANCE, reference
 from cutlass_tune.space import Decomposition, DType, Problem, RasterOrder, RuntimeArgs
 from cutlass_tune.status import Status

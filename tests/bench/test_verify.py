@@ -2,8 +2,16 @@ import pytest
 import torch
 
 from cutlass_tune.bench import compare, verify_launch
-from cutlass_tune.bench._verify import (ELEMENT_TOLERANCE, FP8_TOLERANCE, TOLERANCE, allocate, element_tolerance,
-                                        randomize, reference, tolerance)
+from cutlass_tune.bench._verify import (
+    ELEMENT_TOLERANCE,
+    FP8_TOLERANCE,
+    TOLERANCE,
+    allocate,
+    element_tolerance,
+    randomize,
+    reference,
+    tolerance,
+)
 from cutlass_tune.space import DType, Layout, Problem
 from cutlass_tune.status import Status
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from cutlass_tune.bench import Job, Worker, WorkerError, WorkerStartError, run_plan
-from cutlass_tune.measurement import EnvStamp, Measurement
 from cutlass_tune.bench._session import Plan, require_gpu
 from cutlass_tune.errors import CutlassTuneError
+from cutlass_tune.measurement import EnvStamp, Measurement
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 

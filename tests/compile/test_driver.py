@@ -154,8 +154,9 @@ ptxas info    : Function properties for _ZN19ct_bbbbbbbbbbbbbbbb6kernelEv
 def test_spills_of_a_real_log_are_charged_to_the_units_kernels():
     # Regression: ptxas names kernels by their mangled CUTLASS type, never by our symbol, so
     # spills of real builds were never reported.
-    log = """ptxas info    : Compiling entry function '_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalEEEvNT_6ParamsE' for 'sm_90a'
-ptxas info    : Function properties for _ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalEEEvNT_6ParamsE
+    mangled = "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalEEEvNT_6ParamsE"
+    log = f"""ptxas info    : Compiling entry function '{mangled}' for 'sm_90a'
+ptxas info    : Function properties for {mangled}
     0 bytes stack frame, 858 bytes spill stores, 632 bytes spill loads
 """
     assert spill_bytes_by_symbol(log, ["ct_aaaaaaaaaaaaaaaa"]) == {"ct_aaaaaaaaaaaaaaaa": 1490}

@@ -179,7 +179,7 @@ def test_export_builds_the_winners_and_they_load_from_the_bundle_alone(tmp_path)
     out = tmp_path / "bundle"
     r = run("export", "--storage", STORE, "-o", out, "--cache-dir", tmp_path / "cache")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(f"exported 3 problems, 3 kernels in ") and str(out) in r.stdout
+    assert r.stdout.startswith("exported 3 problems, 3 kernels in ") and str(out) in r.stdout
     shutil.rmtree(tmp_path / "cache")  # the bundle needs no cache and no compiler
     table = BestTable.load(out)
     for row in table.frame.itertuples():

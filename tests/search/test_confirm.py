@@ -6,8 +6,15 @@ import pytest
 from cutlass_tune import load_best
 from cutlass_tune.measurement import Measurement
 from cutlass_tune.search import CONFIRM_STUDY, candidates, confirm
-from cutlass_tune.space import (EpilogueSchedule, KernelConfig, KernelSchedule, Problem, RasterOrder, RuntimeArgs,
-                                check_config)
+from cutlass_tune.space import (
+    EpilogueSchedule,
+    KernelConfig,
+    KernelSchedule,
+    Problem,
+    RasterOrder,
+    RuntimeArgs,
+    check_config,
+)
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
 
@@ -17,7 +24,8 @@ BIG, SMALL = Problem(4096, 4096, 4096), Problem(1024, 1024, 1024)
 PINGPONG = KernelConfig(tile_m=128, tile_n=128, kernel_schedule=KernelSchedule.PINGPONG,
                         epilogue_schedule=EpilogueSchedule.TMA)
 COOP = KernelConfig(tile_m=128, tile_n=256, kernel_schedule=KernelSchedule.COOPERATIVE)
-PLAIN = KernelConfig(tile_m=64, tile_n=128, kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=EpilogueSchedule.TMA)
+PLAIN = KernelConfig(tile_m=64, tile_n=128, kernel_schedule=KernelSchedule.TMA_WS,
+                     epilogue_schedule=EpilogueSchedule.TMA)
 assert not any(check_config(c) for c in (PINGPONG, COOP, PLAIN))
 ALONG_N = RuntimeArgs(raster=RasterOrder.ALONG_N)
 SWIZZLE_2 = RuntimeArgs(swizzle=2)
@@ -180,7 +188,8 @@ def _cli(*args):
 @pytest.mark.parametrize("storage, message", [
     ("{tmp}/missing.sqlite", "error: no store at sqlite:///{tmp}/missing.sqlite\n"),
     ("{tmp}/table.csv", "error: --storage {tmp}/table.csv: expected a store URL or a .sqlite file\n"),
-    ("{tmp}/empty.sqlite", "error: store sqlite:///{tmp}/empty.sqlite has no successful kernel measurement to confirm\n"),
+    ("{tmp}/empty.sqlite",
+     "error: store sqlite:///{tmp}/empty.sqlite has no successful kernel measurement to confirm\n"),
 ])
 def test_confirm_rejects_what_it_cannot_confirm_in_one_line(tmp_path, storage, message):
     ResultStore(f"sqlite:///{tmp_path / 'empty.sqlite'}").bind_gpu("NVIDIA H200")  # creates the tables, adds nothing

@@ -4,8 +4,7 @@ import sys
 import pytest
 
 from cutlass_tune.measurement import Measurement
-from cutlass_tune.search import COMMON_DEFAULTS, seed_configs
-from cutlass_tune.search import _seeds
+from cutlass_tune.search import COMMON_DEFAULTS, _seeds, seed_configs
 from cutlass_tune.search._seeds import heuristic_configs
 from cutlass_tune.space import (
     EpilogueSchedule,

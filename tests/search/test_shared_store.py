@@ -15,8 +15,7 @@ import pytest
 
 from cutlass_tune.search import Sweep, SweepSettings
 from cutlass_tune.space import check_config, load_space
-from cutlass_tune.store import ResultStore
-from cutlass_tune.store import _sql
+from cutlass_tune.store import ResultStore, _sql
 
 from ..racing import start_together
 from .fakes import FakeBench, FakeCompiler

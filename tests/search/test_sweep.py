@@ -321,7 +321,8 @@ def test_several_gpus_resume_a_one_gpu_sweep_without_repeats(space, tmp_path):
     gpus = [SlowBench(), SlowBench()]
     state = make(space, tmp_path, gpus, trials=6)[0].run()
     assert state.compiled == 6
-    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in kernel_rows(state_store(tmp_path)))
+    rows = kernel_rows(state_store(tmp_path))
+    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
     assert len(keys) == 6 * 2 * 4 and set(keys.values()) == {1}
 
 

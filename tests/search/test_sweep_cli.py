@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 import cutlass_tune.bench
 import cutlass_tune.compile
-from cutlass_tune.cli import app
 from cutlass_tune.bench import WorkerStartError
+from cutlass_tune.cli import app
 from cutlass_tune.errors import CutlassTuneError
 from cutlass_tune.store import ResultStore
 

@@ -2,7 +2,6 @@ import dataclasses
 
 import pytest
 
-from cutlass_tune.space import _rules
 from cutlass_tune.space import (
     AUTO_STAGES,
     SMEM_CAPACITY_BYTES,
@@ -15,6 +14,7 @@ from cutlass_tune.space import (
     Problem,
     RuntimeArgs,
     TileScheduler,
+    _rules,
     check_config,
     check_pair,
     check_problem,

@@ -192,7 +192,8 @@ def test_check_problem_refuses_sizes_past_int32():
 
 
 @pytest.mark.parametrize("text,key,at", [
-    (PROBLEM + "problems: {m: 128, n: 64, k: 64}\n", "problems", "at line 2, column 1; first given at line 1, column 1"),
+    (PROBLEM + "problems: {m: 128, n: 64, k: 64}\n", "problems",
+     "at line 2, column 1; first given at line 1, column 1"),
     ("problems: {m: 64, n: 64, k: 64, m: 128}\n", "problems.m", "at line 1, column 33"),
     (PROBLEM + "kernels:\n  - {tile_m: 128}\n  - {tile_n: 64, tile_n: 128}\n", "kernels.1.tile_n", "line 4"),
     (PROBLEM + "runtime:\n  swizzle: 1\n  'swizzle': 2\n", "runtime.swizzle", "line 4"),

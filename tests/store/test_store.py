@@ -13,8 +13,7 @@ import sqlalchemy as sa
 from cutlass_tune.measurement import Measurement, read_jsonl
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
-from cutlass_tune.store import _sql
-from cutlass_tune.store import ResultStore, StoreError, StoreGpuMismatchError, default_store_url
+from cutlass_tune.store import ResultStore, StoreError, StoreGpuMismatchError, _sql, default_store_url
 
 from ..racing import start_together, wait_for_files
 
