@@ -31,6 +31,7 @@ from . import __version__, settings
 from ._files import why_unwritable, write_atomically
 from .compile import KernelCache, compile_kernels, default_jobs, find_toolchain
 from .errors import CutlassTuneError
+from .measurement import write_jsonl
 from .report import load_best, same_file, write_bundle, write_table
 from .space import KernelConfig, load_space
 from .status import Status
@@ -162,7 +163,6 @@ def bench(
     cuBLAS on one GPU, each checked against an fp32 reference first."""
     # torch, with the GPU stage: only the commands that measure import it.
     from .bench import TimingOptions, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
-    from .measurement import write_jsonl
 
     sp = load_space(config)
     if output is not None:

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..compile import find_toolchain
+from ..errors import ToolchainError
 from ..measurement import Clocks, EnvStamp, decode_reasons
 
 
@@ -52,10 +54,7 @@ def driver_version() -> str | None:
 
 def env_stamp(device: int) -> EnvStamp:
     """Stamp for CUDA device `device` (initializes CUDA in this process)."""
-    import torch
-
-    from ..compile import find_toolchain
-    from ..errors import ToolchainError
+    import torch  # in the GPU worker only: the parent process stays free of CUDA
 
     props = torch.cuda.get_device_properties(device)
     try:

@@ -66,7 +66,7 @@ class WorkerStartError(WorkerError, GpuUnusableError):
 
 
 def _default_factory(device: int) -> JobRunner:
-    from ._runner import GpuRunner
+    from ._runner import GpuRunner  # imports torch: in the worker's child process only
 
     return GpuRunner(device)
 

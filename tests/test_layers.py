@@ -1,0 +1,51 @@
+"""The pipeline's stages import downward only (read from the source by tests/layers.py)."""
+
+import graphlib
+
+import pytest
+
+from tests.layers import TOP, read_graph
+
+ORDER = ("errors", "status", "_files", "space", "settings", "render", "measurement", "compile", "tables",
+         "store", "search", "report", "runtime", "bench", TOP, "cli")
+"""The stages from the ground up: each imports, at module level, only stages before it."""
+
+LAZY = {
+    ("runtime", "report"): "a store URL is read by the tuner's report stage; a serving host never takes that path",
+    ("cli", "bench"): "torch, for the commands that measure",
+    ("cli", "search"): "Optuna, for the commands that search",
+    (TOP, "report"): "`import cutlass_tune` stays light: the table and matmul load on first use",
+    (TOP, "runtime"): "the same",
+}
+"""The only imports of one stage by another inside a function, and why each is deferred."""
+
+GRAPH = read_graph()
+
+
+def test_every_stage_has_its_place():
+    assert set(GRAPH.lines) == set(ORDER)
+
+
+def test_no_circle_between_stages():
+    try:
+        GRAPH.floors()
+    except graphlib.CycleError as err:
+        pytest.fail(f"stages import each other: {err.args[1]}")
+
+
+@pytest.mark.parametrize("stage", ORDER)
+def test_a_stage_imports_only_stages_below_it(stage):
+    below = set(ORDER[: ORDER.index(stage)])
+    assert GRAPH.eager.get(stage, set()) <= below, f"{stage} imports {GRAPH.eager[stage] - below} from above"
+
+
+def test_imports_inside_functions_are_the_listed_ones():
+    deferred = {(stage, other) for stage, others in GRAPH.lazy.items() for other in others
+                if other not in GRAPH.eager.get(stage, set())}
+    assert deferred == set(LAZY)
+
+
+def test_the_tuner_never_imports_the_gpu_stage():
+    # Regression: store, search and report imported `Measurement` from bench, and with it torch.
+    for stage in ("store", "search", "report", "tables", "runtime"):
+        assert "bench" not in GRAPH.eager.get(stage, set()) | GRAPH.lazy.get(stage, set()), stage
