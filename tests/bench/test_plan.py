@@ -6,7 +6,6 @@ import pytest
 from cutlass_tune.bench import (
     InvalidJobError,
     Job,
-    Measurement,
     TimingOptions,
     baseline_ratio,
     plan_jobs,
@@ -14,6 +13,7 @@ from cutlass_tune.bench import (
 )
 from cutlass_tune.compile import CompiledKernel
 from cutlass_tune.errors import CutlassTuneError
+from cutlass_tune.measurement import Measurement
 from cutlass_tune.space import DType, KernelConfig, Layout, Problem, RasterOrder, RuntimeArgs, TileScheduler
 from cutlass_tune.status import Status
 
