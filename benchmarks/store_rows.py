@@ -8,11 +8,11 @@ import collections
 import sys
 import time
 
-from cutlass_tune.store import ResultStore
+from cutlass_tune.store import ResultStore, StoredRow
 
 
-def kernel_rows(url: str, columns: list[str] | None = None) -> list[dict]:
-    return [r for r in ResultStore(url).rows(columns) if r["kernel"] != "cuBLAS"]
+def kernel_rows(url: str, columns: list[str] | None = None) -> list[StoredRow]:
+    return [r for r in ResultStore(url).rows(columns) if r.kernel != "cuBLAS"]
 
 
 def wait(url: str, n: int) -> None:
@@ -30,13 +30,13 @@ def wait(url: str, n: int) -> None:
 
 def count(url: str) -> None:
     rows = kernel_rows(url)
-    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
-    per = collections.Counter(r["config_hash"] for r in rows)
+    keys = collections.Counter((r.problem, r.config_hash, r.runtime) for r in rows)
+    per = collections.Counter(r.config_hash for r in rows)
     print("kernel rows", len(rows), "distinct", len(keys), "repeated", sum(v - 1 for v in keys.values()))
-    print("rows per config", sorted(per.values()), "status", dict(collections.Counter(r["status"] for r in rows)))
-    print("rows per run", dict(collections.Counter(r["run_id"] for r in rows)))
-    print("best ratio per problem", {p: round(max(r["ratio"] for r in rows if r["problem"] == p and r["ratio"]), 3)
-                                     for p in sorted({r["problem"] for r in rows})})
+    print("rows per config", sorted(per.values()), "status", dict(collections.Counter(r.status.value for r in rows)))
+    print("rows per run", dict(collections.Counter(r.run_id for r in rows)))
+    print("best ratio per problem", {p: round(max(r.ratio for r in rows if r.problem == p and r.ratio), 3)
+                                     for p in sorted({r.problem for r in rows})})
 
 
 if __name__ == "__main__":

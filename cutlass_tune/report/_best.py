@@ -22,20 +22,20 @@ from ..errors import first_line
 from ..measurement import Measurement
 from ..space import cells
 from ..status import Status
-from ..store import CONFIRM_STUDY, open_store, store_url_of
+from ..store import CONFIRM_STUDY, ResultStore, StoredRow, open_store, store_url_of
 from ..tables import COLUMNS, BestTableError, read_local
 
 
-def _measurements(store, url: str, rows: list[dict]) -> list:
-    """The Measurement of each of `rows` (store rows with their `id`), rebuilt from its
-    `record`; a record that cannot be rebuilt is a BestTableError naming its row."""
-    records = {r["id"]: r["record"] for r in store.rows(["id", "record"])}
+def _measurements(store: ResultStore, url: str, rows: list[StoredRow]) -> list[Measurement]:
+    """The Measurement of each of `rows`, rebuilt from its `record`; a record that cannot be
+    rebuilt is a BestTableError naming its row."""
+    records = {r.id: r for r in store.rows(["record"])}
     out = []
     for r in rows:
         try:
-            out.append(Measurement.from_dict(json.loads(records[r["id"]])))
+            out.append(records[r.id].measurement())
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise BestTableError(f"store {url}: measurement {r['id']} ({r['kernel']} on {r['problem']}) "
+            raise BestTableError(f"store {url}: measurement {r.id} ({r.kernel} on {r.problem}) "
                                  f"cannot be read: {type(err).__name__}: {first_line(err)}") from err
     return out
 
@@ -53,25 +53,26 @@ def _from_store(url: str) -> pd.DataFrame:
     kernels = [m for m in measurements if not m.is_baseline and m.config is not None]
     if not kernels:
         raise BestTableError(f"store {url} has no measurements: run `cutlass-tune sweep` first")
-    if not any(r["status"] == Status.OK.value and r["kernel"] != "cuBLAS" for r in rows):
-        reasons = pd.Series([f"{r['status']}: {r['reason']}" for r in rows if r["kernel"] != "cuBLAS"])
+    if not any(r.status is Status.OK and r.kernel != "cuBLAS" for r in rows):
+        reasons = pd.Series([f"{r.status.value}: {r.reason}" for r in rows
+                             if r.kernel != "cuBLAS" and r.status is not None])
         raise BestTableError(f"store {url} has no successful measurement: {len(reasons)} failed "
                              f"(most common: {reasons.value_counts().index[0][:120]})")
-    wrong = {(r["gpu"], r["problem"], r["config_hash"]) for r in rows if r["status"] == Status.WRONG_RESULT.value}
+    wrong = {(r.gpu, r.problem, r.config_hash) for r in rows if r.status is Status.WRONG_RESULT}
     out = []
     for r, m in zip(rows, measurements):
-        if r["status"] != Status.OK.value or m.is_baseline or m.config is None or not r["tflops"]:
+        if r.status is not Status.OK or m.is_baseline or m.config is None or not r.tflops:
             continue
-        if (r["gpu"], r["problem"], r["config_hash"]) in wrong:
+        if (r.gpu, r.problem, r.config_hash) in wrong:
             continue
         out.append({
-            **{c: r[c] for c in ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout",
-                                 "kernel", "config_hash", "runtime", "tflops", "median_ms", "p20_ms",
-                                 "p80_ms", "samples", "cublas_tflops", "ratio", "run_id")},
+            **r.values(("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
+                        "config_hash", "runtime", "tflops", "median_ms", "p20_ms", "p80_ms", "samples",
+                        "cublas_tflops", "ratio", "run_id")),
             **cells(m.runtime),
             **cells(m.config),
             "config": json.dumps(m.config.to_dict(), sort_keys=True),
-            "_confirm": r["study"] == CONFIRM_STUDY,
+            "_confirm": r.study == CONFIRM_STUDY,
         })
     if not out:
         raise BestTableError(f"store {url} has no kernel that verified every time it ran")

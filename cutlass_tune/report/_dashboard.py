@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,9 @@ from markupsafe import Markup
 
 from .._files import shipped, write_atomically
 from ..errors import CutlassTuneError
-from ..measurement import EnvStamp, Measurement
+from ..measurement import EnvStamp
 from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs, texts
-from ..store import ResultStore, open_store
+from ..store import ResultStore, StoredRow, open_store
 from ..tables import COLUMNS, BestTableError
 from . import _figures as figures
 from ._best import load_best
@@ -121,16 +120,16 @@ def _load(source: str | Path) -> _Data:
                  trials=trials, studies=studies, env=envs[-1] if envs else None, best=best)
 
 
-def _frame(raw: list[dict[str, Any]], shown: str) -> pd.DataFrame:
+def _frame(raw: list[StoredRow], shown: str) -> pd.DataFrame:
     records = []
     for r in raw:
         try:
-            m = Measurement.from_dict(json.loads(r["record"]))
+            m = r.measurement()
         except (ValueError, KeyError, TypeError) as err:
-            raise DashboardError(f"store {shown}: measurement {r['id']} cannot be read: {err}") from err
+            raise DashboardError(f"store {shown}: measurement {r.id} cannot be read: {err}") from err
         c, rt = m.config, m.runtime
         records.append({
-            **{k: v for k, v in r.items() if k != "record"},
+            **r.values(c for c in _COLUMNS if c != "record"),
             "measurement": m, "baseline": m.is_baseline, "method": m.method,
             "tile": f"{c.tile_m}x{c.tile_n}x{c.tile_k}" if c else None,
             **{k.name: k.text(c) if c else None for k in KernelConfig.knobs},

@@ -71,10 +71,10 @@ def candidates(store: ResultStore, top: int) -> list[Candidate]:
         key = (m.problem.name, m.config.hash, m.runtime.name)
         if m.status is Status.WRONG_RESULT:
             wrong.add(key[:2])
-        if row["study"] == CONFIRM_STUDY or m.status is not Status.OK or not row["ratio"]:
+        if row.study == CONFIRM_STUDY or m.status is not Status.OK or not row.ratio:
             continue
-        if key not in best or row["ratio"] > best[key].ratio:
-            best[key] = Candidate(problem=m.problem, config=m.config, runtime=m.runtime, ratio=row["ratio"])
+        if key not in best or row.ratio > best[key].ratio:
+            best[key] = Candidate(problem=m.problem, config=m.config, runtime=m.runtime, ratio=row.ratio)
     by_kernel: dict[tuple[str, str], Candidate] = {}
     for key, cand in best.items():
         if key[:2] not in wrong and (key[:2] not in by_kernel or cand.ratio > by_kernel[key[:2]].ratio):

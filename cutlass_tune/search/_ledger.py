@@ -44,17 +44,16 @@ class Ledger:
     def absorb(self) -> None:
         """Read the store's rows added since the last call: at the start those of earlier runs,
         later those of other sweeps on the store (other hosts) and this sweep's own."""
-        rows = self.store.rows(["id", "problem", "config_hash", "runtime", "status", "tflops"],
-                               after_id=self._seen_id)
+        rows = self.store.rows(["problem", "config_hash", "runtime", "status", "tflops"], after_id=self._seen_id)
         for row in rows:
-            if row["config_hash"] is None:
+            if row.config_hash is None:
                 continue  # the cuBLAS baseline, or a hand-written kernel
-            if row["status"] != Status.INVALID.value:
-                self.compiled.add(row["config_hash"])
-            ok = row["status"] == Status.OK.value
-            self._add((row["problem"], row["config_hash"]), row["runtime"], row["tflops"] if ok else None)
+            if row.status is not Status.INVALID:
+                self.compiled.add(row.config_hash)
+            ok = row.status is Status.OK
+            self._add((row.problem, row.config_hash), row.runtime, row.tflops if ok else None)
         if rows:
-            self._seen_id = rows[-1]["id"]
+            self._seen_id = rows[-1].id
 
     def note(self, m: Measurement) -> None:
         """Count `m`, a kernel's measurement this sweep has just stored."""
@@ -118,6 +117,6 @@ class Ledger:
         for (h, _), found in self.store.measured(problem).items():
             if h == cfg.hash:
                 for r in found:
-                    if r["status"] != Status.OK.value:
-                        return f"{r['status']}: {r['reason']}"[:300]
+                    if r.status is not None and r.status is not Status.OK:
+                        return f"{r.status.value}: {r.reason}"[:300]
         return "no result"

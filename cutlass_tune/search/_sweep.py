@@ -311,12 +311,12 @@ class Sweep:
         by an earlier run, or by another sweep on the store)."""
         progress = {pp.problem.name: pp for pp in self.state.problems}
         for row in self.store.rows(["problem", "config_hash", "status", "tflops", "ratio"]):
-            pp = progress.get(row["problem"])
-            if pp is None or row["status"] != Status.OK.value or not row["config_hash"] or not row["ratio"]:
+            pp = progress.get(row.problem or "")
+            if pp is None or row.status is not Status.OK or not row.config_hash or not row.ratio:
                 continue
-            if pp.best_ratio is None or row["ratio"] > pp.best_ratio * (1 + 1e-9):  # not our own again
-                pp.best_ratio, pp.best_tflops, pp.best_at = row["ratio"], row["tflops"], None
-                pp.best_config = self.ledger.config_for(row["config_hash"], pp.problem)
+            if pp.best_ratio is None or row.ratio > pp.best_ratio * (1 + 1e-9):  # not our own again
+                pp.best_ratio, pp.best_tflops, pp.best_at = row.ratio, row.tflops, None
+                pp.best_config = self.ledger.config_for(row.config_hash, pp.problem)
 
     def _lose(self, event: LaneLost) -> None:
         self.state.lost.append(event.reason)

@@ -1,8 +1,8 @@
 """Store stage: where measurements live (SQLite by default, PostgreSQL for several hosts)."""
 
 from ._open import default_store_url, local_file, open_store, resolve_storage, store_url_of
+from ._row import StoredRow
 from ._sql import CONFIRM_STUDY, ResultStore, StoreError, StoreGpuMismatchError, open_study_storage
 
-__all__ = ["CONFIRM_STUDY", "ResultStore", "StoreError", "StoreGpuMismatchError", "default_store_url", "local_file",
-           "open_store",
-           "open_study_storage", "resolve_storage", "store_url_of"]
+__all__ = ["CONFIRM_STUDY", "ResultStore", "StoreError", "StoreGpuMismatchError", "StoredRow", "default_store_url",
+           "local_file", "open_store", "open_study_storage", "resolve_storage", "store_url_of"]

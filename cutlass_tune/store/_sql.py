@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import sqlalchemy as sa
 
@@ -25,6 +25,7 @@ from .._files import why_unwritable
 from ..errors import CutlassTuneError, first_line
 from ..measurement import Measurement
 from ..space import Problem, layout_code
+from ._row import StoredRow
 
 if TYPE_CHECKING:
     import optuna
@@ -412,32 +413,34 @@ class ResultStore:
         with self.engine.begin() as conn:
             conn.execute(measurements_table.insert(), row)
 
-    def measured(self, problem: Problem) -> dict[tuple[str, str], list[dict[str, Any]]]:
-        """Rows of `problem` by (config_hash, runtime name), for resuming without re-measuring."""
+    def measured(self, problem: Problem) -> dict[tuple[str, str], list[StoredRow]]:
+        """Rows of `problem` by (config_hash, runtime name), for resuming without re-measuring;
+        each with its config_hash, runtime, status, reason, tflops, ratio and kernel."""
         if not self._readable():
             return {}
         t = measurements_table
-        query = sa.select(t.c.config_hash, t.c.runtime, t.c.status, t.c.reason, t.c.tflops,
+        query = sa.select(t.c.id, t.c.config_hash, t.c.runtime, t.c.status, t.c.reason, t.c.tflops,
                           t.c.ratio, t.c.kernel).where(t.c.problem == problem.name, t.c.config_hash.isnot(None))
-        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        out: dict[tuple[str, str], list[StoredRow]] = {}
         with self.engine.connect() as conn:
             for row in conn.execute(query).mappings():
-                out.setdefault((row["config_hash"], row["runtime"]), []).append(dict(row))
+                out.setdefault((row["config_hash"], row["runtime"]), []).append(StoredRow.from_columns(row))
         return out
 
-    def rows(self, columns: Iterable[str] | None = None, *, after_id: int = 0) -> list[dict[str, Any]]:
-        """Every measurement row as a dict (all columns but `record` unless asked), in the order
-        they were added; with `after_id`, only those added after the row of that `id`."""
+    def rows(self, columns: Iterable[str] | None = None, *, after_id: int = 0) -> list[StoredRow]:
+        """Every measurement row, in the order they were added; with `after_id`, only those
+        added after the row of that `id`. Each has its `id` and the `columns` named (all but
+        `record` unless named); the others are None."""
         if not self._readable():
             return []
         t = measurements_table
-        cols = [t.c[c] for c in columns] if columns else [c for c in t.c if c.name != "record"]
-        query = sa.select(*cols).order_by(t.c.id)
+        names = ["id", *(c for c in columns if c != "id")] if columns else [c.name for c in t.c if c.name != "record"]
+        query = sa.select(*(t.c[c] for c in names)).order_by(t.c.id)
         if after_id:
             query = query.where(t.c.id > after_id)
         with self.engine.connect() as conn:
-            return [dict(r) for r in conn.execute(query).mappings()]
+            return [StoredRow.from_columns(r) for r in conn.execute(query).mappings()]
 
     def measurements(self) -> list[Measurement]:
         """Every stored measurement, rebuilt losslessly."""
-        return [Measurement.from_dict(json.loads(r["record"])) for r in self.rows(["record"])]
+        return [r.measurement() for r in self.rows(["record"])]

@@ -29,8 +29,8 @@ def test_committed_sweep_gives_one_best_row_per_problem():
     assert (frame["gpu"] == "NVIDIA H200").all()
     rows = ResultStore(f"sqlite:///{STORE}").rows()
     for r in frame.itertuples():
-        same = [x for x in rows if x["problem"] == r.problem and x["status"] == "ok" and x["kernel"] != "cuBLAS"]
-        assert r.ratio == pytest.approx(max(x["ratio"] for x in same))
+        same = [x for x in rows if x.problem == r.problem and x.status is Status.OK and x.kernel != "cuBLAS"]
+        assert r.ratio == pytest.approx(max(x.ratio for x in same))
         assert r.ratio == pytest.approx(r.tflops / r.cublas_tflops)
         assert KernelConfig.from_dict(json.loads(r.config)).name == r.kernel
 

@@ -108,8 +108,8 @@ def test_confirm_measures_each_candidate_every_pass_with_a_fresh_baseline(store)
     assert big == [("cuBLAS", BIG.name), (PINGPONG.name, BIG.name), (COOP.name, BIG.name),
                    ("cuBLAS", BIG.name), (COOP.name, BIG.name), (PINGPONG.name, BIG.name),
                    ("cuBLAS", BIG.name), (PINGPONG.name, BIG.name), (COOP.name, BIG.name)]
-    rows = [r for r in store.rows() if r["study"] == CONFIRM_STUDY]
-    assert len(rows) == 3 * (2 + 3) and {r["run_id"] for r in rows} == {result.run_id}
+    rows = [r for r in store.rows() if r.study == CONFIRM_STUDY]
+    assert len(rows) == 3 * (2 + 3) and {r.run_id for r in rows} == {result.run_id}
     assert result.ratios()[(BIG.name, COOP.name, RuntimeArgs().name)] == pytest.approx([1.02] * 3)
     passes = sorted(m.repeat for m, _ in result.rows if m.problem == SMALL and not m.is_baseline)
     assert passes == [0, 1, 2]

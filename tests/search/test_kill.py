@@ -64,7 +64,7 @@ def test_killed_sweep_resumes_without_loss_or_repeats(tmp_path, store_url, sig, 
                   SweepSettings(trials=6, batch=3)).run()
     assert state.compiled == 6
     rows = kernel_rows(store)
-    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
+    keys = collections.Counter((r.problem, r.config_hash, r.runtime) for r in rows)
     assert set(keys.values()) == {1}, "a measurement was taken twice"
     assert len(rows) == 6 * 2 * 4
     assert len(resumed.measured) == len(rows) - len(kept)

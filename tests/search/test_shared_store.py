@@ -135,7 +135,7 @@ def test_what_the_other_sweep_measured_reaches_the_waiting_trials(space, tmp_pat
     assert other_bench.measured and not {h for h, _, _ in bench.measured} & set(held)
     assert state.elsewhere == 0
     values = [t.value for t in told(state, held[0]) if t.state is optuna.trial.TrialState.COMPLETE]
-    best = max(r["tflops"] for r in kernel_rows(ResultStore(url)) if r["config_hash"] == held[0])
+    best = max(r.tflops for r in kernel_rows(ResultStore(url)) if r.config_hash == held[0])
     assert values and best in values
     assert set(variant_counts(ResultStore(url)).values()) == {1}
 
@@ -212,8 +212,8 @@ def test_what_another_sweep_finishes_during_the_last_batch_is_taken_in_at_the_en
     assert all(t.state is optuna.trial.TrialState.COMPLETE for t in told(state, held[0]))
     for pp in state.problems:
         assert pp.best_config.hash == held[0] and pp.best_at is None
-        assert pp.best_ratio == pytest.approx(max(r["ratio"] for r in kernel_rows(ResultStore(url))
-                                                  if r["problem"] == pp.problem.name))
+        assert pp.best_ratio == pytest.approx(max(r.ratio for r in kernel_rows(ResultStore(url))
+                                                  if r.problem == pp.problem.name))
 
 
 def test_configs_another_sweep_holds_count_against_the_trials(space, tmp_path):

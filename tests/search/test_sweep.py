@@ -42,7 +42,7 @@ def make(space, tmp_path, bench=None, compiler=None, **settings):
 
 
 def kernel_rows(store):
-    return [r for r in store.rows() if r["kernel"] != "cuBLAS"]
+    return [r for r in store.rows() if r.kernel != "cuBLAS"]
 
 
 def test_sweep_compiles_within_budget_and_measures_every_problem(space, tmp_path):
@@ -57,10 +57,10 @@ def test_sweep_compiles_within_budget_and_measures_every_problem(space, tmp_path
     assert set(counts.values()) == {1}
     assert len(bench.measured) == 6 * 2 * 4
     rows = kernel_rows(store)
-    assert {r["problem"] for r in rows} == {p.name for p in space.problems}
-    assert all(r["ratio"] == pytest.approx(r["tflops"] / 600.0) for r in rows)
+    assert {r.problem for r in rows} == {p.name for p in space.problems}
+    assert all(r.ratio == pytest.approx(r.tflops / 600.0) for r in rows)
     for pp in state.problems:
-        best = max(r["tflops"] for r in rows if r["problem"] == pp.problem.name)
+        best = max(r.tflops for r in rows if r.problem == pp.problem.name)
         assert pp.best_tflops == best and pp.best_ratio == pytest.approx(best / 600.0)
         assert pp.study.best_value == pytest.approx(best)
         # the other problem's kernels were added to this study too
@@ -97,8 +97,8 @@ def test_failed_kernels_are_failed_trials_with_reasons(space, tmp_path):
                 good += 1
                 assert t.state is optuna.trial.TrialState.COMPLETE and t.value > 0, cfg
     assert failed > 0 and good > 0
-    statuses = {r["status"] for r in kernel_rows(store)}
-    assert Status.OK.value in statuses
+    statuses = {r.status for r in kernel_rows(store)}
+    assert Status.OK in statuses
 
 
 def test_resume_measures_nothing_twice(space, tmp_path):
@@ -121,7 +121,7 @@ def test_interrupted_sweep_resumes_where_it_stopped(space, tmp_path):
     state = make(space, tmp_path, again)[0].run()
     assert not set(killed.measured) & set(again.measured)
     assert len(kernel_rows(store)) == 6 * 2 * 4
-    rows = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in kernel_rows(store))
+    rows = collections.Counter((r.problem, r.config_hash, r.runtime) for r in kernel_rows(store))
     assert set(rows.values()) == {1}
     for pp in state.problems:
         assert not [t for t in pp.study.trials if t.state is optuna.trial.TrialState.RUNNING]
@@ -178,13 +178,13 @@ def test_paired_baselines_rank_the_best_and_fill_the_store(space, tmp_path):
 
     sweep, store = make(space, tmp_path, PairedBench(), trials=12, batch=4)
     state = sweep.run()
-    rows = [r for r in kernel_rows(store) if r["status"] == "ok"]
+    rows = [r for r in kernel_rows(store) if r.status is Status.OK]
     for pp in state.problems:
-        mine = [r for r in rows if r["problem"] == pp.problem.name]
-        assert pp.best_ratio == pytest.approx(max(r["ratio"] for r in mine))
+        mine = [r for r in rows if r.problem == pp.problem.name]
+        assert pp.best_ratio == pytest.approx(max(r.ratio for r in mine))
         assert (pp.best_config.cluster_m, pp.best_config.cluster_n) == (1, 1)
         # the baseline of each row is its own pair, not the batch's 600 TFLOP/s
-        assert {round(r["tflops"] / r["cublas_tflops"], 6) for r in mine} <= {1.0, 1.5}
+        assert {round(r.tflops / r.cublas_tflops, 6) for r in mine} <= {1.0, 1.5}
 
 
 def test_baseline_is_measured_again_before_each_batch(space, tmp_path):
@@ -231,7 +231,7 @@ def test_a_store_resumes_with_the_c_operand_knob_added_to_its_space(space, tmp_p
     compiler = FakeCompiler()
     sweep, store = make(space, tmp_path, compiler=compiler)
     sweep.run()
-    before = {(r["problem"], r["config_hash"], r["runtime"]) for r in kernel_rows(store)}
+    before = {(r.problem, r.config_hash, r.runtime) for r in kernel_rows(store)}
     path = tmp_path / "wider.yaml"
     path.write_text(SPACE_WITHOUT_C)
     wider, bench = load_space(path), FakeBench()
@@ -241,8 +241,8 @@ def test_a_store_resumes_with_the_c_operand_knob_added_to_its_space(space, tmp_p
     assert len(compiled) == len({c.hash for c in compiled}) == 12  # nothing compiled twice
     assert any(not c.epilogue_source for c in compiled[6:])
     rows = kernel_rows(store)
-    assert len(rows) == len({(r["problem"], r["config_hash"], r["runtime"]) for r in rows})
-    assert before < {(r["problem"], r["config_hash"], r["runtime"]) for r in rows}
+    assert len(rows) == len({(r.problem, r.config_hash, r.runtime) for r in rows})
+    assert before < {(r.problem, r.config_hash, r.runtime) for r in rows}
     assert bench.measured and not {(p, h, v) for h, p, v in bench.measured} & before  # nothing measured twice
     assert state.stop_reason == "trial budget reached"
 
@@ -304,12 +304,12 @@ def test_several_gpus_share_the_work_and_each_ratio_uses_its_own_cublas(space, t
     rows = kernel_rows(store)
     assert len(rows) == 6 * 2 * 4
     for r in rows:
-        cublas = gpus[on[(r["config_hash"], r["problem"])]].cublas
-        assert r["cublas_tflops"] == cublas and r["ratio"] == pytest.approx(r["tflops"] / cublas)
-    baselines = [r for r in store.rows() if r["kernel"] == "cuBLAS"]
-    assert sorted({r["tflops"] for r in baselines}) == [500.0, 600.0]  # each GPU's baseline kept
+        cublas = gpus[on[(r.config_hash, r.problem)]].cublas
+        assert r.cublas_tflops == cublas and r.ratio == pytest.approx(r.tflops / cublas)
+    baselines = [r for r in store.rows() if r.kernel == "cuBLAS"]
+    assert sorted({r.tflops for r in baselines}) == [500.0, 600.0]  # each GPU's baseline kept
     for pp in state.problems:
-        best = max(r["ratio"] for r in rows if r["problem"] == pp.problem.name)
+        best = max(r.ratio for r in rows if r.problem == pp.problem.name)
         assert pp.best_ratio == pytest.approx(best)
         done = [t for t in pp.study.trials if t.state is optuna.trial.TrialState.COMPLETE
                 and t.constraints["invalid"] == 0.0]
@@ -322,7 +322,7 @@ def test_several_gpus_resume_a_one_gpu_sweep_without_repeats(space, tmp_path):
     state = make(space, tmp_path, gpus, trials=6)[0].run()
     assert state.compiled == 6
     rows = kernel_rows(state_store(tmp_path))
-    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
+    keys = collections.Counter((r.problem, r.config_hash, r.runtime) for r in rows)
     assert len(keys) == 6 * 2 * 4 and set(keys.values()) == {1}
 
 
@@ -335,7 +335,7 @@ def test_an_interrupt_on_one_gpu_stops_the_sweep_and_keeps_what_was_taken(space,
     again = FakeBench()
     make(space, tmp_path, again)[0].run()
     rows = kernel_rows(state_store(tmp_path))
-    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
+    keys = collections.Counter((r.problem, r.config_hash, r.runtime) for r in rows)
     assert len(rows) == 6 * 2 * 4 and set(keys.values()) == {1}
     assert len(again.measured) == len(rows) - kept
 
@@ -369,7 +369,7 @@ class LostBench(SlowBench):
 
 
 def variant_counts(store):
-    return collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in kernel_rows(store))
+    return collections.Counter((r.problem, r.config_hash, r.runtime) for r in kernel_rows(store))
 
 
 @pytest.mark.parametrize("lose_after", [0, 3, 21])  # before its first kernel, within a task, later
@@ -384,7 +384,7 @@ def test_a_gpu_lost_mid_sweep_is_given_up_and_the_others_measure_the_rest(space,
     counts = variant_counts(store)
     assert len(counts) == 6 * 2 * 4 and set(counts.values()) == {1}  # all of it, nothing twice
     for r in kernel_rows(store):  # each ratio against the cuBLAS of the GPU that measured it
-        assert r["ratio"] == pytest.approx(r["tflops"] / r["cublas_tflops"])
+        assert r.ratio == pytest.approx(r.tflops / r.cublas_tflops)
     for pp in state.problems:
         assert pp.cublas_tflops == 600.0
         done = [t for t in pp.study.trials if t.state is optuna.trial.TrialState.COMPLETE
@@ -431,15 +431,15 @@ def test_a_sweep_started_on_the_store_meanwhile_neither_breaks_the_first_nor_rep
     state = Sweep(space, ResultStore(url), url, FirstHostCompiler(), first_bench,
                   SweepSettings(trials=8, batch=3)).run()
     rows = kernel_rows(ResultStore(url))
-    keys = collections.Counter((r["problem"], r["config_hash"], r["runtime"]) for r in rows)
+    keys = collections.Counter((r.problem, r.config_hash, r.runtime) for r in rows)
     assert set(keys.values()) == {1}, "a measurement was taken twice"
     assert second_bench.measured and first_bench.measured
     assert not set(first_bench.measured) & set(second_bench.measured)
-    assert state.compiled == len({r["config_hash"] for r in rows}) == 8
+    assert state.compiled == len({r.config_hash for r in rows}) == 8
     for pp in state.problems:  # the first sweep's results reached its studies
         told = {t.user_attrs.get("config_hash") for t in pp.study.trials
                 if t.state is optuna.trial.TrialState.COMPLETE and t.constraints["invalid"] == 0.0}
-        assert {r["config_hash"] for r in rows} <= told
+        assert {r.config_hash for r in rows} <= told
 
 
 @pytest.mark.parametrize("interrupt_after", [2, 5])  # within the first kernel, within the second
@@ -451,7 +451,7 @@ def test_a_kernel_an_interrupt_left_part_measured_is_finished_on_resume(tmp_path
     space = load_space(path)
     with pytest.raises(KeyboardInterrupt):
         make(space, tmp_path, FakeBench(interrupt_after=interrupt_after), batch=1)[0].run()
-    part = collections.Counter(r["config_hash"] for r in kernel_rows(state_store(tmp_path)))
+    part = collections.Counter(r.config_hash for r in kernel_rows(state_store(tmp_path)))
     assert sum(part.values()) == interrupt_after and min(part.values()) < 4
     again = FakeBench()
     state = make(space, tmp_path, again, batch=1)[0].run()

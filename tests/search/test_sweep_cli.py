@@ -81,7 +81,7 @@ def test_two_gpus_both_measure_and_both_are_closed(tmp_path, gpus):
     assert (a.device, b.device) == (0, 1) and a.measured and b.measured
     assert len(a.measured) + len(b.measured) == 4 * 2 * 4
     assert a.closed and b.closed
-    rows = [row for row in ResultStore(url).rows() if row["kernel"] != "cuBLAS"]
+    rows = [row for row in ResultStore(url).rows() if row.kernel != "cuBLAS"]
     assert len(rows) == 4 * 2 * 4
 
 
@@ -118,7 +118,7 @@ def test_a_gpu_lost_mid_sweep_is_named_and_the_sweep_finishes_on_the_other(tmp_p
     a, b = gpus.started
     assert len(b.measured) == 3 and len(a.measured) == 4 * 2 * 4 - 3
     assert a.closed and b.closed
-    assert len([row for row in ResultStore(url).rows() if row["kernel"] != "cuBLAS"]) == 4 * 2 * 4
+    assert len([row for row in ResultStore(url).rows() if row.kernel != "cuBLAS"]) == 4 * 2 * 4
 
 
 def test_a_lone_gpu_lost_is_an_error_of_one_line(tmp_path, gpus):
@@ -127,7 +127,7 @@ def test_a_lone_gpu_lost_is_an_error_of_one_line(tmp_path, gpus):
     assert isinstance(r.exception, CutlassTuneError)
     assert str(r.exception) == "benchmark worker for GPU 0 exited with code 1 while starting"
     assert gpus.started[0].closed
-    assert len([row for row in ResultStore(url).rows() if row["kernel"] != "cuBLAS"]) == 3
+    assert len([row for row in ResultStore(url).rows() if row.kernel != "cuBLAS"]) == 3
 
 
 def test_proposals_left_to_another_sweep_are_counted_when_it_stops(tmp_path, gpus):

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from cutlass_tune.measurement import Measurement, read_jsonl
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
-from cutlass_tune.store import ResultStore, StoreError, StoreGpuMismatchError, _sql, default_store_url
+from cutlass_tune.store import ResultStore, StoredRow, StoreError, StoreGpuMismatchError, _sql, default_store_url
 
 from ..racing import start_together, wait_for_files
 
@@ -35,13 +35,18 @@ def test_round_trip_and_ratio(store_url):
     store.add(Measurement(problem=P, config=CFG, runtime=V2, status=Status.WRONG_RESULT, reason="rel error 0.5"),
               gpu="NVIDIA H200", run_id="r1", cublas_tflops=750.0)
     rows = store.rows()
-    assert [r["status"] for r in rows] == ["ok", "wrong_result"]
-    assert rows[0]["ratio"] == pytest.approx(700 / 750) and rows[1]["ratio"] is None
-    assert rows[0]["kernel"] == CFG.name and rows[0]["layout"] == "tn" and rows[0]["trial"] == 3
+    assert [r.status for r in rows] == [Status.OK, Status.WRONG_RESULT]
+    assert rows[0].ratio == pytest.approx(700 / 750) and rows[1].ratio is None
+    assert rows[0].kernel == CFG.name and rows[0].layout == "tn" and rows[0].trial == 3 and rows[0].record is None
     assert store.measurements()[0] == ok(V1, 700.0)
     measured = store.measured(P)
     assert set(measured) == {(CFG.hash, V1.name), (CFG.hash, V2.name)}
-    assert measured[(CFG.hash, V2.name)][0]["reason"] == "rel error 0.5"
+    assert measured[(CFG.hash, V2.name)][0].reason == "rel error 0.5"
+
+
+def test_a_stored_row_has_an_attribute_per_column():
+    # Guards against a column added to the table but not to StoredRow, which rows() cannot then read.
+    assert [f.name for f in dataclasses.fields(StoredRow)] == [c.name for c in _sql.measurements_table.c]
 
 
 def test_a_paired_measurement_is_rated_against_its_own_baseline(store_url):
@@ -50,7 +55,7 @@ def test_a_paired_measurement_is_rated_against_its_own_baseline(store_url):
     paired = dataclasses.replace(ok(V1, 700.0), baseline_median_ms=P.flops / 680.0 / 1e9)
     store.add(paired, gpu="NVIDIA H200", run_id="r1", cublas_tflops=750.0)  # 750: taken minutes before
     row = store.rows()[0]
-    assert row["cublas_tflops"] == pytest.approx(680.0) and row["ratio"] == pytest.approx(700 / 680)
+    assert row.cublas_tflops == pytest.approx(680.0) and row.ratio == pytest.approx(700 / 680)
     assert store.measurements()[0].paired_ratio == pytest.approx(700 / 680)
 
 
@@ -67,12 +72,12 @@ def test_reopening_sees_what_was_written(store_url):
 def test_rows_after_an_id_are_those_another_writer_added_since(store_url):
     mine, theirs = ResultStore(store_url), ResultStore(store_url)
     mine.add(ok(V1, 600.0), gpu="NVIDIA H200", run_id="r1")
-    seen = mine.rows(["id"])[-1]["id"]
+    seen = mine.rows(["id"])[-1].id
     theirs.add(ok(V2, 610.0), gpu="NVIDIA H200", run_id="r2")
     theirs.add(ok(V1, 620.0), gpu="NVIDIA H200", run_id="r2")
     new = mine.rows(["id", "tflops", "run_id"], after_id=seen)
-    assert [(r["tflops"], r["run_id"]) for r in new] == [(610.0, "r2"), (620.0, "r2")]
-    assert mine.rows(["id"], after_id=new[-1]["id"]) == []
+    assert [(r.tflops, r.run_id) for r in new] == [(610.0, "r2"), (620.0, "r2")]
+    assert mine.rows(["id"], after_id=new[-1].id) == []
 
 
 def test_a_store_keeps_to_one_gpu(store_url):
