@@ -6,6 +6,14 @@ The user-facing API: `load_best` (best-config tables as pandas DataFrames), `Bes
 serving host needs in `.tables` and `.runtime`.
 """
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
+    from .report import load_best as load_best
+    from .runtime import BestTable as BestTable
+    from .runtime import Gemm as Gemm
+    from .runtime import matmul as matmul
+
 __version__ = "0.1.0"
 
 _RUNTIME = ("BestTable", "Gemm", "matmul")
@@ -13,7 +21,7 @@ _REPORT = ("load_best",)
 __all__ = [*_RUNTIME, *_REPORT, "__version__"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Imported on first use: `import cutlass_tune` stays light (no torch, pandas) for the CLI.
     if name in _RUNTIME:
         from . import runtime

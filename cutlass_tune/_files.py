@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .errors import CutlassTuneError, first_line
 
@@ -39,7 +39,7 @@ def why_unwritable(path: Path) -> str | None:
     return None
 
 
-def write_atomically(path: Path, content: str | Callable[[IO], None], *, binary: bool = False) -> None:
+def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, binary: bool = False) -> None:
     """Publish the file `path` whole: write `content` to a temporary file beside it, flush that
     to disk and rename it over `path`. Readers (another process too) see the old file or the new
     one, never a part; on any failure `path` is as it was and the temporary file is gone.
@@ -57,10 +57,11 @@ def write_atomically(path: Path, content: str | Callable[[IO], None], *, binary:
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    text = {} if binary else {"encoding": "utf-8", "newline": ""}  # as pandas opens a path
     try:
         try:
-            with open(tmp, "wb" if binary else "w", **text) as f:
+            # Text as pandas opens a path: UTF-8, newlines as written.
+            with open(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8",
+                      newline=None if binary else "") as f:
                 if isinstance(content, str):
                     f.write(content)
                 else:

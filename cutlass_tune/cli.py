@@ -271,11 +271,12 @@ def best(
     if fmt is TableFormat.TABLE:
         table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "confirmed", "kernel",
                       "run-time", box=None, pad_edge=False)
-        for r in frame.itertuples():
-            confirmed = (f"{r.confirm_passes} passes, {r.ratio_low:.3f}-{r.ratio_high:.3f} "
-                         f"(sweep {r.sweep_ratio:.3f})" if r.confirm_passes else "-")
-            table.add_row(r.gpu, r.problem, _figure(r.tflops, ".1f"), _figure(r.cublas_tflops, ".1f"),
-                          _figure(r.ratio, ".3f"), _figure(r.spread, ".1%"), confirmed, r.kernel, r.runtime)
+        for r in frame.to_dict("records"):
+            confirmed = (f"{r['confirm_passes']} passes, {r['ratio_low']:.3f}-{r['ratio_high']:.3f} "
+                         f"(sweep {r['sweep_ratio']:.3f})" if r["confirm_passes"] else "-")
+            table.add_row(r["gpu"], r["problem"], _figure(r["tflops"], ".1f"), _figure(r["cublas_tflops"], ".1f"),
+                          _figure(r["ratio"], ".3f"), _figure(r["spread"], ".1%"), confirmed, r["kernel"],
+                          r["runtime"])
         if output:
             write_atomically(output, lambda f: Console(file=f, width=250).print(table))
         else:
@@ -503,8 +504,9 @@ def sweep(
             return compile_kernels(configs, cache=cache, jobs=jobs)
 
         if out.is_terminal:  # a live table
-            display = Live(console=out, refresh_per_second=2, transient=False)
-            show = lambda state: display.update(_sweep_table(state))  # noqa: E731
+            live = Live(console=out, refresh_per_second=2, transient=False)
+            display: contextlib.AbstractContextManager[object] = live
+            show = lambda state: live.update(_sweep_table(state))  # noqa: E731
         else:  # a log: lines as things happen, the table at the end
             display, show = contextlib.nullcontext(), _SweepLog(out)
         with display:
@@ -580,13 +582,14 @@ def main() -> None:
         _fail(f"{where}: {e.strerror}" if where and e.strerror else str(e))
     except Exception as e:
         # Usage errors: click's ClickException, or typer's vendored copy in typer >= 0.29.
-        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
+        usage_code = getattr(e, "exit_code", None)
+        if hasattr(e, "show") and isinstance(usage_code, int):
             if type(e).__name__ == "NoArgsIsHelpError" or not hasattr(e, "format_message"):
                 e.show()
-                sys.exit(e.exit_code)
+                sys.exit(usage_code)
             ctx = getattr(e, "ctx", None)
             where = f"{ctx.command_path}: " if ctx is not None else ""
-            _fail(f"{where}{e.format_message()} (see --help)", e.exit_code)
+            _fail(f"{where}{e.format_message()} (see --help)", usage_code)
         raise
     if code == 130:
         err.print("interrupted", markup=False)

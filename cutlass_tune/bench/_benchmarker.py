@@ -26,7 +26,9 @@ class WorkerBenchmarker:
         require_gpu(device)
         self.timing = timing
         self.worker = Worker(device, timeout_s=timeout_s)
-        self.env = self.worker.start()
+        env = self.worker.start()
+        assert env is not None, "the default runner, GpuRunner, stamps its environment"
+        self.env = env
         self.gpu_name = self.env.gpu
         self.sm_count = self.env.sm_count
 

@@ -57,6 +57,8 @@ def env_stamp(device: int) -> EnvStamp:
     import torch  # in the GPU worker only: the parent process stays free of CUDA
 
     props = torch.cuda.get_device_properties(device)
+    nvcc: str | None
+    cutlass: str | None
     try:
         toolchain = find_toolchain()
         nvcc, cutlass = toolchain.nvcc_version, toolchain.cutlass_version
@@ -83,12 +85,12 @@ class ClockMonitor:
 
     def __init__(self, device: int):
         self._nvml = _nvml()
-        self._handle = self._find_handle(device) if self._nvml else None
+        self._handle = self._find_handle(self._nvml, device) if self._nvml else None
 
-    def _find_handle(self, device: int) -> Any:
+    @staticmethod
+    def _find_handle(nvml: ModuleType, device: int) -> Any:
         import torch
 
-        nvml = self._nvml
         # NVML numbers devices without CUDA_VISIBLE_DEVICES; the UUID names the same one.
         uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
         if uuid is not None:
@@ -110,9 +112,9 @@ class ClockMonitor:
             return None
 
     def read(self) -> Clocks | None:
-        if self._handle is None:
-            return None
         nvml = self._nvml
+        if self._handle is None or nvml is None:
+            return None
         reasons_fn = ("nvmlDeviceGetCurrentClocksEventReasons"
                       if hasattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons")
                       else "nvmlDeviceGetCurrentClocksThrottleReasons")

@@ -54,9 +54,16 @@ def _stream() -> int:
 class _Target:
     """What `GpuRunner` measures: `setup` per variant, then `launch` (timed) after `rearm`."""
 
-    rearm: Callable[[], None] | None = None
+    rearm: Callable[[], object] | None = None
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        """Prepare `variant` on `ops`; why the target cannot run them, or None."""
+        raise NotImplementedError
 
     def launch(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
         raise NotImplementedError
 
     def once(self) -> None:
@@ -99,6 +106,7 @@ class CublasTarget(_Target):
 
     def launch(self) -> None:
         ops = self._ops
+        assert ops is not None, "launched before setup"
         if self._unit_scale is not None:
             torch._scaled_mm(ops.a_mk, ops.b_kn, scale_a=self._unit_scale, scale_b=self._unit_scale,
                              out_dtype=ops.d.dtype, use_fast_accum=self._fast_accum, out=ops.d)
@@ -128,10 +136,11 @@ class CutlassTarget(_Target):
         if code != 0:
             return f"can_implement returned {cutlass_status_name(code)}"
         size = self._kernel.workspace_size(args)
-        self._workspace = torch.empty(size, dtype=torch.uint8, device=ops.d.device) if size else None
-        self._gemm.initialize(args, self._workspace.data_ptr() if size else None, _stream())
+        workspace = torch.empty(size, dtype=torch.uint8, device=ops.d.device) if size else None
+        self._workspace = workspace
+        self._gemm.initialize(args, workspace.data_ptr() if workspace is not None else None, _stream())
         # Stream-K barrier counters grow with each launch and must start at zero.
-        self.rearm = self._workspace.zero_ if size else None
+        self.rearm = workspace.zero_ if workspace is not None else None
         return None
 
     def launch(self) -> None:
@@ -174,7 +183,7 @@ class GpuRunner:
             target.close()
 
     def _target(self, job: Job) -> _Target:
-        if job.is_baseline:
+        if job.library is None:  # the baseline
             return CublasTarget(job.problem)
         key = (str(job.library), job.symbol)
         if key not in self._kernels:

@@ -103,6 +103,8 @@ def baseline_ratio(m: Measurement, baselines: dict[tuple[Problem, int], Measurem
     base = baselines.get((m.problem, m.repeat))
     if m.status is not Status.OK or base is None or base.status is not Status.OK:
         return None
+    if not m.median_ms or not base.median_ms:  # an OK measurement has both
+        return None
     return base.median_ms / m.median_ms
 
 
@@ -111,6 +113,6 @@ def repeat_spread(measurements: Iterable[Measurement]) -> list[float]:
     one pass, (max - min) / min of its medians."""
     medians: dict[tuple, list[float]] = {}
     for m in measurements:
-        if m.status is Status.OK:
+        if m.status is Status.OK and m.median_ms is not None:
             medians.setdefault((m.problem, m.kernel_name, m.runtime), []).append(m.median_ms)
     return [(max(v) - min(v)) / min(v) for v in medians.values() if len(v) > 1]

@@ -44,7 +44,8 @@ _REAP_S = 30.0
 class JobRunner(Protocol):
     """Runs jobs inside the worker. `env` is sent to the parent once it is constructed."""
 
-    env: EnvStamp | None
+    @property
+    def env(self) -> EnvStamp | None: ...
 
     def __call__(self, job: Job) -> Iterator[Measurement]: ...
 
@@ -167,8 +168,9 @@ class Worker:
             while pending:
                 self.start()
                 self._owed = len(pending)
+                conn = self._child()[1]
                 with contextlib.suppress(OSError):  # a child that died just now reads as exited below
-                    self._conn.send(dataclasses.replace(job, variants=pending))
+                    conn.send(dataclasses.replace(job, variants=pending))
                 pending = yield from self._collect(job, pending)
         except BaseException:
             if self._owed:
@@ -201,10 +203,21 @@ class Worker:
             return variants[i + 1:]
         return ()
 
-    def _receive(self, timeout: float) -> tuple[str, Any]:
-        # Local references: `close` from another thread (a sweep stopping while this worker's
-        # lane still waits on a hung kernel) may clear the attributes meanwhile.
+    def _child(self) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+        """The child's process and pipe, to hold as local references: `close` from another
+        thread (a sweep stopping while this worker's lane still waits on a hung kernel) may
+        clear the attributes meanwhile.
+
+        Raises:
+            WorkerError: the worker has no child (it was closed).
+        """
         process, conn = self._process, self._conn
+        if process is None or conn is None:
+            raise WorkerError(f"benchmark worker for GPU {self.device} was closed")
+        return process, conn
+
+    def _receive(self, timeout: float) -> tuple[str, Any]:
+        process, conn = self._child()
         try:
             if not conn.poll(timeout):
                 return "timeout", None
@@ -217,7 +230,7 @@ class Worker:
         """Forget the child: let it exit (`wait`) or kill it."""
         process, conn = self._process, self._conn
         self._process = self._conn = None
-        if process is None:
+        if process is None or conn is None:
             return
         if wait:
             process.join(_REAP_S)
@@ -228,7 +241,7 @@ class Worker:
 
     def close(self) -> None:
         """Stop the child (asking first, killing it if it does not stop)."""
-        if self._process is not None:
+        if self._process is not None and self._conn is not None:
             with contextlib.suppress(OSError):
                 self._conn.send(None)
             self._process.join(5)

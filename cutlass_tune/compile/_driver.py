@@ -159,8 +159,9 @@ class _Build:
         with contextlib.ExitStack() as locks:
             for key in keys:
                 locks.enter_context(self.cache.lock(key))
-            done = {c.hash: self.cache.lookup(self.keys[c.hash], c) for c in configs}
-            todo = [c for c in configs if done[c.hash] is None]
+            cached = {c.hash: self.cache.lookup(self.keys[c.hash], c) for c in configs}
+            done = {h: k for h, k in cached.items() if k is not None}
+            todo = [c for c in configs if c.hash not in done]
             if todo:
                 for r in self._compile(todo):
                     done[r.config.hash] = r

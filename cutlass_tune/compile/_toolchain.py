@@ -64,10 +64,11 @@ def cutlass_source_root() -> Path:
 
 def cutlass_version(root: Path) -> str:
     text = (root / "include" / "cutlass" / "version.h").read_text()
-    parts = [re.search(rf"#define CUTLASS_{p}\s+(\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]
-    if not all(parts):
+    found = [re.search(rf"#define CUTLASS_{p}\s+(\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]
+    parts = [m.group(1) for m in found if m is not None]
+    if len(parts) != len(found):
         raise ToolchainError(f"cannot read the CUTLASS version from {root}/include/cutlass/version.h")
-    return ".".join(m.group(1) for m in parts)
+    return ".".join(parts)
 
 
 def nvcc_version(nvcc: str) -> str:

@@ -159,7 +159,8 @@ def _studies(store: ResultStore, frame: pd.DataFrame,
 
     storage = optuna.storages.RDBStorage(store.url)
     names = set(optuna.study.get_all_study_names(storage))
-    studies, trials = {}, {}
+    studies: dict[str, str] = {}
+    trials: dict[str, list[Any]] = {}
     for p in problems:
         named = [s for s in frame[frame.problem == p].study.dropna() if s in names]
         name = (collections.Counter(named).most_common(1)[0][0] if named
@@ -238,8 +239,8 @@ def _boards(data: _Data) -> dict[str, Any] | None:
     frame = data.rows
     board = [m.env.gpu_uuid or (f"device {m.env.device}" if m.env.device is not None else None)
              if m.env is not None else None for m in frame.measurement]
-    frame = frame.assign(board=board, device=[m.env.device if m.env is not None else None
-                                              for m in frame.measurement])
+    device = [m.env.device if m.env is not None else None for m in frame.measurement]
+    frame = frame.assign(board=pd.Series(board, index=frame.index), device=pd.Series(device, index=frame.index))
     frame = frame[frame.board.notna()]
     if frame.board.nunique() < 2:
         return None

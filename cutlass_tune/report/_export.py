@@ -9,9 +9,9 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -75,9 +75,10 @@ def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, source: str 
         raise BestTableError(f"cannot write {path}: it is the table's source ({source}); write to another file")
     if path.is_dir() or not path.name:
         raise _cannot_write(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
-    writers = {"csv": lambda f: frame.to_csv(f, index=False),
-               "json": lambda f: frame.to_json(f, orient="records", indent=1, double_precision=15),
-               "parquet": lambda f: frame.to_parquet(f, index=False)}
+    writers: dict[str, Callable[[IO[Any]], None]] = {
+        "csv": lambda f: frame.to_csv(f, index=False),
+        "json": lambda f: frame.to_json(f, orient="records", indent=1, double_precision=15),
+        "parquet": lambda f: frame.to_parquet(f, index=False)}
     try:
         write_atomically(path, writers[fmt], binary=fmt == "parquet")
     except ImportError as err:

@@ -52,7 +52,7 @@ def summary(frame: pd.DataFrame, problems: list[str], best_table: pd.DataFrame) 
         if ok.empty:
             continue
         rated = ok[ok.ratio.notna()]
-        best = rated.loc[rated.ratio.idxmax()] if not rated.empty else ok.loc[ok.tflops.idxmax()]
+        best = rated.iloc[rated.ratio.argmax()] if not rated.empty else ok.iloc[ok.tflops.argmax()]
         cublas = best.cublas_tflops
         if pd.isna(cublas):  # the baseline of that run failed or was not recorded
             base = ok_rows(frame[(frame.problem == p) & frame.baseline & (frame.run_id == best.run_id)])

@@ -77,6 +77,7 @@ def _store_rows(path: Path) -> Iterator[dict[str, Any]]:
     if len(stored) != len(records):
         raise ValueError(f"{path}: the store changed while it was read")
     for r, m in zip(stored, records):
+        assert r.run_id is not None, "a column read, never NULL"
         yield _row(m, _Origin(path.name, r.run_id, r.gpu, r.cublas_tflops, r.ratio))
 
 

@@ -7,6 +7,8 @@ through it too). Importing this package imports none of the store, the search, t
 their dependencies (SQLAlchemy, Optuna, plotly).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._kernel import (
     GemmArgs,
     GemmInstance,
@@ -17,6 +19,11 @@ from ._kernel import (
     make_args,
 )
 
+if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
+    from ..tables import BestTableError, BundledKernel, BundleError
+    from ._matmul import Gemm, MatmulInputError, matmul, problem_of
+    from ._table import BestTable, Match
+
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Gemm", "GemmArgs", "GemmInstance",
            "KernelLoadError", "KernelStatusError", "LoadedKernel", "Match", "MatmulInputError",
            "cutlass_status_name", "make_args", "matmul", "problem_of"]
@@ -26,7 +33,7 @@ _LOOKUP = ("BestTable", "Match")
 _MATMUL = ("Gemm", "MatmulInputError", "matmul", "problem_of")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Imported on first use: the bench stage's GPU workers load kernels through `LoadedKernel`
     # alone, and start without pandas (the tables) or this package's torch code.
     if name in _TABLES:

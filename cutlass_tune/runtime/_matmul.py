@@ -100,7 +100,7 @@ class Gemm:
                  bundled: BundledKernel | None = None):
         if bundled is None:
             compiled = compile_kernels([config], cache=KernelCache.at(cache_dir), jobs=1)[0]
-            if compiled.status is not Status.OK:
+            if compiled.status is not Status.OK or compiled.library is None:
                 raise CutlassTuneError(f"{config.name} does not compile: {compiled.reason} (log {compiled.log_path})")
             library, symbol = compiled.library, compiled.symbol
         else:
@@ -213,7 +213,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
         _warn_once(dtypes, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
         table._kernels[key] = (None, problem)
         return _untuned(a, b, _TORCH[problem.dtype_d])
-    bundled = table.bundled.get(match.row.get("config_hash")) if table.bundled else None
+    bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
     gemm = _gemm(match.row["config"], match.runtime, bundled)
     try:
         result = gemm.run(problem, a, b)

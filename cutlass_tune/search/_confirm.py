@@ -111,8 +111,8 @@ def confirm(store: ResultStore, chosen: Sequence[Candidate], compile_: Callable[
     def keep(m: Measurement, cublas_tflops: float | None = None) -> None:
         store.add(m, gpu=bench.gpu_name, run_id=result.run_id, cublas_tflops=cublas_tflops, study=CONFIRM_STUDY)
         base = m.baseline_tflops or cublas_tflops
-        ok = m.status is Status.OK and m.tflops and base and not m.is_baseline
-        result.rows.append((m, m.tflops / base if ok else None))
+        ok = m.status is Status.OK and not m.is_baseline
+        result.rows.append((m, m.tflops / base if ok and m.tflops and base else None))
         on_measurement(m)
 
     for group in problems.values():

@@ -89,7 +89,6 @@ class Lanes(Generic[B]):
 
 
 _DONE = object()  # a lane's thread has ended
-_NOTHING = object()  # no task left for a lane
 
 
 class _Run(Generic[B, T, M]):
@@ -99,8 +98,9 @@ class _Run(Generic[B, T, M]):
                  every_lane: bool, remainder: Callable[[T, list[M]], T | None] | None):
         self.lanes, self.measure, self.every_lane, self.remainder = lanes, measure, every_lane, remainder
         self.running = [i for i in range(len(lanes)) if i not in lanes.lost]
-        self.shared: queue.SimpleQueue = queue.SimpleQueue()
-        self.queues = {lane: queue.SimpleQueue() if every_lane else self.shared for lane in self.running}
+        self.shared: queue.SimpleQueue[T] = queue.SimpleQueue()
+        self.queues: dict[int, queue.SimpleQueue[T]] = {
+            lane: queue.SimpleQueue() if every_lane else self.shared for lane in self.running}
         for q in (self.queues.values() if every_lane else [self.shared]):
             for t in tasks:
                 q.put(t)
@@ -135,7 +135,7 @@ class _Run(Generic[B, T, M]):
     def _serve(self, lane: int) -> None:
         """A lane's thread: take tasks until none is left, the run stops or the lane is given up."""
         try:
-            while (task := self._take(lane)) is not _NOTHING:
+            while (task := self._take(lane)) is not None:
                 if not self._measure(lane, task):
                     return
                 self.out.put(LaneEvent(lane, task, None))
@@ -144,19 +144,20 @@ class _Run(Generic[B, T, M]):
         finally:
             self.out.put(_DONE)
 
-    def _take(self, lane: int) -> object:
+    def _take(self, lane: int) -> T | None:
+        """The next task for `lane`; None when none is left for it."""
         while not self.stop.is_set():
             with self.lock:
                 try:
                     task = self.queues[lane].get_nowait()
                 except queue.Empty:
                     if self.every_lane or not self.busy:
-                        return _NOTHING
+                        return None
                 else:
                     self.busy += 1
                     return task
             self.stop.wait(_POLL_S / 4)  # a lane being given up may hand its task back
-        return _NOTHING
+        return None
 
     def _measure(self, lane: int, task: T) -> bool:
         """Measure `task` on `lane`, passing on each result; False when the lane is to stop

@@ -48,6 +48,7 @@ class Ledger:
         for row in rows:
             if row.config_hash is None:
                 continue  # the cuBLAS baseline, or a hand-written kernel
+            assert row.problem is not None and row.runtime is not None, "columns read, never NULL"
             if row.status is not Status.INVALID:
                 self.compiled.add(row.config_hash)
             ok = row.status is Status.OK

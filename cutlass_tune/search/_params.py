@@ -46,7 +46,7 @@ class ParamSpace:
         """`params_of(cfg)` restricted to this space's parameters."""
         return {k: v for k, v in params_of(cfg).items() if k in self.choices}
 
-    def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
         return {k: optuna.distributions.CategoricalDistribution(v) for k, v in self.choices.items()}
 
     def grid(self) -> dict[str, list[str]]:

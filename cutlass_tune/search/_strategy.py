@@ -153,10 +153,13 @@ class OptunaStrategy:
         except optuna.exceptions.UpdateFinishedTrialError:
             return None  # a sweep starting on the store took this one for dead as Optuna made the trial
         cfg = config_of(trial.params, s.problem)
-        why = check_config(cfg) or ([] if cfg.hash in s.params.members else ["not in the search space"])
+        rejections = check_config(cfg)
+        why = str(rejections[0]) if rejections else ""
+        if not why and cfg.hash not in s.params.members:
+            why = "not in the search space"
         if why:
             self.invalid += 1
-            self._tell(s, trial, cfg, None, reason=str(why[0]), invalid=True)
+            self._tell(s, trial, cfg, None, reason=why, invalid=True)
             return None
         if cfg.hash in ledger.compiled and ledger.complete(cfg):
             value = ledger.value(s.problem, cfg.hash)
@@ -204,8 +207,8 @@ class OptunaStrategy:
             if s.name in asked or cfg.hash in self._known[s.name]:
                 continue
             params = s.params.params(cfg)
-            dists = s.params.distributions()
-            if config_of(params, s.problem).hash != cfg.hash or any(params[k] not in dists[k].choices for k in params):
+            choices = s.params.choices
+            if config_of(params, s.problem).hash != cfg.hash or any(params[k] not in choices[k] for k in params):
                 continue  # another kind, or a value this study's parameters lack
             value = ledger.value(s.problem, cfg.hash)
             self._add_trial(s, params, cfg, value, "" if value is not None else ledger.failure_reason(s.problem, cfg))

@@ -27,7 +27,7 @@ from ..space import KernelConfig, Problem, RuntimeArgs, SearchSpace
 from ..status import Status
 from ..store import ResultStore
 from ._claims import Claims
-from ._lanes import LaneEvent, LaneLost, Lanes
+from ._lanes import LaneLost, Lanes
 from ._ledger import Ledger
 from ._params import config_of, params_of
 from ._seeds import seed_configs
@@ -41,7 +41,11 @@ class Benchmarker(Protocol):
 
     gpu_name: str
     sm_count: int
-    timing_method: str  # "events" or "graph", "-paired" appended when baselines are paired; a store holds one
+
+    @property
+    def timing_method(self) -> str:
+        """The timing scheme, "events" or "graph", "-paired" appended when baselines are paired
+        (a store holds one)."""
 
     def baseline(self, problem: Problem) -> Measurement: ...
 
@@ -103,7 +107,7 @@ class Sweep:
     def __init__(self, space: SearchSpace, store: ResultStore, storage_url: str, compiler: Compiler,
                  benchmarker: Benchmarker | Sequence[Benchmarker], settings: SweepSettings = SweepSettings(),
                  on_update: Callable[[SweepState], None] | None = None):
-        benches = list(benchmarker) if isinstance(benchmarker, (list, tuple)) else [benchmarker]
+        benches = list(benchmarker) if isinstance(benchmarker, Sequence) else [benchmarker]
         require_one_model(benches)
         self.lanes = Lanes(benches, retire_on=(GpuUnusableError,))
         self.space, self.store, self.compile, self.bench = space, store, compiler, benches[0]
@@ -245,7 +249,7 @@ class Sweep:
             if isinstance(event, LaneLost):
                 self._lose(event)
             elif event.result is not None:
-                self._take(event, at[event.task.kernel.config.hash])
+                self._take(event.task, event.lane, event.result, at[event.task.kernel.config.hash])
             else:
                 cfg = event.task.kernel.config
                 self._count(event.task.progress, cfg)
@@ -264,18 +268,18 @@ class Sweep:
                                          compile_seconds=kernel.seconds), lane=0)
         self.ledger.fail(pp.problem, kernel.config.hash)
 
-    def _take(self, event: LaneEvent, at: int) -> None:
-        """Store a kernel's measurement; a better ratio than the problem's best is the new best
-        (`at`: the kernel's compile index)."""
-        pp, m = event.task.progress, event.result
-        self._record(pp, m, lane=event.lane)
+    def _take(self, task: _Task, lane: int, m: Measurement, at: int) -> None:
+        """Store a kernel's measurement `m` of `task`, taken on `lane`; a better ratio than the
+        problem's best is the new best (`at`: the kernel's compile index)."""
+        pp = task.progress
+        self._record(pp, m, lane=lane)
         if m.status is Status.OK and m.tflops:
             # The paired baseline when there is one, else cuBLAS measured on the same GPU before the batch.
-            cublas = pp.cublas_by_lane.get(event.lane)
+            cublas = pp.cublas_by_lane.get(lane)
             ratio = m.paired_ratio or (m.tflops / cublas if cublas else None)
             if ratio and (pp.best_ratio is None or ratio > pp.best_ratio):
                 pp.best_tflops, pp.best_ratio, pp.best_at = m.tflops, ratio, at
-                pp.best_config = event.task.kernel.config
+                pp.best_config = task.kernel.config
 
     def _record(self, pp: ProblemProgress, m: Measurement, lane: int) -> None:
         self.store.add(m, gpu=self.gpu, run_id=self.state.run_id, cublas_tflops=pp.cublas_by_lane.get(lane),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._types import (
@@ -128,7 +129,7 @@ def problem_dim_problem(v: int) -> str | None:
     return None
 
 
-def _flag_rule(name: str):
+def _flag_rule(name: str) -> Callable[[bool], str | None]:
     """The per-value rule of a true/false knob: a bool, never a truthy string or number."""
     def problem(v: bool) -> str | None:
         return None if type(v) is bool else f"{name} must be true or false"

@@ -423,8 +423,8 @@ class ResultStore:
                           t.c.ratio, t.c.kernel).where(t.c.problem == problem.name, t.c.config_hash.isnot(None))
         out: dict[tuple[str, str], list[StoredRow]] = {}
         with self.engine.connect() as conn:
-            for row in conn.execute(query).mappings():
-                out.setdefault((row["config_hash"], row["runtime"]), []).append(StoredRow.from_columns(row))
+            for row in conn.execute(query):
+                out.setdefault((row.config_hash, row.runtime), []).append(StoredRow.from_columns(row._asdict()))
         return out
 
     def rows(self, columns: Iterable[str] | None = None, *, after_id: int = 0) -> list[StoredRow]:
@@ -439,7 +439,7 @@ class ResultStore:
         if after_id:
             query = query.where(t.c.id > after_id)
         with self.engine.connect() as conn:
-            return [StoredRow.from_columns(r) for r in conn.execute(query).mappings()]
+            return [StoredRow.from_columns(r._asdict()) for r in conn.execute(query)]
 
     def measurements(self) -> list[Measurement]:
         """Every stored measurement, rebuilt losslessly."""

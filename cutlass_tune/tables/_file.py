@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -217,7 +218,7 @@ def _check_knobs(frame: pd.DataFrame, wanted: list[dict], path: Path) -> None:
     have = [c for c in KNOB_COLUMNS if c in frame.columns]
     for number, (row, want) in enumerate(zip(frame[have + ["problem"]].to_dict("records"), wanted), 1):
         for column in have:
-            if not _holds(lambda v, expected=want[column]: _same_knob(v, expected), row[column]):
+            if not _holds(functools.partial(_same_knob, want=want[column]), row[column]):
                 raise BestTableError(f"{_where(path, number, row['problem'])}: {column} {_shown(row[column])} "
                                      f"is not its config's {_shown(want[column])}")
 
@@ -238,8 +239,8 @@ def read_table(path: Path) -> pd.DataFrame:
                              "or a bundle directory")
     frame = _read_file(path)
     if "ratio" in frame.columns:  # a table written before confirmation existed
-        defaults = {"sweep_ratio": frame["ratio"], "confirm_passes": 0, "ratio_low": frame["ratio"],
-                    "ratio_high": frame["ratio"]}
+        defaults: dict[str, pd.Series | int] = {"sweep_ratio": frame["ratio"], "confirm_passes": 0,
+                                                "ratio_low": frame["ratio"], "ratio_high": frame["ratio"]}
         frame = frame.assign(**{c: v for c, v in defaults.items() if c not in frame.columns})
     if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
