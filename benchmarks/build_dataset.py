@@ -3,7 +3,10 @@
     python3 benchmarks/build_dataset.py -o results/measurements.csv.gz results/*.sqlite results/*.jsonl
 
 One row per measurement (problem, config knobs, run-time variant, figures, GPU, source, run);
-columns in `cutlass_tune/report/dataset.py`. Read it with `pandas.read_csv(path)`.
+columns in `cutlass_tune/report/dataset.py`. Read it with `pandas.read_csv(path, low_memory=False)`.
+The committed table also holds stores and bench files retired from results/: to rebuild it,
+restore them first (`git ls-tree --name-only c86d5f9~1 results/` lists them; `git show
+c86d5f9~1:PATH > DIR/NAME` brings one back), then pass them with the ones results/ holds now.
 """
 
 import argparse

@@ -12,7 +12,6 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/ct-cache} PYTHONUNBUFFERED=1
 ct() { python3 -m cutlass_tune.cli "$@"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-git rev-parse --short HEAD 2>/dev/null
 case $phase in
 tests)
   timeout -k 10 540 python3 -m pytest tests -m gpu -q -rA -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.log" | tail -40
@@ -20,7 +19,9 @@ tests)
 readme)
   store=$out/quick.sqlite
   ct space configs/quick.yaml
-  /usr/bin/time -f "sweep wall %e s" ct sweep configs/quick.yaml --trials 6 --storage "$store" 2>&1 | tail -8
+  start=$SECONDS
+  ct sweep configs/quick.yaml --trials 6 --storage "$store" 2>&1 | tail -8
+  echo "sweep wall $((SECONDS - start)) s"
   ct confirm --storage "$store" --top 2 --passes 3 2>&1 | tail -6
   ct best --storage "$store"
   ct export --storage "$store" -o /tmp/bundle && ls /tmp/bundle

@@ -131,7 +131,8 @@ def importances(problem: str, trials: list[Any]) -> tuple[go.Figure | None, str]
             study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
     except Exception as err:  # an analysis that fails must not cost the user the whole report
         return None, f"No parameter importances: {type(err).__name__}: {err}"
-    ranked = sorted(found.items(), key=lambda kv: kv[1])
+    # Ties ordered by name: Optuna's order of tied knobs follows set iteration, which changes per process.
+    ranked = sorted(found.items(), key=lambda kv: (kv[1], kv[0]))
     fig = go.Figure(go.Bar(x=[v for _, v in ranked], y=[k for k, _ in ranked], orientation="h",
                            hovertemplate="%{y}: %{x:.3f}<extra></extra>"))
     fig.update_layout(xaxis_title="importance (PED-ANOVA)", yaxis_title="knob")
