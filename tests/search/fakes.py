@@ -7,8 +7,15 @@ from pathlib import Path
 
 from cutlass_tune.compile import CompiledKernel
 from cutlass_tune.measurement import Measurement
-from cutlass_tune.space import KernelSchedule, RuntimeArgs, check_config
+from cutlass_tune.space import KernelSchedule, RuntimeArgs, SearchSpace, check_config, load_space
 from cutlass_tune.status import Status
+
+
+def space_of(tmp_path: Path, text: str) -> SearchSpace:
+    """The search space a file holding `text` describes (written under `tmp_path`)."""
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return load_space(path)
 
 
 def synthetic_tflops(cfg, problem, variant):

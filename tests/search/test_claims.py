@@ -6,18 +6,16 @@ import pytest
 
 from cutlass_tune.search._claims import Claims
 from cutlass_tune.search._ledger import Ledger
-from cutlass_tune.space import check_config, load_space
+from cutlass_tune.space import check_config
 from cutlass_tune.store import ResultStore
 
-from .fakes import record
+from .fakes import record, space_of
 from .test_sweep import SPACE
 
 
 @pytest.fixture
 def space(tmp_path):
-    path = tmp_path / "space.yaml"
-    path.write_text(SPACE)
-    return load_space(path)
+    return space_of(tmp_path, SPACE)
 
 
 @pytest.fixture

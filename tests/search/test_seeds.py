@@ -18,14 +18,13 @@ from cutlass_tune.space import (
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
 
+from .fakes import space_of
 from .test_sweep import SPACE, SPACE_WITHOUT_C
 
 
 @pytest.fixture
 def space(tmp_path):
-    path = tmp_path / "space.yaml"
-    path.write_text(SPACE)
-    return load_space(path)
+    return space_of(tmp_path, SPACE)
 
 
 @pytest.fixture

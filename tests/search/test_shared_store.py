@@ -14,11 +14,11 @@ import optuna
 import pytest
 
 from cutlass_tune.search import Sweep, SweepSettings
-from cutlass_tune.space import check_config, load_space
+from cutlass_tune.space import check_config
 from cutlass_tune.store import ResultStore, _sql
 
 from ..racing import start_together
-from .fakes import FakeBench, FakeCompiler
+from .fakes import FakeBench, FakeCompiler, space_of
 from .test_sweep import SPACE, kernel_rows, variant_counts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,9 +67,7 @@ def make(space, url, bench=None, compiler=None, **settings):
 
 @pytest.fixture
 def space(tmp_path):
-    path = tmp_path / "space.yaml"
-    path.write_text(SPACE)
-    return load_space(path)
+    return space_of(tmp_path, SPACE)
 
 
 def claim_for(url, run_id, hashes, *, host, pid, age_s=0.0):

@@ -10,7 +10,7 @@ from cutlass_tune.space import check_config, load_space
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore, StoreGpuMismatchError
 
-from .fakes import FakeBench, FakeCompiler, SlowBench
+from .fakes import FakeBench, FakeCompiler, SlowBench, space_of
 
 SPACE = """
 problems: [{m: [1024, 4096], n: 4096, k: 4096}]
@@ -28,9 +28,7 @@ SPACE_WITHOUT_C = SPACE.replace("  tile_scheduler: [persistent, stream_k]\n",
 
 @pytest.fixture
 def space(tmp_path):
-    path = tmp_path / "space.yaml"
-    path.write_text(SPACE)
-    return load_space(path)
+    return space_of(tmp_path, SPACE)
 
 
 def make(space, tmp_path, bench=None, compiler=None, **settings):
