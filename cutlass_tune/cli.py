@@ -344,17 +344,16 @@ def confirm(
     from .search import confirm as confirm_run
 
     store = open_store(resolve_storage(storage))
-    url = store.url
     chosen = candidates(store, top)
     if not chosen:
-        raise CutlassTuneError(f"store {url} has no successful kernel measurement to confirm")
+        raise CutlassTuneError(f"store {store.shown} has no successful kernel measurement to confirm")
     bench = WorkerBenchmarker(gpu)
     try:
         method = store.timing() or "events-paired"  # re-measure the way the store was measured
         bench.timing = TimingOptions(graph=method.startswith("graph"), paired=method.endswith("-paired"))
         cache = KernelCache.at(cache_dir)
         problems = len({c.problem for c in chosen})
-        out.print(f"{url}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
+        out.print(f"{store.shown}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
                   f"{bench.gpu_name} ({bench.timing_method})")
         with Progress(TextColumn("measuring"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as progress:
@@ -374,7 +373,7 @@ def confirm(
                       f"{min(got):.3f}-{max(got):.3f}" if got else "")
     out.print(table)
     failed = collections.Counter(m.status.value for m, _ in result.rows if m.status is not Status.OK)
-    out.print(f"run {result.run_id}: {len(result.rows)} measurements added to {url}"
+    out.print(f"run {result.run_id}: {len(result.rows)} measurements added to {store.shown}"
               + (f"; not ok: {dict(failed)}" if failed else ""))
 
 
@@ -497,7 +496,7 @@ def sweep(
         gpus = (f"{len(benches)} x {bench.gpu_name} (GPUs {', '.join(map(str, gpu))})" if len(benches) > 1
                 else bench.gpu_name)
         out.print(f"{config}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "
-                  f"{gpus}; store {store.url} ({bench.timing_method}); sampler {sampler.value}, "
+                  f"{gpus}; store {store.shown} ({bench.timing_method}); sampler {sampler.value}, "
                   f"up to {trials} compiled configs")
 
         def compile_batch(configs):

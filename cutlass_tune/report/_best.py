@@ -26,7 +26,7 @@ from ..store import CONFIRM_STUDY, ResultStore, StoredRow, open_store, store_url
 from ..tables import COLUMNS, BestTableError, read_local
 
 
-def _measurements(store: ResultStore, url: str, rows: list[StoredRow]) -> list[Measurement]:
+def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement]:
     """The Measurement of each of `rows`, rebuilt from its `record`; a record that cannot be
     rebuilt is a BestTableError naming its row."""
     records = {r.id: r for r in store.rows(["record"])}
@@ -35,7 +35,7 @@ def _measurements(store: ResultStore, url: str, rows: list[StoredRow]) -> list[M
         try:
             out.append(records[r.id].measurement())
         except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise BestTableError(f"store {url}: measurement {r.id} ({r.kernel} on {r.problem}) "
+            raise BestTableError(f"store {store.shown}: measurement {r.id} ({r.kernel} on {r.problem}) "
                                  f"cannot be read: {type(err).__name__}: {first_line(err)}") from err
     return out
 
@@ -49,14 +49,14 @@ def _from_store(url: str) -> pd.DataFrame:
     # built (BestTableError) with an empty one, but must not read a store of another schema.
     store.check_schema()
     rows = store.rows()
-    measurements = _measurements(store, url, rows)
+    measurements = _measurements(store, rows)
     kernels = [m for m in measurements if not m.is_baseline and m.config is not None]
     if not kernels:
-        raise BestTableError(f"store {url} has no measurements: run `cutlass-tune sweep` first")
+        raise BestTableError(f"store {store.shown} has no measurements: run `cutlass-tune sweep` first")
     if not any(r.status is Status.OK and r.kernel != "cuBLAS" for r in rows):
         reasons = pd.Series([f"{r.status.value}: {r.reason}" for r in rows
                              if r.kernel != "cuBLAS" and r.status is not None])
-        raise BestTableError(f"store {url} has no successful measurement: {len(reasons)} failed "
+        raise BestTableError(f"store {store.shown} has no successful measurement: {len(reasons)} failed "
                              f"(most common: {reasons.value_counts().index[0][:120]})")
     wrong = {(r.gpu, r.problem, r.config_hash) for r in rows if r.status is Status.WRONG_RESULT}
     out = []
@@ -75,7 +75,7 @@ def _from_store(url: str) -> pd.DataFrame:
             "_confirm": r.study == CONFIRM_STUDY,
         })
     if not out:
-        raise BestTableError(f"store {url} has no kernel that verified every time it ran")
+        raise BestTableError(f"store {store.shown} has no kernel that verified every time it ran")
     frame = pd.DataFrame(out)
     # NULLs (a kernel of an unpaired store without a cuBLAS figure has no ratio) become NaN:
     # every figure is a float, which ranks (NaN ratios last) and formats ("nan") like one.

@@ -16,7 +16,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from .. import settings
-from ._sql import ResultStore, StoreError, database_file
+from ._sql import ResultStore, StoreError, database_file, shown_url
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 RESULTS_DIR = Path("results")
@@ -42,7 +42,7 @@ def local_file(source: str | Path) -> Path | None:
         return Path(source)
     try:
         parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError:
+    except (sa.exc.ArgumentError, ValueError):  # ValueError: a port that is not a number
         return None
     return database_file(parsed)
 
@@ -86,5 +86,5 @@ def open_store(source: str | Path, *, new: bool = False) -> ResultStore:
         raise StoreError(f"--storage {source}: expected a store URL or a .sqlite file")
     path = local_file(url)
     if not new and path is not None and not path.exists():
-        raise StoreError(f"no store at {url}")
+        raise StoreError(f"no store at {shown_url(url)}")
     return ResultStore(url)

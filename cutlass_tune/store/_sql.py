@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -107,6 +108,17 @@ class StoreGpuMismatchError(StoreError):
     """The store holds results from another GPU model."""
 
 
+_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+
+
+def shown_url(url: str) -> str:
+    """`url` as a message prints it: its password masked, also where SQLAlchemy cannot parse it."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except (sa.exc.ArgumentError, ValueError):
+        return _PASSWORD.sub(r"\1***@", url)
+
+
 def database_file(url: sa.engine.URL) -> Path | None:
     """The file a SQLite URL's database is in; None for a server's database, an in-memory one
     or a `file:` URI."""
@@ -147,7 +159,7 @@ def open_study_storage(url: str) -> optuna.storages.RDBStorage:
     """
     import optuna
 
-    return _create_despite_racers(lambda: optuna.storages.RDBStorage(url), f"Optuna's tables in {url}")
+    return _create_despite_racers(lambda: optuna.storages.RDBStorage(url), f"Optuna's tables in {shown_url(url)}")
 
 
 def _alive(run: sa.Row | None, now: float) -> bool:
@@ -179,10 +191,12 @@ class ResultStore:
 
     def __init__(self, url: str):
         self.url = url
+        self.shown = shown_url(url)
+        """The URL as messages print it (password masked)."""
         try:
             parsed = sa.engine.make_url(url)
-        except sa.exc.ArgumentError as err:
-            raise StoreError(f"cannot parse storage URL {url!r}: expected e.g. "
+        except (sa.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is not a number
+            raise StoreError(f"cannot parse storage URL {self.shown!r} ({first_line(err)}): expected e.g. "
                              "sqlite:///results/sweep.sqlite or postgresql+psycopg://user@host/db") from err
         # A new SQLite file (and its folder) is made by the first write, not here: a command
         # that stops before writing (no GPU, bad input) leaves nothing behind.
@@ -197,9 +211,9 @@ class ResultStore:
                 with self.engine.connect() as conn:
                     conn.execute(sa.text("SELECT 1"))
         except (sa.exc.NoSuchModuleError, ModuleNotFoundError) as err:
-            raise StoreError(f"storage URL {url!r}: no driver for {parsed.drivername!r}") from err
+            raise StoreError(f"storage URL {self.shown!r}: no driver for {parsed.drivername!r}") from err
         except sa.exc.SQLAlchemyError as err:
-            raise StoreError(f"cannot reach the store {parsed.render_as_string(hide_password=True)}: "
+            raise StoreError(f"cannot reach the store {self.shown}: "
                              f"{first_line(err)}") from err
         self._created = False
 
@@ -211,7 +225,7 @@ class ResultStore:
                 except OSError as err:
                     raise StoreError(f"cannot make the store {self._new_file}: {err.strerror} "
                                      f"({err.filename})") from err
-            _create_despite_racers(lambda: _metadata.create_all(self.engine), f"tables in {self.url}")
+            _create_despite_racers(lambda: _metadata.create_all(self.engine), f"tables in {self.shown}")
             self._created = True
 
     def _readable(self) -> bool:
@@ -256,11 +270,11 @@ class ResultStore:
         held = self._claim("gpu", gpu_name)
         if held != gpu_name:
             raise StoreGpuMismatchError(
-                f"the store {self.url} holds results from {held}, not {gpu_name}: "
+                f"the store {self.shown} holds results from {held}, not {gpu_name}: "
                 "give this GPU its own --storage")
         schema = self._claim("schema", str(SCHEMA_VERSION))
         if schema != str(SCHEMA_VERSION):
-            raise StoreError(f"the store {self.url} has schema {schema}, this version reads {SCHEMA_VERSION}")
+            raise StoreError(f"the store {self.shown} has schema {schema}, this version reads {SCHEMA_VERSION}")
 
     def check_schema(self) -> None:
         """Refuse a store of another schema version; one that records none (new, or begun before
@@ -274,7 +288,7 @@ class ResultStore:
         with self.engine.connect() as conn:
             found = conn.execute(_meta_value("schema")).scalar()
         if found is not None and found != str(SCHEMA_VERSION):
-            raise StoreError(f"the store {self.url} has schema {found}, this version reads {SCHEMA_VERSION}")
+            raise StoreError(f"the store {self.shown} has schema {found}, this version reads {SCHEMA_VERSION}")
 
     def timing(self) -> str | None:
         """The timing scheme the store holds (see `bind_timing`), or None for a new store.
@@ -300,7 +314,7 @@ class ResultStore:
         if found in (None, method):  # another sweep may claim the store between the look and the claim
             found = self._claim("timing", method)
         if found != method:
-            raise StoreError(f"the store {self.url} holds results timed with {found}, not {method}: "
+            raise StoreError(f"the store {self.shown} holds results timed with {found}, not {method}: "
                              "give this sweep its own --storage")
 
     # ---- sweeps running at once -----------------------------------------------------------
@@ -362,7 +376,7 @@ class ResultStore:
                         return None
             except sa.exc.IntegrityError:
                 pass  # another sweep claimed it after our look: look again
-        raise StoreError(f"cannot claim config {config_hash} in {self.url}: other sweeps keep taking it")
+        raise StoreError(f"cannot claim config {config_hash} in {self.shown}: other sweeps keep taking it")
 
     def _runs(self, alive: bool | None = None) -> set[str]:
         r = runs_table.c

@@ -1,0 +1,56 @@
+"""Storage URLs that do not parse, name no driver or no server: one line, exit 2, no password."""
+
+import subprocess
+import sys
+
+import pytest
+
+from cutlass_tune.store import ResultStore, StoreError, shown_url
+
+SECRET = "S3cret"
+URLS = [
+    pytest.param(f"postgresql+psycopg2://u:{SECRET}@127.0.0.1:1/db", id="no-driver"),
+    pytest.param(f"postgresql+psycopg://u:{SECRET}@host:notaport/db", id="port-not-a-number"),
+    pytest.param(f"nosuch://u:{SECRET}@h/db", id="unknown-dialect"),
+    pytest.param(f"postgresql+psycopg://u:{SECRET}@127.0.0.1:1/db", id="unreachable"),
+]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_the_store_refuses_in_one_line_without_the_password(url):
+    # Regression: "no driver" and "cannot parse" printed the password; a bad port was a ValueError.
+    with pytest.raises(StoreError) as info:
+        ResultStore(url)
+    assert "\n" not in str(info.value) and SECRET not in str(info.value)
+    assert "***" in str(info.value)
+
+
+@pytest.mark.parametrize("command", [["best"], ["dashboard", "-o", "{tmp}/d.html"], ["export", "-o", "{tmp}/b"],
+                                     ["confirm"]])
+@pytest.mark.parametrize("url", URLS[:2])
+def test_every_reading_command_gives_one_line_and_exit_2(command, url, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in command]
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *args, "--storage", url],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert SECRET not in done.stderr + done.stdout
+    assert not (tmp_path / "d.html").exists() and not (tmp_path / "b").exists()
+
+
+def test_load_best_raises_the_store_error():
+    import cutlass_tune
+
+    with pytest.raises(StoreError, match="port") as info:
+        cutlass_tune.load_best(f"postgresql+psycopg://u:{SECRET}@host:notaport/db")
+    assert SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("postgresql+psycopg://u:pw@h:5432/db", "postgresql+psycopg://u:***@h:5432/db"),
+    ("postgresql+psycopg://u:pw@h:notaport/db", "postgresql+psycopg://u:***@h:notaport/db"),
+    ("sqlite:///results/x.sqlite", "sqlite:///results/x.sqlite"),
+    ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+])
+def test_shown_url_masks_the_password_even_where_it_cannot_parse(url, shown):
+    assert shown_url(url) == shown
