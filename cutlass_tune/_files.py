@@ -5,6 +5,7 @@ SQLite store and the templates' loaders."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -26,9 +27,27 @@ def shipped(folder: str) -> Path:
     return Path(str(resources.files("cutlass_tune") / folder))
 
 
+def _target(path: Path) -> Path:
+    """Where a write to `path` lands: a symbolic link's target (the link stays), else `path`."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _is_special(path: Path) -> bool:
+    """Whether `path` is a device, FIFO or socket: written through, never replaced by a file."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def why_unwritable(path: Path) -> str | None:
     """Why the file `path` could not be made, or None: its nearest existing ancestor is a file,
-    or a folder this process may not write in."""
+    or a folder this process may not write in. A symbolic link is judged by its target; a
+    device or FIFO by whether it may be written."""
+    path = _target(Path(path))
+    if _is_special(path):
+        return None if os.access(path, os.W_OK) else f"no permission to write {path}"
     ancestor = path.parent.absolute()
     while not ancestor.exists():
         ancestor = ancestor.parent
@@ -43,6 +62,8 @@ def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, bi
     """Publish the file `path` whole: write `content` to a temporary file beside it, flush that
     to disk and rename it over `path`. Readers (another process too) see the old file or the new
     one, never a part; on any failure `path` is as it was and the temporary file is gone.
+    A symbolic link stays and its target is published; a device or FIFO (`-o /dev/stdout`) is
+    written through, never replaced by a file.
 
     Args:
         path: the file to write; its folder must exist.
@@ -55,7 +76,10 @@ def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, bi
             full disk); one line naming `path`, not the temporary file.
         Exception: whatever a `content` function raises other than OSError, unchanged.
     """
-    path = Path(path)
+    path = _target(Path(path))
+    if _is_special(path):
+        _write_through(path, content, binary=binary)
+        return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         try:
@@ -77,3 +101,15 @@ def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, bi
         except OSError:  # never created (no such folder, no permission), or already renamed
             pass
         raise
+
+
+def _write_through(path: Path, content: str | Callable[[IO[Any]], None], *, binary: bool) -> None:
+    try:
+        with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8",
+                  newline=None if binary else "") as f:
+            if isinstance(content, str):
+                f.write(content)
+            else:
+                content(f)
+    except OSError as err:
+        raise FileWriteError(f"cannot write {path}: {err.strerror or first_line(err)}") from err
