@@ -47,10 +47,22 @@ def _number(name: str, default: float, kind: type = float) -> float:
     return value
 
 
+def user_path(raw: str | Path, given_as: str) -> Path:
+    """`raw` with a leading `~` or `~user` expanded, as a shell would.
+
+    Raises:
+        CutlassTuneError: `~user` names no user of this host (`given_as` says where it was given).
+    """
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError as err:  # "Could not determine home directory."
+        raise CutlassTuneError(f"{given_as}={str(raw)!r}: {str(raw).split('/')[0]} is no user's home here") from err
+
+
 def cache_dir() -> Path:
     """Root of the kernel cache."""
     raw = _env("CUTLASS_TUNE_CACHE_DIR")
-    return Path(raw).expanduser() if raw else Path(platformdirs.user_cache_dir("cutlass-tune"))
+    return user_path(raw, "CUTLASS_TUNE_CACHE_DIR") if raw else Path(platformdirs.user_cache_dir("cutlass-tune"))
 
 
 def default_store() -> str:

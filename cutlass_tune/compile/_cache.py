@@ -66,7 +66,7 @@ class KernelCache:
     @classmethod
     def at(cls, root: Path | None = None) -> KernelCache:
         """The cache at `root` (a `--cache-dir`), or where the settings put it when None."""
-        return cls(root if root is not None else settings.cache_dir())
+        return cls(settings.user_path(root, "--cache-dir") if root is not None else settings.cache_dir())
 
     def _entry_path(self, key: str) -> Path:
         return self.root / "kernels" / key[:2] / f"{key}.json"

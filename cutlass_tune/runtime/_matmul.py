@@ -195,8 +195,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     and warns once per cause.
 
     Raises:
-        MatmulInputError: CPU tensors, unsupported dtypes, misaligned or non-contiguous tensors.
+        MatmulInputError: operands that are not tensors, CPU tensors, unsupported dtypes,
+            misaligned or non-contiguous tensors.
     """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        problem_of(a, b)  # raises, naming the operand that is not a tensor and its type
     table = table if isinstance(table, BestTable) else _load_table(str(table))
     key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype)
     cached = table._kernels.get(key)
