@@ -77,21 +77,16 @@ def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, bi
         Exception: whatever a `content` function raises other than OSError, unchanged.
     """
     path = _target(Path(path))
-    if _is_special(path):
-        _write_through(path, content, binary=binary)
+    if _is_special(path):  # written through: a pipe or terminal cannot be synced or renamed over
+        try:
+            _write(path, content, binary=binary, sync=False)
+        except OSError as err:
+            raise FileWriteError(f"cannot write {path}: {err.strerror or first_line(err)}") from err
         return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         try:
-            # Text as pandas opens a path: UTF-8, newlines as written.
-            with open(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8",
-                      newline=None if binary else "") as f:
-                if isinstance(content, str):
-                    f.write(content)
-                else:
-                    content(f)
-                f.flush()
-                os.fsync(f.fileno())
+            _write(tmp, content, binary=binary, sync=True)
             os.replace(tmp, path)
         except OSError as err:
             raise FileWriteError(f"cannot write {path}: {err.strerror or first_line(err)}") from err
@@ -103,13 +98,14 @@ def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, bi
         raise
 
 
-def _write_through(path: Path, content: str | Callable[[IO[Any]], None], *, binary: bool) -> None:
-    try:
-        with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8",
-                  newline=None if binary else "") as f:
-            if isinstance(content, str):
-                f.write(content)
-            else:
-                content(f)
-    except OSError as err:
-        raise FileWriteError(f"cannot write {path}: {err.strerror or first_line(err)}") from err
+def _write(path: Path, content: str | Callable[[IO[Any]], None], *, binary: bool, sync: bool) -> None:
+    # Text as pandas opens a path: UTF-8, newlines as written.
+    with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8",
+              newline=None if binary else "") as f:
+        if isinstance(content, str):
+            f.write(content)
+        else:
+            content(f)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
