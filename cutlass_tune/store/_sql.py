@@ -357,11 +357,14 @@ class ResultStore:
         given up when the block ends, however it ends."""
         self._create()
         row = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat_at": time.time()}
-        dead = self._runs(alive=False)  # killed sweeps: forget them and what they held
-        with self.engine.begin() as conn:
-            conn.execute(claims_table.delete().where(claims_table.c.run_id.in_(dead)))
-            conn.execute(runs_table.delete().where(runs_table.c.run_id.in_(dead)))
-            conn.execute(runs_table.insert(), row)
+        try:
+            dead = self._runs(alive=False)  # killed sweeps: forget them and what they held
+            with self.engine.begin() as conn:
+                conn.execute(claims_table.delete().where(claims_table.c.run_id.in_(dead)))
+                conn.execute(runs_table.delete().where(runs_table.c.run_id.in_(dead)))
+                conn.execute(runs_table.insert(), row)
+        except sa.exc.SQLAlchemyError as err:
+            raise read_error(self.shown, err) from err
         stop = threading.Event()
 
         def beat() -> None:

@@ -89,3 +89,14 @@ def test_the_store_names_the_damage(damage, tmp_path):
         store.rows()
     with pytest.raises(StoreError, match="is damaged"):
         store.check_schema()
+
+
+def test_announcing_a_sweep_on_a_damaged_store_raises_store_error(tmp_path):
+    # Regression: `running` let SQLAlchemy's DatabaseError out of a store damaged after opening.
+    path = tmp_path / "s.sqlite"
+    store = ResultStore(f"sqlite:///{path}")
+    store.bind_gpu("NVIDIA H200")
+    path.write_bytes(b"x" * 4096)
+    with pytest.raises(StoreError, match="is damaged"):
+        with store.running("run-1"):
+            pass
