@@ -94,7 +94,7 @@ class _Data:
 
 def _load(source: str | Path) -> _Data:
     store = open_store(source)
-    shown = store.engine.url.render_as_string(hide_password=True)
+    shown = store.shown
     raw = store.rows(_COLUMNS)
     if not raw:
         raise DashboardError(f"store {shown} has no measurements: run `cutlass-tune sweep` first")

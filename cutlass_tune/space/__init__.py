@@ -9,6 +9,7 @@ from ._rules import (
     check_pair,
     check_problem,
     check_runtime,
+    problem_dim_problem,
     smem_usage,
 )
 from ._spec import SearchSpace, load_space
@@ -32,5 +33,5 @@ __all__ = [
     "Decomposition", "EpilogueSchedule", "KernelConfig", "KernelSchedule", "Knob", "Layout",
     "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "SearchSpace", "SmemUsage",
     "TileScheduler", "cells", "check_config", "check_pair", "check_problem", "check_runtime",
-    "column_kinds", "columns", "layout_code", "load_space", "smem_usage", "texts",
+    "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "smem_usage", "texts",
 ]

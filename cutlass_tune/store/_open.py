@@ -65,7 +65,7 @@ def resolve_storage(storage: str | None) -> str:
     default = settings.default_store()
     path = local_file(default)
     if path is not None and not path.exists():
-        raise StoreError(f"give --storage: the default store {default} is not here "
+        raise StoreError(f"give --storage: the default store {shown_url(default)} is not here "
                          "(run from the repository's root, or set CUTLASS_TUNE_STORE)")
     return default
 

@@ -11,6 +11,11 @@ from ..measurement import Measurement
 from ..status import Status
 
 
+class DamagedRowError(ValueError):
+    """A row holds what its column cannot hold (a figure that is not a number, an unknown
+    status): the store was edited or damaged. `ResultStore` raises it as a `StoreError`."""
+
+
 @dataclasses.dataclass(frozen=True)
 class StoredRow:
     """A measurement as the store holds it: one attribute per column of `ct_measurements`.
@@ -53,9 +58,25 @@ class StoredRow:
 
     @classmethod
     def from_columns(cls, columns: Mapping[str, Any]) -> StoredRow:
-        """The row of the columns read (name -> value as the database gives it)."""
+        """The row of the columns read (name -> value as the database gives it).
+
+        Raises:
+            DamagedRowError: a column holds a value of the wrong kind (SQLite keeps whatever
+                was written: `'abc'` in a figure's column) or a status no version wrote.
+        """
+        for name, value in columns.items():
+            kind = _KINDS.get(name)
+            if value is not None and kind is not None and (
+                    not isinstance(value, kind) or (isinstance(value, bool) and name != "throttled")):
+                raise DamagedRowError(f"measurement {columns.get('id')}: {name} holds {value!r:.40}, "
+                                      f"not {_KIND_NAMES[kind]}")
         status = columns.get("status")
-        return cls(**{**columns, "status": Status(status)} if status is not None else columns)
+        if status is None:
+            return cls(**columns)
+        try:
+            return cls(**{**columns, "status": Status(status)})
+        except ValueError as err:
+            raise DamagedRowError(f"measurement {columns.get('id')}: unknown status {status!r:.40}") from err
 
     def values(self, columns: Iterable[str]) -> dict[str, Any]:
         """The named columns as the table holds them (the status as its text)."""
@@ -70,3 +91,14 @@ class StoredRow:
         """
         assert self.record is not None, "the row was read without its record"
         return Measurement.from_dict(json.loads(self.record))
+
+
+_NUMBER = (int, float)
+_KINDS: dict[str, Any] = {
+    **{f.name: int for f in dataclasses.fields(StoredRow) if f.type in ("int | None", "int")},
+    **{f.name: _NUMBER for f in dataclasses.fields(StoredRow) if f.type == "float | None"},
+    **{f.name: str for f in dataclasses.fields(StoredRow) if f.type == "str | None"},
+    "throttled": (bool, int),
+}
+"""The Python types each column's values may have as the database gives them."""
+_KIND_NAMES: dict[Any, str] = {int: "an integer", _NUMBER: "a number", str: "text", (bool, int): "a boolean"}

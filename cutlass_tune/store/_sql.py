@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -26,7 +27,7 @@ from .._files import why_unwritable
 from ..errors import CutlassTuneError, first_line
 from ..measurement import Measurement
 from ..space import Problem, layout_code
-from ._row import StoredRow
+from ._row import DamagedRowError, StoredRow
 
 if TYPE_CHECKING:
     import optuna
@@ -117,6 +118,31 @@ def shown_url(url: str) -> str:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
     except (sa.exc.ArgumentError, ValueError):
         return _PASSWORD.sub(r"\1***@", url)
+
+
+def read_error(shown: str, err: Exception) -> StoreError:
+    """The `StoreError` that says what went wrong reading the store `shown` (a masked URL): the
+    database's own message, one line, for what SQLAlchemy or a damaged row raised."""
+    if isinstance(err, DamagedRowError):
+        return StoreError(f"store {shown} is damaged: {err}")
+    problem = first_line(getattr(err, "orig", None) or err)
+    if isinstance(err, sa.exc.DatabaseError) and not isinstance(err, sa.exc.OperationalError):
+        return StoreError(f"store {shown} is damaged: {problem}")  # not a database, malformed, a bad row
+    return StoreError(f"cannot use the store {shown}: {problem}")  # locked, gone, refused
+
+
+def _store_errors(method: Callable[..., T]) -> Callable[..., T]:
+    """`method` of a `ResultStore`, raising a `StoreError` for every failure of the database
+    under it (SQLAlchemy's errors, a row a column cannot hold), so no caller sees them."""
+
+    @functools.wraps(method)
+    def wrapper(self: ResultStore, *args: Any, **kwargs: Any) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except (sa.exc.SQLAlchemyError, DamagedRowError) as err:
+            raise read_error(self.shown, err) from err
+
+    return wrapper
 
 
 def database_file(url: sa.engine.URL) -> Path | None:
@@ -228,6 +254,7 @@ class ResultStore:
             _create_despite_racers(lambda: _metadata.create_all(self.engine), f"tables in {self.shown}")
             self._created = True
 
+    @_store_errors
     def _readable(self) -> bool:
         """Whether the store has its measurement tables; reads never create them, so reading a
         store (a report, a best table) leaves its file as it was."""
@@ -253,6 +280,7 @@ class ResultStore:
             with self.engine.connect() as conn:
                 return conn.execute(query).scalar_one()
 
+    @_store_errors
     def gpu(self) -> str | None:
         """The GPU model the store belongs to, or None for a new store."""
         if not self._readable():
@@ -260,6 +288,7 @@ class ResultStore:
         with self.engine.connect() as conn:
             return conn.execute(_meta_value("gpu")).scalar()
 
+    @_store_errors
     def bind_gpu(self, gpu_name: str) -> None:
         """Claim a new store for `gpu_name`, or check that an existing one belongs to it.
 
@@ -276,6 +305,7 @@ class ResultStore:
         if schema != str(SCHEMA_VERSION):
             raise StoreError(f"the store {self.shown} has schema {schema}, this version reads {SCHEMA_VERSION}")
 
+    @_store_errors
     def check_schema(self) -> None:
         """Refuse a store of another schema version; one that records none (new, or begun before
         the version was recorded) passes. Writes nothing.
@@ -290,6 +320,7 @@ class ResultStore:
         if found is not None and found != str(SCHEMA_VERSION):
             raise StoreError(f"the store {self.shown} has schema {found}, this version reads {SCHEMA_VERSION}")
 
+    @_store_errors
     def timing(self) -> str | None:
         """The timing scheme the store holds (see `bind_timing`), or None for a new store.
 
@@ -302,6 +333,7 @@ class ResultStore:
                 return LEGACY_TIMING
         return found
 
+    @_store_errors
     def bind_timing(self, method: str) -> None:
         """Claim the store for one timing scheme (events, graph, either with `-paired`), or
         check that it uses it: figures taken by different schemes do not compare.
@@ -325,11 +357,14 @@ class ResultStore:
         given up when the block ends, however it ends."""
         self._create()
         row = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat_at": time.time()}
-        dead = self._runs(alive=False)  # killed sweeps: forget them and what they held
-        with self.engine.begin() as conn:
-            conn.execute(claims_table.delete().where(claims_table.c.run_id.in_(dead)))
-            conn.execute(runs_table.delete().where(runs_table.c.run_id.in_(dead)))
-            conn.execute(runs_table.insert(), row)
+        try:
+            dead = self._runs(alive=False)  # killed sweeps: forget them and what they held
+            with self.engine.begin() as conn:
+                conn.execute(claims_table.delete().where(claims_table.c.run_id.in_(dead)))
+                conn.execute(runs_table.delete().where(runs_table.c.run_id.in_(dead)))
+                conn.execute(runs_table.insert(), row)
+        except sa.exc.SQLAlchemyError as err:
+            raise read_error(self.shown, err) from err
         stop = threading.Event()
 
         def beat() -> None:
@@ -351,6 +386,7 @@ class ResultStore:
                 conn.execute(claims_table.delete().where(claims_table.c.run_id == run_id))
                 conn.execute(runs_table.delete().where(runs_table.c.run_id == run_id))
 
+    @_store_errors
     def claim(self, config_hash: str, run_id: str) -> str | None:
         """Claim the config for measuring by the sweep `run_id`, which must be `running`: None
         when it is that sweep's now, else the run id of the live sweep that holds it. A claim
@@ -385,11 +421,13 @@ class ResultStore:
             return {row.run_id for row in conn.execute(sa.select(r.run_id, r.host, r.pid, r.heartbeat_at))
                     if alive is None or _alive(row, now) == alive}
 
+    @_store_errors
     def live_runs(self) -> set[str]:
         """The run ids of the sweeps running on the store now (see `running`)."""
         self._create()
         return self._runs(alive=True)
 
+    @_store_errors
     def held_by_others(self, run_id: str) -> set[str]:
         """The configs that live sweeps other than `run_id` hold (compiling or measuring them)."""
         others = self.live_runs() - {run_id}
@@ -397,12 +435,14 @@ class ResultStore:
         with self.engine.connect() as conn:
             return set(conn.execute(sa.select(c.config_hash).where(c.run_id.in_(others))).scalars())
 
+    @_store_errors
     def release(self, config_hash: str, run_id: str) -> None:
         """Give up the sweep `run_id`'s claim of the config (done with it)."""
         c = claims_table.c
         with self.engine.begin() as conn:
             conn.execute(claims_table.delete().where(c.config_hash == config_hash, c.run_id == run_id))
 
+    @_store_errors
     def add(self, m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None,
             study: str | None = None, trial: int | None = None) -> None:
         """Record one measurement in its own transaction. `cublas_tflops` is the problem's
@@ -427,6 +467,7 @@ class ResultStore:
         with self.engine.begin() as conn:
             conn.execute(measurements_table.insert(), row)
 
+    @_store_errors
     def measured(self, problem: Problem) -> dict[tuple[str, str], list[StoredRow]]:
         """Rows of `problem` by (config_hash, runtime name), for resuming without re-measuring;
         each with its config_hash, runtime, status, reason, tflops, ratio and kernel."""
@@ -441,6 +482,7 @@ class ResultStore:
                 out.setdefault((row.config_hash, row.runtime), []).append(StoredRow.from_columns(row._asdict()))
         return out
 
+    @_store_errors
     def rows(self, columns: Iterable[str] | None = None, *, after_id: int = 0) -> list[StoredRow]:
         """Every measurement row, in the order they were added; with `after_id`, only those
         added after the row of that `id`. Each has its `id` and the `columns` named (all but
@@ -455,6 +497,7 @@ class ResultStore:
         with self.engine.connect() as conn:
             return [StoredRow.from_columns(r._asdict()) for r in conn.execute(query)]
 
+    @_store_errors
     def measurements(self) -> list[Measurement]:
         """Every stored measurement, rebuilt losslessly."""
         return [r.measurement() for r in self.rows(["record"])]

@@ -73,7 +73,7 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
         manifest = json.loads((path / MANIFEST).read_text())
         fmt, abi = manifest["format"], manifest["abi_version"]
         libraries, entries = dict(manifest["libraries"]), dict(manifest["kernels"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
         raise BundleError(f"{path / MANIFEST} is not a bundle manifest ({type(err).__name__}: {err})") from err
     if fmt != BUNDLE_FORMAT:
         raise BundleError(f"{path} is a bundle of format {fmt}; this cutlass-tune reads format {BUNDLE_FORMAT}")

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,18 @@ import numpy as np
 import pandas as pd
 
 from ..errors import first_line
-from ..space import Decomposition, DType, KernelConfig, RasterOrder, RuntimeArgs, cells, column_kinds
+from ..space import (
+    Decomposition,
+    DType,
+    KernelConfig,
+    RasterOrder,
+    RuntimeArgs,
+    cells,
+    check_runtime,
+    column_kinds,
+    columns,
+    problem_dim_problem,
+)
 from ._schema import COLUMNS, KNOB_COLUMNS, LATER_KNOBS, BestTableError
 
 _TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
@@ -56,7 +67,7 @@ TABLE_SUFFIXES = tuple(_READERS)
 
 def _reader_errors() -> tuple[type[BaseException], ...]:
     errors: tuple[type[BaseException], ...] = (ValueError, TypeError, KeyError, IndexError, OSError,
-                                               NotImplementedError, OverflowError)
+                                               NotImplementedError, OverflowError, RecursionError)
     try:
         import pyarrow
 
@@ -101,9 +112,14 @@ def _is_missing(v: Any) -> bool:
     return v is None or (isinstance(v, (float, np.floating)) and math.isnan(v))
 
 
-def _whole(v: Any, least: int) -> bool:
+_INT64 = 2 ** 63
+"""Whole numbers of a table are int64 columns once read (sizes and run-time values have
+tighter bounds: the space's rules, checked after their kinds)."""
+
+
+def _whole(v: Any, least: int, beyond: float = math.inf) -> bool:
     v = _as_number(v)
-    return _is_number(v) and math.isfinite(v) and v == int(v) and v >= least
+    return _is_number(v) and math.isfinite(v) and v == int(v) and least <= v < beyond
 
 
 def _positive(v: Any) -> bool:
@@ -126,7 +142,7 @@ _LAYOUTS = ("tn", "nt", "nn", "tt")
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{c: (lambda v: isinstance(v, str) and v.strip() != "", "text") for c in _TEXT},
     **{c: (lambda v: _whole(v, 1), "a positive integer") for c in ("m", "n", "k", "swizzle", "splits")},
-    **{c: (lambda v: _whole(v, 0), "a whole number") for c in ("samples", "confirm_passes")},
+    **{c: (lambda v: _whole(v, 0, _INT64), "a whole number below 2**63") for c in ("samples", "confirm_passes")},
     **{c: (lambda v: isinstance(v, str) and v in _DTYPES, f"one of {', '.join(_DTYPES)}")
        for c in ("dtype_a", "dtype_b", "dtype_d")},
     "layout": (lambda v: isinstance(v, str) and v in _LAYOUTS, f"one of {', '.join(_LAYOUTS)}"),
@@ -142,6 +158,8 @@ def _holds(check: Callable[[Any], bool], v: Any) -> bool:
     try:
         return bool(check(v))
     except (TypeError, ValueError):  # a list or array where a scalar belongs (a parquet file may hold one)
+        return False
+    except OverflowError:  # an integer beyond a float's range: 10**400
         return False
 
 
@@ -166,6 +184,8 @@ def _parse_config(text: Any) -> KernelConfig:
         data = json.loads(text)
     except ValueError as err:
         raise ValueError(f"config is not JSON ({first_line(err)})") from err
+    except RecursionError as err:
+        raise ValueError("config is not JSON (nested too deeply)") from err
     if not isinstance(data, dict):
         raise ValueError(f"config {_shown(text)} is not a JSON object")
     try:
@@ -195,11 +215,30 @@ def _check_rows(frame: pd.DataFrame, path: Path) -> list[KernelConfig]:
             check, kind = _CHECKS[column]
             if not _holds(check, row[column]):
                 raise BestTableError(f"{where}: {column} {_shown(row[column])} is not {kind}")
+        for dim in ("m", "n", "k"):
+            problem = problem_dim_problem(int(_as_number(row[dim])))
+            if problem:
+                raise BestTableError(f"{where}: {dim} {_shown(row[dim])}: {problem}")
         try:
-            configs.append(_parse_config(row["config"]))
+            cfg = _parse_config(row["config"])
         except ValueError as err:
             raise BestTableError(f"{where}: {err}") from err
+        _check_runtime(row, cfg, where)
+        configs.append(cfg)
     return configs
+
+
+def _check_runtime(row: Mapping[Any, Any], cfg: KernelConfig, where: str) -> None:
+    """The row's run-time variant passes the rules a space file's does (`check_runtime`: each
+    knob's values, Stream-K's arguments on Stream-K kernels only): its values reach the
+    kernel's arguments as they are (a swizzle of 2**40 would arrive as 0)."""
+    cells_ = {c: row[c] for c in columns(RuntimeArgs)}
+    cells_.update({c: int(_as_number(v)) for c, v in cells_.items() if _is_number(_as_number(v))})
+    args = RuntimeArgs.from_dict(cells_)  # each cell already of its kind (`_CHECKS`)
+    refused = check_runtime(cfg, args)
+    if refused:
+        shown = ", ".join(f"{c} {_shown(v)}" for c, v in cells_.items())
+        raise BestTableError(f"{where}: {refused[0].reason} ({shown}; kernel {cfg.tile_scheduler.value})")
 
 
 def _same_knob(got: Any, want: Any) -> bool:
