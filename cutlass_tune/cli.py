@@ -31,8 +31,9 @@ from . import __version__, settings
 from ._files import why_unwritable, write_atomically
 from .compile import KernelCache, compile_kernels, default_jobs, find_toolchain
 from .errors import CutlassTuneError
-from .measurement import write_jsonl
+from .measurement import TimingMethod, write_jsonl
 from .report import load_best, same_file, write_bundle, write_table
+from .runtime import BestTable
 from .space import KernelConfig, load_space
 from .status import Status
 from .store import default_store_url, open_store, resolve_storage
@@ -155,7 +156,10 @@ def bench(
         None, "--output", "-o", help="JSON lines file (default results/bench-<timestamp>.jsonl)"),
     jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
-    graph: bool = typer.Option(False, "--graph", help="time CUDA-graph replays (warm L2; for small problems)"),
+    method: TimingMethod = typer.Option(
+        TimingMethod.EVENTS, "--method", help="events: single L2-cold launches; graph: CUDA-graph replays (warm L2, "
+        "for small problems); sustained: back-to-back launches over rotating operands at settled clocks, as a "
+        "model's stream of GEMMs runs (docs/timing.md)"),
     paired: bool = typer.Option(True, "--paired/--no-paired",
                                 help="time cuBLAS alternately with each kernel (the ratio's baseline)"),
 ) -> None:
@@ -175,7 +179,7 @@ def bench(
     output.parent.mkdir(parents=True, exist_ok=True)
     with _progress("compiling", len(configs)) as advance:
         kernels = compile_kernels(configs, cache=KernelCache.at(cache_dir), jobs=jobs, on_result=advance)
-    timing = TimingOptions(graph=graph, paired=paired)
+    timing = TimingOptions(method=method, paired=paired)
     plan = plan_jobs(kernels, sp.problems, sp.runtime_variants, timing=timing, repeat=repeat)
     table = Table("problem", "kernel", "runtime", "status", "median ms", "TFLOP/s", "vs cuBLAS",
                   box=None, pad_edge=False)
@@ -237,9 +241,9 @@ def _check_output(path: Path, source: str | None = None) -> Path:
     return path
 
 
-def _figure(value: float, spec: str) -> str:
-    """`value` formatted by `spec`, or "-" where it is missing (NaN)."""
-    return "-" if value != value else format(value, spec)
+def _figure(value: float | None, spec: str) -> str:
+    """`value` formatted by `spec`, or "-" where it is missing (None or NaN)."""
+    return "-" if value is None or value != value else format(value, spec)
 
 
 @contextlib.contextmanager
@@ -291,6 +295,44 @@ def best(
         return
     write_table(frame[list(COLUMNS)], output, fmt.value, source=source)
     out.print(f"{len(frame)} rows written to {output}")
+
+
+@app.command()
+def check(
+    source: str = typer.Argument(..., help="best-config table file or bundle (as `load_best`/`BestTable.load` take)"),
+    gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
+    budget_ms: float = typer.Option(2000.0, "--budget-ms", min=1, help="GPU time per entry and mode"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="also write each entry's check as JSON lines"),
+) -> None:
+    """Call every entry of a table through `cutlass_tune.matmul`, back to back and in CUDA
+    graphs, next to torch's own call on the same operands (the sustained regime: rotating
+    operands, settled clocks), and print the ratio the table claims beside the ratio the
+    caller gets. Exits 1 when an entry delivers more than 2% below its claim."""
+    # torch, with the GPU stage: only the commands that measure import it.
+    from .bench import GAP, TimingOptions, check_table, require_gpu
+
+    if output is not None:
+        _check_output(output, source)
+    table = BestTable.load(source)
+    require_gpu(gpu)
+    rows = Table("problem", "kernel", "claimed", "loop", "graph", "mJ/GEMM", "torch mJ", "", box=None, pad_edge=False)
+    flagged = 0
+    lines = []
+    for c in check_table(table, device=gpu, options=TimingOptions(budget_ms=budget_ms, min_samples=5)):
+        flagged += c.flagged
+        lines.append(c.to_dict())
+        shown = {d.mode: f"{d.ratio:.3f} ({d.ratio_low:.3f}-{d.ratio_high:.3f})" for d in c.delivered}
+        graph = next((d for d in c.delivered if d.mode == "graph"), None)
+        rows.add_row(c.problem.name, c.kernel, _figure(c.claimed, ".3f"), shown.get("loop", c.error or "-"),
+                     shown.get("graph", "-"), _figure(graph.tuned.energy_mj if graph else None, ".2f"),
+                     _figure(graph.torch.energy_mj if graph else None, ".2f"),
+                     f"> {GAP:.0%} below claim" if c.flagged else "")
+    out.print(rows)
+    if output is not None:
+        write_atomically(output, lambda f: f.writelines(json.dumps(line) + "\n" for line in lines))
+    if flagged:
+        out.print(f"{flagged} of {len(lines)} entries deliver more than {GAP:.0%} below the ratio their table claims")
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -350,7 +392,7 @@ def confirm(
     bench = WorkerBenchmarker(gpu)
     try:
         method = store.timing() or "events-paired"  # re-measure the way the store was measured
-        bench.timing = TimingOptions(graph=method.startswith("graph"), paired=method.endswith("-paired"))
+        bench.timing = TimingOptions.of_scheme(method)
         cache = KernelCache.at(cache_dir)
         problems = len({c.problem for c in chosen})
         out.print(f"{store.shown}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
@@ -457,8 +499,9 @@ def sweep(
     batch: int | None = typer.Option(None, "--batch", min=1, help="configs compiled per batch (default: jobs)"),
     seed: int = typer.Option(0, "--seed", help="sampler seed"),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
-    graph: bool = typer.Option(False, "--graph", help="time CUDA-graph replays, kernels and cuBLAS alike "
-                               "(warm L2; the fair method for small problems); a store holds one method"),
+    method: TimingMethod | None = typer.Option(
+        None, "--method", help="how kernels and cuBLAS are timed: events, graph or sustained (see `bench --help`); "
+        "a store holds one method (default: as the store was begun; events for a new store)"),
     paired: bool | None = typer.Option(
         None, "--paired/--no-paired", help="time cuBLAS alternately with each kernel, the baseline of its "
         "ratio (default: as the store was begun; paired for a new store)"),
@@ -485,10 +528,13 @@ def sweep(
         require_one_model(benches)
         if store is None:
             store = open_store(default_store_url(bench.gpu_name), new=True)
+        begun = store.timing()
         if paired is None:
-            paired = (store.timing() or "-paired").endswith("-paired")
+            paired = (begun or "-paired").endswith("-paired")
+        if method is None:
+            method = TimingMethod((begun or "events").removesuffix("-paired"))
         for b in benches:
-            b.timing = TimingOptions(graph=graph, paired=paired)
+            b.timing = TimingOptions(method=method, paired=paired)
         store.bind_gpu(bench.gpu_name)
         store.bind_timing(bench.timing_method)
         jobs = jobs or default_jobs()

@@ -49,6 +49,14 @@ def decode_reasons(mask: int) -> tuple[str, ...]:
     return tuple(names)
 
 
+class TimingMethod(str, enum.Enum):
+    """How a measurement's launches were timed (see `bench._timing` and docs/timing.md)."""
+
+    EVENTS = "events"
+    GRAPH = "graph"
+    SUSTAINED = "sustained"
+
+
 @dataclasses.dataclass(frozen=True)
 class Clocks:
     """GPU state read through NVML. Fields NVML does not report on a device are None."""
@@ -167,6 +175,12 @@ class Measurement:
     baseline_median_ms: float | None = None
     baseline_p20_ms: float | None = None
     baseline_p80_ms: float | None = None
+    energy_mj: float | None = None
+    """Millijoules the board drew per launch, and the median SM clock meanwhile (sustained
+    timing with NVML; the `baseline_` ones for the paired cuBLAS baseline)."""
+    sm_mhz: float | None = None
+    baseline_energy_mj: float | None = None
+    baseline_sm_mhz: float | None = None
 
     @property
     def paired_ratio(self) -> float | None:

@@ -18,6 +18,7 @@ from typing import Any
 from ..compile import find_toolchain
 from ..errors import ToolchainError
 from ..measurement import Clocks, EnvStamp, decode_reasons
+from ._timing import Reading
 
 
 @functools.cache
@@ -110,6 +111,13 @@ class ClockMonitor:
             return getattr(self._nvml, name)(self._handle, *args)
         except Exception:
             return None
+
+    def reading(self) -> Reading:
+        """The energy counter and SM clock now (see `_timing.Reading`); empty without NVML."""
+        if self._handle is None or self._nvml is None:
+            return Reading()
+        return Reading(energy_mj=self._query("nvmlDeviceGetTotalEnergyConsumption"),
+                       sm_mhz=self._query("nvmlDeviceGetClockInfo", self._nvml.NVML_CLOCK_SM))
 
     def read(self) -> Clocks | None:
         nvml = self._nvml

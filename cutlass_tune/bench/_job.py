@@ -83,6 +83,6 @@ class Job:
         return Measurement(
             problem=self.problem, config=self.config, runtime=variant, status=status,
             reason=reason, symbol=self.symbol, is_baseline=self.is_baseline,
-            method=self.timing.method, env=env, compile_seconds=self.compile_seconds,
+            method=self.timing.method.value, env=env, compile_seconds=self.compile_seconds,
             repeat=self.repeat, **fields,
         )

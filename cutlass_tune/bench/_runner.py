@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..measurement import Clocks, Measurement
+from ..measurement import Clocks, Measurement, TimingMethod
 from ..runtime import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..space import DType, Problem, RuntimeArgs
 from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
-from ._timing import L2Flush, TimingStats, time_paired
+from ._timing import L2Flush, TimingStats, rotation_count, time_paired, time_sustained
 from ._verify import Operands, allocate, randomize, reference, verify_launch
 
 UNSTABLE_SPREAD = 0.5
@@ -64,6 +64,10 @@ class _Target:
         raise NotImplementedError
 
     def close(self) -> None:
+        raise NotImplementedError
+
+    def sibling(self) -> _Target:
+        """A new target of the same kernel, to set up on other operands."""
         raise NotImplementedError
 
     def once(self) -> None:
@@ -117,6 +121,9 @@ class CublasTarget(_Target):
 
     def close(self) -> None:
         self._ops = self._unit_scale = None
+
+    def sibling(self) -> CublasTarget:
+        return CublasTarget(self._problem, self._fast_accum)
 
 
 class CutlassTarget(_Target):
@@ -214,8 +221,11 @@ class GpuRunner:
             baseline = self._paired_baseline(job, ops)
             before = self._clocks.read()
             for _attempt in range(2):
-                stats, base = time_paired(target.launch, baseline.launch if baseline else None,
-                                          options=job.timing, flush=self._flush, prepare=target.rearm)
+                if job.timing.method is TimingMethod.SUSTAINED:
+                    stats, base = self._time_sustained(job, variant, target, baseline, ops)
+                else:
+                    stats, base = time_paired(target.launch, baseline.launch if baseline else None,
+                                              options=job.timing, flush=self._flush, prepare=target.rearm)
                 spread = max(_spread(stats), _spread(base))
                 if spread <= UNSTABLE_SPREAD:
                     break
@@ -237,9 +247,39 @@ class GpuRunner:
             median_ms=stats.median_ms, p20_ms=stats.p20_ms, p80_ms=stats.p80_ms, samples=stats.samples,
             tflops=job.problem.flops / (stats.median_ms * 1e9),
             throttled=clocks.throttled if clocks else False, clocks=clocks,
+            energy_mj=stats.energy_mj, sm_mhz=stats.sm_mhz,
             **({} if base is None else dict(baseline_median_ms=base.median_ms, baseline_p20_ms=base.p20_ms,
-                                            baseline_p80_ms=base.p80_ms)),
+                                            baseline_p80_ms=base.p80_ms, baseline_energy_mj=base.energy_mj,
+                                            baseline_sm_mhz=base.sm_mhz)),
         )
+
+    def _time_sustained(self, job: Job, variant: RuntimeArgs, target: _Target, baseline: CublasTarget | None,
+                        ops: Operands) -> tuple[TimingStats, TimingStats | None]:
+        """`time_sustained` of the target (and its paired baseline) over rotating copies of
+        `ops`: each copy has its own kernel instance, initialized once on it."""
+        free, _total = torch.cuda.mem_get_info(self.device)
+        count = rotation_count(ops.nbytes, self.env.l2_bytes, memory_bytes=free)
+        copies = [ops] + [ops.copy() for _ in range(count - 1)]
+        kernels: list[_Target] = [target]
+        baselines: list[CublasTarget] = [] if baseline is None else [baseline]
+        try:
+            for c in copies[1:]:
+                other = target.sibling()
+                kernels.append(other)
+                why = other.setup(variant, c)
+                if why:
+                    raise RuntimeError(f"operand copy: {why}")
+                if baseline is not None:
+                    baselines.append(baseline.sibling())
+                    baselines[-1].setup(RuntimeArgs(), c)
+            sides = [[k.once for k in kernels]] + ([[b.launch for b in baselines]] if baselines else [])
+            found = time_sustained(sides, options=job.timing, probe=self._clocks.reading)
+        finally:
+            for k in kernels[1:]:
+                k.close()
+            for b in baselines[1:]:
+                b.close()
+        return found[0], (found[1] if baseline is not None else None)
 
     def _paired_baseline(self, job: Job, ops: Operands) -> CublasTarget | None:
         """cuBLAS on the job's operands, to time alternately with the kernel, when the job

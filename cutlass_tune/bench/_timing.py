@@ -1,12 +1,19 @@
 """Timing one launch on the GPU: the same function times every candidate and the baseline.
 
-Two methods, named in `Measurement.method`:
+Three methods, named in `Measurement.method`:
 
 - ``events`` (default): each sample is one launch between two CUDA events, preceded (outside
   the events) by a write of a buffer twice the size of L2, so every launch starts L2-cold.
 - ``graph``: `reps` launches captured in one CUDA graph, each replay between two events, the
   sample being replay time / reps. L2 stays warm and launch overhead disappears; it suits
   problems so small that the host launch path would dominate.
+- ``sustained``: what a model's steady stream of GEMMs gets. Launches go back to back inside a
+  CUDA graph, each on the next of several operand copies that together exceed twice the L2
+  (each launch reads operands the previous one did not leave in L2, as successive layers do),
+  replayed in blocks of about `SUSTAINED_BLOCK_MS` after the board has run the same stream for
+  `SUSTAINED_SETTLE_MS`, so that clocks and power have settled (large GEMMs run at the power
+  cap there, not at the burst clocks a single launch sees). A sample is one block's time per
+  launch; NVML's energy counter read around each block gives joules per launch.
 
 Either method can be *paired* (`TimingOptions.paired`): the kernel and the cuBLAS baseline are
 sampled alternately, sample by sample, with the order swapped every sample, so both see the
@@ -31,6 +38,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..measurement import TimingMethod
+
 ESTIMATE_LAUNCHES = 5
 GRAPH_REPLAY_MS = 1.0
 """Target duration of one graph replay; short kernels are repeated inside it."""
@@ -41,9 +50,31 @@ HEADROOM_START_CYCLES = 200_000
 doubled after every drop up to HEADROOM_MAX_CYCLES (about 2 ms)."""
 HEADROOM_MAX_CYCLES = 3_200_000
 MAX_ATTEMPTS_PER_SAMPLE = 4
+SUSTAINED_BLOCK_MS = 100.0
+"""Length of one sustained sample: long against the board's power control (tens of ms) and
+NVML's energy counter updates, short enough that a budget holds ten of each side."""
+SUSTAINED_SETTLE_MS = 1000.0
+"""Back-to-back work before the first sustained sample (at least; `warmup_ms` may ask more)."""
+MAX_SUSTAINED_LAUNCHES = 1000
+"""Launches captured in one sustained graph; a block replays it as often as it takes."""
+MAX_ROTATION = 64
+"""Operand copies of a sustained measurement, at most (small problems need the most)."""
 
 Launch = Callable[[], object]
 """What is timed or run around it; what it returns is ignored (`Tensor.zero_` re-arms a workspace)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What the board reports at one instant: NVML's total energy counter (millijoules since
+    the driver loaded) and the SM clock; None where NVML does not report it."""
+
+    energy_mj: float | None = None
+    sm_mhz: int | None = None
+
+
+Probe = Callable[[], Reading]
+"""Reads the board after a synchronization (see `bench._env.ClockMonitor.reading`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +84,9 @@ class TimingOptions:
     Attributes:
         budget_ms: GPU time to spend on samples; the sample count follows from an estimate.
         min_samples, max_samples: bounds on the sample count.
-        warmup_ms: GPU time of untimed launches before sampling.
-        graph: time CUDA-graph replays (warm L2) instead of single L2-cold launches.
+        warmup_ms: GPU time of untimed launches before sampling (`sustained` runs at least
+            `SUSTAINED_SETTLE_MS`).
+        method: how launches are timed (see the module's docstring).
         paired: time each kernel alternately with the cuBLAS baseline of its problem; the
             budget then covers both.
     """
@@ -63,7 +95,7 @@ class TimingOptions:
     min_samples: int = 10
     max_samples: int = 1000
     warmup_ms: float = 25.0
-    graph: bool = False
+    method: TimingMethod = TimingMethod.EVENTS
     paired: bool = False
 
     def __post_init__(self) -> None:
@@ -73,13 +105,16 @@ class TimingOptions:
             raise ValueError("need 1 <= min_samples <= max_samples")
 
     @property
-    def method(self) -> str:
-        return "graph" if self.graph else "events"
-
-    @property
     def scheme(self) -> str:
         """`method`, with `-paired` when baselines are paired: what a results store binds to."""
-        return self.method + ("-paired" if self.paired else "")
+        return self.method.value + ("-paired" if self.paired else "")
+
+    @classmethod
+    def of_scheme(cls, scheme: str, **kw: float | int) -> TimingOptions:
+        """The options of a scheme `scheme` names (e.g. ``sustained-paired``); `kw` sets the
+        budget. Raises ValueError for a scheme no version wrote."""
+        method, paired = scheme.removesuffix("-paired"), scheme.endswith("-paired")
+        return cls(method=TimingMethod(method), paired=paired, **kw)  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +126,12 @@ class TimingStats:
     dropped: int = 0
     """Samples thrown away because the host enqueued the launch after the GPU had reached the
     opening event, which would have put host time inside the interval."""
+    energy_mj: float | None = None
+    """Millijoules the board drew per launch (sustained timing, where NVML reports energy)."""
+    sm_mhz: float | None = None
+    """Median SM clock at the end of the samples (sustained timing)."""
+    power_w: float | None = None
+    """Mean board power over the samples (sustained timing)."""
 
     @property
     def spread(self) -> float:
@@ -197,7 +238,11 @@ def time_paired(
         targets.append(_Timed(baseline, baseline, None))
     for t in targets:
         t.estimate_ms = _estimate_ms(t.once)
-    if options.graph:
+    if options.method is TimingMethod.SUSTAINED:
+        sides = [[t.once] for t in targets]
+        found = time_sustained(sides, options=options)
+        return found[0], (found[1] if baseline is not None else None)
+    if options.method is TimingMethod.GRAPH:
         samples, dropped = _graph_samples(targets, options)
     else:
         for t in targets:
@@ -334,3 +379,109 @@ def _capture(once: Launch, reps: int) -> torch.cuda.CUDAGraph:
         for _ in range(reps):
             once()
     return graph
+
+
+def rotation_count(bytes_per_copy: int, l2_bytes: int, *, memory_bytes: int | None = None) -> int:
+    """Operand copies a sustained measurement rotates through: enough that together they
+    exceed twice the L2, at least 2 (one copy larger than L2 still leaves its tail there for
+    the next launch), at most MAX_ROTATION, and no more than half of `memory_bytes` holds."""
+    wanted = max(2, math.ceil(2 * l2_bytes / max(bytes_per_copy, 1)) + 1)
+    if memory_bytes is not None:
+        wanted = min(wanted, max(2, memory_bytes // 2 // max(bytes_per_copy, 1)))
+    return min(wanted, MAX_ROTATION)
+
+
+def time_sustained(sides: Sequence[Sequence[Launch]], *, options: TimingOptions,
+                   probe: Probe | None = None, capture: bool = True) -> list[TimingStats]:
+    """Time each side's launches back to back, as a model's stream of GEMMs runs them.
+
+    Each side is a list of launches, one per operand copy, each safe to repeat and capturable
+    (it re-arms its own workspace); its graph holds them in turn, up to `MAX_SUSTAINED_LAUNCHES`
+    (about `SUSTAINED_BLOCK_MS` of work). With `capture` False a block calls the launches from
+    Python instead, as eager code does: the host's time per call counts wherever the GPU waits
+    for it. After `SUSTAINED_SETTLE_MS` (or `options.warmup_ms`)
+    of blocks of every side in turn, sample i replays each side's graph for one block, the
+    order rotating per sample; `probe`, read around each block after it finished, gives the
+    energy and the clock. The sample count fills `options.budget_ms` within its bounds.
+
+    Returns:
+        One `TimingStats` per side: per-launch milliseconds, with energy per launch, median SM
+        clock and mean power where `probe` reports them.
+
+    Raises:
+        RuntimeError: as `time_launches`.
+    """
+    graphs: list[torch.cuda.CUDAGraph] = []
+    try:
+        plans = []
+        for launches in sides:
+            estimate = _estimate_ms(_cycle(launches))
+            reps = max(len(launches), min(MAX_SUSTAINED_LAUNCHES, math.ceil(SUSTAINED_BLOCK_MS / estimate)))
+            if capture:
+                graphs.append(_capture(_cycle(launches), reps))
+            plans.append((reps, max(1, round(SUSTAINED_BLOCK_MS / (estimate * reps)))))
+        calls = [_cycle(launches) for launches in sides]
+
+        def block(side: int) -> None:
+            reps, replays = plans[side]
+            for _ in range(replays):
+                if capture:
+                    graphs[side].replay()
+                else:
+                    for _ in range(reps):
+                        calls[side]()
+
+        settle = max(options.warmup_ms, SUSTAINED_SETTLE_MS)
+        for _ in range(math.ceil(settle / SUSTAINED_BLOCK_MS / len(sides))):
+            for side in range(len(sides)):
+                block(side)
+        torch.cuda.synchronize()
+        n = sample_count(SUSTAINED_BLOCK_MS * len(sides), options)
+        times: list[list[float]] = [[] for _ in sides]
+        joules: list[list[float]] = [[] for _ in sides]
+        clocks: list[list[int]] = [[] for _ in sides]
+        for i in range(n):
+            for j in range(len(sides)):
+                side = (i + j) % len(sides)
+                before = probe() if probe is not None else Reading()
+                start, end = _new_event(), _new_event()
+                start.record()
+                block(side)
+                end.record()
+                end.synchronize()
+                after = probe() if probe is not None else Reading()
+                count = plans[side][0] * plans[side][1]
+                times[side].append(start.elapsed_time(end) / count)
+                if before.energy_mj is not None and after.energy_mj is not None:
+                    joules[side].append((after.energy_mj - before.energy_mj) / count)
+                if after.sm_mhz is not None:
+                    clocks[side].append(after.sm_mhz)
+    finally:
+        for g in graphs:
+            g.reset()
+    return [_sustained_stats(t, e, c) for t, e, c in zip(times, joules, clocks)]
+
+
+def _cycle(launches: Sequence[Launch]) -> Launch:
+    """One launch per call, on the next operand copy each time."""
+    position = [0]
+
+    def once() -> None:
+        launches[position[0] % len(launches)]()
+        position[0] += 1
+
+    return once
+
+
+def _sustained_stats(times: list[float], energy: list[float], clocks: list[int]) -> TimingStats:
+    stats = summarize(times)
+    if not energy:
+        return dataclasses.replace(stats, sm_mhz=_median(clocks))
+    # Energy and time per launch summed over all blocks: the counter's coarse updates even out.
+    mj = sum(energy) / len(energy)
+    return dataclasses.replace(stats, energy_mj=mj, sm_mhz=_median(clocks),
+                               power_w=sum(energy) / sum(times))
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return percentile(sorted(values), 0.5) if values else None

@@ -77,6 +77,15 @@ class Operands:
     def b_kn(self) -> torch.Tensor:
         return self.b.t() if self.problem.layout_b is Layout.COL else self.b
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes one GEMM reads and writes: A, B and D."""
+        return sum(t.numel() * t.element_size() for t in (self.a, self.b, self.d))
+
+    def copy(self) -> Operands:
+        """Operands in new storage: A and B with the same values, D uninitialized."""
+        return dataclasses.replace(self, a=self.a.clone(), b=self.b.clone(), d=torch.empty_like(self.d))
+
 
 def allocate(problem: Problem, device: torch.device | str) -> Operands:
     """Uninitialized operands for `problem` on `device`."""

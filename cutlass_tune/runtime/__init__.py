@@ -21,16 +21,16 @@ from ._kernel import (
 
 if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ..tables import BestTableError, BundledKernel, BundleError
-    from ._matmul import Gemm, MatmulInputError, matmul, problem_of
+    from ._matmul import Gemm, MatmulInputError, matmul, problem_of, torch_gemm
     from ._table import BestTable, Match
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Gemm", "GemmArgs", "GemmInstance",
            "KernelLoadError", "KernelStatusError", "LoadedKernel", "Match", "MatmulInputError",
-           "cutlass_status_name", "make_args", "matmul", "problem_of"]
+           "cutlass_status_name", "make_args", "matmul", "problem_of", "torch_gemm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match")
-_MATMUL = ("Gemm", "MatmulInputError", "matmul", "problem_of")
+_MATMUL = ("Gemm", "MatmulInputError", "matmul", "problem_of", "torch_gemm")
 
 
 def __getattr__(name: str) -> Any:

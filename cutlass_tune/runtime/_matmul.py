@@ -109,11 +109,12 @@ class Gemm:
         self.kernel = LoadedKernel(library, symbol)
         self._local = threading.local()
         self._stream_k = config.tile_scheduler is TileScheduler.STREAM_K
+        self._dtype_d = _TORCH[config.dtype_d]
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """D = a @ b with this kernel. Raises MatmulInputError for tensors it cannot take,
         KernelStatusError when CUTLASS refuses the problem."""
-        problem = problem_of(a, b, _TORCH[self.config.dtype_d])
+        problem = problem_of(a, b, self._dtype_d)
         if (problem.layout_a, problem.layout_b) != (self.config.layout_a, self.config.layout_b):
             raise MatmulInputError(f"this kernel is {layout_code(self.config.layout_a, self.config.layout_b)}; "
                                    f"the tensors are {layout_code(problem.layout_a, problem.layout_b)}")
@@ -121,39 +122,52 @@ class Gemm:
 
     def run(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Launch on tensors already checked to pose `problem` (the fast path of `matmul`)."""
-        dtype_d = _TORCH[self.config.dtype_d]
         if out is None:
-            out = torch.empty(problem.m, problem.n, dtype=dtype_d, device=a.device)
-        elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != dtype_d:
-            raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {dtype_d} tensor")
-        stream = torch.cuda.current_stream(a.device).cuda_stream
+            out = torch.empty(problem.m, problem.n, dtype=self._dtype_d, device=a.device)
+        elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != self._dtype_d:
+            raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {self._dtype_d} tensor")
+        device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        stream = _current_stream(device)
         state = self._local.__dict__
-        key = (problem, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream)
-        if state.get("key") != key or self._stream_k:
-            # initialize() builds TMA descriptors and zeroes the workspace: only when the problem,
-            # a pointer or the stream changed since this thread's last call, and before every
-            # Stream-K launch (its workspace barriers must start at zero).
-            device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-            args = make_args(problem, self.runtime, a=key[1], b=key[2], d=key[3],
+        pointers = (a.data_ptr(), b.data_ptr(), out.data_ptr(), stream)
+        known = state.get("problem")
+        if (known is not problem and known != problem) or state["device"] != device:
+            # A new problem (or device) for this thread: its arguments and workspace.
+            args = make_args(problem, self.runtime, a=pointers[0], b=pointers[1], d=pointers[2],
                              device_id=device, sm_count=_sm_count(device))
             if "instance" not in state:
                 state["instance"], state["workspaces"] = self.kernel.create(), {}
-            workspace = state["workspaces"].get(problem)
+            workspace = state["workspaces"].get((problem, device))
             if workspace is None:
                 size = self.kernel.workspace_size(args)
                 workspace = torch.empty(max(size, 16), dtype=torch.uint8, device=a.device)
-                state["workspaces"][problem] = workspace
-            state["instance"].initialize(args, workspace.data_ptr(), stream)
-            state["key"], state["args"] = key, args
+                state["workspaces"][(problem, device)] = workspace
+            state.update(problem=problem, device=device, args=args, workspace=workspace.data_ptr(), pointers=None)
+        if state["pointers"] != pointers or self._stream_k:
+            # initialize() builds the TMA descriptors (they hold the addresses) and zeroes the
+            # workspace: only when an address or the stream changed since this thread's last
+            # call, and before every Stream-K launch (its workspace barriers must start at zero).
+            # Only the addresses of the kept arguments change.
+            args = state["args"]
+            args.a, args.b, args.c, args.d = pointers[0], pointers[1], pointers[2], pointers[2]
+            state["instance"].initialize(args, state["workspace"], stream)
+            state["pointers"] = pointers
         state["instance"].run(stream)
         return out
+
+
+def _current_stream(device: int) -> int:
+    """The handle of the current CUDA stream of `device`: torch's raw accessor where the build
+    has it (no Stream object per call), else the public one."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 def _untuned_name(problem: Problem) -> str:
     return "torch._scaled_mm" if problem.dtype_a.is_fp8 else "torch.matmul"
 
 
-def _untuned(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """What `matmul` runs where no tuned kernel can: torch's own GEMM for the same inputs and
     output type."""
     if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
@@ -206,7 +220,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     if cached is not None and a.device.type == "cuda" and b.device == a.device \
             and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
         gemm, problem = cached
-        return _untuned(a, b, _TORCH[problem.dtype_d]) if gemm is None else gemm.run(problem, a, b)
+        return torch_gemm(a, b, _TORCH[problem.dtype_d]) if gemm is None else gemm.run(problem, a, b)
     problem = problem_of(a, b, out_dtype)
     code = layout_code(problem.layout_a, problem.layout_b)
     dtypes = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {code}"
@@ -215,7 +229,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     except BestTableError as err:
         _warn_once(dtypes, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
         table._kernels[key] = (None, problem)
-        return _untuned(a, b, _TORCH[problem.dtype_d])
+        return torch_gemm(a, b, _TORCH[problem.dtype_d])
     bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
     gemm = _gemm(match.row["config"], match.runtime, bundled)
     try:
@@ -224,7 +238,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
         _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
                    f"{problem.name} ({err}); using {_untuned_name(problem)}")
         table._kernels[key] = (None, problem)
-        return _untuned(a, b, _TORCH[problem.dtype_d])
+        return torch_gemm(a, b, _TORCH[problem.dtype_d])
     table._kernels[key] = (gemm, problem)
     return result
 

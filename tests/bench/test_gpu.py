@@ -14,6 +14,7 @@ import torch
 
 from cutlass_tune.bench import GpuRunner, Job, TimingOptions, Worker, _runner, compare, time_paired
 from cutlass_tune.bench._verify import ELEMENT_TOLERANCE, reference
+from cutlass_tune.measurement import TimingMethod
 from cutlass_tune.space import Decomposition, DType, Problem, RasterOrder, RuntimeArgs
 from cutlass_tune.status import Status
 
@@ -173,7 +174,7 @@ def test_host_time_stays_out_of_the_samples(host_delay_ms):
 def test_graph_timing_of_small_problems(gpu_kernels):
     runner = GpuRunner(0)
     p = Problem(512, 512, 512)
-    timing = TimingOptions(budget_ms=20, warmup_ms=5, graph=True)
+    timing = TimingOptions(budget_ms=20, warmup_ms=5, method=TimingMethod.GRAPH)
     results = list(runner(Job.baseline(p, timing=timing)))
     for name in ("cooperative", "stream_k"):
         results += runner(Job.for_kernel(gpu_kernels[name], p, (RuntimeArgs(),), timing=timing))

@@ -13,7 +13,7 @@ from cutlass_tune.bench import (
 )
 from cutlass_tune.compile import CompiledKernel
 from cutlass_tune.errors import CutlassTuneError
-from cutlass_tune.measurement import Measurement
+from cutlass_tune.measurement import Measurement, TimingMethod
 from cutlass_tune.space import DType, KernelConfig, Layout, Problem, RasterOrder, RuntimeArgs, TileScheduler
 from cutlass_tune.status import Status
 
@@ -58,13 +58,13 @@ def test_plan_measures_the_baseline_first_in_every_pass():
         out = [RuntimeArgs(raster=r) for r in (RasterOrder.ALONG_M, RasterOrder.ALONG_N)]
         return out + [RuntimeArgs(splits=2)] if cfg.tile_scheduler is TileScheduler.STREAM_K else out
 
-    plan = plan_jobs(kernels, problems, variants, timing=TimingOptions(graph=True), repeat=2)
+    plan = plan_jobs(kernels, problems, variants, timing=TimingOptions(method=TimingMethod.GRAPH), repeat=2)
     names = [(j.repeat, j.problem.m, j.problem.dtype_a.value, j.kernel_name) for j in plan.jobs]
     per_pass = [(512, "bf16", "cuBLAS"), (512, "bf16", PERSISTENT.name), (512, "bf16", STREAM_K.name),
                 (1024, "bf16", "cuBLAS"), (1024, "bf16", PERSISTENT.name), (1024, "bf16", STREAM_K.name),
                 (512, "f16", "cuBLAS")]  # no f16 kernel: only the baseline
     assert names == [(rep, *n) for rep in (0, 1) for n in per_pass]
-    assert all(j.timing.graph for j in plan.jobs)
+    assert all(j.timing.method is TimingMethod.GRAPH for j in plan.jobs)
     assert [len(j.variants) for j in plan.jobs[:3]] == [1, 2, 3]
     # The kernel that did not compile: one record per bf16 problem, with the evidence.
     assert [(m.status, m.problem.m) for m in plan.failures] == [(Status.COMPILE_ERROR, 512),

@@ -6,6 +6,7 @@ import torch
 from cutlass_tune.bench import Job, TimingOptions, TimingStats, _runner, _timing
 from cutlass_tune.bench._runner import CublasTarget, GpuRunner, _Target
 from cutlass_tune.bench._verify import allocate
+from cutlass_tune.measurement import TimingMethod
 from cutlass_tune.space import DType, KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 
@@ -93,7 +94,7 @@ def test_paired_graph_replays_alternate_and_report_per_launch_times(fake_cuda, m
 
     monkeypatch.setattr(_timing, "_capture", FakeGraph)
     order = []
-    options = TimingOptions(budget_ms=20, warmup_ms=0, graph=True, paired=True)
+    options = TimingOptions(budget_ms=20, warmup_ms=0, method=TimingMethod.GRAPH, paired=True)
     kernel, base = _timing.time_paired(_clocked(order, "k", 0.25), _clocked(order, "b", 0.5), options=options)
     assert (kernel.median_ms, base.median_ms) == (0.25, 0.5)  # a replay of 4 (2) launches / reps
     assert kernel.samples == base.samples == 10

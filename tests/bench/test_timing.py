@@ -2,6 +2,7 @@ import pytest
 
 from cutlass_tune.bench import TimingOptions, summarize
 from cutlass_tune.bench._timing import percentile, sample_count
+from cutlass_tune.measurement import TimingMethod
 
 
 def test_summary_of_odd_and_even_counts():
@@ -47,7 +48,7 @@ def test_timing_options_validate():
         TimingOptions(min_samples=20, max_samples=10)
     with pytest.raises(ValueError):
         TimingOptions(budget_ms=0)
-    assert TimingOptions().method == "events" and TimingOptions(graph=True).method == "graph"
+    assert TimingOptions().method == "events" and TimingOptions(method=TimingMethod.GRAPH).method == "graph"
 
 
 class _FakeEvent:
