@@ -26,8 +26,7 @@ from cutlass_tune.space import KernelConfig, RuntimeArgs
 BUDGETS = {
     TimingMethod.EVENTS: TimingOptions(method=TimingMethod.EVENTS, paired=True),
     TimingMethod.GRAPH: TimingOptions(method=TimingMethod.GRAPH, paired=True),
-    TimingMethod.SUSTAINED: TimingOptions(method=TimingMethod.SUSTAINED, paired=True, budget_ms=1200,
-                                          min_samples=6),
+    TimingMethod.SUSTAINED: TimingOptions(method=TimingMethod.SUSTAINED, paired=True, budget_ms=2000),
 }
 
 
@@ -58,7 +57,7 @@ def _runtime(row: dict) -> dict:
 
 def check(table: BestTable, out: Path, tag: str) -> None:
     with open(out / f"check-{tag}.jsonl", "w") as sink:
-        for c in check_table(table, options=TimingOptions(budget_ms=1200, min_samples=6)):
+        for c in check_table(table, options=TimingOptions(budget_ms=1600, min_samples=8)):
             sink.write(json.dumps(c.to_dict()) + "\n")
             sink.flush()
             shown = " ".join(f"{d.mode} {d.ratio:.3f}" for d in c.delivered)

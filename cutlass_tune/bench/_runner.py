@@ -153,6 +153,9 @@ class CutlassTarget(_Target):
     def launch(self) -> None:
         self._gemm.run(_stream())
 
+    def sibling(self) -> CutlassTarget:
+        return CutlassTarget(self._kernel, self._device, self._sm_count)
+
     def close(self) -> None:
         self._gemm.close()
         self._workspace = None

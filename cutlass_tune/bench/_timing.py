@@ -10,10 +10,11 @@ Three methods, named in `Measurement.method`:
 - ``sustained``: what a model's steady stream of GEMMs gets. Launches go back to back inside a
   CUDA graph, each on the next of several operand copies that together exceed twice the L2
   (each launch reads operands the previous one did not leave in L2, as successive layers do),
-  replayed in blocks of about `SUSTAINED_BLOCK_MS` after the board has run the same stream for
-  `SUSTAINED_SETTLE_MS`, so that clocks and power have settled (large GEMMs run at the power
+  replayed in blocks of about `SUSTAINED_BLOCK_MS` after each side has run alone for its share
+  of `SUSTAINED_SETTLE_MS`, so that clocks and power have settled (large GEMMs run at the power
   cap there, not at the burst clocks a single launch sees). A sample is one block's time per
-  launch; NVML's energy counter read around each block gives joules per launch.
+  launch; the board's mean power during the settling run (NVML's energy counter between two
+  of its updates, `_window_power`) times the median gives millijoules per launch.
 
 Either method can be *paired* (`TimingOptions.paired`): the kernel and the cuBLAS baseline are
 sampled alternately, sample by sample, with the order swapped every sample, so both see the
@@ -33,7 +34,10 @@ the host gets ahead again (`_time_interleaved`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import threading
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -53,8 +57,14 @@ MAX_ATTEMPTS_PER_SAMPLE = 4
 SUSTAINED_BLOCK_MS = 100.0
 """Length of one sustained sample: long against the board's power control (tens of ms) and
 NVML's energy counter updates, short enough that a budget holds ten of each side."""
-SUSTAINED_SETTLE_MS = 1000.0
-"""Back-to-back work before the first sustained sample (at least; `warmup_ms` may ask more)."""
+SUSTAINED_SETTLE_MS = 1600.0
+"""Back-to-back work before the first sustained sample (at least; `warmup_ms` may ask more),
+shared among the sides; each side's mean power is read during its share."""
+POWER_GUARD_MS = 200.0
+"""Time a side runs before its power is read: the power control's response to the switch."""
+POWER_POLL_S = 0.0005
+POWER_MIN_WINDOW_S = 0.3
+"""Shortest time between two counter updates that gives a power figure (else None)."""
 MAX_SUSTAINED_LAUNCHES = 1000
 """Launches captured in one sustained graph; a block replays it as often as it takes."""
 MAX_ROTATION = 64
@@ -431,35 +441,78 @@ def time_sustained(sides: Sequence[Sequence[Launch]], *, options: TimingOptions,
                     for _ in range(reps):
                         calls[side]()
 
-        settle = max(options.warmup_ms, SUSTAINED_SETTLE_MS)
-        for _ in range(math.ceil(settle / SUSTAINED_BLOCK_MS / len(sides))):
-            for side in range(len(sides)):
-                block(side)
-        torch.cuda.synchronize()
+        # Each side alone first, long enough for the clocks to settle at its own power draw,
+        # its mean power read meanwhile; then alternating samples.
+        settle = max(options.warmup_ms, SUSTAINED_SETTLE_MS) / len(sides)
+        power = [_window_power(functools.partial(block, side), settle, probe if capture else None)
+                 for side in range(len(sides))]
         n = sample_count(SUSTAINED_BLOCK_MS * len(sides), options)
         times: list[list[float]] = [[] for _ in sides]
-        joules: list[list[float]] = [[] for _ in sides]
         clocks: list[list[int]] = [[] for _ in sides]
         for i in range(n):
             for j in range(len(sides)):
                 side = (i + j) % len(sides)
-                before = probe() if probe is not None else Reading()
                 start, end = _new_event(), _new_event()
                 start.record()
                 block(side)
                 end.record()
                 end.synchronize()
-                after = probe() if probe is not None else Reading()
-                count = plans[side][0] * plans[side][1]
-                times[side].append(start.elapsed_time(end) / count)
-                if before.energy_mj is not None and after.energy_mj is not None:
-                    joules[side].append((after.energy_mj - before.energy_mj) / count)
-                if after.sm_mhz is not None:
-                    clocks[side].append(after.sm_mhz)
+                times[side].append(start.elapsed_time(end) / (plans[side][0] * plans[side][1]))
+                reading = probe() if probe is not None else Reading()
+                if reading.sm_mhz is not None:
+                    clocks[side].append(reading.sm_mhz)
     finally:
         for g in graphs:
             g.reset()
-    return [_sustained_stats(t, e, c) for t, e, c in zip(times, joules, clocks)]
+    return [_sustained_stats(t, c, w) for t, c, w in zip(times, clocks, power)]
+
+
+def _window_power(block: Callable[[], None], duration_ms: float, probe: Probe | None) -> float | None:
+    """Run `block` back to back for about `duration_ms` and return the board's mean power
+    meanwhile (watts), or None without an energy counter or with `probe` None.
+
+    NVML's energy counter moves in steps (every 100 ms on the H200, benchmarks/nvml_cadence.py):
+    a difference over a fixed interval is off by up to a step, and intervals in step with the
+    updates credit one side with all of them. So a thread polls the counter while the GPU
+    works, and the energy between two of its own updates (the first after `POWER_GUARD_MS`,
+    the last before the work ends) is divided by the host time between them. The thread does
+    not depend on the launching thread returning before the GPU finishes its work.
+    """
+    blocks = max(1, math.ceil(duration_ms / SUSTAINED_BLOCK_MS))
+    if probe is None or probe().energy_mj is None:
+        for _ in range(blocks):
+            block()
+        torch.cuda.synchronize()
+        return None
+    torch.cuda.synchronize()
+    updates: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        previous = probe().energy_mj
+        while not stop.is_set():
+            energy = probe().energy_mj
+            if energy is not None and energy != previous:
+                updates.append((time.perf_counter(), energy))
+                previous = energy
+            time.sleep(POWER_POLL_S)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    begun = time.perf_counter()
+    try:
+        for _ in range(blocks):
+            block()
+        torch.cuda.synchronize()
+    finally:
+        ended = time.perf_counter()
+        stop.set()
+        poller.join()
+    inside = [u for u in updates if begun + POWER_GUARD_MS / 1000 <= u[0] <= ended]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] < POWER_MIN_WINDOW_S:
+        return None
+    (t0, e0), (t1, e1) = inside[0], inside[-1]
+    return (e1 - e0) / ((t1 - t0) * 1000)  # mJ per ms
 
 
 def _cycle(launches: Sequence[Launch]) -> Launch:
@@ -473,14 +526,10 @@ def _cycle(launches: Sequence[Launch]) -> Launch:
     return once
 
 
-def _sustained_stats(times: list[float], energy: list[float], clocks: list[int]) -> TimingStats:
+def _sustained_stats(times: list[float], clocks: list[int], power_w: float | None) -> TimingStats:
     stats = summarize(times)
-    if not energy:
-        return dataclasses.replace(stats, sm_mhz=_median(clocks))
-    # Energy and time per launch summed over all blocks: the counter's coarse updates even out.
-    mj = sum(energy) / len(energy)
-    return dataclasses.replace(stats, energy_mj=mj, sm_mhz=_median(clocks),
-                               power_w=sum(energy) / sum(times))
+    energy = power_w * stats.median_ms if power_w is not None else None  # W x ms = mJ
+    return dataclasses.replace(stats, energy_mj=energy, sm_mhz=_median(clocks), power_w=power_w)
 
 
 def _median(values: Sequence[float]) -> float | None:

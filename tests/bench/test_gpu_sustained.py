@@ -31,15 +31,18 @@ def test_sustained_timing_reports_time_energy_and_clock_per_launch():
     problem = Problem(4096, 4096, 4096)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     copies = rotation_count(3 * 4096 * 4096 * 2, l2)
-    stats, = time_sustained([_matmuls(problem, copies)], options=SUSTAINED, probe=ClockMonitor(0).reading)
+    monitor = ClockMonitor(0)
+    stats, = time_sustained([_matmuls(problem, copies)], options=SUSTAINED, probe=monitor.reading)
+    nvml = monitor.read()  # NVML's own power figure, averaged over the last second or so
     tflops = problem.flops / (stats.median_ms * 1e9)
     print(f"\n4096^3 torch.matmul sustained over {copies} copies: {stats.median_ms:.4f} ms "
           f"({tflops:.0f} TFLOP/s, spread {stats.spread:.1%}), {stats.energy_mj} mJ, {stats.sm_mhz} MHz, "
           f"{stats.power_w} W")
     assert stats.samples >= 4 and 100 < tflops < 1000
-    if stats.energy_mj is not None:  # NVML present: joules per launch agree with power x time
-        assert stats.energy_mj > 0 and stats.power_w is not None and 50 < stats.power_w < 1200
-        assert stats.energy_mj == pytest.approx(stats.power_w * stats.median_ms, rel=0.2)
+    if stats.energy_mj is not None:  # NVML present: the power read from its energy counter is its power
+        print(f"NVML power usage right after: {nvml.power_w} W")
+        assert stats.power_w is not None and 100 < stats.power_w < 1200
+        assert nvml.power_w == pytest.approx(stats.power_w, rel=0.25)
 
 
 @pytest.mark.nvcc
