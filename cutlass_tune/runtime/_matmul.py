@@ -13,6 +13,7 @@ run them, torch._scaled_mm does.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import threading
@@ -26,7 +27,7 @@ from ..errors import CutlassTuneError
 from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, TileScheduler, check_problem, layout_code
 from ..status import Status
 from ..tables import BestTableError, BundledKernel
-from ._kernel import KernelStatusError, LoadedKernel, make_args
+from ._kernel import GemmArgs, KernelStatusError, LoadedKernel, make_args
 from ._table import BestTable
 
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
@@ -34,6 +35,9 @@ _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4
 _TORCH = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
 _OUT_DTYPES = {t: d for d, t in _TORCH.items()}
 _FP8_OUT = DType.BF16
+READY_INSTANCES = 32
+"""Initialized kernel instances a `Gemm` keeps per thread, by problem and addresses: a model's
+layers call one kernel on a few recurring buffers, each then launched without initializing."""
 
 
 class MatmulInputError(CutlassTuneError, ValueError):
@@ -128,32 +132,37 @@ class Gemm:
             raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {self._dtype_d} tensor")
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         stream = _current_stream(device)
-        state = self._local.__dict__
-        pointers = (a.data_ptr(), b.data_ptr(), out.data_ptr(), stream)
-        known = state.get("problem")
-        if (known is not problem and known != problem) or state["device"] != device:
-            # A new problem (or device) for this thread: its arguments and workspace.
-            args = make_args(problem, self.runtime, a=pointers[0], b=pointers[1], d=pointers[2],
-                             device_id=device, sm_count=_sm_count(device))
-            if "instance" not in state:
-                state["instance"], state["workspaces"] = self.kernel.create(), {}
-            workspace = state["workspaces"].get((problem, device))
-            if workspace is None:
-                size = self.kernel.workspace_size(args)
-                workspace = torch.empty(max(size, 16), dtype=torch.uint8, device=a.device)
-                state["workspaces"][(problem, device)] = workspace
-            state.update(problem=problem, device=device, args=args, workspace=workspace.data_ptr(), pointers=None)
-        if state["pointers"] != pointers or self._stream_k:
+        key = (problem, device, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream)
+        ready: collections.OrderedDict = self._local.__dict__.setdefault("ready", collections.OrderedDict())
+        instance = ready.get(key)
+        if instance is not None and not self._stream_k:
+            ready.move_to_end(key)
+        else:
             # initialize() builds the TMA descriptors (they hold the addresses) and zeroes the
-            # workspace: only when an address or the stream changed since this thread's last
-            # call, and before every Stream-K launch (its workspace barriers must start at zero).
-            # Only the addresses of the kept arguments change.
-            args = state["args"]
-            args.a, args.b, args.c, args.d = pointers[0], pointers[1], pointers[2], pointers[2]
-            state["instance"].initialize(args, state["workspace"], stream)
-            state["pointers"] = pointers
-        state["instance"].run(stream)
+            # workspace: once per (problem, addresses, stream) this thread has seen lately (a
+            # model's steady stream reuses its buffers), and before every Stream-K launch (its
+            # workspace barriers must start at zero).
+            args = make_args(problem, self.runtime, a=key[2], b=key[3], d=key[4], device_id=device,
+                             sm_count=_sm_count(device))
+            if instance is None:
+                instance = self.kernel.create()
+                ready[key] = instance
+                if len(ready) > READY_INSTANCES:
+                    ready.popitem(last=False)[1].close()
+            instance.initialize(args, self._workspace(problem, device, args), stream)
+        instance.run(stream)
         return out
+
+    def _workspace(self, problem: Problem, device: int, args: GemmArgs) -> int:
+        """The address of this thread's workspace for `problem` on `device` (instances of one
+        thread share it: they launch one after another on its stream)."""
+        workspaces = self._local.__dict__.setdefault("workspaces", {})
+        found = workspaces.get((problem, device))
+        if found is None:
+            size = self.kernel.workspace_size(args)
+            found = workspaces[(problem, device)] = torch.empty(max(size, 16), dtype=torch.uint8,
+                                                                device=torch.device("cuda", device))
+        return found.data_ptr()
 
 
 def _current_stream(device: int) -> int:
