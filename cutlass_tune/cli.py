@@ -604,10 +604,11 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def main() -> None:
-    # A parent that started us in the background may have set SIGINT to "ignore"; Ctrl-C and
-    # SIGTERM must still stop nvcc and clean up.
+    # A parent that started us in the background may have set SIGINT to "ignore"; Ctrl-C,
+    # SIGTERM and SIGHUP must still stop nvcc and clean up.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)  # a closed terminal or a dropped ssh session
     try:
         settings.check()
         # Without standalone mode, click returns the code of a typer.Exit or an interrupt.

@@ -2,22 +2,34 @@
 
 Layout under the root (process-safe; several compilers may share it):
 
-    units/<unit_key>/           one translation unit: unit.cu, build.log, kernels.so
+    units/<unit_key>/           one translation unit: unit.cu, build.log, kernels.so, library.json
     kernels/<kk>/<key>.json     one entry per kernel: status, unit, symbol, seconds, reason
     locks/<key>.lock            held while a kernel is being built
     tmp/                        builds in progress, renamed into units/ when complete
 
 A unit directory appears by one atomic rename, after its .so is fully written; an entry file
 is written to a temporary name and renamed after its unit exists. A reader therefore sees a
-complete kernel or none. Compile failures are cached with their log so they are not retried.
+complete kernel or none. Compile failures are cached with their log so they are not retried
+(the compiler's own diagnosis only: a compiler killed by a signal, a full disk or a timeout
+are not, see `_driver`).
+
+A library is served only if it is what was built: `library.json` records its size and
+SHA-256, checked before every lookup returns it (a truncated or overwritten file would kill
+the process that loads it with SIGBUS). A damaged unit is a miss, and the rebuild replaces it
+in place. Units built before digests were recorded pass if their library is a whole ELF file
+(its section table inside the file): truncation, the damage seen in practice, fails that.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import os
 import shutil
+import socket
+import struct
 import tempfile
 from pathlib import Path
 
@@ -29,6 +41,9 @@ from ..space import KernelConfig
 from ..status import Status
 
 CACHE_LAYOUT_VERSION = "v1"
+_HOST = socket.gethostname().replace("-", "_")
+DIGEST = "library.json"
+"""The file of a unit that records its library's size and SHA-256."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +64,9 @@ class CompiledKernel:
     reason: str = ""
     log_path: Path | None = None
     source_path: Path | None = None
+    transient: bool = False
+    """The failure says nothing about the kernel (a timeout, nvcc killed by a signal, a full
+    disk): not cached, and not stored as the kernel's outcome, so the next run tries again."""
 
 
 class KernelCache:
@@ -87,7 +105,7 @@ class KernelCache:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):  # gone, or not an entry
             return None
         library = unit / "kernels.so"
-        if status is Status.OK and not library.exists():
+        if status is Status.OK and not intact(unit):
             return None
         return CompiledKernel(
             config=config, key=key, status=status,
@@ -97,13 +115,27 @@ class KernelCache:
         )
 
     def new_build_dir(self) -> Path:
-        return Path(tempfile.mkdtemp(prefix="build-", dir=self.root / "tmp"))
+        """A folder for one build, named for this host and process (see `remove_stale_builds`)."""
+        return Path(tempfile.mkdtemp(prefix=f"build-{_HOST}-{os.getpid()}-", dir=self.root / "tmp"))
+
+    def remove_stale_builds(self) -> list[Path]:
+        """Remove the build folders of processes of this host that are gone (a compile killed
+        with SIGKILL, or by a closed terminal); returns what it removed."""
+        removed = []
+        for path in (self.root / "tmp").glob(f"build-{_HOST}-*-*"):
+            pid = path.name[len(f"build-{_HOST}-"):].split("-")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        return removed
 
     def publish(self, build_dir: Path, unit_key: str, results: list[CompiledKernel]) -> list[CompiledKernel]:
         """Move a finished build into place and record its kernels. Returns the results with
         paths pointing into the cache. If another process published the same unit first, its
         copy is kept and ours deleted, unless its library is gone."""
         target = self.unit_dir(unit_key)
+        if (build_dir / "kernels.so").exists():
+            record_digest(build_dir)
         try:
             # A folder, so a rename and not `write_atomically`: it fails where another process
             # published the unit first, which is how this one learns to keep theirs.
@@ -111,8 +143,8 @@ class KernelCache:
         except OSError:
             if not target.exists():
                 raise
-            if (build_dir / "kernels.so").exists() and not (target / "kernels.so").exists():
-                # The unit in place lost its library: ours replaces it.
+            if (build_dir / "kernels.so").exists() and not intact(target):
+                # The unit in place lost its library, or holds a damaged one: ours replaces it.
                 stale = Path(tempfile.mkdtemp(prefix="stale-", dir=self.root / "tmp"))
                 os.rename(target, stale / "unit")
                 os.rename(build_dir, target)
@@ -134,3 +166,65 @@ class KernelCache:
                 log_path=target / "build.log", source_path=target / "unit.cu",
             ))
         return published
+
+
+def record_digest(unit: Path) -> None:
+    """Record the size and SHA-256 of `unit`'s library in its `DIGEST` file."""
+    library = unit / "kernels.so"
+    (unit / DIGEST).write_text(json.dumps({"bytes": library.stat().st_size, "sha256": _sha256(library)}))
+
+
+def intact(unit: Path) -> bool:
+    """Whether `unit`'s library is the one that was built (see the module's docstring)."""
+    library = unit / "kernels.so"
+    try:
+        stat = library.stat()
+    except OSError:
+        return False
+    try:
+        recorded = json.loads((unit / DIGEST).read_text())
+    except FileNotFoundError:
+        return _whole_elf(library, stat.st_size)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(recorded, dict) or recorded.get("bytes") != stat.st_size:
+        return False
+    return _cached_sha256(str(library), stat.st_size, stat.st_mtime_ns, stat.st_ino) == recorded.get("sha256")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_sha256(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    """`_sha256`, once per file version in a process (a sweep looks kernels up many times)."""
+    return _sha256(Path(path))
+
+
+def _whole_elf(path: Path, size: int) -> bool:
+    """A 64-bit little-endian ELF file whose section header table lies inside it."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(64)
+    except OSError:
+        return False
+    if len(header) < 64 or header[:6] != b"\x7fELF\x02\x01":
+        return False
+    (section_offset,) = struct.unpack_from("<Q", header, 0x28)
+    entry_size, count = struct.unpack_from("<HH", header, 0x3A)
+    return section_offset + entry_size * count <= size
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

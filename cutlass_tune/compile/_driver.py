@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import dataclasses
+import errno
 import hashlib
 import math
 import os
@@ -19,6 +21,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -99,6 +102,40 @@ def spill_bytes_by_symbol(log: str, symbols: Iterable[str]) -> dict[str, int]:
     return out
 
 
+_CHILD_SIGNAL = re.compile(r"died due to signal (\d+)")
+_DISK_FULL = ("No space left on device", "Disk quota exceeded")
+
+
+def transient_reason(code: int | None, log: str) -> str | None:
+    """Why a failed nvcc run says nothing about the kernel, or None when the compiler itself
+    rejected it. A process killed by a signal (the kernel's OOM killer sends SIGKILL) or a
+    full disk may succeed next time, so such failures are never cached."""
+    child = _CHILD_SIGNAL.search(log)
+    number = -code if code is not None and code < 0 else int(child.group(1)) if child else None
+    if number is not None:
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        tool = "nvcc" if code is not None and code < 0 else "a compiler stage under nvcc"
+        return f"{tool} was killed by {name}" + (" (out of memory?)" if number == signal.SIGKILL else "")
+    for line in log.splitlines():
+        if any(marker in line for marker in _DISK_FULL):
+            return f"disk full while building: {line.strip()[:200]}"
+    return None
+
+
+def _die_with_parent() -> None:
+    """In the nvcc child before exec: Linux kills it when the thread that started it dies
+    (SIGKILL of cutlass-tune included), so no nvcc outlives the run."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def _first_error(log: str) -> str:
     for line in log.splitlines():
         if "error" in line.lower():
@@ -117,7 +154,8 @@ class _Processes:
     def run(self, cmd: list[str], log_path: Path, timeout: float) -> tuple[int | None, str]:
         """Run `cmd` in its own process group; return (exit code or None on timeout, log)."""
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_die_with_parent if sys.platform == "linux" else None)
             with self._lock:
                 if self.stopping:
                     self._kill(proc)
@@ -179,19 +217,26 @@ class _Build:
         build = self.cache.new_build_dir()
         try:
             source = build / "unit.cu"
-            source.write_text(rendered.source)
             start = time.monotonic()
-            code, log = self.processes.run(
-                self.toolchain.command(source, build / "kernels.so"), build / "build.log", self.timeout
-            )
+            try:
+                source.write_text(rendered.source)
+                code, log = self.processes.run(
+                    self.toolchain.command(source, build / "kernels.so"), build / "build.log", self.timeout
+                )
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                code, log = 1, f"{err.filename}: {err.strerror}"
             seconds = time.monotonic() - start
             if self.processes.stopping:
                 raise KeyboardInterrupt
             per_kernel = seconds / len(configs)
+            transient = None
             if code is None:
                 status, reason = Status.TIMEOUT, f"nvcc exceeded {self.timeout:.0f} s"
             elif code != 0 or not (build / "kernels.so").exists():
-                status, reason = Status.COMPILE_ERROR, _first_error(log)
+                transient = transient_reason(code, log)
+                status, reason = Status.COMPILE_ERROR, transient or _first_error(log)
             else:
                 status, reason = Status.OK, ""
             spills = spill_bytes_by_symbol(log, rendered.symbols)
@@ -199,17 +244,20 @@ class _Build:
                 CompiledKernel(
                     config=c, key=self.keys[c.hash], status=status, library=None,
                     symbol=kernel_symbol(c), seconds=per_kernel, cached=False,
+                    transient=status is Status.TIMEOUT or transient is not None,
                     reason=reason or (f"ptxas spilled {spills[kernel_symbol(c)]} bytes"
                                       + (f" in a unit of {len(configs)} kernels" if len(configs) > 1 else "")
                                       if spills[kernel_symbol(c)] else ""),
                 )
                 for c in configs
             ]
-            if status is Status.TIMEOUT:
-                # Not cached: a timeout may be load, not the kernel; keep the evidence aside.
-                kept = self.cache.root / "tmp" / f"timeout-{unit_key[:16]}"
+            if results[0].transient:
+                # Not cached: a timeout may be load, a signal or a full disk the machine's
+                # state, not the kernel; keep the evidence aside (nothing, if the disk is full).
+                kept = self.cache.root / "tmp" / f"failed-{unit_key[:16]}"
                 shutil.rmtree(kept, ignore_errors=True)
-                os.rename(build, kept)
+                with contextlib.suppress(OSError):
+                    os.rename(build, kept)
                 return [dataclasses.replace(r, log_path=kept / "build.log", source_path=kept / "unit.cu")
                         for r in results]
             if status is Status.COMPILE_ERROR and len(configs) > 1:
@@ -253,6 +301,7 @@ def compile_kernels(
             raise RenderError(f"{cfg.name} is invalid: {why[0]}")
     toolchain = toolchain or find_toolchain()
     cache = cache or KernelCache.at()
+    cache.remove_stale_builds()
     jobs = jobs or default_jobs()
     keys = {c.hash: kernel_key(c, toolchain) for c in configs}
     results: dict[str, CompiledKernel] = {}

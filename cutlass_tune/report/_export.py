@@ -17,6 +17,7 @@ import pandas as pd
 
 from .. import render
 from .._files import FileWriteError, write_atomically
+from ..compile import intact
 from ..errors import first_line
 from ..status import Status
 from ..store import local_file
@@ -123,6 +124,9 @@ def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: P
             raise BundleError(f"{name} ({config_hash}) was not compiled for the bundle")
         if kernel.status is not Status.OK or kernel.library is None:
             raise BundleError(f"{name} does not compile: {kernel.reason}")
+        if not intact(kernel.library.parent):
+            raise BundleError(f"{name}: the cached library {kernel.library} is damaged (not what was built); "
+                              "run `cutlass-tune compile` again to rebuild it")
         file = f"{kernel.library.parent.name}.so"  # the unit's key: one copy per unit
         sources[file] = kernel.library
         kernels[config_hash] = {"library": f"kernels/{file}", "symbol": kernel.symbol, "name": name}

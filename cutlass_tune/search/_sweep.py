@@ -262,7 +262,9 @@ class Sweep:
         return [pp for pp in self.state.problems if config_of(params_of(cfg), pp.problem).hash == cfg.hash]
 
     def _compile_failed(self, pp: ProblemProgress, kernel: CompiledKernel) -> None:
-        if not self.ledger.tried(pp.problem, kernel.config.hash):
+        # A transient failure (a timeout, nvcc killed, a full disk) is not the kernel's outcome:
+        # not stored, so that a later run compiles the config again.
+        if not kernel.transient and not self.ledger.tried(pp.problem, kernel.config.hash):
             self._record(pp, Measurement(problem=pp.problem, config=kernel.config, runtime=RuntimeArgs(),
                                          status=kernel.status, reason=kernel.reason,
                                          compile_seconds=kernel.seconds), lane=0)

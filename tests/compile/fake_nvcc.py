@@ -2,7 +2,10 @@
 """Stands in for nvcc in tests: writes the output file, or fails or hangs on request.
 
 FAKE_NVCC_FAIL_IF / FAKE_NVCC_HANG_IF: a substring of the source that triggers a failure or a
-hang; FAKE_NVCC_SLEEP: seconds each compile takes; FAKE_NVCC_LOG_DIR: one file per call.
+hang; FAKE_NVCC_KILL_IF: one that kills it with SIGKILL (as the OOM killer does);
+FAKE_NVCC_DISK_FULL_IF: one that fails writing its output (ENOSPC); FAKE_NVCC_SLEEP: seconds
+each compile takes; FAKE_NVCC_LOG_DIR: one file per call; FAKE_NVCC_PID_DIR: a file named by
+the pid of each call, made before it sleeps.
 """
 import os
 import sys
@@ -18,7 +21,16 @@ source = open(args[-1]).read()
 if os.environ.get("FAKE_NVCC_LOG_DIR"):
     with open(os.path.join(os.environ["FAKE_NVCC_LOG_DIR"], uuid.uuid4().hex), "w") as f:
         f.write(source)
+if os.environ.get("FAKE_NVCC_PID_DIR"):
+    open(os.path.join(os.environ["FAKE_NVCC_PID_DIR"], str(os.getpid())), "w").close()
 time.sleep(float(os.environ.get("FAKE_NVCC_SLEEP", "0")))
+kill = os.environ.get("FAKE_NVCC_KILL_IF")
+if kill and kill in source:
+    os.kill(os.getpid(), 9)
+full = os.environ.get("FAKE_NVCC_DISK_FULL_IF")
+if full and full in source:
+    print(f"nvlink fatal   : Could not write {out}: No space left on device")
+    sys.exit(1)
 hang = os.environ.get("FAKE_NVCC_HANG_IF")
 if hang and hang in source:
     time.sleep(3600)

@@ -3,6 +3,7 @@ import shutil
 import pytest
 
 from cutlass_tune.compile import CompiledKernel, compile_kernels
+from cutlass_tune.compile._cache import record_digest
 from cutlass_tune.render import kernel_symbol
 from cutlass_tune.space import KernelConfig
 from cutlass_tune.status import Status
@@ -63,6 +64,7 @@ def test_publish_onto_a_published_unit_keeps_it(cache):
     theirs = cache.unit_dir("u1")
     theirs.mkdir()
     (theirs / "kernels.so").write_text("theirs")
+    record_digest(theirs)  # published whole by another process
     result = CompiledKernel(config=CFG, key="ab" * 32, status=Status.OK, library=None,
                             symbol=kernel_symbol(CFG), seconds=1.0, cached=False)
     [published] = cache.publish(ours, "u1", [result])

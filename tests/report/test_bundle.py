@@ -11,6 +11,7 @@ import pytest
 
 from cutlass_tune import BestTable, load_best
 from cutlass_tune.compile import CompiledKernel
+from cutlass_tune.compile._cache import record_digest
 from cutlass_tune.report import _export, write_bundle
 from cutlass_tune.runtime import LoadedKernel
 from cutlass_tune.space import KernelConfig
@@ -34,12 +35,13 @@ def frame():
 
 def stand_ins(frame, root, fail=None):
     """CompiledKernels for the table's configs, two per unit, each unit a file of its own bytes
-    (enough to write and check a bundle; nothing here loads them)."""
+    with its digest (enough to write and check a bundle; nothing here loads them)."""
     compiled = []
     for i, (h, text) in enumerate(dict(zip(frame["config_hash"], frame["config"])).items()):
         unit = root / f"unit{i // 2}"
         unit.mkdir(parents=True, exist_ok=True)
         (unit / "kernels.so").write_bytes(f"library of unit {i // 2}".encode())
+        record_digest(unit)  # as the cache publishes a unit
         config = KernelConfig.from_dict(json.loads(text))
         bad = h == fail
         compiled.append(CompiledKernel(config=config, key=h, status=Status.COMPILE_ERROR if bad else Status.OK,

@@ -27,19 +27,25 @@ def synthetic_tflops(cfg, problem, variant):
 
 
 class FakeCompiler:
-    def __init__(self, fail_tile_n=None):
+    """Compiles nothing: every config OK, but those of tile N `fail_tile_n` (a compiler error)
+    and of `transient_tile_n` (nvcc killed, as the OOM killer does: a transient failure)."""
+
+    def __init__(self, fail_tile_n=None, transient_tile_n=None):
         self.calls = []
         self.fail_tile_n = fail_tile_n
+        self.transient_tile_n = transient_tile_n
 
     def __call__(self, configs):
         self.calls.append(list(configs))
         out = []
         for c in configs:
             assert check_config(c) == [], f"an invalid config reached the compiler: {c.name}"
-            bad = c.tile_n == self.fail_tile_n
+            transient = c.tile_n == self.transient_tile_n
+            bad = c.tile_n == self.fail_tile_n or transient
+            reason = "nvcc was killed by SIGKILL (out of memory?)" if transient else "error: planted" if bad else ""
             out.append(CompiledKernel(config=c, key=c.hash, status=Status.COMPILE_ERROR if bad else Status.OK,
                                       library=None if bad else Path("/fake.so"), symbol=f"ct_{c.hash}",
-                                      seconds=30.0, cached=False, reason="error: planted" if bad else ""))
+                                      seconds=30.0, cached=False, reason=reason, transient=transient))
         return out
 
 
