@@ -276,7 +276,7 @@ def best(
         table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "confirmed", "kernel",
                       "run-time", box=None, pad_edge=False)
         for r in frame.to_dict("records"):
-            confirmed = (f"{r['confirm_passes']} passes, {r['ratio_low']:.3f}-{r['ratio_high']:.3f} "
+            confirmed = (f"{r['confirm_passes']} passes {r['method']}, {r['ratio_low']:.3f}-{r['ratio_high']:.3f} "
                          f"(sweep {r['sweep_ratio']:.3f})" if r["confirm_passes"] else "-")
             table.add_row(r["gpu"], r["problem"], _figure(r["tflops"], ".1f"), _figure(r["cublas_tflops"], ".1f"),
                           _figure(r["ratio"], ".3f"), _figure(r["spread"], ".1%"), confirmed, r["kernel"],
@@ -376,6 +376,9 @@ def confirm(
     gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
     jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
+    method: TimingMethod = typer.Option(
+        TimingMethod.SUSTAINED, "--method", help="how the passes are timed; sustained (the default) is what a "
+        "model's stream of GEMMs gets, and a problem confirmed by it ranks by it (docs/timing.md)"),
 ) -> None:
     """Re-measure each problem's leading kernels in several passes, into the same store;
     `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
@@ -391,8 +394,8 @@ def confirm(
         raise CutlassTuneError(f"store {store.shown} has no successful kernel measurement to confirm")
     bench = WorkerBenchmarker(gpu)
     try:
-        method = store.timing() or "events-paired"  # re-measure the way the store was measured
-        bench.timing = TimingOptions.of_scheme(method)
+        paired = (store.timing() or "events-paired").endswith("-paired")  # like the store's ratios
+        bench.timing = TimingOptions(method=method, paired=paired)
         cache = KernelCache.at(cache_dir)
         problems = len({c.problem for c in chosen})
         out.print(f"{store.shown}: {len(chosen)} candidates on {problems} problems, {passes} passes; "

@@ -119,13 +119,6 @@ class TimingOptions:
         """`method`, with `-paired` when baselines are paired: what a results store binds to."""
         return self.method.value + ("-paired" if self.paired else "")
 
-    @classmethod
-    def of_scheme(cls, scheme: str, **kw: float | int) -> TimingOptions:
-        """The options of a scheme `scheme` names (e.g. ``sustained-paired``); `kw` sets the
-        budget. Raises ValueError for a scheme no version wrote."""
-        method, paired = scheme.removesuffix("-paired"), scheme.endswith("-paired")
-        return cls(method=TimingMethod(method), paired=paired, **kw)  # type: ignore[arg-type]
-
 
 @dataclasses.dataclass(frozen=True)
 class TimingStats:

@@ -96,11 +96,13 @@ def confirm(store: ResultStore, chosen: Sequence[Candidate], compile_: Callable[
     taken, so an interrupted run keeps what it measured (`load_best` ranks a candidate only if
     it has at least half as many confirmed passes as its problem's most confirmed one).
 
+    The bench's timing method may differ from the sweep's: each row records its method, and
+    `load_best` ranks a problem by the confirm passes of one method (see `report.RANKING`).
+
     Raises:
-        StoreError: the store holds another GPU's results, or results of another timing method.
+        StoreError: the store holds another GPU's results.
     """
     store.bind_gpu(bench.gpu_name)
-    store.bind_timing(getattr(bench, "timing_method", "events"))
     result = ConfirmResult(run_id=f"confirm-{uuid.uuid4().hex[:8]}")
     configs = {c.config.hash: c.config for c in chosen}
     kernels = {k.config.hash: k for k in compile_(list(configs.values()))}

@@ -2,8 +2,16 @@
 
 from ._open import default_store_url, local_file, open_store, resolve_storage, store_url_of
 from ._row import StoredRow
-from ._sql import CONFIRM_STUDY, ResultStore, StoreError, StoreGpuMismatchError, open_study_storage, shown_url
+from ._sql import (
+    CONFIRM_STUDY,
+    LEGACY_TIMING,
+    ResultStore,
+    StoreError,
+    StoreGpuMismatchError,
+    open_study_storage,
+    shown_url,
+)
 
-__all__ = ["CONFIRM_STUDY", "ResultStore", "StoreError", "StoreGpuMismatchError", "StoredRow", "default_store_url",
-           "local_file", "open_store", "open_study_storage", "resolve_storage", "shown_url",
+__all__ = ["CONFIRM_STUDY", "LEGACY_TIMING", "ResultStore", "StoreError", "StoreGpuMismatchError", "StoredRow",
+           "default_store_url", "local_file", "open_store", "open_study_storage", "resolve_storage", "shown_url",
            "store_url_of"]

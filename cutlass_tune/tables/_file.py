@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import first_line
+from ..measurement import TimingMethod
 from ..space import (
     Decomposition,
     DType,
@@ -28,10 +29,10 @@ from ..space import (
     columns,
     problem_dim_problem,
 )
-from ._schema import COLUMNS, KNOB_COLUMNS, LATER_KNOBS, BestTableError
+from ._schema import COLUMNS, KNOB_COLUMNS, LATER_COLUMNS, LATER_KNOBS, BestTableError
 
 _TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
-_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config",
+_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config", "method",
                  *(c for kinds in (column_kinds(RuntimeArgs), column_kinds(KernelConfig))
                    for c, kind in kinds.items() if kind == "text"))
 """Columns a CSV file's reader keeps as text (a config hash or run id of digits stays a string)."""
@@ -134,7 +135,9 @@ def _number_or_empty(v: Any) -> bool:
 
 _INTEGERS = ("m", "n", "k", "swizzle", "splits", "samples", "confirm_passes")
 _POSITIVE = ("tflops", "median_ms")
-_NUMBERS = ("p20_ms", "p80_ms", "spread", "cublas_tflops", "ratio", "sweep_ratio", "ratio_low", "ratio_high")
+_NUMBERS = ("p20_ms", "p80_ms", "spread", "cublas_tflops", "ratio", "sweep_ratio", "ratio_low", "ratio_high",
+            "energy_mj", "cublas_energy_mj")
+_METHODS = ("", *(m.value for m in TimingMethod))
 _DTYPES = tuple(sorted(d.value for d in DType))
 _RASTERS = tuple(r.name.lower() for r in RasterOrder)
 _DECOMPOSITIONS = tuple(d.name.lower() for d in Decomposition)
@@ -146,6 +149,8 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{c: (lambda v: isinstance(v, str) and v in _DTYPES, f"one of {', '.join(_DTYPES)}")
        for c in ("dtype_a", "dtype_b", "dtype_d")},
     "layout": (lambda v: isinstance(v, str) and v in _LAYOUTS, f"one of {', '.join(_LAYOUTS)}"),
+    "method": (lambda v: _is_missing(v) or (isinstance(v, str) and v in _METHODS),
+               f"empty or one of {', '.join(_METHODS[1:])}"),
     "raster": (lambda v: isinstance(v, str) and v in _RASTERS, f"one of {', '.join(_RASTERS)}"),
     "decomposition": (lambda v: isinstance(v, str) and v in _DECOMPOSITIONS, f"one of {', '.join(_DECOMPOSITIONS)}"),
     **{c: (_positive, "a positive number") for c in _POSITIVE},
@@ -281,6 +286,9 @@ def read_table(path: Path) -> pd.DataFrame:
         defaults: dict[str, pd.Series | int] = {"sweep_ratio": frame["ratio"], "confirm_passes": 0,
                                                 "ratio_low": frame["ratio"], "ratio_high": frame["ratio"]}
         frame = frame.assign(**{c: v for c, v in defaults.items() if c not in frame.columns})
+    if "ratio" in frame.columns:  # a table written before the timing method and energy were kept
+        frame = frame.assign(**{c: ("" if c == "method" else math.nan) for c in LATER_COLUMNS
+                                if c not in frame.columns})
     if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
     fillable = LATER_KNOBS if "config" in frame.columns else ()
@@ -299,5 +307,6 @@ def read_table(path: Path) -> pd.DataFrame:
     # numbers (a missing one NaN, never None or text).
     return frame.assign(**{c: knobs[c] for c in KNOB_COLUMNS},
                         **{c: pd.to_numeric(frame[c].map(_as_number)).astype("int64") for c in _INTEGERS},
-                        **{c: pd.to_numeric(frame[c].map(_as_number)).astype(float) for c in (*_POSITIVE, *_NUMBERS)})
+                        **{c: pd.to_numeric(frame[c].map(_as_number)).astype(float) for c in (*_POSITIVE, *_NUMBERS)},
+                        method=frame["method"].map(lambda v: "" if _is_missing(v) else v))
 

@@ -28,7 +28,11 @@ LATER_KNOBS = columns(KernelConfig, added_later=True)
 COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
            "config_hash", "runtime", *columns(RuntimeArgs), "tflops", "median_ms",
            "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
-           "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high")
+           "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high", "method", "energy_mj",
+           "cublas_energy_mj")
+LATER_COLUMNS = ("method", "energy_mj", "cublas_energy_mj")
+"""Columns that tables written before them lack: the timing method behind `ratio` (empty:
+not recorded) and the energy per GEMM of the kernel and of cuBLAS (sustained timing)."""
 
 
 class BestTableError(CutlassTuneError):

@@ -1,6 +1,8 @@
 """Confirmation of a sweep's winners: which candidates, how they are re-measured, and how the
 best-config table ranks them afterwards (CPU only: a scripted GPU)."""
 
+import dataclasses
+
 import pytest
 
 from cutlass_tune import load_best
@@ -250,3 +252,23 @@ def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
     coop = next(line.split() for line in r.output.splitlines() if line.startswith(BIG.name) and COOP.name in line)
     # sweep, confirmed median, passes, low-high
     assert coop[-4:] == ["1.030", "1.030", "2", "1.020-1.040"]
+
+
+def test_a_problem_confirmed_sustained_ranks_by_those_passes_beside_the_sweeps_method(store):
+    # Single launches (the sweep's method) favour PINGPONG; the steady stream a model runs favours COOP.
+    events = ScriptedBench({(PINGPONG.hash, RuntimeArgs().name): 1.04, (COOP.hash, RuntimeArgs().name): 1.02})
+    confirm(store, candidates(store, top=2), FakeCompiler(), events, passes=3)
+    assert load_best(store.url).set_index("problem").loc[BIG.name, "kernel"] == PINGPONG.name
+
+    class Sustained(ScriptedBench):
+        def measure(self, compiled, problem, variants):
+            for m in super().measure(compiled, problem, variants):
+                yield dataclasses.replace(m, method="sustained", energy_mj=5.0, baseline_energy_mj=6.0)
+
+    sustained = Sustained({(PINGPONG.hash, RuntimeArgs().name): 0.96, (COOP.hash, RuntimeArgs().name): 0.99})
+    confirm(store, candidates(store, top=2), FakeCompiler(), sustained, passes=3)
+    assert store.timing() == "events"  # the sweep's method stays the store's
+    big = load_best(store.url).set_index("problem").loc[BIG.name]
+    assert (big["kernel"], big["method"], big["confirm_passes"]) == (COOP.name, "sustained", 3)
+    assert big["ratio"] == pytest.approx(0.99) and big["sweep_ratio"] == pytest.approx(1.03)
+    assert (big["energy_mj"], big["cublas_energy_mj"]) == (5.0, 6.0)
