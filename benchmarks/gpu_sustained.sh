@@ -4,6 +4,7 @@
 #     tests: GPU tests of the sustained method and matmul; NVML's energy counter cadence
 #     bench: each timing method's ratio per entry of the suite table, twice (methods.jsonl)
 #     check: claimed vs delivered through matmul (.before/, when present: the old call path too)
+#     confirm: confirm --method sustained on copies of two LLM stores, then check their best tables
 set -uo pipefail
 phases=${1:?phases}; out=${2:?output directory}
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -27,5 +28,14 @@ for phase in $phases; do
     [ -d .before ] && PYTHONPATH=$PWD/.before${site:+:$site} timeout -k 10 200 python3 benchmarks/methods.py check \
       $table "$out" --tag before 2>&1 | tail -20
     timeout -k 10 200 python3 benchmarks/methods.py check $table "$out" --tag after 2>&1 | tail -20 ;;
+  confirm)
+    for name in llama33b-nvidia-h200 llama3-70b-tp8-paired-nvidia-h200; do
+      cp results/$name.sqlite "$out/$name.sqlite"
+      timeout -k 10 280 python3 -m cutlass_tune.cli confirm --storage "$out/$name.sqlite" --top 2 --passes 2 2>&1 | tail -4
+      python3 -m cutlass_tune.cli best --storage "$out/$name.sqlite" | cut -c1-150
+      python3 -m cutlass_tune.cli best --storage "$out/$name.sqlite" --format csv -o "/tmp/$name.csv"
+      timeout -k 10 120 python3 -m cutlass_tune.cli check "/tmp/$name.csv" --budget-ms 1600 -o "$out/check-$name.jsonl" \
+        2>&1 | tail -12
+    done ;;
   esac
 done
