@@ -18,6 +18,31 @@ class FileWriteError(CutlassTuneError):
     """A file cannot be written: "cannot write PATH: <reason>", one line."""
 
 
+MAX_INPUT_BYTES = 64 << 20
+"""The most a file a user gives is read (a space file, a best table, a bundle manifest): the
+largest committed is under 1 MiB; a larger one is a mistake or an attack, refused unread."""
+
+
+class InputTooLargeError(CutlassTuneError, OSError):
+    """A file given as input holds more than `MAX_INPUT_BYTES`."""
+
+
+def read_input(path: str | Path) -> bytes:
+    """The bytes of a file a user gave, read at most `MAX_INPUT_BYTES` + 1 of them (a device
+    such as /dev/zero has no size to check first).
+
+    Raises:
+        InputTooLargeError: the file holds more.
+        OSError: it cannot be read.
+    """
+    with open(path, "rb") as f:
+        data = f.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputTooLargeError(f"{path} holds more than {MAX_INPUT_BYTES >> 20} MiB, the most an input file "
+                                 "may hold")
+    return data
+
+
 def shipped(folder: str) -> Path:
     """The folder shipped with the package (`templates`, `configs`): at the repository root in
     a checkout (an editable install), inside the package in an installed wheel."""

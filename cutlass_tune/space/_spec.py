@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import reprlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from .._files import MAX_INPUT_BYTES, InputTooLargeError, read_input
 from ..errors import ConfigFileError
 from . import _rules
 from ._kinds import Int, checked
@@ -132,6 +134,33 @@ class SearchSpace:
             if not _rules.check_runtime(cfg, args) and args not in out:
                 out.append(args)
         return tuple(out)
+
+
+MAX_CANDIDATES = 200_000
+"""The most knob combinations a space file may describe (the largest shipped: 13,824)."""
+MAX_PROBLEMS = 10_000
+
+
+def _check_size(path: str, spec: _SpaceFile) -> None:
+    """Refuse a space whose products exceed the limits before anything is expanded (a few
+    long lists multiply into millions of configs, minutes of work and gigabytes)."""
+    knobs = KernelConfig.knobs
+    total = 0
+    longest: dict[str, int] = {}
+    for listed in spec.kernels:
+        lengths = {k.name: len(getattr(listed, k.name)) for k in knobs}
+        total += math.prod(lengths.values())
+        for name, n in lengths.items():
+            longest[name] = max(longest.get(name, 0), n)
+    total *= len(spec.dtypes) * len(spec.layouts)
+    if total > MAX_CANDIDATES:
+        widest = sorted(longest.items(), key=lambda item: -item[1])[:2]
+        raise ConfigFileError(path, "kernels", None, f"{total:,} knob combinations, more than the {MAX_CANDIDATES:,} "
+                              f"a space may hold (longest lists: {', '.join(f'{k} {n}' for k, n in widest)})")
+    problems = sum(len(b.m) * len(b.n) * len(b.k) for b in spec.problems) * len(spec.dtypes) * len(spec.layouts)
+    if problems > MAX_PROBLEMS:
+        raise ConfigFileError(path, "problems", None, f"{problems:,} problems, more than the {MAX_PROBLEMS:,} a "
+                              "space may hold")
 
 
 def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
@@ -254,7 +283,9 @@ def _reject_duplicate_keys(path: str, node: yaml.Node | None, where: str = "",
 
 def _read_text(path: str) -> str:
     try:
-        data = Path(path).read_bytes()
+        data = read_input(path)
+    except InputTooLargeError as err:
+        raise ConfigFileError(path, "", None, f"more than {MAX_INPUT_BYTES >> 20} MiB: not a space file") from err
     except OSError as err:
         raise ConfigFileError(path, "", None, f"cannot read: {err.strerror}") from err
     try:
@@ -316,6 +347,7 @@ def load_space(path: str | Path) -> SearchSpace:
         spec = _SpaceFile.model_validate(raw)
     except pydantic.ValidationError as err:
         raise _validation_error(path, err) from err
+    _check_size(path, spec)
     return SearchSpace(
         path=path,
         description=spec.description,

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import render
+from .._files import read_input
 from ..errors import CutlassTuneError
 from ._file import read_table
 
@@ -70,7 +71,7 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
     """
     path = Path(path)
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = json.loads(read_input(path / MANIFEST).decode("utf-8"))
         fmt, abi = manifest["format"], manifest["abi_version"]
         libraries, entries = dict(manifest["libraries"]), dict(manifest["kernels"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:

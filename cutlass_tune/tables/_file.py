@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._files import InputTooLargeError, read_input
 from ..errors import first_line
 from ..measurement import TimingMethod
 from ..space import (
@@ -42,8 +44,7 @@ def _read_json(path: Path) -> pd.DataFrame:
     """A table as `write_table` writes it in JSON: a list of row objects. The values are taken
     as JSON has them (pandas' reader would turn a run id or config hash of digits into a
     number, and rounds some floats)."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    data = json.loads(read_input(path).decode("utf-8"))
     if not isinstance(data, list):
         raise ValueError(f"expected a list of rows, found {_json_kind(data)}")
     for number, row in enumerate(data, 1):
@@ -58,9 +59,9 @@ def _json_kind(value: Any) -> str:
 
 
 _READERS: dict[str, Callable[[Path], pd.DataFrame]] = {
-    ".csv": lambda p: pd.read_csv(p, dtype={c: str for c in _TEXT_COLUMNS}),
+    ".csv": lambda p: pd.read_csv(io.BytesIO(read_input(p)), dtype={c: str for c in _TEXT_COLUMNS}),
     ".json": _read_json,
-    ".parquet": lambda p: pd.read_parquet(p),
+    ".parquet": lambda p: pd.read_parquet(io.BytesIO(read_input(p))),
 }
 TABLE_SUFFIXES = tuple(_READERS)
 """The suffixes of the table files `read_table` reads."""
@@ -84,6 +85,8 @@ def _read_file(path: Path) -> pd.DataFrame:
     kind = path.suffix[1:]
     try:
         frame = _READERS[path.suffix](path)
+    except InputTooLargeError as err:
+        raise BestTableError(f"cannot read {path}: {err}") from err
     except ImportError as err:
         raise BestTableError(f"cannot read {path}: reading {kind} needs pyarrow "
                              "(pip install 'cutlass-tune[parquet]')") from err

@@ -1,0 +1,86 @@
+"""Bounds on what a user's file may hold: a space whose lists multiply into millions of configs,
+and files too large to read whole, are refused before the work, in one line."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cutlass_tune import BestTable, load_best
+from cutlass_tune._files import MAX_INPUT_BYTES
+from cutlass_tune.errors import ConfigFileError
+from cutlass_tune.space import load_space
+from cutlass_tune.space._spec import MAX_CANDIDATES
+from cutlass_tune.tables import BestTableError, BundleError, read_bundle
+
+REPO = Path(__file__).resolve().parents[2]
+
+# 8 x 16 x 5 x 5 x 4 x 4 x 6 = 307,200 combinations (> 200,000), in a few lines
+HUGE = """
+problems: {m: 4096, n: 4096, k: 4096}
+kernels:
+  tile_m: [64, 128, 192, 256, 64, 128, 192, 256]
+  tile_n: [16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256]
+  stages: [auto, 2, 3, 4, 5]
+  cluster: [1x1, 2x1, 1x2, 2x2, 4x1]
+  kernel_schedule: [cooperative, pingpong, tma_ws, cooperative]
+  tile_scheduler: [persistent, stream_k, persistent, stream_k]
+  epilogue_schedule: [auto, tma, auto, tma, auto, tma]
+"""
+
+
+def test_a_space_of_too_many_combinations_is_refused_before_expanding(tmp_path):
+    # Guards against `cutlass-tune space` running for minutes on a file of ~10^6 configs.
+    path = tmp_path / "huge.yaml"
+    path.write_text(HUGE)
+    started = time.monotonic()
+    with pytest.raises(ConfigFileError, match=r"307,200 knob combinations, .*longest lists: tile_n 16, tile_m 8"):
+        load_space(path)
+    assert time.monotonic() - started < 2
+
+
+def test_a_space_under_the_bound_loads(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("problems: {m: 4096, n: 4096, k: 4096}\nkernels:\n  tile_m: [64, 128, 256]\n"
+                    "  tile_n: [64, 128, 192, 256]\n  stages: [auto, 2, 3, 4]\n  cluster: [1x1, 2x1, 1x2, 2x2]\n")
+    assert 0 < len(load_space(path).candidates) <= MAX_CANDIDATES
+
+
+def _sparse(path: Path) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(MAX_INPUT_BYTES + 1)  # no disk written: a hole
+    return path
+
+
+@pytest.mark.parametrize("name", ["space.yaml", "table.csv", "table.json", "bundle"])
+def test_an_oversized_input_file_is_refused_unread(tmp_path, name):
+    # Guards against reading a 2 GB "space file" or table whole.
+    if name == "bundle":
+        (tmp_path / name).mkdir()
+        _sparse(tmp_path / name / "manifest.json")
+        with pytest.raises(BundleError, match="more than 64 MiB"):
+            read_bundle(tmp_path / name)
+        return
+    path = _sparse(tmp_path / name)
+    if name.endswith(".yaml"):
+        with pytest.raises(ConfigFileError, match="more than 64 MiB"):
+            load_space(path)
+    else:
+        for read in (load_best, BestTable.load):
+            with pytest.raises(BestTableError, match="more than 64 MiB"):
+                read(path)
+
+
+def test_a_device_without_end_is_refused_not_read_forever():
+    with pytest.raises(ConfigFileError, match="more than 64 MiB"):
+        load_space("/dev/zero")
+
+
+def test_the_cli_says_it_in_one_line(tmp_path):
+    path = _sparse(tmp_path / "space.yaml")
+    r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "space", str(path)], capture_output=True,
+                       text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "more than 64 MiB" in r.stderr
