@@ -116,7 +116,11 @@ class KernelCache:
 
     def new_build_dir(self) -> Path:
         """A folder for one build, named for this host and process (see `remove_stale_builds`)."""
-        return Path(tempfile.mkdtemp(prefix=f"build-{_HOST}-{os.getpid()}-", dir=self.root / "tmp"))
+        build = Path(tempfile.mkdtemp(prefix=f"build-{_HOST}-{os.getpid()}-", dir=self.root / "tmp"))
+        # mkdtemp makes it 0700; as a unit it must be as readable as the rest of the cache
+        # (others sharing the cache load its library), so the umask decides, as for any folder.
+        build.chmod(0o777 & ~_umask())
+        return build
 
     def remove_stale_builds(self) -> list[Path]:
         """Remove the build folders of processes of this host that are gone (a compile killed
@@ -228,3 +232,15 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (setting it, even back, races with the
+    threads that create files meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022

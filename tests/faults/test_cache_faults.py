@@ -162,3 +162,13 @@ def test_a_sweep_stores_no_transient_failure_and_compiles_it_again(tmp_path):
     again = FakeCompiler()
     Sweep(space, ResultStore(url), url, again, FakeBench(), SweepSettings(trials=4, batch=2)).run()
     assert tried <= {c.hash for call in again.calls for c in call}
+
+
+def test_units_are_as_readable_as_the_umask_allows(fake_toolchain, cache):
+    # Guards against units made 0700 (by mkdtemp), which another user sharing the cache cannot read.
+    old = os.umask(0o022)
+    try:
+        unit = _build(cache, fake_toolchain)[0].library.parent
+    finally:
+        os.umask(old)
+    assert unit.stat().st_mode & 0o777 == 0o755
