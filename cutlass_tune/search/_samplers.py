@@ -1,8 +1,11 @@
 """Optuna samplers by name, all taught about invalid configs through constraints.
 
-Invalid configs never reach nvcc. Their trials complete with the constraint `invalid` set to 1
-(`Trial.set_constraint`), so TPE and GP rank them below every valid (feasible) trial and
-learn where the invalid region lies; random and grid sampling simply move on.
+Invalid configs never reach nvcc. Their trials are pruned, without a value (and with the
+constraint `invalid` set to 1), so TPE ranks them below every complete trial and learns
+where the invalid region lies, while tools that read complete trials only (optuna-dashboard's
+history, parameter importances) never see them as 0 TFLOP/s; GP, random and grid sampling
+move on (the strategy tells an invalid proposal at once, without compiling). Studies written
+before kept such trials complete with value 0; they resume as they are.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import optuna
 SAMPLERS = ("tpe", "gp", "random", "grid")
 CONSTRAINT = "invalid"
 """Constraint name: 1 for an invalid config (infeasible), 0 for a valid one."""
+METRIC = "TFLOP/s"
+"""What a study's value is: the config's best TFLOP/s over its run-time variants on the problem."""
 
 
 def make_sampler(name: str, *, seed: int, grid: dict[str, list[str]] | None = None) -> optuna.samplers.BaseSampler:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterable
 
 import optuna
@@ -22,7 +23,7 @@ from ..store import open_study_storage
 from ._claims import Claims
 from ._ledger import Ledger
 from ._params import ParamSpace, config_of, params_of
-from ._samplers import CONSTRAINT, make_sampler
+from ._samplers import CONSTRAINT, METRIC, make_sampler
 from ._seeds import operand_kind
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -76,6 +77,9 @@ class OptunaStrategy:
             study = optuna.create_study(study_name=study_name(p, arch, gpu), storage=self.storage,
                                         sampler=make_sampler(sampler, seed=seed, grid=params.grid()),
                                         direction="maximize", load_if_exists=True)
+            with warnings.catch_warnings():  # experimental since Optuna 3.2, kept through 5
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([METRIC])
             self.studies.append(Study(p, study, params))
         self.invalid = 0
         """Proposals answered as invalid."""
@@ -241,7 +245,9 @@ class OptunaStrategy:
         if reason:
             trial.set_user_attr("reason", reason)
         if invalid:
-            s.study.tell(trial, 0.0)  # infeasible: the constraint, not this value, ranks it
+            # Pruned, not complete: generic tools (optuna-dashboard, optuna.visualization) plot
+            # and rank complete trials only, and TPE still counts a pruned trial among the worst.
+            s.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         elif value is None:
             s.study.tell(trial, state=optuna.trial.TrialState.FAIL)
         else:
@@ -253,9 +259,9 @@ class OptunaStrategy:
         attrs = {"config_hash": cfg.hash, "config": cfg.name}
         if reason:
             attrs["reason"] = reason
-        complete = invalid or value is not None
+        state = (optuna.trial.TrialState.PRUNED if invalid else optuna.trial.TrialState.COMPLETE
+                 if value is not None else optuna.trial.TrialState.FAIL)
         s.study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=s.params.distributions(),
-            value=(0.0 if invalid else value) if complete else None,
-            state=optuna.trial.TrialState.COMPLETE if complete else optuna.trial.TrialState.FAIL,
+            params=params, distributions=s.params.distributions(), value=value if not invalid else None,
+            state=state,
             user_attrs=attrs, constraints={CONSTRAINT: 1.0 if invalid else 0.0}))

@@ -55,12 +55,18 @@ def test_a_stalled_samplers_known_proposals_are_answered_and_unproposed_configs_
 
 
 def test_invalid_proposals_are_told_as_infeasible(parts):
+    # Guards against invalid configs stored as complete trials of 0 TFLOP/s, which optuna-dashboard
+    # plots and parameter importances rank by.
     strategy, ledger, claims, _ = parts
     batch = strategy.ask(6, ledger, claims)
     assert len(batch) == len({c.hash for c in batch}) == 6 and not any(check_config(c) for c in batch)
     infeasible = [t for s in strategy.studies for t in s.study.trials if t.constraints.get("invalid") == 1.0]
     assert strategy.invalid == len(infeasible) > 0
-    assert all(t.state is optuna.trial.TrialState.COMPLETE and t.user_attrs["reason"] for t in infeasible)
+    assert all(t.state is optuna.trial.TrialState.PRUNED and t.value is None and t.user_attrs["reason"]
+               for t in infeasible)
+    for s in strategy.studies:
+        assert s.study.metric_names == ["TFLOP/s"]
+        assert not [t for t in s.study.trials if t.state is optuna.trial.TrialState.COMPLETE and t.value == 0.0]
 
 
 def test_a_result_reaches_the_asking_trial_and_every_study_of_its_kind(parts, space):
