@@ -42,8 +42,11 @@ def summary(frame: pd.DataFrame, problems: list[str], best_table: pd.DataFrame) 
         found = best_table[best_table.problem == p]
         if not found.empty:  # as `cutlass-tune best` ranks: same-run ratios, confirmed medians first
             best = found.iloc[0]
-            confirmed = (f" (median of {best.confirm_passes} confirmation passes, {best.ratio_low:.3f}-"
-                         f"{best.ratio_high:.3f}; sweep {best.sweep_ratio:.3f})" if best.confirm_passes else "")
+            method = f" {best.method}" if best.method else ""
+            energy = (f"; {best.energy_mj:.0f} mJ per GEMM, cuBLAS {best.cublas_energy_mj:.0f}"
+                      if pd.notna(best.energy_mj) and pd.notna(best.cublas_energy_mj) else "")
+            confirmed = (f" (median of {best.confirm_passes}{method} confirmation passes, {best.ratio_low:.3f}-"
+                         f"{best.ratio_high:.3f}; sweep {best.sweep_ratio:.3f}{energy})" if best.confirm_passes else "")
             best_rows.append({"problem": p, "kernel": best.kernel, "runtime": best.runtime + confirmed,
                               "tflops": best.tflops, "cublas": best.cublas_tflops, "ratio": best.ratio,
                               "configs": configs})
