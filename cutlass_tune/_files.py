@@ -4,6 +4,7 @@ SQLite store and the templates' loaders."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Callable
@@ -25,6 +26,15 @@ largest committed is under 1 MiB; a larger one is a mistake or an attack, refuse
 
 class InputTooLargeError(CutlassTuneError, OSError):
     """A file given as input holds more than `MAX_INPUT_BYTES`."""
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of the file `path` (a kernel library, as the cache and a bundle record it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_input(path: str | Path) -> bytes:

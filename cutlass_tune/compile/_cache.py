@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ from pathlib import Path
 import filelock
 
 from .. import settings
-from .._files import write_atomically
+from .._files import sha256_of, write_atomically
 from ..space import KernelConfig
 from ..status import Status
 
@@ -175,7 +174,7 @@ class KernelCache:
 def record_digest(unit: Path) -> None:
     """Record the size and SHA-256 of `unit`'s library in its `DIGEST` file."""
     library = unit / "kernels.so"
-    (unit / DIGEST).write_text(json.dumps({"bytes": library.stat().st_size, "sha256": _sha256(library)}))
+    (unit / DIGEST).write_text(json.dumps({"bytes": library.stat().st_size, "sha256": sha256_of(library)}))
 
 
 def intact(unit: Path) -> bool:
@@ -196,18 +195,10 @@ def intact(unit: Path) -> bool:
     return _cached_sha256(str(library), stat.st_size, stat.st_mtime_ns, stat.st_ino) == recorded.get("sha256")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @functools.lru_cache(maxsize=4096)
 def _cached_sha256(path: str, size: int, mtime_ns: int, inode: int) -> str:
-    """`_sha256`, once per file version in a process (a sweep looks kernels up many times)."""
-    return _sha256(Path(path))
+    """`sha256_of`, once per file version in a process (a sweep looks kernels up many times)."""
+    return sha256_of(Path(path))
 
 
 def _whole_elf(path: Path, size: int) -> bool:

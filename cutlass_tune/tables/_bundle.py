@@ -18,14 +18,13 @@ one-line `BundleError`. The kernels are sm90a binaries: they run on Hopper GPUs 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
 import pandas as pd
 
 from .. import render
-from .._files import read_input
+from .._files import read_input, sha256_of
 from ..errors import CutlassTuneError
 from ._file import read_table
 
@@ -49,15 +48,6 @@ class BundledKernel:
 def is_bundle(path: str | Path) -> bool:
     path = Path(path)
     return path.is_dir() and (path / MANIFEST).is_file()
-
-
-def sha256_of(path: Path) -> str:
-    """The SHA-256 of the file `path`, as a manifest records a library's."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel]]:
