@@ -127,7 +127,8 @@ class SearchSpace:
         """The run-time variants of the file that apply to `cfg` (a knob that does not apply to
         it, such as splits for a kernel that is not Stream-K, takes its default alone)."""
         knobs = RuntimeArgs.knobs
-        listed = [getattr(self.runtime, k.name) if k.applies_to(cfg) else [k.default] for k in knobs]
+        # each distinct value once: a list of 10^5 copies is one variant, not 10^5 to sift
+        listed = [dict.fromkeys(getattr(self.runtime, k.name)) if k.applies_to(cfg) else [k.default] for k in knobs]
         out: list[RuntimeArgs] = []
         for values in itertools.product(*listed):
             args = RuntimeArgs.from_knobs({k.name: v for k, v in zip(knobs, values)})

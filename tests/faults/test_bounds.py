@@ -84,3 +84,14 @@ def test_the_cli_says_it_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "space", str(path)], capture_output=True,
                        text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "more than 64 MiB" in r.stderr
+
+
+def test_copies_in_a_run_time_list_are_one_variant_at_once(tmp_path):
+    # Guards against a run-time list of many copies of a value costing seconds per config of a sweep.
+    path = tmp_path / "copies.yaml"
+    path.write_text("problems: {m: 4096, n: 4096, k: 4096}\nkernels: {tile_m: 128}\n"
+                    f"runtime: {{swizzle: [{', '.join(['1'] * 1000)}], raster: [{', '.join(['along_n'] * 1000)}]}}\n")
+    sp = load_space(path)
+    started = time.monotonic()
+    assert [v.name for v in sp.runtime_variants(sp.candidates[0])] == ["ralong_n_sw1"]
+    assert time.monotonic() - started < 1
