@@ -180,7 +180,7 @@ def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
 
 
 def _expand_problems(path: str, spec: _SpaceFile) -> list[Problem]:
-    out: list[Problem] = []
+    out: dict[Problem, None] = {}  # in file order, each once
     for block, dtypes, layout in itertools.product(spec.problems, spec.dtypes, spec.layouts):
         layout_a, layout_b = _LAYOUT_CODES[layout]
         for m, n, k in itertools.product(block.m, block.n, block.k):
@@ -188,9 +188,8 @@ def _expand_problems(path: str, spec: _SpaceFile) -> list[Problem]:
             why = _rules.check_problem(p)
             if why:
                 raise ConfigFileError(path, "problems", f"{m}x{n}x{k} {layout}", str(why[0]))
-            if p not in out:
-                out.append(p)
-    return out
+            out.setdefault(p)
+    return list(out)
 
 
 class _Shown(str):

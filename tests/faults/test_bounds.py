@@ -95,3 +95,16 @@ def test_copies_in_a_run_time_list_are_one_variant_at_once(tmp_path):
     started = time.monotonic()
     assert [v.name for v in sp.runtime_variants(sp.candidates[0])] == ["ralong_n_sw1"]
     assert time.monotonic() - started < 1
+
+
+def test_the_most_problems_a_space_may_hold_load_at_once(tmp_path):
+    # Guards against problems deduplicated by list search (10,000 took 19 s); more are refused.
+    sizes = ", ".join(str(64 * i) for i in range(1, 101))
+    path = tmp_path / "problems.yaml"
+    path.write_text(f"problems: {{m: [{sizes}], n: [{sizes}], k: 4096}}\nkernels: {{tile_m: 128}}\n")
+    started = time.monotonic()
+    assert len(load_space(path).problems) == 10_000
+    assert time.monotonic() - started < 5
+    path.write_text(f"problems: {{m: [{sizes}, 6464], n: [{sizes}], k: 4096}}\nkernels: {{tile_m: 128}}\n")
+    with pytest.raises(ConfigFileError, match="10,100 problems, more than the 10,000"):
+        load_space(path)
