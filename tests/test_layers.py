@@ -6,7 +6,7 @@ import pytest
 
 from tests.layers import TOP, read_graph
 
-ORDER = ("errors", "status", "_files", "space", "settings", "render", "measurement", "compile", "tables",
+ORDER = ("errors", "status", "_files", "space", "settings", "capture", "render", "measurement", "compile", "tables",
          "store", "search", "report", "runtime", "bench", TOP, "cli")
 """The stages from the ground up: each imports, at module level, only stages before it."""
 
@@ -14,6 +14,7 @@ LAZY = {
     ("runtime", "report"): "a store URL is read by the tuner's report stage; a serving host never takes that path",
     ("cli", "bench"): "torch, for the commands that measure",
     ("cli", "search"): "Optuna, for the commands that search",
+    ("cli", "capture"): "torch, for `shapes`, which runs a model to record its GEMMs",
     (TOP, "report"): "`import cutlass_tune` stays light: the table and matmul load on first use",
     (TOP, "runtime"): "the same",
 }

@@ -1,0 +1,443 @@
+"""The GEMMs a PyTorch model runs, as the problems of search-space files.
+
+`load_target("model.py:build")` imports the file by path and calls the function, which returns
+(model, example_inputs). `capture_gemms` runs the model's forward, and optionally a backward,
+under a TorchDispatchMode that records every GEMM aten op (mm, addmm, bmm, baddbmm,
+_addmm_activation, _scaled_mm, and linear where it reaches dispatch) with its operands' shapes,
+strides and dtypes: on the meta device by default (shapes only: no GPU, no weights), or on a GPU.
+`space_files` writes the problems the tuned kernels can take, one file per (dtype, layout),
+since a space file multiplies every problem by every dtype and layout it lists.
+
+The operands are read as `Problem` and `cutlass_tune.matmul` read them: A is M x K, B is K x N,
+each row- or column-major contiguous (the rule of `runtime._matmul._layout`), so a recorded
+problem is the one `matmul` would look up for the same tensors. nn.Linear's `x @ w.t()` is "tn";
+its backward adds dX = dY @ w ("tt") and dW = dY.t() @ x ("nt", as dW's transpose).
+
+Imports torch: the CLI imports this module inside the `shapes` command only.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import importlib.machinery
+import importlib.util
+import json
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .errors import CutlassTuneError, first_line
+from .settings import bundled_config
+from .space import DType, Layout, Problem, check_problem, layout_code
+
+
+class CaptureError(CutlassTuneError):
+    """A target that cannot be loaded or run, or a model without a GEMM to tune; one line."""
+
+
+# The one place that picks the kernels a written space sweeps: each input type's shipped broad
+# space, whose `kernels` and `runtime` are copied as they are. Where space files learn
+# `kernels: auto`, `_kernel_sections` is what changes.
+KERNELS_FROM = {
+    DType.BF16: "sm90_bf16.yaml",
+    DType.F16: "sm90_bf16.yaml",  # the knobs are the same for both 16-bit types
+    DType.E4M3: "squares_fp8.yaml",  # the shipped fp8 space: fp8_fast_accum on and off
+    DType.E5M2: "squares_fp8.yaml",
+}
+
+_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float32: DType.F32,
+           torch.float8_e4m3fn: DType.E4M3, torch.float8_e5m2: DType.E5M2}
+
+_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "_scaled_mm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2),
+             "_addmm_activation": (1, 2), "linear": (0, 1)}
+"""The GEMM ops recorded, with the positions of their two operands."""
+
+Matrix = tuple[int, int, int, int]
+"""A 2-D operand: rows, columns, row stride, column stride."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A model to capture, as `load_target` found it."""
+
+    label: str
+    """FILE:FUNCTION as given."""
+    path: Path
+    model: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmCall:
+    """One kind of GEMM call a model made: an op, on operands of one shape, layout and dtype."""
+
+    op: str
+    """The aten op: mm, addmm, bmm, ..."""
+    backward: bool
+    shape: str
+    """The problem's name, or the shapes where the call is not one problem."""
+    problem: Problem | None
+    """The GEMM the tuned kernels would run; None where the call is not one (batched, strided)."""
+    skipped: str | None
+    """Why the call is not written to a space file; None where it is."""
+
+    @property
+    def source(self) -> str:
+        return f"aten.{self.op}" + (" (backward)" if self.backward else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Capture:
+    """The GEMM calls of one run of a model, each with how often it was made, in first-call order."""
+
+    calls: Mapping[GemmCall, int]
+
+    def problems(self) -> dict[Problem, dict[str, int]]:
+        """The problems the tuned kernels can take, each with its calls by source."""
+        out: dict[Problem, dict[str, int]] = {}
+        for call, count in self.calls.items():
+            if call.problem is not None and call.skipped is None:
+                by_source = out.setdefault(call.problem, {})
+                by_source[call.source] = by_source.get(call.source, 0) + count
+        return out
+
+    def skipped(self) -> list[tuple[GemmCall, int]]:
+        return [(call, count) for call, count in self.calls.items() if call.skipped is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceFile:
+    """A space file to write: the problems of one input type, output type and layout."""
+
+    path: Path
+    group: str
+    """dtype and layout, as "bf16 tn" or "e4m3->bf16 tn"."""
+    problems: tuple[Problem, ...]
+    text: str
+
+
+def _raised(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {first_line(err)}" if text else type(err).__name__
+
+
+@contextlib.contextmanager
+def _on_path(folder: Path) -> Iterator[None]:
+    """`folder` first on sys.path, as when running a script there: a model file may import its
+    neighbours."""
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(folder))
+
+
+def load_target(spec: str) -> Target:
+    """Import FILE (by path, as a module of its own) and call FUNCTION() for (model, example_inputs).
+
+    Args:
+        spec: "FILE:FUNCTION". example_inputs is a tuple or list of positional arguments or a
+            dict of keyword arguments; the model any callable (a `torch.nn.Module` is moved to
+            the capture's device with its parameters).
+
+    Raises:
+        CaptureError: no colon, no such file, the import or the call raising (its first line),
+            no such function, a return value of the wrong kind.
+    """
+    file, colon, name = spec.rpartition(":")
+    if not colon or not file or not name:
+        raise CaptureError(f"{spec!r}: give the model as FILE.py:FUNCTION")
+    if not name.isidentifier():
+        raise CaptureError(f"{spec}: {name!r} is not a function name")
+    path = Path(file)
+    if not path.exists():
+        raise CaptureError(f"{file}: no such file")
+    if not path.is_file():
+        raise CaptureError(f"{file}: not a file")
+    module_name = "_cutlass_tune_model_" + re.sub(r"\W", "_", path.stem)
+    loader = importlib.machinery.SourceFileLoader(module_name, str(path))
+    module_spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
+    assert module_spec is not None  # a loader was given
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look a module's classes up there
+    with _on_path(path.resolve().parent):
+        try:
+            loader.exec_module(module)
+        except (Exception, SystemExit) as err:
+            raise CaptureError(f"{file}: importing it raised {_raised(err)}") from err
+        function = getattr(module, name, None)
+        if function is None:
+            raise CaptureError(f"{file} has no function {name!r}")
+        if not callable(function):
+            raise CaptureError(f"{spec} is a {type(function).__name__}, not a function")
+        try:
+            result = function()
+        except (Exception, SystemExit) as err:
+            raise CaptureError(f"{spec}() raised {_raised(err)}") from err
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise CaptureError(f"{spec}() returned {_kind(result)}: return (model, example_inputs)")
+    model, inputs = result
+    if not callable(model):
+        raise CaptureError(f"{spec}(): the model is {_kind(model)}, not a torch.nn.Module or other callable")
+    if isinstance(inputs, (tuple, list)):
+        return Target(spec, path, model, tuple(inputs), {})
+    if isinstance(inputs, dict) and all(isinstance(k, str) for k in inputs):
+        return Target(spec, path, model, (), dict(inputs))
+    raise CaptureError(f"{spec}(): example_inputs is {_kind(inputs)}: give a tuple or list of arguments "
+                       "(one tensor as (x,)) or a dict of keyword arguments")
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def capture_gemms(target: Target, *, backward: bool = False, device: str = "meta") -> Capture:
+    """Run the target's forward (and with `backward`, a backward of the sum of its floating
+    outputs that require grad) and record every GEMM op it dispatches.
+
+    The model (an `nn.Module`: parameters and buffers) and the tensors among the inputs (in
+    tuples, lists and dicts) are moved to `device`: to meta as they are; to a GPU by copying,
+    where meta ones become uninitialized parameters (`to_empty`) and zero inputs (valid token
+    ids). The backward starts from contiguous ones, as a loss's gradient would be (the gradient of
+    a sum is a stride-0 expansion, which no real loss gives). Inputs keep their requires_grad, so
+    the first layer has no dX GEMM unless an input asks for one, as in training.
+
+    Args:
+        device: "meta" or "cuda" (the current GPU).
+
+    Raises:
+        CaptureError: no GPU for "cuda", the model failing to move or to run (its first line),
+            no floating output with a gradient for `backward`, no GEMM recorded.
+    """
+    where = torch.device(device)
+    if where.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CaptureError("--device cuda: no CUDA GPU is visible (the default --device meta needs none)")
+        where = torch.device("cuda", torch.cuda.current_device())
+    try:
+        model = _moved_model(target.model, where)
+    except Exception as err:
+        raise CaptureError(f"{target.label}: cannot move the model to {where}: {_raised(err)}") from err
+    args = _moved(target.args, where)
+    kwargs = _moved(target.kwargs, where)
+    recorder = _GemmRecorder()
+    try:
+        with (contextlib.nullcontext() if backward else torch.no_grad()), recorder:
+            outputs = model(*args, **kwargs)
+            if backward:
+                ends = [t for t in _tensors(outputs) if t.is_floating_point() and t.requires_grad]
+                if not ends:
+                    raise CaptureError(f"{target.label}: --backward: no floating output requires grad "
+                                       "(frozen parameters, or a forward under no_grad)")
+                recorder.backward = True
+                torch.autograd.backward(ends, [torch.ones_like(t) for t in ends])
+    except CaptureError:
+        raise
+    except Exception as err:
+        hint = " (a model that reads tensor values needs --device cuda)" if where.type == "meta" else ""
+        raise CaptureError(f"{target.label}: the model raised {_raised(err)} on {where}{hint}") from err
+    if not recorder.calls:
+        raise CaptureError(f"{target.label}: the model ran no GEMM ({', '.join(f'aten.{op}' for op in _OPERANDS)})")
+    return Capture(dict(recorder.calls))
+
+
+def _moved_model(model: Any, where: torch.device) -> Any:
+    if not isinstance(model, torch.nn.Module):
+        return model
+    tensors = [*model.parameters(), *model.buffers()]
+    if where.type != "meta" and any(t.is_meta for t in tensors):
+        return model.to_empty(device=where)
+    return model.to(where)
+
+
+def _moved(value: Any, where: torch.device) -> Any:
+    """`value` with each tensor in it (through tuples, lists and dicts) on `where`."""
+    if isinstance(value, torch.Tensor):
+        if value.device == where:
+            return value
+        moved = torch.zeros_like(value, device=where) if value.is_meta else value.detach().to(where)
+        # detached, so that no backward reaches back across devices (a meta gradient cannot be copied)
+        return moved.requires_grad_() if value.requires_grad else moved
+    if isinstance(value, (tuple, list)):
+        items = [_moved(v, where) for v in value]
+        if hasattr(value, "_fields"):  # a namedtuple
+            return type(value)(*items)
+        return tuple(items) if isinstance(value, tuple) else items
+    if isinstance(value, dict):
+        return {k: _moved(v, where) for k, v in value.items()}
+    return value
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a model's output: through tuples, lists and mappings (a transformers
+    ModelOutput is one)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+class _GemmRecorder(TorchDispatchMode):
+    """Counts the GEMM ops dispatched while it is active (the autograd engine carries it to the
+    threads that run a GPU's backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backward = False
+        self.calls: collections.Counter[GemmCall] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        op = func.overloadpacket.__name__
+        if op in _OPERANDS and isinstance(result, torch.Tensor):
+            i, j = _OPERANDS[op]
+            call = _gemm_call(op, self.backward, args[i], args[j], result.dtype)
+            with self._lock:
+                self.calls[call] += 1
+        return result
+
+
+def _layout(m: Matrix) -> Layout | None:
+    """Row- or column-major contiguous, as `cutlass_tune.matmul` reads a 2-D tensor; None if neither."""
+    rows, cols, row_stride, col_stride = m
+    if (row_stride, col_stride) == (cols, 1) or cols == 1:
+        return Layout.ROW
+    if (row_stride, col_stride) == (1, rows) or rows == 1:
+        return Layout.COL
+    return None
+
+
+def _merged(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
+    """Size and stride of `sizes` taken as one dimension, as a view would merge them; None where
+    they do not merge."""
+    size, stride = 1, 1
+    for n, s in zip(sizes, strides):
+        if n == 1:
+            continue
+        if size != 1 and stride != n * s:
+            return None
+        size, stride = size * n, s
+    return size, stride
+
+
+def _matrix(t: torch.Tensor) -> Matrix:
+    return (t.shape[0], t.shape[1], t.stride(0), t.stride(1))
+
+
+def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> GemmCall:
+    """The call as a problem of the tuned kernels, or with why it is not one."""
+    batch = 1
+    if op == "linear":  # x [..., K] @ w.t() with w [N, K]: the leading dims of x fold into M
+        k, n = a.shape[-1], b.shape[0]
+        rows = _merged(a.shape[:-1], a.stride()[:-1])
+        ma = (rows[0], k, rows[1], a.stride(-1)) if rows else None
+        mb: Matrix | None = (k, n, b.stride(1), b.stride(0))
+    elif a.dim() == 3:  # bmm, baddbmm: one GEMM where B is shared and the batch folds into M
+        batch, k, n = a.shape[0], a.shape[2], b.shape[2]
+        rows = _merged(a.shape[:2], a.stride()[:2])
+        ma = (rows[0], k, rows[1], a.stride(2)) if rows else None
+        mb = (k, n, b.stride(1), b.stride(2)) if batch == 1 or b.stride(0) == 0 else None
+    else:
+        k, n = a.shape[1], b.shape[1]
+        ma, mb = _matrix(a), _matrix(b)
+    m = a.numel() // k if k else a.shape[-2]
+    dtypes = (a.dtype, b.dtype, out_dtype)
+    types = "/".join(str(d).removeprefix("torch.") for d in dtypes)
+    shown = f"{m}x{n}x{k} {types}"
+
+    def skipped(why: str, shape: str = shown) -> GemmCall:
+        return GemmCall(op, backward, shape, None, why)
+
+    if mb is None:
+        return skipped(f"batched: each of the {batch} GEMMs has its own B (attention-style); the tuned kernels "
+                       "run one GEMM, not a batch", f"{batch} x {m // batch}x{n}x{k} {types}")
+    if ma is None:
+        return skipped(f"batched over an A that is not one {m}x{k} matrix (strides {tuple(a.stride())})",
+                       f"{batch} x {m // batch}x{n}x{k} {types}")
+    if any(d not in _DTYPES for d in dtypes):
+        return skipped(f"a dtype without tuned kernels ({types}; they take bf16, f16 and fp8)")
+    layout_a, layout_b = _layout(ma), _layout(mb)
+    for operand, matrix, layout in (("A", ma, layout_a), ("B", mb, layout_b)):
+        if layout is None:
+            return skipped(f"{operand} ({matrix[0]}x{matrix[1]}, strides {matrix[2:]}) is neither row- nor "
+                           "column-major contiguous")
+    assert layout_a is not None and layout_b is not None  # each returned above where None
+    dtype_a, dtype_b, dtype_d = (_DTYPES[d] for d in dtypes)
+    problem = Problem(m, n, k, dtype_a, dtype_b, dtype_d, layout_a, layout_b)
+    why = [str(w) for w in check_problem(problem)]
+    if not why and dtype_a != dtype_b:
+        why = [f"A is {dtype_a.value} and B {dtype_b.value}: a space file gives both one type"]
+    return GemmCall(op, backward, problem.name, problem, "; ".join(why) or None)
+
+
+def _kernel_sections(dtype: DType) -> tuple[str, dict[str, Any]]:
+    """The shipped space whose kernels a written space of inputs `dtype` sweeps, and its
+    `kernels` and `runtime` as they are there."""
+    name = KERNELS_FROM[dtype]
+    shipped = yaml.safe_load(bundled_config(name).read_text(encoding="utf-8"))
+    return name, {key: shipped[key] for key in ("kernels", "runtime") if key in shipped}
+
+
+def space_files(capture: Capture, output: Path, label: str, *, backward: bool = False) -> list[SpaceFile]:
+    """The space files of the capture's problems, one per (input type, output type, layout) in
+    first-call order: `output` itself where there is one, else `<stem>_<dtype>_<layout><suffix>`
+    beside it for each.
+
+    Raises:
+        CaptureError: no call is a problem the tuned kernels can take.
+    """
+    problems = capture.problems()
+    if not problems:
+        skipped = capture.skipped()
+        first = skipped[0][0] if skipped else None
+        raise CaptureError(f"{label}: no GEMM the tuned kernels can take: {sum(c for _, c in skipped)} calls, all "
+                           f"skipped" + (f" (first: {first.shape} {first.source}: {first.skipped})" if first else ""))
+    groups: dict[tuple[DType, DType, str], list[Problem]] = {}
+    for p in problems:
+        groups.setdefault((p.dtype_a, p.dtype_d, layout_code(p.layout_a, p.layout_b)), []).append(p)
+    files = []
+    for (dtype_in, dtype_out, layout), members in groups.items():
+        tag = dtype_in.value if dtype_in == dtype_out else f"{dtype_in.value}-{dtype_out.value}"
+        path = output if len(groups) == 1 else output.with_name(f"{output.stem}_{tag}_{layout}{output.suffix}")
+        group = f"{dtype_in.value if dtype_in == dtype_out else f'{dtype_in.value}->{dtype_out.value}'} {layout}"
+        text = _space_text(label, group, dtype_in, dtype_out, layout, [(p, problems[p]) for p in members], backward)
+        files.append(SpaceFile(path, group, tuple(members), text))
+    return files
+
+
+def _space_text(label: str, group: str, dtype_in: DType, dtype_out: DType, layout: str,
+                problems: list[tuple[Problem, dict[str, int]]], backward: bool) -> str:
+    shipped, sections = _kernel_sections(dtype_in)
+    run = "forward and backward" if backward else "forward"
+    lines = [
+        f"# The distinct {group} GEMMs of {label}, recorded by `cutlass-tune shapes` in one {run};",
+        "# the comment on each problem counts its calls. M follows the example inputs' tokens.",
+        f"# kernels and runtime: those of the shipped {shipped}; narrow them to sweep faster.",
+        f"description: {json.dumps(f'GEMMs of {label} ({group}, {run})')}",
+        "problems:",
+    ]
+    for p, sources in problems:
+        calls = sum(sources.values())
+        by = ", ".join(f"{s} x{c}" if len(sources) > 1 else s for s, c in sources.items())
+        lines.append(f"  - {{m: {p.m}, n: {p.n}, k: {p.k}}}  # {calls} call{'s' if calls > 1 else ''}: {by}")
+    dtype = dtype_in.value if dtype_in == dtype_out else f"{{input: {dtype_in.value}, output: {dtype_out.value}}}"
+    lines += [f"dtypes: [{dtype}]", f"layouts: [{layout}]"]
+    return "\n".join(lines) + "\n" + yaml.safe_dump(sections, sort_keys=False, default_flow_style=None)
