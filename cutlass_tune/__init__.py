@@ -1,7 +1,8 @@
 """cutlass-tune: autotune CUTLASS 3.x GEMM kernels on NVIDIA Hopper (SM90).
 
 The user-facing API: `load_best` (best-config tables as pandas DataFrames), `BestTable`
-(lookups), `matmul` and `Gemm` (run tuned kernels on torch tensors). Stages live in
+(lookups), `matmul` and `Gemm` (run tuned kernels on torch tensors); for models,
+`register_table` (a table's key for the operator `torch.ops.cutlass_tune.mm`). Stages live in
 `cutlass_tune.space`, `.render`, `.compile`, `.bench`, `.search`, `.store` and `.report`; what a
 serving host needs in `.tables` and `.runtime`.
 """
@@ -13,10 +14,11 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from .runtime import BestTable as BestTable
     from .runtime import Gemm as Gemm
     from .runtime import matmul as matmul
+    from .runtime import register_table as register_table
 
 __version__ = "0.1.0"
 
-_RUNTIME = ("BestTable", "Gemm", "matmul")
+_RUNTIME = ("BestTable", "Gemm", "matmul", "register_table")
 _REPORT = ("load_best",)
 __all__ = [*_RUNTIME, *_REPORT, "__version__"]
 

@@ -2,9 +2,10 @@
 
 `BestTable` looks problems up in a best-config table (a bundle from `cutlass-tune export`, a
 table file, or a store through the tuner); `matmul` and `Gemm` run the tuned kernels on torch
-tensors; `LoadedKernel` binds a compiled kernel's C entry points (the bench stage times kernels
-through it too). Importing this package imports none of the store, the search, the dashboard or
-their dependencies (SQLAlchemy, Optuna, plotly).
+tensors; `mm` is the same as the operator `torch.ops.cutlass_tune.mm` (a table bound to a key by
+`register_table`), for models and torch.compile; `LoadedKernel` binds a compiled kernel's C
+entry points (the bench stage times kernels through it too). Importing this package imports
+none of the store, the search, the dashboard or their dependencies (SQLAlchemy, Optuna, plotly).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -22,15 +23,18 @@ from ._kernel import (
 if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ..tables import BestTableError, BundledKernel, BundleError
     from ._matmul import Gemm, MatmulInputError, matmul, problem_of, torch_gemm
+    from ._op import UnregisteredTableError, mm, register_table
     from ._table import BestTable, Match
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Gemm", "GemmArgs", "GemmInstance",
            "KernelLoadError", "KernelStatusError", "LoadedKernel", "Match", "MatmulInputError",
-           "cutlass_status_name", "make_args", "matmul", "problem_of", "torch_gemm"]
+           "UnregisteredTableError", "cutlass_status_name", "make_args", "matmul", "mm", "problem_of",
+           "register_table", "torch_gemm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match")
 _MATMUL = ("Gemm", "MatmulInputError", "matmul", "problem_of", "torch_gemm")
+_MODELS = {"mm": "_op", "register_table": "_op", "UnregisteredTableError": "_op"}
 
 
 def __getattr__(name: str) -> Any:
@@ -48,4 +52,8 @@ def __getattr__(name: str) -> Any:
         from . import _matmul
 
         return getattr(_matmul, name)
+    if name in _MODELS:  # importing _op registers torch.ops.cutlass_tune.mm
+        import importlib
+
+        return getattr(importlib.import_module(f".{_MODELS[name]}", __name__), name)
     raise AttributeError(f"module 'cutlass_tune.runtime' has no attribute {name!r}")

@@ -1,0 +1,224 @@
+"""The tuned GEMM as a PyTorch operator: `torch.ops.cutlass_tune.mm`, for use inside models.
+
+    mm(Tensor a, Tensor b, str table, ScalarType? out_dtype=None) -> Tensor
+
+`a` is [..., K] (any number of leading dimensions, as nn.Linear takes its input), `b` is K x N;
+the result is [..., N], contiguous. A table cannot be an operator's argument: `register_table`
+binds it to a key (a string), and the operator takes the key. A string argument is a constant to
+torch.compile, so a graph calls the operator with no break, and the ctypes launch runs only inside
+the operator's CUDA kernel, where Dynamo never looks.
+
+On CUDA the operator runs `matmul` on `a` flattened to 2-D: the tuned kernel of the table for the
+problem (or of the nearest tuned problem), torch's own GEMM where the table has nothing for the
+dtypes and layout. Tensors no tuned kernel can take (float32, misaligned or strided operands, an
+empty batch) are computed by torch's GEMM too, with one warning per cause: inside a model the
+operator always gives a @ b. Off CUDA it computes with torch alone (tuned kernels run on CUDA);
+that path exists so that registration, shapes and gradients can be checked on any machine.
+
+Backward (`register_autograd`) runs the same operator on the layouts it needs: dA = dY @ B^T and
+dB = A^T @ dY, each computed in its operand's layout (for nn.Linear's weight, dW = dY^T @ X lands
+N x K row-major like the weight), so a table with tuned tt and nt kernels serves a Linear's
+backward too, and torch's GEMM does where it has none.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CutlassTuneError
+from ._matmul import MatmulInputError, _load_table, _warn_once, matmul, torch_gemm
+from ._table import BestTable
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class UnregisteredTableError(CutlassTuneError, LookupError):
+    """An operator call names a table key that `register_table` has not bound in this process."""
+
+
+_tables: dict[str, BestTable] = {}
+_lock = threading.Lock()
+
+
+def register_table(table: BestTable | str | Path, key: str | None = None) -> str:
+    """Bind a best-config table to a key that `torch.ops.cutlass_tune.mm` takes.
+
+    The registry is per process: a module saved with its key needs the table registered under
+    the same key (pass `key`) in the process that loads it. Thread-safe.
+
+    Args:
+        table: a `BestTable`, or what `BestTable.load` reads (a table file, a bundle, a store);
+            a path is loaded once per process.
+        key: the key to bind. None: a key this table already has, else a new one ("table-1",
+            "table-2", ...). A key bound before is bound to `table` from now on, also for graphs
+            compiled with it.
+
+    Returns:
+        The key.
+
+    Raises:
+        ValueError: `key` is empty or not a string.
+        BestTableError, BundleError, StoreError: a path that cannot be read as a table.
+    """
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ValueError(f"a table key must be a non-empty string, not {key!r}")
+    loaded = table if isinstance(table, BestTable) else _load_table(str(table))
+    with _lock:
+        if key is None:
+            key = next((k for k, t in _tables.items() if t is loaded), None)
+        if key is None:
+            key = next(f"table-{n}" for n in itertools.count(len(_tables) + 1) if f"table-{n}" not in _tables)
+        _tables[key] = loaded
+    return key
+
+
+def table_key(table: BestTable | str | Path) -> str:
+    """The key of `table`: a registered key as it is, a table or a path registered (see
+    `register_table`)."""
+    if isinstance(table, str) and table in _tables:
+        return table
+    return register_table(table)
+
+
+def registered_table(key: str) -> BestTable:
+    """The table bound to `key`. Raises UnregisteredTableError naming the keys there are."""
+    table = _tables.get(key)
+    if table is None:
+        bound = ", ".join(repr(k) for k in sorted(_tables)) or "none"
+        raise UnregisteredTableError(f"no table is registered under {key!r} in this process (registered: {bound}): "
+                                     "call cutlass_tune.register_table(table, key=...) first")
+    return table
+
+
+def result_dtype(a: torch.dtype, out_dtype: torch.dtype | None) -> torch.dtype:
+    """The type of `mm`'s result: `out_dtype`, else bfloat16 for fp8 inputs, else the inputs'."""
+    if out_dtype is not None:
+        return out_dtype
+    return torch.bfloat16 if a in _FP8 else a
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None) -> None:
+    """What every implementation (fake and real) refuses, with what to fix."""
+    torch._check(a.dim() >= 1, lambda: f"cutlass_tune.mm: a must have at least 1 dimension, not {a.dim()}")
+    torch._check(b.dim() == 2, lambda: f"cutlass_tune.mm: b must be 2-D (K x N), not {b.dim()}-D")
+    torch._check(a.shape[-1] == b.shape[0],
+                 lambda: f"cutlass_tune.mm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
+    torch._check(a.dtype == b.dtype, lambda: f"cutlass_tune.mm: a is {a.dtype} and b is {b.dtype}: they must match")
+    torch._check(a.device == b.device, lambda: f"cutlass_tune.mm: a is on {a.device} and b on {b.device}")
+    torch._check(out_dtype is None or out_dtype in _OUT_DTYPES,
+                 lambda: f"cutlass_tune.mm: out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
+
+
+def _torch_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """torch's own GEMM, as `matmul` falls back to it. Off CUDA, a result type other than the
+    inputs' is computed in float32 and cast (torch.mm has no out_dtype there)."""
+    if a.device.type == "cuda" or dtype == a.dtype or a.dtype in _FP8:
+        return torch_gemm(a, b, dtype)
+    return torch.matmul(a.float(), b.float()).to(dtype)
+
+
+_TAGS: Sequence[torch.Tag] = (torch.Tag.needs_exact_strides,) if hasattr(torch.Tag, "needs_exact_strides") else ()
+"""Inductor hands the operator its operands with the strides eager code would: a tuned kernel is
+picked by layout (row- or column-major), so a copy into another layout would pick another."""
+
+
+@torch.library.custom_op("cutlass_tune::mm", mutates_args=(), device_types="cuda", tags=_TAGS)
+def mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """a @ b by the tuned kernels of the table registered under `table` (CUDA tensors).
+
+    Args:
+        a: [..., K], bfloat16, float16 or float8_e4m3fn for a tuned kernel (other dtypes, and
+            operands a kernel cannot take, are computed by torch's GEMM).
+        b: K x N of a's dtype (`weight.t()` for an nn.Linear weight: the "tn" layout).
+        table: a key from `register_table`.
+        out_dtype: the result's type; None: a's type (bfloat16 for fp8 inputs).
+
+    Returns:
+        [..., N] of `out_dtype`, contiguous.
+
+    Raises:
+        UnregisteredTableError: `table` is not a registered key.
+        RuntimeError: shapes that do not multiply, mixed dtypes or devices (as torch's GEMM).
+    """
+    _check(a, b, out_dtype)
+    tuned = registered_table(table)
+    dtype = result_dtype(a.dtype, out_dtype)
+    a2 = a.reshape(-1, a.shape[-1])
+    if a2.numel() == 0 or b.numel() == 0:
+        product = _torch_product(a2, b, dtype)
+    else:
+        try:
+            product = matmul(a2, b, tuned, out_dtype)
+        except MatmulInputError as err:
+            _warn_once(str(err), f"cutlass_tune.mm: {err}; using torch's GEMM")
+            product = _torch_product(a2, b, dtype)
+    return product.reshape(*a.shape[:-1], b.shape[1])
+
+
+@mm.register_kernel("cpu")
+def _mm_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    # torch's GEMM alone: no tuned kernel runs off CUDA. The table key is still checked, so a
+    # model that runs here finds a missing registration before it reaches a GPU.
+    _check(a, b, out_dtype)
+    registered_table(table)
+    product = _torch_product(a.reshape(-1, a.shape[-1]), b, result_dtype(a.dtype, out_dtype))
+    return product.reshape(*a.shape[:-1], b.shape[1])
+
+
+@mm.register_fake
+def _mm_fake(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    _check(a, b, out_dtype)
+    registered_table(table)  # a missing key fails when the graph is traced, not when it first runs
+    return a.new_empty((*a.shape[:-1], b.shape[1]), dtype=result_dtype(a.dtype, out_dtype))
+
+
+def _column_major(t: torch.Tensor) -> bool:
+    """A 2-D tensor stored transposed (the `weight.t()` of nn.Linear); a row-major one is not."""
+    return t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
+
+
+def _grad_a(grad: torch.Tensor, b: torch.Tensor, column_major: bool, table: str) -> torch.Tensor:
+    """dA = dY @ B^T, in a's layout: a column-major `a` gets (B @ dY^T)^T."""
+    if column_major:
+        return mm(b, grad.t(), table).t()
+    return mm(grad, b.t(), table)
+
+
+def _grad_b(grad: torch.Tensor, a: torch.Tensor, column_major: bool, table: str) -> torch.Tensor:
+    """dB = A^T @ dY over the flattened batch, in b's layout: a column-major `b` (a weight's
+    transpose) gets (dY^T @ A)^T, so the weight's gradient is N x K row-major like the weight."""
+    a2, grad2 = a.reshape(-1, a.shape[-1]), grad.reshape(-1, grad.shape[-1])
+    if column_major:
+        return mm(grad2.t(), a2, table).t()
+    return mm(a2.t(), grad2, table)
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    a, b, table, _ = inputs
+    needs_a, needs_b = ctx.needs_input_grad[:2]
+    ctx.save_for_backward(a if needs_b else None, b if needs_a else None)  # each gradient needs the other operand
+    ctx.table, ctx.dtype = table, a.dtype
+    ctx.a_column_major, ctx.b_column_major = _column_major(a), _column_major(b)
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+    if ctx.dtype in _FP8:
+        raise NotImplementedError("cutlass_tune.mm has no backward for fp8 inputs (they need scaling)")
+    a, b = ctx.saved_tensors
+    # A result of another type (out_dtype) gives gradients of the inputs' type, through kernels
+    # of that type; contiguous, as an expanded gradient (of a sum) is neither row- nor column-major.
+    grad = grad.to(ctx.dtype).contiguous()
+    needs_a, needs_b = ctx.needs_input_grad[:2]
+    grad_a = _grad_a(grad, b, ctx.a_column_major, ctx.table) if needs_a else None
+    grad_b = _grad_b(grad, a, ctx.b_column_major, ctx.table) if needs_b else None
+    return grad_a, grad_b, None, None
+
+
+mm.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,275 @@
+"""torch.ops.cutlass_tune.mm: registration, fake shapes, autograd and torch.compile on the CPU
+(torch's GEMM computes there); the tuned kernels against torch, compiled and in CUDA graphs on a
+Hopper GPU."""
+
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import cutlass_tune
+from cutlass_tune.runtime import BestTable, UnregisteredTableError, mm, register_table
+from cutlass_tune.space import layout_code
+
+from .tables import csv_table, tuned_table
+
+OP = torch.ops.cutlass_tune.mm.default
+
+
+@pytest.fixture(scope="module")
+def key(tmp_path_factory):
+    table = csv_table(tmp_path_factory.mktemp("op") / "best.csv", [("bf16", "tn", 128, 64, 32)])
+    return register_table(table, key="test-op")
+
+
+def test_the_operator_is_registered_for_cpu_cuda_fake_and_autograd():
+    assert str(OP._schema) == "cutlass_tune::mm(Tensor a, Tensor b, str table, ScalarType? out_dtype=None) -> Tensor"
+    for dispatch_key in ("CPU", "CUDA", "Meta", "Autograd"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("cutlass_tune::mm", dispatch_key), dispatch_key
+    assert mm._opoverload is OP  # the public name is the operator
+    if hasattr(torch.Tag, "needs_exact_strides"):
+        assert torch.Tag.needs_exact_strides in OP.tags
+
+
+def _weight_t(n, k, dtype):
+    return torch.randn(n, k, dtype=dtype, requires_grad=True).t()
+
+
+CASES = {
+    "linear N-D": lambda dt: ((torch.randn(2, 3, 32, dtype=dt, requires_grad=True), _weight_t(64, 32, dt)), {}),
+    "linear 1-D": lambda dt: ((torch.randn(32, dtype=dt, requires_grad=True), _weight_t(64, 32, dt)), {}),
+    "column-major a": lambda dt: ((torch.randn(32, 16, dtype=dt).t().requires_grad_(),
+                                   torch.randn(32, 24, dtype=dt, requires_grad=True)), {}),
+    "float32 result": lambda dt: ((torch.randn(8, 32, dtype=dt, requires_grad=True), _weight_t(64, 32, dt)),
+                                  {"out_dtype": torch.float32}),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_opcheck_schema_fake_autograd_and_aot_dispatch(key, case, dtype):
+    (a, b), kwargs = CASES[case](dtype)
+    torch.library.opcheck(OP, (a, b, key), kwargs)
+
+
+def test_fake_shapes_and_dtypes_of_nd_inputs(key):
+    with FakeTensorMode():
+        x = torch.empty(2, 7, 5, 32, dtype=torch.bfloat16)
+        w = torch.empty(64, 32, dtype=torch.bfloat16)
+        y = OP(x, w.t(), key)
+        assert (y.shape, y.dtype, y.is_contiguous()) == ((2, 7, 5, 64), torch.bfloat16, True)
+        assert OP(x, w.t(), key, torch.float32).dtype == torch.float32
+        assert OP(x[0, 0, 0], w.t(), key).shape == (64,)
+        fp8 = OP(x.to(torch.float8_e4m3fn), w.t().to(torch.float8_e4m3fn), key)
+        assert (fp8.shape, fp8.dtype) == ((2, 7, 5, 64), torch.bfloat16)
+        with pytest.raises(RuntimeError, match=r"do not multiply"):
+            OP(x, w, key)
+        with pytest.raises(RuntimeError, match="they must match"):
+            OP(x, w.t().half(), key)
+
+
+def test_an_unregistered_key_fails_when_traced_and_when_run():
+    x = torch.randn(4, 8)
+    with pytest.raises(UnregisteredTableError, match="no table is registered under 'nowhere'"):
+        OP(x, x.t(), "nowhere")
+    with FakeTensorMode(), pytest.raises(UnregisteredTableError, match="call cutlass_tune.register_table"):
+        OP(torch.empty(4, 8), torch.empty(8, 4), "nowhere")
+
+
+def test_register_table_keys(tmp_path):
+    table = BestTable(pd.DataFrame())
+    first = register_table(table)
+    assert register_table(table) == first and first.startswith("table-")
+    assert register_table(table, key="named") == "named" and register_table(table) in (first, "named")
+    other = BestTable(pd.DataFrame())
+    assert register_table(other, key="named") == "named"  # rebound
+    assert cutlass_tune.runtime._op.registered_table("named") is other
+    path = tmp_path / "best.csv"
+    csv_table(path, [("bf16", "tn", 128, 64, 32)])
+    assert register_table(str(path)) == register_table(path)  # a path is loaded once
+    with pytest.raises(ValueError, match="non-empty string"):
+        register_table(table, key="")
+
+
+def test_cpu_results_are_torch_s(key):
+    a = torch.randn(3, 5, 32, dtype=torch.bfloat16)
+    w = torch.randn(64, 32, dtype=torch.bfloat16)
+    assert torch.equal(OP(a, w.t(), key), torch.matmul(a, w.t()))
+    got = OP(a, w.t(), key, torch.float32)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, a.float() @ w.float().t())
+
+
+def test_gradients_are_those_of_torch_and_land_in_each_operand_s_layout(key):
+    # dW must come back N x K row-major like the weight (computed as dY^T @ X), not as a
+    # transposed K x N that autograd would copy.
+    x = torch.randn(2, 6, 32, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(2, 6, 64, dtype=torch.float64)
+    OP(x, w.t(), key).backward(dy)
+    got = x.grad, w.grad
+    x.grad = w.grad = None
+    torch.nn.functional.linear(x, w).backward(dy)
+    torch.testing.assert_close(got, (x.grad, w.grad))
+    assert got[1].is_contiguous()
+    a = torch.randn(32, 16, dtype=torch.float64).t().requires_grad_()  # column-major a
+    b = torch.randn(32, 24, dtype=torch.float64, requires_grad=True)
+    OP(a, b, key).sum().backward()
+    assert a.grad.t().is_contiguous() and b.grad.is_contiguous()
+    torch.testing.assert_close(a.grad, torch.ones(16, 24, dtype=torch.float64) @ b.detach().t())
+
+
+class _Calls(TorchDispatchMode):
+    """The layouts (BLAS letters: t row-major, n column-major) of every cutlass_tune.mm call made
+    under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layouts = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is OP:
+            a, b = args[0].reshape(-1, args[0].shape[-1]), args[1]
+            self.layouts.append("".join("t" if t.is_contiguous() else "n" for t in (a, b)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_linear_backward_calls_the_operator_in_tt_and_nt(key):
+    # Which tuned layouts serve a Linear: tn forward, tt for dX = dY @ W, nt for dW = dY^T @ X.
+    x = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    with _Calls() as calls:
+        OP(x, w.t(), key).sum().backward()
+    assert calls.layouts == ["tn", "tt", "nt"]
+
+
+def test_compiles_with_no_graph_break_and_matches_eager(key):
+    w = torch.randn(64, 32, requires_grad=True)
+    bias = torch.randn(64, requires_grad=True)
+
+    def layer(x):
+        return torch.nn.functional.gelu(OP(x, w.t(), key) + bias)
+
+    assert torch._dynamo.explain(layer)(torch.randn(2, 3, 32)).graph_break_count == 0
+    x = torch.randn(2, 3, 32, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True)
+    compiled(x).square().sum().backward()
+    got = x.grad, w.grad, bias.grad
+    x.grad = w.grad = bias.grad = None
+    layer(x).square().sum().backward()
+    torch.testing.assert_close(got, (x.grad, w.grad, bias.grad))
+
+
+# On a Hopper GPU: the tuned kernels (compiled on first use) against torch.
+
+def _relative_error(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    table = tuned_table()
+    return table, register_table(table, key="test-op-tuned")
+
+
+def _tuned_layouts(table):
+    """The layouts of the problems the table's matmul ran through a tuned kernel."""
+    return {layout_code(p.layout_a, p.layout_b) for gemm, p in table._kernels.values() if gemm is not None}
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("tokens", [(4, 256), (100,)])
+def test_forward_and_backward_run_tuned_kernels_and_match_torch(tuned, tokens):
+    table, key = tuned
+    x = torch.randn(*tokens, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    dy = torch.randn(*tokens, 1024, dtype=torch.bfloat16, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = OP(x, w.t(), key)
+        y.backward(dy)
+    assert not [str(c.message) for c in caught if "cutlass_tune" in str(c.message)]  # no fallback to torch
+    assert _tuned_layouts(table) >= {"tn", "tt", "nt"}
+    x2, dy2 = x.detach().reshape(-1, 1024).float(), dy.reshape(-1, 1024).float()
+    assert y.shape == (*tokens, 1024) and y.dtype == torch.bfloat16
+    assert _relative_error(y, x.detach().float() @ w.detach().float().t()) < 1e-2
+    assert _relative_error(x.grad, dy.float() @ w.detach().float()) < 1e-2
+    assert _relative_error(w.grad, dy2.t() @ x2) < 1e-2 and w.grad.is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_compiled_fullgraph_matches_eager_on_cuda(tuned):
+    _, key = tuned
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    bias = torch.randn(1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+
+    def layer(x):
+        return OP(x, w.t(), key) + bias
+
+    x = torch.randn(8, 128, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True)
+    got = compiled(x)
+    got.float().square().sum().backward()
+    grads = x.grad, w.grad, bias.grad
+    x.grad = w.grad = bias.grad = None
+    want = layer(x)
+    want.float().square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    for g, e in zip(grads, (x.grad, w.grad, bias.grad)):
+        assert _relative_error(g, e) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_a_cuda_graph_replays_the_tuned_kernel_on_new_inputs(tuned):
+    _, key = tuned
+    x = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: kernel loaded, workspace allocated, before capture
+        OP(x, w.t(), key)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = OP(x, w.t(), key)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, OP(x, w.t(), key))
+        assert _relative_error(y, x.float() @ w.float().t()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_compiled_with_cuda_graphs_reduce_overhead(tuned):
+    _, key = tuned
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+
+    @torch.compile(mode="reduce-overhead", fullgraph=True)
+    def layer(x):
+        return torch.relu(OP(x, w.t(), key))
+
+    for _ in range(4):
+        x = torch.randn(256, 1024, dtype=torch.bfloat16, device="cuda")
+        got = layer(x).clone()
+        assert torch.equal(got, torch.relu(OP(x, w.t(), key)))
+
+
+@pytest.mark.gpu
+def test_inputs_no_kernel_takes_are_computed_by_torch_with_one_warning(key):
+    a = torch.randn(64, 32, device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = OP(a, a.t(), key)
+        OP(a, a.t(), key)
+    assert torch.equal(got, torch.matmul(a, a.t()))
+    assert sum("cutlass_tune.mm" in str(c.message) and "float32" in str(c.message) for c in caught) == 1
+    empty = torch.empty(0, 32, dtype=torch.bfloat16, device="cuda")
+    assert OP(empty, torch.randn(32, 64, dtype=torch.bfloat16, device="cuda"), key).shape == (0, 64)
