@@ -57,8 +57,8 @@ KERNELS_FROM = {
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float32: DType.F32,
            torch.float8_e4m3fn: DType.E4M3, torch.float8_e5m2: DType.E5M2}
 
-_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "_scaled_mm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2),
-             "_addmm_activation": (1, 2), "linear": (0, 1)}
+_OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2), "_addmm_activation": (1, 2),
+             "_scaled_mm": (0, 1), "linear": (0, 1)}
 """The GEMM ops recorded, with the positions of their two operands."""
 
 Matrix = tuple[int, int, int, int]
@@ -307,7 +307,7 @@ class _GemmRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
         op = func.overloadpacket.__name__
-        if op in _OPERANDS and isinstance(result, torch.Tensor):
+        if op in _OPERANDS and isinstance(result, torch.Tensor) and len(args) > _OPERANDS[op][1]:
             i, j = _OPERANDS[op]
             call = _gemm_call(op, self.backward, args[i], args[j], result.dtype)
             with self._lock:
@@ -408,8 +408,10 @@ def space_files(capture: Capture, output: Path, label: str, *, backward: bool = 
     if not problems:
         skipped = capture.skipped()
         first = skipped[0][0] if skipped else None
-        raise CaptureError(f"{label}: no GEMM the tuned kernels can take: {sum(c for _, c in skipped)} calls, all "
-                           f"skipped" + (f" (first: {first.shape} {first.source}: {first.skipped})" if first else ""))
+        calls = sum(c for _, c in skipped)
+        example = f" (first: {first.shape} {first.source}: {first.skipped})" if first else ""
+        raise CaptureError(f"{label}: no GEMM the tuned kernels can take: {calls} call{'s' if calls != 1 else ''}, "
+                           f"all skipped{example}")
     groups: dict[tuple[DType, DType, str], list[Problem]] = {}
     for p in problems:
         groups.setdefault((p.dtype_a, p.dtype_d, layout_code(p.layout_a, p.layout_b)), []).append(p)

@@ -155,7 +155,8 @@ def shapes(
     for f in files:
         write_atomically(f.path, f.text)
         sp = load_space(f.path)
-        out.print(f"wrote {f.path}: {len(sp.problems)} {f.group} problems, {len(sp.valid)} valid configs; "
+        n = len(sp.problems)
+        out.print(f"wrote {f.path}: {n} {f.group} problem{'s' if n != 1 else ''}, {len(sp.valid)} valid configs; "
                   f"tune them with `cutlass-tune sweep {f.path}`", markup=False)
 
 

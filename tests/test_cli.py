@@ -197,11 +197,12 @@ def test_the_sampler_choices_are_the_search_samplers():
     assert tuple(s.value for s in Sampler) == tuple(SAMPLERS)
 
 
-@pytest.mark.parametrize("command", ["space", "best", "dashboard", "export"])
+@pytest.mark.parametrize("command", ["space", "best", "dashboard", "export", "shapes"])
 def test_the_commands_without_a_gpu_do_not_import_torch(tmp_path, command):
-    # Guards against `best` spending seconds importing torch, which only measuring needs.
+    # Guards against `best` spending seconds importing torch, which only measuring needs. `shapes`
+    # imports it to run a model (tests/test_capture.py), not to show its help.
     store = REPO / "results" / "sweep-nvidia-h200.sqlite"
-    args = {"space": ["configs/quick.yaml"], "best": ["--storage", store],
+    args = {"space": ["configs/quick.yaml"], "best": ["--storage", store], "shapes": ["--help"],
             "dashboard": ["--storage", store, "-o", tmp_path / "r.html"],
             "export": ["--storage", store, "-o", tmp_path / "b", "--cache-dir", tmp_path / "cache"]}[command]
     env = {**os.environ, "CUTLASS_TUNE_NVCC": str(REPO / "tests/compile/fake_nvcc.py")}

@@ -1,0 +1,384 @@
+"""`cutlass-tune shapes`: the GEMMs of a model as space files (cutlass_tune/capture.py), on the
+meta device, so on any CPU."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from cutlass_tune import cli
+from cutlass_tune.capture import Target, capture_gemms, load_target, space_files
+from cutlass_tune.space import DType, Layout, Problem, load_space
+
+REPO = Path(__file__).resolve().parents[1]
+ROW, COL = Layout.ROW, Layout.COL
+BF16 = DType.BF16
+
+MLP = """
+import torch
+from torch import nn
+
+
+def build():
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32, bias=False)).to(torch.bfloat16)
+    return model, (torch.randn(2, 8, 64, dtype=torch.bfloat16),)
+"""
+"""Two nn.Linear layers on real weights (moved to meta for the capture); 2 x 8 tokens, M = 16."""
+
+DECODER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * self.weight
+
+
+def rotate(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, d, heads, kv_heads):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d // heads
+        self.q_proj = nn.Linear(d, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, d, ffn):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, ffn, bias=False)
+        self.up_proj = nn.Linear(d, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, d, heads, kv_heads, ffn):
+        super().__init__()
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(d), RMSNorm(d)
+        self.self_attn, self.mlp = Attention(d, heads, kv_heads), GatedMLP(d, ffn)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab=1024, d=256, heads=4, kv_heads=2, ffn=512, layers=2):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Layer(d, heads, kv_heads, ffn) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.head_dim = d // heads
+
+    def forward(self, input_ids):
+        x = self.embed_tokens(input_ids)
+        positions = torch.arange(input_ids.shape[1], device=x.device, dtype=torch.float32)
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, self.head_dim, 2, device=x.device) / self.head_dim)
+        angles = torch.cat([positions[:, None] * inv_freq[None, :]] * 2, dim=-1)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return {"logits": self.lm_head(self.norm(x))}
+
+
+def build():
+    with torch.device("meta"):
+        model = Decoder().to(torch.bfloat16)
+    return model, {"input_ids": torch.zeros(2, 16, dtype=torch.long)}
+"""
+"""A Llama-style decoder (transformers' layout: q/k/v/o projections with grouped KV heads,
+rotary positions, SDPA, a gated MLP, an untied head), built on meta: 2 x 16 tokens, M = 32."""
+
+
+def model_file(tmp_path, source, name="model.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def target(model, *args, **kwargs):
+    return Target("test", Path("test.py"), model, args, kwargs)
+
+
+def tn(m, n, k, dtype=BF16, out=None):
+    return Problem(m, n, k, dtype, dtype, out or dtype, ROW, COL)
+
+
+def test_linear_layers_are_tn_problems_counted_by_call(tmp_path):
+    captured = capture_gemms(load_target(f"{model_file(tmp_path, MLP)}:build"))
+    assert captured.problems() == {tn(16, 128, 64): {"aten.addmm": 1}, tn(16, 32, 128): {"aten.mm": 1}}
+    assert captured.skipped() == []
+
+
+def test_the_backward_adds_dx_as_tt_and_dw_as_nt(tmp_path):
+    # y = x @ W.t() is an M x N x K "tn" GEMM (W stored N x K). dX = dY @ W is M x K x N whose B,
+    # W itself, is row-major: "tt". dW = dY.t() @ x is N x K x M whose A, dY.t(), is column-major and
+    # B, x, row-major: "nt". The first layer's input asks no gradient: no dX there. (Started from
+    # sum().backward(), dY would be a stride-0 expansion and layer 2's dX skipped as strided.)
+    captured = capture_gemms(load_target(f"{model_file(tmp_path, MLP)}:build"), backward=True)
+    backward = {p: s for p, s in captured.problems().items() if s == {"aten.mm (backward)": 1}}
+    assert list(backward) == [Problem(32, 128, 16, BF16, BF16, BF16, COL, ROW),  # dW of layer 2
+                              Problem(16, 128, 32, BF16, BF16, BF16, ROW, ROW),  # dX of layer 2
+                              Problem(128, 64, 16, BF16, BF16, BF16, COL, ROW)]  # dW of layer 1
+    assert len(captured.problems()) == 5
+
+
+def test_an_input_that_asks_for_a_gradient_gets_its_dx():
+    linear = nn.Linear(64, 32, bias=False, device="meta", dtype=torch.bfloat16)
+    x = torch.empty(16, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    captured = capture_gemms(target(linear, x), backward=True)
+    assert [p.name for p in captured.problems()] == ["16x32x64_bf16bf16bf16_tn", "32x64x16_bf16bf16bf16_nt",
+                                                     "16x64x32_bf16bf16bf16_tt"]
+
+
+def test_a_decoder_on_meta_gives_its_projections(tmp_path):
+    captured = capture_gemms(load_target(f"{model_file(tmp_path, DECODER)}:build"))
+    m = 2 * 16
+    assert captured.problems() == {
+        tn(m, 256, 256): {"aten.mm": 4},  # q_proj and o_proj, two layers
+        tn(m, 128, 256): {"aten.mm": 4},  # k_proj and v_proj (2 KV heads of 64)
+        tn(m, 512, 256): {"aten.mm": 4},  # gate_proj and up_proj
+        tn(m, 256, 512): {"aten.mm": 2},  # down_proj
+        tn(m, 1024, 256): {"aten.mm": 1},  # lm_head
+    }
+    # attention's own products (scores and values) are batched over heads: listed, not written
+    assert captured.skipped() and all(c.op == "bmm" and c.skipped.startswith("batched") and c.problem is None
+                                      for c, _ in captured.skipped())
+
+
+def test_a_decoder_backward_has_a_dx_and_a_dw_for_every_projection(tmp_path):
+    captured = capture_gemms(load_target(f"{model_file(tmp_path, DECODER)}:build"), backward=True)
+    by_layout: dict[str, set] = {}
+    for p in captured.problems():
+        by_layout.setdefault(p.name.rsplit("_", 1)[1], set()).add((p.m, p.n, p.k))
+    forward = by_layout["tn"]
+    assert by_layout["tt"] == {(m, k, n) for m, n, k in forward}
+    assert by_layout["nt"] == {(n, k, m) for m, n, k in forward}
+
+
+def test_a_bmm_over_a_shared_b_is_one_gemm_and_attention_is_skipped():
+    a = torch.empty(4, 32, 64, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(128, 64, device="meta", dtype=torch.bfloat16)
+    shared = w.t().expand(4, 64, 128)
+    own = torch.empty(4, 64, 128, device="meta", dtype=torch.bfloat16)
+
+    def model(a, w):
+        torch.bmm(a, shared)  # x @ w.t() per batch: one (4 * 32) x 128 x 64 GEMM
+        torch.bmm(a, own)  # a B per batch
+        torch.bmm(a.transpose(0, 1).contiguous().transpose(0, 1), shared)  # A rows not one matrix
+        return a
+
+    calls = list(capture_gemms(target(model, a, w)).calls)
+    assert calls[0].problem == tn(128, 128, 64) and calls[0].skipped is None
+    assert calls[1].shape == "4 x 32x128x64 bfloat16/bfloat16/bfloat16" and calls[1].skipped.startswith("batched")
+    assert calls[2].problem is None and "not one 128x64 matrix" in calls[2].skipped
+
+
+def test_what_the_kernels_cannot_take_is_skipped_with_the_reason():
+    x = torch.empty(16, 128, device="meta", dtype=torch.bfloat16)
+    f32 = nn.Linear(128, 64, device="meta")
+    odd = nn.Linear(128, 100, bias=False, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(64, 64, device="meta", dtype=torch.bfloat16)
+
+    def model(x):
+        f32(x.float())
+        odd(x)
+        torch.mm(x[:, :64], w)  # A is a slice: rows 128 apart, 64 long
+        return x
+
+    reasons = [c.skipped for c in capture_gemms(target(model, x)).calls]
+    assert reasons[0].startswith("dtype_inputs: A and B must both be bf16")
+    assert reasons[1].startswith("tma_alignment: N=100 is not a multiple of 8")
+    assert reasons[2] == "A (16x64, strides (128, 1)) is neither row- nor column-major contiguous"
+
+
+class Fp8Linear(nn.Module):
+    def __init__(self, k, n, out_dtype=torch.bfloat16):
+        super().__init__()
+        self.register_buffer("weight", torch.empty(n, k, dtype=torch.float8_e4m3fn))
+        self.out_dtype = out_dtype
+
+    def forward(self, x):
+        one = torch.ones((), device=x.device)
+        return torch._scaled_mm(x.to(torch.float8_e4m3fn), self.weight.t(), one, one, out_dtype=self.out_dtype)
+
+
+def test_fp8_and_16_bit_gemms_go_to_one_space_file_each(tmp_path):
+    x = torch.empty(64, 256, device="meta", dtype=torch.bfloat16)
+    fp8, fp8_out = Fp8Linear(256, 512), Fp8Linear(256, 512, out_dtype=torch.float8_e4m3fn)
+    bf16 = nn.Linear(512, 256, bias=False, device="meta", dtype=torch.bfloat16)
+    captured = capture_gemms(target(lambda x: (fp8_out(x), bf16(fp8(x)))[1], x))
+    assert captured.skipped()[0][0].skipped.startswith("dtype_output: D must be bf16, f16 or f32")
+    files = space_files(captured, tmp_path / "gemms.yaml", "test")
+    assert [(f.path.name, f.group) for f in files] == [("gemms_e4m3-bf16_tn.yaml", "e4m3->bf16 tn"),
+                                                      ("gemms_bf16_tn.yaml", "bf16 tn")]
+    for f in files:
+        f.path.write_text(f.text)
+    fp8_space, bf16_space = (load_space(f.path) for f in files)
+    assert fp8_space.problems == (tn(64, 512, 256, DType.E4M3, DType.BF16),)
+    assert bf16_space.problems == (tn(64, 256, 512),)
+    assert yaml.safe_load(files[0].text)["kernels"] == yaml.safe_load((REPO / "configs/squares_fp8.yaml").read_text())[
+        "kernels"]
+
+
+def test_the_written_space_has_the_broad_kernels_and_counts_the_calls(tmp_path):
+    captured = capture_gemms(load_target(f"{model_file(tmp_path, DECODER)}:build"))
+    (written,) = space_files(captured, tmp_path / "decoder.yaml", "decoder.py:build")
+    assert written.path == tmp_path / "decoder.yaml"
+    assert "  - {m: 32, n: 128, k: 256}  # 4 calls: aten.mm\n" in written.text
+    written.path.write_text(written.text)
+    space = load_space(written.path)
+    broad = load_space(REPO / "configs" / "sm90_bf16.yaml")
+    assert space.problems == tuple(captured.problems())
+    assert space.candidates == broad.candidates and space.runtime == broad.runtime
+
+
+# The command, in this process: main() as the console script runs it (one line and exit 2 for
+# bad input), without starting torch again for each case.
+
+def shapes(monkeypatch, capsys, *args):
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # main() installs handlers for the process
+    monkeypatch.setattr(sys, "argv", ["cutlass-tune", "shapes", *map(str, args)])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
+def error_line(result):
+    code, out, err = result
+    assert (code, out, len(err.splitlines())) == (2, "", 1), err
+    assert err.startswith("error: ")
+    return err.strip()
+
+
+def test_the_command_writes_a_file_per_layout_with_backward(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    model_file(tmp_path, MLP)
+    code, out, err = shapes(monkeypatch, capsys, "model.py:build", "--backward")
+    assert (code, err) == (0, "")
+    assert sorted(p.name for p in tmp_path.glob("*.yaml")) == [
+        "model_gemms_bf16_nt.yaml", "model_gemms_bf16_tn.yaml", "model_gemms_bf16_tt.yaml"]
+    assert load_space(tmp_path / "model_gemms_bf16_tt.yaml").problems == (Problem(16, 128, 32, layout_b=ROW),)
+    assert "16x128x32_bf16bf16bf16_tt  1      aten.mm (backward)" in out
+    assert "wrote model_gemms_bf16_nt.yaml: 2 bf16 nt problems" in out
+
+
+@pytest.mark.parametrize("spec, source, expected", [
+    ("missing.py:build", None, "error: missing.py: no such file"),
+    ("model.py", MLP, "error: 'model.py': give the model as FILE.py:FUNCTION"),
+    ("model.py:make", MLP, "error: model.py has no function 'make'"),
+    ("model.py:build", "import nowhere_to_be_found\n",
+     "error: model.py: importing it raised ModuleNotFoundError: No module named 'nowhere_to_be_found'"),
+    ("model.py:build", "def build():\n    raise ValueError('no such size\\nsecond line')\n",
+     "error: model.py:build() raised ValueError: no such size"),
+    ("model.py:build", "import torch\ndef build():\n    return torch.nn.Linear(8, 8)\n",
+     "error: model.py:build() returned a Linear: return (model, example_inputs)"),
+    ("model.py:build", "import torch\ndef build():\n    return torch.nn.Linear(8, 8), torch.ones(8)\n",
+     "error: model.py:build(): example_inputs is a Tensor: give a tuple or list"),
+    ("model.py:build", "import torch\ndef build():\n    return torch.nn.ReLU(), (torch.ones(8),)\n",
+     "error: model.py:build: the model ran no GEMM (aten.mm, aten.addmm"),
+    ("model.py:build", "import torch\ndef build():\n    return torch.nn.Linear(8, 8), (torch.ones(8),)\n",
+     "error: model.py:build: no GEMM the tuned kernels can take: 1 call, all skipped (first: 1x8x8_f32f32f32_tn "
+     "aten.addmm: dtype_inputs: A and B must both be bf16"),
+    ("model.py:build", "import torch\ndef build():\n    return (lambda x: x[0].item()), (torch.ones(8),)\n",
+     "error: model.py:build: the model raised RuntimeError: Tensor.item() cannot be called on meta tensors on "
+     "meta (a model that reads tensor values needs --device cuda)"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, spec, source, expected):
+    monkeypatch.chdir(tmp_path)
+    if source is not None:
+        model_file(tmp_path, source)
+    assert error_line(shapes(monkeypatch, capsys, spec)).startswith(expected)
+    assert not list(tmp_path.glob("*.yaml"))
+
+
+def test_backward_needs_an_output_with_a_gradient(tmp_path, monkeypatch, capsys):
+    model_file(tmp_path, MLP.replace("return model,", "model.requires_grad_(False)\n    return model,"))
+    line = error_line(shapes(monkeypatch, capsys, tmp_path / "model.py:build", "--backward",
+                             "-o", tmp_path / "out.yaml"))
+    assert line.endswith("--backward: no floating output requires grad (frozen parameters, or a forward under "
+                         "no_grad)")
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("sub", "-o sub: is a folder"),
+    (".", "-o '.': give a file name"),
+    ("plain/gemms.yaml", "plain is a file, not a folder"),
+    ("model.py", "-o model.py is the file the results are read from"),
+])
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys, output, expected):
+    monkeypatch.chdir(tmp_path)
+    model_file(tmp_path, MLP)
+    (tmp_path / "plain").write_text("x")
+    (tmp_path / "sub").mkdir()
+    assert expected in error_line(shapes(monkeypatch, capsys, "model.py:build", "-o", output))
+    assert (tmp_path / "model.py").read_text() == textwrap.dedent(MLP)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a host without a GPU is told")
+def test_device_cuda_without_a_gpu_is_one_line(tmp_path, monkeypatch, capsys):
+    model_file(tmp_path, MLP)
+    line = error_line(shapes(monkeypatch, capsys, tmp_path / "model.py:build", "--device", "cuda",
+                             "-o", tmp_path / "out.yaml"))
+    assert line == "error: --device cuda: no CUDA GPU is visible (the default --device meta needs none)"
+
+
+# The command as the console script: a real process, and the written file through `space`.
+
+def run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def test_the_written_space_file_expands_with_the_space_command(tmp_path):
+    model_file(tmp_path, DECODER, "decoder.py")
+    r = run("shapes", "decoder.py:build", "-o", "decoder.yaml", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["problem", "calls", "source"]
+    assert lines[1].split() == ["32x256x256_bf16bf16bf16_tn", "4", "aten.mm"]
+    assert any(line.startswith("skipped") for line in lines)
+    assert lines[-1].startswith("wrote decoder.yaml: 5 bf16 tn problems, 900 valid configs; tune them with "
+                                "`cutlass-tune sweep decoder.yaml`")
+    r = run("space", "decoder.yaml", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("decoder.yaml: 5 problems, 3888 configs: 900 valid")
+
+
+def test_a_failing_function_is_one_line_in_a_real_process(tmp_path):
+    model_file(tmp_path, "def build():\n    raise KeyError('vocab')\n")
+    r = run("shapes", "model.py:build", cwd=tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "error: model.py:build() raised KeyError: 'vocab'\n")
