@@ -1,8 +1,9 @@
 """cutlass-tune: autotune CUTLASS 3.x GEMM kernels on NVIDIA Hopper (SM90).
 
 The user-facing API: `load_best` (best-config tables as pandas DataFrames), `BestTable`
-(lookups), `matmul` and `Gemm` (run tuned kernels on torch tensors); for models,
-`register_table` (a table's key for the operator `torch.ops.cutlass_tune.mm`). Stages live in
+(lookups), `matmul` and `Gemm` (run tuned kernels on torch tensors); for models, `patch` (swap a
+model's covered nn.Linear layers for `cutlass_tune.nn.Linear`) and `register_table` (a table's
+key for the operator `torch.ops.cutlass_tune.mm`). Stages live in
 `cutlass_tune.space`, `.render`, `.compile`, `.bench`, `.search`, `.store` and `.report`; what a
 serving host needs in `.tables` and `.runtime`.
 """
@@ -10,17 +11,19 @@ serving host needs in `.tables` and `.runtime`.
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
+    from . import nn as nn
     from .report import load_best as load_best
     from .runtime import BestTable as BestTable
     from .runtime import Gemm as Gemm
     from .runtime import matmul as matmul
+    from .runtime import patch as patch
     from .runtime import register_table as register_table
 
 __version__ = "0.1.0"
 
-_RUNTIME = ("BestTable", "Gemm", "matmul", "register_table")
+_RUNTIME = ("BestTable", "Gemm", "matmul", "patch", "register_table")
 _REPORT = ("load_best",)
-__all__ = [*_RUNTIME, *_REPORT, "__version__"]
+__all__ = [*_RUNTIME, *_REPORT, "__version__", "nn"]
 
 
 def __getattr__(name: str) -> Any:
@@ -33,4 +36,8 @@ def __getattr__(name: str) -> Any:
         from . import report
 
         return getattr(report, name)
+    if name == "nn":  # a submodule: `from . import nn` would ask this function for it again
+        import cutlass_tune.nn
+
+        return cutlass_tune.nn
     raise AttributeError(f"module 'cutlass_tune' has no attribute {name!r}")

@@ -7,7 +7,7 @@ import pytest
 from tests.layers import TOP, read_graph
 
 ORDER = ("errors", "status", "_files", "space", "settings", "capture", "render", "measurement", "compile", "tables",
-         "store", "search", "report", "runtime", "bench", TOP, "cli")
+         "store", "search", "report", "runtime", "nn", "bench", TOP, "cli")
 """The stages from the ground up: each imports, at module level, only stages before it."""
 
 LAZY = {
@@ -17,6 +17,7 @@ LAZY = {
     ("cli", "capture"): "torch, for `shapes`, which runs a model to record its GEMMs",
     (TOP, "report"): "`import cutlass_tune` stays light: the table and matmul load on first use",
     (TOP, "runtime"): "the same",
+    (TOP, "nn"): "the same (torch, for models)",
 }
 """The only imports of one stage by another inside a function, and why each is deferred."""
 

@@ -1,0 +1,174 @@
+"""`patch`: swap the nn.Linear layers of a model that a best-config table covers.
+
+A layer is covered when the table has at least one entry for its GEMM: its weight's dtype
+(bfloat16 or float16) as input and output type, layout tn (x row-major, the N x K weight
+row-major: nn.Linear's), and N = out_features, K = in_features. M (the tokens of a batch)
+varies from call to call, so it plays no part: `matmul` runs the entry of the nearest tuned M.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..space import DType, Layout, Problem, check_problem
+from ._linear import Linear
+from ._op import registered_table, table_key
+from ._table import BestTable
+
+_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16}
+_LISTED = 6
+"""Tuned shapes a report names at most, where a layer finds none of its own."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerDecision:
+    """What `patch` did with one nn.Linear, and why."""
+
+    name: str
+    """The layer's qualified name in the model ("" for the model itself)."""
+    in_features: int
+    out_features: int
+    dtype: torch.dtype
+    device: torch.device
+    swapped: bool
+    reason: str
+    """For a swapped layer, the entries that cover it; for one left, what it lacks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchReport:
+    """The decisions of one `patch` call, one per nn.Linear in the model's `named_modules`
+    order (a module reached by two names is listed under both)."""
+
+    table: str
+    """The registry key the swapped layers call the operator with."""
+    layers: tuple[LayerDecision, ...]
+
+    @property
+    def swapped(self) -> tuple[LayerDecision, ...]:
+        return tuple(d for d in self.layers if d.swapped)
+
+    @property
+    def left(self) -> tuple[LayerDecision, ...]:
+        return tuple(d for d in self.layers if not d.swapped)
+
+    def __str__(self) -> str:
+        head = (f"cutlass_tune.patch (table {self.table!r}): {len(self.swapped)} of {len(self.layers)} "
+                "Linear layers swapped")
+        names = [d.name or "(model)" for d in self.layers]
+        shapes = [f"{d.in_features}->{d.out_features} {str(d.dtype).removeprefix('torch.')}" for d in self.layers]
+        wide = max(map(len, names), default=0), max(map(len, shapes), default=0)
+        lines = [f"  {'swapped' if d.swapped else 'left   '}  {name:<{wide[0]}}  {shape:<{wide[1]}}  {d.reason}"
+                 for d, name, shape in zip(self.layers, names, shapes)]
+        return "\n".join([head, *lines])
+
+
+class _Coverage:
+    """The tn entries of a table whose input and output types match, by (dtype, N, K)."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.tuned: dict[tuple[str, int, int], list[tuple[int, float]]] = defaultdict(list)
+        if frame.empty:
+            return
+        rows = frame[(frame["layout"] == "tn") & (frame["dtype_a"] == frame["dtype_d"])]
+        ratios = rows["ratio"] if "ratio" in rows.columns else pd.Series(math.nan, index=rows.index)
+        for dtype, n, k, m, ratio in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratios):
+            self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(ratio)))
+
+    def why_not(self, dtype: DType, n: int, k: int) -> str | None:
+        """None where the table covers N x K of `dtype`, else what it has instead."""
+        if (dtype.value, n, k) in self.tuned:
+            return None
+        shapes = sorted({(sn, sk) for d, sn, sk in self.tuned if d == dtype.value})
+        if not shapes:
+            has = sorted({d for d, _, _ in self.tuned})
+            return f"the table has no {dtype.value} tn entries (it has tn entries for: {', '.join(has) or 'none'})"
+        listed = ", ".join(f"{sn}x{sk}" for sn, sk in shapes[:_LISTED])
+        more = f" and {len(shapes) - _LISTED} more" if len(shapes) > _LISTED else ""
+        return f"no {dtype.value} tn entry for N={n}, K={k} (N x K tuned: {listed}{more})"
+
+    def covering(self, dtype: DType, n: int, k: int) -> str:
+        """The entries of N x K of `dtype`, in words."""
+        entries = sorted(self.tuned[(dtype.value, n, k)])
+        text = f"{dtype.value} tn N={n}, K={k} tuned at M = {', '.join(str(m) for m, _ in entries)}"
+        ratios = [r for _, r in entries if math.isfinite(r)]
+        if ratios:
+            low, high = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
+            text += f" ({low}x cuBLAS)" if low == high else f" ({low}-{high}x cuBLAS)"
+        return text
+
+
+def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage, cuda_only: bool) -> str | None:
+    """Why `linear` stays as it is; None when it is swapped."""
+    if isinstance(linear, Linear):
+        return f"already a cutlass_tune.nn.Linear (table {linear.table_key!r})"
+    if type(linear) is not torch.nn.Linear:
+        return f"a subclass of nn.Linear ({type(linear).__name__}): its own forward is kept"
+    if not name:
+        return "the model itself: patch a module that holds it, or use cutlass_tune.nn.Linear.from_linear"
+    weight = linear.weight
+    if cuda_only and weight.device.type != "cuda":
+        return f"on {weight.device}: the tuned kernels run on CUDA (move the model there first)"
+    dtype = _DTYPES.get(weight.dtype)
+    if dtype is None:
+        return f"{weight.dtype}: the tuned kernels take bfloat16 or float16 (cast the model first)"
+    n, k = linear.out_features, linear.in_features
+    refused = check_problem(Problem(1, n, k, dtype, dtype, dtype, Layout.ROW, Layout.COL))
+    if refused:
+        return refused[0].reason
+    return coverage.why_not(dtype, n, k)
+
+
+def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: bool = True) -> PatchReport:
+    """Swap, in place, every torch.nn.Linear of `model` that `table` covers for a
+    `cutlass_tune.nn.Linear` sharing its parameters (nothing is copied; state_dict keys stay).
+
+    Covered (module docstring): the table has an entry of the layer's dtype, layout tn, and its
+    N (out_features) and K (in_features), at any M. Left as they are, each with its reason:
+    layers not on CUDA (with `cuda_only`), of another dtype than bfloat16 and float16, with
+    N or K not a multiple of 8 (TMA alignment), without an entry, subclasses of nn.Linear (their
+    forward may matter: MultiheadAttention reads its out_proj's weight directly), the model
+    itself, and layers swapped before. Patch the model as it will run: on its device, in its
+    dtype. A module reached by two names is swapped for one module at both.
+
+    Args:
+        model: the model, changed in place.
+        table: a `BestTable`, a path `BestTable.load` reads, or a key from `register_table`.
+        cuda_only: leave layers that are not on CUDA. False swaps them too (they run torch's
+            GEMM until the model moves to a GPU): for models built on the CPU and moved later.
+
+    Returns:
+        A `PatchReport`: each layer, swapped or left, and why.
+
+    Raises:
+        BestTableError, BundleError, StoreError: a table path that cannot be read.
+    """
+    key = table_key(table)
+    coverage = _Coverage(registered_table(key).frame)
+    decisions: list[LayerDecision] = []
+    swaps: dict[int, Linear] = {}
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        if id(module) not in swaps:
+            why = _why_left(name, module, coverage, cuda_only)
+            if why is not None:
+                decisions.append(_decision(name, module, False, why))
+                continue
+            swaps[id(module)] = Linear.from_linear(module, key)
+        parent, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(parent), attribute, swaps[id(module)])
+        covering = coverage.covering(_DTYPES[module.weight.dtype], module.out_features, module.in_features)
+        decisions.append(_decision(name, module, True, covering))
+    return PatchReport(key, tuple(decisions))
+
+
+def _decision(name: str, linear: torch.nn.Linear, swapped: bool, reason: str) -> LayerDecision:
+    return LayerDecision(name, linear.in_features, linear.out_features, linear.weight.dtype, linear.weight.device,
+                         swapped, reason)

@@ -1,0 +1,114 @@
+"""cutlass_tune.patch: which nn.Linear layers a table covers, what the report says of the rest,
+and a patched model that computes what it did."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import cutlass_tune
+from cutlass_tune.nn import Linear
+
+from .tables import csv_table, tuned_table
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """bf16 tn entries for N=64, K=32 at two Ms; a tt entry for N=48, K=32 (not nn.Linear's
+    layout); f16 only in nt."""
+    return csv_table(tmp_path_factory.mktemp("patch") / "best.csv",
+                     [("bf16", "tn", 128, 64, 32), ("bf16", "tn", 4096, 64, 32), ("bf16", "tt", 128, 48, 32),
+                      ("f16", "nt", 128, 64, 32)])
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(32, 64, dtype=torch.bfloat16)
+        self.k = nn.Linear(32, 48, dtype=torch.bfloat16)
+        self.odd = nn.Linear(36, 64, dtype=torch.bfloat16)
+        self.f32 = nn.Linear(32, 64)
+        self.half = nn.Linear(32, 64, dtype=torch.float16)
+        self.attn = nn.MultiheadAttention(64, 4, dtype=torch.bfloat16)
+        self.tied = self.q
+
+
+def test_the_report_says_what_was_swapped_and_why_the_rest_was_left(table):
+    model = Block()
+    report = cutlass_tune.patch(model, table, cuda_only=False)
+    decided = {d.name: (d.swapped, d.reason) for d in report.layers}
+    assert list(decided) == ["q", "k", "odd", "f32", "half", "attn.out_proj", "tied"]
+    assert decided["q"] == decided["tied"] == (True, "bf16 tn N=64, K=32 tuned at M = 128, 4096 (1.05x cuBLAS)")
+    assert decided["k"] == (False, "no bf16 tn entry for N=48, K=32 (N x K tuned: 64x32)")
+    assert decided["odd"][0] is False and decided["odd"][1].startswith("K=36 is not a multiple of 8")
+    assert decided["f32"] == (False, "torch.float32: the tuned kernels take bfloat16 or float16 (cast the model first)")
+    assert decided["half"] == (False, "the table has no f16 tn entries (it has tn entries for: bf16)")
+    assert decided["attn.out_proj"] == (False, "a subclass of nn.Linear (NonDynamicallyQuantizableLinear): "
+                                               "its own forward is kept")
+    assert [d.name for d in report.swapped] == ["q", "tied"] and len(report.left) == 5
+    q = report.layers[0]
+    assert (q.in_features, q.out_features, q.dtype, q.device) == (32, 64, torch.bfloat16, torch.device("cpu"))
+    text = str(report)
+    assert text.splitlines()[0] == f"cutlass_tune.patch (table {report.table!r}): 2 of 7 Linear layers swapped"
+    assert "\n  swapped  q              32->64 bfloat16  bf16 tn N=64, K=32" in text
+    assert "\n  left     f32            32->64 float32   torch.float32: " in text
+
+
+def test_a_patched_model_keeps_its_parameters_state_dict_and_results(table):
+    model = Block()
+    before = copy.deepcopy(model)
+    q_weight = model.q.weight
+    cutlass_tune.patch(model, table, cuda_only=False)
+    assert type(model.q) is Linear and model.tied is model.q and model.q.weight is q_weight
+    assert type(model.k) is nn.Linear and type(model.attn.out_proj) is not Linear
+    assert list(model.state_dict()) == list(before.state_dict())
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    # The bias is added after the GEMM's rounding to bf16 (addmm adds it before): equal to that,
+    # close to nn.Linear.
+    assert torch.equal(model.q(x), torch.matmul(x, before.q.weight.t()) + before.q.bias)
+    torch.testing.assert_close(model.q(x), before.q(x), rtol=1.6e-2, atol=1e-2)
+
+
+def test_layers_off_cuda_are_left_unless_asked(table):
+    report = cutlass_tune.patch(Block(), table)
+    assert not report.swapped
+    assert report.layers[0].reason == "on cpu: the tuned kernels run on CUDA (move the model there first)"
+
+
+def test_patching_twice_swaps_nothing_more(table):
+    model = Block()
+    first = cutlass_tune.patch(model, table, cuda_only=False)
+    again = cutlass_tune.patch(model, table, cuda_only=False)
+    assert not again.swapped and again.table == first.table
+    assert again.layers[0].reason == f"already a cutlass_tune.nn.Linear (table {first.table!r})"
+
+
+def test_the_model_itself_and_a_table_path(table, tmp_path):
+    path = tmp_path / "best.csv"
+    csv_table(path, [("bf16", "tn", 128, 64, 32)])
+    report = cutlass_tune.patch(nn.Linear(32, 64, dtype=torch.bfloat16), str(path), cuda_only=False)
+    assert report.layers[0].name == "" and not report.layers[0].swapped
+    assert report.layers[0].reason.startswith("the model itself")
+    assert cutlass_tune.patch(nn.Sequential(nn.Linear(32, 64, dtype=torch.bfloat16)), path,
+                              cuda_only=False).table == report.table
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_a_patched_model_on_cuda_matches_the_original_forward_backward_and_compiled():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1000)).to("cuda", torch.bfloat16)
+    original = copy.deepcopy(model)
+    report = cutlass_tune.patch(model, tuned_table())
+    assert [(d.name, d.swapped) for d in report.layers] == [("0", True), ("2", False)]
+    x = torch.randn(4, 256, 1024, device="cuda", dtype=torch.bfloat16)
+    for patched in (model, torch.compile(model, fullgraph=True)):
+        got = patched(x)
+        got.float().square().mean().backward()
+        original(x).float().square().mean().backward()
+        for mine, theirs in zip(model.parameters(), original.parameters()):
+            assert ((mine.grad.float() - theirs.grad.float()).norm() / theirs.grad.float().norm()).item() < 2e-2
+            mine.grad = theirs.grad = None
+        want = original(x).float()
+        assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
