@@ -1,5 +1,6 @@
 """Config space: which kernels and problems exist, which are valid, and why not."""
 
+from ._auto import AutoKernels, Census
 from ._knobs import KernelConfig, Knob, RuntimeArgs, cells, column_kinds, columns, texts
 from ._rules import (
     SMEM_CAPACITY_BYTES,
@@ -12,7 +13,7 @@ from ._rules import (
     problem_dim_problem,
     smem_usage,
 )
-from ._spec import SearchSpace, load_space
+from ._spec import SearchSpace, load_space, space_for_shapes
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
@@ -29,9 +30,10 @@ from ._types import (
 )
 
 __all__ = [
-    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "DType",
+    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "AutoKernels", "Census", "DType",
     "Decomposition", "EpilogueSchedule", "KernelConfig", "KernelSchedule", "Knob", "Layout",
     "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "SearchSpace", "SmemUsage",
     "TileScheduler", "cells", "check_config", "check_pair", "check_problem", "check_runtime",
-    "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "smem_usage", "texts",
+    "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "smem_usage", "space_for_shapes",
+    "texts",
 ]

@@ -9,6 +9,7 @@ Each class's `knobs` declares every spelling of its knobs that a stage needs:
 - in a space file: the key (`Knob.name`), how one value is written and parsed (`Knob.kind`,
   one of space/_kinds.py), with its per-value rule from space/_rules.py, and the default (the
   fields' default);
+- in `kernels: auto` (space/_auto.py): every value it tries (`auto_values`);
 - in an Optuna study: the same name, one string per value (`Kind.text`, back with
   `Kind.read`), left out for configs it does not apply to (`applies_to`) and, for a knob with
   `parameter_at_default` false, from studies whose space lists only its default;
@@ -77,6 +78,9 @@ class Knob:
     at their default, and best tables written before it lack its columns."""
     parameter_at_default: bool = True
     """False: a study whose space lists only its default has no parameter for it."""
+    auto_values: tuple[Any, ...] = ()
+    """The values `kernels: auto` tries (field values, a tuple each for a knob of several
+    fields; never the word auto); empty: its default alone."""
     default: Any = None
     """Its value in a default-constructed owner (filled in by `_declare`)."""
     value_types: tuple[type, ...] = ()
@@ -289,28 +293,34 @@ def _stream_k(cfg: KernelConfig) -> bool:
 
 _declare(
     KernelConfig,
-    Knob("tile_m", Number(_rules.tile_m_problem), lambda c: f"_{c.tile_m}", "tile M"),
-    Knob("tile_n", Number(_rules.tile_n_problem), lambda c: f"x{c.tile_n}", "tile N"),
-    Knob("tile_k", Number(_rules.tile_k_problem), lambda c: f"x{c.tile_k}", "tile K"),
+    Knob("tile_m", Number(_rules.tile_m_problem), lambda c: f"_{c.tile_m}", "tile M", auto_values=(64, 128, 256)),
+    Knob("tile_n", Number(_rules.tile_n_problem), lambda c: f"x{c.tile_n}", "tile N",
+         auto_values=tuple(range(16, 257, 16))),
+    Knob("tile_k", Number(_rules.tile_k_problem), lambda c: f"x{c.tile_k}", "tile K", auto_values=(32, 64, 128, 256)),
     Knob("cluster", Cluster(_rules.cluster_dim_problem, _rules.MAX_CLUSTER_CTAS),
-         lambda c: f"_c{c.cluster_m}x{c.cluster_n}", "cluster", fields=("cluster_m", "cluster_n")),
+         lambda c: f"_c{c.cluster_m}x{c.cluster_n}", "cluster", fields=("cluster_m", "cluster_n"),
+         auto_values=tuple((m, n) for m in (1, 2, 4) for n in (1, 2, 4))),
     Knob("stages", NumberOrAuto(_rules.stages_problem, f"a number from 2 to {_rules.MAX_FIXED_STAGES}",
                                 AUTO_STAGES),
-         lambda c: "_s" + ("auto" if c.stages == AUTO_STAGES else str(c.stages)), "stages"),
-    Knob("kernel_schedule", Choice(KernelSchedule), lambda c: f"_{c.kernel_schedule.value}", "schedule"),
+         lambda c: "_s" + ("auto" if c.stages == AUTO_STAGES else str(c.stages)), "stages",
+         auto_values=(AUTO_STAGES, *range(2, _rules.MAX_FIXED_STAGES + 1))),
+    Knob("kernel_schedule", Choice(KernelSchedule), lambda c: f"_{c.kernel_schedule.value}", "schedule",
+         auto_values=tuple(KernelSchedule)),
     Knob("epilogue_schedule", Choice(EpilogueSchedule, auto=True), lambda c: f"_{c.epilogue_schedule.value}",
-         "epilogue", auto=lambda c: PAIRED_EPILOGUE[c.kernel_schedule]),
-    Knob("tile_scheduler", Choice(TileScheduler), lambda c: f"_{c.tile_scheduler.value}", "tile scheduler"),
+         "epilogue", auto=lambda c: PAIRED_EPILOGUE[c.kernel_schedule], auto_values=tuple(EpilogueSchedule)),
+    Knob("tile_scheduler", Choice(TileScheduler), lambda c: f"_{c.tile_scheduler.value}", "tile scheduler",
+         auto_values=tuple(TileScheduler)),
     Knob("fp8_fast_accum", Flag(_rules.fp8_fast_accum_problem),
          lambda c: "_fastaccum" if c.fp8_fast_accum is True else "", "fp8 fast accumulation",
-         applies_to=_fp8, added_later=True),
+         applies_to=_fp8, added_later=True, auto_values=(False, True)),
     Knob("epilogue_tile_n", NumberOrAuto(_rules.epilogue_tile_n_problem,
                                          "a multiple of 16 between 16 and 256", AUTO_EPILOGUE_TILE),
          lambda c: f"_e{c.epilogue_tile_n}" if c.epilogue_tile_n != AUTO_EPILOGUE_TILE else "",
-         "epilogue tile N", added_later=True, parameter_at_default=False),
+         "epilogue tile N", added_later=True, parameter_at_default=False,
+         auto_values=(AUTO_EPILOGUE_TILE, *range(16, 257, 16))),
     Knob("epilogue_source", Flag(_rules.epilogue_source_problem),
          lambda c: "_nosrc" if c.epilogue_source is False else "", "C operand",
-         added_later=True, parameter_at_default=False),
+         added_later=True, parameter_at_default=False, auto_values=(True, False)),
 )
 
 _declare(

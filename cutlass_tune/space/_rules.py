@@ -256,6 +256,17 @@ _EPILOGUE_PAIRS = {schedule: (epilogue, EpilogueSchedule.NO_SMEM)
 
 def check_config(cfg: KernelConfig) -> list[Rejection]:
     """All reasons CUTLASS 4.2 on sm90a cannot build `cfg` (empty when it can)."""
+    out = check_operands(cfg)
+    for knob in cfg.knobs:
+        for field, problem in knob.problems(cfg):
+            out.append(Rejection(field, problem))
+    if out:
+        return out  # the combination rules below assume sane values
+    return check_combinations(cfg)
+
+
+def check_operands(cfg: KernelConfig) -> list[Rejection]:
+    """The reasons `check_config` gives first: the arch and the operand and accumulator types."""
     out: list[Rejection] = []
 
     def reject(rule: str, reason: str) -> None:
@@ -273,11 +284,16 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
         reject("dtype_output", "C and D must have the same type, one of bf16, f16, f32")
     if cfg.dtype_acc != DType.F32:
         reject("dtype_accumulator", "the accumulator must be f32")
-    for knob in cfg.knobs:
-        for field, problem in knob.problems(cfg):
-            reject(field, problem)
-    if out:
-        return out  # the combination rules below assume sane values
+    return out
+
+
+def check_combinations(cfg: KernelConfig) -> list[Rejection]:
+    """The reasons `check_config` gives for a config of supported operands whose every value
+    passes its own rule (it checks those first): the rules across knobs."""
+    out: list[Rejection] = []
+
+    def reject(rule: str, reason: str) -> None:
+        out.append(Rejection(rule, reason))
 
     if cfg.tile_k * cfg.dtype_a.bits // 8 not in (64, 128, 256):
         reject("tile_k_bytes", f"tile K x element size must be 64, 128 or 256 bytes; "
@@ -331,6 +347,35 @@ def check_config(cfg: KernelConfig) -> list[Rejection]:
                f"{usage.epilogue_bytes}-byte epilogue need {usage.total_bytes} bytes of shared "
                f"memory (kernel allowance included); the SM has {SMEM_CAPACITY_BYTES}")
     return out
+
+
+_SMEM_READS = ("dtype_a", "dtype_b", "dtype_c", "dtype_d", "tile_m", "tile_n", "tile_k", "stages",
+               "kernel_schedule", "epilogue_schedule", "epilogue_tile_n", "epilogue_source")
+
+CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(reads)) for rule, reads in (
+    ("arch", ("arch",)),
+    ("dtype_inputs", ("dtype_a", "dtype_b")),
+    ("dtype_output", ("dtype_c", "dtype_d")),
+    ("dtype_accumulator", ("dtype_acc",)),
+    ("tile_k_bytes", ("tile_k", "dtype_a")),
+    ("fp8_layout", ("dtype_a", "dtype_b", "layout_a", "layout_b")),
+    ("fp8_fast_accum", ("fp8_fast_accum", "dtype_a", "dtype_b")),
+    ("fp8_promotion", ("fp8_fast_accum", "dtype_a", "dtype_b", "tile_k")),
+    ("cluster_size", ("cluster_m", "cluster_n")),
+    ("cooperative_tile_m", ("kernel_schedule", "tile_m")),
+    ("accumulator_registers", ("kernel_schedule", "tile_m", "tile_n")),
+    ("epilogue_pairing", ("kernel_schedule", "epilogue_schedule")),
+    ("stream_k_schedule", ("tile_scheduler", "kernel_schedule")),
+    ("epilogue_tile", ("epilogue_tile_n", "epilogue_schedule", "tile_n")),
+    ("epilogue_source", ("epilogue_source", "epilogue_schedule")),
+    ("smem_stages", _SMEM_READS),
+    ("smem_capacity", _SMEM_READS),
+))
+"""Each rule `check_config` applies beside the per-value ones (`check_operands`, then
+`check_combinations`), in its order, with the config fields it reads (a rule skipped after
+another fired, as `accumulator_registers` after `cooperative_tile_m`, reads all that one reads).
+The count of `kernels: auto` (space/_auto.py) decides a rule once these fields are set: keep the
+two in step (tests/space/test_auto.py checks them against `check_config`)."""
 
 
 def alignment_elements(dtype: DType) -> int:

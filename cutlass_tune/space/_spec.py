@@ -6,15 +6,21 @@ bool, a value no config could use (tile 100, cluster 3x3, stages 1, an unknown s
 problem no kernel can run is a `ConfigFileError` naming the file, the key and the value, on one
 line. Combinations that are individually fine but do not fit together (cooperative with tile
 M 64) are not errors: they are counted as invalid configs with their reason.
+
+`kernels: auto` stands for every config the knobs declare (space/_auto.py); `space_for_shapes`
+makes a space of given shapes, with `kernels: auto` or a file's knobs, for `sweep --shapes`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+import re
 import reprlib
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -25,6 +31,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from .._files import MAX_INPUT_BYTES, InputTooLargeError, read_input
 from ..errors import ConfigFileError
 from . import _rules
+from ._auto import AutoConfigs, AutoKernels, Census
 from ._kinds import Int, checked
 from ._knobs import KernelConfig, Knob, RuntimeArgs
 from ._types import DType, Layout, Problem
@@ -109,19 +116,58 @@ class SearchSpace:
     path: str
     description: str
     problems: tuple[Problem, ...]
-    candidates: tuple[KernelConfig, ...]
-    """Every distinct config the file describes, valid or not, in file order."""
+    candidates: Sequence[KernelConfig]
+    """Every distinct config the file describes, valid or not, in file order. With `kernels:
+    auto`, the valid configs of each operand kind (`AutoConfigs`), each built when read; the
+    invalid ones are counted (`census`), never built."""
     runtime: BaseModel
     """The run-time knobs' values, a list per knob name."""
+    auto: tuple[AutoKernels, ...] = ()
+    """`kernels: auto`: the configs of each operand kind; empty for a space of knob lists."""
 
     def classify(self) -> Iterator[tuple[KernelConfig, list[_rules.Rejection]]]:
-        """Each candidate with its rejections (empty for a valid config)."""
+        """Each candidate with its rejections (empty for a valid config): for `kernels: auto`,
+        only valid ones."""
         for cfg in self.candidates:
-            yield cfg, _rules.check_config(cfg)
+            yield cfg, [] if self.auto else _rules.check_config(cfg)
 
     @property
-    def valid(self) -> tuple[KernelConfig, ...]:
+    def valid(self) -> Sequence[KernelConfig]:
+        if self.auto:
+            return self.candidates
         return tuple(c for c, why in self.classify() if not why)
+
+    def census(self) -> Census:
+        """Configs described, valid, and invalid by the first rule that refuses them. For
+        `kernels: auto` counted without building them (seconds); for lists, one by one."""
+        if self.auto:
+            return Census.combined([kind.census() for kind in self.auto])
+        invalid: Counter[str] = Counter()
+        examples: dict[str, str] = {}
+        for _, why in self.classify():
+            if why:
+                invalid[why[0].rule] += 1
+                examples.setdefault(why[0].rule, why[0].reason)
+        return Census.of(len(self.candidates), len(self.candidates) - sum(invalid.values()), invalid, examples)
+
+    def holds(self, cfg: KernelConfig) -> bool:
+        """Whether `cfg` is one of `candidates` (for `kernels: auto`, a valid config of its
+        kind), found without listing them."""
+        if self.auto:
+            return any(cfg in kind for kind in self.auto)
+        return cfg.hash in self._hashes
+
+    def auto_for(self, problem: Problem) -> AutoKernels | None:
+        """The `kernels: auto` configs of `problem`'s types and layouts; None for a space of
+        knob lists."""
+        for kind in self.auto:
+            if all(getattr(problem, f) == kind.operands[f] for f in _PROBLEM_OPERANDS):
+                return kind
+        return None
+
+    @functools.cached_property
+    def _hashes(self) -> frozenset[str]:
+        return frozenset(c.hash for c in self.candidates)
 
     def runtime_variants(self, cfg: KernelConfig) -> tuple[RuntimeArgs, ...]:
         """The run-time variants of the file that apply to `cfg` (a knob that does not apply to
@@ -137,18 +183,22 @@ class SearchSpace:
         return tuple(out)
 
 
+_PROBLEM_OPERANDS = ("dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b")
+
+
 MAX_CANDIDATES = 200_000
 """The most knob combinations a space file may describe (the largest shipped: 13,824)."""
 MAX_PROBLEMS = 10_000
 
 
-def _check_size(path: str, spec: _SpaceFile) -> None:
+def _check_size(path: str, spec: _SpaceFile, auto: bool) -> None:
     """Refuse a space whose products exceed the limits before anything is expanded (a few
-    long lists multiply into millions of configs, minutes of work and gigabytes)."""
+    long lists multiply into millions of configs, minutes of work and gigabytes). `kernels:
+    auto` is not listed, so its count is no limit."""
     knobs = KernelConfig.knobs
     total = 0
     longest: dict[str, int] = {}
-    for listed in spec.kernels:
+    for listed in [] if auto else spec.kernels:
         lengths = {k.name: len(getattr(listed, k.name)) for k in knobs}
         total += math.prod(lengths.values())
         for name, n in lengths.items():
@@ -340,18 +390,73 @@ def load_space(path: str | Path) -> SearchSpace:
             bad value, bad problem; its message is one line.
     """
     path = str(path)
+    return _space(path, _read_mapping(path))
+
+
+def _read_mapping(path: str) -> dict:
     raw = _parse_yaml(path, _read_text(path))
     if not isinstance(raw, dict):
         raise ConfigFileError(path, "", None, "expected a mapping at the top level")
+    return raw
+
+
+@functools.lru_cache(maxsize=16)
+def _auto_kernels(operands: tuple[tuple[str, Any], ...]) -> AutoKernels:
+    """One `AutoKernels` per operand kind and process: its walk is kept (seconds each)."""
+    return AutoKernels(dict(operands))
+
+
+def _space(path: str, raw: dict) -> SearchSpace:
+    auto = raw.get("kernels") == "auto"
     try:
-        spec = _SpaceFile.model_validate(raw)
+        spec = _SpaceFile.model_validate({k: v for k, v in raw.items() if not (auto and k == "kernels")})
     except pydantic.ValidationError as err:
         raise _validation_error(path, err) from err
-    _check_size(path, spec)
-    return SearchSpace(
-        path=path,
-        description=spec.description,
-        problems=tuple(_expand_problems(path, spec)),
-        candidates=tuple(_expand_configs(spec)),
-        runtime=spec.runtime,
-    )
+    _check_size(path, spec, auto)
+    problems = tuple(_expand_problems(path, spec))
+    if not auto:
+        return SearchSpace(path=path, description=spec.description, problems=problems,
+                           candidates=tuple(_expand_configs(spec)), runtime=spec.runtime)
+    kinds = tuple(_auto_kernels((("dtype_a", d.input), ("dtype_b", d.input), ("dtype_c", d.output),
+                                 ("dtype_d", d.output), ("layout_a", _LAYOUT_CODES[layout][0]),
+                                 ("layout_b", _LAYOUT_CODES[layout][1])))
+                  for d, layout in itertools.product(spec.dtypes, spec.layouts))
+    return SearchSpace(path=path, description=spec.description, problems=problems, candidates=AutoConfigs(kinds),
+                       runtime=spec.runtime, auto=kinds)
+
+
+SHAPES_RUNTIME = {"raster": ["along_m", "along_n"], "swizzle": [1, 4, 8],
+                  "decomposition": ["heuristic", "data_parallel", "stream_k"]}
+"""The run-time variants of a space of `--shapes` alone: those of configs/sm90_bf16.yaml (six per
+kernel, eighteen per Stream-K kernel)."""
+_SHAPE = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*", re.ASCII)
+
+
+def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | None = None,
+                     config: str | Path | None = None) -> SearchSpace:
+    """The space of `sweep --shapes`: the problems `shapes` lists (MxNxK, comma-separated), each
+    of type `dtype` (IN or IN:OUT; fp8 gives bf16 out unless told) and `layout` (tn, nt, nn,
+    tt); with `config`, that file's knobs and run-time variants, its types and layouts where
+    not given; without, `kernels: auto` and `SHAPES_RUNTIME`, bf16 and tn where not given.
+
+    Raises:
+        ConfigFileError: a shape, type or layout that is malformed, or that no kernel can
+            run; or a bad `config`. One line.
+    """
+    problems = []
+    for item in shapes.split(","):
+        match = _SHAPE.fullmatch(item)
+        if not match:
+            raise ConfigFileError("--shapes", "", _shown(item.strip()), "give each shape as MxNxK, e.g. 4096x4096x4096")
+        problems.append({"m": int(match[1]), "n": int(match[2]), "k": int(match[3])})
+    raw: dict[str, Any] = ({"kernels": "auto", "runtime": SHAPES_RUNTIME, "dtypes": ["bf16"], "layouts": ["tn"]}
+                           if config is None else _read_mapping(str(config)))
+    raw = {**raw, "problems": problems}
+    raw["description"] = ", ".join(d for d in (str(raw.get("description") or ""), f"on --shapes {shapes}") if d)
+    if dtype is not None:
+        given, _, out = dtype.partition(":")
+        raw["dtypes"] = [{"input": given, "output": out or ("bf16" if given in ("e4m3", "e5m2") else given)}]
+    if layout is not None:
+        raw["layouts"] = [layout]
+    label = "--shapes" if config is None else f"{config} --shapes"
+    return _space(label, raw)

@@ -1,0 +1,186 @@
+"""`kernels: auto` (space/_auto.py): counted and indexed without listing, as a list would be."""
+
+import collections
+import dataclasses
+import itertools
+import random
+import time
+
+import pytest
+
+from cutlass_tune.errors import ConfigFileError
+from cutlass_tune.space import (
+    AutoKernels,
+    DType,
+    KernelConfig,
+    Layout,
+    Problem,
+    check_config,
+    load_space,
+    space_for_shapes,
+)
+from cutlass_tune.space._rules import CONFIG_RULES, check_combinations
+
+BF16 = dict(dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_c=DType.BF16, dtype_d=DType.BF16)
+FP8 = dict(dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_c=DType.BF16, dtype_d=DType.BF16)
+FP8_NT = dict(FP8, layout_a=Layout.COL, layout_b=Layout.ROW)
+# Values that make every rule of check_config refuse some configs: tile K 256 of a 16-bit type,
+# 4x4 clusters, ping-pong 128x224, only one stage of 256x208x128 beside its epilogue, fast
+# accumulation of 16-bit inputs, ...
+SMALL = dict(tile_m=(64, 128, 256), tile_n=(16, 96, 208, 224), tile_k=(32, 128, 256),
+             cluster=((1, 1), (2, 1), (4, 4)), stages=(0, 2, 9, 16), epilogue_tile_n=(0, 32, 48),
+             fp8_fast_accum=(False, True))
+
+
+def brute_force(auto):
+    """Every config of the product, one by one, with check_config's first reason."""
+    knobs = [k for k, _ in auto.knobs]
+    counts, valid = collections.Counter(), []
+    for values in itertools.product(*(v for _, v in auto.knobs)):
+        fields = dict(auto.operands)
+        for knob, value in zip(knobs, values):
+            fields.update(zip(knob.fields, value if len(knob.fields) > 1 else (value,)))
+        cfg = KernelConfig(**fields)
+        why = check_config(cfg)
+        counts[why[0].rule if why else "valid"] += 1
+        if not why:
+            valid.append(cfg)
+    return counts, valid
+
+
+@pytest.mark.parametrize("operands", [BF16, FP8, FP8_NT], ids=["bf16", "e4m3", "e4m3-nt"])
+def test_the_count_is_the_count_of_the_listed_product(operands):
+    auto = AutoKernels(operands, SMALL)
+    counts, valid = brute_force(auto)
+    census = auto.census()
+    assert census.total == sum(counts.values()) == auto.total
+    assert census.valid == counts.pop("valid", 0) == len(auto)
+    assert census.invalid == counts
+    assert set(census.examples) == set(counts)
+    assert list(auto) == [auto[i] for i in range(len(auto))]
+    assert sorted(c.hash for c in auto) == sorted(c.hash for c in valid)
+    assert all(c in auto for c in valid[:: max(1, len(valid) // 200)])
+
+
+def test_every_rule_is_exercised_by_the_small_product():
+    counts = collections.Counter()
+    for operands in (BF16, FP8, FP8_NT):
+        counts.update(AutoKernels(operands, SMALL).census().invalid)
+    assert {rule for rule, _ in CONFIG_RULES} - set(counts) == {"arch", "dtype_inputs", "dtype_output",
+                                                               "dtype_accumulator"}
+
+
+def _random_config(rng, auto):
+    fields = dict(auto.operands)
+    for knob, values in auto.knobs:
+        value = rng.choice(values)
+        fields.update(zip(knob.fields, value if len(knob.fields) > 1 else (value,)))
+    return KernelConfig(**fields)
+
+
+def test_each_rule_reads_only_the_fields_it_declares():
+    """Guards the count against a rule added to check_config, or changed, but not to CONFIG_RULES."""
+    rng = random.Random(0)
+    for operands in (BF16, FP8):
+        auto = AutoKernels(operands)
+        domain = {f: [] for knob, _ in auto.knobs for f in knob.fields}
+        for knob, values in auto.knobs:
+            for value in values:
+                for f, v in zip(knob.fields, value if len(knob.fields) > 1 else (value,)):
+                    domain[f].append(v)
+        for _ in range(3000):
+            cfg = _random_config(rng, auto)
+            fired = {r.rule for r in check_combinations(cfg)}
+            assert fired <= {rule for rule, _ in CONFIG_RULES}
+            field = rng.choice(sorted(domain))
+            other = dataclasses.replace(cfg, **{field: rng.choice(domain[field])})
+            changed = fired ^ {r.rule for r in check_combinations(other)}
+            assert all(field in reads for rule, reads in CONFIG_RULES if rule in changed), (cfg.name, field, changed)
+
+
+def test_a_16_bit_kind_is_counted_whole_in_seconds():
+    start = time.monotonic()
+    auto = AutoKernels(BF16)
+    census = auto.census()
+    assert time.monotonic() - start < 20
+    # 3 x 16 x 4 tiles, 9 clusters, 16 stage counts, 3 x 3 schedules, 2 tile schedulers,
+    # 17 epilogue subtiles, with and without C
+    assert census.total == 3 * 16 * 4 * 9 * 16 * 3 * 3 * 2 * 17 * 2
+    assert census.valid == len(auto) == 190_240
+    assert sum(census.invalid.values()) == census.total - census.valid
+    picked = [auto[i] for i in random.Random(1).sample(range(len(auto)), 200)]
+    assert all(not check_config(c) and c in auto for c in picked)
+    names = {c.name for c in picked}
+    assert len(names) == 200
+    # tiles the hand-written space lacks are there: 128x160 and 128x192 ping-pong, without C
+    wanted = KernelConfig(**BF16, tile_n=160, kernel_schedule=picked[0].kernel_schedule.PINGPONG,
+                          epilogue_schedule=picked[0].epilogue_schedule.TMA, epilogue_source=False)
+    assert wanted in auto and dataclasses.replace(wanted, tile_n=192) in auto
+    assert dataclasses.replace(wanted, tile_n=224) not in auto  # accumulator_registers
+
+
+def test_indices_and_membership_agree():
+    auto = AutoKernels(BF16)
+    for i in (0, 1, 777, len(auto) // 2, len(auto) - 1, -1):
+        chosen = auto.value_indices(i)
+        assert auto.config_of(chosen) == auto[i] and auto[i] in auto
+    with pytest.raises(IndexError):
+        auto[len(auto)]
+    assert KernelConfig(**FP8) not in auto  # another kind
+    assert KernelConfig(**BF16, tile_n=8 * 3) not in auto  # a value auto does not try
+    assert sum(1 for _ in auto.all_value_indices()) == len(auto)
+
+
+def test_a_space_file_of_kernels_auto(tmp_path):
+    path = tmp_path / "auto.yaml"
+    path.write_text("problems: [{m: 4096, n: [1280, 4096], k: 8192}]\ndtypes: [bf16, f16]\nlayouts: [tn, nt]\n"
+                    "kernels: auto\nruntime: {swizzle: [1, 4]}\n")
+    sp = load_space(path)
+    assert len(sp.problems) == 8 and len(sp.auto) == 4
+    census = sp.census()
+    assert census.valid == len(sp.valid) == 4 * 190_240 and census.total == 4 * 16_920_576
+    problem = Problem(4096, 1280, 8192, DType.F16, DType.F16, DType.F16, Layout.COL, Layout.ROW)
+    kind = sp.auto_for(problem)
+    assert kind is not None and kind.operands["layout_a"] is Layout.COL and kind.operands["dtype_a"] is DType.F16
+    assert sp.holds(kind[5]) and not sp.holds(KernelConfig(**BF16, tile_n=8 * 3))
+    first = next(iter(sp.classify()))
+    assert first[1] == [] and first[0] == sp.candidates[0]
+    assert [v.name for v in sp.runtime_variants(KernelConfig())] == ["rheuristic_sw1", "rheuristic_sw4"]
+
+
+def test_the_knob_list_bound_does_not_refuse_auto(tmp_path):
+    path = tmp_path / "auto.yaml"
+    path.write_text("problems: [{m: 4096, n: 4096, k: 4096}]\nkernels: auto\n")
+    assert load_space(path).census().total > 200_000
+
+
+def test_shapes_without_a_file_are_auto_over_the_broad_run_time_variants():
+    sp = space_for_shapes("4096x1280x8192, 512x14336x4096")
+    assert [(p.m, p.n, p.k) for p in sp.problems] == [(4096, 1280, 8192), (512, 14336, 4096)]
+    assert sp.auto and sp.path == "--shapes" and "4096x1280x8192" in sp.description
+    assert len(sp.runtime_variants(KernelConfig())) == 6
+    fp8 = space_for_shapes("256x256x256", dtype="e4m3")
+    assert fp8.problems[0].dtype_d is DType.BF16 and fp8.auto[0].operands["dtype_a"] is DType.E4M3
+    nt = space_for_shapes("256x256x256", dtype="f16:f32", layout="nt")
+    assert (nt.problems[0].dtype_d, nt.problems[0].layout_a) == (DType.F32, Layout.COL)
+
+
+def test_shapes_with_a_file_take_its_knobs(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text("problems: [{m: 64, n: 64, k: 64}]\nlayouts: [nt]\nkernels: {tile_n: [64, 128]}\n")
+    sp = space_for_shapes("4096x4096x4096", config=path)
+    assert not sp.auto and len(sp.candidates) == 2 and sp.problems[0].layout_a is Layout.COL
+    assert sp.problems[0].m == 4096
+
+
+@pytest.mark.parametrize("shapes, dtype, layout, expected", [
+    ("4096x4096", None, None, "--shapes = '4096x4096': give each shape as MxNxK"),
+    ("4096x4096x4095", None, None, "--shapes: problems = '4096x4096x4095 tn': tma_alignment"),
+    ("256x256x256", "e4m3", "nt", "fp8_layout"),
+    ("256x256x256", "bf17", None, "--shapes: dtypes.0.input = 'bf17'"),
+    ("256x256x256", None, "tx", "--shapes: layouts.0 = 'tx'"),
+])
+def test_bad_shapes_are_one_line(shapes, dtype, layout, expected):
+    with pytest.raises(ConfigFileError, match=expected.replace("(", r"\(")) as err:
+        space_for_shapes(shapes, dtype=dtype, layout=layout)
+    assert "\n" not in str(err.value)
