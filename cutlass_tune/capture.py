@@ -11,7 +11,7 @@ since a space file multiplies every problem by every dtype and layout it lists.
 The operands are read as `Problem` and `cutlass_tune.matmul` read them: A is M x K, B is K x N,
 each row- or column-major contiguous (the rule of `runtime._matmul._layout`), so a recorded
 problem is the one `matmul` would look up for the same tensors. nn.Linear's `x @ w.t()` is "tn";
-its backward adds dX = dY @ w ("tt") and dW = dY.t() @ x ("nt", as dW's transpose).
+its backward adds dX = dY @ w ("tt") and dW = dY.t() @ x ("nt").
 
 Imports torch: the CLI imports this module inside the `shapes` command only.
 """
@@ -430,7 +430,7 @@ def _space_text(label: str, group: str, dtype_in: DType, dtype_out: DType, layou
     shipped, sections = _kernel_sections(dtype_in)
     run = "forward and backward" if backward else "forward"
     lines = [
-        f"# The distinct {group} GEMMs of {label}, recorded by `cutlass-tune shapes` in one {run};",
+        f"# The distinct {group} GEMMs of {json.dumps(label)[1:-1]}, recorded by `cutlass-tune shapes` in one {run};",
         "# the comment on each problem counts its calls. M follows the example inputs' tokens.",
         f"# kernels and runtime: those of the shipped {shipped}; narrow them to sweep faster.",
         f"description: {json.dumps(f'GEMMs of {label} ({group}, {run})')}",

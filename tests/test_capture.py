@@ -189,6 +189,14 @@ def test_a_decoder_backward_has_a_dx_and_a_dw_for_every_projection(tmp_path):
     assert by_layout["nt"] == {(n, k, m) for m, n, k in forward}
 
 
+@pytest.mark.gpu
+def test_on_a_gpu_a_decoder_runs_the_gemms_it_runs_on_meta(tmp_path):
+    # The backward's GEMMs run on the autograd engine's device thread: the mode must reach it there.
+    build = load_target(f"{model_file(tmp_path, DECODER)}:build")
+    on_meta = capture_gemms(build, backward=True).problems()
+    assert capture_gemms(build, backward=True, device="cuda").problems() == on_meta
+
+
 def test_a_bmm_over_a_shared_b_is_one_gemm_and_attention_is_skipped():
     a = torch.empty(4, 32, 64, device="meta", dtype=torch.bfloat16)
     w = torch.empty(128, 64, device="meta", dtype=torch.bfloat16)
