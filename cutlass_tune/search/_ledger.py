@@ -38,16 +38,23 @@ class Ledger:
         self._best: dict[_Key, float | None] = {}
         self._seen_id = 0  # the last store row read
         self._candidates: dict[str, KernelConfig] = {}
-        for c in space.candidates:
+        """The space's configs by hash: a list's, all; `kernels: auto`'s (too many to list),
+        those the store or this sweep has measured."""
+        for c in () if space.auto else space.candidates:
             self._candidates.setdefault(c.hash, c)
+        self._foreign: set[str] = set()  # hashes in the store of configs not in the space
 
     def absorb(self) -> None:
         """Read the store's rows added since the last call: at the start those of earlier runs,
         later those of other sweeps on the store (other hosts) and this sweep's own."""
-        rows = self.store.rows(["problem", "config_hash", "runtime", "status", "tflops"], after_id=self._seen_id)
+        columns = ["problem", "config_hash", "runtime", "status", "tflops"] + (["record"] if self.space.auto else [])
+        rows = self.store.rows(columns, after_id=self._seen_id)
         for row in rows:
             if row.config_hash is None:
                 continue  # the cuBLAS baseline, or a hand-written kernel
+            known = row.config_hash in self._candidates or row.config_hash in self._foreign
+            if row.record is not None and not known:
+                self._learn(row.measurement().config)
             assert row.problem is not None and row.runtime is not None, "columns read, never NULL"
             if row.status is not Status.INVALID:
                 self.compiled.add(row.config_hash)
@@ -59,7 +66,16 @@ class Ledger:
     def note(self, m: Measurement) -> None:
         """Count `m`, a kernel's measurement this sweep has just stored."""
         assert m.config is not None, "a baseline is no kernel's measurement"
+        if self.space.auto and m.config.hash not in self._candidates:
+            self._learn(m.config)
         self._add((m.problem.name, m.config.hash), m.runtime.name, m.tflops if m.status is Status.OK else None)
+
+    def _learn(self, cfg: KernelConfig | None) -> None:
+        """Know `cfg`, measured, by its hash if it is one of the (`kernels: auto`) space's."""
+        if cfg is not None and self.space.holds(cfg):
+            self._candidates[cfg.hash] = cfg
+        elif cfg is not None:
+            self._foreign.add(cfg.hash)
 
     def _add(self, key: _Key, runtime: str, tflops: float | None) -> None:
         self._runtimes.setdefault(key, set()).add(runtime)
@@ -109,7 +125,8 @@ class Ledger:
         return list(out.values())
 
     def config_for(self, cfg_hash: str, problem: Problem) -> KernelConfig | None:
-        """The space's config of that hash, on `problem`'s types; None when the space has none."""
+        """The space's config of that hash, on `problem`'s types; None when the space has none
+        (or, in `kernels: auto`, none measured has it)."""
         cfg = self._candidates.get(cfg_hash)
         return config_of(params_of(cfg), problem) if cfg is not None else None
 

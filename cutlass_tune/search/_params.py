@@ -7,6 +7,8 @@ writes (`Kind.text`), so Optuna stores and shows them plainly; the mapping back 
 configs (fp8 fast accumulation for 16-bit inputs) is no parameter of its study, and knobs
 declared without `parameter_at_default` (added after studies were made) become parameters only
 in spaces that list a value other than their default, so older studies keep their parameters.
+In a `kernels: auto` space the choices are the values some valid config holds (with "auto"
+beside them for a knob that has it), and membership is asked of the space, never listed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import optuna
 
-from ..space import KernelConfig, Problem, SearchSpace
+from ..space import AutoKernels, KernelConfig, Problem, SearchSpace
 
 KNOBS = tuple(k.name for k in KernelConfig.knobs)
 _ONLY_AT_DEFAULT = {k.name: k.kind.text(k.default) for k in KernelConfig.knobs if not k.parameter_at_default}
@@ -29,10 +31,15 @@ class ParamSpace:
 
     choices: dict[str, tuple[str, ...]]
     members: frozenset[str]  # KernelConfig.hash of every candidate the file describes
+    auto: AutoKernels | None = None
+    """`kernels: auto`: the configs of the problem's kind (`members` is then empty)."""
 
     @classmethod
     def from_space(cls, space: SearchSpace, problem: Problem) -> ParamSpace:
         """Parameters for the candidates of `space` that match `problem`'s types and layouts."""
+        auto = space.auto_for(problem)
+        if auto is not None:
+            return cls(_auto_choices(auto), frozenset(), auto)
         configs = [c for c in space.candidates if _matches(c, problem)]
         choices: dict[str, list[str]] = {k: [] for k in KNOBS}
         for c in configs:
@@ -41,6 +48,10 @@ class ParamSpace:
                     choices[knob].append(value)
         kept = {k: tuple(v) for k, v in choices.items() if v and v != [_ONLY_AT_DEFAULT.get(k)]}
         return cls(kept, frozenset(c.hash for c in configs))
+
+    def has(self, cfg: KernelConfig) -> bool:
+        """Whether `cfg` is one of the space's configs of this kind (in `kernels: auto`, a valid one)."""
+        return cfg in self.auto if self.auto is not None else cfg.hash in self.members
 
     def params(self, cfg: KernelConfig) -> dict[str, str]:
         """`params_of(cfg)` restricted to this space's parameters."""
@@ -51,6 +62,18 @@ class ParamSpace:
 
     def grid(self) -> dict[str, list[str]]:
         return {k: list(v) for k, v in self.choices.items()}
+
+
+def _auto_choices(auto: AutoKernels) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for knob in KernelConfig.knobs:
+        if not knob.applies_to(KernelConfig(**auto.operands)):
+            continue
+        values = auto.values_in_valid()[knob.name]
+        texts = (["auto"] if knob.auto is not None else []) + [knob.kind.text(v) for v in values]
+        if texts != [_ONLY_AT_DEFAULT.get(knob.name)]:
+            out[knob.name] = tuple(dict.fromkeys(texts))
+    return out
 
 
 def _matches(cfg: KernelConfig, problem: Problem) -> bool:

@@ -5,6 +5,7 @@ optional `nvidia-matmul-heuristics` package is installed, its top-k for each pro
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 
@@ -142,17 +143,34 @@ def _log_distance(a: Problem, b: Problem) -> float:
                      (math.log2(b.m), math.log2(b.n), math.log2(b.k)))
 
 
+def _wave_fit_pool(space: SearchSpace) -> list[KernelConfig]:
+    """The configs wave fitting picks from: the valid ones of a space of knob lists; of
+    `kernels: auto`, each tile of each kind's persistent schedules with the other knobs at
+    their defaults (the walk's 190,240 are not listed for this)."""
+    if not space.auto:
+        return list(space.valid)
+    out = []
+    for kind in space.auto:
+        tiles = {k.name: values for k, values in kind.knobs}
+        for tile_m, tile_n, schedule, source in itertools.product(
+                tiles["tile_m"], tiles["tile_n"], (KernelSchedule.COOPERATIVE, KernelSchedule.PINGPONG), (False, True)):
+            cfg = KernelConfig(**kind.operands, tile_m=tile_m, tile_n=tile_n, kernel_schedule=schedule,
+                               epilogue_schedule=PAIRED_EPILOGUE[schedule], epilogue_source=source)
+            if cfg in kind:
+                out.append(cfg)
+    return out
+
+
 def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem],
                  gpu_name: str | None = None, sm_count: int | None = None) -> list[KernelConfig]:
     """Configs to enqueue before sampling, in order, each valid and in `space`. Without
     `sm_count` (the GPU's SMs) no wave-fitting tiles are added."""
-    members = {c.hash: c for c in space.candidates}
     out: dict[str, KernelConfig] = {}
     # The performance model's picks first, one problem at a time, so each problem gets its own.
     picks = [heuristic_configs(p, gpu_name) for p in problems]
     for rank in range(max((len(x) for x in picks), default=0)):
         for found in picks:
-            if rank < len(found) and found[rank].hash in members:
+            if rank < len(found) and space.holds(found[rank]):
                 out.setdefault(found[rank].hash, found[rank])
     defaults: list[KernelConfig] = []
     for p in problems:
@@ -164,17 +182,17 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
             for source in (False, True):
                 cfg = KernelConfig(dtype_a=p.dtype_a, dtype_b=p.dtype_b, dtype_c=p.dtype_d, dtype_d=p.dtype_d,
                                    layout_a=p.layout_a, layout_b=p.layout_b, epilogue_source=source, **knobs)
-                if cfg.hash in members:
+                if space.holds(cfg):
                     out.setdefault(cfg.hash, cfg)
                     defaults.append(cfg)
                     break
     if sm_count:
-        for cfg in wave_fit_configs(list(space.valid), problems, sm_count, defaults):
+        for cfg in wave_fit_configs(_wave_fit_pool(space), problems, sm_count, defaults):
             out.setdefault(cfg.hash, cfg)
     # The best config of each stored problem nearest to ours (same types and layouts).
     best: dict[Problem, tuple[float, KernelConfig]] = {}
     for m in store.measurements():
-        if m.status is Status.OK and m.config is not None and m.tflops and m.config.hash in members:
+        if m.status is Status.OK and m.config is not None and m.tflops and space.holds(m.config):
             if m.problem not in best or m.tflops > best[m.problem][0]:
                 best[m.problem] = (m.tflops, m.config)
     for p in problems:

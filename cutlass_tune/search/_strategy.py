@@ -5,7 +5,8 @@ its problem; a trial's value is the config's best TFLOP/s over its run-time vari
 that is invalid, or already measured, is answered at once without a compile; one already
 awaiting results (measured here or by another sweep on the store) waits with it. A compiled
 kernel's result is added to every study of its kind, so one compile informs all shapes. When the
-samplers stall, configs never proposed are taken in the space file's order.
+samplers stall, configs never proposed are taken in the space file's order (at random from a
+`kernels: auto` space).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import random
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import optuna
 
+from ..errors import CutlassTuneError
 from ..space import KernelConfig, Problem, SearchSpace, check_config
 from ..store import open_study_storage
 from ._claims import Claims
@@ -69,7 +72,10 @@ class OptunaStrategy:
 
     def __init__(self, space: SearchSpace, storage_url: str, *, sampler: str, seed: int, arch: str, gpu: str,
                  run_id: str):
-        self.space, self.run_id = space, run_id
+        if sampler == "grid" and space.auto:
+            raise CutlassTuneError("the grid sampler cannot walk a kernels: auto space (millions of configs): "
+                                   "use tpe, gp or random")
+        self.space, self.run_id, self.seed_value = space, run_id, seed
         self.storage = open_study_storage(storage_url)
         self.studies: list[Study] = []
         for p in space.problems:
@@ -118,9 +124,15 @@ class OptunaStrategy:
                 continue
             s = studies_of[kind][turns[kind] % len(studies_of[kind])]
             turns[kind] += 1
-            pcfg = config_of(params_of(cfg), s.problem)
-            if pcfg.hash in s.params.members and pcfg.hash not in self._known[s.name]:
-                s.study.enqueue_trial(s.params.params(pcfg), skip_if_exists=True)
+            self.enqueue(s, config_of(params_of(cfg), s.problem))
+
+    def enqueue(self, s: Study, cfg: KernelConfig) -> bool:
+        """Queue `cfg` in the study `s`, asked before anything it samples, unless it is not of
+        the study's space or the study holds it already. Whether it was queued."""
+        if not s.params.has(cfg) or cfg.hash in self._known[s.name]:
+            return False
+        s.study.enqueue_trial(s.params.params(cfg), skip_if_exists=True)
+        return True
 
     # ---- proposing ------------------------------------------------------------------------
     def expect(self, cfg: KernelConfig) -> None:
@@ -152,6 +164,10 @@ class OptunaStrategy:
         """Ask the next study; the config to compile, or None when the proposal needs none."""
         s = self.studies[self._turn % len(self.studies)]
         self._turn += 1
+        return self._ask_in(s, ledger, claims)
+
+    def _ask_in(self, s: Study, ledger: Ledger, claims: Claims) -> KernelConfig | None:
+        """Ask the study `s`; the config to compile, or None when the proposal needs none."""
         try:
             trial = s.study.ask(s.params.distributions())
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -159,7 +175,7 @@ class OptunaStrategy:
         cfg = config_of(trial.params, s.problem)
         rejections = check_config(cfg)
         why = str(rejections[0]) if rejections else ""
-        if not why and cfg.hash not in s.params.members:
+        if not why and not s.params.has(cfg):
             why = "not in the search space"
         if why:
             self.invalid += 1
@@ -185,17 +201,26 @@ class OptunaStrategy:
         proposing known or invalid configs, as in a short list of configs or a space whose rest
         other sweeps hold), so that a sweep does not stop short of `--trials` with configs left."""
         taken: list[KernelConfig] = []
-        members = set().union(*(s.params.members for s in self.studies))
-        for cfg in self.space.candidates:
+        for cfg in self._fallback():
             if len(taken) == want:
                 break
-            if (cfg.hash in self._waiting or cfg.hash in ledger.compiled or cfg.hash not in members
-                    or check_config(cfg)):
+            if (cfg.hash in self._waiting or cfg.hash in ledger.compiled
+                    or not any(s.params.has(cfg) for s in self.studies) or check_config(cfg)):
                 continue
             if claims.claim(cfg, wait=False):  # else another sweep measures it: nothing waits on it here
                 self.expect(cfg)
                 taken.append(cfg)
         return taken
+
+    def _fallback(self) -> Iterator[KernelConfig]:
+        """The space's configs in the file's order; a `kernels: auto` space's (hundreds of
+        thousands, the smallest tiles first), a few thousand at random."""
+        if not self.space.auto:
+            yield from self.space.candidates
+            return
+        n = len(self.space.candidates)
+        for i in random.Random(self.seed_value).sample(range(n), min(n, 4096)):
+            yield self.space.candidates[i]
 
     # ---- telling --------------------------------------------------------------------------
     def tell(self, cfg: KernelConfig, ledger: Ledger) -> None:
