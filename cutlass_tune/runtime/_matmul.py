@@ -27,6 +27,7 @@ from ..errors import CutlassTuneError
 from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, TileScheduler, check_problem, layout_code
 from ..status import Status
 from ..tables import BestTableError, BundledKernel
+from ._context import bind_primary_context
 from ._kernel import GemmArgs, KernelStatusError, LoadedKernel, make_args
 from ._table import BestTable
 
@@ -142,6 +143,7 @@ class Gemm:
             # workspace: once per (problem, addresses, stream) this thread has seen lately (a
             # model's steady stream reuses its buffers), and before every Stream-K launch (its
             # workspace barriers must start at zero).
+            bind_primary_context(device)
             args = make_args(problem, self.runtime, a=key[2], b=key[3], d=key[4], device_id=device,
                              sm_count=_sm_count(device))
             if instance is None:
@@ -149,20 +151,34 @@ class Gemm:
                 ready[key] = instance
                 if len(ready) > READY_INSTANCES:
                     ready.popitem(last=False)[1].close()
-            instance.initialize(args, self._workspace(problem, device, args), stream)
-        instance.run(stream)
+            workspace = self._workspace(problem, device, args)
+            instance.initialize(args, 0 if workspace is None else workspace.data_ptr(), stream)
+        instance.run(stream)  # after the launch is enqueued a temporary workspace may go back to torch
         return out
 
-    def _workspace(self, problem: Problem, device: int, args: GemmArgs) -> int:
-        """The address of this thread's workspace for `problem` on `device` (instances of one
-        thread share it: they launch one after another on its stream)."""
-        workspaces = self._local.__dict__.setdefault("workspaces", {})
-        found = workspaces.get((problem, device))
+    def _workspace(self, problem: Problem, device: int, args: GemmArgs) -> torch.Tensor | None:
+        """The workspace of a launch for `problem` on `device`: none where the kernel needs none;
+        for a Stream-K kernel (initialized before every launch) a temporary from torch on the
+        current stream, so each launch a CUDA graph captures has its own, in the graph's pool;
+        else this thread's, kept (its instances launch one after another on its stream).
+
+        A workspace kept past a call that torch.compile's CUDA graphs warm up or record would
+        sit in their memory pool untracked, which they refuse: kernels of no workspace keep none.
+        """
+        sizes = self._local.__dict__.setdefault("workspace_sizes", {})
+        size = sizes.get((problem, device))
+        if size is None:
+            size = sizes[(problem, device)] = self.kernel.workspace_size(args)
+        if size == 0:
+            return None
+        cuda = torch.device("cuda", device)
+        if self._stream_k:
+            return torch.empty(size, dtype=torch.uint8, device=cuda)
+        kept = self._local.__dict__.setdefault("workspaces", {})
+        found = kept.get((problem, device))
         if found is None:
-            size = self.kernel.workspace_size(args)
-            found = workspaces[(problem, device)] = torch.empty(max(size, 16), dtype=torch.uint8,
-                                                                device=torch.device("cuda", device))
-        return found.data_ptr()
+            found = kept[(problem, device)] = torch.empty(size, dtype=torch.uint8, device=cuda)
+        return found
 
 
 def _current_stream(device: int) -> int:

@@ -23,6 +23,7 @@ backward too, and torch's GEMM does where it has none.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Sequence
@@ -151,15 +152,25 @@ def mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | No
     tuned = registered_table(table)
     dtype = result_dtype(a.dtype, out_dtype)
     a2 = a.reshape(-1, a.shape[-1])
-    if a2.numel() == 0 or b.numel() == 0:
-        product = _torch_product(a2, b, dtype)
-    else:
-        try:
-            product = matmul(a2, b, tuned, out_dtype)
-        except MatmulInputError as err:
-            _warn_once(str(err), f"cutlass_tune.mm: {err}; using torch's GEMM")
+    with _on_device_of(a):
+        if a2.numel() == 0 or b.numel() == 0:
             product = _torch_product(a2, b, dtype)
+        else:
+            try:
+                product = matmul(a2, b, tuned, out_dtype)
+            except MatmulInputError as err:
+                _warn_once(str(err), f"cutlass_tune.mm: {err}; using torch's GEMM")
+                product = _torch_product(a2, b, dtype)
     return product.reshape(*a.shape[:-1], b.shape[1])
+
+
+def _on_device_of(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """The device guard torch's own operators take (a Python operator gets none): the kernel
+    launches on the current device."""
+    index = t.device.index
+    if index is None or index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
 
 
 @mm.register_kernel("cpu")

@@ -2,6 +2,7 @@
 (torch's GEMM computes there); the tuned kernels against torch, compiled and in CUDA graphs on a
 Hopper GPU."""
 
+import threading
 import warnings
 
 import pandas as pd
@@ -203,6 +204,22 @@ def test_forward_and_backward_run_tuned_kernels_and_match_torch(tuned, tokens):
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
+def test_a_thread_that_ran_no_cuda_work_initializes_kernels(tuned):
+    # Regression: autograd's backward thread had no current CUDA context, so the kernel's TMA
+    # descriptors failed (CUDA_ERROR_INVALID_CONTEXT) and the launch hit an illegal instruction.
+    _, key = tuned
+    x = torch.randn(512, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    got = []
+    worker = threading.Thread(target=lambda: got.append(OP(x, w.t(), key)))
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    assert _relative_error(got[0], x.float() @ w.float().t()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
 def test_compiled_fullgraph_matches_eager_on_cuda(tuned):
     _, key = tuned
     w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
@@ -224,15 +241,26 @@ def test_compiled_fullgraph_matches_eager_on_cuda(tuned):
         assert _relative_error(g, e) < 1e-2
 
 
+SIZES = [pytest.param(1024, id="persistent"), pytest.param(8192, id="stream-k")]
+"""Square problems whose tuned tn kernel (sweep-nvidia-h200) is persistent (no workspace) and
+Stream-K (a workspace zeroed before every launch)."""
+
+
+def _runs_scheduler(table, size, scheduler):
+    return any(g is not None and p.m == size and g.config.tile_scheduler.value == scheduler
+               for g, p in table._kernels.values())
+
+
 @pytest.mark.gpu
 @pytest.mark.nvcc
-def test_a_cuda_graph_replays_the_tuned_kernel_on_new_inputs(tuned):
-    _, key = tuned
-    x = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+@pytest.mark.parametrize("size", SIZES)
+def test_a_cuda_graph_replays_the_tuned_kernel_on_new_inputs(tuned, size):
+    table, key = tuned
+    x = torch.randn(size, size, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(size, size, dtype=torch.bfloat16, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: kernel loaded, workspace allocated, before capture
+    with torch.cuda.stream(side):  # warm-up: kernel loaded before capture
         OP(x, w.t(), key)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
@@ -244,20 +272,24 @@ def test_a_cuda_graph_replays_the_tuned_kernel_on_new_inputs(tuned):
         torch.cuda.synchronize()
         assert torch.equal(y, OP(x, w.t(), key))
         assert _relative_error(y, x.float() @ w.float().t()) < 1e-2
+    assert _runs_scheduler(table, size, "stream_k" if size == 8192 else "persistent")
 
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
-def test_compiled_with_cuda_graphs_reduce_overhead(tuned):
+@pytest.mark.parametrize("size", SIZES)
+def test_compiled_with_cuda_graphs_reduce_overhead(tuned, size):
+    # Regression: a workspace kept past the first call sat untracked in the graphs' memory pool,
+    # which torch.compile's CUDA graphs refuse ("tensor(s) in the cudagraph pool not tracked").
     _, key = tuned
-    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(size, size, dtype=torch.bfloat16, device="cuda")
 
     @torch.compile(mode="reduce-overhead", fullgraph=True)
     def layer(x):
         return torch.relu(OP(x, w.t(), key))
 
     for _ in range(4):
-        x = torch.randn(256, 1024, dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(size, size, dtype=torch.bfloat16, device="cuda")
         got = layer(x).clone()
         assert torch.equal(got, torch.relu(OP(x, w.t(), key)))
 
