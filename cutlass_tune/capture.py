@@ -45,8 +45,9 @@ class CaptureError(CutlassTuneError):
 
 
 # The one place that picks the kernels a written space sweeps: each input type's shipped broad
-# space, whose `kernels` and `runtime` are copied as they are. Where space files learn
-# `kernels: auto`, `_kernel_sections` is what changes.
+# space, whose `kernels` and `runtime` are copied as they are. To write `kernels: auto` instead
+# (every config the knobs declare, space/_auto.py), `_kernel_sections` returns
+# {"kernels": "auto", "runtime": SHAPES_RUNTIME}; nothing else changes.
 KERNELS_FROM = {
     DType.BF16: "sm90_bf16.yaml",
     DType.F16: "sm90_bf16.yaml",  # the knobs are the same for both 16-bit types
