@@ -4,6 +4,8 @@ A layer is covered when the table has at least one entry for its GEMM: its weigh
 (bfloat16 or float16) as input and output type, layout tn (x row-major, the N x K weight
 row-major: nn.Linear's), and N = out_features, K = in_features. M (the tokens of a batch)
 varies from call to call, so it plays no part: `matmul` runs the entry of the nearest tuned M.
+A covered layer is swapped where one of its entries beats cuBLAS by the table's own figure
+(`min_ratio`), so a patch never trades torch's GEMM for one the table measured slower.
 """
 
 from __future__ import annotations
@@ -81,10 +83,19 @@ class _Coverage:
         for dtype, n, k, m, ratio in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratios):
             self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(ratio)))
 
-    def why_not(self, dtype: DType, n: int, k: int) -> str | None:
-        """None where the table covers N x K of `dtype`, else what it has instead."""
-        if (dtype.value, n, k) in self.tuned:
-            return None
+    def why_not(self, dtype: DType, n: int, k: int, min_ratio: float) -> str | None:
+        """None where the table covers N x K of `dtype` with an entry at `min_ratio` of cuBLAS
+        or faster, else what it has instead."""
+        entries = self.tuned.get((dtype.value, n, k))
+        if entries:
+            best = max((r for _, r in entries if math.isfinite(r)), default=math.nan)
+            if min_ratio <= 0 or best >= min_ratio:
+                return None
+            if math.isnan(best):
+                return f"{dtype.value} tn N={n}, K={k}: the table has no ratio to cuBLAS to hold to min_ratio " \
+                       f"{min_ratio}"
+            return (f"{dtype.value} tn N={n}, K={k}: tuned at {best:.3f}x cuBLAS at best, below min_ratio "
+                    f"{min_ratio} (torch's GEMM is kept)")
         shapes = sorted({(sn, sk) for d, sn, sk in self.tuned if d == dtype.value})
         if not shapes:
             has = sorted({d for d, _, _ in self.tuned})
@@ -104,7 +115,8 @@ class _Coverage:
         return text
 
 
-def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage, cuda_only: bool) -> str | None:
+def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage, cuda_only: bool,
+              min_ratio: float) -> str | None:
     """Why `linear` stays as it is; None when it is swapped."""
     if isinstance(linear, Linear):
         return f"already a cutlass_tune.nn.Linear (table {linear.table_key!r})"
@@ -122,17 +134,19 @@ def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage, cuda_only
     refused = check_problem(Problem(1, n, k, dtype, dtype, dtype, Layout.ROW, Layout.COL))
     if refused:
         return refused[0].reason
-    return coverage.why_not(dtype, n, k)
+    return coverage.why_not(dtype, n, k, min_ratio)
 
 
-def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: bool = True) -> PatchReport:
+def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: bool = True,
+          min_ratio: float = 1.0) -> PatchReport:
     """Swap, in place, every torch.nn.Linear of `model` that `table` covers for a
     `cutlass_tune.nn.Linear` sharing its parameters (nothing is copied; state_dict keys stay).
 
     Covered (module docstring): the table has an entry of the layer's dtype, layout tn, and its
     N (out_features) and K (in_features), at any M. Left as they are, each with its reason:
     layers not on CUDA (with `cuda_only`), of another dtype than bfloat16 and float16, with
-    N or K not a multiple of 8 (TMA alignment), without an entry, subclasses of nn.Linear (their
+    N or K not a multiple of 8 (TMA alignment), without an entry, whose entries are slower than
+    `min_ratio` of cuBLAS, subclasses of nn.Linear (their
     forward may matter: MultiheadAttention reads its out_proj's weight directly), the model
     itself, and layers swapped before. Patch the model as it will run: on its device, in its
     dtype. A module reached by two names is swapped for one module at both.
@@ -142,6 +156,11 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
         table: a `BestTable`, a path `BestTable.load` reads, or a key from `register_table`.
         cuda_only: leave layers that are not on CUDA. False swaps them too (they run torch's
             GEMM until the model moves to a GPU): for models built on the CPU and moved later.
+        min_ratio: leave a layer whose entries all measured slower than this fraction of
+            cuBLAS's speed (the table's `ratio`, cuBLAS time / kernel time, by the store's
+            ranking method): at the default 1.0 a layer is swapped only where the table shows its
+            tuned kernel beating cuBLAS, so patching does not make a model slower by the table's
+            own figures. 0 swaps every covered layer.
 
     Returns:
         A `PatchReport`: each layer, swapped or left, and why.
@@ -157,7 +176,7 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
         if not isinstance(module, torch.nn.Linear):
             continue
         if id(module) not in swaps:
-            why = _why_left(name, module, coverage, cuda_only)
+            why = _why_left(name, module, coverage, cuda_only, min_ratio)
             if why is not None:
                 decisions.append(_decision(name, module, False, why))
                 continue

@@ -3,12 +3,14 @@ and a patched model that computes what it did."""
 
 import copy
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
 
 import cutlass_tune
 from cutlass_tune.nn import Linear
+from cutlass_tune.runtime import BestTable
 
 from .tables import csv_table, tuned_table
 
@@ -100,7 +102,7 @@ def test_a_patched_model_on_cuda_matches_the_original_forward_backward_and_compi
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1000)).to("cuda", torch.bfloat16)
     original = copy.deepcopy(model)
-    report = cutlass_tune.patch(model, tuned_table())
+    report = cutlass_tune.patch(model, tuned_table(), min_ratio=0)  # numerics: swap what the table covers
     assert [(d.name, d.swapped) for d in report.layers] == [("0", True), ("2", False)]
     x = torch.randn(4, 256, 1024, device="cuda", dtype=torch.bfloat16)
     for patched in (model, torch.compile(model, fullgraph=True)):
@@ -112,3 +114,20 @@ def test_a_patched_model_on_cuda_matches_the_original_forward_backward_and_compi
             mine.grad = theirs.grad = None
         want = original(x).float()
         assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_a_layer_whose_tuned_kernels_measured_slower_than_cublas_keeps_torchs_gemm(tmp_path):
+    # Guards against patching a model onto kernels its own table shows losing to cuBLAS.
+    path = tmp_path / "slow.csv"
+    csv_table(path, [("bf16", "tn", 128, 64, 32), ("bf16", "tn", 4096, 64, 32)])
+    frame = pd.read_csv(path, dtype=str)
+    frame["ratio"] = ["0.97", "0.991"]
+    frame.to_csv(path, index=False)
+    model = Block()
+    report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
+    decided = {d.name: (d.swapped, d.reason) for d in report.layers}
+    assert decided["q"] == (False, "bf16 tn N=64, K=32: tuned at 0.991x cuBLAS at best, below min_ratio 1.0 "
+                                   "(torch's GEMM is kept)")
+    assert type(model.q) is nn.Linear
+    assert [d.name for d in cutlass_tune.patch(model, BestTable.load(path), cuda_only=False,
+                                                 min_ratio=0.99).swapped] == ["q", "tied"]
