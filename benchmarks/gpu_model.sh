@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A model's own GEMMs, tuned and used (on the GPU host, from the repository root; one device call per phase):
 #   benchmarks/gpu_model.sh tests OUT    # the GPU tests of the operator, nn.Linear, patch and shapes
-#   benchmarks/gpu_model.sh sweep OUT    # sweep + sustained confirm of the captured space; the bundle as OUT/bundle.tar
+#   benchmarks/gpu_model.sh sweep OUT    # sweep + sustained confirm of the captured space; the bundle as OUT/bundle.tar,
+#                                        # and what matmul delivers per entry (cutlass-tune check)
 #   benchmarks/gpu_model.sh e2e OUT      # the model before and after patch: eager, torch.compile, CUDA graph
 # SPACE (default configs/model_llama33b_bf16.yaml, written here by
 # `cutlass-tune shapes benchmarks/models/llama.py:llama_33b -o configs/model_llama33b_bf16.yaml`),
@@ -9,8 +10,9 @@
 # folder holding bundle.tar from the sweep phase). Packages the GPU host lacks travel as wheels in .whl/.
 set -uo pipefail
 phase=${1:?tests, sweep or e2e}; out=${2:?output directory}
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+whl=${WHL:-.whl}
+if compgen -G "$whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$whl"/*.whl || exit
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/ct-cache} PYTHONUNBUFFERED=1
@@ -33,6 +35,8 @@ sweep)
   echo "confirm wall $((SECONDS - start)) s"
   ct best --storage "$store" | tee "$out/best_model.txt"
   ct export --storage "$store" -o /tmp/bundle && tar -C /tmp -cf "$out/bundle.tar" bundle && ls -la "$out/bundle.tar"
+  timeout -k 10 ${CHECK_S:-90} python3 -m cutlass_tune.cli check /tmp/bundle --budget-ms 800 -o "$out/check.jsonl" 2>&1 | tail -8
+  true  # check exits 1 when an entry misses its claim: that is a finding, not a failed phase
   ;;
 e2e)
   tar -C /tmp -xf "${BUNDLE:?a folder holding bundle.tar}/bundle.tar"

@@ -43,3 +43,9 @@ def llama_33b(device: str = "meta", layers: int = 2) -> tuple[torch.nn.Module, t
 
 def llama3_8b(device: str = "meta", layers: int = 2) -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
     return build(4096, 14336, 32, 8, layers=layers, vocab=128256, device=device)
+
+
+def llama_33b_m256(device: str = "meta", layers: int = 2) -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    """LLaMA-33B widths at 4 prompts of 64 tokens (M = 256): a small serving batch, where the
+    projections read their weights more than they compute."""
+    return build(6656, 17920, 52, 52, layers=layers, device=device, batch=4, seq=64)
