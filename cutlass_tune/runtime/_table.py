@@ -10,8 +10,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs
+from ..space import Decomposition, DType, KernelConfig, Layout, RasterOrder, RuntimeArgs, layout_code
 from ..tables import TABLE_SUFFIXES, BestTableError, BundledKernel, is_bundle, read_local
+
+_TORCH_NAMES = {"torch.bfloat16": DType.BF16, "torch.float16": DType.F16, "torch.float32": DType.F32,
+                "torch.float8_e4m3fn": DType.E4M3, "torch.float8_e5m2": DType.E5M2}
+"""torch's dtypes by name: a lookup takes them without this module importing torch."""
+_LAYOUTS = {layout_code(a, b) for a in Layout for b in Layout}
+
+
+def _dtype_value(value: object, name: str) -> str:
+    """The table's spelling of a dtype given as its spelling, a `DType` or a torch.dtype."""
+    if isinstance(value, DType):
+        return value.value
+    if isinstance(value, str):
+        if value in {d.value for d in DType}:
+            return value
+    elif type(value).__name__ == "dtype" and str(value) in _TORCH_NAMES:
+        return _TORCH_NAMES[str(value)].value
+    known = ", ".join(d.value for d in DType)
+    raise BestTableError(f"lookup: {name} {str(value)[:40]!r} is not a dtype of the tables ({known}, or the torch "
+                         "dtypes bfloat16, float16, float32, float8_e4m3fn, float8_e5m2)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,21 +87,26 @@ class BestTable:
 
         return cls(load_best(source), gpu=gpu)
 
-    def lookup(self, m: int, n: int, k: int, dtype: str = "bf16", layout: str = "tn",
-               out_dtype: str | None = None) -> Match:
+    def lookup(self, m: int, n: int, k: int, dtype: object = "bf16", layout: str = "tn",
+               out_dtype: object = None) -> Match:
         """The row for M x N x K, or the nearest tuned problem of the same dtypes and layout on a
         log scale (`exact` False).
 
         Args:
-            dtype: the input type (`dtype_a`: bf16, f16, e4m3, e5m2).
+            dtype: the input type (`dtype_a`): bf16, f16, e4m3, e5m2, a `DType`, or the torch dtype.
             layout: BLAS two letters (tn, nt, nn, tt).
-            out_dtype: the output type (`dtype_d`); None takes rows of any output type.
+            out_dtype: the output type (`dtype_d`), spelt as `dtype`; None takes rows of any output type.
 
         Raises:
-            BestTableError: nothing tuned for these dtypes and layout (or a non-positive size).
+            BestTableError: nothing tuned for these dtypes and layout, a dtype or layout that is
+                none, or a non-positive size.
         """
         if min(m, n, k) <= 0:
             raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
+        dtype = _dtype_value(dtype, "dtype")
+        out_dtype = None if out_dtype is None else _dtype_value(out_dtype, "out_dtype")
+        if layout not in _LAYOUTS:
+            raise BestTableError(f"lookup: layout {str(layout)[:40]!r} is not one of {', '.join(sorted(_LAYOUTS))}")
         f = self.frame
         wanted = (f["dtype_a"] == dtype) & (f["layout"] == layout)
         if out_dtype is not None:

@@ -63,6 +63,21 @@ def test_lookup_matches_the_output_type_when_asked():
         table.lookup(row.m, row.n, row.k, "bf16", "tn", "f16")
 
 
+def test_lookup_takes_torch_dtypes_and_names_a_dtype_or_layout_it_does_not_know():
+    # Guards against lookup(dtype=torch.float16) raising pandas' NotImplementedError.
+    torch = pytest.importorskip("torch")
+    table = BestTable.load(STORE)
+    assert table.lookup(4096, 4096, 4096, dtype=torch.bfloat16, out_dtype=torch.bfloat16).exact
+    with pytest.raises(BestTableError, match="no tuned problem for f16 tn"):
+        table.lookup(4096, 4096, 4096, dtype=torch.float16)
+    with pytest.raises(BestTableError, match="dtype 'torch.int8' is not a dtype of the tables"):
+        table.lookup(4096, 4096, 4096, dtype=torch.int8)
+    with pytest.raises(BestTableError, match="dtype 'fp16' is not a dtype"):
+        table.lookup(4096, 4096, 4096, dtype="fp16")
+    with pytest.raises(BestTableError, match="layout 'xt' is not one of nn, nt, tn, tt"):
+        table.lookup(4096, 4096, 4096, layout="xt")
+
+
 @pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
 def test_exported_tables_load_back(tmp_path, fmt):
     path = tmp_path / f"best.{fmt}"
