@@ -6,7 +6,7 @@
 #   benchmarks/gpu_model.sh e2e OUT      # the model before and after patch: eager, torch.compile, CUDA graph
 # SPACE (default configs/model_llama33b_bf16.yaml, written here by
 # `cutlass-tune shapes benchmarks/models/llama.py:llama_33b -o configs/model_llama33b_bf16.yaml`),
-# TRIALS (16), STORE (OUT/model.sqlite; give a copy of a returned store to resume), BUNDLE (e2e: a
+# TRIALS (16), MIN_RATIO (e2e: patch's, default its own 1.0), STORE (OUT/model.sqlite; give a copy of a returned store to resume), BUNDLE (e2e: a
 # folder holding bundle.tar from the sweep phase). Packages the GPU host lacks travel as wheels in .whl/.
 set -uo pipefail
 phase=${1:?tests, sweep or e2e}; out=${2:?output directory}
@@ -41,6 +41,6 @@ sweep)
 e2e)
   tar -C /tmp -xf "${BUNDLE:?a folder holding bundle.tar}/bundle.tar"
   timeout -k 10 ${E2E_S:-540} python3 benchmarks/model_e2e.py /tmp/bundle --model "${MODEL:-llama_33b}" \
-    --layers "${LAYERS:-2}" -o "$out/model_e2e.json" 2>&1 | tee "$out/model_e2e.log" | grep -v Warning | tail -40
+    --layers "${LAYERS:-2}" ${MIN_RATIO:+--min-ratio $MIN_RATIO} -o "$out/model_e2e.json" 2>&1 | tee "$out/model_e2e.log" | grep -v Warning | tail -40
   ;;
 esac
