@@ -494,6 +494,20 @@ def dashboard(
         webbrowser.open(report.path.resolve().as_uri())
 
 
+@app.command()
+def upgrade(
+    storage: str | None = typer.Option(None, "--storage", help=f"store URL or .sqlite file ({_READ_DEFAULT})"),
+) -> None:
+    """Upgrade a store to this version's schema (sweep and confirm do it on their own, before
+    their first write; reports read older stores as they are). Copy the store first to keep a
+    way back: upgraded, versions before this one refuse it."""
+    store = open_store(resolve_storage(storage))
+    before = store.upgrade()
+    now = store.schema()
+    out.print(f"the store {store.shown} is at schema {now} already" if before == now
+              else f"upgraded the store {store.shown} from schema {before} to {now}", markup=False)
+
+
 def _sweep_table(state) -> Table:
     table = Table("problem", "kernels measured", "failed", "cuBLAS TFLOP/s", "best TFLOP/s",
                   "vs cuBLAS", "best at", "best config", box=None, pad_edge=False,

@@ -55,6 +55,10 @@ class StoredRow:
     created_at: str | None = None
     record: str | None = None
     """`Measurement.to_dict()` as JSON: the measurement itself, lossless."""
+    epilogue: str | None = None
+    """The problem's fused epilogue ('none' in every row of this version and before; schema 2)."""
+    scaling: str | None = None
+    """The problem's fp8 scaling mode ('none' in every row of this version and before; schema 2)."""
 
     @classmethod
     def from_columns(cls, columns: Mapping[str, Any]) -> StoredRow:

@@ -24,15 +24,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 
 from .._files import why_unwritable
-from ..errors import CutlassTuneError, first_line
+from ..errors import first_line
 from ..measurement import Measurement
 from ..space import Problem, layout_code
+from . import _migrate
+from ._errors import StoreError, StoreGpuMismatchError
+from ._migrate import OLDEST_READ, SCHEMA_VERSION
 from ._row import DamagedRowError, StoredRow
 
 if TYPE_CHECKING:
     import optuna
 
-SCHEMA_VERSION = 1
 _CREATE_ATTEMPTS = 5
 T = TypeVar("T")
 LEGACY_TIMING = "events"
@@ -84,7 +86,12 @@ measurements_table = sa.Table(
     sa.Column("trial", sa.Integer, nullable=True),
     sa.Column("created_at", sa.String(32), nullable=False),
     sa.Column("record", sa.Text, nullable=False),  # Measurement.to_dict(), lossless
+    # Schema 2: parts of a problem that a coming version measures; 'none' in rows before them.
+    sa.Column("epilogue", sa.Text, nullable=False, server_default="none"),
+    sa.Column("scaling", sa.Text, nullable=False, server_default="none"),
 )
+"""The measurements as this version writes them. A store's tables are made and changed by the
+migrations of `_migrate`, which hold to this (tests/store/test_migrations.py)."""
 
 runs_table = sa.Table(
     "ct_runs", _metadata,
@@ -99,14 +106,6 @@ claims_table = sa.Table(
     sa.Column("config_hash", sa.String(16), primary_key=True),
     sa.Column("run_id", sa.String(64), nullable=False, index=True),
 )
-
-
-class StoreError(CutlassTuneError):
-    """The storage URL is malformed or the store cannot be reached or read."""
-
-
-class StoreGpuMismatchError(StoreError):
-    """The store holds results from another GPU model."""
 
 
 _PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
@@ -207,6 +206,10 @@ def _alive(run: sa.Row | None, now: float) -> bool:
 class ResultStore:
     """Measurements of sweeps. Process-safe through the database; one GPU model per store.
 
+    A store of an older schema is read as it is (columns it lacks read as their default) and
+    upgraded by the first method that writes to it (`_migrate`); one of a newer schema is
+    refused by every method.
+
     Args:
         url: SQLAlchemy URL, e.g. `sqlite:///results/x.sqlite` or `postgresql+psycopg://...`.
             A SQLite file's directory is created; nothing else is created until `bind_gpu`.
@@ -242,8 +245,14 @@ class ResultStore:
             raise StoreError(f"cannot reach the store {self.shown}: "
                              f"{first_line(err)}") from err
         self._created = False
+        self._stored: frozenset[str] | None = None
+        """The columns of `ct_measurements` in a store read as it is (an older schema's lack
+        some); None before it is read, and once `_create` brought it to this version."""
 
+    @_store_errors
     def _create(self) -> None:
+        """Make the store's tables, or upgrade an older store's, before the first write (once,
+        also when several processes do it at once)."""
         if not self._created:
             if self._new_file is not None:
                 try:
@@ -251,19 +260,73 @@ class ResultStore:
                 except OSError as err:
                     raise StoreError(f"cannot make the store {self._new_file}: {err.strerror} "
                                      f"({err.filename})") from err
-            _create_despite_racers(lambda: _metadata.create_all(self.engine), f"tables in {self.shown}")
-            self._created = True
+            _migrate.upgrade(self.engine, self.shown, create=True)
+            self._created, self._stored = True, None
 
     @_store_errors
     def _readable(self) -> bool:
-        """Whether the store has its measurement tables; reads never create them, so reading a
-        store (a report, a best table) leaves its file as it was."""
-        if self._created:
+        """Whether the store has its measurement tables, of a schema this version reads. Reads
+        never create nor upgrade them, so reading a store (a report, a best table) leaves its
+        file as it was.
+
+        Raises:
+            StoreError: the store is of a newer schema, or older than `OLDEST_READ`.
+        """
+        if self._created or self._stored is not None:
             return True
         if self._new_file is not None and not self._new_file.exists():
             return False
-        found = set(sa.inspect(self.engine).get_table_names())
-        return {meta_table.name, measurements_table.name} <= found
+        with self.engine.connect() as conn:
+            schema = _migrate.stored_schema(conn, self.shown)
+            if schema is None or not sa.inspect(conn).has_table(meta_table.name):
+                return False
+            if schema < OLDEST_READ:
+                raise StoreError(f"the store {self.shown} has schema {schema}, this version reads {OLDEST_READ} to "
+                                 f"{SCHEMA_VERSION}: run `cutlass-tune upgrade --storage {self.shown}` first")
+            self._stored = frozenset(c["name"] for c in sa.inspect(conn).get_columns(measurements_table.name))
+        return True
+
+    def _column(self, name: str) -> sa.ColumnElement:
+        """Column `name` of the measurements as a query reads it: in a store of an older schema
+        that lacks it, its default ('none' in every row before the column was added)."""
+        column = measurements_table.c[name]
+        if self._stored is None or name in self._stored or column.server_default is None:
+            return column
+        default = column.server_default.arg  # type: ignore[attr-defined]
+        return sa.literal(default, column.type).label(name)
+
+    @_store_errors
+    def schema(self) -> int | None:
+        """The schema version of the store (this version writes `SCHEMA_VERSION`), or None for
+        a new store. Writes nothing.
+
+        Raises:
+            StoreError: the store is of a newer schema than this version knows.
+        """
+        if self._new_file is not None and not self._new_file.exists():
+            return None
+        with self.engine.connect() as conn:
+            return _migrate.stored_schema(conn, self.shown)
+
+    @_store_errors
+    def upgrade(self) -> int:
+        """Bring an existing store to this version's schema (`SCHEMA_VERSION`), as every
+        writing method does before its first write; once, also where several processes upgrade
+        the store at once.
+
+        Returns:
+            The schema the store had before (`SCHEMA_VERSION` where it had it already).
+
+        Raises:
+            StoreError: there is no store there yet, it is of a newer schema, or a migration
+                failed (the store is then as it was).
+        """
+        missing = self._new_file is not None and not self._new_file.exists()
+        before = None if missing else _migrate.upgrade(self.engine, self.shown, create=False)
+        if before is None:
+            raise StoreError(f"no store at {self.shown} to upgrade: a sweep makes one")
+        self._created, self._stored = True, None
+        return before
 
     def _claim(self, key: str, value: str) -> str:
         """Record `value` under `key` in ct_meta unless another writer recorded one first;
@@ -301,24 +364,20 @@ class ResultStore:
             raise StoreGpuMismatchError(
                 f"the store {self.shown} holds results from {held}, not {gpu_name}: "
                 "give this GPU its own --storage")
-        schema = self._claim("schema", str(SCHEMA_VERSION))
+        schema = self._claim("schema", str(SCHEMA_VERSION))  # the upgrade recorded it; versions before it read it
         if schema != str(SCHEMA_VERSION):
-            raise StoreError(f"the store {self.shown} has schema {schema}, this version reads {SCHEMA_VERSION}")
+            raise StoreError(f"the store {self.shown} has schema {schema}, this version writes {SCHEMA_VERSION}")
 
     @_store_errors
     def check_schema(self) -> None:
-        """Refuse a store of another schema version; one that records none (new, or begun before
-        the version was recorded) passes. Writes nothing.
+        """Refuse a store this version cannot read: of a newer schema, or older than
+        `OLDEST_READ`. A new store passes. Writes nothing.
 
         Raises:
-            StoreError: the store records another schema version.
+            StoreError: the store is of a schema this version does not read, in one line that
+                names both versions.
         """
-        if not self._readable():
-            return
-        with self.engine.connect() as conn:
-            found = conn.execute(_meta_value("schema")).scalar()
-        if found is not None and found != str(SCHEMA_VERSION):
-            raise StoreError(f"the store {self.shown} has schema {found}, this version reads {SCHEMA_VERSION}")
+        self._readable()
 
     @_store_errors
     def timing(self) -> str | None:
@@ -491,7 +550,7 @@ class ResultStore:
             return []
         t = measurements_table
         names = ["id", *(c for c in columns if c != "id")] if columns else [c.name for c in t.c if c.name != "record"]
-        query = sa.select(*(t.c[c] for c in names)).order_by(t.c.id)
+        query = sa.select(*(self._column(c) for c in names)).order_by(t.c.id)
         if after_id:
             query = query.where(t.c.id > after_id)
         with self.engine.connect() as conn:

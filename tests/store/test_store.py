@@ -13,7 +13,15 @@ import sqlalchemy as sa
 from cutlass_tune.measurement import Measurement, read_jsonl
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
-from cutlass_tune.store import ResultStore, StoredRow, StoreError, StoreGpuMismatchError, _sql, default_store_url
+from cutlass_tune.store import (
+    ResultStore,
+    StoredRow,
+    StoreError,
+    StoreGpuMismatchError,
+    _migrate,
+    _sql,
+    default_store_url,
+)
 
 from ..racing import start_together, wait_for_files
 
@@ -170,22 +178,30 @@ def test_a_store_older_than_its_timing_record_holds_unpaired_events(store_url):
         ResultStore(store_url).bind_timing("graph")
 
 
-def test_stores_opened_at_once_both_get_the_tables(store_url, monkeypatch):
-    real_create_all = _sql._metadata.create_all
+def test_stores_opened_at_once_make_the_tables_once(store_url, monkeypatch):
+    # Guards against the second of two sweeps opening a new store failing on the tables the first made meanwhile.
+    real_locked = _migrate._locked
     theirs = ResultStore(store_url)
-    calls = []
+    calls, creates = [], []
 
-    def racing(bind, **kwargs):
-        calls.append(bind)
-        if len(calls) == 1:  # the other process creates the tables between our look and our CREATE
-            real_create_all(theirs.engine)
-            return real_create_all(bind, checkfirst=False)
-        return real_create_all(bind, **kwargs)
+    def racing(engine):
+        calls.append(engine)
+        if len(calls) == 1:  # the other process makes the tables between our look and our lock
+            theirs.bind_gpu("NVIDIA H200")
+        return real_locked(engine)
 
-    monkeypatch.setattr(_sql._metadata, "create_all", racing)
-    mine = ResultStore(store_url)
-    mine.bind_gpu("NVIDIA H200")
-    assert len(calls) == 2
+    def count(conn, cursor, statement, *args):
+        if statement.lstrip().startswith("CREATE TABLE ct_measurements"):
+            creates.append(statement)
+
+    monkeypatch.setattr(_migrate, "_locked", racing)
+    sa.event.listen(sa.Engine, "before_cursor_execute", count)
+    try:
+        mine = ResultStore(store_url)
+        mine.bind_gpu("NVIDIA H200")
+    finally:
+        sa.event.remove(sa.Engine, "before_cursor_execute", count)
+    assert len(calls) == 2 and len(creates) == 1
     assert mine.gpu() == theirs.gpu() == "NVIDIA H200"
 
 
@@ -193,8 +209,8 @@ def test_two_sweeps_claiming_a_new_store_at_once_agree_on_its_gpu(store_url):
     mine, theirs = ResultStore(store_url), ResultStore(store_url)
 
     @sa.event.listens_for(mine.engine, "before_cursor_execute")
-    def race(conn, cursor, statement, *args):
-        if statement.startswith("INSERT INTO ct_meta") and theirs.gpu() is None:
+    def race(conn, cursor, statement, parameters, *args):
+        if statement.startswith("INSERT INTO ct_meta") and "gpu" in str(parameters) and theirs.gpu() is None:
             theirs.bind_gpu("NVIDIA H100 80GB HBM3")  # lands between our look and our insert
 
     with pytest.raises(StoreGpuMismatchError, match="holds results from NVIDIA H100 80GB HBM3, not NVIDIA H200"):
