@@ -15,6 +15,8 @@ class SweepSettings:
     """Most configs compiled and measured in this store (earlier runs count)."""
     timeout_s: float | None = None
     sampler: str = "tpe"
+    strategy: str | None = None
+    """"prior" or "optuna" (`STRATEGIES`); None: prior for a `kernels: auto` space, else optuna."""
     batch: int = 8
     """Trials compiled together while the previous batch is measured."""
     seed: int = 0

@@ -22,12 +22,12 @@ import optuna
 
 from ..errors import CutlassTuneError
 from ..space import KernelConfig, Problem, SearchSpace, check_config
-from ..store import open_study_storage
+from ..store import ResultStore, open_study_storage
 from ._claims import Claims
 from ._ledger import Ledger
 from ._params import ParamSpace, config_of, params_of
 from ._samplers import CONSTRAINT, METRIC, make_sampler
-from ._seeds import operand_kind
+from ._seeds import operand_kind, seed_configs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -110,6 +110,10 @@ class OptunaStrategy:
                     self.storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
             self._known[s.name].update(t.user_attrs["config_hash"] for t in s.study.get_trials(deepcopy=False)
                                        if "config_hash" in t.user_attrs)
+
+    def warm_start(self, store: ResultStore, problems: list[Problem], gpu: str | None, sm_count: int | None) -> None:
+        """Queue the warm start's configs (`seed_configs`) before anything is sampled."""
+        self.seed(seed_configs(self.space, store, problems, gpu, sm_count))
 
     def seed(self, configs: Iterable[KernelConfig]) -> None:
         """Queue warm-start configs, each for a study of its own types and layouts (its knobs

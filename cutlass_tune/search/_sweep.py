@@ -30,7 +30,7 @@ from ._claims import Claims
 from ._lanes import LaneLost, Lanes
 from ._ledger import Ledger
 from ._params import config_of, params_of
-from ._seeds import seed_configs
+from ._prior_strategy import PriorStrategy, load_committed
 from ._state import ProblemProgress, SweepSettings, SweepState
 from ._strategy import OptunaStrategy
 
@@ -93,6 +93,28 @@ def _remainder(task: _Task, taken: list[Measurement]) -> _Task | None:
     return dataclasses.replace(task, variants=rest) if rest else None
 
 
+STRATEGIES = ("prior", "optuna")
+"""How a sweep proposes configs: led by the prior (search/_prior_strategy.py; the default for a
+`kernels: auto` space) or by the Optuna sampler after the warm start (search/_strategy.py; the
+default for a space of knob lists)."""
+
+
+def make_strategy(settings: SweepSettings, space: SearchSpace, storage_url: str, store: ResultStore,
+                  bench: Benchmarker, run_id: str) -> OptunaStrategy:
+    """The strategy `settings.strategy` names (by default, prior for `kernels: auto`, else
+    optuna). Raises ValueError for an unknown name."""
+    name = settings.strategy or ("prior" if space.auto else "optuna")
+    if name == "optuna":
+        return OptunaStrategy(space, storage_url, sampler=settings.sampler, seed=settings.seed, arch=settings.arch,
+                              gpu=bench.gpu_name, run_id=run_id)
+    if name == "prior":
+        committed = load_committed(bench.gpu_name, getattr(bench, "timing_method", "events"))
+        return PriorStrategy(space, storage_url, sampler=settings.sampler, seed=settings.seed, arch=settings.arch,
+                             gpu=bench.gpu_name, run_id=run_id, store=store, sm_count=bench.sm_count,
+                             committed=committed)
+    raise ValueError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
+
+
 class Sweep:
     """Args:
         storage_url: where the Optuna studies live (usually the store's URL).
@@ -117,8 +139,7 @@ class Sweep:
         store.bind_gpu(self.gpu)
         store.bind_timing(getattr(self.bench, "timing_method", "events"))
         run_id = uuid.uuid4().hex[:12]
-        self.strategy = OptunaStrategy(space, storage_url, sampler=settings.sampler, seed=settings.seed,
-                                       arch=settings.arch, gpu=self.gpu, run_id=run_id)
+        self.strategy = make_strategy(settings, space, storage_url, store, self.bench, run_id)
         self.state = SweepState(problems=[ProblemProgress(s.problem, s.study) for s in self.strategy.studies],
                                 run_id=run_id)
         self.ledger = Ledger(store, space, space.problems)
@@ -176,8 +197,8 @@ class Sweep:
         unfinished = self.ledger.unfinished()
         self._measure_baselines()
         self._best_in_store()
-        self.strategy.seed(seed_configs(self.space, self.store, [pp.problem for pp in self.state.problems],
-                                        self.gpu, self.bench.sm_count))
+        self.strategy.warm_start(self.store, [pp.problem for pp in self.state.problems], self.gpu,
+                                 self.bench.sm_count)
         self.on_update(self.state)
         for cfg in unfinished:
             self.strategy.expect(cfg)

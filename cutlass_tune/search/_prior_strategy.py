@@ -1,0 +1,154 @@
+"""What to compile next, led by the prior: each problem's study is seeded with the prior's picks
+for it, and later proposals are the prior's best unmeasured configs, mixed with the sampler's.
+
+The prior (search/_prior.py) is fitted when the sweep starts, on the committed measurements of
+the sweep's GPU model and on its store, and fitted again on the store as it grows (every
+`REFIT_EVERY` new (config, problem) results). Its picks are configs of the space: of a `kernels:
+auto` space, any valid config, the hand-written spaces' or not; of a space of knob lists, only
+the space's. nvMatmulHeuristics' picks (when the package is installed) join the prior's after
+its first two. Everything proposed is a trial of the problem's Optuna study (queued, then
+asked), so a study holds every config measured for it, whoever proposed it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import optuna
+
+from ..space import KernelConfig, Problem, SearchSpace
+from ..store import ResultStore
+from . import _prior
+from ._claims import Claims
+from ._features import Pool
+from ._ledger import Ledger
+from ._prior import Observation, Prior, StoreObservations
+from ._seeds import heuristic_configs, operand_kind
+from ._strategy import ASKS_PER_CONFIG, OptunaStrategy, Study
+
+SEEDS_PER_PROBLEM = 8
+"""The prior's picks queued in each problem's study before anything is measured (their shapes
+differ: the best variant of each of the 8 best kernel shapes)."""
+HEURISTIC_AFTER = 2
+"""nvMatmulHeuristics' picks join the prior's after this many of the prior's."""
+SAMPLER_EVERY = 4
+"""After the seeds, one proposal in this many is the sampler's (TPE: exploration), the others
+the prior's best unmeasured config for the problem."""
+REFIT_EVERY = 16
+"""New (config, problem) results in the store after which the prior is fitted again."""
+log = logging.getLogger(__name__)
+
+
+def load_committed(gpu: str, timing_method: str) -> list[Observation]:
+    """The committed measurements as the prior's observations: the GPU model's (all GPUs' where
+    it has none) by the store's timing method. Empty where the table is missing (a wheel)."""
+    if not _prior.COMMITTED.is_file():
+        return []
+    frame = _prior.committed_frame(_prior.COMMITTED)
+    return _prior.committed_observations(frame, gpu, timing_method.removesuffix("-paired"))
+
+
+class PriorStrategy(OptunaStrategy):
+    """Proposes configs by the prior first (see the module's docstring); `OptunaStrategy`'s
+    arguments, and:
+
+    Args:
+        store: the sweep's store, whose measurements the prior learns from as they come.
+        sm_count: the GPU's SMs.
+        committed: observations from other stores (`load_committed`).
+    """
+
+    def __init__(self, space: SearchSpace, storage_url: str, *, sampler: str, seed: int, arch: str, gpu: str,
+                 run_id: str, store: ResultStore, sm_count: int, committed: Sequence[Observation] = ()):
+        super().__init__(space, storage_url, sampler=sampler, seed=seed, arch=arch, gpu=gpu, run_id=run_id)
+        self.sm_count, self.committed = sm_count, list(committed)
+        self.observed = StoreObservations(store)
+        self.prior = Prior(sm_count)
+        self.fits = 0
+        self._results = -1  # store results at the last fit
+        self._pools: dict[tuple, Pool] = {}
+        self._ranked: dict[str, list[int]] = {}  # study name -> pool rows, best first
+        self._proposals = 0
+
+    # ---- the prior ------------------------------------------------------------------------
+    def _pool(self, problem: Problem) -> Pool:
+        kind = operand_kind(problem)
+        if kind not in self._pools:
+            auto = self.space.auto_for(problem)
+            self._pools[kind] = (Pool.of_auto(auto) if auto is not None else Pool.of_configs(
+                [c for c in self.space.valid if operand_kind(c) == kind]))
+        return self._pools[kind]
+
+    def refit(self, *, force: bool = False) -> bool:
+        """Fit the prior again if the store holds `REFIT_EVERY` results more than at the last
+        fit (or `force`), and rank each problem's configs by it. Whether it was fitted."""
+        own = self.observed.update()
+        if not force and len(own) < self._results + REFIT_EVERY:
+            return False
+        start = time.monotonic()
+        self.prior = Prior.fit(self.committed + own, self.sm_count)
+        self._results, self.fits = len(own), self.fits + 1
+        for s in self.studies:
+            # Before the problem's own results, a spread of kernel shapes; after, the best first.
+            mine = any(o.problem == s.problem for o in own)
+            self._ranked[s.name] = [int(r) for r in self.prior.rank(s.problem, self._pool(s.problem),
+                                                                     diverse=not mine)]
+        log.info("prior fitted on %d observations (%d of the store) and ranked in %.1f s",
+                 self.prior.rows, len(own), time.monotonic() - start)
+        return True
+
+    def picks(self, s: Study, count: int) -> list[KernelConfig]:
+        """The first `count` configs of the prior's ranking for `s`'s problem."""
+        pool = self._pool(s.problem)
+        return [pool.config(r) for r in self._ranked.get(s.name, [])[:count]]
+
+    # ---- proposing ------------------------------------------------------------------------
+    def warm_start(self, store: ResultStore, problems: list[Problem], gpu: str | None, sm_count: int | None) -> None:
+        """Fit the prior and queue each problem's `SEEDS_PER_PROBLEM` picks in its own study,
+        rank by rank across the problems, with nvMatmulHeuristics' picks after the first
+        `HEURISTIC_AFTER` ranks."""
+        self.refit(force=True)
+        ours = {s.name: self.picks(s, SEEDS_PER_PROBLEM) for s in self.studies}
+        theirs = {s.name: [c for c in heuristic_configs(s.problem, gpu) if s.params.has(c)] for s in self.studies}
+        for rank in range(SEEDS_PER_PROBLEM):
+            for s in self.studies:
+                if rank < len(ours[s.name]):
+                    self.enqueue(s, ours[s.name][rank])
+            if rank >= HEURISTIC_AFTER - 1:
+                for s in self.studies:
+                    at = rank - (HEURISTIC_AFTER - 1)
+                    if at < len(theirs[s.name]):
+                        self.enqueue(s, theirs[s.name][at])
+
+    def ask(self, want: int, ledger: Ledger, claims: Claims) -> list[KernelConfig]:
+        """Up to `want` configs to compile: the studies' queued seeds first, then, study by
+        study, the prior's best config not yet measured, awaited or held elsewhere (one
+        proposal in `SAMPLER_EVERY` the sampler's instead)."""
+        self.refit()
+        batch: list[KernelConfig] = []
+        for _ in range(ASKS_PER_CONFIG * (max(want, 1) + 2)):
+            if len(batch) >= want:
+                break
+            s = self.studies[self._turn % len(self.studies)]
+            self._turn += 1
+            seeded = s.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+            if not seeded and self._proposals % SAMPLER_EVERY != SAMPLER_EVERY - 1:
+                self._queue_best(s, ledger, claims)
+            self._proposals += 1
+            cfg = self._ask_in(s, ledger, claims)
+            if cfg is not None:
+                batch.append(cfg)
+        if len(batch) < want:
+            batch += self._unproposed(want - len(batch), ledger, claims)
+        return batch
+
+    def _queue_best(self, s: Study, ledger: Ledger, claims: Claims) -> None:
+        pool = self._pool(s.problem)
+        for row in self._ranked.get(s.name, []):
+            cfg = pool.config(row)
+            if cfg.hash in ledger.compiled or cfg.hash in self._waiting or cfg.hash in claims:
+                continue
+            if self.enqueue(s, cfg):
+                return
