@@ -109,14 +109,18 @@ claims_table = sa.Table(
 
 
 _PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
+"""A password given in the query (`?password=`, libpq's `sslpassword=`), which psycopg takes too."""
 
 
 def shown_url(url: str) -> str:
-    """`url` as a message prints it: its password masked, also where SQLAlchemy cannot parse it."""
+    """`url` as a message prints it: its password masked, in the user part and in the query,
+    also where SQLAlchemy cannot parse it."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
+        shown = sa.engine.make_url(url).render_as_string(hide_password=True)
     except (sa.exc.ArgumentError, ValueError):
-        return _PASSWORD.sub(r"\1***@", url)
+        shown = _PASSWORD.sub(r"\1***@", url)
+    return _QUERY_PASSWORD.sub(r"\1***", shown)
 
 
 def read_error(shown: str, err: Exception) -> StoreError:

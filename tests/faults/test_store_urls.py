@@ -2,17 +2,22 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from cutlass_tune.store import ResultStore, StoreError, shown_url
 
 SECRET = "S3cret"
+QUICK = Path(__file__).resolve().parents[2] / "configs" / "quick.yaml"
 URLS = [
     pytest.param(f"postgresql+psycopg2://u:{SECRET}@127.0.0.1:1/db", id="no-driver"),
     pytest.param(f"postgresql+psycopg://u:{SECRET}@host:notaport/db", id="port-not-a-number"),
     pytest.param(f"nosuch://u:{SECRET}@h/db", id="unknown-dialect"),
     pytest.param(f"postgresql+psycopg://u:{SECRET}@127.0.0.1:1/db", id="unreachable"),
+    # Regression: a password in the query, which psycopg takes as well, was printed as it was.
+    pytest.param(f"postgresql+psycopg://u@127.0.0.1:1/db?sslmode=disable&password={SECRET}", id="password-in-query"),
+    pytest.param(f"postgresql+psycopg://u@h:notaport/db?sslpassword={SECRET}", id="sslpassword-in-query"),
 ]
 
 
@@ -26,8 +31,8 @@ def test_the_store_refuses_in_one_line_without_the_password(url):
 
 
 @pytest.mark.parametrize("command", [["best"], ["dashboard", "-o", "{tmp}/d.html"], ["export", "-o", "{tmp}/b"],
-                                     ["confirm"]])
-@pytest.mark.parametrize("url", URLS[:2])
+                                     ["confirm"], ["upgrade"], ["sweep", str(QUICK)]], ids=lambda c: c[0])
+@pytest.mark.parametrize("url", URLS[:2] + URLS[-2:])
 def test_every_reading_command_gives_one_line_and_exit_2(command, url, tmp_path):
     args = [a.format(tmp=tmp_path) for a in command]
     done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *args, "--storage", url],
@@ -51,6 +56,8 @@ def test_load_best_raises_the_store_error():
     ("postgresql+psycopg://u:pw@h:notaport/db", "postgresql+psycopg://u:***@h:notaport/db"),
     ("sqlite:///results/x.sqlite", "sqlite:///results/x.sqlite"),
     ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+    ("postgresql+psycopg://u@h/db?password=pw&sslmode=require", "postgresql+psycopg://u@h/db?password=***&sslmode=require"),
+    ("postgresql+psycopg://u@h:x/db?sslpassword=pw", "postgresql+psycopg://u@h:x/db?sslpassword=***"),
 ])
 def test_shown_url_masks_the_password_even_where_it_cannot_parse(url, shown):
     assert shown_url(url) == shown
