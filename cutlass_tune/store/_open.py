@@ -23,14 +23,26 @@ RESULTS_DIR = Path("results")
 """Where sweeps keep their stores by default (relative to the working directory)."""
 
 
+def _expanded(source: str | Path, given_as: str) -> str:
+    """`source` with a leading `~` or `~user` expanded as a shell would: a shell leaves the
+    path of `--storage=~/x.sqlite` (and a quoted one, and CUTLASS_TUNE_STORE's) as it is. A URL
+    is left as it is.
+
+    Raises:
+        CutlassTuneError: `~user` names no user of this host.
+    """
+    text = str(source)
+    return str(settings.user_path(text, given_as)) if text.startswith("~") else text
+
+
 def store_url_of(source: str | Path) -> str | None:
-    """`source` as a store URL: a URL as it is, a SQLite file as a `sqlite:///` URL; None for
-    anything else (a table file or bundle)."""
+    """`source` as a store URL: a URL as it is, a SQLite file as a `sqlite:///` URL (a leading
+    `~` expanded); None for anything else (a table file or bundle)."""
     text = str(source)
     if "://" in text:
         return text
     if Path(text).suffix in SQLITE_SUFFIXES:
-        return f"sqlite:///{text}"
+        return f"sqlite:///{_expanded(text, 'the store')}"
     return None
 
 
@@ -55,14 +67,16 @@ def default_store_url(gpu_name: str, results_dir: str | Path = RESULTS_DIR) -> s
 
 def resolve_storage(storage: str | None) -> str:
     """`--storage` as given, or, when None, the default store of the reading commands
-    (`settings.default_store()`: $CUTLASS_TUNE_STORE, else `settings.DEFAULT_STORE`).
+    (`settings.default_store()`: $CUTLASS_TUNE_STORE, else `settings.DEFAULT_STORE`); a path's
+    leading `~` expanded as a shell would.
 
     Raises:
         StoreError: none given and the default store is a file that is not there.
+        CutlassTuneError: a path begins with `~user` of no user of this host.
     """
     if storage:
-        return storage
-    default = settings.default_store()
+        return _expanded(storage, "--storage")
+    default = _expanded(settings.default_store(), "CUTLASS_TUNE_STORE")
     path = local_file(default)
     if path is not None and not path.exists():
         raise StoreError(f"give --storage: the default store {shown_url(default)} is not here "

@@ -1,6 +1,7 @@
-"""Paths with `~` and operands that are not tensors: expanded, or one line naming the problem."""
+"""Paths with `~` (a cache, a store) and operands that are not tensors: expanded, or one line naming the problem."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import cutlass_tune
 from cutlass_tune.compile import KernelCache
 from cutlass_tune.errors import CutlassTuneError
 from cutlass_tune.runtime import MatmulInputError
+from cutlass_tune.store import open_store
 
 REPO = Path(__file__).resolve().parent.parent.parent
 STORE = REPO / "results" / "llama33b-nvidia-h200.sqlite"
@@ -39,6 +41,36 @@ def test_the_cli_says_so_in_one_line(env, args):
                            *args], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "nosuchuser" in done.stderr
+
+
+@pytest.mark.parametrize("given", ["--storage=~/s.sqlite", "CUTLASS_TUNE_STORE=~/s.sqlite"])
+def test_a_store_given_with_a_tilde_is_in_the_home_folder(tmp_path, given):
+    # Regression: `--storage=~/s.sqlite` (a shell expands no `~` after `=`) or CUTLASS_TUNE_STORE='~/s.sqlite'
+    # looked for a folder named `~` in the working directory: "no store at sqlite:///~/s.sqlite".
+    (tmp_path / "home").mkdir()
+    shutil.copy(STORE, tmp_path / "home" / "s.sqlite")
+    option, value = given.split("=", 1)
+    args, env = ([given], {}) if option.startswith("--") else ([], {option: value})
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "best", "--format", "csv", *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "HOME": str(tmp_path / "home"), **env})
+    assert done.returncode == 0 and done.stdout.startswith("gpu,problem,"), done.stderr
+    assert not (tmp_path / "~").exists()
+
+
+def test_a_new_store_given_with_a_tilde_is_made_in_the_home_folder(tmp_path, monkeypatch):
+    # Regression: `sweep --storage=~/runs/s.sqlite` made its store under a folder named `~` in the working directory.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    open_store("~/runs/s.sqlite", new=True).bind_gpu("NVIDIA H200")
+    assert (tmp_path / "home" / "runs" / "s.sqlite").is_file() and not (tmp_path / "~").exists()
+
+
+def test_a_store_in_an_unknown_users_home_is_one_line():
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "best", "--storage", "~nosuchuser/s.sqlite"],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, "error: --storage='~nosuchuser/s.sqlite': ~nosuchuser is no "
+                                                 "user's home here\n")
 
 
 @pytest.mark.skipif(not STORE.exists(), reason="needs the committed H200 store")
