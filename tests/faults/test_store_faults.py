@@ -100,3 +100,30 @@ def test_announcing_a_sweep_on_a_damaged_store_raises_store_error(tmp_path):
     with pytest.raises(StoreError, match="is damaged"):
         with store.running("run-1"):
             pass
+
+
+@pytest.mark.parametrize("damage", DAMAGES[:2])
+def test_upgrading_a_damaged_store_is_one_line_and_writes_nothing(damage, tmp_path):
+    store = damage(tmp_path)
+    before = store.read_bytes()
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "upgrade", "--storage", str(store)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is damaged" in done.stderr, done.stderr
+    assert store.read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_sweep_on_a_damaged_store_raises_store_error(damage, tmp_path):
+    # The sweep's path past the GPU check, which the CLI tests above cannot reach on a CPU host.
+    from cutlass_tune.search import Sweep, SweepSettings
+
+    from ..search.fakes import FakeBench, FakeCompiler, space_of
+
+    class H200(FakeBench):
+        gpu_name, timing_method = "NVIDIA H200", "events-paired"  # the store's, as its ct_meta says
+
+    store = damage(tmp_path)
+    url = f"sqlite:///{store}"
+    space = space_of(tmp_path, "problems: {m: 4096, n: 4096, k: 4096}\nkernels: {tile_m: [128]}\n")
+    with pytest.raises(StoreError, match="is damaged"):
+        Sweep(space, ResultStore(url), url, FakeCompiler(), H200(), SweepSettings(trials=1)).run()
