@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Callable
 from importlib import resources
@@ -62,9 +63,27 @@ def shipped(folder: str) -> Path:
     return Path(str(resources.files("cutlass_tune") / folder))
 
 
+_DESCRIPTOR = re.compile(r"/proc/(?:self|thread-self|\d+)/fd/\d+")
+
+
+def _names_a_descriptor(path: Path) -> bool:
+    """Whether `path` is, or links through, an open file descriptor (`/dev/stdout`, `/dev/fd/3`,
+    `/proc/self/fd/1`): the kernel's own link to what the shell redirected (a pipe, a terminal,
+    a file opened for appending), which resolving would lose (`pipe:[77405]` names no file)."""
+    current = Path(path).absolute()
+    for _ in range(40):  # the kernel's limit on links followed
+        where = Path(os.path.realpath(current.parent)) / current.name
+        if _DESCRIPTOR.fullmatch(str(where)):
+            return True
+        if not where.is_symlink():
+            return False
+        current = where.parent / os.readlink(where)
+    return False
+
+
 def _target(path: Path) -> Path:
     """Where a write to `path` lands: a symbolic link's target (the link stays), else `path`."""
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    return Path(os.path.realpath(path)) if path.is_symlink() and not _names_a_descriptor(path) else path
 
 
 def _is_special(path: Path) -> bool:
@@ -81,7 +100,7 @@ def why_unwritable(path: Path) -> str | None:
     or a folder this process may not write in. A symbolic link is judged by its target; a
     device or FIFO by whether it may be written."""
     path = _target(Path(path))
-    if _is_special(path):
+    if _is_special(path) or _names_a_descriptor(path):
         return None if os.access(path, os.W_OK) else f"no permission to write {path}"
     ancestor = path.parent.absolute()
     while not ancestor.exists():
@@ -97,8 +116,9 @@ def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, bi
     """Publish the file `path` whole: write `content` to a temporary file beside it, flush that
     to disk and rename it over `path`. Readers (another process too) see the old file or the new
     one, never a part; on any failure `path` is as it was and the temporary file is gone.
-    A symbolic link stays and its target is published; a device or FIFO (`-o /dev/stdout`) is
-    written through, never replaced by a file.
+    A symbolic link stays and its target is published; a device or FIFO is written through,
+    never replaced by a file, and so is an open file descriptor (`-o /dev/stdout`, whatever the
+    shell redirected it to: a file given with `>>` is appended to, not replaced).
 
     Args:
         path: the file to write; its folder must exist.
@@ -112,16 +132,17 @@ def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, bi
         Exception: whatever a `content` function raises other than OSError, unchanged.
     """
     path = _target(Path(path))
-    if _is_special(path):  # written through: a pipe or terminal cannot be synced or renamed over
+    through = _names_a_descriptor(path)
+    if through or _is_special(path):  # written through: a pipe or terminal cannot be synced or renamed over
         try:
-            _write(path, content, binary=binary, sync=False)
+            _write(path, content, binary=binary, sync=False, append=through)
         except OSError as err:
             raise FileWriteError(f"cannot write {path}: {err.strerror or first_line(err)}") from err
         return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         try:
-            _write(tmp, content, binary=binary, sync=True)
+            _write(tmp, content, binary=binary, sync=True, append=False)
             os.replace(tmp, path)
         except OSError as err:
             raise FileWriteError(f"cannot write {path}: {err.strerror or first_line(err)}") from err
@@ -133,10 +154,12 @@ def write_atomically(path: Path, content: str | Callable[[IO[Any]], None], *, bi
         raise
 
 
-def _write(path: Path, content: str | Callable[[IO[Any]], None], *, binary: bool, sync: bool) -> None:
-    # Text as pandas opens a path: UTF-8, newlines as written.
-    with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8",
-              newline=None if binary else "") as f:
+def _write(path: Path, content: str | Callable[[IO[Any]], None], *, binary: bool, sync: bool,
+           append: bool) -> None:
+    # Text as pandas opens a path: UTF-8, newlines as written. Appending to a descriptor keeps
+    # what the shell's `>>` file held (opening it for writing would truncate it).
+    mode = ("a" if append else "w") + ("b" if binary else "")
+    with open(path, mode, encoding=None if binary else "utf-8", newline=None if binary else "") as f:
         if isinstance(content, str):
             f.write(content)
         else:

@@ -68,3 +68,31 @@ def test_best_writes_through_a_fifo_given_as_output(tmp_path):
     assert done.returncode == 0, done.stderr
     assert got and got[0].startswith(b"gpu,problem,")
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+@pytest.mark.skipif(not STORE.exists(), reason="needs the committed H200 store")
+@pytest.mark.parametrize("output", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+@pytest.mark.parametrize("command", [["best", "--format", "csv"], ["dashboard"]], ids=lambda c: c[0])
+def test_standard_output_given_as_output_is_written_through_a_pipe(command, output):
+    # Regression: the link was resolved to /proc/<pid>/fd/pipe:[N], which names no file:
+    # "cannot write /proc/<pid>/fd/pipe:[N]: No such file or directory", exit 2.
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *command, "--storage", str(STORE),
+                           "-o", output], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("gpu,problem," if command[0] == "best" else "<!DOCTYPE html>")
+
+
+@pytest.mark.skipif(not STORE.exists(), reason="needs the committed H200 store")
+def test_standard_output_appended_to_a_file_keeps_what_the_file_held(tmp_path):
+    # Regression: `-o /dev/stdout >> log` renamed the table over log, losing what it held (and the
+    # lines printed after it went to the replaced file).
+    log = tmp_path / "log.csv"
+    log.write_text("earlier line\n")
+    with open(log, "a") as sink:
+        done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "best", "--format", "csv", "--storage",
+                               str(STORE), "-o", "/dev/stdout"], stdout=sink, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == "earlier line" and lines[1].startswith("gpu,problem,")
+    assert lines[-1].endswith("rows written to /dev/stdout")
