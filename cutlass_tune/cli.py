@@ -35,7 +35,7 @@ from .errors import CutlassTuneError
 from .measurement import TimingMethod, write_jsonl
 from .report import load_best, same_file, write_bundle, write_table
 from .runtime import BestTable
-from .space import KernelConfig, load_space
+from .space import KernelConfig, load_space, sweep_space
 from .status import Status
 from .store import default_store_url, open_store, resolve_storage
 from .tables import COLUMNS
@@ -69,6 +69,13 @@ class Sampler(str, enum.Enum):
     GRID = "grid"
 
 
+class Strategy(str, enum.Enum):
+    """The sweep's strategies: the names of `search.STRATEGIES` (a test keeps the two equal)."""
+
+    PRIOR = "prior"
+    OPTUNA = "optuna"
+
+
 def _show_version(value: bool) -> None:
     if value:
         out.print(f"cutlass-tune {__version__}", markup=False)
@@ -86,24 +93,16 @@ def space(config: Path = ConfigArg,
           list_: bool = typer.Option(False, "--list", help="show every config and why it is invalid")) -> None:
     """Count the configs a search-space file describes: total, valid, invalid by reason."""
     sp = load_space(config)
-    by_rule: collections.Counter[str] = collections.Counter()
-    example: dict[str, str] = {}
-    rows = []
-    for cfg, why in sp.classify():
-        rows.append((cfg, why))
-        if why:
-            by_rule[why[0].rule] += 1
-            example.setdefault(why[0].rule, why[0].reason)
-    valid = sum(1 for _, why in rows if not why)
-    out.print(f"{config}: {len(sp.problems)} problems, {len(rows)} configs: "
-              f"{valid} valid, {len(rows) - valid} invalid")
-    if by_rule:
+    census = sp.census()  # kernels: auto is counted without listing its millions
+    out.print(f"{config}: {len(sp.problems)} problems, {census.total} configs: "
+              f"{census.valid} valid, {census.total - census.valid} invalid")
+    if census.invalid:
         table = Table("rule", "configs", "example reason", box=None, pad_edge=False)
-        for rule, count in by_rule.most_common():
-            table.add_row(rule, str(count), example[rule])
+        for rule, count in census.invalid.items():
+            table.add_row(rule, str(count), census.examples[rule])
         out.print(table)
-    if list_:
-        for cfg, why in rows:
+    if list_:  # kernels: auto lists its valid configs only
+        for cfg, why in sp.classify():
             line = "valid" if not why else "invalid: " + "; ".join(str(w) for w in why)
             out.print(f"{cfg.name}  {cfg.hash}  {line}")
 
@@ -557,7 +556,17 @@ class _SweepLog:
 
 @app.command()
 def sweep(
-    config: Path = ConfigArg,
+    config: Path | None = typer.Argument(None, help="search-space YAML file (see configs/README.md); "
+                                         "without it, --shapes over every valid config (kernels: auto)"),
+    shapes: str | None = typer.Option(None, "--shapes", help="MxNxK[,MxNxK...]: tune these shapes, over every "
+                                      "valid config or, with a file, over its knobs"),
+    dtype: str | None = typer.Option(None, "--dtype", help="with --shapes: IN or IN:OUT types (default bf16, "
+                                     "or the file's)"),
+    layout: str | None = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, "
+                                      "or the file's)"),
+    strategy: Strategy | None = typer.Option(
+        None, "--strategy", help="prior: a model of the measurements picks first (default for kernels: auto); "
+        "optuna: the sampler after the warm start (default for a file's lists)"),
     trials: int = typer.Option(48, "--trials", min=1, help="most configs compiled and measured in this store"),
     timeout: float | None = typer.Option(None, "--timeout", min=1, help="stop proposing after S seconds"),
     sampler: Sampler = typer.Option(Sampler.TPE, "--sampler", help="how the search proposes configs"),
@@ -576,8 +585,9 @@ def sweep(
         None, "--paired/--no-paired", help="time cuBLAS alternately with each kernel, the baseline of its "
         "ratio (default: as the store was begun; paired for a new store)"),
 ) -> None:
-    """Search the compile-time knobs with Optuna; measure every run-time variant of each kernel
-    on every problem; keep everything in the store. Re-running the same command resumes."""
+    """Search the compile-time knobs (led by a prior fitted on measurements, or by Optuna's
+    sampler); measure every run-time variant of each kernel on every problem; keep everything
+    in the store. Re-running the same command resumes."""
     # torch and optuna, with the GPU and search stages: only the commands that measure import them.
     from .bench import TimingOptions
     from .search import Sweep, SweepSettings, require_one_model
@@ -587,9 +597,9 @@ def sweep(
         raise CutlassTuneError(f"--gpu {repeated[0]} given more than once")
     if timeout is not None and not math.isfinite(timeout):
         raise CutlassTuneError(f"--timeout {timeout}: give a number of seconds")
-    sp = load_space(config)
+    sp = sweep_space(config, shapes, dtype, layout)
     if not sp.valid:
-        raise CutlassTuneError(f"{config}: no valid config to tune (see `cutlass-tune space {config} --list`)")
+        raise CutlassTuneError(f"{sp.path}: no valid config to tune (see `cutlass-tune space {sp.path} --list`)")
     # A bad --storage fails here, before any GPU work; a new store is made by its first write.
     store = open_store(storage, new=True) if storage is not None else None
     benches = _start_benchmarkers(gpu)
@@ -611,8 +621,9 @@ def sweep(
         cache = KernelCache.at(cache_dir)
         gpus = (f"{len(benches)} x {bench.gpu_name} (GPUs {', '.join(map(str, gpu))})" if len(benches) > 1
                 else bench.gpu_name)
-        out.print(f"{config}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "
-                  f"{gpus}; store {store.shown} ({bench.timing_method}); sampler {sampler.value}, "
+        out.print(f"{sp.path}: {len(sp.problems)} problems, {len(sp.valid)} valid configs; "
+                  f"{gpus}; store {store.shown} ({bench.timing_method}); "
+                  f"{f'strategy {strategy.value}, ' if strategy else ''}sampler {sampler.value}, "
                   f"up to {trials} compiled configs")
 
         def compile_batch(configs):
@@ -627,7 +638,7 @@ def sweep(
         with display:
             run = Sweep(sp, store, store.url, compile_batch, benches,
                         SweepSettings(trials=trials, timeout_s=timeout, sampler=sampler.value,
-                                      batch=batch or jobs, seed=seed),
+                                      batch=batch or jobs, seed=seed, strategy=strategy and strategy.value),
                         on_update=show)
             state = run.run()
         if not out.is_terminal:

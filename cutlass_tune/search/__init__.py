@@ -7,11 +7,11 @@ from ._samplers import SAMPLERS, make_sampler
 from ._seeds import COMMON_DEFAULTS, seed_configs
 from ._state import ProblemProgress, SweepSettings, SweepState
 from ._strategy import study_name
-from ._sweep import Benchmarker, Sweep, require_one_model
+from ._sweep import STRATEGIES, Benchmarker, Sweep, require_one_model
 
 __all__ = [
     "Benchmarker", "COMMON_DEFAULTS", "CONFIRM_STUDY", "Candidate", "ConfirmResult", "LaneEvent", "LaneLost",
-    "Lanes", "ParamSpace", "ProblemProgress", "SAMPLERS", "Sweep", "SweepSettings", "SweepState",
+    "Lanes", "ParamSpace", "ProblemProgress", "SAMPLERS", "STRATEGIES", "Sweep", "SweepSettings", "SweepState",
     "candidates", "config_of", "confirm", "make_sampler", "params_of", "require_one_model", "seed_configs",
     "study_name",
 ]

@@ -13,7 +13,7 @@ from ._rules import (
     problem_dim_problem,
     smem_usage,
 )
-from ._spec import SearchSpace, load_space, space_for_shapes
+from ._spec import SearchSpace, load_space, space_for_shapes, sweep_space
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
@@ -35,5 +35,5 @@ __all__ = [
     "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "SearchSpace", "SmemUsage",
     "TileScheduler", "cells", "check_config", "check_pair", "check_problem", "check_runtime",
     "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "smem_usage", "space_for_shapes",
-    "texts",
+    "sweep_space", "texts",
 ]

@@ -460,3 +460,22 @@ def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | Non
         raw["layouts"] = [layout]
     label = "--shapes" if config is None else f"{config} --shapes"
     return _space(label, raw)
+
+
+def sweep_space(config: str | Path | None, shapes: str | None = None, dtype: str | None = None,
+                layout: str | None = None) -> SearchSpace:
+    """The space `sweep` tunes: the file `config`; with `shapes`, those shapes over the file's
+    knobs, or over `kernels: auto` without a file (`space_for_shapes`).
+
+    Raises:
+        ConfigFileError: neither a file nor shapes, a type or layout without shapes, or what
+            `load_space` and `space_for_shapes` raise. One line.
+    """
+    if shapes is not None:
+        return space_for_shapes(shapes, dtype=dtype, layout=layout, config=config)
+    if dtype is not None or layout is not None:
+        raise ConfigFileError("--dtype" if dtype is not None else "--layout", "", None,
+                              "goes with --shapes (a space file gives its own types and layouts)")
+    if config is None:
+        raise ConfigFileError("sweep", "", None, "give a search-space file or --shapes MxNxK[,MxNxK...]")
+    return load_space(config)

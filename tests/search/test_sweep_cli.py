@@ -1,5 +1,6 @@
 """`cutlass-tune sweep --gpu I --gpu J`: one benchmark worker per GPU, on scripted GPUs."""
 
+import os
 import re
 import subprocess
 import sys
@@ -146,3 +147,57 @@ def test_proposals_left_to_another_sweep_are_counted_when_it_stops(tmp_path, gpu
     last = r.output.strip().splitlines()[-1]
     assert re.fullmatch(r"stopped: trial budget reached; run [0-9a-f]{12}; 2 of its proposals left to another "
                         r"sweep on the store, which was measuring them", last), last
+
+
+def sweep_shapes(tmp_path, *args):
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    result = CliRunner().invoke(app, ["sweep", *args, "--storage", url, "--jobs", "2",
+                                      "--cache-dir", str(tmp_path / "cache")], terminal_width=250)
+    return result, url
+
+
+@pytest.fixture
+def no_committed(monkeypatch, tmp_path):
+    from cutlass_tune.search import _prior
+
+    monkeypatch.setattr(_prior, "COMMITTED", tmp_path / "missing.csv.gz")
+
+
+def test_shapes_alone_sweep_every_valid_config_led_by_the_prior(tmp_path, gpus, no_committed):
+    r, url = sweep_shapes(tmp_path, "--shapes", "1024x1280x8192,256x4096x4096", "--trials", "3")
+    assert r.exit_code == 0, r.output
+    first = r.output.splitlines()[0]
+    assert first.startswith("--shapes: 2 problems, 190240 valid configs; Fake GPU;") and "sampler tpe" in first
+    assert "\nstopped: trial budget reached" in r.output
+    rows = [row for row in ResultStore(url).rows() if row.kernel != "cuBLAS"]
+    assert {row.problem for row in rows} == {"1024x1280x8192_bf16bf16bf16_tn", "256x4096x4096_bf16bf16bf16_tn"}
+    assert len({row.config_hash for row in rows}) == 3
+
+
+def test_shapes_over_a_file_take_its_knobs_and_the_strategy_named(tmp_path, gpus, no_committed):
+    (tmp_path / "space.yaml").write_text(SPACE)
+    r, url = sweep_shapes(tmp_path, str(tmp_path / "space.yaml"), "--shapes", "2048x2048x2048", "--layout", "nt",
+                          "--strategy", "prior", "--trials", "2")
+    assert r.exit_code == 0, r.output
+    assert "space.yaml --shapes: 1 problems, " in r.output.splitlines()[0]
+    assert "strategy prior, sampler tpe" in r.output.splitlines()[0]
+    assert {row.problem for row in ResultStore(url).rows()} == {"2048x2048x2048_bf16bf16bf16_nt"}
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([], "error: sweep: give a search-space file or --shapes MxNxK[,MxNxK...]\n"),
+    (["--shapes", "64x64"], "error: --shapes = '64x64': give each shape as MxNxK, e.g. 4096x4096x4096\n"),
+    (["--dtype", "f16"], "error: --dtype: goes with --shapes (a space file gives its own types and layouts)\n"),
+])
+def test_a_sweep_without_a_space_is_one_line_and_exit_2(args, expected):
+    # refused before a GPU is looked for (none is visible here)
+    r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "sweep", *args],
+                       capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", expected)
+
+
+def test_the_strategy_choices_are_the_search_strategies():
+    from cutlass_tune.cli import Strategy
+    from cutlass_tune.search import STRATEGIES
+
+    assert tuple(s.value for s in Strategy) == STRATEGIES
