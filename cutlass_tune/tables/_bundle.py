@@ -10,8 +10,9 @@ A bundle is a directory:
 | `manifest.json` | format, ABI version, toolchain; per kernel (config hash): library, symbol, SHA-256 |
 
 `read_bundle` checks the manifest against the files before anything is loaded: a library
-changed or missing after export, a table row without its kernel, or another ABI version is a
-one-line `BundleError`. The kernels are sm90a binaries: they run on Hopper GPUs only.
+changed or missing after export, a table row without its kernel or whose config hash is not
+its config's, or another ABI version is a one-line `BundleError`. The kernels are sm90a
+binaries: they run on Hopper GPUs only.
 (`cutlass-tune export` writes bundles: report/_export.py.)
 """
 
@@ -26,6 +27,7 @@ import pandas as pd
 from .. import render
 from .._files import read_input, sha256_of
 from ..errors import CutlassTuneError
+from ..space import KernelConfig
 from ._file import read_table
 
 BUNDLE_FORMAT = 1
@@ -56,7 +58,8 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
 
     Raises:
         BundleError: the manifest is unreadable or of another format or ABI version, a
-            library is missing or changed, or a row of the table has no kernel.
+            library is missing or changed, or a row of the table has no kernel or names another
+            config's.
         BestTableError: the bundle's table file, as `read_table` raises it.
     """
     path = Path(path)
@@ -88,6 +91,13 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
     missing = sorted(set(frame["config_hash"]) - set(kernels))
     if missing:
         raise BundleError(f"{path}: the table's kernel {missing[0]} is not in the bundle")
+    for number, (config_hash, text) in enumerate(zip(frame["config_hash"], frame["config"]), 1):
+        # matmul runs the kernel the hash names as the row's config says (Stream-K's workspace,
+        # the output's dtype, the layout): the two must be one kernel.
+        own = KernelConfig.from_dict(json.loads(text)).hash
+        if config_hash != own:
+            raise BundleError(f"{path / TABLE}: row {number}: config_hash {config_hash} is not its config's {own}: "
+                              "the bundled kernel it names was built from another config")
     return frame, kernels
 
 

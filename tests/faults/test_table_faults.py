@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from cutlass_tune import load_best
+from cutlass_tune.report import write_bundle
 from cutlass_tune.tables import BestTableError, BundleError, read_bundle
 
 V2 = Path(__file__).resolve().parents[1] / "report" / "data" / "best-v2.csv"
@@ -101,3 +102,21 @@ def test_the_commands_refuse_an_out_of_range_table(tmp_path, command, changes):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
     assert not (tmp_path / "b").exists()
+
+
+def test_a_bundle_row_naming_another_configs_kernel_is_one_line(tmp_path):
+    # Regression: matmul ran the bundled kernel of the row's config_hash as the row's config said
+    # (Stream-K workspace, output dtype, layout), whichever kernel of the bundle that hash named.
+    from ..report.test_bundle import STORE, stand_ins
+
+    frame = load_best(STORE)
+    bundle = tmp_path / "bundle"
+    write_bundle(frame, stand_ins(frame, tmp_path / "cache"), bundle, {})
+    rows = json.loads((bundle / "best.json").read_text())
+    rows[0]["config_hash"], rows[1]["config_hash"] = rows[1]["config_hash"], rows[0]["config_hash"]
+    (bundle / "best.json").write_text(json.dumps(rows))
+    with pytest.raises(BundleError, match=f"row 1: config_hash {rows[0]['config_hash']} is not its config's"):
+        read_bundle(bundle)
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "best", "--storage", str(bundle)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not its config's" in done.stderr
