@@ -32,6 +32,7 @@ kernels: {tile_m: [128], tile_n: [128, 256], cluster: [1x1, 2x1]}
 """
 
 CONFIG = KernelConfig(tile_n=64)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _build(cache, toolchain, configs=(CONFIG,)):
@@ -140,6 +141,31 @@ def test_nvcc_dies_with_a_compile_killed_by_sigkill(tmp_path):
     while _running(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _running(child)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_hang_up_or_termination_stops_a_compile_and_its_nvcc(tmp_path, stop):
+    # Guards against a closed terminal or a dropped ssh session (SIGHUP), or a batch system's
+    # SIGTERM, leaving the command's nvcc jobs running or its build folders behind.
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    env = {**os.environ, "CUTLASS_TUNE_NVCC": str(FAKE_NVCC), "FAKE_NVCC_SLEEP": "60", "FAKE_NVCC_PID_DIR": str(pids)}
+    run = subprocess.Popen([sys.executable, "-m", "cutlass_tune.cli", "compile", str(REPO / "configs" / "quick.yaml"),
+                            "--cache-dir", str(tmp_path / "cache"), "-j", "2"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(pids.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    children = [int(p.name) for p in pids.iterdir()]
+    assert children, "no nvcc started"
+    run.send_signal(stop)
+    _, err = run.communicate(timeout=30)
+    assert (run.returncode, err) == (130, "interrupted\n")
+    deadline = time.monotonic() + 5
+    while any(_running(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(c) for c in children)
+    assert not [p for p in (tmp_path / "cache").rglob("tmp/*")]
 
 
 def _running(pid: int) -> bool:
