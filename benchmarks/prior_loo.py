@@ -30,7 +30,8 @@ import numpy as np
 
 from cutlass_tune.search._features import Pool
 from cutlass_tune.search._prior import COMMITTED, Prior, committed_frame, committed_observations
-from cutlass_tune.search._seeds import seed_configs
+from cutlass_tune.search._prior_strategy import HEURISTIC_AFTER, _interleave
+from cutlass_tune.search._seeds import heuristic_configs, seed_configs
 from cutlass_tune.status import Status
 
 GPUS = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132}
@@ -132,9 +133,13 @@ def evaluate(gpu: str, sm_count: int, observations, rng: random.Random, strict: 
         best = max(ratios)
         good_flags = [r >= WITHIN * best for r in ratios]
         good = sum(good_flags)
-        diverse = [int(i) for i in prior.rank(problem, pool)]
-        plain = [int(i) for i in np.argsort(-prior.score(problem, pool.cols), kind="stable")]
         index = {o.config.hash: i for i, o in enumerate(own)}
+        # The sweep's first picks for a problem: the prior's, nvMatmulHeuristics' (when installed)
+        # after the first two; here those of its picks that were measured.
+        theirs = [index[c.hash] for c in heuristic_configs(problem, gpu) if c.hash in index]
+        diverse = list(dict.fromkeys(_interleave([int(i) for i in prior.rank(problem, pool)], theirs,
+                                                 HEURISTIC_AFTER)))
+        plain = [int(i) for i in np.argsort(-prior.score(problem, pool.cols), kind="stable")]
         seeds = [index[c.hash] for c in seed_configs(_Space([o.config for o in own]), _Store(others), [problem],
                                                      gpu, sm_count)]
         rest = [ratios[i] for i in range(len(own)) if i not in set(seeds)]

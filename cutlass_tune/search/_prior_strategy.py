@@ -1,13 +1,19 @@
-"""What to compile next, led by the prior: each problem's study is seeded with the prior's picks
-for it, and later proposals are the prior's best unmeasured configs, mixed with the sampler's.
+"""What to compile next, led by the prior: each problem's first configs are the prior's picks
+for it, and later ones the prior's best unmeasured configs, mixed with the sampler's.
 
 The prior (search/_prior.py) is fitted when the sweep starts, on the committed measurements of
-the sweep's GPU model and on its store, and fitted again on the store as it grows (every
-`REFIT_EVERY` new (config, problem) results). Its picks are configs of the space: of a `kernels:
-auto` space, any valid config, the hand-written spaces' or not; of a space of knob lists, only
-the space's. nvMatmulHeuristics' picks (when the package is installed) join the prior's after
-its first two. Everything proposed is a trial of the problem's Optuna study (queued, then
-asked), so a study holds every config measured for it, whoever proposed it.
+the sweep's GPU model and on its store, and fitted again as the store grows (every
+`REFIT_EVERY` new (config, problem) results). Until a problem has results of its own, its
+proposals are the best variant of each of the prior's best kernel shapes in turn, with
+nvMatmulHeuristics' picks (when the package is installed) after the first `HEURISTIC_AFTER`;
+once it has, they are the prior's best unmeasured configs by score, one in `SAMPLER_EVERY`
+left to the sampler (TPE: exploration). A compiled config is measured on every problem of its
+kind, so the first batch (one config per problem and turn) gives every problem results.
+
+The picks are configs of the space: of a `kernels: auto` space, any valid config, the
+hand-written spaces' or not; of a space of knob lists, only the space's. Everything proposed is
+a trial of the problem's Optuna study (queued, then asked), so a study holds every config
+measured for it, whoever proposed it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-
-import optuna
 
 from ..space import KernelConfig, Problem, SearchSpace
 from ..store import ResultStore
@@ -28,16 +32,15 @@ from ._prior import Observation, Prior, StoreObservations
 from ._seeds import heuristic_configs, operand_kind
 from ._strategy import ASKS_PER_CONFIG, OptunaStrategy, Study
 
-SEEDS_PER_PROBLEM = 8
-"""The prior's picks queued in each problem's study before anything is measured (their shapes
-differ: the best variant of each of the 8 best kernel shapes)."""
 HEURISTIC_AFTER = 2
-"""nvMatmulHeuristics' picks join the prior's after this many of the prior's."""
+"""nvMatmulHeuristics' picks join a problem's first picks after this many of the prior's."""
 SAMPLER_EVERY = 4
-"""After the seeds, one proposal in this many is the sampler's (TPE: exploration), the others
-the prior's best unmeasured config for the problem."""
+"""Once a problem has results, one proposal in this many is the sampler's (TPE: exploration),
+the others the prior's best unmeasured config for the problem."""
 REFIT_EVERY = 16
 """New (config, problem) results in the store after which the prior is fitted again."""
+PICKS_KEPT = 512
+"""Configs of each problem's ranking kept between fits (a sweep proposes far fewer)."""
 log = logging.getLogger(__name__)
 
 
@@ -69,7 +72,9 @@ class PriorStrategy(OptunaStrategy):
         self.fits = 0
         self._results = -1  # store results at the last fit
         self._pools: dict[tuple, Pool] = {}
-        self._ranked: dict[str, list[int]] = {}  # study name -> pool rows, best first
+        self._ranked: dict[str, list[KernelConfig]] = {}  # study name -> its picks, best first
+        self._heuristic: dict[str, list[KernelConfig]] = {}  # study name -> nvMatmulHeuristics' picks
+        self._answered: set[Problem] = set()  # problems with results of their own at the last fit
         self._proposals = 0
 
     # ---- the prior ------------------------------------------------------------------------
@@ -90,42 +95,35 @@ class PriorStrategy(OptunaStrategy):
         start = time.monotonic()
         self.prior = Prior.fit(self.committed + own, self.sm_count)
         self._results, self.fits = len(own), self.fits + 1
+        self._answered = {o.problem for o in own}
         for s in self.studies:
-            # Before the problem's own results, a spread of kernel shapes; after, the best first.
-            mine = any(o.problem == s.problem for o in own)
-            self._ranked[s.name] = [int(r) for r in self.prior.rank(s.problem, self._pool(s.problem),
-                                                                     diverse=not mine)]
+            answered = s.problem in self._answered
+            pool = self._pool(s.problem)
+            rows = self.prior.rank(s.problem, pool, diverse=not answered)[:PICKS_KEPT]
+            picks = [pool.config(r) for r in rows]
+            if not answered:  # its first picks: nvMatmulHeuristics' join the prior's, one by one
+                picks = _interleave(picks, self._heuristic.get(s.name, []), HEURISTIC_AFTER)
+            self._ranked[s.name] = picks
         log.info("prior fitted on %d observations (%d of the store) and ranked in %.1f s",
                  self.prior.rows, len(own), time.monotonic() - start)
         return True
 
     def picks(self, s: Study, count: int) -> list[KernelConfig]:
-        """The first `count` configs of the prior's ranking for `s`'s problem."""
-        pool = self._pool(s.problem)
-        return [pool.config(r) for r in self._ranked.get(s.name, [])[:count]]
+        """The first `count` configs the prior would propose for `s`'s problem, measured or not."""
+        return self._ranked.get(s.name, [])[:count]
 
     # ---- proposing ------------------------------------------------------------------------
     def warm_start(self, store: ResultStore, problems: list[Problem], gpu: str | None, sm_count: int | None) -> None:
-        """Fit the prior and queue each problem's `SEEDS_PER_PROBLEM` picks in its own study,
-        rank by rank across the problems, with nvMatmulHeuristics' picks after the first
-        `HEURISTIC_AFTER` ranks."""
+        """Fit the prior, and take nvMatmulHeuristics' picks for each problem. Nothing is
+        queued: `ask` proposes."""
+        for s in self.studies:
+            self._heuristic[s.name] = [c for c in heuristic_configs(s.problem, gpu) if s.params.has(c)]
         self.refit(force=True)
-        ours = {s.name: self.picks(s, SEEDS_PER_PROBLEM) for s in self.studies}
-        theirs = {s.name: [c for c in heuristic_configs(s.problem, gpu) if s.params.has(c)] for s in self.studies}
-        for rank in range(SEEDS_PER_PROBLEM):
-            for s in self.studies:
-                if rank < len(ours[s.name]):
-                    self.enqueue(s, ours[s.name][rank])
-            if rank >= HEURISTIC_AFTER - 1:
-                for s in self.studies:
-                    at = rank - (HEURISTIC_AFTER - 1)
-                    if at < len(theirs[s.name]):
-                        self.enqueue(s, theirs[s.name][at])
 
     def ask(self, want: int, ledger: Ledger, claims: Claims) -> list[KernelConfig]:
-        """Up to `want` configs to compile: the studies' queued seeds first, then, study by
-        study, the prior's best config not yet measured, awaited or held elsewhere (one
-        proposal in `SAMPLER_EVERY` the sampler's instead)."""
+        """Up to `want` configs to compile, study by study: the prior's next pick not yet
+        measured, awaited or held by another sweep (once the problem has results, one proposal
+        in `SAMPLER_EVERY` the sampler's instead)."""
         self.refit()
         batch: list[KernelConfig] = []
         for _ in range(ASKS_PER_CONFIG * (max(want, 1) + 2)):
@@ -133,10 +131,10 @@ class PriorStrategy(OptunaStrategy):
                 break
             s = self.studies[self._turn % len(self.studies)]
             self._turn += 1
-            seeded = s.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-            if not seeded and self._proposals % SAMPLER_EVERY != SAMPLER_EVERY - 1:
-                self._queue_best(s, ledger, claims)
+            explore = s.problem in self._answered and self._proposals % SAMPLER_EVERY == SAMPLER_EVERY - 1
             self._proposals += 1
+            if not explore:
+                self._queue_best(s, ledger, claims)
             cfg = self._ask_in(s, ledger, claims)
             if cfg is not None:
                 batch.append(cfg)
@@ -145,10 +143,17 @@ class PriorStrategy(OptunaStrategy):
         return batch
 
     def _queue_best(self, s: Study, ledger: Ledger, claims: Claims) -> None:
-        pool = self._pool(s.problem)
-        for row in self._ranked.get(s.name, []):
-            cfg = pool.config(row)
+        """Queue in `s` the prior's first pick for it not measured, awaited or held elsewhere."""
+        for cfg in self._ranked.get(s.name, []):
             if cfg.hash in ledger.compiled or cfg.hash in self._waiting or cfg.hash in claims:
                 continue
             if self.enqueue(s, cfg):
                 return
+
+
+def _interleave(ours: list[KernelConfig], theirs: list[KernelConfig], after: int) -> list[KernelConfig]:
+    """`ours` with `theirs` taken in turn after the first `after` of ours."""
+    out = ours[:after]
+    for i in range(max(len(ours) - after, len(theirs))):
+        out += theirs[i:i + 1] + ours[after + i:after + i + 1]
+    return out
