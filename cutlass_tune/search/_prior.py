@@ -145,10 +145,23 @@ class StoreObservations:
         return [Observation(p, self._configs[h], r) for (p, h), r in self._best.items()]
 
 
+KNOB_FEATURES = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "epilogue_tile_n")
+"""Features of a config's own knobs, whose values outside those fitted are an extrapolation."""
+OUTSIDE_PENALTY = math.log(0.9)
+"""Added to the score (a log ratio) for each `KNOB_FEATURES` value outside the fitted range."""
 SCORED_WHOLE = 20_000
 """Pools up to this size are scored whole (0.3 s); larger ones (`kernels: auto`) in two steps."""
-GROUPS_SCORED = 48
-"""Kernel shapes whose every variant is scored, of a large pool (about 20,000 rows)."""
+GROUPS_SCORED = 16
+"""Kernel shapes whose every variant is scored, of a large pool (for bf16 `kernels: auto`, 16 of
+about 100 shapes, some 30,000 variants: half a second)."""
+
+
+def _one_thread() -> Any:
+    """scikit-learn's OpenMP threads held to one: on a busy host (nvcc on every core, as during a
+    sweep) two threads took 54 s to fit what one fits in 1 s, waiting at each tree's barrier."""
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # scikit-learn's own dependency
+
+    return threadpool_limits(limits=1, user_api="openmp")
 
 
 # ---- the model ------------------------------------------------------------------------------
@@ -185,6 +198,8 @@ class Prior:
     sm_count: int
     model: Any = None
     rows: int = 0
+    seen: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """The range of each `KNOB_FEATURES` column over the observations fitted, by column."""
 
     @classmethod
     def fit(cls, observations: Sequence[Observation], sm_count: int, *, seed: int = 0) -> Prior:
@@ -199,15 +214,23 @@ class Prior:
         y, w = _targets(kept)
         model = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.08, max_leaf_nodes=15,
                                               min_samples_leaf=8, l2_regularization=1.0, random_state=seed)
-        model.fit(_feature_rows(kept, sm_count), y, sample_weight=w)
-        return cls(sm_count, model, len(kept))
+        x = _feature_rows(kept, sm_count)
+        with _one_thread():
+            model.fit(x, y, sample_weight=w)
+        seen = {i: (float(x[:, i].min()), float(x[:, i].max())) for i in map(FEATURES.index, KNOB_FEATURES)}
+        return cls(sm_count, model, len(kept), seen)
 
     def score(self, problem: Problem, cols: Mapping[str, np.ndarray]) -> np.ndarray:
         """A score per config of `cols` (`config_columns`, or `Pool.rows`) on `problem`."""
         x = features(problem, cols, self.sm_count)
         if self.model is None:
             return np.log(np.maximum(x[:, FEATURES.index("useful_share")], 1e-6))
-        return np.asarray(self.model.predict(x))
+        with _one_thread():
+            predicted = np.asarray(self.model.predict(x))
+        # Trees extrapolate flat: a tile N of 16 where none below 32 was measured would score as
+        # its nearest measured neighbour. Knob values outside the measured range pay for it.
+        outside = sum(((x[:, i] < lo) | (x[:, i] > hi)).astype(np.float64) for i, (lo, hi) in self.seen.items())
+        return predicted + OUTSIDE_PENALTY * outside
 
     def rank(self, problem: Problem, pool: Pool, *, diverse: bool = True, groups: int = GROUPS_SCORED) -> np.ndarray:
         """Rows of `pool` for `problem`, best first; with `diverse`, the best of each kernel

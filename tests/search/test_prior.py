@@ -122,6 +122,12 @@ def test_the_prior_learns_what_wins():
     pool = Pool.of_configs(configs)
     first = pool.config(prior.rank(problems[0], pool, diverse=False)[0])
     assert first.cluster_m == 2 and first.tile_n == 256 and first.stages == 0
+    # knob values outside those fitted pay for the extrapolation: tile N 16 (SMALL's are 64-256)
+    # and the 16-column epilogue subtile CUTLASS picks for it (32 for all of SMALL's)
+    narrow, wide = KernelConfig(**BF16, tile_n=16), KernelConfig(**BF16, tile_n=64)
+    cols = config_columns([narrow, wide])
+    raw = prior.model.predict(features(problems[0], cols, 132))
+    assert (prior.score(problems[0], cols) - raw).tolist() == pytest.approx([2 * prior_module.OUTSIDE_PENALTY, 0])
     unfitted = Prior(132)  # no observations: by the share of useful work alone
     assert unfitted.model is None and len(unfitted.rank(problems[0], pool)) == len(pool)
 
