@@ -14,6 +14,11 @@
 # The state (stores, markers, logs) lives in AUTO_SUITE_DIR (default results/auto-suite). On a
 # fresh machine, put the files of the last OUTDIR's state/ back there first:
 #   mkdir -p results/auto-suite && cp LAST_OUTDIR/state/* results/auto-suite/
+# The sweep needs the project's dependencies (scikit-learn among them). On a host whose Python
+# has torch but not the rest, install wheels brought along (.whlmin/: alembic, annotated-types,
+# colorlog, greenlet, mako, nvidia-cutlass, nvidia-matmul-heuristics, optuna, platformdirs,
+# pydantic, pydantic-core, sqlalchemy, typing-extensions, typing-inspection) first:
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whlmin/*.whl && export PYTHONPATH=/tmp/site
 set -uo pipefail
 out=${1:?output directory}
 state=${AUTO_SUITE_DIR:-results/auto-suite}
@@ -21,6 +26,7 @@ budget=${AUTO_SUITE_SECONDS:-540}
 trials=${AUTO_SUITE_TRIALS:-24}
 mkdir -p "$out" "$state"
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # benchmarks/*.py import the package from here
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | tr 'A-Z' 'a-z' | sed 's/[^a-z0-9]\{1,\}/-/g; s/^-//; s/-$//')
 shapes=$(python3 -c "from cutlass_tune.space import load_space
 print(','.join(f'{p.m}x{p.n}x{p.k}' for p in load_space('configs/auto_bf16.yaml').problems))") || exit
@@ -40,7 +46,9 @@ sweep() {  # NAME [SPACE FILE]: one sweep, resumed, marked done when its budget 
   timeout -k 20 "$limit" python3 -m cutlass_tune.cli sweep "$@" --shapes "$shapes" --trials "$trials" \
     --batch 8 --timeout $((limit * 6 / 10)) --storage "sqlite:///$store" >> "$log" 2>&1
   echo "$name sweep rc=$? (124: stopped by this call's time, resumes)"; tail -2 "$log"
-  if tail -1 "$log" | grep -q "stopped: trial budget reached\|stopped: no new configs proposed"; then
+  # Done: its budget compiled (a timeout met in the same batch says "timeout"), or nothing left.
+  if tail -1 "$log" | grep -q "stopped: trial budget reached\|stopped: no new configs proposed" \
+      || tail -40 "$log" | grep -q "^compiled $trials, next batch 0,"; then
     touch "$store.swept"
   else
     return 1
