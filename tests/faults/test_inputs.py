@@ -83,3 +83,20 @@ def test_matmul_names_an_operand_that_is_not_a_tensor(a, b, named):
     table = cutlass_tune.BestTable.load(STORE)
     with pytest.raises(MatmulInputError, match=named):
         cutlass_tune.matmul(a, b, table=table)
+
+
+@pytest.mark.parametrize("command", ["best", "dashboard"])
+def test_an_output_given_with_a_tilde_is_written_in_the_home_folder(tmp_path, command):
+    # Regression: --output=~/x (no shell expands ~ after =) wrote ./~/x, or failed to.
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    store = REPO / "results" / "llama33b-nvidia-h200.sqlite"
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", command, "--storage", str(store),
+                           "--output=~/out.txt"], capture_output=True, text=True, timeout=120, cwd=work,
+                          env={**os.environ, "HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    assert (home / "out.txt").stat().st_size > 0 and not (work / "~").exists()
+    unknown = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", command, "--storage", str(store),
+                              "--output=~nosuchuser/out.txt"], capture_output=True, text=True, timeout=120, cwd=work)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == "error: --output='~nosuchuser/out.txt': ~nosuchuser is no user's home here"
