@@ -40,6 +40,7 @@ from .status import Status
 from .store import default_store_url, open_store, resolve_storage
 from .tables import COLUMNS
 
+
 def _user_output(value: Path | None) -> Path | None:
     """An --output path with a leading ~ expanded as a shell would, also where no shell did
     (`--output=~/x`, a quoted '~/x'): a literal folder named ~ is never what was meant."""
@@ -125,7 +126,8 @@ def shapes(
     target: str = typer.Argument(..., metavar="FILE.py:FUNCTION",
                                  help="a Python file and a function in it that returns (model, example_inputs)"),
     output: Path | None = typer.Option(
-        None, "--output", "-o", callback=_user_output, help="space file to write (default: <FILE>_gemms.yaml here); a model with GEMMs of "
+        None, "--output", "-o", callback=_user_output,
+        help="space file to write (default: <FILE>_gemms.yaml here); a model with GEMMs of "
         "several dtypes or layouts gets one file each, <name>_<dtype>_<layout>.yaml"),
     backward: bool = typer.Option(False, "--backward", help="also run a backward of the sum of the floating "
                                   "outputs: the dX and dW GEMMs of training"),
@@ -211,7 +213,8 @@ def bench(
     gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
     repeat: int = typer.Option(1, "--repeat", min=1, help="measure everything N times in this run"),
     output: Path | None = typer.Option(
-        None, "--output", "-o", callback=_user_output, help="JSON lines file (default results/bench-<timestamp>.jsonl)"),
+        None, "--output", "-o", callback=_user_output,
+        help="JSON lines file (default results/bench-<timestamp>.jsonl)"),
     jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
     method: TimingMethod = typer.Option(
@@ -322,7 +325,8 @@ def best(
     storage: str | None = typer.Option(
         None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({_READ_DEFAULT})"),
     fmt: TableFormat = typer.Option(TableFormat.TABLE, "--format", help="how to write the table"),
-    output: Path | None = typer.Option(None, "--output", "-o", callback=_user_output, help="write to FILE instead of the screen"),
+    output: Path | None = typer.Option(None, "--output", "-o", callback=_user_output,
+        help="write to FILE instead of the screen"),
 ) -> None:
     """The best verified kernel per problem and GPU: TFLOP/s, ratio to cuBLAS of the same run,
     spread, and the full config."""
@@ -360,7 +364,8 @@ def check(
     source: str = typer.Argument(..., help="best-config table file or bundle (as `load_best`/`BestTable.load` take)"),
     gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index"),
     budget_ms: float = typer.Option(2000.0, "--budget-ms", min=1, help="GPU time per entry and mode"),
-    output: Path | None = typer.Option(None, "--output", "-o", callback=_user_output, help="also write each entry's check as JSON lines"),
+    output: Path | None = typer.Option(None, "--output", "-o", callback=_user_output,
+        help="also write each entry's check as JSON lines"),
 ) -> None:
     """Call every entry of a table through `cutlass_tune.matmul`, back to back and in CUDA
     graphs, next to torch's own call on the same operands (the sustained regime: rotating
@@ -397,7 +402,8 @@ def check(
 def export(
     storage: str | None = typer.Option(
         None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({_READ_DEFAULT})"),
-    output: Path = typer.Option(..., "--output", "-o", callback=_user_output, help="the bundle: a directory that does not exist yet"),
+    output: Path = typer.Option(..., "--output", "-o", callback=_user_output,
+        help="the bundle: a directory that does not exist yet"),
     gpu_name: str | None = typer.Option(None, "--gpu-name", help="keep only the rows of this GPU model"),
     jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs"),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)"),
@@ -484,7 +490,8 @@ def confirm(
 def dashboard(
     storage: str | None = typer.Option(
         None, "--storage", help=f"store URL or .sqlite file ({_READ_DEFAULT})"),
-    output: Path = typer.Option(Path("report.html"), "--output", "-o", callback=_user_output, help="HTML file to write"),
+    output: Path = typer.Option(Path("report.html"), "--output", "-o", callback=_user_output,
+        help="HTML file to write"),
     open_: bool = typer.Option(False, "--open", help="open the report in the default web browser"),
 ) -> None:
     """Write one self-contained interactive HTML report of a sweep's store (viewing it needs no
