@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .space import DType, KernelConfig, Layout, Problem, RuntimeArgs
+from .space import DType, Epilogue, KernelConfig, Layout, Problem, RuntimeArgs, Scaling
 from .status import Status
 
 # nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
@@ -125,15 +125,21 @@ BASELINE_NAME = "cuBLAS"
 
 
 def problem_to_dict(p: Problem) -> dict[str, Any]:
-    return {f.name: (v.value if isinstance(v := getattr(p, f.name), enum.Enum) else v)
-            for f in dataclasses.fields(p)}
+    """Plain JSON-able dict; the epilogue by its `Epilogue.name`."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(p):
+        v = getattr(p, f.name)
+        out[f.name] = v.value if isinstance(v, enum.Enum) else v.name if isinstance(v, Epilogue) else v
+    return out
 
 
 def problem_from_dict(d: dict[str, Any]) -> Problem:
+    """Inverse of `problem_to_dict`; records written before fused epilogues read as plain."""
     return Problem(
         m=d["m"], n=d["n"], k=d["k"],
         dtype_a=DType(d["dtype_a"]), dtype_b=DType(d["dtype_b"]), dtype_d=DType(d["dtype_d"]),
         layout_a=Layout(d["layout_a"]), layout_b=Layout(d["layout_b"]),
+        epilogue=Epilogue.parse(d.get("epilogue", "none")), scaling=Scaling(d.get("scaling", "none")),
     )
 
 

@@ -27,8 +27,9 @@ from .space import (
 )
 from .space._rules import epilogue_tile, needs_extended_wgmma
 
-ABI_VERSION = 2
-"""2: kernels export S_mma_n; units that need them enable the extended wgmma shapes."""
+ABI_VERSION = 3
+"""2: kernels export S_mma_n; units that need them enable the extended wgmma shapes.
+3: the arguments carry bias and fp8 scale pointers (fused epilogues)."""
 
 _ELEMENT = {
     DType.BF16: "cutlass::bfloat16_t",

@@ -29,7 +29,7 @@ def cutlass_status_name(code: int) -> str:
 
 
 class GemmArgs(ctypes.Structure):
-    """Mirror of `struct cutlass_tune_args` (natural alignment, 88 bytes on LP64)."""
+    """Mirror of `struct cutlass_tune_args` (natural alignment, 112 bytes on LP64)."""
 
     _fields_ = [
         ("m", ctypes.c_int64),
@@ -47,21 +47,34 @@ class GemmArgs(ctypes.Structure):
         ("decomposition", ctypes.c_int32),
         ("device_id", ctypes.c_int32),
         ("sm_count", ctypes.c_int32),
+        ("bias", ctypes.c_void_p),
+        ("scale_a", ctypes.c_void_p),
+        ("scale_b", ctypes.c_void_p),
     ]
 
 
 def make_args(problem: Problem, runtime: RuntimeArgs, *, a: int, b: int, d: int,
-              device_id: int, sm_count: int) -> GemmArgs:
-    """Arguments for D = A @ B with C aliasing D and beta = 0 (C is never read).
+              device_id: int, sm_count: int, c: int | None = None, bias: int | None = None,
+              scale_a: int | None = None, scale_b: int | None = None, alpha: float = 1.0,
+              beta: float | None = None) -> GemmArgs:
+    """Arguments for D = epilogue(alpha * A @ B [+ beta * C]) of `problem`.
 
     `a`, `b`, `d` are device addresses of the storage `Operands` describes: A is M x K
     row-major (`layout_a` ROW) or K x M row-major (COL); B is N x K row-major (`layout_b` COL)
     or K x N row-major (ROW); D is M x N row-major. The kernel's layout tags encode the same.
+    `c` (M x N row-major, D's type) is read only by a residual epilogue; without one it aliases
+    D and beta is 0. `bias` is N values of D's type; `scale_a`/`scale_b` are fp32 (one value
+    each for `Scaling.TENSOR`; M and N values for `Scaling.ROWCOL`). `beta` defaults to 1 with a
+    residual, else 0.
     """
+    if beta is None:
+        beta = 1.0 if problem.epilogue.residual else 0.0
     return GemmArgs(
-        m=problem.m, n=problem.n, k=problem.k, a=a, b=b, c=d, d=d, alpha=1.0, beta=0.0,
+        m=problem.m, n=problem.n, k=problem.k, a=a, b=b, c=d if c is None else c, d=d,
+        alpha=alpha, beta=beta,
         raster=int(runtime.raster), swizzle=runtime.swizzle, splits=runtime.splits,
         decomposition=int(runtime.decomposition), device_id=device_id, sm_count=sm_count,
+        bias=bias, scale_a=scale_a, scale_b=scale_b,
     )
 
 

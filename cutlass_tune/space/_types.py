@@ -72,6 +72,79 @@ class Decomposition(enum.IntEnum):
     STREAM_K = 3
 
 
+class Activation(str, enum.Enum):
+    """Element-wise function applied last in a fused epilogue. GELU is the erf form
+    (`F.gelu`), GELU_TANH its tanh approximation (`F.gelu(approximate="tanh")`)."""
+
+    NONE = "none"
+    RELU = "relu"
+    GELU = "gelu"
+    GELU_TANH = "gelu_tanh"
+    SILU = "silu"
+
+
+class Scaling(str, enum.Enum):
+    """How an fp8 GEMM's accumulator is scaled, as `torch._scaled_mm` takes scales.
+
+    TENSOR: one fp32 scale for A and one for B. ROWCOL: an fp32 vector of M scales for A's
+    rows times one of N scales for B's columns (`scale_a` M x 1, `scale_b` 1 x N).
+    """
+
+    NONE = "none"
+    TENSOR = "tensor"
+    ROWCOL = "rowcol"
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What the GEMM's last pass computes from the accumulator: part of the user's op, not a
+    tuning knob. With every field set: D = activation(s * (A @ B) + beta * C + bias), where s
+    is alpha (or the fp8 scales, see `Scaling`), bias is one value per output column (length N,
+    as `nn.Linear`) and C an M x N operand of D's type (a residual).
+
+    Written in files and stores as `name`: "none", or its parts joined by "+" in the order
+    bias, activation, residual (e.g. "bias+silu", "residual").
+    """
+
+    bias: bool = False
+    activation: Activation = Activation.NONE
+    residual: bool = False
+
+    @property
+    def is_plain(self) -> bool:
+        return self == Epilogue()
+
+    @property
+    def name(self) -> str:
+        parts = (["bias"] if self.bias else []) + (
+            [self.activation.value] if self.activation is not Activation.NONE else []) + (
+            ["residual"] if self.residual else [])
+        return "+".join(parts) or "none"
+
+    @classmethod
+    def parse(cls, text: str) -> Epilogue:
+        """Inverse of `name`. Raises ValueError naming the part it does not know."""
+        if text == "none":
+            return cls()
+        bias = residual = False
+        activation = Activation.NONE
+        for part in text.split("+"):
+            if part == "bias" and not bias:
+                bias = True
+            elif part == "residual" and not residual:
+                residual = True
+            elif part in {a.value for a in Activation} - {"none"} and activation is Activation.NONE:
+                activation = Activation(part)
+            else:
+                known = ", ".join(["bias", "residual"] + [a.value for a in Activation if a is not Activation.NONE])
+                raise ValueError(f"epilogue {text[:60]!r}: unknown or repeated part {part[:30]!r} "
+                                 f"(parts: {known}, joined by '+', or 'none')")
+        found = cls(bias, activation, residual)
+        if found.name != text:
+            raise ValueError(f"epilogue {text[:60]!r}: write it as {found.name!r}")
+        return found
+
+
 AUTO_STAGES = 0
 """`KernelConfig.stages` value meaning StageCountAutoCarveout."""
 
@@ -96,7 +169,8 @@ def layout_code(layout_a: Layout, layout_b: Layout) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """One GEMM: D[M,N] = A[M,K] @ B[K,N], D row-major.
+    """One GEMM: D[M,N] = A[M,K] @ B[K,N], D row-major, then `epilogue` (and for fp8
+    inputs `scaling`); the defaults are the plain GEMM.
 
     `layout_b` is the storage of B seen as a K x N matrix: COL means each column (length K) is
     contiguous, i.e. B is stored as N x K row-major (the "TN" GEMM of nn.Linear).
@@ -110,6 +184,8 @@ class Problem:
     dtype_d: DType = DType.BF16
     layout_a: Layout = Layout.ROW
     layout_b: Layout = Layout.COL
+    epilogue: Epilogue = Epilogue()
+    scaling: Scaling = Scaling.NONE
 
     @property
     def flops(self) -> int:
@@ -117,7 +193,12 @@ class Problem:
 
     @property
     def name(self) -> str:
-        return (
+        base = (
             f"{self.m}x{self.n}x{self.k}_{self.dtype_a.value}{self.dtype_b.value}"
             f"{self.dtype_d.value}_{layout_code(self.layout_a, self.layout_b)}"
         )
+        if not self.epilogue.is_plain:
+            base += f"_{self.epilogue.name}"
+        if self.scaling is not Scaling.NONE:
+            base += f"_scale-{self.scaling.value}"
+        return base
