@@ -43,10 +43,12 @@ from ._types import (
     PAIRED_EPILOGUE,
     Decomposition,
     DType,
+    Epilogue,
     EpilogueSchedule,
     KernelSchedule,
     Layout,
     RasterOrder,
+    Scaling,
     TileScheduler,
     layout_code,
 )
@@ -119,10 +121,14 @@ def column_kind(value_type: type) -> str:
 
 
 def _cell(v: Any) -> Any:
+    if isinstance(v, Epilogue):
+        return v.name
     return spelling(v) if isinstance(v, enum.Enum) else v
 
 
 def _from_cell(default: Any, v: Any) -> Any:
+    if isinstance(default, Epilogue):
+        return Epilogue.parse(v) if isinstance(v, str) else v
     return member(type(default), v) if isinstance(default, enum.Enum) else v
 
 
@@ -159,6 +165,12 @@ class KernelConfig:
     dtype_acc: DType = DType.F32
     layout_a: Layout = Layout.ROW
     layout_b: Layout = Layout.COL
+    epilogue: Epilogue = Epilogue()
+    """What the epilogue computes from the accumulator (bias, activation, residual): part of
+    the operation, like the types, and equal to its problem's (`space.check_pair`)."""
+    scaling: Scaling = Scaling.NONE
+    """How an fp8 kernel scales the accumulator (per tensor, or per row of A and column of B):
+    part of the operation, equal to its problem's."""
     tile_m: int = 128
     tile_n: int = 128
     tile_k: int = 64
@@ -186,7 +198,7 @@ class KernelConfig:
         The fields of knobs added after a config's hash was first published are left out
         while they hold their default, so those hashes, and the stores keyed by them, stay
         valid."""
-        later = columns(type(self), added_later=True)
+        later = columns(type(self), added_later=True) + _OPERATION_FIELDS
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
@@ -217,7 +229,8 @@ class KernelConfig:
     def name(self) -> str:
         """Stable human-readable name, e.g. `bf16_tn_128x256x64_c2x1_sauto_cooperative_tma_cooperative_persistent`
         (`_fastaccum` appended for fp8 fast accumulation, `_e64` for a 64-column epilogue
-        subtile, `_nosrc` for a kernel without a C operand)."""
+        subtile, `_nosrc` for a kernel without a C operand, then the fused epilogue's name
+        and fp8 scaling as `Problem.name` writes them: `_bias+silu`, `_scale-rowcol`)."""
         operands = self.dtype_a.value
         if self.dtype_b != self.dtype_a:
             operands += self.dtype_b.value
@@ -225,8 +238,15 @@ class KernelConfig:
             operands += f"_{self.dtype_c.value}{self.dtype_d.value}"
         if self.dtype_acc != DType.F32:
             operands += f"_acc{self.dtype_acc.value}"
+        operation = (f"_{self.epilogue.name}" if not self.epilogue.is_plain else "") + (
+            f"_scale-{self.scaling.value}" if self.scaling is not Scaling.NONE else "")
         return (f"{operands}_{layout_code(self.layout_a, self.layout_b)}"
-                + "".join(k.in_name(self) for k in self.knobs))
+                + "".join(k.in_name(self) for k in self.knobs) + operation)
+
+
+_OPERATION_FIELDS = ("epilogue", "scaling")
+"""Fields of the operation added after config hashes were published: `to_dict` leaves them out
+at their defaults (the plain GEMM), so those hashes stay valid."""
 
 
 def _stream_k_args(args: RuntimeArgs) -> bool:

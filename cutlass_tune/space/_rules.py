@@ -423,9 +423,9 @@ def check_problem(problem: Problem) -> list[Rejection]:
 
 
 def check_pair(cfg: KernelConfig, problem: Problem) -> list[Rejection]:
-    """Reasons `cfg` cannot compute `problem` (type or layout mismatch)."""
+    """Reasons `cfg` cannot compute `problem` (type, layout, epilogue or scaling mismatch)."""
     mismatched = [
-        f for f in ("dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b")
+        f for f in ("dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b", "epilogue", "scaling")
         if getattr(cfg, f) != getattr(problem, f)
     ]
     if mismatched:

@@ -12,10 +12,12 @@ from cutlass_tune.search import config_of, params_of
 from cutlass_tune.search._params import KNOBS
 from cutlass_tune.space import (
     DType,
+    Epilogue,
     KernelConfig,
     KernelSchedule,
     Problem,
     RuntimeArgs,
+    Scaling,
     TileScheduler,
     cells,
     check_config,
@@ -30,7 +32,8 @@ from cutlass_tune.space._knobs import Knob, _declare
 from cutlass_tune.space._spec import _knob_model, _Knobs, _Runtime
 
 REPO = Path(__file__).resolve().parents[2]
-OPERANDS = {"dtype_a", "dtype_b", "dtype_c", "dtype_d", "dtype_acc", "layout_a", "layout_b", "arch"}
+OPERANDS = {"dtype_a", "dtype_b", "dtype_c", "dtype_d", "dtype_acc", "layout_a", "layout_b", "arch", "epilogue",
+            "scaling"}
 FP8 = Problem(256, 256, 256, DType.E4M3, DType.E4M3)
 
 
@@ -143,3 +146,20 @@ def test_params_round_trip_for_every_config_of_the_shipped_spaces():
         problem = sp.problems[0]
         for cfg in sp.candidates:
             assert config_of(params_of(cfg), problem) == cfg
+
+
+def test_operation_fields_round_trip_and_keep_plain_hashes():
+    """Guards against the epilogue and scaling fields changing the hash of plain configs (the
+    stores are keyed by it) or being lost on the way through JSON."""
+    plain = KernelConfig()
+    assert "epilogue" not in plain.to_dict() and "scaling" not in plain.to_dict()
+    assert plain.hash == "4faaee0d329d4c76"
+    fused = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, epilogue=Epilogue.parse("bias+silu"),
+                         scaling=Scaling.ROWCOL)
+    data = json.loads(json.dumps(fused.to_dict()))
+    assert data["epilogue"] == "bias+silu" and data["scaling"] == "rowcol"
+    assert KernelConfig.from_dict(data) == fused and fused.hash != dataclasses.replace(fused, scaling=Scaling.TENSOR).hash
+    assert fused.name.endswith("_persistent_bias+silu_scale-rowcol")
+    assert KernelConfig.from_dict(plain.to_dict()).epilogue == Epilogue()
+    with pytest.raises(ValueError, match="unknown or repeated part 'swish'"):
+        KernelConfig.from_dict({"epilogue": "bias+swish"})
