@@ -33,7 +33,8 @@ from ._types import (
 )
 
 __all__ = [
-    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "Activation", "AutoKernels", "Census", "DType",
+    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "Activation", "AutoKernels",
+    "Census", "DType",
     "Decomposition", "Epilogue", "EpilogueSchedule", "KernelConfig", "KernelSchedule", "Knob", "Layout",
     "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "Scaling", "SearchSpace", "SmemUsage",
     "TileScheduler", "cells", "check_config", "check_pair", "check_problem", "check_runtime",
