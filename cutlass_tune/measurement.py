@@ -120,8 +120,34 @@ class EnvStamp:
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 """Schema 2 added the paired baseline fields (`baseline_median_ms` ...); a schema-1 record
-reads with them unset."""
+reads with them unset. Fields added since (the problem's epilogue and scaling, `compile_*`)
+read as their defaults from records without them."""
 BASELINE_NAME = "cuBLAS"
+
+
+class Baseline(str, enum.Enum):
+    """What a problem's baseline is, by the name its rows carry (`Measurement.kernel_name`).
+
+    CUBLAS: a plain problem's, torch.matmul (torch._scaled_mm with unit scales for fp8), as
+    before fused epilogues. EAGER: a problem with a fused epilogue or fp8 scales: the PyTorch
+    code a user writes for the same math (`F.linear` with its bias, then the activation;
+    `torch._scaled_mm` with the scales). COMPILE: `torch.compile` of that same function, timed in
+    the eager baseline's sampling loop; its figures are the eager row's `compile_*` fields.
+    """
+
+    CUBLAS = BASELINE_NAME
+    EAGER = "torch eager"
+    COMPILE = "torch.compile"
+
+    @classmethod
+    def of(cls, problem: Problem) -> Baseline:
+        """The baseline a problem's kernels are paired with and ranked against."""
+        plain = problem.epilogue.is_plain and problem.scaling is Scaling.NONE
+        return cls.CUBLAS if plain else cls.EAGER
+
+
+BASELINE_NAMES = frozenset(b.value for b in Baseline)
+"""Every `kernel` name a baseline row has in a store (a kernel's name is never one of them)."""
 
 
 def problem_to_dict(p: Problem) -> dict[str, Any]:
@@ -187,6 +213,12 @@ class Measurement:
     sm_mhz: float | None = None
     baseline_energy_mj: float | None = None
     baseline_sm_mhz: float | None = None
+    compile_median_ms: float | None = None
+    """On the `Baseline.EAGER` row of a problem: `torch.compile` of the same function, timed
+    alternately with eager in the row's own sampling loop (None where it could not be; `reason`
+    then says why). Kernels are paired with eager only; `to_compile` carries their ratio over."""
+    compile_p20_ms: float | None = None
+    compile_p80_ms: float | None = None
 
     @property
     def paired_ratio(self) -> float | None:
@@ -204,9 +236,31 @@ class Measurement:
         return self.problem.flops / (self.baseline_median_ms * 1e9)
 
     @property
+    def compile_tflops(self) -> float | None:
+        """TFLOP/s of torch.compile on an eager baseline row, or None."""
+        if not self.compile_median_ms:
+            return None
+        return self.problem.flops / (self.compile_median_ms * 1e9)
+
+    @property
+    def compile_ratio(self) -> float | None:
+        """On an eager baseline row: eager median / torch.compile median from its sampling loop
+        (>1: torch.compile is faster), or None."""
+        if self.status is not Status.OK or not self.compile_median_ms or not self.median_ms:
+            return None
+        return self.median_ms / self.compile_median_ms
+
+    def to_compile(self, ratio_to_eager: float) -> float | None:
+        """A kernel's speed relative to torch.compile (>1: faster), from its `ratio_to_eager`
+        and this eager baseline row of the same pass: the two torch paths were timed in one
+        loop, so the clock's drift between the kernel's loop and this one cancels as it does
+        in the ratio to eager. None where this row has no torch.compile figures."""
+        return None if self.compile_ratio is None else ratio_to_eager / self.compile_ratio
+
+    @property
     def kernel_name(self) -> str:
         if self.is_baseline:
-            return BASELINE_NAME
+            return self.symbol or BASELINE_NAME
         return self.config.name if self.config is not None else self.symbol
 
     def to_dict(self) -> dict[str, Any]:

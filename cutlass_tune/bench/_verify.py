@@ -6,6 +6,18 @@ the output type (looser for fp8 inputs), and no single element further from it t
 units of the reference's RMS. The reference multiplies the same (already rounded)
 inputs in fp32, so the error left is accumulation order and precision and the rounding of the
 output; the quantization of fp8 inputs is never counted.
+
+A problem with a fused epilogue or fp8 scales gets the operands it reads (C, bias, scales),
+random too, and the reference computes the same math in fp32 after the product:
+activation(s * (A @ B) + C + bias), with alpha and beta 1 and the activation as torch defines
+it. The tolerances stay those of the plain GEMM: the activations are at most 1.13-Lipschitz
+(GELU; SiLU 1.10, ReLU 1), so the accumulation error they pass on grows by at most that
+factor, while the output's RMS falls to 0.6-0.7 of its input's (ReLU 0.71, GELU 0.65, SiLU
+0.60 over N(0, 1)): the relative errors of a right kernel about double, still 5x (bf16) and
+2x (fp8 fast accumulation at K = 4096) inside the bounds. Rounding the output stays relative
+to each element. What the bounds cannot tell apart is GELU's erf form from its tanh
+approximation (they differ by at most 4.7e-4, a relative Frobenius 2e-4): tests compare the
+two references directly (tests/bench/test_gpu_epilogue.py).
 """
 
 from __future__ import annotations
@@ -14,8 +26,9 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
-from ..space import DType, Layout, Problem
+from ..space import Activation, DType, Layout, Problem, Scaling
 from ..status import Status
 
 TOLERANCE = {DType.BF16: 1e-2, DType.F16: 2e-3, DType.F32: 1e-4}
@@ -44,6 +57,19 @@ leaves single elements off by up to about 2% of their size (about 0.1 RMS at 5 R
 TORCH_DTYPE = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32,
                DType.E4M3: torch.float8_e4m3fn, DType.E5M2: torch.float8_e5m2}
 
+ACTIVATION: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
+    Activation.NONE: lambda x: x,
+    Activation.RELU: F.relu,
+    Activation.GELU: F.gelu,
+    Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
+    Activation.SILU: F.silu,
+}
+"""Each activation as torch computes it: what the reference and the torch baselines apply."""
+
+SCALE_SPREAD = 2.0
+"""Scaled fp8 operands come from rows (A) and columns (B) whose magnitudes differ by up to this
+factor either way (log-uniform), each quantized by its own amax: a realistic spread of scales."""
+
 
 def tolerance(dtype: DType, fp8_inputs: bool = False) -> float:
     """Largest relative Frobenius error accepted for an output of type `dtype`."""
@@ -62,12 +88,21 @@ class Operands:
     `a` is M x K row-major (layout_a ROW) or K x M row-major (COL, i.e. column-major M x K);
     `b` is N x K row-major (layout_b COL, the nn.Linear weight) or K x N row-major (ROW);
     `d` is M x N row-major. `a_mk` and `b_kn` are the logical matrices as views.
+
+    The epilogue's operands are set where the problem reads them: `c` (M x N row-major, D's
+    type) for a residual, `bias` (N values, D's type) for a bias, and fp32 `scale_a`/`scale_b`
+    for scaled fp8 (shape () each for `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as
+    `torch._scaled_mm` takes them).
     """
 
     problem: Problem
     a: torch.Tensor
     b: torch.Tensor
     d: torch.Tensor
+    c: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    scale_a: torch.Tensor | None = None
+    scale_b: torch.Tensor | None = None
 
     @property
     def a_mk(self) -> torch.Tensor:
@@ -78,13 +113,25 @@ class Operands:
         return self.b.t() if self.problem.layout_b is Layout.COL else self.b
 
     @property
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """The tensors the GEMM reads, by field name: A, B and those of the epilogue it has."""
+        return {name: t for name in _INPUTS if (t := getattr(self, name)) is not None}
+
+    @property
     def nbytes(self) -> int:
-        """Bytes one GEMM reads and writes: A, B and D."""
-        return sum(t.numel() * t.element_size() for t in (self.a, self.b, self.d))
+        """Bytes one GEMM reads and writes: its inputs and D."""
+        return sum(t.numel() * t.element_size() for t in (*self.inputs.values(), self.d))
 
     def copy(self) -> Operands:
-        """Operands in new storage: A and B with the same values, D uninitialized."""
-        return dataclasses.replace(self, a=self.a.clone(), b=self.b.clone(), d=torch.empty_like(self.d))
+        """Operands in new storage: every input with the same values, D uninitialized."""
+        def clone(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.clone()
+        return Operands(problem=self.problem, a=self.a.clone(), b=self.b.clone(), d=torch.empty_like(self.d),
+                        c=clone(self.c), bias=clone(self.bias), scale_a=clone(self.scale_a),
+                        scale_b=clone(self.scale_b))
+
+
+_INPUTS = ("a", "b", "c", "bias", "scale_a", "scale_b")
 
 
 def allocate(problem: Problem, device: torch.device | str) -> Operands:
@@ -92,22 +139,57 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
     p = problem
     a_shape = (p.m, p.k) if p.layout_a is Layout.ROW else (p.k, p.m)
     b_shape = (p.n, p.k) if p.layout_b is Layout.COL else (p.k, p.n)
+    d_type = TORCH_DTYPE[p.dtype_d]
+    scale_shapes = {Scaling.NONE: None, Scaling.TENSOR: ((), ()), Scaling.ROWCOL: ((p.m, 1), (1, p.n))}
+    scales = scale_shapes[p.scaling]
     return Operands(
         problem=p,
         a=torch.empty(a_shape, dtype=TORCH_DTYPE[p.dtype_a], device=device),
         b=torch.empty(b_shape, dtype=TORCH_DTYPE[p.dtype_b], device=device),
-        d=torch.empty((p.m, p.n), dtype=TORCH_DTYPE[p.dtype_d], device=device),
+        d=torch.empty((p.m, p.n), dtype=d_type, device=device),
+        c=torch.empty((p.m, p.n), dtype=d_type, device=device) if p.epilogue.residual else None,
+        bias=torch.empty(p.n, dtype=d_type, device=device) if p.epilogue.bias else None,
+        scale_a=None if scales is None else torch.empty(scales[0], dtype=torch.float32, device=device),
+        scale_b=None if scales is None else torch.empty(scales[1], dtype=torch.float32, device=device),
     )
 
 
 def randomize(ops: Operands, generator: torch.Generator) -> None:
-    """Fill A and B with normal values: scaled so that D's entries are about N(0, 1) for
-    16-bit inputs; N(0, 1) rounded to fp8 for fp8 inputs (D's entries about N(0, K))."""
-    for t in (ops.a, ops.b):
-        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            _fill_fp8(t, generator)
-        else:
-            t.normal_(0.0, ops.problem.k ** -0.25, generator=generator)
+    """Fill the inputs with random values.
+
+    A and B: normal values scaled so that D's entries are about N(0, 1) for 16-bit inputs;
+    N(0, 1) rounded to fp8 for unscaled fp8 inputs (D's entries about N(0, K)). Scaled fp8
+    inputs are quantized as a model does it: rows of A (columns of B) of normal values whose
+    scale varies by up to `SCALE_SPREAD` either way, each divided by its amax / 448 (the whole
+    matrix's for TENSOR), that quotient stored as fp8 and the divisor as the scale; D's entries
+    are about N(0, 1) again. C and the bias are normal with D's scale.
+    """
+    p = ops.problem
+    if ops.scale_a is not None and ops.scale_b is not None:
+        _fill_scaled(ops.a_mk, ops.scale_a, generator)
+        _fill_scaled(ops.b_kn.t(), ops.scale_b.view(-1, 1) if ops.scale_b.dim() else ops.scale_b, generator)
+    else:
+        for t in (ops.a, ops.b):
+            if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                _fill_fp8(t, generator)
+            else:
+                t.normal_(0.0, p.k ** -0.25, generator=generator)
+    d_scale = float(p.k) ** 0.5 if p.dtype_a.is_fp8 and p.scaling is Scaling.NONE else 1.0
+    for extra in (ops.c, ops.bias):
+        if extra is not None:
+            extra.normal_(0.0, d_scale, generator=generator)
+
+
+def _fill_scaled(q: torch.Tensor, scale: torch.Tensor, generator: torch.Generator) -> None:
+    # q: rows x K (a view into the fp8 storage); scale: (rows, 1) per row, or () for one.
+    rows, k = q.shape
+    spread = torch.rand((rows, 1), generator=generator, device=q.device).mul_(2).sub_(1)
+    sigma = SCALE_SPREAD ** spread * k ** -0.25
+    x = torch.randn((rows, k), generator=generator, device=q.device).mul_(sigma)
+    limit = torch.finfo(q.dtype).max
+    amax = x.abs().amax(dim=1, keepdim=True) if scale.dim() else x.abs().amax()
+    scale.copy_(amax / limit)
+    q.copy_((x / scale).clamp_(-limit, limit))
 
 
 def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
@@ -120,8 +202,18 @@ def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
 
 
 def reference(ops: Operands) -> torch.Tensor:
-    """A @ B in fp32 (IEEE, no TF32) from the stored inputs, as an M x N fp32 tensor."""
-    return torch.matmul(ops.a_mk.float(), ops.b_kn.float())
+    """The problem's result in fp32 (IEEE, no TF32) from the stored inputs, as an M x N fp32
+    tensor: activation(s * (A @ B) + C + bias), where s is scale_a * scale_b (1 unscaled), C
+    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s."""
+    out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
+    if ops.scale_a is not None and ops.scale_b is not None:
+        out.mul_(ops.scale_a).mul_(ops.scale_b)
+    if ops.c is not None:
+        out.add_(ops.c.float())
+    if ops.bias is not None:
+        out.add_(ops.bias.float())
+    activation = ops.problem.epilogue.activation
+    return out if activation is Activation.NONE else ACTIVATION[activation](out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,258 @@
+"""What the worker times besides a compiled kernel: the baselines, each a `Target`.
+
+A plain problem's baseline is cuBLAS as torch calls it (`CublasTarget`). A problem with a fused
+epilogue or fp8 scales has two (`measurement.Baseline`), both `TorchTarget`: EAGER, the code a
+PyTorch user writes for the same math, and COMPILE, `torch.compile` of that same function.
+
+EAGER, by problem:
+
+- 16-bit inputs: `F.linear(a, w, bias)` (cuBLASLt's bias epilogue), then the activation
+  (`F.relu`, `F.gelu`, `F.silu`), each its own pass. A residual is added before the
+  activation, as the `Epilogue` defines it: `F.linear(a, w, bias) + c`, or without a bias
+  `torch.addmm(c, a, w.t())` (one cuBLAS call with beta = 1, torch's best path for it).
+- fp8 inputs: `torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=...)` (unit
+  scales where the problem has none), `+ c`, then the activation. A torch whose `_scaled_mm`
+  refuses the bias with the problem's scales gets it added afterwards (`TorchTarget.setup`).
+
+COMPILE is `torch.compile(fn, fullgraph=True, dynamic=False)` in the default mode, compiled once
+per problem in the worker and run once (warm) before it is verified and timed. Default rather
+than "max-autotune-no-cudagraphs": it is what `torch.compile(model)` gives a user, and
+max-autotune benchmarks dozens of Triton GEMM templates per shape (minutes of compiling per
+problem, past a tuning run's budget). Inductor keeps the GEMM in cuBLAS (`mm`/`addmm`, or
+`_scaled_mm`) and fuses the bias, residual and activation into one Triton pointwise kernel, so
+COMPILE is eager with the element-wise passes fused into one. "reduce-overhead" (CUDA graphs)
+is left out: the graph and sustained timing methods take the host out of every side anyway.
+
+Each target writes D only when verified (`once`); its timed `launch` returns a new tensor from
+torch's caching allocator, as the user's code does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..measurement import Baseline
+from ..space import Activation, DType, Problem, RuntimeArgs, Scaling
+from ._verify import ACTIVATION, Operands
+
+
+class Target:
+    """What `GpuRunner` measures: `setup` per variant, then `launch` (timed) after `rearm`."""
+
+    rearm: Callable[[], object] | None = None
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        """Prepare `variant` on `ops`; why the target cannot run them, or None."""
+        raise NotImplementedError
+
+    def launch(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def sibling(self) -> Target:
+        """A new target of the same kernel, to set up on other operands."""
+        raise NotImplementedError
+
+    def once(self) -> None:
+        """One launch that is safe to repeat (re-arms the workspace first) and writes D."""
+        if self.rearm is not None:
+            self.rearm()
+        self.launch()
+
+
+def _fp8_baseline_gap(problem: Problem) -> str | None:
+    """Why torch._scaled_mm cannot be an fp8 problem's baseline, or None."""
+    if not hasattr(torch, "_scaled_mm"):
+        return f"torch {torch.__version__} has no torch._scaled_mm for an fp8 baseline"
+    if problem.dtype_a is DType.E5M2 and problem.dtype_b is DType.E5M2:
+        return "torch._scaled_mm has no e5m2 x e5m2 GEMM"
+    if problem.n % 16:
+        return f"torch._scaled_mm needs N a multiple of 16, not {problem.n}"
+    return None
+
+
+class CublasTarget(Target):
+    """torch.matmul into a preallocated D: cuBLAS with the problem's layouts, no copies.
+
+    fp8 inputs go to torch._scaled_mm (cuBLASLt) with unit scales; it takes only the tn layout,
+    which is the only fp8 layout a `Problem` allows. `fast_accum` picks its fast accumulation
+    (`use_fast_accum`), the counterpart of CUTLASS's FP8FastAccum kernels; the default is its
+    promoting accumulation.
+    """
+
+    def __init__(self, problem: Problem, fast_accum: bool = False):
+        self._problem = problem
+        self._fast_accum = fast_accum
+        self._ops: Operands | None = None
+        self._unit_scale: torch.Tensor | None = None  # set for fp8: _scaled_mm's scale_a/b
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        """Bind to `ops`; returns why cuBLAS cannot run the problem, or None."""
+        p = self._problem
+        if p.dtype_a.is_fp8 or p.dtype_b.is_fp8:
+            why = _fp8_baseline_gap(p)
+            if why:
+                return why
+            self._unit_scale = torch.ones((), dtype=torch.float32, device=ops.d.device)
+        elif p.dtype_d not in (p.dtype_a, DType.F32):
+            return f"torch.matmul has no {p.dtype_a.value} x {p.dtype_b.value} -> {p.dtype_d.value} GEMM"
+        self._ops = ops
+        return None
+
+    def launch(self) -> None:
+        ops = self._ops
+        assert ops is not None, "launched before setup"
+        if self._unit_scale is not None:
+            torch._scaled_mm(ops.a_mk, ops.b_kn, scale_a=self._unit_scale, scale_b=self._unit_scale,
+                             out_dtype=ops.d.dtype, use_fast_accum=self._fast_accum, out=ops.d)
+        elif ops.d.dtype == ops.a.dtype:
+            torch.matmul(ops.a_mk, ops.b_kn, out=ops.d)
+        else:
+            torch.mm(ops.a_mk, ops.b_kn, out_dtype=ops.d.dtype, out=ops.d)
+
+    def close(self) -> None:
+        self._ops = self._unit_scale = None
+
+    def sibling(self) -> CublasTarget:
+        return CublasTarget(self._problem, self._fast_accum)
+
+
+TorchFunction = Callable[..., torch.Tensor]
+"""f(a, b, bias, c, scale_a, scale_b) -> D: `a` M x K, `b` K x N (views of the stored operands;
+for 16-bit inputs `b.t()` is the nn.Linear weight), the others as `Operands` holds them (None
+where the problem has none; unit scales for unscaled fp8)."""
+
+
+def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bool = False) -> TorchFunction:
+    """The problem's op as a PyTorch user writes it (see the module's docstring).
+
+    `bias_after`: add an fp8 problem's bias after `torch._scaled_mm` instead of passing it in.
+    """
+    epilogue = problem.epilogue
+    activation = ACTIVATION[epilogue.activation]
+    last = (lambda y: y) if epilogue.activation is Activation.NONE else activation
+    out_dtype = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}[problem.dtype_d]
+
+    if problem.dtype_a.is_fp8:
+        def fp8(a, b, bias, c, scale_a, scale_b):
+            y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=None if bias_after else bias,
+                                 out_dtype=out_dtype, use_fast_accum=fast_accum)
+            if bias_after and bias is not None:
+                y = y + bias
+            if c is not None:
+                y = y + c
+            return last(y)
+        return fp8
+
+    def linear(a, b, bias, c, scale_a, scale_b):
+        if c is not None and bias is None:
+            y = torch.addmm(c, a, b)
+        else:
+            y = F.linear(a, b.t(), bias)
+            if c is not None:
+                y = y + c
+        return last(y)
+    return linear
+
+
+_compiled: dict[tuple[Problem, bool, bool], TorchFunction] = {}
+
+
+def compiled_function(problem: Problem, *, fast_accum: bool = False, bias_after: bool = False) -> TorchFunction:
+    """`torch.compile` of `eager_function` (see the module's docstring), kept for the problem.
+
+    Dynamo caches compiled graphs on the function's code, which every problem's function
+    shares; past its recompile limit it would fall back to eager without a word. So a new
+    problem resets Dynamo first, and only the last problem's functions are kept (a worker
+    measures one problem at a time).
+    """
+    key = (problem, fast_accum, bias_after)
+    if key not in _compiled:
+        if any(k[0] != problem for k in _compiled):
+            _compiled.clear()
+            torch._dynamo.reset()
+        _compiled[key] = torch.compile(eager_function(problem, fast_accum=fast_accum, bias_after=bias_after),
+                                       fullgraph=True, dynamic=False)
+    return _compiled[key]
+
+
+class TorchTarget(Target):
+    """A fused problem's EAGER or COMPILE baseline (`kind`) on the problem's operands.
+
+    `fast_accum` as `CublasTarget`'s. `setup` makes the first call (for COMPILE, the compile)
+    and returns why torch cannot run the problem, or None.
+    """
+
+    def __init__(self, problem: Problem, kind: Baseline, fast_accum: bool = False):
+        assert kind is not Baseline.CUBLAS, "a plain problem's baseline is a CublasTarget"
+        self._problem, self._kind, self._fast_accum = problem, kind, fast_accum
+        self._call: Callable[[], torch.Tensor] | None = None
+        self._ops: Operands | None = None
+        self._bias_after = False
+
+    @property
+    def kind(self) -> Baseline:
+        return self._kind
+
+    def _function(self) -> TorchFunction:
+        make = eager_function if self._kind is Baseline.EAGER else compiled_function
+        return make(self._problem, fast_accum=self._fast_accum, bias_after=self._bias_after)
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        p = self._problem
+        scale_a, scale_b = ops.scale_a, ops.scale_b
+        if p.dtype_a.is_fp8 or p.dtype_b.is_fp8:
+            why = _fp8_baseline_gap(p)
+            if why:
+                return why
+            if p.scaling is Scaling.NONE:
+                scale_a = scale_b = torch.ones((), dtype=torch.float32, device=ops.d.device)
+        elif p.dtype_d is not p.dtype_a:
+            return f"F.linear has no {p.dtype_a.value} x {p.dtype_b.value} -> {p.dtype_d.value} GEMM"
+        args = (ops.a_mk, ops.b_kn, ops.bias, ops.c, scale_a, scale_b)
+        try:
+            try:
+                self._run_first(args)
+            except RuntimeError:
+                if not (p.dtype_a.is_fp8 and ops.bias is not None):
+                    raise
+                self._bias_after = True  # this torch's _scaled_mm takes no bias with these scales
+                self._run_first(args)
+        except Exception as err:  # noqa: BLE001 - torch.compile raises many kinds; each is a reason
+            text = str(err).strip().splitlines()
+            return f"{self._kind.value}: {type(err).__name__}: {text[0] if text else ''}"[:500]
+        self._ops = ops
+        return None
+
+    def _run_first(self, args: tuple) -> None:
+        fn = self._function()
+        fn(*args)
+        self._call = lambda: fn(*args)
+
+    def launch(self) -> None:
+        assert self._call is not None, "launched before setup"
+        self._call()
+
+    def once(self) -> None:
+        assert self._call is not None and self._ops is not None, "launched before setup"
+        self._ops.d.copy_(self._call())
+
+    def close(self) -> None:
+        self._call = self._ops = None
+
+    def sibling(self) -> TorchTarget:
+        twin = TorchTarget(self._problem, self._kind, self._fast_accum)
+        twin._bias_after = self._bias_after
+        return twin
+
+
+def baseline_target(problem: Problem, kind: Baseline, fast_accum: bool = False) -> Target:
+    """The target that measures `kind` on `problem`."""
+    if kind is Baseline.CUBLAS:
+        return CublasTarget(problem, fast_accum)
+    return TorchTarget(problem, kind, fast_accum)
