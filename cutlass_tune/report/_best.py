@@ -8,6 +8,11 @@ a problem's leading candidates, the best is the candidate with the highest media
 ratio, and `ratio` is that median (a sweep's best is the largest of many noisy medians, so it
 reads high). A kernel that ever gave a wrong result on a problem, with any run-time variant,
 is never that problem's best.
+
+A fused epilogue or scaled fp8 problem (`Problem.epilogue`, `Problem.scaling`) is its own
+problem, with its own rows: its `ratio` is to torch's eager call of the same math, measured in
+the same run, and `torch_compile_ratio` to `torch.compile` of that function where the run timed it
+(the baseline rows named `COMPILE_BASELINE`, the median of those of the row's run).
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement
 
 
 _STORE_NUMBERS = ("tflops", "median_ms", "p20_ms", "p80_ms", "cublas_tflops", "ratio", "energy_mj",
-                  "cublas_energy_mj")
+                  "cublas_energy_mj", "torch_compile_tflops")
+COMPILE_BASELINE = "torch.compile"
+"""The kernel name of the store's rows timing `torch.compile` of a problem's function."""
 RANKING = (TimingMethod.SUSTAINED.value, TimingMethod.GRAPH.value, TimingMethod.EVENTS.value)
 """Which confirm passes rank a problem confirmed by several methods: the first method of this
 order that has them. Sustained timing is what a model's stream of GEMMs gets (it agreed with
@@ -60,12 +67,13 @@ def _from_store(url: str) -> pd.DataFrame:
     kernels = [m for m in measurements if not m.is_baseline and m.config is not None]
     if not kernels:
         raise BestTableError(f"store {store.shown} has no measurements: run `cutlass-tune sweep` first")
-    if not any(r.status is Status.OK and r.kernel != "cuBLAS" for r in rows):
-        reasons = pd.Series([f"{r.status.value}: {r.reason}" for r in rows
-                             if r.kernel != "cuBLAS" and r.status is not None])
+    if not any(r.status is Status.OK and not m.is_baseline for r, m in zip(rows, measurements)):
+        reasons = pd.Series([f"{r.status.value}: {r.reason}" for r, m in zip(rows, measurements)
+                             if not m.is_baseline and r.status is not None])
         raise BestTableError(f"store {store.shown} has no successful measurement: {len(reasons)} failed "
                              f"(most common: {reasons.value_counts().index[0][:120]})")
     wrong = {(r.gpu, r.problem, r.config_hash) for r in rows if r.status is Status.WRONG_RESULT}
+    compiled = _baseline_tflops(rows, measurements, COMPILE_BASELINE)
     out = []
     for r, m in zip(rows, measurements):
         if r.status is not Status.OK or m.is_baseline or m.config is None or not r.tflops:
@@ -76,6 +84,8 @@ def _from_store(url: str) -> pd.DataFrame:
             **r.values(("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
                         "config_hash", "runtime", "tflops", "median_ms", "p20_ms", "p80_ms", "samples",
                         "cublas_tflops", "ratio", "run_id")),
+            "epilogue": m.problem.epilogue.name, "scaling": m.problem.scaling.value,
+            "torch_compile_tflops": compiled.get((r.gpu, r.problem, r.run_id), math.nan),
             **cells(m.runtime),
             **cells(m.config),
             "config": json.dumps(m.config.to_dict(), sort_keys=True),
@@ -89,6 +99,7 @@ def _from_store(url: str) -> pd.DataFrame:
     # NULLs (a kernel of an unpaired store without a cuBLAS figure has no ratio) become NaN:
     # every figure is a float, which ranks (NaN ratios last) and formats ("nan") like one.
     frame = frame.assign(**{c: pd.to_numeric(frame[c]).astype(float) for c in _STORE_NUMBERS})
+    frame["torch_compile_ratio"] = frame["tflops"] / frame["torch_compile_tflops"]
     frame["spread"] = (frame["p80_ms"] - frame["p20_ms"]) / frame["median_ms"]
     variant = ["gpu", "problem", "config_hash", "runtime"]
     sweep = frame[~frame["_confirm"]]
@@ -121,6 +132,15 @@ def _from_store(url: str) -> pd.DataFrame:
     best["confirm_passes"] = best["confirm_passes"].astype(int)
     best = best.sort_values(["gpu", "m", "n", "k", "problem"], kind="stable")
     return best[list(COLUMNS)].reset_index(drop=True)
+
+
+def _baseline_tflops(rows: list[StoredRow], measurements: list[Measurement], name: str) -> dict[tuple, float]:
+    """The median TFLOP/s of the successful baseline rows named `name`, by (gpu, problem, run)."""
+    found: dict[tuple, list[float]] = {}
+    for r, m in zip(rows, measurements):
+        if m.is_baseline and r.kernel == name and r.status is Status.OK and r.tflops:
+            found.setdefault((r.gpu, r.problem, r.run_id), []).append(float(r.tflops))
+    return {key: float(pd.Series(values).median()) for key, values in found.items()}
 
 
 def load_best(source: str | Path) -> pd.DataFrame:

@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..space import Decomposition, DType, KernelConfig, Layout, RasterOrder, RuntimeArgs, layout_code
+from ..space import (
+    Activation,
+    Decomposition,
+    DType,
+    Epilogue,
+    KernelConfig,
+    Layout,
+    RasterOrder,
+    RuntimeArgs,
+    Scaling,
+    layout_code,
+)
 from ..tables import TABLE_SUFFIXES, BestTableError, BundledKernel, is_bundle, read_local
 
 _TORCH_NAMES = {"torch.bfloat16": DType.BF16, "torch.float16": DType.F16, "torch.float32": DType.F32,
@@ -31,6 +42,30 @@ def _dtype_value(value: object, name: str) -> str:
     known = ", ".join(d.value for d in DType)
     raise BestTableError(f"lookup: {name} {str(value)[:40]!r} is not a dtype of the tables ({known}, or the torch "
                          "dtypes bfloat16, float16, float32, float8_e4m3fn, float8_e5m2)")
+
+
+def _operation(epilogue: object, scaling: object) -> tuple[str, str]:
+    """The table's spellings of an epilogue and a scaling given as themselves or their names."""
+    if isinstance(epilogue, Epilogue):
+        epilogue = epilogue.name
+    elif isinstance(epilogue, Activation):  # an activation alone: its epilogue without bias
+        epilogue = Epilogue(activation=epilogue).name
+    if not isinstance(epilogue, str):
+        raise BestTableError(f"lookup: epilogue {str(epilogue)[:40]!r} is not an Epilogue or its name")
+    try:
+        epilogue = Epilogue.parse(epilogue).name
+    except ValueError as err:
+        raise BestTableError(f"lookup: {err}") from err
+    scaling = scaling.value if isinstance(scaling, Scaling) else scaling
+    if scaling not in {s.value for s in Scaling}:
+        raise BestTableError(f"lookup: scaling {str(scaling)[:40]!r} is not one of "
+                             f"{', '.join(s.value for s in Scaling)}")
+    return epilogue, str(scaling)
+
+
+def _shown_operation(epilogue: str, scaling: str) -> str:
+    """" bias+silu", " scale-rowcol": what follows the dtypes and layout in a lookup's message."""
+    return (f" {epilogue}" if epilogue != "none" else "") + (f" scale-{scaling}" if scaling != "none" else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +99,8 @@ class BestTable:
                  bundled: Mapping[str, BundledKernel] | None = None):
         if gpu is not None:
             frame = frame[frame["gpu"] == gpu]
+        # A frame built before fused epilogues (or by hand) holds plain GEMMs.
+        frame = frame.assign(**{c: "none" for c in ("epilogue", "scaling") if c not in frame.columns})
         self.frame = frame.reset_index(drop=True)
         self.bundled = dict(bundled or {})
         self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
@@ -88,18 +125,23 @@ class BestTable:
         return cls(load_best(source), gpu=gpu)
 
     def lookup(self, m: int, n: int, k: int, dtype: object = "bf16", layout: str = "tn",
-               out_dtype: object = None) -> Match:
-        """The row for M x N x K, or the nearest tuned problem of the same dtypes and layout on a
-        log scale (`exact` False).
+               out_dtype: object = None, epilogue: Epilogue | str = "none", scaling: Scaling | str = "none") -> Match:
+        """The row for M x N x K, or the nearest tuned problem of the same dtypes, layout,
+        epilogue and scaling on a log scale (`exact` False).
+
+        The epilogue and scaling are what the kernel computes, so they match exactly: a plain
+        row never answers a bias+silu lookup, nor the reverse.
 
         Args:
             dtype: the input type (`dtype_a`): bf16, f16, e4m3, e5m2, a `DType`, or the torch dtype.
             layout: BLAS two letters (tn, nt, nn, tt).
             out_dtype: the output type (`dtype_d`), spelt as `dtype`; None takes rows of any output type.
+            epilogue: an `Epilogue` or its name ("none", "bias", "bias+silu", ...).
+            scaling: a `Scaling` or its value (none, tensor, rowcol).
 
         Raises:
-            BestTableError: nothing tuned for these dtypes and layout, a dtype or layout that is
-                none, or a non-positive size.
+            BestTableError: nothing tuned for these dtypes, layout, epilogue and scaling; a
+                dtype, layout, epilogue or scaling that is none; or a non-positive size.
         """
         if min(m, n, k) <= 0:
             raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
@@ -107,15 +149,19 @@ class BestTable:
         out_dtype = None if out_dtype is None else _dtype_value(out_dtype, "out_dtype")
         if layout not in _LAYOUTS:
             raise BestTableError(f"lookup: layout {str(layout)[:40]!r} is not one of {', '.join(sorted(_LAYOUTS))}")
+        operation = _operation(epilogue, scaling)
         f = self.frame
-        wanted = (f["dtype_a"] == dtype) & (f["layout"] == layout)
+        wanted = (f["dtype_a"] == dtype) & (f["layout"] == layout) & (f["epilogue"] == operation[0]) & (
+            f["scaling"] == operation[1])
         if out_dtype is not None:
             wanted &= f["dtype_d"] == out_dtype
         same = f[wanted]
         if same.empty:
-            tuned = sorted({f"{a} -> {d} {lay}" for a, d, lay in zip(f["dtype_a"], f["dtype_d"], f["layout"])})
+            tuned = sorted({f"{a} -> {d} {lay}{_shown_operation(e, s)}" for a, d, lay, e, s
+                            in zip(f["dtype_a"], f["dtype_d"], f["layout"], f["epilogue"], f["scaling"])})
             asked = f"{dtype} -> {out_dtype}" if out_dtype is not None else dtype
-            raise BestTableError(f"no tuned problem for {asked} {layout} (the table has: {', '.join(tuned) or 'none'})")
+            raise BestTableError(f"no tuned problem for {asked} {layout}{_shown_operation(*operation)} "
+                                 f"(the table has: {', '.join(tuned) or 'none'})")
         distance = same.apply(lambda r: math.dist((math.log2(m), math.log2(n), math.log2(k)),
                                                   (math.log2(r["m"]), math.log2(r["n"]), math.log2(r["k"]))), axis=1)
         best = distance.idxmin()

@@ -22,19 +22,29 @@ from ..measurement import TimingMethod
 from ..space import (
     Decomposition,
     DType,
+    Epilogue,
     KernelConfig,
     RasterOrder,
     RuntimeArgs,
+    Scaling,
     cells,
     check_runtime,
     column_kinds,
     columns,
     problem_dim_problem,
 )
-from ._schema import COLUMNS, KNOB_COLUMNS, LATER_COLUMNS, LATER_KNOBS, BestTableError
+from ._schema import (
+    COLUMNS,
+    COMPILE_COLUMNS,
+    KNOB_COLUMNS,
+    LATER_COLUMNS,
+    LATER_KNOBS,
+    OPERATION_COLUMNS,
+    BestTableError,
+)
 
 _TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
-_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config", "method",
+_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config", "method", *OPERATION_COLUMNS,
                  *(c for kinds in (column_kinds(RuntimeArgs), column_kinds(KernelConfig))
                    for c, kind in kinds.items() if kind == "text"))
 """Columns a CSV file's reader keeps as text (a config hash or run id of digits stays a string)."""
@@ -139,12 +149,22 @@ def _number_or_empty(v: Any) -> bool:
 _INTEGERS = ("m", "n", "k", "swizzle", "splits", "samples", "confirm_passes")
 _POSITIVE = ("tflops", "median_ms")
 _NUMBERS = ("p20_ms", "p80_ms", "spread", "cublas_tflops", "ratio", "sweep_ratio", "ratio_low", "ratio_high",
-            "energy_mj", "cublas_energy_mj")
+            "energy_mj", "cublas_energy_mj", *COMPILE_COLUMNS)
 _METHODS = ("", *(m.value for m in TimingMethod))
 _DTYPES = tuple(sorted(d.value for d in DType))
 _RASTERS = tuple(r.name.lower() for r in RasterOrder)
 _DECOMPOSITIONS = tuple(d.name.lower() for d in Decomposition)
 _LAYOUTS = ("tn", "nt", "nn", "tt")
+_SCALINGS = tuple(s.value for s in Scaling)
+
+
+def _epilogue_name(v: Any) -> bool:
+    try:
+        return isinstance(v, str) and Epilogue.parse(v).name == v
+    except ValueError:
+        return False
+
+
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{c: (lambda v: isinstance(v, str) and v.strip() != "", "text") for c in _TEXT},
     **{c: (lambda v: _whole(v, 1), "a positive integer") for c in ("m", "n", "k", "swizzle", "splits")},
@@ -152,6 +172,9 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{c: (lambda v: isinstance(v, str) and v in _DTYPES, f"one of {', '.join(_DTYPES)}")
        for c in ("dtype_a", "dtype_b", "dtype_d")},
     "layout": (lambda v: isinstance(v, str) and v in _LAYOUTS, f"one of {', '.join(_LAYOUTS)}"),
+    "epilogue": (_epilogue_name, "an epilogue (none, or parts such as bias+silu: bias, an activation "
+                 "of relu, gelu, gelu_tanh, silu, residual, joined by '+' in that order)"),
+    "scaling": (lambda v: isinstance(v, str) and v in _SCALINGS, f"one of {', '.join(_SCALINGS)}"),
     "method": (lambda v: _is_missing(v) or (isinstance(v, str) and v in _METHODS),
                f"empty or one of {', '.join(_METHODS[1:])}"),
     "raster": (lambda v: isinstance(v, str) and v in _RASTERS, f"one of {', '.join(_RASTERS)}"),
@@ -232,6 +255,7 @@ def _check_rows(frame: pd.DataFrame, path: Path) -> list[KernelConfig]:
         except ValueError as err:
             raise BestTableError(f"{where}: {err}") from err
         _check_runtime(row, cfg, where)
+        _check_operation(row, cfg, where)
         configs.append(cfg)
     return configs
 
@@ -247,6 +271,16 @@ def _check_runtime(row: Mapping[Any, Any], cfg: KernelConfig, where: str) -> Non
     if refused:
         shown = ", ".join(f"{c} {_shown(v)}" for c, v in cells_.items())
         raise BestTableError(f"{where}: {refused[0].reason} ({shown}; kernel {cfg.tile_scheduler.value})")
+
+
+def _check_operation(row: Mapping[Any, Any], cfg: KernelConfig, where: str) -> None:
+    """The row's epilogue and scaling are its kernel's: `matmul` picks a row by them and runs
+    its config, so a plain kernel under a bias+silu row would return a @ b without the bias."""
+    for column in OPERATION_COLUMNS:
+        own = getattr(cfg, column)
+        own = own.name if isinstance(own, Epilogue) else own.value
+        if row[column] != own:
+            raise BestTableError(f"{where}: {column} {_shown(row[column])} is not its config's {own!r}")
 
 
 def _same_knob(got: Any, want: Any) -> bool:
@@ -292,6 +326,9 @@ def read_table(path: Path) -> pd.DataFrame:
     if "ratio" in frame.columns:  # a table written before the timing method and energy were kept
         frame = frame.assign(**{c: ("" if c == "method" else math.nan) for c in LATER_COLUMNS
                                 if c not in frame.columns})
+    if "config" in frame.columns:  # a table written before fused epilogues: plain GEMMs, no torch.compile figure
+        frame = frame.assign(**{c: "none" for c in OPERATION_COLUMNS if c not in frame.columns},
+                             **{c: math.nan for c in COMPILE_COLUMNS if c not in frame.columns})
     if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
     fillable = LATER_KNOBS if "config" in frame.columns else ()

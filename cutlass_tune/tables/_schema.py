@@ -4,17 +4,25 @@
 |---|---|
 | gpu | GPU model the figures were measured on |
 | problem, m, n, k, dtype_a, dtype_b, dtype_d, layout | the GEMM (layout: BLAS two letters, e.g. tn) |
+| epilogue, scaling | the fused epilogue (`Epilogue.name`: none, bias+silu, ...), the fp8 scaling (none, rowcol...) |
 | kernel, config_hash | name and content hash of the winning `KernelConfig` |
 | runtime, raster, swizzle, splits, decomposition | its best run-time variant |
 | tflops, median_ms, p20_ms, p80_ms, samples | its timing (median, by the store's timing method) |
 | spread | (p80 - p20) / median |
-| cublas_tflops, ratio | cuBLAS in the same run (paired where the store pairs), tflops / cublas_tflops |
+| cublas_tflops, ratio | the baseline in the same run (paired where the store pairs), tflops / cublas_tflops (1) |
+| torch_compile_tflops, torch_compile_ratio | `torch.compile` of the same math in the same run, and tflops over it (1) |
 | `KNOB_COLUMNS` | the config's knobs, one column each, as declared in space/_knobs.py (0: auto) |
 | config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
 | run_id | the run that measured it |
 | sweep_ratio | the best ratio the sweep measured for this kernel and variant |
 | confirm_passes | passes of `cutlass-tune confirm` that measured it (0: not confirmed) |
 | ratio_low, ratio_high | lowest and highest confirmed ratio (both `ratio` when not confirmed) |
+
+(1) The baseline of a plain GEMM is cuBLAS; that of a fused epilogue or scaled fp8 problem is
+torch's eager call of the same math (`F.linear` with its bias, then the activation;
+`torch._scaled_mm` with the scales). The torch.compile figures are empty where the run did not
+time it (plain GEMMs, tables written before fused epilogues). The epilogue and scaling are part
+of the problem: a lookup matches both exactly.
 """
 
 from __future__ import annotations
@@ -29,10 +37,15 @@ COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "la
            "config_hash", "runtime", *columns(RuntimeArgs), "tflops", "median_ms",
            "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
            "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high", "method", "energy_mj",
-           "cublas_energy_mj")
+           "cublas_energy_mj", "epilogue", "scaling", "torch_compile_tflops", "torch_compile_ratio")
 LATER_COLUMNS = ("method", "energy_mj", "cublas_energy_mj")
 """Columns that tables written before them lack: the timing method behind `ratio` (empty:
 not recorded) and the energy per GEMM of the kernel and of cuBLAS (sustained timing)."""
+OPERATION_COLUMNS = ("epilogue", "scaling")
+"""Columns that tables written before fused epilogues lack: such a table's rows are plain GEMMs
+(reading fills in "none")."""
+COMPILE_COLUMNS = ("torch_compile_tflops", "torch_compile_ratio")
+"""The torch.compile baseline's figures, which tables written before it lack (read as empty)."""
 
 
 class BestTableError(CutlassTuneError):
