@@ -8,7 +8,7 @@ from typing import Any
 
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
-from ..measurement import EnvStamp, Measurement
+from ..measurement import Baseline, EnvStamp, Measurement
 from ..space import KernelConfig, Problem, RuntimeArgs, check_pair, check_problem, check_runtime
 from ..status import Status
 from ._timing import TimingOptions
@@ -74,15 +74,31 @@ class Job:
 
     @classmethod
     def baseline(cls, problem: Problem, **kw: Any) -> Job:
-        """Job timing torch.matmul (cuBLAS) on `problem`; `kw` sets timing, seed, repeat."""
-        return cls(problem=problem, variants=(RuntimeArgs(),), **kw)
+        """Job timing the problem's baseline (`Baseline.of`): torch.matmul (cuBLAS) for a plain
+        problem; for a fused epilogue or fp8 scales, torch eager, with torch.compile of the same
+        function timed in its sampling loop. `kw` sets timing, seed, repeat."""
+        kind = Baseline.of(problem)
+        return cls(problem=problem, variants=(RuntimeArgs(),),
+                   symbol="" if kind is Baseline.CUBLAS else kind.value, **kw)
 
     def measurement(self, variant: RuntimeArgs, status: Status, reason: str = "",
                     env: EnvStamp | None = None, **fields: Any) -> Measurement:
-        """A Measurement of this job's `variant`; `fields` sets timing, error, clocks."""
+        """A Measurement of this job's `variant`; `fields` sets timing, error, clocks.
+
+        A baseline job's paired side is torch.compile (`GpuRunner._paired_baseline`): its
+        `baseline_*` figures become the `compile_*` ones (its energy and clock are not kept).
+        """
+        if self.is_baseline:
+            side = {name: fields.pop(f"baseline_{name}", None) for name in _SIDE_FIGURES}
+            for name in ("median_ms", "p20_ms", "p80_ms"):
+                if side[name] is not None:
+                    fields[f"compile_{name}"] = side[name]
         return Measurement(
             problem=self.problem, config=self.config, runtime=variant, status=status,
             reason=reason, symbol=self.symbol, is_baseline=self.is_baseline,
             method=self.timing.method.value, env=env, compile_seconds=self.compile_seconds,
             repeat=self.repeat, **fields,
         )
+
+
+_SIDE_FIGURES = ("median_ms", "p20_ms", "p80_ms", "energy_mj", "sm_mhz")

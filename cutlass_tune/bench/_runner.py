@@ -18,16 +18,18 @@ loop exits after sending it (see `_worker`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
-from ..measurement import Clocks, Measurement, TimingMethod
+from ..measurement import Baseline, Clocks, Measurement, TimingMethod
 from ..runtime import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
-from ..space import DType, Problem, RuntimeArgs
+from ..space import Problem, RuntimeArgs
 from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
+from ._targets import CublasTarget, baseline_target  # noqa: F401 - CublasTarget re-exported
+from ._targets import Target as _Target
 from ._timing import L2Flush, TimingStats, rotation_count, time_paired, time_sustained
 from ._verify import Operands, allocate, randomize, reference, verify_launch
 
@@ -51,81 +53,6 @@ def _stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-class _Target:
-    """What `GpuRunner` measures: `setup` per variant, then `launch` (timed) after `rearm`."""
-
-    rearm: Callable[[], object] | None = None
-
-    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
-        """Prepare `variant` on `ops`; why the target cannot run them, or None."""
-        raise NotImplementedError
-
-    def launch(self) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def sibling(self) -> _Target:
-        """A new target of the same kernel, to set up on other operands."""
-        raise NotImplementedError
-
-    def once(self) -> None:
-        """One launch that is safe to repeat (re-arms the workspace first)."""
-        if self.rearm is not None:
-            self.rearm()
-        self.launch()
-
-
-class CublasTarget(_Target):
-    """torch.matmul into a preallocated D: cuBLAS with the problem's layouts, no copies.
-
-    fp8 inputs go to torch._scaled_mm (cuBLASLt) with unit scales; it takes only the tn layout,
-    which is the only fp8 layout a `Problem` allows. `fast_accum` picks its fast accumulation
-    (`use_fast_accum`), the counterpart of CUTLASS's FP8FastAccum kernels; the default is its
-    promoting accumulation.
-    """
-
-    def __init__(self, problem: Problem, fast_accum: bool = False):
-        self._problem = problem
-        self._fast_accum = fast_accum
-        self._ops: Operands | None = None
-        self._unit_scale: torch.Tensor | None = None  # set for fp8: _scaled_mm's scale_a/b
-
-    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
-        """Bind to `ops`; returns why cuBLAS cannot run the problem, or None."""
-        p = self._problem
-        if p.dtype_a.is_fp8 or p.dtype_b.is_fp8:
-            if not hasattr(torch, "_scaled_mm"):
-                return f"torch {torch.__version__} has no torch._scaled_mm for an fp8 baseline"
-            if p.dtype_a is DType.E5M2 and p.dtype_b is DType.E5M2:
-                return "torch._scaled_mm has no e5m2 x e5m2 GEMM"
-            if p.n % 16:
-                return f"torch._scaled_mm needs N a multiple of 16, not {p.n}"
-            self._unit_scale = torch.ones((), dtype=torch.float32, device=ops.d.device)
-        elif p.dtype_d not in (p.dtype_a, DType.F32):
-            return f"torch.matmul has no {p.dtype_a.value} x {p.dtype_b.value} -> {p.dtype_d.value} GEMM"
-        self._ops = ops
-        return None
-
-    def launch(self) -> None:
-        ops = self._ops
-        assert ops is not None, "launched before setup"
-        if self._unit_scale is not None:
-            torch._scaled_mm(ops.a_mk, ops.b_kn, scale_a=self._unit_scale, scale_b=self._unit_scale,
-                             out_dtype=ops.d.dtype, use_fast_accum=self._fast_accum, out=ops.d)
-        elif ops.d.dtype == ops.a.dtype:
-            torch.matmul(ops.a_mk, ops.b_kn, out=ops.d)
-        else:
-            torch.mm(ops.a_mk, ops.b_kn, out_dtype=ops.d.dtype, out=ops.d)
-
-    def close(self) -> None:
-        self._ops = self._unit_scale = None
-
-    def sibling(self) -> CublasTarget:
-        return CublasTarget(self._problem, self._fast_accum)
-
-
 class CutlassTarget(_Target):
     """A compiled kernel, initialized once per variant, then launched (S_run) alone."""
 
@@ -138,7 +65,8 @@ class CutlassTarget(_Target):
         """can_implement, workspace, initialize. Returns why the kernel cannot run the
         problem, or None. Raises KernelStatusError when initialize fails."""
         args = make_args(ops.problem, variant, a=ops.a.data_ptr(), b=ops.b.data_ptr(),
-                         d=ops.d.data_ptr(), device_id=self._device, sm_count=self._sm_count)
+                         d=ops.d.data_ptr(), device_id=self._device, sm_count=self._sm_count,
+                         **{name: t.data_ptr() for name, t in ops.inputs.items() if name not in ("a", "b")})
         code = self._kernel.can_implement(args)
         if code != 0:
             return f"can_implement returned {cutlass_status_name(code)}"
@@ -176,6 +104,8 @@ class GpuRunner:
         self._clocks = ClockMonitor(device)
         self._kernels: dict[tuple[str, str], LoadedKernel] = {}
         self._ops: Operands | None = None
+        self.side_note = ""
+        """Why the last job's second side (torch.compile) was not timed, or "" (`_paired_baseline`)."""
 
     def __call__(self, job: Job) -> Iterator[Measurement]:
         try:
@@ -194,7 +124,7 @@ class GpuRunner:
 
     def _target(self, job: Job) -> _Target:
         if job.library is None:  # the baseline
-            return CublasTarget(job.problem)
+            return baseline_target(job.problem, Baseline.of(job.problem))
         key = (str(job.library), job.symbol)
         if key not in self._kernels:
             self._kernels[key] = LoadedKernel(job.library, job.symbol)
@@ -246,7 +176,8 @@ class GpuRunner:
         unstable = spread > UNSTABLE_SPREAD
         return result(
             Status.UNSTABLE if unstable else Status.OK,
-            unstable_reason(spread) if unstable else "", rel_error=first.rel_error, worst_error=first.worst_error,
+            unstable_reason(spread) if unstable else self.side_note, rel_error=first.rel_error,
+            worst_error=first.worst_error,
             median_ms=stats.median_ms, p20_ms=stats.p20_ms, p80_ms=stats.p80_ms, samples=stats.samples,
             tflops=job.problem.flops / (stats.median_ms * 1e9),
             throttled=clocks.throttled if clocks else False, clocks=clocks,
@@ -256,7 +187,7 @@ class GpuRunner:
                                             baseline_sm_mhz=base.sm_mhz)),
         )
 
-    def _time_sustained(self, job: Job, variant: RuntimeArgs, target: _Target, baseline: CublasTarget | None,
+    def _time_sustained(self, job: Job, variant: RuntimeArgs, target: _Target, baseline: _Target | None,
                         ops: Operands) -> tuple[TimingStats, TimingStats | None]:
         """`time_sustained` of the target (and its paired baseline) over rotating copies of
         `ops`: each copy has its own kernel instance, initialized once on it."""
@@ -264,7 +195,7 @@ class GpuRunner:
         count = rotation_count(ops.nbytes, self.env.l2_bytes, memory_bytes=free)
         copies = [ops] + [ops.copy() for _ in range(count - 1)]
         kernels: list[_Target] = [target]
-        baselines: list[CublasTarget] = [] if baseline is None else [baseline]
+        baselines: list[_Target] = [] if baseline is None else [baseline]
         try:
             for c in copies[1:]:
                 other = target.sibling()
@@ -284,14 +215,34 @@ class GpuRunner:
                 b.close()
         return found[0], (found[1] if baseline is not None else None)
 
-    def _paired_baseline(self, job: Job, ops: Operands) -> CublasTarget | None:
-        """cuBLAS on the job's operands, to time alternately with the kernel, when the job
-        asks for paired timing and cuBLAS can run the problem. An fp8 kernel with fast
-        accumulation is paired with torch._scaled_mm's fast accumulation: like with like."""
-        if not job.timing.paired or job.is_baseline:
+    def _paired_baseline(self, job: Job, ops: Operands) -> _Target | None:
+        """What is timed alternately with the job's target, set up on `ops`, or None.
+
+        A kernel job with paired timing: its problem's baseline (`Baseline.of`: cuBLAS, or
+        torch eager for a fused epilogue or fp8 scales) when torch can run it. An fp8 kernel
+        with fast accumulation is paired with torch._scaled_mm's fast accumulation: like with
+        like. The eager baseline job of a fused problem: torch.compile of the same function,
+        always, verified first; its figures become the row's `compile_*` (`Job.measurement`),
+        and where it cannot run or is wrong, `side_note` says why.
+        """
+        self.side_note = ""
+        if job.is_baseline:
+            if Baseline.of(job.problem) is Baseline.CUBLAS:
+                return None
+            compiled = baseline_target(job.problem, Baseline.COMPILE)
+            why = compiled.setup(RuntimeArgs(), ops)
+            if why is None:
+                verdict = verify_launch(compiled.once, ops, reference(ops))
+                why = None if verdict.status is Status.OK else f"wrong result: {verdict.reason}"
+            if why is not None:
+                compiled.close()
+                self.side_note = f"{Baseline.COMPILE.value} not measured: {why}"[:500]
+                return None
+            return compiled
+        if not job.timing.paired:
             return None
         fast = job.config is not None and job.config.fp8_fast_accum
-        baseline = CublasTarget(job.problem, fast_accum=fast)
+        baseline = baseline_target(job.problem, Baseline.of(job.problem), fast_accum=fast)
         if baseline.setup(RuntimeArgs(), ops) is not None:
             return None
         return baseline
