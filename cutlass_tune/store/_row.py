@@ -56,9 +56,9 @@ class StoredRow:
     record: str | None = None
     """`Measurement.to_dict()` as JSON: the measurement itself, lossless."""
     epilogue: str | None = None
-    """The problem's fused epilogue ('none' in every row of this version and before; schema 2)."""
+    """The problem's fused epilogue, as `Epilogue.name` ('none' in rows written before it; schema 2)."""
     scaling: str | None = None
-    """The problem's fp8 scaling mode ('none' in every row of this version and before; schema 2)."""
+    """The problem's fp8 scaling mode, as `Scaling`'s value ('none' in rows written before it; schema 2)."""
 
     @classmethod
     def from_columns(cls, columns: Mapping[str, Any]) -> StoredRow:

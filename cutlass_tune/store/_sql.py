@@ -86,7 +86,7 @@ measurements_table = sa.Table(
     sa.Column("trial", sa.Integer, nullable=True),
     sa.Column("created_at", sa.String(32), nullable=False),
     sa.Column("record", sa.Text, nullable=False),  # Measurement.to_dict(), lossless
-    # Schema 2: parts of a problem that a coming version measures; 'none' in rows before them.
+    # Schema 2: the problem's fused epilogue (`Epilogue.name`) and fp8 scaling; 'none' in rows before them.
     sa.Column("epilogue", sa.Text, nullable=False, server_default="none"),
     sa.Column("scaling", sa.Text, nullable=False, server_default="none"),
 )
@@ -509,7 +509,9 @@ class ResultStore:
     def add(self, m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None,
             study: str | None = None, trial: int | None = None) -> None:
         """Record one measurement in its own transaction. `cublas_tflops` is the problem's
-        baseline of the same run; a measurement with a paired baseline uses its own instead."""
+        baseline of the same run (torch eager for a fused epilogue or scaled fp8, see
+        `measurement.Baseline`); a measurement with a paired baseline uses its own instead. An
+        eager baseline row's torch.compile figures live in its `record` (`compile_*`)."""
         self._create()
         p = m.problem
         cublas_tflops = m.baseline_tflops or cublas_tflops
@@ -526,6 +528,7 @@ class ResultStore:
             "study": study, "trial": trial,
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "record": json.dumps(m.to_dict()),
+            "epilogue": p.epilogue.name, "scaling": p.scaling.value,
         }
         with self.engine.begin() as conn:
             conn.execute(measurements_table.insert(), row)

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from cutlass_tune.measurement import Measurement, read_jsonl
-from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
+from cutlass_tune.space import Activation, DType, Epilogue, KernelConfig, Problem, RuntimeArgs, Scaling
 from cutlass_tune.status import Status
 from cutlass_tune.store import (
     ResultStore,
@@ -363,3 +363,38 @@ def test_a_store_lost_during_a_run_does_not_hide_why_the_run_ended(tmp_path):
             shutil.rmtree(tmp_path / "lost")
             store.engine.dispose()
             raise KeyboardInterrupt
+
+
+FUSED = dataclasses.replace(P, epilogue=Epilogue(bias=True, activation=Activation.SILU))
+FP8_ROWCOL = Problem(4096, 4096, 4096, dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.ROWCOL)
+
+
+def test_fused_problems_fill_the_epilogue_and_scaling_columns(store_url):
+    # Guards against rows of fused problems stored under the schema-2 columns' default 'none'.
+    store = ResultStore(store_url)
+    store.bind_gpu("NVIDIA H200")
+    for problem in (P, FUSED, FP8_ROWCOL):
+        store.add(dataclasses.replace(ok(V1, 700.0), problem=problem), gpu="NVIDIA H200", run_id="r1")
+    rows = store.rows(["problem", "epilogue", "scaling"])
+    assert [(r.epilogue, r.scaling) for r in rows] == [("none", "none"), ("bias+silu", "none"), ("none", "rowcol")]
+    assert rows[1].problem.endswith("_bias+silu") and rows[2].problem.endswith("_scale-rowcol")
+    assert [m.problem for m in store.measurements()] == [P, FUSED, FP8_ROWCOL]
+
+
+def test_an_eager_baseline_row_keeps_its_torch_compile_figures(store_url):
+    store = ResultStore(store_url)
+    store.bind_gpu("NVIDIA H200")
+    eager = Measurement(problem=FUSED, config=None, runtime=V1, status=Status.OK, symbol="torch eager",
+                        is_baseline=True, median_ms=0.30, p20_ms=0.29, p80_ms=0.31, samples=50,
+                        tflops=FUSED.flops / 0.30e9, compile_median_ms=0.25, compile_p20_ms=0.24,
+                        compile_p80_ms=0.26)
+    store.add(eager, gpu="NVIDIA H200", run_id="r1")
+    kernel = dataclasses.replace(ok(V1, 700.0), problem=FUSED, baseline_median_ms=0.30)
+    store.add(kernel, gpu="NVIDIA H200", run_id="r1")
+    rows = store.rows(["kernel", "ratio"])
+    assert rows[0].kernel == "torch eager" and rows[1].kernel == CFG.name
+    back = store.measurements()[0]
+    assert back == eager and back.compile_ratio == pytest.approx(1.2)
+    # The kernel's ratio to eager is its paired one; to torch.compile, through the eager row.
+    assert rows[1].ratio == pytest.approx(kernel.paired_ratio)
+    assert back.to_compile(rows[1].ratio) == pytest.approx(0.25 / kernel.median_ms)
