@@ -1,0 +1,246 @@
+"""The baselines of fused problems (torch eager, torch.compile), how the runner times and records them, on the CPU."""
+
+import pytest
+import torch
+
+from cutlass_tune.bench import Job, TimingOptions, _runner, _targets
+from cutlass_tune.bench._runner import CublasTarget, CutlassTarget
+from cutlass_tune.bench._targets import TorchTarget, baseline_target, compiled_function, eager_function
+from cutlass_tune.bench._verify import allocate, compare, randomize, reference
+from cutlass_tune.measurement import BASELINE_NAMES, Baseline, Measurement
+from cutlass_tune.space import Activation, DType, Epilogue, Problem, RuntimeArgs, Scaling
+from cutlass_tune.status import Status
+
+from .test_runner import CpuTarget, _fake_time_paired
+
+SILU = Epilogue(bias=True, activation=Activation.SILU)
+FUSED = Problem(64, 48, 32, epilogue=SILU)
+
+
+def _ops(problem, seed=0):
+    ops = allocate(problem, "cpu")
+    randomize(ops, torch.Generator().manual_seed(seed))
+    return ops
+
+
+def _args(ops):
+    return ops.a_mk, ops.b_kn, ops.bias, ops.c, ops.scale_a, ops.scale_b
+
+
+def test_which_baseline_a_problem_gets():
+    assert Baseline.of(Problem(64, 48, 32)) is Baseline.CUBLAS
+    assert Baseline.of(Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3)) is Baseline.CUBLAS
+    assert Baseline.of(FUSED) is Baseline.EAGER
+    assert Baseline.of(Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.ROWCOL)) \
+        is Baseline.EAGER
+    assert BASELINE_NAMES == {"cuBLAS", "torch eager", "torch.compile"}
+    assert isinstance(baseline_target(Problem(64, 48, 32), Baseline.CUBLAS), CublasTarget)
+    assert baseline_target(FUSED, Baseline.COMPILE).kind is Baseline.COMPILE
+
+
+@pytest.mark.parametrize("epilogue", [
+    SILU,
+    Epilogue(bias=True, activation=Activation.GELU),
+    Epilogue(bias=True, activation=Activation.GELU_TANH),
+    Epilogue(activation=Activation.RELU),
+    Epilogue(residual=True),  # torch.addmm(c, a, w.t())
+    Epilogue(bias=True, activation=Activation.GELU, residual=True),
+])
+def test_the_eager_function_computes_the_reference(epilogue):
+    p = Problem(128, 96, 64, epilogue=epilogue)
+    ops = _ops(p)
+    out = eager_function(p)(*_args(ops))
+    assert out.dtype == torch.bfloat16 and out.shape == (128, 96)
+    assert compare(out, reference(ops), DType.BF16).status is Status.OK
+
+
+def test_the_eager_function_is_what_a_user_writes():
+    ops = _ops(FUSED)
+    w = ops.b  # N x K: the nn.Linear weight
+    expected = torch.nn.functional.silu(torch.nn.functional.linear(ops.a, w, ops.bias))
+    assert torch.equal(eager_function(FUSED)(*_args(ops)), expected)
+
+
+@pytest.mark.parametrize("scaling", [Scaling.TENSOR, Scaling.ROWCOL])
+@pytest.mark.parametrize("bias_after", [False, True])
+def test_the_fp8_eager_function_is_scaled_mm_with_the_scales(scaling, bias_after):
+    p = Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3, epilogue=SILU, scaling=scaling)
+    ops = _ops(p)
+    try:
+        out = eager_function(p, bias_after=bias_after)(*_args(ops))
+    except (RuntimeError, NotImplementedError) as err:  # a torch without _scaled_mm on the CPU
+        pytest.skip(f"torch._scaled_mm on the CPU: {err}")
+    verdict = compare(out, reference(ops), DType.BF16, fp8_inputs=True)
+    assert verdict.status is Status.OK and verdict.rel_error < 1e-2
+
+
+def test_a_torch_target_writes_d_only_when_verified():
+    ops = _ops(FUSED)
+    target = TorchTarget(FUSED, Baseline.EAGER)
+    assert target.setup(RuntimeArgs(), ops) is None
+    ops.d.fill_(float("nan"))
+    target.launch()  # timed: the user's call, into a new tensor
+    assert ops.d.isnan().all()
+    target.once()
+    assert compare(ops.d, reference(ops), DType.BF16).status is Status.OK
+    twin = target.sibling()
+    assert isinstance(twin, TorchTarget) and twin.kind is Baseline.EAGER
+
+
+def test_a_problem_torch_has_no_call_for_is_a_reason():
+    p = Problem(64, 48, 32, dtype_d=DType.F16, epilogue=SILU)
+    assert TorchTarget(p, Baseline.EAGER).setup(RuntimeArgs(), _ops(p)) == "F.linear has no bf16 x bf16 -> f16 GEMM"
+
+
+def test_torch_compile_of_the_same_function_gives_the_same_result():
+    p = Problem(64, 48, 32, epilogue=Epilogue(bias=True, activation=Activation.GELU_TANH, residual=True))
+    ops = _ops(p)
+    target = TorchTarget(p, Baseline.COMPILE)
+    assert target.setup(RuntimeArgs(), ops) is None  # compiles and runs once
+    target.once()
+    # Inductor fuses the residual and the activation in fp32, where eager rounds between them.
+    verdict = compare(ops.d, reference(ops), DType.BF16)
+    assert verdict.status is Status.OK and verdict.rel_error < 4e-3
+
+
+def test_a_new_problem_resets_dynamo(monkeypatch):
+    # Guards against Dynamo's recompile limit: past it, a compiled function runs eager silently.
+    compiled, resets = [], []
+    monkeypatch.setattr(_targets, "_compiled", {})
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(kw) or fn)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    first = compiled_function(FUSED)
+    assert compiled_function(FUSED) is first and len(compiled) == 1 and not resets
+    compiled_function(Problem(64, 48, 32, epilogue=Epilogue(bias=True)))
+    assert len(compiled) == 2 and len(resets) == 1
+    assert compiled[0] == {"fullgraph": True, "dynamic": False}  # the default mode
+
+
+def test_a_plain_baseline_job_is_cublas_and_a_fused_one_torch_eager():
+    plain = Job.baseline(Problem(64, 48, 32))
+    assert plain.symbol == "" and plain.kernel_name == "cuBLAS"
+    assert plain.measurement(RuntimeArgs(), Status.OK).kernel_name == "cuBLAS"
+    fused = Job.baseline(FUSED)
+    assert fused.symbol == "torch eager" and fused.is_baseline
+    m = fused.measurement(RuntimeArgs(), Status.OK, median_ms=2.0, baseline_median_ms=1.6, baseline_p20_ms=1.5,
+                          baseline_p80_ms=1.7, baseline_energy_mj=3.0, baseline_sm_mhz=1500.0)
+    assert m.kernel_name == "torch eager" and m.baseline_median_ms is None and m.paired_ratio is None
+    assert (m.compile_median_ms, m.compile_p20_ms, m.compile_p80_ms) == (1.6, 1.5, 1.7)
+    assert m.compile_ratio == pytest.approx(1.25) and m.to_compile(1.5) == pytest.approx(1.2)
+    assert Measurement.from_dict(m.to_dict()) == m
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    monkeypatch.setattr(_runner, "time_paired", _fake_time_paired)
+    r = _runner.GpuRunner.__new__(_runner.GpuRunner)  # no CUDA: set by hand what __init__ would
+    r.env, r._flush, r.side_note = None, None, ""
+    r._clocks = type("NoClocks", (), {"read": lambda self: None})()
+    return r
+
+
+def _measure(runner, target, job):
+    runner._ops = allocate(job.problem, "cpu")
+    return runner._measure(job, target, job.variants[0], torch.Generator().manual_seed(0))
+
+
+def test_a_fused_baseline_row_carries_torch_compile_from_its_own_loop(runner, monkeypatch):
+    timed = []
+    real = _fake_time_paired
+
+    def time_paired(launch, baseline, **kw):
+        timed.append(getattr(baseline, "__self__", None))
+        return real(launch, baseline, **kw)
+
+    monkeypatch.setattr(_runner, "time_paired", time_paired)
+    monkeypatch.setattr(_targets, "compiled_function", eager_function)  # compiling is tested above
+    job = Job.baseline(FUSED)
+    m = _measure(runner, runner._target(job), job)
+    assert m.status is Status.OK and m.reason == "" and m.kernel_name == "torch eager" and m.rel_error < 1e-2
+    side = timed[0]
+    assert isinstance(side, TorchTarget) and side.kind is Baseline.COMPILE
+    assert (m.median_ms, m.compile_median_ms, m.compile_p20_ms, m.compile_p80_ms) == (2.0, 2.5, 2.4, 2.6)
+    assert m.baseline_median_ms is None and m.compile_ratio == pytest.approx(0.8)
+
+
+def test_torch_compile_failing_leaves_the_eager_row_with_the_reason(runner, monkeypatch):
+    def broken(problem, **kw):
+        def fn(*args):
+            raise RuntimeError("Inductor: no C++ compiler\nmore")
+        return fn
+
+    monkeypatch.setattr(_targets, "compiled_function", broken)
+    job = Job.baseline(FUSED)
+    m = _measure(runner, runner._target(job), job)
+    assert m.status is Status.OK and m.median_ms == 2.0 and m.compile_median_ms is None
+    assert m.reason == "torch.compile not measured: torch.compile: RuntimeError: Inductor: no C++ compiler"
+
+
+def test_torch_compile_giving_a_wrong_result_is_not_timed(runner, monkeypatch):
+    monkeypatch.setattr(_targets, "compiled_function",
+                        lambda problem, **kw: lambda *args: eager_function(problem)(*args) * 2)
+    job = Job.baseline(FUSED)
+    m = _measure(runner, runner._target(job), job)
+    assert m.status is Status.OK and m.compile_median_ms is None
+    assert m.reason.startswith("torch.compile not measured: wrong result: relative error")
+
+
+def test_a_paired_kernel_of_a_fused_problem_is_timed_against_torch_eager(runner, monkeypatch):
+    timed = []
+
+    def time_paired(launch, baseline, **kw):
+        timed.append(getattr(baseline, "__self__", None))
+        return _fake_time_paired(launch, baseline, **kw)
+
+    monkeypatch.setattr(_runner, "time_paired", time_paired)
+
+    class FusedCpuTarget(CpuTarget):
+        def launch(self):
+            self.launches += 1
+            self.ops.d.copy_(reference(self.ops))
+
+    job = Job(problem=FUSED, variants=(RuntimeArgs(),), library="/x.so", symbol="ct_x",
+              timing=TimingOptions(paired=True))
+    m = _measure(runner, FusedCpuTarget(), job)
+    assert m.status is Status.OK and not m.is_baseline and m.compile_median_ms is None
+    assert isinstance(timed[0], TorchTarget) and timed[0].kind is Baseline.EAGER
+    assert m.baseline_median_ms == 2.5 and m.paired_ratio == pytest.approx(1.25)
+
+
+class _Gemm:
+    def initialize(self, args, workspace, stream):
+        pass
+
+    def close(self):
+        pass
+
+
+class _Kernel:
+    def __init__(self):
+        self.args = None
+
+    def create(self):
+        return _Gemm()
+
+    def can_implement(self, args):
+        self.args = args
+        return 0
+
+    def workspace_size(self, args):
+        return 0
+
+
+def test_the_kernel_gets_the_epilogue_operands(monkeypatch):
+    monkeypatch.setattr(_runner, "_stream", lambda: 0)
+    p = Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.ROWCOL,
+                epilogue=Epilogue(bias=True, activation=Activation.GELU, residual=True))
+    ops = _ops(p)
+    kernel = _Kernel()
+    assert CutlassTarget(kernel, 0, 132).setup(RuntimeArgs(), ops) is None
+    args = kernel.args
+    assert (args.c, args.bias) == (ops.c.data_ptr(), ops.bias.data_ptr())
+    assert (args.scale_a, args.scale_b) == (ops.scale_a.data_ptr(), ops.scale_b.data_ptr())
+    assert (args.alpha, args.beta, args.d) == (1.0, 1.0, ops.d.data_ptr())
+    plain = _ops(Problem(64, 48, 32))
+    CutlassTarget(kernel, 0, 132).setup(RuntimeArgs(), plain)
+    assert kernel.args.c == plain.d.data_ptr() and kernel.args.beta == 0.0 and not kernel.args.bias
