@@ -32,7 +32,7 @@ CONFIGS = {
     "bias+silu": KernelConfig(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, epilogue=BIAS_SILU),
     "bias+gelu": KernelConfig(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, epilogue=BIAS_GELU),
     "bias+gelu_tanh+residual": KernelConfig(tile_m=128, tile_n=128, tile_k=64, epilogue=RESIDUAL_GELU_TANH),
-    "fp8 rowcol": KernelConfig(**E4M3, tile_m=128, tile_n=256, tile_k=128, cluster_m=2, scaling=Scaling.ROWCOL),
+    "fp8 rowcol": KernelConfig(**E4M3, tile_m=128, tile_n=128, tile_k=128, cluster_m=2, scaling=Scaling.ROWCOL),
 }
 M, N, K = 2048, 4096, 4096
 PROBLEMS = {
