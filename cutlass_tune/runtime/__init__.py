@@ -2,8 +2,9 @@
 
 `BestTable` looks problems up in a best-config table (a bundle from `cutlass-tune export`, a
 table file, or a store through the tuner); `matmul` and `Gemm` run the tuned kernels on torch
-tensors; `mm` is the same as the operator `torch.ops.cutlass_tune.mm` (a table bound to a key by
-`register_table`), for models and torch.compile; `Linear` and `patch` put it into models;
+tensors, fused epilogues (bias, activation, residual) and fp8 scales included; `mm` and `linear`
+are the operators `torch.ops.cutlass_tune.mm` and `torch.ops.cutlass_tune.linear` (a table bound
+to a key by `register_table`), for models and torch.compile; `Linear` and `patch` put them into models;
 `LoadedKernel` binds a compiled kernel's C entry points (the bench stage times kernels through
 it too). Importing this package imports none of the store, the search, the dashboard or their
 dependencies (SQLAlchemy, Optuna, plotly).
@@ -24,20 +25,21 @@ from ._kernel import (
 if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ..tables import BestTableError, BundledKernel, BundleError
     from ._linear import Linear
-    from ._matmul import Gemm, MatmulInputError, matmul, problem_of, torch_gemm
-    from ._op import UnregisteredTableError, mm, register_table
+    from ._matmul import Gemm, MatmulInputError, activation_of, matmul, operation_of, problem_of, torch_gemm
+    from ._op import UnregisteredTableError, linear, mm, register_table
     from ._patch import LayerDecision, PatchReport, patch
     from ._table import BestTable, Match
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Gemm", "GemmArgs", "GemmInstance",
            "KernelLoadError", "KernelStatusError", "LayerDecision", "Linear", "LoadedKernel", "Match",
-           "MatmulInputError", "PatchReport", "UnregisteredTableError", "cutlass_status_name", "make_args", "matmul",
-           "mm", "patch", "problem_of", "register_table", "torch_gemm"]
+           "MatmulInputError", "PatchReport", "UnregisteredTableError", "activation_of", "cutlass_status_name",
+           "linear", "make_args", "matmul", "mm", "operation_of", "patch", "problem_of", "register_table",
+           "torch_gemm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match")
-_MATMUL = ("Gemm", "MatmulInputError", "matmul", "problem_of", "torch_gemm")
-_MODELS = {"mm": "_op", "register_table": "_op", "UnregisteredTableError": "_op", "Linear": "_linear",
+_MATMUL = ("Gemm", "MatmulInputError", "activation_of", "matmul", "operation_of", "problem_of", "torch_gemm")
+_MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredTableError": "_op", "Linear": "_linear",
            "patch": "_patch", "PatchReport": "_patch", "LayerDecision": "_patch"}
 
 

@@ -1,4 +1,5 @@
-"""`Linear`: torch.nn.Linear whose GEMM is the tuned operator (`cutlass_tune.nn.Linear`)."""
+"""`Linear`: torch.nn.Linear whose GEMM is the tuned operator (`cutlass_tune.nn.Linear`),
+optionally followed by its activation, fused into the kernel."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ from pathlib import Path
 
 import torch
 
+from ..space import Activation
+from ._matmul import ACTIVATIONS, activation_of
 from ._op import table_key
 from ._table import BestTable
 
 _MM = torch.ops.cutlass_tune.mm.default  # registered by importing ._op
+_LINEAR = torch.ops.cutlass_tune.linear.default
 
 
 class Linear(torch.nn.Linear):
@@ -20,40 +24,61 @@ class Linear(torch.nn.Linear):
     bfloat16 and float16 weights and inputs of the weight's dtype (no autocast: cast the model);
     elsewhere, and for shapes the table has no kernel for, torch's own GEMM runs.
 
-    The forward is one operator call and one add, so torch.compile fuses the bias add into what
-    follows; a later epilogue will fuse it into the kernel.
+    Without an activation the forward is one operator call (`torch.ops.cutlass_tune.mm`) and
+    one add, so torch.compile fuses the bias add into what follows. With one (`activation`:
+    relu, gelu, gelu_tanh, silu) it computes activation(x @ weight^T + bias): where no gradient
+    is needed (under torch.no_grad or inference_mode, or of frozen parameters and input) by one
+    call of `torch.ops.cutlass_tune.linear`, which runs the table's fused kernel of that
+    epilogue (torch's F.linear and activation where the table has none); where one is, by `mm`,
+    the bias add and torch's activation, whose backward keeps the pre-activation instead of
+    recomputing it (the fused operator's backward would run one more GEMM).
 
     Args:
         in_features, out_features, bias, device, dtype: as torch.nn.Linear.
         table: the best-config table (a `BestTable`, a path `BestTable.load` reads, or a key from
             `register_table`). Only its key is kept (`table_key`): it is process-local, so a
             pickled module needs its table registered under that key where it is loaded.
+        activation: none, relu, gelu (erf), gelu_tanh or silu (an `Activation` or its name).
 
     Raises:
         UnregisteredTableError: `table` is a string that is neither a registered key nor a
             readable table.
+        MatmulInputError: an activation that is none of these.
     """
 
+    activation: Activation = Activation.NONE
+    """The activation that follows (a class default for modules pickled before it existed)."""
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None, *, table: BestTable | str | Path):
+                 dtype: torch.dtype | None = None, *, table: BestTable | str | Path,
+                 activation: Activation | str = Activation.NONE):
         super().__init__(in_features, out_features, bias, device, dtype)
+        self.activation = activation_of(activation)
         self.table_key = table_key(table)
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, table: BestTable | str | Path) -> Linear:
+    def from_linear(cls, linear: torch.nn.Linear, table: BestTable | str | Path, *,
+                    activation: Activation | str = Activation.NONE) -> Linear:
         """A Linear sharing `linear`'s parameters (the same Parameter objects: an optimizer
-        holding them keeps working, nothing is copied) and its training mode."""
+        holding them keeps working, nothing is copied) and its training mode, followed by
+        `activation` (the activation module that followed `linear` in its model, fused)."""
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, device="meta",
-                     dtype=linear.weight.dtype, table=table)
+                     dtype=linear.weight.dtype, table=table, activation=activation)
         module.weight = linear.weight
         if linear.bias is not None:
             module.bias = linear.bias
         return module.train(linear.training)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.activation is not Activation.NONE and not (torch.is_grad_enabled() and (
+                input.requires_grad or self.weight.requires_grad
+                or (self.bias is not None and self.bias.requires_grad))):
+            return _LINEAR(input, self.weight, self.bias, self.activation.value, self.table_key)
         out = _MM(input, self.weight.t(), self.table_key)
-        return out if self.bias is None else out + self.bias
+        out = out if self.bias is None else out + self.bias
+        return out if self.activation is Activation.NONE else ACTIVATIONS[self.activation](out)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, table={self.table_key!r}"
+        shown = "" if self.activation is Activation.NONE else f", activation={self.activation.value!r}"
+        return f"{super().extra_repr()}{shown}, table={self.table_key!r}"
 

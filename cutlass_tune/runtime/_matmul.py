@@ -6,9 +6,15 @@ is the "tn" case of nn.Linear. Kernels are compiled on demand from the kernel ca
 hit when the sweep ran on this machine), or taken from the table's bundle (`cutlass-tune
 export`: no compiler needed), and loaded once per process.
 
+A fused epilogue is part of the call: D = activation(s * (a @ b) + beta * c + bias), with
+`bias` one value per output column (nn.Linear's), `c` an M x N residual, s = alpha (for fp8,
+times `scale_a` and `scale_b` as torch._scaled_mm takes them: one value each, or M x 1 and 1 x N).
+The table's rows for exactly that epilogue and scaling run it; where it has none, torch computes
+the same math (`torch_gemm`): results are always right, only their speed depends on the table.
+
 fp8 (torch.float8_e4m3fn) inputs must be "tn" and give a bfloat16 D (unless the kernel says
-otherwise), computed with unit scales: scale the result yourself. Where no tuned kernel can
-run them, torch._scaled_mm does.
+otherwise); without scales they are computed with unit scales. Where no tuned kernel can run
+them, torch._scaled_mm does.
 """
 
 from __future__ import annotations
@@ -18,13 +24,27 @@ import functools
 import json
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from ..compile import KernelCache, compile_kernels
 from ..errors import CutlassTuneError
-from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, TileScheduler, check_problem, layout_code
+from ..space import (
+    Activation,
+    DType,
+    Epilogue,
+    KernelConfig,
+    Layout,
+    Problem,
+    RuntimeArgs,
+    Scaling,
+    TileScheduler,
+    check_problem,
+    layout_code,
+)
 from ..status import Status
 from ..tables import BestTableError, BundledKernel
 from ._context import bind_primary_context
@@ -55,8 +75,96 @@ def _layout(t: torch.Tensor, name: str, rows_major: Layout, cols_major: Layout) 
                            "column-major contiguous: call .contiguous() first")
 
 
-def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None) -> Problem:
-    """The `Problem` two tensors pose. Raises MatmulInputError with what to fix."""
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
+    Activation.NONE: lambda t: t,
+    Activation.RELU: F.relu,
+    Activation.GELU: F.gelu,
+    Activation.GELU_TANH: functools.partial(F.gelu, approximate="tanh"),
+    Activation.SILU: F.silu,
+}
+"""Each activation as torch computes it (what the fused kernels are verified against)."""
+
+
+def activation_of(value: object) -> Activation:
+    """An `Activation` given as itself or its name ("silu", "gelu_tanh", ...). Raises
+    MatmulInputError naming the known ones."""
+    if isinstance(value, Activation):
+        return value
+    if isinstance(value, str) and value in {a.value for a in Activation}:
+        return Activation(value)
+    known = ", ".join(a.value for a in Activation)
+    raise MatmulInputError(f"activation {str(value)[:40]!r} is not one of {known}")
+
+
+def _tensor(t: object, name: str) -> torch.Tensor | None:
+    if t is not None and not isinstance(t, torch.Tensor):
+        raise MatmulInputError(f"{name} must be a torch.Tensor or None, not {type(t).__name__}")
+    return t
+
+
+def _check_operand(t: torch.Tensor, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                   what: str) -> None:
+    """`t` is `shape` of `dtype` on `device` and contiguous, or a MatmulInputError saying
+    which it is not."""
+    if tuple(t.shape) != shape:
+        raise MatmulInputError(f"{name} has shape {tuple(t.shape)}; it must be {shape} ({what})")
+    if t.dtype != dtype:
+        raise MatmulInputError(f"{name} has dtype {t.dtype}; it must be {dtype} ({what})")
+    if t.device != device:
+        raise MatmulInputError(f"{name} is on {t.device} and a on {device}")
+    if not t.is_contiguous():
+        raise MatmulInputError(f"{name} with strides {t.stride()} is not contiguous: call .contiguous() first")
+
+
+def _scaling_of(a: torch.Tensor, m: int, n: int, scale_a: torch.Tensor | None,
+                scale_b: torch.Tensor | None) -> Scaling:
+    """The scaling the scales pose (checked as torch._scaled_mm takes them)."""
+    if scale_a is None and scale_b is None:
+        return Scaling.NONE
+    if a.dtype not in _FP8:
+        raise MatmulInputError(f"scale_a and scale_b scale fp8 inputs; a and b are {a.dtype} (use alpha)")
+    if scale_a is None or scale_b is None:
+        raise MatmulInputError(f"{'scale_b' if scale_a is not None else 'scale_a'} is missing: "
+                               "pass both scales or neither")
+    if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
+        for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+            _check_operand(t, name, tuple(t.shape), torch.float32, a.device, "a per-tensor scale")
+        return Scaling.TENSOR
+    _check_operand(scale_a, "scale_a", (m, 1), torch.float32, a.device,
+                   "one value per row of a, or a single value with a single scale_b")
+    _check_operand(scale_b, "scale_b", (1, n), torch.float32, a.device,
+                   "one value per column of b, or a single value with a single scale_a")
+    return Scaling.ROWCOL
+
+
+def operation_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias: torch.Tensor | None = None,
+                 activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None,
+                 scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> tuple[Epilogue, Scaling]:
+    """The epilogue and scaling of a call of 2-D `a` (M x K) and `b` (K x N) with these
+    operands, each checked on any device: `bias` (N,) and `c` (M, N) of `out_dtype`, the scales
+    float32 as torch._scaled_mm takes them (fp8 inputs only), all contiguous and on a's device.
+
+    Raises:
+        MatmulInputError: one line naming the operand and what to fix.
+    """
+    m, n = a.shape[0], b.shape[1]
+    bias, c = _tensor(bias, "bias"), _tensor(c, "c")
+    scale_a, scale_b = _tensor(scale_a, "scale_a"), _tensor(scale_b, "scale_b")
+    if bias is not None:
+        _check_operand(bias, "bias", (n,), out_dtype, a.device, "one value per output column, of the result's dtype")
+    if c is not None:
+        _check_operand(c, "c", (m, n), out_dtype, a.device, "the residual, M x N row-major of the result's dtype")
+    scaling = _scaling_of(a, m, n, scale_a, scale_b)
+    return Epilogue(bias=bias is not None, activation=activation_of(activation), residual=c is not None), scaling
+
+
+def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
+               bias: torch.Tensor | None = None, activation: Activation | str = Activation.NONE,
+               c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
+               scale_b: torch.Tensor | None = None) -> Problem:
+    """The `Problem` the tensors of a `matmul` call pose, its epilogue and scaling included.
+    Raises MatmulInputError with what to fix."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
@@ -80,8 +188,15 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
     out = _OUT_DTYPES.get(out_dtype) if out_dtype is not None else default
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
+    epilogue, scaling = operation_of(a, b, _TORCH[out], bias=bias, activation=activation, c=c, scale_a=scale_a,
+                                     scale_b=scale_b)
+    for name, operand in (("bias", bias), ("c", c), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if operand is not None and operand.data_ptr() % 16:
+            raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (the kernels read it "
+                                   "by vectors): call .clone() first")
     problem = Problem(a.shape[0], b.shape[1], a.shape[1], dtype, dtype, out,
-                      _layout(a, "a", Layout.ROW, Layout.COL), _layout(b, "b", Layout.ROW, Layout.COL))
+                      _layout(a, "a", Layout.ROW, Layout.COL), _layout(b, "b", Layout.ROW, Layout.COL),
+                      epilogue, scaling)
     why = check_problem(problem)
     if why:
         raise MatmulInputError(f"{problem.m}x{problem.n}x{problem.k}: {why[0].reason}")
@@ -116,24 +231,36 @@ class Gemm:
         self._stream_k = config.tile_scheduler is TileScheduler.STREAM_K
         self._dtype_d = _TORCH[config.dtype_d]
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """D = a @ b with this kernel. Raises MatmulInputError for tensors it cannot take,
-        KernelStatusError when CUTLASS refuses the problem."""
-        problem = problem_of(a, b, self._dtype_d)
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                 bias: torch.Tensor | None = None, c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
+                 scale_b: torch.Tensor | None = None, alpha: float = 1.0, beta: float | None = None) -> torch.Tensor:
+        """D = epilogue(a @ b) with this kernel, its epilogue's operands (`bias`, `c`, the fp8
+        scales) as `matmul` takes them. Raises MatmulInputError for tensors it cannot take or
+        an epilogue that is not the kernel's, KernelStatusError when CUTLASS refuses the problem."""
+        problem = problem_of(a, b, self._dtype_d, bias=bias, activation=self.config.epilogue.activation, c=c,
+                             scale_a=scale_a, scale_b=scale_b)
         if (problem.layout_a, problem.layout_b) != (self.config.layout_a, self.config.layout_b):
             raise MatmulInputError(f"this kernel is {layout_code(self.config.layout_a, self.config.layout_b)}; "
                                    f"the tensors are {layout_code(problem.layout_a, problem.layout_b)}")
-        return self.run(problem, a, b, out)
+        if (problem.epilogue, problem.scaling) != (self.config.epilogue, self.config.scaling):
+            raise MatmulInputError(f"this kernel computes {_operation(self.config.epilogue, self.config.scaling)}; "
+                                   f"the call asks for {_operation(problem.epilogue, problem.scaling)}")
+        return self.run(problem, a, b, out, bias=bias, c=c, scale_a=scale_a, scale_b=scale_b, alpha=alpha,
+                        beta=_beta(c, beta))
 
-    def run(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Launch on tensors already checked to pose `problem` (the fast path of `matmul`)."""
+    def run(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+            bias: torch.Tensor | None = None, c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
+            scale_b: torch.Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
+        """Launch on tensors already checked to pose `problem`, its epilogue's operands
+        included (the fast path of `matmul`)."""
         if out is None:
             out = torch.empty(problem.m, problem.n, dtype=self._dtype_d, device=a.device)
         elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != self._dtype_d:
             raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {self._dtype_d} tensor")
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         stream = _current_stream(device)
-        key = (problem, device, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream)
+        operands = tuple(0 if t is None else t.data_ptr() for t in (c, bias, scale_a, scale_b))
+        key = (problem, device, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream, operands, alpha, beta)
         ready: collections.OrderedDict = self._local.__dict__.setdefault("ready", collections.OrderedDict())
         instance = ready.get(key)
         if instance is not None and not self._stream_k:
@@ -145,7 +272,8 @@ class Gemm:
             # workspace barriers must start at zero).
             bind_primary_context(device)
             args = make_args(problem, self.runtime, a=key[2], b=key[3], d=key[4], device_id=device,
-                             sm_count=_sm_count(device))
+                             sm_count=_sm_count(device), c=operands[0] or None, bias=operands[1] or None,
+                             scale_a=operands[2] or None, scale_b=operands[3] or None, alpha=alpha, beta=beta)
             if instance is None:
                 instance = self.kernel.create()
                 ready[key] = instance
@@ -189,18 +317,72 @@ def _current_stream(device: int) -> int:
 
 
 def _untuned_name(problem: Problem) -> str:
-    return "torch._scaled_mm" if problem.dtype_a.is_fp8 else "torch.matmul"
+    gemm = "torch._scaled_mm" if problem.dtype_a.is_fp8 else "torch.matmul"
+    if problem.epilogue.is_plain:
+        return gemm
+    if problem.epilogue.bias and not problem.dtype_a.is_fp8 and not problem.epilogue.residual:
+        gemm = "F.linear"
+    act = problem.epilogue.activation
+    return gemm if act is Activation.NONE else f"{gemm} and torch's {act.value}"
 
 
-def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """What `matmul` runs where no tuned kernel can: torch's own GEMM for the same inputs and
-    output type."""
-    if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        one = torch.ones((), dtype=torch.float32, device=a.device)
-        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=out_dtype)
+def _operation(epilogue: Epilogue, scaling: Scaling) -> str:
+    """An epilogue and scaling in words: "a @ b", "bias+silu", "bias+silu, scale-rowcol"."""
+    parts = ([] if epilogue.is_plain else [epilogue.name]) + (
+        [] if scaling is Scaling.NONE else [f"scale-{scaling.value}"])
+    return ", ".join(parts) or "the plain a @ b"
+
+
+def _beta(c: torch.Tensor | None, beta: float | None) -> float:
+    """beta as the kernel takes it: 1 with a residual unless given, 0 without one."""
+    if c is None:
+        if beta is not None and beta != 0:
+            raise MatmulInputError(f"beta {beta} scales c, and no c was given")
+        return 0.0
+    return 1.0 if beta is None else float(beta)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """torch's GEMM of 16-bit inputs into `out_dtype`. Off CUDA a type other than the inputs'
+    is computed in float32 and cast (torch.mm has no out_dtype there)."""
     if out_dtype == a.dtype:
         return torch.matmul(a, b)
-    return torch.mm(a, b, out_dtype=out_dtype)
+    if a.device.type == "cuda":
+        return torch.mm(a, b, out_dtype=out_dtype)
+    return torch.matmul(a.float(), b.float()).to(out_dtype)
+
+
+def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias: torch.Tensor | None = None,
+               activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
+               beta: float = 0.0, scale_a: torch.Tensor | None = None,
+               scale_b: torch.Tensor | None = None) -> torch.Tensor:
+    """What `matmul` runs where no tuned kernel can: torch's own path for the same math
+    (activation(s * (a @ b) + beta * c + bias)), inputs and output type, on any device.
+
+    fp8: torch._scaled_mm with the scales (unit scales where none are given; alpha folded into
+    scale_a) and the bias. 16-bit: a bias alone is F.linear's call (torch.addmm: cuBLASLt's bias
+    epilogue), a residual torch.addmm's beta, then the activation as torch computes it.
+    """
+    activate = ACTIVATIONS[activation_of(activation)]
+    if a.dtype in _FP8:
+        one = torch.ones((), dtype=torch.float32, device=a.device)
+        scale_a = one if scale_a is None else scale_a
+        scale_a = scale_a * alpha if alpha != 1.0 else scale_a
+        y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=one if scale_b is None else scale_b, bias=bias,
+                             out_dtype=out_dtype)
+        bias = None
+    elif c is None and bias is not None and alpha == 1.0 and out_dtype == a.dtype:
+        y, bias = torch.addmm(bias, a, b), None
+    elif c is not None and out_dtype == a.dtype:
+        y, c = torch.addmm(c, a, b, beta=beta, alpha=alpha), None
+    else:
+        y = _product(a, b, out_dtype)
+        y = y * alpha if alpha != 1.0 else y
+    if c is not None:
+        y = torch.add(y, c, alpha=beta)
+    if bias is not None:
+        y = y + bias
+    return activate(y)
 
 
 @functools.cache
@@ -217,8 +399,12 @@ _warned: set[str] = set()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """a @ b through the best kernel the table has for this problem.
+           out_dtype: torch.dtype | None = None, *, bias: torch.Tensor | None = None,
+           activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
+           beta: float | None = None, scale_a: torch.Tensor | None = None,
+           scale_b: torch.Tensor | None = None) -> torch.Tensor:
+    """activation(s * (a @ b) + beta * c + bias) through the best kernel the table has for
+    this problem, its epilogue and scaling; plainly a @ b.
 
     `out_dtype` is the type of the result: by default the inputs' type for bfloat16 and
     float16, bfloat16 for fp8; torch.float32 (or another 16-bit type) picks the table's kernels
@@ -227,43 +413,66 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     loaded from a path is kept per path).
 
     An exact entry runs its kernel; a problem that was not tuned runs the kernel of the nearest
-    tuned problem of the same dtypes and layout (every kernel is correct for every aligned
-    shape; only its speed was measured elsewhere). Where the table has nothing for the dtypes
-    and layout, or CUTLASS cannot implement the problem, it falls back to torch's own GEMM
-    (torch.matmul, or torch.mm with `out_dtype`; for fp8, torch._scaled_mm with unit scales)
-    and warns once per cause.
+    tuned problem of the same dtypes, layout, epilogue and scaling (every kernel is correct for
+    every aligned shape; only its speed was measured elsewhere). Where the table has nothing for
+    them, or CUTLASS cannot implement the problem, torch computes the same math (`torch_gemm`:
+    torch.matmul, F.linear with the bias, torch._scaled_mm with the scales, then the
+    activation) and a warning says so once per cause.
+
+    Args:
+        bias: N values of the result's dtype, one per output column (nn.Linear's bias).
+        activation: applied last: none, relu, gelu (erf), gelu_tanh, silu (an `Activation` or its name).
+        c: a residual, M x N row-major of the result's dtype, added times `beta`.
+        alpha: scales a @ b; beta: scales c (1 with a `c`; only with one).
+        scale_a, scale_b: fp8 inputs only, both or neither, float32 as torch._scaled_mm takes them:
+            one value each (per tensor), or M x 1 (per row of a) and 1 x N (per column of b).
 
     Raises:
         MatmulInputError: operands that are not tensors, CPU tensors, unsupported dtypes,
-            misaligned or non-contiguous tensors.
+            misaligned or non-contiguous tensors; a bias, residual or scale of the wrong shape,
+            dtype or device; an unknown activation; beta without c.
     """
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         problem_of(a, b)  # raises, naming the operand that is not a tensor and its type
+    act = activation_of(activation)
+    operands = (_tensor(bias, "bias"), _tensor(c, "c"), _tensor(scale_a, "scale_a"), _tensor(scale_b, "scale_b"))
     table = table if isinstance(table, BestTable) else _load_table(str(table))
-    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype)
+    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype, act,
+           *(None if t is None else (t.shape, t.stride(), t.dtype) for t in operands))
     cached = table._kernels.get(key)
     if cached is not None and a.device.type == "cuda" and b.device == a.device \
-            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0:
+            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0 \
+            and all(t is None or (t.device == a.device and t.data_ptr() % 16 == 0) for t in operands):
         gemm, problem = cached
-        return torch_gemm(a, b, _TORCH[problem.dtype_d]) if gemm is None else gemm.run(problem, a, b)
-    problem = problem_of(a, b, out_dtype)
-    code = layout_code(problem.layout_a, problem.layout_b)
-    dtypes = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {code}"
-    try:
-        match = table.lookup(problem.m, problem.n, problem.k, problem.dtype_a.value, code, problem.dtype_d.value)
-    except BestTableError as err:
-        _warn_once(dtypes, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
+        beta = _beta(c, beta)
+        if gemm is None:
+            return torch_gemm(a, b, _TORCH[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha, beta=beta,
+                              scale_a=scale_a, scale_b=scale_b)
+        return gemm.run(problem, a, b, bias=bias, c=c, scale_a=scale_a, scale_b=scale_b, alpha=alpha, beta=beta)
+    problem = problem_of(a, b, out_dtype, bias=bias, activation=act, c=c, scale_a=scale_a, scale_b=scale_b)
+    beta = _beta(c, beta)
+
+    def untuned() -> torch.Tensor:
         table._kernels[key] = (None, problem)
-        return torch_gemm(a, b, _TORCH[problem.dtype_d])
+        return torch_gemm(a, b, _TORCH[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha, beta=beta,
+                          scale_a=scale_a, scale_b=scale_b)
+
+    code = layout_code(problem.layout_a, problem.layout_b)
+    asked = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {code} {_operation(problem.epilogue, problem.scaling)}"
+    try:
+        match = table.lookup(problem.m, problem.n, problem.k, problem.dtype_a.value, code, problem.dtype_d.value,
+                             epilogue=problem.epilogue, scaling=problem.scaling)
+    except BestTableError as err:
+        _warn_once(asked, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
+        return untuned()
     bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
     gemm = _gemm(match.row["config"], match.runtime, bundled)
     try:
-        result = gemm.run(problem, a, b)
+        result = gemm.run(problem, a, b, bias=bias, c=c, scale_a=scale_a, scale_b=scale_b, alpha=alpha, beta=beta)
     except KernelStatusError as err:
         _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
                    f"{problem.name} ({err}); using {_untuned_name(problem)}")
-        table._kernels[key] = (None, problem)
-        return torch_gemm(a, b, _TORCH[problem.dtype_d])
+        return untuned()
     table._kernels[key] = (gemm, problem)
     return result
 

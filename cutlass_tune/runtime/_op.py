@@ -1,6 +1,8 @@
-"""The tuned GEMM as a PyTorch operator: `torch.ops.cutlass_tune.mm`, for use inside models.
+"""The tuned GEMM as PyTorch operators, for use inside models: `torch.ops.cutlass_tune.mm` and
+the fused linear layer `torch.ops.cutlass_tune.linear`.
 
     mm(Tensor a, Tensor b, str table, ScalarType? out_dtype=None) -> Tensor
+    linear(Tensor x, Tensor weight, Tensor? bias, str activation, str table) -> Tensor
 
 `a` is [..., K] (any number of leading dimensions, as nn.Linear takes its input), `b` is K x N;
 the result is [..., N], contiguous. A table cannot be an operator's argument: `register_table`
@@ -19,6 +21,15 @@ Backward (`register_autograd`) runs the same operator on the layouts it needs: d
 dB = A^T @ dY, each computed in its operand's layout (for nn.Linear's weight, dW = dY^T @ X lands
 N x K row-major like the weight), so a table with tuned tt and nt kernels serves a Linear's
 backward too, and torch's GEMM does where it has none.
+
+`linear` is activation(x @ weight^T + bias) in one kernel: the table's rows of that epilogue
+(bias+silu, gelu, ...) for the tn problem, torch's F.linear and activation where it has none.
+Its backward needs the pre-activation x @ weight^T + bias, which the fused kernel never writes:
+it recomputes it with `mm` (one more GEMM, no memory held between forward and backward), then
+takes the activation's derivative as torch does and runs the gradient GEMMs as `mm`'s backward
+does. `cutlass_tune.nn.Linear` calls this operator only where no gradient is needed, and `mm`
+followed by torch's bias add and activation where one is (training keeps torch's saved
+pre-activation and pays no recomputation).
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from typing import Any
 import torch
 
 from ..errors import CutlassTuneError
+from ..space import Activation
 from ._matmul import MatmulInputError, _load_table, _warn_once, matmul, torch_gemm
 from ._table import BestTable
 
@@ -117,14 +129,6 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None) -> N
                  lambda: f"cutlass_tune.mm: out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
 
 
-def _torch_product(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """torch's own GEMM, as `matmul` falls back to it. Off CUDA, a result type other than the
-    inputs' is computed in float32 and cast (torch.mm has no out_dtype there)."""
-    if a.device.type == "cuda" or dtype == a.dtype or a.dtype in _FP8:
-        return torch_gemm(a, b, dtype)
-    return torch.matmul(a.float(), b.float()).to(dtype)
-
-
 _TAGS: Sequence[torch.Tag] = (torch.Tag.needs_exact_strides,) if hasattr(torch.Tag, "needs_exact_strides") else ()
 """Inductor hands the operator its operands with the strides eager code would: a tuned kernel is
 picked by layout (row- or column-major), so a copy into another layout would pick another."""
@@ -154,13 +158,13 @@ def mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | No
     a2 = a.reshape(-1, a.shape[-1])
     with _on_device_of(a):
         if a2.numel() == 0 or b.numel() == 0:
-            product = _torch_product(a2, b, dtype)
+            product = torch_gemm(a2, b, dtype)
         else:
             try:
                 product = matmul(a2, b, tuned, out_dtype)
             except MatmulInputError as err:
                 _warn_once(str(err), f"cutlass_tune.mm: {err}; using torch's GEMM")
-                product = _torch_product(a2, b, dtype)
+                product = torch_gemm(a2, b, dtype)
     return product.reshape(*a.shape[:-1], b.shape[1])
 
 
@@ -179,7 +183,7 @@ def _mm_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype
     # model that runs here finds a missing registration before it reaches a GPU.
     _check(a, b, out_dtype)
     registered_table(table)
-    product = _torch_product(a.reshape(-1, a.shape[-1]), b, result_dtype(a.dtype, out_dtype))
+    product = torch_gemm(a.reshape(-1, a.shape[-1]), b, result_dtype(a.dtype, out_dtype))
     return product.reshape(*a.shape[:-1], b.shape[1])
 
 
@@ -233,3 +237,119 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.
 
 
 mm.register_autograd(_backward, setup_context=_setup_context)
+
+
+_ACTIVATION_NAMES = tuple(a.value for a in Activation)
+_ACTIVATION_GRADS = {
+    Activation.RELU: lambda grad, z: torch.ops.aten.threshold_backward(grad, z, 0),
+    Activation.GELU: lambda grad, z: torch.ops.aten.gelu_backward(grad, z, approximate="none"),
+    Activation.GELU_TANH: lambda grad, z: torch.ops.aten.gelu_backward(grad, z, approximate="tanh"),
+    Activation.SILU: lambda grad, z: torch.ops.aten.silu_backward(grad, z),
+}
+"""d activation(z) / dz times the incoming gradient, as torch's own backward computes it."""
+
+
+def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:
+    """What every implementation of `linear` (fake and real) refuses, with what to fix."""
+    torch._check(x.dim() >= 1, lambda: f"cutlass_tune.linear: x must have at least 1 dimension, not {x.dim()}")
+    torch._check(weight.dim() == 2, lambda: f"cutlass_tune.linear: weight must be 2-D (N x K), not {weight.dim()}-D")
+    torch._check(x.shape[-1] == weight.shape[1], lambda: f"cutlass_tune.linear: x {tuple(x.shape)} and weight "
+                 f"{tuple(weight.shape)} do not multiply (weight is out_features x in_features)")
+    torch._check(x.dtype == weight.dtype,
+                 lambda: f"cutlass_tune.linear: x is {x.dtype} and weight is {weight.dtype}: they must match")
+    torch._check(x.dtype not in _FP8, lambda: "cutlass_tune.linear: fp8 inputs need scales: call "
+                 "cutlass_tune.matmul with scale_a and scale_b")
+    torch._check(x.device == weight.device, lambda: f"cutlass_tune.linear: x is on {x.device} and weight on "
+                 f"{weight.device}")
+    torch._check(activation in _ACTIVATION_NAMES, lambda: f"cutlass_tune.linear: activation {activation!r} is not "
+                 f"one of {', '.join(_ACTIVATION_NAMES)}")
+    if bias is not None:
+        torch._check(tuple(bias.shape) == (weight.shape[0],), lambda: f"cutlass_tune.linear: bias has shape "
+                     f"{tuple(bias.shape)}; it must be ({weight.shape[0]},), one value per output feature")
+        torch._check(bias.dtype == x.dtype,
+                     lambda: f"cutlass_tune.linear: bias is {bias.dtype} and x is {x.dtype}: they must match")
+        torch._check(bias.device == x.device, lambda: f"cutlass_tune.linear: bias is on {bias.device} and x on "
+                     f"{x.device}")
+
+
+def _torch_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """torch's own path for the same math (F.linear's addmm, then the activation)."""
+    return torch_gemm(x2, weight.t(), x2.dtype, bias=None if bias is None else bias.contiguous(),
+                      activation=activation)
+
+
+@torch.library.custom_op("cutlass_tune::linear", mutates_args=(), device_types="cuda", tags=_TAGS)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
+           table: str) -> torch.Tensor:
+    """activation(x @ weight^T + bias) by the tuned fused kernels of the table registered
+    under `table` (CUDA tensors): nn.Linear followed by its activation, in one kernel.
+
+    Args:
+        x: [..., K], bfloat16 or float16 for a tuned kernel (other dtypes, operands a kernel
+            cannot take, and epilogues the table has not tuned are computed by torch).
+        weight: N x K (nn.Linear's weight, out_features x in_features), x's dtype.
+        bias: N values of x's dtype, or None.
+        activation: none, relu, gelu (erf), gelu_tanh or silu.
+        table: a key from `register_table`.
+
+    Returns:
+        [..., N] of x's dtype, contiguous.
+
+    Raises:
+        UnregisteredTableError: `table` is not a registered key.
+        RuntimeError: shapes that do not multiply, mixed dtypes or devices, fp8 inputs, an
+            unknown activation, a bias of another shape or dtype.
+    """
+    _check_linear(x, weight, bias, activation)
+    tuned = registered_table(table)
+    x2 = x.reshape(-1, x.shape[-1])
+    with _on_device_of(x):
+        if x2.numel() == 0 or weight.numel() == 0:
+            out = _torch_linear(x2, weight, bias, activation)
+        else:
+            try:
+                out = matmul(x2, weight.t(), tuned, bias=bias, activation=activation)
+            except MatmulInputError as err:
+                _warn_once(str(err), f"cutlass_tune.linear: {err}; using torch's F.linear and {activation}")
+                out = _torch_linear(x2, weight, bias, activation)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@linear.register_kernel("cpu")
+def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
+                table: str) -> torch.Tensor:
+    _check_linear(x, weight, bias, activation)
+    registered_table(table)
+    return _torch_linear(x.reshape(-1, x.shape[-1]), weight, bias, activation).reshape(*x.shape[:-1], weight.shape[0])
+
+
+@linear.register_fake
+def _linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
+                 table: str) -> torch.Tensor:
+    _check_linear(x, weight, bias, activation)
+    registered_table(table)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, bias, activation, table = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.activation, ctx.table = Activation(activation), table
+
+
+def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, weight, bias = ctx.saved_tensors
+    needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+    grad = grad.contiguous()
+    if ctx.activation is not Activation.NONE:
+        # The fused kernel kept no pre-activation: recompute it (see the module docstring).
+        z = mm(x, weight.t(), ctx.table)
+        z = z if bias is None else z + bias
+        grad = _ACTIVATION_GRADS[ctx.activation](grad, z).contiguous()
+    grad_x = _grad_a(grad, weight.t(), False, ctx.table) if needs_x else None
+    grad_weight = _grad_b(grad, x, True, ctx.table).t() if needs_weight else None
+    grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if needs_bias and bias is not None else None
+    return grad_x, grad_weight, grad_bias, None, None
+
+
+linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)

@@ -72,13 +72,15 @@ class PatchReport:
 
 
 class _Coverage:
-    """The tn entries of a table whose input and output types match, by (dtype, N, K)."""
+    """The plain tn entries of a table whose input and output types match, by (dtype, N, K)
+    (an entry of a fused epilogue or scaled fp8 computes another function than nn.Linear's GEMM)."""
 
     def __init__(self, frame: pd.DataFrame):
         self.tuned: dict[tuple[str, int, int], list[tuple[int, float]]] = defaultdict(list)
         if frame.empty:
             return
-        rows = frame[(frame["layout"] == "tn") & (frame["dtype_a"] == frame["dtype_d"])]
+        rows = frame[(frame["layout"] == "tn") & (frame["dtype_a"] == frame["dtype_d"]) & (frame["epilogue"] == "none")
+                     & (frame["scaling"] == "none")]
         ratios = rows["ratio"] if "ratio" in rows.columns else pd.Series(math.nan, index=rows.index)
         for dtype, n, k, m, ratio in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratios):
             self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(ratio)))

@@ -10,7 +10,7 @@ import torch
 
 import cutlass_tune
 from cutlass_tune.runtime import BestTable, MatmulInputError, _matmul, problem_of
-from cutlass_tune.space import DType, KernelConfig, Layout
+from cutlass_tune.space import Activation, DType, KernelConfig, Layout
 
 STORE = Path(__file__).resolve().parents[2] / "results" / "sweep-nvidia-h200.sqlite"
 
@@ -52,7 +52,8 @@ def _matches_torch(table, row):
     ref = a.float() @ w.float().t()
     assert torch.isfinite(got).all()
     assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
-    return table._kernels[(a.shape, w.t().shape, a.stride(), w.t().stride(), a.dtype, w.dtype, None)]
+    return table._kernels[(a.shape, w.t().shape, a.stride(), w.t().stride(), a.dtype, w.dtype, None, Activation.NONE,
+                           None, None, None, None)]
 
 
 @pytest.mark.gpu

@@ -2,6 +2,7 @@
 and a patched model that computes what it did."""
 
 import copy
+import json
 
 import pandas as pd
 import pytest
@@ -11,6 +12,7 @@ from torch import nn
 import cutlass_tune
 from cutlass_tune.nn import Linear
 from cutlass_tune.runtime import BestTable
+from cutlass_tune.space import KernelConfig
 
 from .tables import csv_table, tuned_table
 
@@ -131,3 +133,21 @@ def test_a_layer_whose_tuned_kernels_measured_slower_than_cublas_keeps_torchs_ge
     assert type(model.q) is nn.Linear
     assert [d.name for d in cutlass_tune.patch(model, BestTable.load(path), cuda_only=False,
                                                  min_ratio=0.99).swapped] == ["q", "tied"]
+
+
+def test_fused_entries_do_not_cover_a_plain_layer(tmp_path):
+    # Guards against patch swapping a layer for rows of a bias+silu kernel: nn.Linear's GEMM
+    # would find no plain kernel and the report would claim that kernel's ratio.
+    path = tmp_path / "best.csv"
+    csv_table(path, [("bf16", "tn", 128, 64, 32)])
+    frame = pd.read_csv(path, dtype=str)
+    frame["epilogue"], frame["scaling"] = "bias+silu", "none"
+    frame["torch_compile_tflops"] = frame["torch_compile_ratio"] = ""
+    config = frame.loc[0, "config"].replace('"dtype_a"', '"epilogue": "bias+silu", "dtype_a"')
+    frame["config"] = config
+    frame["config_hash"] = KernelConfig.from_dict(json.loads(config)).hash
+    frame.to_csv(path, index=False)
+    model = nn.Sequential(nn.Linear(32, 64, dtype=torch.bfloat16))
+    report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
+    assert not report.swapped
+    assert report.layers[0].reason == "the table has no bf16 tn entries (it has tn entries for: none)"
