@@ -23,8 +23,9 @@ problem, past a tuning run's budget). Inductor keeps the GEMM in cuBLAS (`mm`/`a
 COMPILE is eager with the element-wise passes fused into one. "reduce-overhead" (CUDA graphs)
 is left out: the graph and sustained timing methods take the host out of every side anyway.
 
-Each target writes D only when verified (`once`); its timed `launch` returns a new tensor from
-torch's caching allocator, as the user's code does.
+Each target writes D only when verified (`once` outside a CUDA graph capture); what is timed
+(`launch`, or `once` captured in a graph) returns a new tensor from torch's caching allocator, as
+the user's code does, and copies nothing.
 """
 
 from __future__ import annotations
@@ -239,8 +240,12 @@ class TorchTarget(Target):
         self._call()
 
     def once(self) -> None:
+        """The call, its result copied into D for verification; inside a CUDA graph capture
+        (sustained timing replays graphs of `once`) the call alone, so no copy is ever timed."""
         assert self._call is not None and self._ops is not None, "launched before setup"
-        self._ops.d.copy_(self._call())
+        out = self._call()
+        if not (out.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._ops.d.copy_(out)
 
     def close(self) -> None:
         self._call = self._ops = None

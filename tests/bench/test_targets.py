@@ -87,6 +87,18 @@ def test_a_torch_target_writes_d_only_when_verified():
     assert isinstance(twin, TorchTarget) and twin.kind is Baseline.EAGER
 
 
+def test_a_torch_target_captured_for_sustained_timing_copies_nothing(monkeypatch):
+    # Guards against timing eager with an extra pass over D (sustained timing captures `once`).
+    ops = _ops(FUSED)
+    target = TorchTarget(FUSED, Baseline.EAGER)
+    target.setup(RuntimeArgs(), ops)
+    ops.d.fill_(float("nan"))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(target, "_call", lambda: type("Captured", (), {"is_cuda": True})())
+    target.once()
+    assert ops.d.isnan().all()
+
+
 def test_a_problem_torch_has_no_call_for_is_a_reason():
     p = Problem(64, 48, 32, dtype_d=DType.F16, epilogue=SILU)
     assert TorchTarget(p, Baseline.EAGER).setup(RuntimeArgs(), _ops(p)) == "F.linear has no bf16 x bf16 -> f16 GEMM"
