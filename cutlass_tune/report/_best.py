@@ -11,8 +11,9 @@ is never that problem's best.
 
 A fused epilogue or scaled fp8 problem (`Problem.epilogue`, `Problem.scaling`) is its own
 problem, with its own rows: its `ratio` is to torch's eager call of the same math, measured in
-the same run, and `torch_compile_ratio` to `torch.compile` of that function where the run timed it
-(the baseline rows named `COMPILE_BASELINE`, the median of those of the row's run).
+the same run (`measurement.Baseline.EAGER`), and `torch_compile_ratio` to `torch.compile` of that
+function where the run timed it, carried over through the eager row of the same pass
+(`Measurement.to_compile`, docs/epilogues.md).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import first_line
-from ..measurement import Measurement, TimingMethod
+from ..measurement import Baseline, Measurement, TimingMethod
 from ..space import cells
 from ..status import Status
 from ..store import CONFIRM_STUDY, LEGACY_TIMING, ResultStore, StoredRow, open_store, store_url_of
@@ -46,9 +47,7 @@ def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement
 
 
 _STORE_NUMBERS = ("tflops", "median_ms", "p20_ms", "p80_ms", "cublas_tflops", "ratio", "energy_mj",
-                  "cublas_energy_mj", "torch_compile_tflops")
-COMPILE_BASELINE = "torch.compile"
-"""The kernel name of the store's rows timing `torch.compile` of a problem's function."""
+                  "cublas_energy_mj", "torch_compile_tflops", "torch_compile_ratio")
 RANKING = (TimingMethod.SUSTAINED.value, TimingMethod.GRAPH.value, TimingMethod.EVENTS.value)
 """Which confirm passes rank a problem confirmed by several methods: the first method of this
 order that has them. Sustained timing is what a model's stream of GEMMs gets (it agreed with
@@ -73,19 +72,21 @@ def _from_store(url: str) -> pd.DataFrame:
         raise BestTableError(f"store {store.shown} has no successful measurement: {len(reasons)} failed "
                              f"(most common: {reasons.value_counts().index[0][:120]})")
     wrong = {(r.gpu, r.problem, r.config_hash) for r in rows if r.status is Status.WRONG_RESULT}
-    compiled = _baseline_tflops(rows, measurements, COMPILE_BASELINE)
+    compiled = _compile_figures(rows, measurements)
     out = []
     for r, m in zip(rows, measurements):
         if r.status is not Status.OK or m.is_baseline or m.config is None or not r.tflops:
             continue
         if (r.gpu, r.problem, r.config_hash) in wrong:
             continue
+        to_compile = compiled.get((r.gpu, r.problem, r.run_id, m.repeat), (math.nan, math.nan))
         out.append({
             **r.values(("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
                         "config_hash", "runtime", "tflops", "median_ms", "p20_ms", "p80_ms", "samples",
                         "cublas_tflops", "ratio", "run_id")),
             "epilogue": m.problem.epilogue.name, "scaling": m.problem.scaling.value,
-            "torch_compile_tflops": compiled.get((r.gpu, r.problem, r.run_id), math.nan),
+            "torch_compile_tflops": to_compile[0],
+            "torch_compile_ratio": (r.ratio or math.nan) / to_compile[1],
             **cells(m.runtime),
             **cells(m.config),
             "config": json.dumps(m.config.to_dict(), sort_keys=True),
@@ -99,7 +100,6 @@ def _from_store(url: str) -> pd.DataFrame:
     # NULLs (a kernel of an unpaired store without a cuBLAS figure has no ratio) become NaN:
     # every figure is a float, which ranks (NaN ratios last) and formats ("nan") like one.
     frame = frame.assign(**{c: pd.to_numeric(frame[c]).astype(float) for c in _STORE_NUMBERS})
-    frame["torch_compile_ratio"] = frame["tflops"] / frame["torch_compile_tflops"]
     frame["spread"] = (frame["p80_ms"] - frame["p20_ms"]) / frame["median_ms"]
     variant = ["gpu", "problem", "config_hash", "runtime"]
     sweep = frame[~frame["_confirm"]]
@@ -134,13 +134,16 @@ def _from_store(url: str) -> pd.DataFrame:
     return best[list(COLUMNS)].reset_index(drop=True)
 
 
-def _baseline_tflops(rows: list[StoredRow], measurements: list[Measurement], name: str) -> dict[tuple, float]:
-    """The median TFLOP/s of the successful baseline rows named `name`, by (gpu, problem, run)."""
-    found: dict[tuple, list[float]] = {}
+def _compile_figures(rows: list[StoredRow], measurements: list[Measurement]) -> dict[tuple, tuple[float, float]]:
+    """torch.compile's TFLOP/s and eager / torch.compile, from the eager baseline rows that
+    timed both, by (gpu, problem, run, pass); the median where a pass has several rows."""
+    found: dict[tuple, list[tuple[float, float]]] = {}
     for r, m in zip(rows, measurements):
-        if m.is_baseline and r.kernel == name and r.status is Status.OK and r.tflops:
-            found.setdefault((r.gpu, r.problem, r.run_id), []).append(float(r.tflops))
-    return {key: float(pd.Series(values).median()) for key, values in found.items()}
+        if m.is_baseline and r.kernel == Baseline.EAGER.value and m.compile_ratio is not None:
+            found.setdefault((r.gpu, r.problem, r.run_id, m.repeat), []).append(
+                (m.compile_tflops or math.nan, m.compile_ratio))
+    return {key: (float(pd.Series([t for t, _ in v]).median()), float(pd.Series([c for _, c in v]).median()))
+            for key, v in found.items()}
 
 
 def load_best(source: str | Path) -> pd.DataFrame:
