@@ -172,6 +172,11 @@ def compiled_function(problem: Problem, *, fast_accum: bool = False, bias_after:
     problem resets Dynamo first, and only the last problem's functions are kept (a worker
     measures one problem at a time).
     """
+    import torch._inductor.config
+
+    # The benchmark worker is a daemon process, which may not start the children of Inductor's
+    # compile pool; one or two Triton kernels per problem gain nothing from one.
+    torch._inductor.config.compile_threads = 1
     key = (problem, fast_accum, bias_after)
     if key not in _compiled:
         if any(k[0] != problem for k in _compiled):
