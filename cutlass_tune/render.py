@@ -17,15 +17,17 @@ import jinja2
 from ._files import shipped
 from .errors import RenderError
 from .space import (
+    Activation,
     DType,
     EpilogueSchedule,
     KernelConfig,
     KernelSchedule,
     Layout,
+    Scaling,
     TileScheduler,
     check_config,
 )
-from .space._rules import epilogue_tile, needs_extended_wgmma
+from .space._rules import epilogue_tile, fused, needs_extended_wgmma, operation_problem
 
 ABI_VERSION = 3
 """2: kernels export S_mma_n; units that need them enable the extended wgmma shapes.
@@ -56,6 +58,90 @@ _EPILOGUE_SCHEDULE = {
     EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::TmaWarpSpecializedCooperative",
     EpilogueSchedule.NO_SMEM: "cutlass::epilogue::NoSmemWarpSpecialized",
 }
+
+
+_ACTIVATION = {
+    Activation.NONE: "cutlass::epilogue::thread::Identity",
+    Activation.RELU: "cutlass::epilogue::thread::ReLu",
+    Activation.GELU: "cutlass::epilogue::thread::GELU",  # erf form, as F.gelu
+    Activation.GELU_TANH: "cutlass::epilogue::thread::GELU_taylor",  # 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+    Activation.SILU: "cutlass::epilogue::thread::SiLu",
+}
+_FUSION = "cutlass::epilogue::fusion::"
+_ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Visitor:
+    """One node of an epilogue visitor tree: its C++ type and its `Arguments` initializer."""
+
+    type: str
+    arguments: str
+
+
+def _compute(fn: str, output: str, *children: _Visitor) -> _Visitor:
+    """`fn` of the children's values (Sm90EVT over Sm90Compute), converted to `output`."""
+    return _Visitor(
+        f"{_FUSION}Sm90EVT<{_FUSION}Sm90Compute<{fn}, {output}, ElementCompute, {_ROUND}>, "
+        + ", ".join(c.type for c in children) + ">",
+        "{" + ", ".join(c.arguments for c in children) + ", {}}")
+
+
+def _scaled_fp8_tree(cfg: KernelConfig) -> _Visitor:
+    """D = activation(alpha * scale_a * scale_b * acc + beta * C + bias) for fp8 with scales,
+    read on the device from the arguments' pointers: one fp32 each (tensor), or M values of A's
+    rows and N of B's columns (rowcol). Bias and C (residual) only where the epilogue has them."""
+    acc = _Visitor(f"{_FUSION}Sm90AccFetch", "{}")
+    scalar = f"{_FUSION}Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>"
+    if cfg.scaling is Scaling.TENSOR:  # the three scalars' product, read once per tile
+        scales = _Visitor(f"{scalar}, 3>",
+                          "{{p->alpha, 1.0f, 1.0f}, {nullptr, static_cast<const float*>(p->scale_a), "
+                          "static_cast<const float*>(p->scale_b)}, {}}")
+        value = _compute("cutlass::multiplies", "ElementCompute", scales, acc)
+    else:
+        alpha = _Visitor(f"{scalar}>", "{{p->alpha}, {nullptr}, {}}")
+        # Columns: one fp32 per column of B, staged in shared memory per tile.
+        scale_b = _Visitor(f"{_FUSION}Sm90RowBroadcast<0, TileShape, float, ElementCompute, "
+                           "cute::Stride<cute::_0, cute::_1, int64_t>>",
+                           "{static_cast<const float*>(p->scale_b), 0.0f, {}}")
+        # Rows: read straight from global memory by the threads holding them, one element
+        # at a time (M need not be a multiple of 4).
+        scale_a = _Visitor(f"{_FUSION}Sm90ColBroadcast<0, TileShape, float, ElementCompute, "
+                           "cute::Stride<cute::_1, cute::_0, int64_t>, 1>",
+                           "{static_cast<const float*>(p->scale_a), 0.0f, {}}")
+        value = _compute("cutlass::multiplies", "ElementCompute", scale_a,
+                         _compute("cutlass::multiplies", "ElementCompute", scale_b,
+                                  _compute("cutlass::multiplies", "ElementCompute", alpha, acc)))
+    if cfg.epilogue.bias:
+        bias = _Visitor(f"{_FUSION}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
+                        "cute::Stride<cute::_0, cute::_1, int64_t>>",
+                        "{static_cast<const ElementBias*>(p->bias), ElementBias(0), {}}")
+        value = _compute("cutlass::plus", "ElementCompute", value, bias)
+    if cfg.epilogue.residual:
+        beta = _Visitor(f"{scalar}>", "{{p->beta}, {nullptr}, {}}")
+        value = _compute("cutlass::homogeneous_multiply_add", "ElementCompute", beta,
+                         _Visitor(f"{_FUSION}Sm90SrcFetch<ElementC>", "{}"), value)
+    # The last node converts to D: the activation, or an identity where there is none.
+    return _compute(_member(cfg.epilogue, "activation", _ACTIVATION), "ElementD", value)
+
+
+def fusion(cfg: KernelConfig) -> tuple[str, list[str]] | None:
+    """The epilogue's fusion for the CollectiveBuilder (a CUTLASS fusion operation or a visitor
+    tree) and the statements that fill `args.epilogue.thread` from the kernel arguments `p`;
+    None for the plain linear combination (a residual alone is one: beta * C with beta from
+    the arguments). The config must be valid (`check_config`)."""
+    if not fused(cfg):
+        return None
+    if cfg.scaling is not Scaling.NONE:
+        tree = _scaled_fp8_tree(cfg)
+        return tree.type, [f"args.epilogue.thread = {tree.arguments};"]
+    act = _member(cfg.epilogue, "activation", _ACTIVATION)
+    statements = ["args.epilogue.thread.alpha = p->alpha;", "args.epilogue.thread.beta = p->beta;"]
+    if not cfg.epilogue.bias:
+        return f"{_FUSION}LinCombEltAct<{act}, ElementD, ElementCompute, ElementC, ElementCompute>", statements
+    statements.append("args.epilogue.thread.bias_ptr = static_cast<const ElementBias*>(p->bias);")
+    return (f"{_FUSION}LinCombPerColBiasEltAct<{act}, ElementD, ElementCompute, ElementBias, ElementC, "
+            "ElementCompute>", statements)
 
 
 def _tile_scheduler(cfg: KernelConfig) -> str:
@@ -103,7 +189,7 @@ def _int(cfg: KernelConfig, field: str) -> int:
     return v
 
 
-def _member(cfg: KernelConfig, field: str, table: dict) -> str:
+def _member(cfg: object, field: str, table: dict) -> str:
     v = getattr(cfg, field)
     if not isinstance(v, enum.Enum) or v not in table:
         raise RenderError(f"{field} must be one of {[m.value for m in table]}, got {v!r}")
@@ -124,9 +210,18 @@ def _plain_knobs(cfg: KernelConfig) -> dict[str, object]:
             for field, kind in zip(knob.fields, knob.value_types) if kind in typed}
 
 
+def _check_operation(cfg: KernelConfig) -> None:
+    """Raise RenderError unless the epilogue and scaling are values of their types: before the
+    config's name or hash, which read them."""
+    operation = operation_problem(cfg.epilogue, cfg.scaling)
+    if operation:
+        raise RenderError(operation)
+
+
 def template_values(cfg: KernelConfig) -> dict[str, object]:
     """The values one kernel block substitutes: the number and flag knobs as they are, the
     others through fixed tables. Raises RenderError for an invalid config."""
+    _check_operation(cfg)
     plain = _plain_knobs(cfg)
     source = plain["epilogue_source"]
     values: dict[str, object] = {
@@ -147,6 +242,8 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
         raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
     values.update(plain)
     values["epilogue_tile_m"] = epilogue_tile(cfg)[0]
+    fusion_op = fusion(cfg)
+    values["fusion"], values["fusion_arguments"] = fusion_op or ("", [])
     values["tile_scheduler"] = _tile_scheduler(cfg)
     values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K
     values["symbol"] = kernel_symbol(cfg)
@@ -161,6 +258,8 @@ def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
     """
     if not configs:
         raise RenderError("nothing to render")
+    for c in configs:
+        _check_operation(c)
     if len({c.hash for c in configs}) != len(configs):
         raise RenderError("a unit cannot hold the same kernel twice")
     kernels = [template_values(c) for c in configs]
@@ -169,6 +268,7 @@ def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
         # Only where a tile needs them: for the other tiles the builder picks the same wgmma
         # either way, and their units stay on CUTLASS's default path.
         extended_wgmma=any(needs_extended_wgmma(c) for c in configs),
+        fused=any(fused(c) for c in configs),
     )
     key = hashlib.sha256(source.encode()).hexdigest()
     return RenderedKernel(source=source, configs=tuple(configs), key=key)

@@ -6,7 +6,16 @@ import pytest
 from cutlass_tune import render
 from cutlass_tune.errors import RenderError
 from cutlass_tune.render import kernel_symbol, render_unit
-from cutlass_tune.space import DType, EpilogueSchedule, KernelConfig, KernelSchedule, Layout, TileScheduler
+from cutlass_tune.space import (
+    DType,
+    Epilogue,
+    EpilogueSchedule,
+    KernelConfig,
+    KernelSchedule,
+    Layout,
+    Scaling,
+    TileScheduler,
+)
 
 COOP = KernelConfig(tile_n=256, cluster_m=2)
 
@@ -135,3 +144,87 @@ def test_extended_wgmma_shapes_only_where_a_tile_needs_them():
     assert define not in render_unit([COOP]).source
     assert render_unit([wide]).source.index(define) < render_unit([wide]).source.index("#include")
     assert define in render_unit([COOP, wide]).source  # a unit with one such tile enables them
+
+
+# ---- fused epilogues -------------------------------------------------------------------------
+def _fused(epilogue: str, scaling: Scaling = Scaling.NONE, **fields) -> KernelConfig:
+    base = FP8 if scaling is not Scaling.NONE else KernelConfig()
+    return dataclasses.replace(base, epilogue=Epilogue.parse(epilogue), scaling=scaling, **fields)
+
+
+def test_plain_and_residual_kernels_render_the_plain_epilogue():
+    """Guards against fused epilogues changing the source (and so the cache key) of plain kernels."""
+    plain = render_unit([KernelConfig()]).source
+    assert "Fusion" not in plain and "fusion/operations.hpp" not in plain and "{p->alpha, p->beta}" in plain
+    residual = render_unit([_fused("residual")]).source  # beta * C: the linear combination's own
+    assert residual.replace(kernel_symbol(_fused("residual")), kernel_symbol(KernelConfig())) == plain
+
+
+@pytest.mark.parametrize("epilogue,operation,act", [
+    ("bias+silu", "LinCombPerColBiasEltAct", "SiLu"),
+    ("bias+gelu", "LinCombPerColBiasEltAct", "GELU"),
+    ("bias", "LinCombPerColBiasEltAct", "Identity"),
+    ("gelu_tanh", "LinCombEltAct", "GELU_taylor"),
+    ("relu+residual", "LinCombEltAct", "ReLu"),
+])
+def test_16_bit_epilogues_use_cutlass_fusion_operations(epilogue, operation, act):
+    cfg = _fused(epilogue)
+    src = render_unit([cfg]).source
+    assert '#include "cutlass/epilogue/fusion/operations.hpp"' in src
+    assert (f"using Fusion = cutlass::epilogue::fusion::{operation}<cutlass::epilogue::thread::{act}, ElementD, "
+            "ElementCompute, ") in src
+    assert "cutlass::epilogue::TmaWarpSpecializedCooperative, Fusion>::CollectiveOp;" in src
+    assert "args.epilogue.thread.alpha = p->alpha;" in src and "args.epilogue.thread.beta = p->beta;" in src
+    assert ("args.epilogue.thread.bias_ptr = static_cast<const ElementBias*>(p->bias);" in src) is cfg.epilogue.bias
+
+
+def test_sourceless_fused_kernel_passes_void_source():
+    src = render_unit([_fused("bias+silu", epilogue_source=False)]).source
+    assert "using ElementC = void;" in src and "ElementBias, ElementC, ElementCompute>;" in src
+
+
+def test_tensor_scaled_fp8_reads_both_scales_on_the_device():
+    src = render_unit([_fused("bias+gelu", Scaling.TENSOR)]).source
+    assert "Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>, 3>" in src
+    assert ("{{p->alpha, 1.0f, 1.0f}, {nullptr, static_cast<const float*>(p->scale_a), "
+            "static_cast<const float*>(p->scale_b)}, {}}") in src
+    assert "Sm90Compute<cutlass::epilogue::thread::GELU, ElementD, ElementCompute" in src
+    assert "static_cast<const ElementBias*>(p->bias)" in src and "Sm90SrcFetch" not in src
+
+
+def test_rowcol_scaled_fp8_broadcasts_a_column_of_row_scales_and_a_row_of_column_scales():
+    cfg = _fused("bias+silu+residual", Scaling.ROWCOL)
+    values = render.template_values(cfg)
+    tree = values["fusion"]
+    # scale_a: M values, one per row (a column broadcast, read element by element)
+    assert "Sm90ColBroadcast<0, TileShape, float, ElementCompute, cute::Stride<cute::_1, cute::_0, int64_t>, 1>" in tree
+    # scale_b and bias: N values, one per column (row broadcasts)
+    assert "Sm90RowBroadcast<0, TileShape, float, ElementCompute, cute::Stride<cute::_0, cute::_1, int64_t>>" in tree
+    assert "Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute" in tree
+    assert "Sm90SrcFetch<ElementC>" in tree and tree.startswith(
+        "cutlass::epilogue::fusion::Sm90EVT<cutlass::epilogue::fusion::Sm90Compute<cutlass::epilogue::thread::SiLu, "
+        "ElementD,")
+    (statement,) = values["fusion_arguments"]
+    assert statement.startswith("args.epilogue.thread = {") and statement.count("{") == statement.count("}")
+    for pointer in ("p->scale_a", "p->scale_b", "p->bias", "p->alpha", "p->beta"):
+        assert statement.count(pointer) == 1, pointer
+    # a compute node each: alpha, scale_b, scale_a, + bias, beta * C +, the activation
+    assert tree.count("Sm90EVT<") == 6
+
+
+def test_rowcol_without_activation_ends_in_an_identity_to_d():
+    tree = render.template_values(_fused("none", Scaling.ROWCOL))["fusion"]
+    assert "Sm90Compute<cutlass::epilogue::thread::Identity, ElementD," in tree
+    assert "ElementBias" not in tree and "SrcFetch" not in tree
+
+
+@pytest.mark.parametrize("field,value", [
+    ("epilogue", "bias+silu"),  # a name, not an Epilogue
+    ("epilogue", Epilogue(activation="SiLu>; evil<int")),
+    ("epilogue", Epilogue(bias="true")),
+    ("scaling", "rowcol"),
+    ("scaling", None),
+])
+def test_hostile_operations_never_reach_the_source(field, value):
+    with pytest.raises(RenderError):
+        render_unit([dataclasses.replace(FP8, **{field: value})])

@@ -17,12 +17,15 @@ from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
     PAIRED_EPILOGUE,
+    Activation,
     Decomposition,
     DType,
+    Epilogue,
     EpilogueSchedule,
     KernelSchedule,
     Layout,
     Problem,
+    Scaling,
     TileScheduler,
 )
 
@@ -214,6 +217,20 @@ def needs_extended_wgmma(cfg: KernelConfig) -> bool:
     return wgmma_n(cfg, extended=False) != cfg.tile_n
 
 
+def fused(cfg: KernelConfig | Problem) -> bool:
+    """Whether the epilogue is more than D = alpha * acc + beta * C: a bias, an activation or
+    fp8 scales (CUTLASS's fusion operations; a residual alone is its LinearCombination)."""
+    e = cfg.epilogue
+    return e.bias or e.activation is not Activation.NONE or cfg.scaling is not Scaling.NONE
+
+
+def broadcast_rows(cfg: KernelConfig) -> tuple[DType, ...]:
+    """The per-column vectors the fused epilogue stages in shared memory, one tile-N row each
+    (Sm90RowBroadcast): the bias (of D's type) and, for per-column fp8 scales, B's (fp32)."""
+    rows = (cfg.dtype_d,) if cfg.epilogue.bias else ()
+    return rows + ((DType.F32,) if cfg.scaling is Scaling.ROWCOL else ())
+
+
 def epilogue_smem_bytes(cfg: KernelConfig) -> int:
     """sizeof(CollectiveEpilogue::SharedStorage) for the TMA epilogues; 0 without smem."""
     if cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:
@@ -231,8 +248,11 @@ def epilogue_smem_bytes(cfg: KernelConfig) -> int:
     else:
         tensors = _round_up(stages_c * elems * cfg.dtype_c.bits // 8, 1024)
         tensors += stages_d * elems * cfg.dtype_d.bits // 8
+    # The fusion's rows follow the collective's tiles (array_aligned, 16 bytes). Measured: a
+    # 128x128 bias kernel's and a rowcol fp8 kernel's stages and sizes (tests/compile).
+    fusion = sum(_round_up(cfg.tile_n * dtype.bits // 8, 16) for dtype in broadcast_rows(cfg))
     barriers = 2 * 8 * stages_c
-    return _round_up(tensors, 1024) + barriers
+    return _round_up(tensors, 1024) + fusion + barriers
 
 
 def smem_usage(cfg: KernelConfig) -> SmemUsage:
@@ -284,7 +304,26 @@ def check_operands(cfg: KernelConfig) -> list[Rejection]:
         reject("dtype_output", "C and D must have the same type, one of bf16, f16, f32")
     if cfg.dtype_acc != DType.F32:
         reject("dtype_accumulator", "the accumulator must be f32")
+    operation = operation_problem(cfg.epilogue, cfg.scaling)
+    if operation:
+        reject("operation", operation)
+    elif cfg.scaling is not Scaling.NONE and not _fp8_inputs(cfg.dtype_a, cfg.dtype_b):
+        reject("scaling_inputs", SCALING_INPUTS_REASON)
     return out
+
+
+SCALING_INPUTS_REASON = ("fp8 scales (scaling tensor or rowcol) apply to fp8 inputs (e4m3, e5m2) "
+                         "only; a 16-bit GEMM scales by alpha")
+
+
+def operation_problem(epilogue: object, scaling: object) -> str | None:
+    """Whether an epilogue and a scaling are values of their types (they reach the C++)."""
+    if not (isinstance(epilogue, Epilogue) and type(epilogue.bias) is bool and type(epilogue.residual) is bool
+            and isinstance(epilogue.activation, Activation)):
+        return f"epilogue must be an Epilogue of bias, activation and residual, not {epilogue!r:.60}"
+    if not isinstance(scaling, Scaling):
+        return f"scaling must be one of {', '.join(s.value for s in Scaling)}, not {scaling!r:.60}"
+    return None
 
 
 def check_combinations(cfg: KernelConfig) -> list[Rejection]:
@@ -337,6 +376,13 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
     if not cfg.epilogue_source and not tma_epilogue:
         reject("epilogue_source", "a kernel without a C operand is built here with the TMA "
                "epilogues only (no_smem without C is not verified)")
+    if cfg.epilogue.residual and not cfg.epilogue_source:
+        reject("residual_source", "a residual epilogue reads C: it needs epilogue_source true")
+    if fused(cfg) and not tma_epilogue:
+        reject("fusion_schedule", f"the {cfg.epilogue.name} epilogue"
+               + (f" with {cfg.scaling.value} scaling" if cfg.scaling is not Scaling.NONE else "")
+               + " is a fusion CUTLASS builds on the TMA epilogues only (no_smem takes a plain "
+               "linear combination): use tma or tma_cooperative")
 
     usage = smem_usage(cfg)
     if usage.stages < 2:
@@ -350,13 +396,16 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
 
 
 _SMEM_READS = ("dtype_a", "dtype_b", "dtype_c", "dtype_d", "tile_m", "tile_n", "tile_k", "stages",
-               "kernel_schedule", "epilogue_schedule", "epilogue_tile_n", "epilogue_source")
+               "kernel_schedule", "epilogue_schedule", "epilogue_tile_n", "epilogue_source", "epilogue",
+               "scaling")
 
 CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(reads)) for rule, reads in (
     ("arch", ("arch",)),
     ("dtype_inputs", ("dtype_a", "dtype_b")),
     ("dtype_output", ("dtype_c", "dtype_d")),
     ("dtype_accumulator", ("dtype_acc",)),
+    ("operation", ("epilogue", "scaling")),
+    ("scaling_inputs", ("scaling", "dtype_a", "dtype_b")),
     ("tile_k_bytes", ("tile_k", "dtype_a")),
     ("fp8_layout", ("dtype_a", "dtype_b", "layout_a", "layout_b")),
     ("fp8_fast_accum", ("fp8_fast_accum", "dtype_a", "dtype_b")),
@@ -368,6 +417,8 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("stream_k_schedule", ("tile_scheduler", "kernel_schedule")),
     ("epilogue_tile", ("epilogue_tile_n", "epilogue_schedule", "tile_n")),
     ("epilogue_source", ("epilogue_source", "epilogue_schedule")),
+    ("residual_source", ("epilogue", "epilogue_source")),
+    ("fusion_schedule", ("epilogue", "scaling", "epilogue_schedule")),
     ("smem_stages", _SMEM_READS),
     ("smem_capacity", _SMEM_READS),
 ))
@@ -403,6 +454,11 @@ def check_problem(problem: Problem) -> list[Rejection]:
     if fp8 and (problem.layout_a, problem.layout_b) != (Layout.ROW, Layout.COL):
         out.append(Rejection("fp8_layout", "fp8 inputs need layout tn: A row-major (M x K) and "
                              "B column-major (stored N x K)"))
+    operation = operation_problem(problem.epilogue, problem.scaling)
+    if operation:
+        out.append(Rejection("operation", operation))
+    elif problem.scaling is not Scaling.NONE and not fp8:
+        out.append(Rejection("scaling_inputs", SCALING_INPUTS_REASON))
     if out:
         return out
     contiguous = (

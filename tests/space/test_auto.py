@@ -12,9 +12,11 @@ from cutlass_tune.errors import ConfigFileError
 from cutlass_tune.space import (
     AutoKernels,
     DType,
+    Epilogue,
     KernelConfig,
     Layout,
     Problem,
+    Scaling,
     check_config,
     load_space,
     space_for_shapes,
@@ -24,6 +26,9 @@ from cutlass_tune.space._rules import CONFIG_RULES, check_combinations
 BF16 = dict(dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_c=DType.BF16, dtype_d=DType.BF16)
 FP8 = dict(dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_c=DType.BF16, dtype_d=DType.BF16)
 FP8_NT = dict(FP8, layout_a=Layout.COL, layout_b=Layout.ROW)
+# A fusion that needs a TMA epilogue and a residual that needs C; fp8 scales with their rows in smem.
+FUSED = dict(BF16, epilogue=Epilogue.parse("bias+silu+residual"))
+FP8_ROWCOL = dict(FP8, epilogue=Epilogue.parse("bias+gelu"), scaling=Scaling.ROWCOL)
 # Values that make every rule of check_config refuse some configs: tile K 256 of a 16-bit type,
 # 4x4 clusters, ping-pong 128x224, only one stage of 256x208x128 beside its epilogue, fast
 # accumulation of 16-bit inputs, ...
@@ -48,7 +53,8 @@ def brute_force(auto):
     return counts, valid
 
 
-@pytest.mark.parametrize("operands", [BF16, FP8, FP8_NT], ids=["bf16", "e4m3", "e4m3-nt"])
+@pytest.mark.parametrize("operands", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL],
+                         ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol"])
 def test_the_count_is_the_count_of_the_listed_product(operands):
     auto = AutoKernels(operands, SMALL)
     counts, valid = brute_force(auto)
@@ -64,10 +70,11 @@ def test_the_count_is_the_count_of_the_listed_product(operands):
 
 def test_every_rule_is_exercised_by_the_small_product():
     counts = collections.Counter()
-    for operands in (BF16, FP8, FP8_NT):
+    for operands in (BF16, FP8, FP8_NT, FUSED):
         counts.update(AutoKernels(operands, SMALL).census().invalid)
+    # the operand rules refuse a kind whole: their own tests cover them
     assert {rule for rule, _ in CONFIG_RULES} - set(counts) == {"arch", "dtype_inputs", "dtype_output",
-                                                               "dtype_accumulator"}
+                                                               "dtype_accumulator", "operation", "scaling_inputs"}
 
 
 def _random_config(rng, auto):
