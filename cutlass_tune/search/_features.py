@@ -47,7 +47,8 @@ class _Resolved:
 
 def _resolve(cfg: KernelConfig, cache: dict[tuple, _Resolved]) -> _Resolved:
     key = (cfg.dtype_a, cfg.dtype_c, cfg.dtype_d, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.stages,
-           cfg.kernel_schedule, cfg.epilogue_schedule, cfg.epilogue_tile_n, cfg.epilogue_source)
+           cfg.kernel_schedule, cfg.epilogue_schedule, cfg.epilogue_tile_n, cfg.epilogue_source, cfg.epilogue,
+           cfg.scaling)  # a fused epilogue's bias and scale rows take shared memory
     found = cache.get(key)
     if found is None:
         usage = smem_usage(cfg)

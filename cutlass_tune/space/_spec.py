@@ -34,7 +34,7 @@ from . import _rules
 from ._auto import AutoConfigs, AutoKernels, Census
 from ._kinds import Int, checked
 from ._knobs import KernelConfig, Knob, RuntimeArgs
-from ._types import DType, Layout, Problem
+from ._types import DType, Epilogue, Layout, Problem, Scaling
 
 _LAYOUT_CODES = {
     "tn": (Layout.ROW, Layout.COL),
@@ -73,13 +73,24 @@ def _parse_dtypes(v: Any) -> Any:
     return {"input": v, "output": v} if isinstance(v, str) else v
 
 
+def _parse_epilogue(v: Any) -> Any:
+    return Epilogue.parse(v) if isinstance(v, str) else v
+
+
+EpilogueName = Annotated[Epilogue, BeforeValidator(_parse_epilogue)]
+"""An epilogue as `Epilogue.name` writes it: none, bias, bias+silu, residual, ..."""
+
+
 class _Problems(BaseModel):
-    """One product of problem sizes; each of m, n, k a number or a list."""
+    """One product of problem sizes; each of m, n, k a number or a list. `epilogue` and
+    `scaling`, a value or a list each, take the file's where left out."""
 
     model_config = _STRICT
     m: Many[Size]
     n: Many[Size]
     k: Many[Size]
+    epilogue: Many[EpilogueName] | None = None
+    scaling: Many[Scaling] | None = None
 
 
 def _knob_model(name: str, knobs: tuple[Knob, ...], doc: str) -> type[BaseModel]:
@@ -105,6 +116,8 @@ class _SpaceFile(BaseModel):
         _Dtypes(input=DType.BF16, output=DType.BF16)
     ]
     layouts: Many[Literal["tn", "nt", "nn", "tt"]] = ["tn"]
+    epilogue: Many[EpilogueName] = [Epilogue()]
+    scaling: Many[Scaling] = [Scaling.NONE]
     kernels: Many[_Knobs] = [_Knobs()]  # type: ignore[valid-type]
     runtime: _Runtime = _Runtime()  # type: ignore[valid-type]
 
@@ -183,7 +196,7 @@ class SearchSpace:
         return tuple(out)
 
 
-_PROBLEM_OPERANDS = ("dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b")
+_PROBLEM_OPERANDS = ("dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b", "epilogue", "scaling")
 
 
 MAX_CANDIDATES = 200_000
@@ -203,28 +216,40 @@ def _check_size(path: str, spec: _SpaceFile, auto: bool) -> None:
         total += math.prod(lengths.values())
         for name, n in lengths.items():
             longest[name] = max(longest.get(name, 0), n)
-    total *= len(spec.dtypes) * len(spec.layouts)
+    total *= len(spec.dtypes) * len(spec.layouts) * max(len(_operations(b, spec)) for b in spec.problems)
     if total > MAX_CANDIDATES:
         widest = sorted(longest.items(), key=lambda item: -item[1])[:2]
         raise ConfigFileError(path, "kernels", None, f"{total:,} knob combinations, more than the {MAX_CANDIDATES:,} "
                               f"a space may hold (longest lists: {', '.join(f'{k} {n}' for k, n in widest)})")
-    problems = sum(len(b.m) * len(b.n) * len(b.k) for b in spec.problems) * len(spec.dtypes) * len(spec.layouts)
+    problems = sum(len(b.m) * len(b.n) * len(b.k) * len(_operations(b, spec))
+                   for b in spec.problems) * len(spec.dtypes) * len(spec.layouts)
     if problems > MAX_PROBLEMS:
         raise ConfigFileError(path, "problems", None, f"{problems:,} problems, more than the {MAX_PROBLEMS:,} a "
                               "space may hold")
 
 
-def _expand_configs(spec: _SpaceFile) -> list[KernelConfig]:
+def _operations(block: _Problems, spec: _SpaceFile) -> list[tuple[Epilogue, Scaling]]:
+    """The (epilogue, scaling) pairs of a problem block: its own, else the file's."""
+    return list(itertools.product(block.epilogue or spec.epilogue, block.scaling or spec.scaling))
+
+
+def _kinds(problems: Sequence[Problem]) -> list[dict[str, Any]]:
+    """The config fields each distinct kind of problem fixes (types, layouts, epilogue,
+    scaling), in the order of the problems."""
+    kinds = {tuple(getattr(p, f) for f in _PROBLEM_OPERANDS): None for p in problems}
+    out = []
+    for kind in kinds:
+        fields = dict(zip(_PROBLEM_OPERANDS, kind))
+        out.append({**fields, "dtype_c": fields["dtype_d"]})
+    return out
+
+
+def _expand_configs(spec: _SpaceFile, problems: Sequence[Problem]) -> list[KernelConfig]:
     knobs = KernelConfig.knobs
     seen: dict[str, KernelConfig] = {}
-    for dtypes, layout, listed in itertools.product(spec.dtypes, spec.layouts, spec.kernels):
-        layout_a, layout_b = _LAYOUT_CODES[layout]
+    for fields, listed in itertools.product(_kinds(problems), spec.kernels):
         for values in itertools.product(*(getattr(listed, k.name) for k in knobs)):
-            cfg = KernelConfig.from_knobs(
-                {k.name: v for k, v in zip(knobs, values)},
-                dtype_a=dtypes.input, dtype_b=dtypes.input, dtype_c=dtypes.output,
-                dtype_d=dtypes.output, layout_a=layout_a, layout_b=layout_b,
-            )
+            cfg = KernelConfig.from_knobs({k.name: v for k, v in zip(knobs, values)}, **fields)
             seen.setdefault(cfg.hash, cfg)
     return list(seen.values())
 
@@ -233,11 +258,14 @@ def _expand_problems(path: str, spec: _SpaceFile) -> list[Problem]:
     out: dict[Problem, None] = {}  # in file order, each once
     for block, dtypes, layout in itertools.product(spec.problems, spec.dtypes, spec.layouts):
         layout_a, layout_b = _LAYOUT_CODES[layout]
-        for m, n, k in itertools.product(block.m, block.n, block.k):
-            p = Problem(m, n, k, dtypes.input, dtypes.input, dtypes.output, layout_a, layout_b)
+        for (m, n, k), (epilogue, scaling) in itertools.product(
+                itertools.product(block.m, block.n, block.k), _operations(block, spec)):
+            p = Problem(m, n, k, dtypes.input, dtypes.input, dtypes.output, layout_a, layout_b, epilogue, scaling)
             why = _rules.check_problem(p)
             if why:
-                raise ConfigFileError(path, "problems", f"{m}x{n}x{k} {layout}", str(why[0]))
+                operation = (f" {epilogue.name}" if not epilogue.is_plain else "") + (
+                    f" scaling {scaling.value}" if scaling is not Scaling.NONE else "")
+                raise ConfigFileError(path, "problems", f"{m}x{n}x{k} {layout}{operation}", str(why[0]))
             out.setdefault(p)
     return list(out)
 
@@ -416,11 +444,8 @@ def _space(path: str, raw: dict) -> SearchSpace:
     problems = tuple(_expand_problems(path, spec))
     if not auto:
         return SearchSpace(path=path, description=spec.description, problems=problems,
-                           candidates=tuple(_expand_configs(spec)), runtime=spec.runtime)
-    kinds = tuple(_auto_kernels((("dtype_a", d.input), ("dtype_b", d.input), ("dtype_c", d.output),
-                                 ("dtype_d", d.output), ("layout_a", _LAYOUT_CODES[layout][0]),
-                                 ("layout_b", _LAYOUT_CODES[layout][1])))
-                  for d, layout in itertools.product(spec.dtypes, spec.layouts))
+                           candidates=tuple(_expand_configs(spec, problems)), runtime=spec.runtime)
+    kinds = tuple(_auto_kernels(tuple(fields.items())) for fields in _kinds(problems))
     return SearchSpace(path=path, description=spec.description, problems=problems, candidates=AutoConfigs(kinds),
                        runtime=spec.runtime, auto=kinds)
 
@@ -433,15 +458,18 @@ _SHAPE = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*", re.ASCII)
 
 
 def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | None = None,
-                     config: str | Path | None = None) -> SearchSpace:
+                     config: str | Path | None = None, epilogue: str | None = None,
+                     scaling: str | None = None) -> SearchSpace:
     """The space of `sweep --shapes`: the problems `shapes` lists (MxNxK, comma-separated), each
     of type `dtype` (IN or IN:OUT; fp8 gives bf16 out unless told) and `layout` (tn, nt, nn,
-    tt); with `config`, that file's knobs and run-time variants, its types and layouts where
-    not given; without, `kernels: auto` and `SHAPES_RUNTIME`, bf16 and tn where not given.
+    tt), computing `epilogue` (an `Epilogue.name`: bias+silu, ...) with fp8 `scaling` (none,
+    tensor, rowcol); with `config`, that file's knobs and run-time variants, its types,
+    layouts, epilogue and scaling where not given; without, `kernels: auto` and
+    `SHAPES_RUNTIME`, bf16, tn and the plain GEMM where not given.
 
     Raises:
-        ConfigFileError: a shape, type or layout that is malformed, or that no kernel can
-            run; or a bad `config`. One line.
+        ConfigFileError: a shape, type, layout, epilogue or scaling that is malformed, or that
+            no kernel can run; or a bad `config`. One line.
     """
     problems = []
     for item in shapes.split(","):
@@ -458,24 +486,30 @@ def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | Non
         raw["dtypes"] = [{"input": given, "output": out or ("bf16" if given in ("e4m3", "e5m2") else given)}]
     if layout is not None:
         raw["layouts"] = [layout]
+    for key, value in (("epilogue", epilogue), ("scaling", scaling)):
+        if value is not None:
+            raw[key] = value
     label = "--shapes" if config is None else f"{config} --shapes"
     return _space(label, raw)
 
 
 def sweep_space(config: str | Path | None, shapes: str | None = None, dtype: str | None = None,
-                layout: str | None = None) -> SearchSpace:
+                layout: str | None = None, epilogue: str | None = None, scaling: str | None = None) -> SearchSpace:
     """The space `sweep` tunes: the file `config`; with `shapes`, those shapes over the file's
     knobs, or over `kernels: auto` without a file (`space_for_shapes`).
 
     Raises:
-        ConfigFileError: neither a file nor shapes, a type or layout without shapes, or what
-            `load_space` and `space_for_shapes` raise. One line.
+        ConfigFileError: neither a file nor shapes, a type, layout, epilogue or scaling without
+            shapes, or what `load_space` and `space_for_shapes` raise. One line.
     """
     if shapes is not None:
-        return space_for_shapes(shapes, dtype=dtype, layout=layout, config=config)
-    if dtype is not None or layout is not None:
-        raise ConfigFileError("--dtype" if dtype is not None else "--layout", "", None,
-                              "goes with --shapes (a space file gives its own types and layouts)")
+        return space_for_shapes(shapes, dtype=dtype, layout=layout, config=config, epilogue=epilogue,
+                                scaling=scaling)
+    given = [name for name, v in (("--dtype", dtype), ("--layout", layout), ("--epilogue", epilogue),
+                                  ("--scaling", scaling)) if v is not None]
+    if given:
+        raise ConfigFileError(given[0], "", None, "goes with --shapes (a space file gives its own types, "
+                              "layouts, epilogues and scaling)")
     if config is None:
         raise ConfigFileError("sweep", "", None, "give a search-space file or --shapes MxNxK[,MxNxK...]")
     return load_space(config)
