@@ -8,6 +8,14 @@ strides and dtypes: on the meta device by default (shapes only: no GPU, no weigh
 `space_files` writes the problems the tuned kernels can take, one file per (dtype, layout),
 since a space file multiplies every problem by every dtype and layout it lists.
 
+What the GEMM's last pass computes is part of its problem (docs/epilogues.md): a bias of one
+value per output column (addmm with a row vector, linear with a bias, _scaled_mm with a bias),
+an activation (_addmm_activation's ReLU or tanh GELU; or aten.relu, gelu or silu applied next
+to the GEMM's output, through views, as an MLP's Linear -> activation does), a residual
+(addmm with a full M x N C) and fp8 scales (_scaled_mm's per-tensor or per-row x per-column).
+An activation is taken into the GEMM only when it is the next op on the output: a model that
+also reads the output before the activation is recorded as if it did not.
+
 The operands are read as `Problem` and `cutlass_tune.matmul` read them: A is M x K, B is K x N,
 each row- or column-major contiguous (the rule of `runtime._matmul._layout`), so a recorded
 problem is the one `matmul` would look up for the same tensors. nn.Linear's `x @ w.t()` is "tn";
@@ -37,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .errors import CutlassTuneError, first_line
 from .settings import bundled_config
-from .space import DType, Layout, Problem, check_problem, layout_code
+from .space import Activation, DType, Epilogue, Layout, Problem, Scaling, check_problem, layout_code
 
 
 class CaptureError(CutlassTuneError):
@@ -305,15 +313,123 @@ class _GemmRecorder(TorchDispatchMode):
         self.calls: collections.Counter[GemmCall] = collections.Counter()
         self._lock = threading.Lock()
 
+        self._pending: dict[int, _Pending] = {}
+        """Per thread, its last GEMM while the next op may be an activation of its output."""
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
         op = func.overloadpacket.__name__
+        thread = threading.get_ident()
+        pending = self._pending.pop(thread, None)
+        if pending is not None:
+            on_output = bool(args) and args[0] is pending.output
+            activation = _activation(op, kwargs) if on_output else None
+            if on_output and op in _VIEWS and isinstance(result, torch.Tensor):
+                self._pending[thread] = dataclasses.replace(pending, output=result)
+                return result
+            if activation is not None and pending.epilogue.activation is Activation.NONE:
+                pending = dataclasses.replace(
+                    pending, epilogue=dataclasses.replace(pending.epilogue, activation=activation))
+            self._record(pending)
         if op in _OPERANDS and isinstance(result, torch.Tensor) and len(args) > _OPERANDS[op][1]:
             i, j = _OPERANDS[op]
-            call = _gemm_call(op, self.backward, args[i], args[j], result.dtype)
-            with self._lock:
-                self.calls[call] += 1
+            epilogue, scaling, why = _operation(op, args, kwargs, result)
+            pending = _Pending(op, self.backward, args[i], args[j], result, epilogue, scaling, why)
+            if why is not None:
+                self._record(pending)
+            else:
+                self._pending[thread] = pending
         return result
+
+    def __exit__(self, *exc):
+        for pending in self._pending.values():
+            self._record(pending)
+        self._pending.clear()
+        return super().__exit__(*exc)
+
+    def _record(self, p: _Pending) -> None:
+        call = _gemm_call(p.op, p.backward, p.a, p.b, p.output.dtype, p.epilogue, p.scaling, p.unsupported)
+        with self._lock:
+            self.calls[call] += 1
+
+
+_VIEWS = {"view", "_unsafe_view", "reshape", "alias"}
+"""Ops through which a GEMM's output is followed to an activation (a 3-D input's Linear runs
+view -> addmm -> view)."""
+
+
+def _activation(op: str, kwargs: Mapping[str, Any]) -> Activation | None:
+    """The activation an op applies to its first argument, or None."""
+    if op in ("relu", "relu_"):
+        return Activation.RELU
+    if op in ("silu", "silu_"):
+        return Activation.SILU
+    if op in ("gelu", "gelu_"):
+        return Activation.GELU_TANH if kwargs.get("approximate", "none") == "tanh" else Activation.GELU
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """A GEMM call seen, not yet counted: the next op may be an activation of its output."""
+
+    op: str
+    backward: bool
+    a: torch.Tensor
+    b: torch.Tensor
+    output: torch.Tensor
+    epilogue: Epilogue
+    scaling: Scaling
+    unsupported: str | None
+
+
+def _argument(args: Sequence[Any], kwargs: Mapping[str, Any], position: int, name: str, default: Any) -> Any:
+    return args[position] if len(args) > position else kwargs.get(name, default)
+
+
+def _operation(op: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+               out: torch.Tensor) -> tuple[Epilogue, Scaling, str | None]:
+    """The epilogue and fp8 scaling an op computes on its GEMM, and why the tuned kernels
+    cannot where they cannot (None where they can)."""
+    n = out.shape[-1]
+    if op in ("addmm", "_addmm_activation"):
+        c, beta = args[0], _argument(args, kwargs, 3, "beta", 1)
+        activation = Activation.NONE
+        if op == "_addmm_activation":  # cuBLASLt's epilogue: ReLU, or GELU in its tanh form
+            activation = Activation.GELU_TANH if _argument(args, kwargs, 5, "use_gelu", False) else Activation.RELU
+        if isinstance(c, torch.Tensor) and c.dim() == 2 and c.shape == out.shape and c.stride(0) != 0:
+            return Epilogue(activation=activation, residual=True), Scaling.NONE, None  # beta is a run-time value
+        row = isinstance(c, torch.Tensor) and c.shape[-1:] == (n,) and (
+            c.dim() == 1 or (c.dim() == 2 and (c.shape[0] == 1 or c.stride(0) == 0)))
+        if not row:
+            shape = tuple(c.shape) if isinstance(c, torch.Tensor) else c
+            return Epilogue(), Scaling.NONE, f"a C of shape {shape}: neither a bias of N values nor an M x N residual"
+        if beta != 1:
+            return Epilogue(), Scaling.NONE, f"a bias scaled by beta={beta}"
+        if c.dtype != out.dtype:
+            return Epilogue(), Scaling.NONE, f"a {c.dtype} bias on a {out.dtype} output"
+        return Epilogue(bias=True, activation=activation), Scaling.NONE, None
+    if op == "linear":
+        bias = _argument(args, kwargs, 2, "bias", None)
+        return Epilogue(bias=bias is not None), Scaling.NONE, None
+    if op == "_scaled_mm":
+        scale_a, scale_b = args[2], args[3]
+        bias = _argument(args, kwargs, 4, "bias", None)
+        m = out.numel() // n if n else 0
+        if scale_a.numel() == 1 and scale_b.numel() == 1:
+            scaling = Scaling.TENSOR
+        elif tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
+            scaling = Scaling.ROWCOL
+        else:
+            return Epilogue(), Scaling.NONE, (f"scales {tuple(scale_a.shape)} x {tuple(scale_b.shape)}: neither per "
+                                              "tensor nor per row x per column")
+        if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+            return Epilogue(), scaling, "scales that are not fp32"
+        if _argument(args, kwargs, 5, "scale_result", None) is not None:
+            return Epilogue(), scaling, "a scale of the result (fp8 output)"
+        return Epilogue(bias=bias is not None), scaling, None
+    return Epilogue(), Scaling.NONE, None
 
 
 def _layout(m: Matrix) -> Layout | None:
@@ -343,7 +459,9 @@ def _matrix(t: torch.Tensor) -> Matrix:
     return (t.shape[0], t.shape[1], t.stride(0), t.stride(1))
 
 
-def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> GemmCall:
+def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype,
+               epilogue: Epilogue = Epilogue(), scaling: Scaling = Scaling.NONE,
+               unsupported: str | None = None) -> GemmCall:
     """The call as a problem of the tuned kernels, or with why it is not one."""
     batch = 1
     if op == "linear":  # x [..., K] @ w.t() with w [N, K]: the leading dims of x fold into M
@@ -367,6 +485,8 @@ def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dt
     def skipped(why: str, shape: str = shown) -> GemmCall:
         return GemmCall(op, backward, shape, None, why)
 
+    if unsupported is not None:
+        return skipped(unsupported)
     if mb is None:
         return skipped(f"batched: each of the {batch} GEMMs has its own B (attention-style); the tuned kernels "
                        "run one GEMM, not a batch", f"{batch} x {m // batch}x{n}x{k} {types}")
@@ -382,7 +502,9 @@ def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dt
                            "column-major contiguous")
     assert layout_a is not None and layout_b is not None  # each returned above where None
     dtype_a, dtype_b, dtype_d = (_DTYPES[d] for d in dtypes)
-    problem = Problem(m, n, k, dtype_a, dtype_b, dtype_d, layout_a, layout_b)
+    if batch > 1 and not (epilogue.is_plain and scaling is Scaling.NONE):
+        return skipped("a batched GEMM with an epilogue")
+    problem = Problem(m, n, k, dtype_a, dtype_b, dtype_d, layout_a, layout_b, epilogue, scaling)
     why = [str(w) for w in check_problem(problem)]
     if not why and dtype_a != dtype_b:
         why = [f"A is {dtype_a.value} and B {dtype_b.value}: a space file gives both one type"]
@@ -440,7 +562,9 @@ def _space_text(label: str, group: str, dtype_in: DType, dtype_out: DType, layou
     for p, sources in problems:
         calls = sum(sources.values())
         by = ", ".join(f"{s} x{c}" if len(sources) > 1 else s for s, c in sources.items())
-        lines.append(f"  - {{m: {p.m}, n: {p.n}, k: {p.k}}}  # {calls} call{'s' if calls > 1 else ''}: {by}")
+        operation = (f", epilogue: {p.epilogue.name}" if not p.epilogue.is_plain else "") + (
+            f", scaling: {p.scaling.value}" if p.scaling is not Scaling.NONE else "")
+        lines.append(f"  - {{m: {p.m}, n: {p.n}, k: {p.k}{operation}}}  # {calls} call{'s' if calls > 1 else ''}: {by}")
     dtype = dtype_in.value if dtype_in == dtype_out else f"{{input: {dtype_in.value}, output: {dtype_out.value}}}"
     lines += [f"dtypes: [{dtype}]", f"layouts: [{layout}]"]
     return "\n".join(lines) + "\n" + yaml.safe_dump(sections, sort_keys=False, default_flow_style=None)

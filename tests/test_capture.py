@@ -14,7 +14,7 @@ from torch import nn
 
 from cutlass_tune import cli
 from cutlass_tune.capture import Target, capture_gemms, load_target, space_files
-from cutlass_tune.space import DType, Layout, Problem, load_space
+from cutlass_tune.space import Activation, DType, Epilogue, Layout, Problem, Scaling, load_space
 
 REPO = Path(__file__).resolve().parents[1]
 ROW, COL = Layout.ROW, Layout.COL
@@ -133,13 +133,15 @@ def target(model, *args, **kwargs):
     return Target("test", Path("test.py"), model, args, kwargs)
 
 
-def tn(m, n, k, dtype=BF16, out=None):
-    return Problem(m, n, k, dtype, dtype, out or dtype, ROW, COL)
+def tn(m, n, k, dtype=BF16, out=None, epilogue="none", scaling=Scaling.NONE):
+    return Problem(m, n, k, dtype, dtype, out or dtype, ROW, COL, Epilogue.parse(epilogue), scaling)
 
 
 def test_linear_layers_are_tn_problems_counted_by_call(tmp_path):
     captured = capture_gemms(load_target(f"{model_file(tmp_path, MLP)}:build"))
-    assert captured.problems() == {tn(16, 128, 64): {"aten.addmm": 1}, tn(16, 32, 128): {"aten.mm": 1}}
+    # Linear(64, 128) with its bias, then ReLU: one GEMM with a fused epilogue
+    assert captured.problems() == {tn(16, 128, 64, epilogue="bias+relu"): {"aten.addmm": 1},
+                                   tn(16, 32, 128): {"aten.mm": 1}}
     assert captured.skipped() == []
 
 
@@ -170,7 +172,8 @@ def test_a_decoder_on_meta_gives_its_projections(tmp_path):
     assert captured.problems() == {
         tn(m, 256, 256): {"aten.mm": 4},  # q_proj and o_proj, two layers
         tn(m, 128, 256): {"aten.mm": 4},  # k_proj and v_proj (2 KV heads of 64)
-        tn(m, 512, 256): {"aten.mm": 4},  # gate_proj and up_proj
+        tn(m, 512, 256, epilogue="silu"): {"aten.mm": 2},  # gate_proj, its SiLU taken into the GEMM
+        tn(m, 512, 256): {"aten.mm": 2},  # up_proj
         tn(m, 256, 512): {"aten.mm": 2},  # down_proj
         tn(m, 1024, 256): {"aten.mm": 1},  # lm_head
     }
@@ -256,7 +259,7 @@ def test_fp8_and_16_bit_gemms_go_to_one_space_file_each(tmp_path):
     for f in files:
         f.path.write_text(f.text)
     fp8_space, bf16_space = (load_space(f.path) for f in files)
-    assert fp8_space.problems == (tn(64, 512, 256, DType.E4M3, DType.BF16),)
+    assert fp8_space.problems == (tn(64, 512, 256, DType.E4M3, DType.BF16, scaling=Scaling.TENSOR),)
     assert bf16_space.problems == (tn(64, 256, 512),)
     assert yaml.safe_load(files[0].text)["kernels"] == yaml.safe_load((REPO / "configs/squares_fp8.yaml").read_text())[
         "kernels"]
@@ -270,8 +273,13 @@ def test_the_written_space_has_the_broad_kernels_and_counts_the_calls(tmp_path):
     written.path.write_text(written.text)
     space = load_space(written.path)
     broad = load_space(REPO / "configs" / "sm90_bf16.yaml")
+    assert "  - {m: 32, n: 512, k: 256, epilogue: silu}  # 2 calls: aten.mm\n" in written.text
     assert space.problems == tuple(captured.problems())
-    assert space.candidates == broad.candidates and space.runtime == broad.runtime
+    # the broad kernels for each kind of problem: the plain GEMMs and the one with its SiLU
+    plain = tuple(c for c in space.candidates if c.epilogue == Epilogue())
+    assert plain == broad.candidates and space.runtime == broad.runtime
+    assert len(space.candidates) == 2 * len(plain)
+    assert {c.epilogue.name for c in space.candidates} == {"none", "silu"}
 
 
 # The command, in this process: main() as the console script runs it (one line and exit 2 for
@@ -301,7 +309,7 @@ def test_the_command_writes_a_file_per_layout_with_backward(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.glob("*.yaml")) == [
         "model_gemms_bf16_nt.yaml", "model_gemms_bf16_tn.yaml", "model_gemms_bf16_tt.yaml"]
     assert load_space(tmp_path / "model_gemms_bf16_tt.yaml").problems == (Problem(16, 128, 32, layout_b=ROW),)
-    assert "16x128x32_bf16bf16bf16_tt  1      aten.mm (backward)" in out
+    assert ["16x128x32_bf16bf16bf16_tt", "1", "aten.mm", "(backward)"] in [line.split() for line in out.splitlines()]
     assert "wrote model_gemms_bf16_nt.yaml: 2 bf16 nt problems" in out
 
 
@@ -320,8 +328,8 @@ def test_the_command_writes_a_file_per_layout_with_backward(tmp_path, monkeypatc
     ("model.py:build", "import torch\ndef build():\n    return torch.nn.ReLU(), (torch.ones(8),)\n",
      "error: model.py:build: the model ran no GEMM (aten.mm, aten.addmm"),
     ("model.py:build", "import torch\ndef build():\n    return torch.nn.Linear(8, 8), (torch.ones(8),)\n",
-     "error: model.py:build: no GEMM the tuned kernels can take: 1 call, all skipped (first: 1x8x8_f32f32f32_tn "
-     "aten.addmm: dtype_inputs: A and B must both be bf16"),
+     "error: model.py:build: no GEMM the tuned kernels can take: 1 call, all skipped (first: "
+     "1x8x8_f32f32f32_tn_bias aten.addmm: dtype_inputs: A and B must both be bf16"),
     ("model.py:build", "import torch\ndef build():\n    return (lambda x: x[0].item()), (torch.ones(8),)\n",
      "error: model.py:build: the model raised RuntimeError: Tensor.item() cannot be called on meta tensors on "
      "meta (a model that reads tensor values needs --device cuda)"),
@@ -380,13 +388,77 @@ def test_the_written_space_file_expands_with_the_space_command(tmp_path):
     assert lines[0].split() == ["problem", "calls", "source"]
     assert lines[1].split() == ["32x256x256_bf16bf16bf16_tn", "4", "aten.mm"]
     assert any(line.startswith("skipped") for line in lines)
-    assert lines[-1].startswith("wrote decoder.yaml: 5 bf16 tn problems, 900 valid configs; tune them with "
+    # gate_proj with its SiLU is a problem of its own, with the broad kernels again
+    assert lines[-1].startswith("wrote decoder.yaml: 6 bf16 tn problems, 1800 valid configs; tune them with "
                                 "`cutlass-tune sweep decoder.yaml`")
     r = run("space", "decoder.yaml", cwd=tmp_path)
-    assert r.returncode == 0 and r.stdout.startswith("decoder.yaml: 5 problems, 3888 configs: 900 valid")
+    assert r.returncode == 0 and r.stdout.startswith("decoder.yaml: 6 problems, 7776 configs: 1800 valid")
 
 
 def test_a_failing_function_is_one_line_in_a_real_process(tmp_path):
     model_file(tmp_path, "def build():\n    raise KeyError('vocab')\n")
     r = run("shapes", "model.py:build", cwd=tmp_path)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", "error: model.py:build() raised KeyError: 'vocab'\n")
+
+
+# ---- epilogues -------------------------------------------------------------------------------
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def test_bias_activation_and_residual_become_the_problems_epilogue():
+    x, w, c = meta(64, 128), meta(256, 128), meta(64, 256)
+    up = nn.Linear(128, 256, device="meta", dtype=torch.bfloat16)
+
+    def model(x):
+        torch.nn.functional.gelu(up(x), approximate="tanh")  # linear's addmm, then GELU in its tanh form
+        torch.relu(torch.addmm(c, x, w.t()))  # a full C: residual
+        torch._addmm_activation(up.bias, x, w.t(), use_gelu=True)  # cuBLASLt's bias + GELU epilogue
+        torch.nn.functional.silu(x @ w.t())
+        return x
+
+    assert capture_gemms(target(model, x)).problems() == {
+        tn(64, 256, 128, epilogue="bias+gelu_tanh"): {"aten.addmm": 1, "aten._addmm_activation": 1},
+        tn(64, 256, 128, epilogue="relu+residual"): {"aten.addmm": 1},
+        tn(64, 256, 128, epilogue="silu"): {"aten.mm": 1}}
+
+
+def test_an_activation_that_is_not_next_on_the_output_stays_out():
+    """Guards against fusing an activation into a GEMM whose raw output is read first."""
+    x, w = meta(64, 128), meta(256, 128)
+
+    def model(x):
+        y = x @ w.t()
+        z = y * 2  # reads the GEMM's output before the activation
+        return torch.relu(y) + z
+
+    assert list(capture_gemms(target(model, x)).problems()) == [tn(64, 256, 128)]
+
+
+def test_scaled_mm_gives_its_scaling_and_bias():
+    x, w = meta(64, 256, dtype=torch.float8_e4m3fn), meta(512, 256, dtype=torch.float8_e4m3fn)
+    rows, cols, bias = meta(64, 1, dtype=torch.float32), meta(1, 512, dtype=torch.float32), meta(512)
+    blocks_a, blocks_b = meta(64, 2, dtype=torch.float32), meta(2, 512, dtype=torch.float32)
+
+    def model(x):
+        torch._scaled_mm(x, w.t(), rows, cols, bias=bias, out_dtype=torch.bfloat16)
+        torch._scaled_mm(x, w.t(), blocks_a, blocks_b, out_dtype=torch.bfloat16)  # 1x128 blocks
+        return x
+
+    captured = capture_gemms(target(model, x))
+    e4m3 = dict(dtype=DType.E4M3, out=DType.BF16)
+    assert list(captured.problems()) == [tn(64, 512, 256, **e4m3, epilogue="bias", scaling=Scaling.ROWCOL)]
+    ((skipped, _),) = captured.skipped()
+    assert skipped.skipped == "scales (64, 2) x (2, 512): neither per tensor nor per row x per column"
+
+
+def test_written_space_gives_each_problem_its_epilogue(tmp_path):
+    x = meta(64, 128)
+    up = nn.Linear(128, 256, device="meta", dtype=torch.bfloat16)
+    captured = capture_gemms(target(lambda x: torch.nn.functional.silu(up(x)) + up(x), x))
+    (written,) = space_files(captured, tmp_path / "gemms.yaml", "test")
+    assert "  - {m: 64, n: 256, k: 128, epilogue: bias+silu}  # 1 call: aten.addmm\n" in written.text
+    written.path.write_text(written.text)
+    assert load_space(written.path).problems == (tn(64, 256, 128, epilogue="bias+silu"),
+                                                 tn(64, 256, 128, epilogue="bias"))
+    assert Activation.SILU is load_space(written.path).problems[0].epilogue.activation
