@@ -577,6 +577,11 @@ def sweep(
                                      "or the file's)"),
     layout: str | None = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, "
                                       "or the file's)"),
+    epilogue: str | None = typer.Option(None, "--epilogue", help="with --shapes: what the GEMM's last pass "
+                                        "computes, e.g. bias+silu, gelu_tanh, residual (default none, or the "
+                                        "file's; docs/epilogues.md)"),
+    scaling: str | None = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor or rowcol "
+                                       "scales, as torch._scaled_mm takes them (default none, or the file's)"),
     strategy: Strategy | None = typer.Option(
         None, "--strategy", help="prior: a model of the measurements picks first (default for kernels: auto); "
         "optuna: the sampler after the warm start (default for a file's lists)"),
@@ -610,7 +615,7 @@ def sweep(
         raise CutlassTuneError(f"--gpu {repeated[0]} given more than once")
     if timeout is not None and not math.isfinite(timeout):
         raise CutlassTuneError(f"--timeout {timeout}: give a number of seconds")
-    sp = sweep_space(config, shapes, dtype, layout)
+    sp = sweep_space(config, shapes, dtype, layout, epilogue, scaling)
     if not sp.valid:
         raise CutlassTuneError(f"{sp.path}: no valid config to tune (see `cutlass-tune space {sp.path} --list`)")
     # A bad --storage fails here, before any GPU work; a new store is made by its first write.
