@@ -1,10 +1,11 @@
 """The sweep dashboard: one self-contained, interactive HTML file from a results store.
 
 It reads the measurement rows and the Optuna studies of one store and writes a single file that
-works offline (plotly.js is inlined, nothing is fetched): best CUTLASS kernel against cuBLAS per
-problem, then per problem (switched by a selector) TFLOP/s by tile x cluster, by kernel schedule x
-stages and by raster x swizzle, the search history, parameter importances, compile time against
-TFLOP/s, and the failures by reason. The figures are `_figures`'; the page is
+works offline (plotly.js is inlined, nothing is fetched): best CUTLASS kernel against its baseline
+per problem (cuBLAS; for a fused epilogue or scaled fp8 torch eager and torch.compile, with the
+epilogue in a column of its own), then per problem (switched by a selector) TFLOP/s by tile x
+cluster, by kernel schedule x stages and by raster x swizzle, the search history, parameter
+importances, compile time against TFLOP/s, and the failures by reason. The figures are `_figures`'; the page is
 templates/dashboard.html.j2, rendered with autoescape (plotly escapes the JSON of its figures).
 """
 
@@ -25,7 +26,7 @@ from markupsafe import Markup
 
 from .._files import shipped, write_atomically
 from ..errors import CutlassTuneError
-from ..measurement import EnvStamp
+from ..measurement import Baseline, EnvStamp
 from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs, texts
 from ..store import ResultStore, StoredRow, open_store
 from ..tables import COLUMNS, BestTableError
@@ -101,7 +102,7 @@ def _load(source: str | Path) -> _Data:
     frame = _frame(raw, shown)
     kernels = frame[~frame.baseline]
     if kernels.empty:
-        raise DashboardError(f"store {shown} has only cuBLAS baselines, no kernel measurement: "
+        raise DashboardError(f"store {shown} has only baselines (cuBLAS, torch), no kernel measurement: "
                              "run `cutlass-tune sweep` first")
     if figures.ok_rows(kernels).empty:
         failed = kernels[kernels.status != "ok"]
@@ -189,6 +190,9 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> di
     ok = figures.ok_rows(kernels)
     base = figures.ok_rows(frame[(frame.problem == problem) & frame.baseline])
     cublas = float(base.tflops.median()) if not base.empty else None
+    measured = frame[frame.problem == problem].measurement.iloc[0].problem
+    baseline = Baseline.of(measured).value
+    compiled = [m.compile_tflops for m in base.measurement if m.compile_tflops]
     trials = data.trials.get(problem, [])
     sid = f"p{index}"
     cells = []
@@ -207,7 +211,7 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> di
                              _LABELS["swizzle"], str, key), "raster")
     else:
         cell(None, "tile", "No successful measurement of this problem.")
-    cell(figures.history(problem, kernels, order, cublas), "history")
+    cell(figures.history(problem, kernels, order, cublas, baseline), "history")
     fig, note = figures.importances(problem, trials)
     cell(fig, "importance", note)
     cell(figures.compile_scatter(problem, kernels), "compile")
@@ -215,6 +219,8 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> di
     cell(fig, "failures", note)
     return {"id": sid, "problem": problem, "configs": kernels.config_hash.nunique(),
             "measurements": len(kernels), "failed": len(kernels) - len(ok), "cublas": _fmt(cublas, ".1f"),
+            "baseline": baseline, "epilogue": measured.epilogue.name, "scaling": measured.scaling.value,
+            "compiled": _fmt(float(pd.Series(compiled).median()) if compiled else None, ".1f"),
             "study": data.studies.get(problem), "trials": len(trials),
             "invalid": sum(1 for t in trials if (t.constraints or {}).get("invalid")), "cells": cells}
 
@@ -267,8 +273,10 @@ def _page(data: _Data) -> str:
     order = {h: i + 1 for i, h in enumerate(dict.fromkeys(compiled.config_hash))}
     summary, table = figures.summary(frame, data.problems, data.best)
     methods = sorted(set(frame[frame.status == "ok"].method) - {""})
-    best = [{"problem": r.problem, "kernel": r.kernel, "runtime": r.runtime, "tflops": _fmt(r.tflops, ".1f"),
-             "cublas": _fmt(r.cublas, ".1f"), "ratio": _fmt(r.ratio, ".3f"), "configs": r.configs}
+    best = [{"problem": r.problem, "epilogue": r.epilogue, "kernel": r.kernel, "runtime": r.runtime,
+             "tflops": _fmt(r.tflops, ".1f"), "baseline": r.baseline, "cublas": _fmt(r.cublas, ".1f"),
+             "ratio": _fmt(r.ratio, ".3f"), "compiled": _fmt(r.compiled, ".1f"),
+             "compiled_ratio": _fmt(r.compiled_ratio, ".3f"), "configs": r.configs}
             for r in table.itertuples()]
     return _TEMPLATES.get_template("dashboard.html.j2").render(
         gpu=data.gpu, storage=data.shown_url, measurements=len(frame), problems=data.problems,

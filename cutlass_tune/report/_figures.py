@@ -1,18 +1,23 @@
 """The dashboard's figures: plotly figures of a store's measurements, one function each.
 
 Each takes the measurement rows as `_dashboard` reads them (one row per measurement, the knobs
-and run-time arguments split out, `baseline` set for cuBLAS) and returns a figure, with a note
+and run-time arguments split out, `baseline` set for baseline rows: cuBLAS, or torch eager for a
+fused problem) and returns a figure, with a note
 where a figure may be missing.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
+
+from ..measurement import Baseline
+from ..space import Scaling
 
 
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
@@ -33,22 +38,33 @@ def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     return fig
 
 
+def _operation(frame: pd.DataFrame, problem: str) -> tuple[str, str]:
+    """The epilogue and scaling of `problem` (as a table writes them) and its baseline's name."""
+    m = frame[frame.problem == problem].measurement.iloc[0].problem
+    operation = m.epilogue.name + (f", scale-{m.scaling.value}" if m.scaling is not Scaling.NONE else "")
+    return operation, Baseline.of(m).value
+
+
 def summary(frame: pd.DataFrame, problems: list[str], best_table: pd.DataFrame) -> tuple[go.Figure, pd.DataFrame]:
-    """Best kernel per problem next to the cuBLAS baseline of the same run, as a figure and a
+    """Best kernel per problem next to its baseline of the same run (cuBLAS; torch eager for a
+    fused epilogue or scaled fp8, with torch.compile where the run timed it), as a figure and a
     table. `best_table` is `load_best` of the store (may be empty)."""
     best_rows = []
     for p in problems:
         configs = frame[(frame.problem == p) & ~frame.baseline].config_hash.nunique()
+        operation, baseline = _operation(frame, p)
         found = best_table[best_table.problem == p]
         if not found.empty:  # as `cutlass-tune best` ranks: same-run ratios, confirmed medians first
             best = found.iloc[0]
             method = f" {best.method}" if best.method else ""
-            energy = (f"; {best.energy_mj:.0f} mJ per GEMM, cuBLAS {best.cublas_energy_mj:.0f}"
+            energy = (f"; {best.energy_mj:.0f} mJ per GEMM, {baseline} {best.cublas_energy_mj:.0f}"
                       if pd.notna(best.energy_mj) and pd.notna(best.cublas_energy_mj) else "")
             confirmed = (f" (median of {best.confirm_passes}{method} confirmation passes, {best.ratio_low:.3f}-"
                          f"{best.ratio_high:.3f}; sweep {best.sweep_ratio:.3f}{energy})" if best.confirm_passes else "")
-            best_rows.append({"problem": p, "kernel": best.kernel, "runtime": best.runtime + confirmed,
-                              "tflops": best.tflops, "cublas": best.cublas_tflops, "ratio": best.ratio,
+            best_rows.append({"problem": p, "epilogue": operation, "baseline": baseline, "kernel": best.kernel,
+                              "runtime": best.runtime + confirmed, "tflops": best.tflops,
+                              "cublas": best.cublas_tflops, "ratio": best.ratio,
+                              "compiled": best.torch_compile_tflops, "compiled_ratio": best.torch_compile_ratio,
                               "configs": configs})
             continue
         ok = ok_rows(frame[(frame.problem == p) & ~frame.baseline])  # kernels without a config only
@@ -60,20 +76,31 @@ def summary(frame: pd.DataFrame, problems: list[str], best_table: pd.DataFrame) 
         if pd.isna(cublas):  # the baseline of that run failed or was not recorded
             base = ok_rows(frame[(frame.problem == p) & frame.baseline & (frame.run_id == best.run_id)])
             cublas = base.tflops.max() if not base.empty else float("nan")
-        best_rows.append({"problem": p, "kernel": best.kernel, "runtime": best.runtime, "tflops": best.tflops,
-                          "cublas": cublas, "ratio": best.tflops / cublas, "configs": configs})
-    table = pd.DataFrame(best_rows)
+        best_rows.append({"problem": p, "epilogue": operation, "baseline": baseline, "kernel": best.kernel,
+                          "runtime": best.runtime, "tflops": best.tflops, "cublas": cublas,
+                          "ratio": best.tflops / cublas, "compiled": math.nan, "compiled_ratio": math.nan,
+                          "configs": configs})
+    table = pd.DataFrame(best_rows, columns=["problem", "epilogue", "baseline", "kernel", "runtime", "tflops",
+                                             "cublas", "ratio", "compiled", "compiled_ratio", "configs"])
     fig = go.Figure()
     fig.add_bar(name="best CUTLASS", x=table.problem, y=table.tflops,
-                text=[f"{r:.3f}x cuBLAS" if pd.notna(r) else "" for r in table.ratio], textposition="outside",
-                customdata=table[["kernel", "runtime"]].to_numpy(),
+                text=[f"{r:.3f}x {b}" if pd.notna(r) else "" for r, b in zip(table.ratio, table.baseline)],
+                textposition="outside", customdata=table[["kernel", "runtime"]].to_numpy(),
                 hovertemplate="%{x}<br>%{customdata[0]}<br>%{customdata[1]}<br>%{y:.1f} TFLOP/s<extra></extra>")
-    fig.add_bar(name="cuBLAS (same run)", x=table.problem, y=table.cublas,
+    names = sorted(set(table.baseline), key=lambda b: b != Baseline.CUBLAS.value)
+    fig.add_bar(name=f"{' / '.join(names) or 'cuBLAS'} (same run)", x=table.problem, y=table.cublas,
                 text=[f"{c:.0f}" if pd.notna(c) else "" for c in table.cublas], textposition="outside",
-                hovertemplate="%{x}<br>cuBLAS %{y:.1f} TFLOP/s<extra></extra>")
+                customdata=table[["baseline"]].to_numpy(),
+                hovertemplate="%{x}<br>%{customdata[0]} %{y:.1f} TFLOP/s<extra></extra>")
+    if table.compiled.notna().any():
+        fig.add_bar(name="torch.compile (same run)", x=table.problem, y=table.compiled,
+                    text=[f"{c:.0f}" if pd.notna(c) else "" for c in table.compiled], textposition="outside",
+                    hovertemplate="%{x}<br>torch.compile %{y:.1f} TFLOP/s<extra></extra>")
     fig.update_layout(barmode="group", yaxis_title="TFLOP/s", xaxis_title="problem",
-                      yaxis_range=[0, 1.15 * pd.concat([table.tflops, table.cublas]).max()])
-    return _layout(fig, "Best CUTLASS kernel vs cuBLAS, by problem", 440), table
+                      yaxis_range=[0, 1.15 * pd.concat([table.tflops, table.cublas, table.compiled]).max()])
+    title = "Best CUTLASS kernel vs cuBLAS, by problem" if names in ([], [Baseline.CUBLAS.value]) else (
+        "Best CUTLASS kernel vs its baseline (cuBLAS; torch eager and torch.compile for fused epilogues), by problem")
+    return _layout(fig, title, 440), table
 
 
 def heatmap(ok: pd.DataFrame, rows: str, cols: str, title: str, row_label: str, col_label: str,
@@ -96,7 +123,8 @@ def numeric_key(label: str) -> tuple:
     return tuple(int(x) if x.isdigit() else -1 for x in str(label).replace("x", " ").split())
 
 
-def history(problem: str, kernels: pd.DataFrame, order: dict[str, int], cublas: float | None) -> go.Figure:
+def history(problem: str, kernels: pd.DataFrame, order: dict[str, int], cublas: float | None,
+            baseline: str = "cuBLAS") -> go.Figure:
     per = (kernels.assign(ok_tflops=kernels.tflops.where(kernels.status == "ok"))
            .groupby("config_hash").agg(tflops=("ok_tflops", "max"), kernel=("kernel", "first")).reset_index())
     per["compiled"] = per.config_hash.map(order)
@@ -109,7 +137,7 @@ def history(problem: str, kernels: pd.DataFrame, order: dict[str, int], cublas: 
     fig.add_scatter(x=per.compiled, y=per.best, mode="lines", name="best so far", line_shape="hv",
                     hovertemplate="after %{x} configs: %{y:.1f} TFLOP/s<extra></extra>")
     if cublas:
-        fig.add_hline(y=cublas, line_dash="dash", line_color="gray", annotation_text="cuBLAS",
+        fig.add_hline(y=cublas, line_dash="dash", line_color="gray", annotation_text=baseline,
                       annotation_position="bottom right")
     fig.update_layout(xaxis_title="configs compiled (store order)", yaxis_title="TFLOP/s",
                       legend=dict(orientation="h", y=-0.2))

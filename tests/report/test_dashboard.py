@@ -11,7 +11,7 @@ import pytest
 from cutlass_tune.measurement import Measurement
 from cutlass_tune.report._dashboard import build_dashboard, write_dashboard
 from cutlass_tune.settings import DEFAULT_STORE
-from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
+from cutlass_tune.space import Activation, Epilogue, KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
 
@@ -79,7 +79,7 @@ def test_report_has_every_section_and_a_selector_option_per_problem(committed_re
 def test_report_states_gpu_runs_and_timing(committed_report):
     _, page = committed_report
     assert "NVIDIA H200" in page and "5906f1865bbb" in page and "2026-11-21T06:07:29+00:00" in page
-    assert "L2-cold CUDA events; cuBLAS measured in the same run" in page
+    assert "L2-cold CUDA events; each problem's baseline measured in the same run: cuBLAS" in page
     assert "From 55 completed feasible trials" in page  # importances left the 65 invalid ones out
     assert "65 invalid proposals" in page
 
@@ -130,7 +130,7 @@ def test_cli_writes_the_report_of_the_default_store(tmp_path):
      "has no successful measurement: 3 failed (most common reason: wrong_result: rel error 0.5)"),
     ([Measurement(problem=P, config=None, runtime=RuntimeArgs(), status=Status.OK, is_baseline=True,
                   tflops=700.0, median_ms=0.2)],
-     "has only cuBLAS baselines, no kernel measurement"),
+     "has only baselines (cuBLAS, torch), no kernel measurement"),
 ])
 def test_stores_with_nothing_to_show_are_one_line_errors(tmp_path, rows, message):
     url = make_store(tmp_path / "s.sqlite", rows)
@@ -190,3 +190,30 @@ def test_a_store_measured_on_two_gpus_shows_each_gpus_share_and_cublas(tmp_path)
 def test_a_store_measured_on_one_gpu_has_no_gpu_table(committed_report):
     _, page = committed_report
     assert 'class="boards"' not in page
+
+
+def test_a_fused_problem_shows_its_epilogue_and_both_torch_baselines(tmp_path):
+    fused = Problem(4096, 4096, 4096, epilogue=Epilogue(bias=True, activation=Activation.SILU))
+    eager_ms, compile_ms, kernel_ms = 0.30, 0.25, 0.24
+    eager = Measurement(problem=fused, config=None, runtime=RuntimeArgs(), status=Status.OK, symbol="torch eager",
+                        is_baseline=True, tflops=fused.flops / eager_ms / 1e9, median_ms=eager_ms, p20_ms=eager_ms,
+                        p80_ms=eager_ms, samples=50, method="events", compile_median_ms=compile_ms)
+    kernel = Measurement(problem=fused, config=KernelConfig(epilogue=fused.epilogue), runtime=RuntimeArgs(),
+                         status=Status.OK, tflops=fused.flops / kernel_ms / 1e9, median_ms=kernel_ms, p20_ms=kernel_ms,
+                         p80_ms=kernel_ms, samples=50, method="events", baseline_median_ms=eager_ms)
+    url = make_store(tmp_path / "s.sqlite", [
+        Measurement(problem=P, config=None, runtime=RuntimeArgs(), status=Status.OK, is_baseline=True,
+                    tflops=700.0, median_ms=0.2, method="events"), ok(), eager, kernel])
+    page = build_dashboard(url)
+    best = page[page.index('<table class="best">'):]
+    best = best[:best.index("</table>")]
+    rows = re.findall(r"<tr data-epilogue=\"([^\"]*)\">(.*?)</tr>", best)
+    assert [e for e, _ in rows] == ["none", "bias+silu"]
+    cells = re.findall(r"<td>(.*?)</td>", rows[1][1])
+    assert cells[0] == fused.name and cells[1] == "bias+silu" and cells[5] == "torch eager"
+    assert cells[7] == f"{eager_ms / kernel_ms:.3f}" and cells[9] == f"{compile_ms / kernel_ms:.3f}"
+    plain = re.findall(r"<td>(.*?)</td>", rows[0][1])
+    assert plain[5] == "cuBLAS" and plain[8] == plain[9] == "-"
+    assert f"epilogue bias+silu; torch eager {fused.flops / eager_ms / 1e9:.1f} TFLOP/s, torch.compile " \
+           f"{fused.flops / compile_ms / 1e9:.1f} TFLOP/s" in page
+    assert "torch.compile (same run)" in page and r"cuBLAS \u002f torch eager (same run)" in page  # plotly escapes /
