@@ -80,7 +80,7 @@ def _config(row: pd.Series) -> KernelConfig:
     kinds = {f.name: type(f.default) for f in dataclasses.fields(KernelConfig)}
     values = {}
     for name, kind in kinds.items():
-        v = row[name]
+        v = row.get(name, "none")  # a table from before fused epilogues (epilogue, scaling) holds plain GEMMs
         values[name] = (v in (True, "True")) if kind is bool else int(v) if kind is int else str(v)
     return KernelConfig.from_dict(values)
 
