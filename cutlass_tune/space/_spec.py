@@ -505,11 +505,12 @@ def sweep_space(config: str | Path | None, shapes: str | None = None, dtype: str
     if shapes is not None:
         return space_for_shapes(shapes, dtype=dtype, layout=layout, config=config, epilogue=epilogue,
                                 scaling=scaling)
-    given = [name for name, v in (("--dtype", dtype), ("--layout", layout), ("--epilogue", epilogue),
-                                  ("--scaling", scaling)) if v is not None]
-    if given:
-        raise ConfigFileError(given[0], "", None, "goes with --shapes (a space file gives its own types, "
-                              "layouts, epilogues and scaling)")
+    if dtype is not None or layout is not None:
+        raise ConfigFileError("--dtype" if dtype is not None else "--layout", "", None,
+                              "goes with --shapes (a space file gives its own types and layouts)")
+    if epilogue is not None or scaling is not None:
+        raise ConfigFileError("--epilogue" if epilogue is not None else "--scaling", "", None,
+                              "goes with --shapes (a space file gives its own epilogue and scaling)")
     if config is None:
         raise ConfigFileError("sweep", "", None, "give a search-space file or --shapes MxNxK[,MxNxK...]")
     return load_space(config)

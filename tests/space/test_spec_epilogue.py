@@ -1,5 +1,9 @@
 """Epilogues and fp8 scaling in space files, `--shapes` and `kernels: auto`."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from cutlass_tune.errors import ConfigFileError
@@ -103,3 +107,19 @@ def test_plain_problems_keep_their_configs(tmp_path):
     """Guards against the operation fields changing what a plain space file expands to."""
     sp = load_space(write(tmp_path, "problems: [{m: 256, n: 256, k: 64}]\nkernels: {tile_n: [128, 256]}"))
     assert [c.hash for c in sp.candidates] == [KernelConfig(tile_n=128).hash, KernelConfig(tile_n=256).hash]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--shapes", "1024x1024x1024", "--epilogue", "bias+tanh"],
+     "error: --shapes: epilogue.0 = 'bias+tanh': epilogue 'bias+tanh': unknown or repeated part 'tanh' (parts: bias, "
+     "residual, relu, gelu, gelu_tanh, silu, joined by '+', or 'none')\n"),
+    (["--shapes", "1024x1024x1024", "--scaling", "rowcol"],
+     "error: --shapes: problems = '1024x1024x1024 tn scaling rowcol': scaling_inputs: fp8 scales (scaling tensor or "
+     "rowcol) apply to fp8 inputs (e4m3, e5m2) only; a 16-bit GEMM scales by alpha\n"),
+    (["--epilogue", "bias"], "error: --epilogue: goes with --shapes (a space file gives its own epilogue and scaling)\n"),
+])
+def test_bad_sweep_epilogue_options_are_one_line_and_exit_2(args, expected):
+    # refused before a GPU is looked for (none is visible here)
+    r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "sweep", *args],
+                       capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", expected)
