@@ -116,7 +116,8 @@ def test_plain_problems_keep_their_configs(tmp_path):
     (["--shapes", "1024x1024x1024", "--scaling", "rowcol"],
      "error: --shapes: problems = '1024x1024x1024 tn scaling rowcol': scaling_inputs: fp8 scales (scaling tensor or "
      "rowcol) apply to fp8 inputs (e4m3, e5m2) only; a 16-bit GEMM scales by alpha\n"),
-    (["--epilogue", "bias"], "error: --epilogue: goes with --shapes (a space file gives its own epilogue and scaling)\n"),
+    (["--epilogue", "bias"],
+     "error: --epilogue: goes with --shapes (a space file gives its own epilogue and scaling)\n"),
 ])
 def test_bad_sweep_epilogue_options_are_one_line_and_exit_2(args, expected):
     # refused before a GPU is looked for (none is visible here)
