@@ -3,8 +3,9 @@
 # Qwen2.5, Gemma-2, Phi-3 and Falcon, M 128-16384) swept over kernels: auto (`sweep --shapes`,
 # led by the prior) and over the lists of configs/sm90_bf16.yaml (`sweep sm90_bf16.yaml --shapes`,
 # Optuna after the warm start), the same budget each (--trials 24, batches of 8), then each
-# store's leaders confirmed (`confirm`: top 3, 3 passes, sustained timing), then the two side by
-# side. The auto sweep runs first; they alternate nothing, so compare ratios, not TFLOP/s.
+# store's leaders confirmed (`confirm`: top 2, 2 passes, sustained timing), then the two side by
+# side. Both sweeps race the run-time variants (the default); benchmarks/race_ab.py measures what
+# racing saves on six of the auto sweep's kernels (benchmarks/racing.md). The auto sweep runs first; they alternate nothing, so compare ratios, not TFLOP/s.
 #
 # It resumes across calls: each call does what is left, within AUTO_SUITE_SECONDS (default 540),
 # a sweep stopped by the time limit resumes from its store next call (kill-safe), a step done is
@@ -59,15 +60,25 @@ confirm() {  # NAME: the store's leaders, confirmed once the sweep is done
   local name=$1 store="$state/$1-$gpu.sqlite" log="$state/$1-$gpu.confirm.txt"
   [ -e "$store.confirmed" ] && return 0
   [ -e "$store.swept" ] || return 1
-  if [ "$(left)" -lt 480 ]; then echo "$name: confirm needs about 8 minutes; next call"; return 1; fi
+  if [ "$(left)" -lt 200 ]; then echo "$name: confirm needs about 3 minutes; next call"; return 1; fi
   timeout -k 20 $(( $(left) - 20 )) python3 -m cutlass_tune.cli confirm --storage "sqlite:///$store" \
-    ${AUTO_SUITE_CONFIRM:-} > "$log" 2>&1
+    ${AUTO_SUITE_CONFIRM:---top 2 --passes 2} > "$log" 2>&1
   local rc=$?
   echo "$name confirm rc=$rc"; tail -3 "$log"
   [ $rc -eq 0 ] && touch "$store.confirmed"
 }
 
-sweep auto && sweep lists configs/sm90_bf16.yaml && confirm auto && confirm lists
+race_ab() {  # GPU seconds per kernel-problem with and without racing, on kernels of the auto sweep
+  local json="$state/race-ab-$gpu.json"
+  [ -e "$json" ] && return 0
+  [ -e "$state/auto-$gpu.sqlite.swept" ] || return 1
+  if [ "$(left)" -lt 240 ]; then echo "race A/B needs about 4 minutes; next call"; return 1; fi
+  timeout -k 20 $(( $(left) - 20 )) python3 benchmarks/race_ab.py "$state/auto-$gpu.sqlite" "$json" \
+    "${RACE_AB_KERNELS:-6}" > "$state/race-ab-$gpu.txt" 2>&1
+  echo "race A/B rc=$?"; tail -12 "$state/race-ab-$gpu.txt"
+}
+
+sweep auto && sweep lists configs/sm90_bf16.yaml && race_ab && confirm auto && confirm lists
 
 for name in auto lists; do
   store="$state/$name-$gpu.sqlite"

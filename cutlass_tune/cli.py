@@ -602,12 +602,15 @@ def sweep(
     paired: bool | None = typer.Option(
         None, "--paired/--no-paired", help="time cuBLAS alternately with each kernel, the baseline of its "
         "ratio (default: as the store was begun; paired for a new store)"),
+    race: bool = typer.Option(True, "--race/--no-race", help="time a kernel's run-time variants briefly "
+                              "first and fully only those that can still be the problem's best; the rest are "
+                              "kept as coarse (not with --method sustained)"),
 ) -> None:
     """Search the compile-time knobs (led by a prior fitted on measurements, or by Optuna's
     sampler); measure every run-time variant of each kernel on every problem; keep everything
     in the store. Re-running the same command resumes."""
     # torch and optuna, with the GPU and search stages: only the commands that measure import them.
-    from .bench import TimingOptions
+    from .bench import RaceOptions, TimingOptions
     from .search import Sweep, SweepSettings, require_one_model
 
     repeated = sorted({g for g in gpu if gpu.count(g) > 1})
@@ -633,6 +636,7 @@ def sweep(
             method = TimingMethod((begun or "events").removesuffix("-paired"))
         for b in benches:
             b.timing = TimingOptions(method=method, paired=paired)
+            b.race = RaceOptions() if race else None
         store.bind_gpu(bench.gpu_name)
         store.bind_timing(bench.timing_method)
         jobs = jobs or default_jobs()

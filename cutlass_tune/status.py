@@ -12,3 +12,8 @@ class Status(str, enum.Enum):
     RUNTIME_ERROR = "runtime_error"
     TIMEOUT = "timeout"
     UNSTABLE = "unstable"  # verified, but its timing stayed too noisy to rank (host load, see bench)
+    COARSE = "coarse"  # verified and timed briefly in a race it lost (bench/_race.py): guides the search, never ranks
+
+
+TIMED = (Status.OK, Status.UNSTABLE, Status.COARSE)
+"""Outcomes that carry timing figures."""

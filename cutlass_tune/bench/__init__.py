@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ._benchmarker import WorkerBenchmarker
 from ._env import ClockMonitor, env_stamp
 from ._job import InvalidJobError, Job
+from ._race import RaceOptions
 from ._runner import GpuRunner
 from ._session import Plan, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
 from ._timing import L2Flush, TimingOptions, TimingStats, summarize, time_launches, time_paired
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
 
 __all__ = [
     "ClockMonitor", "DEFAULT_TIMEOUT_S", "EntryCheck", "GAP", "GpuRunner", "InvalidJobError", "Job", "L2Flush",
-    "Operands", "Plan",
+    "Operands", "Plan", "RaceOptions",
     "TOLERANCE", "TimingOptions", "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError",
     "WorkerStartError",
     "baseline_ratio", "check_table", "compare", "env_stamp", "plan_jobs", "repeat_spread",

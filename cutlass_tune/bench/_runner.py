@@ -28,9 +28,10 @@ from ..space import Problem, RuntimeArgs
 from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
+from ._race import coarse, contenders, entry, leader_of
 from ._targets import CublasTarget, baseline_target  # noqa: F401 - CublasTarget re-exported
 from ._targets import Target as _Target
-from ._timing import L2Flush, TimingStats, rotation_count, time_paired, time_sustained
+from ._timing import L2Flush, TimingOptions, TimingStats, rotation_count, time_paired, time_sustained
 from ._verify import Operands, allocate, randomize, reference, verify_launch
 
 UNSTABLE_SPREAD = 0.5
@@ -117,10 +118,33 @@ class GpuRunner:
         generator = torch.Generator(device=f"cuda:{self.device}")
         generator.manual_seed(job.seed)
         try:
-            for variant in job.variants:
-                yield self._measure(job, target, variant, generator)
+            if job.races:
+                yield from self._race(job, target, generator)
+            else:
+                for variant in job.variants:
+                    yield self._measure(job, target, variant, generator)
         finally:
             target.close()
+
+    def _race(self, job: Job, target: _Target, generator: torch.Generator) -> Iterator[Measurement]:
+        """Every variant timed briefly, then the contenders at the full budget (bench/_race.py).
+        The variants share one set of random operands and its reference: each is still verified
+        (before and after its timing), and drawing new inputs would cost an fp32 GEMM apiece."""
+        assert job.race is not None, "raced without race options"
+        inputs = self._inputs(job, generator)
+        brief = [self._measure(job, target, v, generator, timing=job.race.brief(job.timing), inputs=inputs)
+                 for v in job.variants]
+        paired = job.timing.paired
+        entries = [entry(m, paired) for m in brief]
+        keep = set(contenders(entries, job.bar, job.race))
+        leader = leader_of(entries, job.bar)
+        for i, m in enumerate(brief):
+            if i in keep:
+                continue
+            yield coarse(m, leader, paired) if entries[i].score is not None and leader is not None else m
+        for i, variant in enumerate(job.variants):
+            if i in keep:
+                yield self._measure(job, target, variant, generator, inputs=inputs)
 
     def _target(self, job: Job) -> _Target:
         if job.library is None:  # the baseline
@@ -136,15 +160,23 @@ class GpuRunner:
             self._ops = allocate(problem, f"cuda:{self.device}")
         return self._ops
 
-    def _measure(self, job: Job, target: _Target, variant: RuntimeArgs,
-                 generator: torch.Generator) -> Measurement:
+    def _inputs(self, job: Job, generator: torch.Generator) -> tuple[Operands, torch.Tensor]:
+        """The problem's operands, freshly randomized, and their fp32 reference."""
+        ops = self._operands(job.problem)
+        randomize(ops, generator)
+        return ops, reference(ops)
+
+    def _measure(self, job: Job, target: _Target, variant: RuntimeArgs, generator: torch.Generator,
+                 timing: TimingOptions | None = None,
+                 inputs: tuple[Operands, torch.Tensor] | None = None) -> Measurement:
+        """One variant: verified, timed by `timing` (default: the job's), verified again.
+        `inputs`: operands and reference to reuse (default: fresh ones)."""
         def result(status: Status, reason: str = "", **fields) -> Measurement:
             return job.measurement(variant, status, reason, self.env, **fields)
 
+        timing = timing or job.timing
         try:
-            ops = self._operands(job.problem)
-            randomize(ops, generator)
-            ref = reference(ops)
+            ops, ref = inputs or self._inputs(job, generator)
             why = target.setup(variant, ops)
             if why:
                 return result(Status.CANNOT_IMPLEMENT, why)
@@ -154,11 +186,11 @@ class GpuRunner:
             baseline = self._paired_baseline(job, ops)
             before = self._clocks.read()
             for _attempt in range(2):
-                if job.timing.method is TimingMethod.SUSTAINED:
+                if timing.method is TimingMethod.SUSTAINED:
                     stats, base = self._time_sustained(job, variant, target, baseline, ops)
                 else:
                     stats, base = time_paired(target.launch, baseline.launch if baseline else None,
-                                              options=job.timing, flush=self._flush, prepare=target.rearm)
+                                              options=timing, flush=self._flush, prepare=target.rearm)
                 spread = max(_spread(stats), _spread(base))
                 if spread <= UNSTABLE_SPREAD:
                     break

@@ -58,8 +58,8 @@ class Ledger:
             assert row.problem is not None and row.runtime is not None, "columns read, never NULL"
             if row.status is not Status.INVALID:
                 self.compiled.add(row.config_hash)
-            ok = row.status is Status.OK
-            self._add((row.problem, row.config_hash), row.runtime, row.tflops if ok else None)
+            valued = row.status in (Status.OK, Status.COARSE)  # a coarse figure steers the search
+            self._add((row.problem, row.config_hash), row.runtime, row.tflops if valued else None)
         if rows:
             self._seen_id = rows[-1].id
 
@@ -68,7 +68,8 @@ class Ledger:
         assert m.config is not None, "a baseline is no kernel's measurement"
         if self.space.auto and m.config.hash not in self._candidates:
             self._learn(m.config)
-        self._add((m.problem.name, m.config.hash), m.runtime.name, m.tflops if m.status is Status.OK else None)
+        valued = m.status in (Status.OK, Status.COARSE)
+        self._add((m.problem.name, m.config.hash), m.runtime.name, m.tflops if valued else None)
 
     def _learn(self, cfg: KernelConfig | None) -> None:
         """Know `cfg`, measured, by its hash if it is one of the (`kernels: auto`) space's."""

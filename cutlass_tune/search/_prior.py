@@ -132,13 +132,14 @@ class StoreObservations:
         for row in rows:
             if row.config_hash is None or row.status in (None, Status.INVALID):
                 continue
-            if row.status is not Status.OK and row.status not in FAILED:
+            valued = row.status in (Status.OK, Status.COARSE)  # coarse: far behind, which is worth learning
+            if not valued and row.status not in FAILED:
                 continue  # unstable: measured, but not to be ranked
             m = row.measurement()
             assert m.config is not None, "a row with a config hash holds its config"
             self._configs.setdefault(row.config_hash, m.config)
             key = (m.problem, row.config_hash)
-            ratio = row.ratio if row.status is Status.OK else None
+            ratio = row.ratio if valued else None
             if ratio is not None or key not in self._best:
                 self._best[key] = max(ratio, self._best.get(key) or 0.0) if ratio is not None else None
         if rows:

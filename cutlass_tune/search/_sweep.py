@@ -49,9 +49,11 @@ class Benchmarker(Protocol):
 
     def baseline(self, problem: Problem) -> Measurement: ...
 
-    def measure(self, kernel: CompiledKernel, problem: Problem,
-                variants: Sequence[RuntimeArgs]) -> Iterator[Measurement]:
-        """One Measurement per variant, yielded as each is taken (the sweep stores each at once)."""
+    def measure(self, kernel: CompiledKernel, problem: Problem, variants: Sequence[RuntimeArgs],
+                bar: float | None = None) -> Iterator[Measurement]:
+        """One Measurement per variant, yielded as each is taken (the sweep stores each at once).
+        `bar`: the problem's best ratio so far when timing is paired, else its best TFLOP/s (a
+        benchmarker that races variants leaves those far below it coarse)."""
 
 
 Compiler = Callable[[Sequence[KernelConfig]], list[CompiledKernel]]
@@ -79,7 +81,9 @@ class _Task:
 
 
 def _measure_task(bench: Benchmarker, task: _Task) -> Iterator[Measurement]:
-    return bench.measure(task.kernel, task.progress.problem, task.variants)
+    pp = task.progress
+    paired = getattr(bench, "timing_method", "events").endswith("-paired")
+    return bench.measure(task.kernel, pp.problem, task.variants, bar=pp.best_ratio if paired else pp.best_tflops)
 
 
 def _measure_baseline(bench: Benchmarker, progress: ProblemProgress) -> Iterator[Measurement]:

@@ -62,7 +62,7 @@ class FakeBench:
         return Measurement(problem=problem, config=None, runtime=RuntimeArgs(), status=Status.OK,
                            is_baseline=True, tflops=600.0, median_ms=1.0, p20_ms=0.9, p80_ms=1.1, samples=10)
 
-    def measure(self, kernel, problem, variants):
+    def measure(self, kernel, problem, variants, bar=None):
         for v in variants:
             if self.interrupt_after is not None and len(self.measured) >= self.interrupt_after:
                 raise KeyboardInterrupt
@@ -86,7 +86,7 @@ class SlowBench(FakeBench):
     def baseline(self, problem):
         return dataclasses.replace(super().baseline(problem), tflops=self.cublas)
 
-    def measure(self, kernel, problem, variants):
+    def measure(self, kernel, problem, variants, bar=None):
         for m in super().measure(kernel, problem, variants):
             time.sleep(self.delay)
             yield m

@@ -61,7 +61,7 @@ class ScriptedBench:
         self.order.append(("cuBLAS", problem.name))
         return baseline(problem)
 
-    def measure(self, compiled, problem, variants):
+    def measure(self, compiled, problem, variants, bar=None):
         for v in variants:
             self.order.append((compiled.config.name, problem.name, v.name))
             key = (compiled.config.hash, v.name)
@@ -123,7 +123,7 @@ def test_after_confirmation_the_best_is_the_best_median_not_the_luckiest_sweep_f
     script = iter([1.00, 1.02, 1.03, 0.99, 1.01, 1.01])  # BIG's kernels in measuring order
 
     class Drifting(ScriptedBench):
-        def measure(self, compiled, problem, variants):
+        def measure(self, compiled, problem, variants, bar=None):
             for m in super().measure(compiled, problem, variants):
                 yield kernel(problem, m.config, m.runtime, next(script)) if problem == BIG else m
 
@@ -144,7 +144,7 @@ def test_the_confirmed_median_of_an_even_count_is_the_one_the_table_ranks_by(sto
     script = iter([1.00, 1.02, 1.04, 1.00])  # BIG's kernels in measuring order, two passes
 
     class Drifting(ScriptedBench):
-        def measure(self, compiled, problem, variants):
+        def measure(self, compiled, problem, variants, bar=None):
             for m in super().measure(compiled, problem, variants):
                 yield kernel(problem, m.config, m.runtime, next(script)) if problem == BIG else m
 
@@ -238,7 +238,7 @@ def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
         def timing_method(self):  # as the worker names it: the store's own method is kept
             return "events" + ("-paired" if self.timing.paired else "")
 
-        def measure(self, compiled, problem, variants):
+        def measure(self, compiled, problem, variants, bar=None):
             for m in super().measure(compiled, problem, variants):
                 yield kernel(problem, m.config, m.runtime, next(script)) if problem == BIG else m
 
@@ -261,7 +261,7 @@ def test_a_problem_confirmed_sustained_ranks_by_those_passes_beside_the_sweeps_m
     assert load_best(store.url).set_index("problem").loc[BIG.name, "kernel"] == PINGPONG.name
 
     class Sustained(ScriptedBench):
-        def measure(self, compiled, problem, variants):
+        def measure(self, compiled, problem, variants, bar=None):
             for m in super().measure(compiled, problem, variants):
                 yield dataclasses.replace(m, method="sustained", energy_mj=5.0, baseline_energy_mj=6.0)
 

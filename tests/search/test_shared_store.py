@@ -190,12 +190,12 @@ def test_what_another_sweep_finishes_during_the_last_batch_is_taken_in_at_the_en
     kernel = FakeCompiler()([c for c in space.candidates if c.hash == held[0]])[0]
 
     class OtherBench(FakeBench):  # the other host's board, 1.5x as fast
-        def measure(self, kernel, problem, variants):
+        def measure(self, kernel, problem, variants, bar=None):
             for m in super().measure(kernel, problem, variants):
                 yield dataclasses.replace(m, tflops=1.5 * m.tflops, median_ms=m.median_ms / 1.5)
 
     class Bench(FakeBench):
-        def measure(self, kernel_, problem, variants):
+        def measure(self, kernel_, problem, variants, bar=None):
             for v in variants:
                 if len(self.measured) == 5 * 2 * 4 - 1:  # before our last (of 5 kernels: the held one counts)
                     store = ResultStore(url)

@@ -169,7 +169,7 @@ def test_paired_baselines_rank_the_best_and_fill_the_store(space, tmp_path):
     class PairedBench(FakeBench):
         """cuBLAS, timed beside each kernel, reads 1.5x slower next to 1x1 clusters."""
 
-        def measure(self, kernel, problem, variants):
+        def measure(self, kernel, problem, variants, bar=None):
             factor = 1.5 if kernel.config.cluster_m == kernel.config.cluster_n == 1 else 1.0
             for m in super().measure(kernel, problem, variants):
                 yield dataclasses.replace(m, baseline_median_ms=m.median_ms * factor) if m.median_ms else m
@@ -360,7 +360,7 @@ class LostBench(SlowBench):
         self._check()
         return super().baseline(problem)
 
-    def measure(self, kernel, problem, variants):
+    def measure(self, kernel, problem, variants, bar=None):
         for v in variants:
             self._check()
             yield from super().measure(kernel, problem, [v])
@@ -490,3 +490,38 @@ def test_a_stalled_sampler_does_not_stop_the_sweep_short_of_its_budget(space, tm
         done = {t.user_attrs.get("config_hash") for t in pp.study.trials
                 if t.state is optuna.trial.TrialState.COMPLETE and t.constraints["invalid"] == 0.0}
         assert set(compiled) <= done
+
+
+def test_each_kernel_is_measured_against_the_problems_best_so_far_and_coarse_rows_never_rank(space, tmp_path):
+    class RacingBench(FakeBench):
+        """Keeps as coarse, at twice its speed, every variant of a kernel measured below `bar`: a
+        coarse figure must neither become the problem's best nor enter its ranking."""
+
+        timing_method = "events"
+
+        def __init__(self):
+            super().__init__()
+            self.bars = []
+
+        def measure(self, kernel, problem, variants, bar=None):
+            self.bars.append((problem.name, bar))
+            for m in super().measure(kernel, problem, variants):
+                if bar is not None and m.tflops < bar:
+                    m = dataclasses.replace(m, status=Status.COARSE, tflops=m.tflops * 2)
+                yield m
+
+    bench = RacingBench()
+    sweep, store = make(space, tmp_path, bench, trials=6, batch=2)
+    state = sweep.run()
+    first = {}
+    for name, bar in bench.bars:
+        first.setdefault(name, bar)
+    assert set(first.values()) == {None}  # nothing to race against before a problem's first kernel
+    assert any(bar is not None for _, bar in bench.bars)
+    rows = kernel_rows(store)
+    assert any(r.status is Status.COARSE for r in rows)
+    for pp in state.problems:
+        full = [r.tflops for r in rows if r.problem == pp.problem.name and r.status is Status.OK]
+        assert pp.best_tflops == max(full)
+        # the coarse rows still give their kernels a value (they steer the search), not a failure
+        assert pp.failed == 0

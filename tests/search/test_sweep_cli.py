@@ -38,7 +38,7 @@ class Gpu(FakeBench):
     def timing_method(self):
         return "events" + ("-paired" if self.timing.paired else "")
 
-    def measure(self, kernel, problem, variants):
+    def measure(self, kernel, problem, variants, bar=None):
         for v in variants:
             if len(self.measured) >= self.lose.get(self.device, float("inf")):
                 raise WorkerStartError(f"benchmark worker for GPU {self.device} exited with code 1 while starting")
