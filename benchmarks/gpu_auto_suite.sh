@@ -14,7 +14,7 @@
 #   benchmarks/gpu_auto_suite.sh OUTDIR
 # The state (stores, markers, logs) lives in AUTO_SUITE_DIR (default results/auto-suite). On a
 # fresh machine, put the files of the last OUTDIR's state/ back there first:
-#   mkdir -p results/auto-suite && cp LAST_OUTDIR/state/* results/auto-suite/
+#   mkdir -p results/auto-suite && tar xzf LAST_OUTDIR/state.tgz -C results/auto-suite
 # The sweep needs the project's dependencies (scikit-learn among them). On a host whose Python
 # has torch but not the rest, install wheels brought along (.whlmin/: alembic, annotated-types,
 # colorlog, greenlet, mako, nvidia-cutlass, nvidia-matmul-heuristics, optuna, platformdirs,
@@ -130,4 +130,4 @@ if logs:
           f"{sum(x < -math.log(1.01) for x in logs)}")
 EOF
 cat "$state/auto-vs-lists-$gpu.md"
-mkdir -p "$out/state" && cp "$state"/* "$out/state/"
+tar czf "$out/state.tgz" -C "$state" .  # one file: a call brings back at most eight
