@@ -22,7 +22,7 @@
 #   benchmarks/gpu_epilogue.sh OUTDIR
 # The state lives in EPILOGUE_DIR (default results/epilogue). On a fresh machine, put the files
 # of the last OUTDIR's state/ back there first:
-#   mkdir -p results/epilogue && cp LAST_OUTDIR/state/* results/epilogue/
+#   mkdir -p results/epilogue && tar xzf LAST_OUTDIR/epilogue-state.tgz -C results/epilogue
 # The sweep needs the project's dependencies; wheels brought along in .whlmin/ (see
 # benchmarks/gpu_auto_suite.sh) are installed to /tmp/site when optuna is missing.
 set -uo pipefail
