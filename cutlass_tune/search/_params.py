@@ -77,8 +77,9 @@ def _auto_choices(auto: AutoKernels) -> dict[str, tuple[str, ...]]:
 
 
 def _matches(cfg: KernelConfig, problem: Problem) -> bool:
-    return (cfg.dtype_a, cfg.dtype_b, cfg.dtype_d, cfg.layout_a, cfg.layout_b) == (
-        problem.dtype_a, problem.dtype_b, problem.dtype_d, problem.layout_a, problem.layout_b)
+    return (cfg.dtype_a, cfg.dtype_b, cfg.dtype_d, cfg.layout_a, cfg.layout_b, cfg.epilogue, cfg.scaling) == (
+        problem.dtype_a, problem.dtype_b, problem.dtype_d, problem.layout_a, problem.layout_b, problem.epilogue,
+        problem.scaling)
 
 
 def params_of(cfg: KernelConfig) -> dict[str, str]:
@@ -89,9 +90,10 @@ def params_of(cfg: KernelConfig) -> dict[str, str]:
 
 def config_of(params: dict[str, Any], problem: Problem) -> KernelConfig:
     """The config for Optuna parameters (as produced by `params_of`, or `ParamSpace.params`:
-    a missing knob takes its default) on `problem`'s types."""
+    a missing knob takes its default) on `problem`'s types and operation (epilogue, scaling)."""
     return KernelConfig.from_knobs(
         {k.name: k.kind.read(params[k.name]) for k in KernelConfig.knobs if k.name in params},
         dtype_a=problem.dtype_a, dtype_b=problem.dtype_b, dtype_c=problem.dtype_d,
         dtype_d=problem.dtype_d, layout_a=problem.layout_a, layout_b=problem.layout_b,
+        epilogue=problem.epilogue, scaling=problem.scaling,
     )

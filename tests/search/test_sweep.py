@@ -525,3 +525,18 @@ def test_each_kernel_is_measured_against_the_problems_best_so_far_and_coarse_row
         assert pp.best_tflops == max(full)
         # the coarse rows still give their kernels a value (they steer the search), not a failure
         assert pp.failed == 0
+
+
+@pytest.mark.parametrize("operation", [dict(epilogue="bias+silu"), dict(dtype="e4m3:bf16", scaling="rowcol")])
+def test_a_sweep_of_fused_problems_measures_the_kernels_it_compiles(tmp_path, operation):
+    # Regression: configs were mapped back to problems without their epilogue and scaling, so a
+    # sweep of bias+silu problems compiled its budget and measured none of it.
+    from cutlass_tune.space import sweep_space
+
+    sp = sweep_space(None, "1024x14336x4096,4096x4096x14336", operation.get("dtype"), None,
+                     epilogue=operation.get("epilogue"), scaling=operation.get("scaling"))
+    compiler = FakeCompiler()
+    state = make(sp, tmp_path, FakeBench(), compiler, trials=4, batch=4, strategy="optuna")[0].run()
+    assert [pp.measured for pp in state.problems] == [4, 4] and state.invalid == 0
+    assert all(c.epilogue == sp.problems[0].epilogue and c.scaling == sp.problems[0].scaling
+               for call in compiler.calls for c in call)
