@@ -219,3 +219,14 @@ def test_grid_sampling_of_auto_is_refused(tmp_path):
 
     with pytest.raises(CutlassTuneError, match="grid sampler cannot walk"):
         sweep(space_for_shapes("1024x1024x1024"), tmp_path, strategy="optuna", sampler="grid")
+
+
+def test_the_prior_learns_plain_gemms_only_from_the_committed_measurements():
+    # A fused problem's ratio is to torch eager; fitted as a plain GEMM's it would mislead.
+    from cutlass_tune.search._prior import committed_frame, committed_observations
+
+    frame = committed_frame()
+    assert (frame["epilogue"].fillna("none") != "none").any()  # the committed table holds fused rows
+    observations = committed_observations(frame, gpu="NVIDIA H100 80GB HBM3")
+    assert observations and all(o.config.epilogue.is_plain and o.config.scaling.value == "none"
+                                for o in observations)
