@@ -95,9 +95,9 @@ def committed_observations(frame: pd.DataFrame, gpu: str | None = None,
                            method: str | None = None) -> list[Observation]:
     """Each (problem, config)'s best ratio to cuBLAS in `frame` (`committed_frame`): the median
     over the runs that measured it of each run's best variant, from rows that are ok (verified)
-    with a ratio, of plain GEMMs (no fused epilogue or fp8 scales). With `gpu`, that GPU model's rows only, or every GPU's where it has none; with
-    `method` ("events", "graph", "sustained"), that timing method's, or every method's where
-    it has none."""
+    with a ratio, of plain GEMMs (no fused epilogue or fp8 scales). With `gpu`, that GPU model's
+    rows only, or every GPU's where it has none; with `method` ("events", "graph",
+    "sustained"), that timing method's, or every method's where it has none."""
     rows = frame[(frame["status"] == "ok") & frame["ratio"].notna()]
     for column in ("epilogue", "scaling"):  # a fused problem's ratio is to torch eager, not cuBLAS
         if column in rows:
