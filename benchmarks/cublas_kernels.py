@@ -23,8 +23,8 @@ from cutlass_tune.space import DType, Problem, RuntimeArgs, load_space
 SQUARES = (128, 256, 512, 1024, 2048, 4096, 6144, 8192)
 CASES = (
     [(Problem(s, s, s), False) for s in SQUARES]
-    + [(Problem(s, s, s, DType.F16, DType.F16, DType.F16), False) for s in (1024, 2048, 4096)]
-    + [(Problem(s, s, s, DType.E4M3, DType.E4M3, DType.BF16), fast)
+    + [(Problem(s, s, s, dtype_a=DType.F16, dtype_b=DType.F16, dtype_d=DType.F16), False) for s in (1024, 2048, 4096)]
+    + [(Problem(s, s, s, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16), fast)
        for s in (1024, 2048, 4096, 8192) for fast in (False, True)]
 )
 

@@ -504,7 +504,8 @@ def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dt
     dtype_a, dtype_b, dtype_d = (_DTYPES[d] for d in dtypes)
     if batch > 1 and not (epilogue.is_plain and scaling is Scaling.NONE):
         return skipped("a batched GEMM with an epilogue")
-    problem = Problem(m, n, k, dtype_a, dtype_b, dtype_d, layout_a, layout_b, epilogue, scaling)
+    problem = Problem(m, n, k, dtype_a=dtype_a, dtype_b=dtype_b, dtype_d=dtype_d, layout_a=layout_a,
+                      layout_b=layout_b, epilogue=epilogue, scaling=scaling)
     why = [str(w) for w in check_problem(problem)]
     if not why and dtype_a != dtype_b:
         why = [f"A is {dtype_a.value} and B {dtype_b.value}: a space file gives both one type"]

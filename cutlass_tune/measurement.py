@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .space import DType, Epilogue, KernelConfig, Layout, Problem, RuntimeArgs, Scaling
+from .space import KernelConfig, Problem, RuntimeArgs
 from .status import Status
 
 # nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
@@ -142,31 +142,11 @@ class Baseline(str, enum.Enum):
     @classmethod
     def of(cls, problem: Problem) -> Baseline:
         """The baseline a problem's kernels are paired with and ranked against."""
-        plain = problem.epilogue.is_plain and problem.scaling is Scaling.NONE
-        return cls.CUBLAS if plain else cls.EAGER
+        return cls.CUBLAS if problem.is_plain else cls.EAGER
 
 
 BASELINE_NAMES = frozenset(b.value for b in Baseline)
 """Every `kernel` name a baseline row has in a store (a kernel's name is never one of them)."""
-
-
-def problem_to_dict(p: Problem) -> dict[str, Any]:
-    """Plain JSON-able dict; the epilogue by its `Epilogue.name`."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(p):
-        v = getattr(p, f.name)
-        out[f.name] = v.value if isinstance(v, enum.Enum) else v.name if isinstance(v, Epilogue) else v
-    return out
-
-
-def problem_from_dict(d: dict[str, Any]) -> Problem:
-    """Inverse of `problem_to_dict`; records written before fused epilogues read as plain."""
-    return Problem(
-        m=d["m"], n=d["n"], k=d["k"],
-        dtype_a=DType(d["dtype_a"]), dtype_b=DType(d["dtype_b"]), dtype_d=DType(d["dtype_d"]),
-        layout_a=Layout(d["layout_a"]), layout_b=Layout(d["layout_b"]),
-        epilogue=Epilogue.parse(d.get("epilogue", "none")), scaling=Scaling(d.get("scaling", "none")),
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +249,7 @@ class Measurement:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name == "problem":
-                v = problem_to_dict(v)
+                v = v.to_dict()
             elif f.name == "runtime":
                 v = v.to_dict()
             elif f.name == "status":
@@ -288,7 +268,7 @@ class Measurement:
                              f"{', '.join(map(str, READABLE_SCHEMAS))})")
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        values["problem"] = problem_from_dict(data["problem"])
+        values["problem"] = Problem.from_dict(data["problem"])
         values["runtime"] = RuntimeArgs.from_dict(data["runtime"])
         values["status"] = Status(data["status"])
         for name, kind in (("config", KernelConfig), ("clocks", Clocks), ("env", EnvStamp)):

@@ -134,7 +134,8 @@ def target(model, *args, **kwargs):
 
 
 def tn(m, n, k, dtype=BF16, out=None, epilogue="none", scaling=Scaling.NONE):
-    return Problem(m, n, k, dtype, dtype, out or dtype, ROW, COL, Epilogue.parse(epilogue), scaling)
+    return Problem(m, n, k, dtype_a=dtype, dtype_b=dtype, dtype_d=out or dtype, layout_a=ROW, layout_b=COL,
+                   epilogue=Epilogue.parse(epilogue), scaling=scaling)
 
 
 def test_linear_layers_are_tn_problems_counted_by_call(tmp_path):
@@ -152,9 +153,9 @@ def test_the_backward_adds_dx_as_tt_and_dw_as_nt(tmp_path):
     # sum().backward(), dY would be a stride-0 expansion and layer 2's dX skipped as strided.)
     captured = capture_gemms(load_target(f"{model_file(tmp_path, MLP)}:build"), backward=True)
     backward = {p: s for p, s in captured.problems().items() if s == {"aten.mm (backward)": 1}}
-    assert list(backward) == [Problem(32, 128, 16, BF16, BF16, BF16, COL, ROW),  # dW of layer 2
-                              Problem(16, 128, 32, BF16, BF16, BF16, ROW, ROW),  # dX of layer 2
-                              Problem(128, 64, 16, BF16, BF16, BF16, COL, ROW)]  # dW of layer 1
+    assert list(backward) == [Problem(32, 128, 16, layout_a=COL, layout_b=ROW),  # dW of layer 2
+                              Problem(16, 128, 32, layout_a=ROW, layout_b=ROW),  # dX of layer 2
+                              Problem(128, 64, 16, layout_a=COL, layout_b=ROW)]  # dW of layer 1
     assert len(captured.problems()) == 5
 
 

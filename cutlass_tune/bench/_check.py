@@ -25,7 +25,7 @@ import torch
 
 from ..measurement import TimingMethod
 from ..runtime import BestTable, matmul, torch_gemm
-from ..space import DType, Layout, Problem
+from ..space import Operation, Problem
 from ..status import Status
 from ._env import ClockMonitor
 from ._timing import TimingOptions, TimingStats, rotation_count, time_sustained
@@ -92,11 +92,8 @@ class EntryCheck:
 
 
 def problem_of_row(row: dict) -> Problem:
-    """The problem a best-table row names."""
-    layout = str(row["layout"])
-    return Problem(int(row["m"]), int(row["n"]), int(row["k"]), DType(row["dtype_a"]), DType(row["dtype_b"]),
-                   DType(row["dtype_d"]), Layout.ROW if layout[0] == "t" else Layout.COL,
-                   Layout.COL if layout[1] == "n" else Layout.ROW)
+    """The problem a best-table row names, its operation included."""
+    return Problem(int(row["m"]), int(row["n"]), int(row["k"]), **Operation.from_cells(row).operation_fields())
 
 
 def check_table(table: BestTable, *, device: int = 0, options: TimingOptions | None = None,

@@ -81,10 +81,9 @@ def _from_store(url: str) -> pd.DataFrame:
             continue
         to_compile = compiled.get((r.gpu, r.problem, r.run_id, m.repeat), (math.nan, math.nan))
         out.append({
-            **r.values(("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "kernel",
-                        "config_hash", "runtime", "tflops", "median_ms", "p20_ms", "p80_ms", "samples",
-                        "cublas_tflops", "ratio", "run_id")),
-            "epilogue": m.problem.epilogue.name, "scaling": m.problem.scaling.value,
+            **r.values(("gpu", "problem", "m", "n", "k", "kernel", "config_hash", "runtime", "tflops", "median_ms",
+                        "p20_ms", "p80_ms", "samples", "cublas_tflops", "ratio", "run_id")),
+            **m.problem.operation.cells(),
             "torch_compile_tflops": to_compile[0],
             "torch_compile_ratio": (r.ratio or math.nan) / to_compile[1],
             **cells(m.runtime),

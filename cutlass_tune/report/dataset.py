@@ -20,11 +20,11 @@ from typing import IO, Any
 import pandas as pd
 
 from .._files import write_atomically
-from ..measurement import Measurement, problem_to_dict, read_jsonl
-from ..space import KernelConfig, Problem, RuntimeArgs, layout_code
+from ..measurement import Measurement, read_jsonl
+from ..space import KernelConfig, Operation, RuntimeArgs
 from ..store import ResultStore
 
-PROBLEM_COLUMNS = tuple(f.name for f in dataclasses.fields(Problem)) + ("layout",)
+PROBLEM_COLUMNS = ("m", "n", "k", *Operation.FIELDS, "layout")
 CONFIG_COLUMNS = tuple(f.name for f in dataclasses.fields(KernelConfig) if f.name not in PROBLEM_COLUMNS)
 """The config's knobs that the problem does not already fix (its types and layouts do)."""
 RUNTIME_COLUMNS = tuple(f.name for f in dataclasses.fields(RuntimeArgs))
@@ -49,8 +49,7 @@ def _plain(value: Any) -> Any:
 
 def _row(m: Measurement, origin: _Origin) -> dict[str, Any]:
     p = m.problem
-    row: dict[str, Any] = problem_to_dict(p)
-    row["layout"] = layout_code(p.layout_a, p.layout_b)
+    row: dict[str, Any] = {**p.to_dict(), "layout": p.layout}
     row.update(kernel=m.kernel_name, is_baseline=m.is_baseline,
                config_hash=m.config.hash if m.config is not None else None)
     row.update({name: _plain(getattr(m.config, name)) if m.config is not None else None for name in CONFIG_COLUMNS})

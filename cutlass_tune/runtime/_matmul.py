@@ -43,7 +43,6 @@ from ..space import (
     Scaling,
     TileScheduler,
     check_problem,
-    layout_code,
 )
 from ..status import Status
 from ..tables import BestTableError, BundledKernel
@@ -194,9 +193,9 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
         if operand is not None and operand.data_ptr() % 16:
             raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (the kernels read it "
                                    "by vectors): call .clone() first")
-    problem = Problem(a.shape[0], b.shape[1], a.shape[1], dtype, dtype, out,
-                      _layout(a, "a", Layout.ROW, Layout.COL), _layout(b, "b", Layout.ROW, Layout.COL),
-                      epilogue, scaling)
+    problem = Problem(a.shape[0], b.shape[1], a.shape[1], dtype_a=dtype, dtype_b=dtype, dtype_d=out,
+                      layout_a=_layout(a, "a", Layout.ROW, Layout.COL),
+                      layout_b=_layout(b, "b", Layout.ROW, Layout.COL), epilogue=epilogue, scaling=scaling)
     why = check_problem(problem)
     if why:
         raise MatmulInputError(f"{problem.m}x{problem.n}x{problem.k}: {why[0].reason}")
@@ -239,12 +238,10 @@ class Gemm:
         an epilogue that is not the kernel's, KernelStatusError when CUTLASS refuses the problem."""
         problem = problem_of(a, b, self._dtype_d, bias=bias, activation=self.config.epilogue.activation, c=c,
                              scale_a=scale_a, scale_b=scale_b)
-        if (problem.layout_a, problem.layout_b) != (self.config.layout_a, self.config.layout_b):
-            raise MatmulInputError(f"this kernel is {layout_code(self.config.layout_a, self.config.layout_b)}; "
-                                   f"the tensors are {layout_code(problem.layout_a, problem.layout_b)}")
-        if (problem.epilogue, problem.scaling) != (self.config.epilogue, self.config.scaling):
-            raise MatmulInputError(f"this kernel computes {_operation(self.config.epilogue, self.config.scaling)}; "
-                                   f"the call asks for {_operation(problem.epilogue, problem.scaling)}")
+        if problem.layout != self.config.layout:
+            raise MatmulInputError(f"this kernel is {self.config.layout}; the tensors are {problem.layout}")
+        if problem.operation != self.config.operation:
+            raise MatmulInputError(f"this kernel computes {self.config.words}; the call asks for {problem.words}")
         return self.run(problem, a, b, out, bias=bias, c=c, scale_a=scale_a, scale_b=scale_b, alpha=alpha,
                         beta=_beta(c, beta))
 
@@ -324,13 +321,6 @@ def _untuned_name(problem: Problem) -> str:
         gemm = "F.linear"
     act = problem.epilogue.activation
     return gemm if act is Activation.NONE else f"{gemm} and torch's {act.value}"
-
-
-def _operation(epilogue: Epilogue, scaling: Scaling) -> str:
-    """An epilogue and scaling in words: "a @ b", "bias+silu", "bias+silu, scale-rowcol"."""
-    parts = ([] if epilogue.is_plain else [epilogue.name]) + (
-        [] if scaling is Scaling.NONE else [f"scale-{scaling.value}"])
-    return ", ".join(parts) or "the plain a @ b"
 
 
 def _beta(c: torch.Tensor | None, beta: float | None) -> float:
@@ -457,11 +447,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
         return torch_gemm(a, b, _TORCH[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha, beta=beta,
                           scale_a=scale_a, scale_b=scale_b)
 
-    code = layout_code(problem.layout_a, problem.layout_b)
-    asked = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {code} {_operation(problem.epilogue, problem.scaling)}"
+    asked = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} {problem.words}"
     try:
-        match = table.lookup(problem.m, problem.n, problem.k, problem.dtype_a.value, code, problem.dtype_d.value,
-                             epilogue=problem.epilogue, scaling=problem.scaling)
+        match = table.find(problem.m, problem.n, problem.k, problem.operation)
     except BestTableError as err:
         _warn_once(asked, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
         return untuned()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..space import DType, Layout, Problem, check_problem
+from ..space import DType, Problem, check_problem
 from ._linear import Linear
 from ._op import registered_table, table_key
 from ._table import BestTable
@@ -133,7 +133,7 @@ def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage, cuda_only
     if dtype is None:
         return f"{weight.dtype}: the tuned kernels take bfloat16 or float16 (cast the model first)"
     n, k = linear.out_features, linear.in_features
-    refused = check_problem(Problem(1, n, k, dtype, dtype, dtype, Layout.ROW, Layout.COL))
+    refused = check_problem(Problem(1, n, k, dtype_a=dtype, dtype_b=dtype, dtype_d=dtype))
     if refused:
         return refused[0].reason
     return coverage.why_not(dtype, n, k, min_ratio)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import operator
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from ..space import (
     Epilogue,
     KernelConfig,
     Layout,
+    Operation,
     RasterOrder,
     RuntimeArgs,
     Scaling,
@@ -44,7 +47,7 @@ def _dtype_value(value: object, name: str) -> str:
                          "dtypes bfloat16, float16, float32, float8_e4m3fn, float8_e5m2)")
 
 
-def _operation(epilogue: object, scaling: object) -> tuple[str, str]:
+def _fused(epilogue: object, scaling: object) -> tuple[str, str]:
     """The table's spellings of an epilogue and a scaling given as themselves or their names."""
     if isinstance(epilogue, Epilogue):
         epilogue = epilogue.name
@@ -100,7 +103,7 @@ class BestTable:
         if gpu is not None:
             frame = frame[frame["gpu"] == gpu]
         # A frame built before fused epilogues (or by hand) holds plain GEMMs.
-        frame = frame.assign(**{c: "none" for c in ("epilogue", "scaling") if c not in frame.columns})
+        frame = frame.assign(**{c: "none" for c in Operation.ADDED_LATER if c not in frame.columns})
         self.frame = frame.reset_index(drop=True)
         self.bundled = dict(bundled or {})
         self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
@@ -124,6 +127,15 @@ class BestTable:
 
         return cls(load_best(source), gpu=gpu)
 
+    def find(self, m: int, n: int, k: int, operation: Operation) -> Match:
+        """The row for M x N x K of `operation` (a problem's), or the nearest tuned problem of
+        that operation on a log scale (`exact` False): `matmul`'s dispatch.
+
+        Raises:
+            BestTableError: nothing tuned for the operation, or a non-positive size.
+        """
+        return self._nearest(m, n, k, operation.operation.cells())
+
     def lookup(self, m: int, n: int, k: int, dtype: object = "bf16", layout: str = "tn",
                out_dtype: object = None, epilogue: Epilogue | str = "none", scaling: Scaling | str = "none") -> Match:
         """The row for M x N x K, or the nearest tuned problem of the same dtypes, layout,
@@ -143,24 +155,27 @@ class BestTable:
             BestTableError: nothing tuned for these dtypes, layout, epilogue and scaling; a
                 dtype, layout, epilogue or scaling that is none; or a non-positive size.
         """
-        if min(m, n, k) <= 0:
-            raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
         dtype = _dtype_value(dtype, "dtype")
-        out_dtype = None if out_dtype is None else _dtype_value(out_dtype, "out_dtype")
         if layout not in _LAYOUTS:
             raise BestTableError(f"lookup: layout {str(layout)[:40]!r} is not one of {', '.join(sorted(_LAYOUTS))}")
-        operation = _operation(epilogue, scaling)
-        f = self.frame
-        wanted = (f["dtype_a"] == dtype) & (f["layout"] == layout) & (f["epilogue"] == operation[0]) & (
-            f["scaling"] == operation[1])
+        epilogue, scaling = _fused(epilogue, scaling)
+        wanted = {"dtype_a": dtype, "layout": layout, "epilogue": epilogue, "scaling": scaling}
         if out_dtype is not None:
-            wanted &= f["dtype_d"] == out_dtype
-        same = f[wanted]
+            wanted["dtype_d"] = _dtype_value(out_dtype, "out_dtype")
+        return self._nearest(m, n, k, wanted)
+
+    def _nearest(self, m: int, n: int, k: int, wanted: Mapping[str, str]) -> Match:
+        """The row nearest to M x N x K among those whose operation columns hold `wanted`."""
+        if min(m, n, k) <= 0:
+            raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
+        f = self.frame
+        same = f[functools.reduce(operator.and_, (f[c] == v for c, v in wanted.items()))]
         if same.empty:
             tuned = sorted({f"{a} -> {d} {lay}{_shown_operation(e, s)}" for a, d, lay, e, s
                             in zip(f["dtype_a"], f["dtype_d"], f["layout"], f["epilogue"], f["scaling"])})
-            asked = f"{dtype} -> {out_dtype}" if out_dtype is not None else dtype
-            raise BestTableError(f"no tuned problem for {asked} {layout}{_shown_operation(*operation)} "
+            asked = wanted["dtype_a"] + (f" -> {wanted['dtype_d']}" if "dtype_d" in wanted else "")
+            raise BestTableError(f"no tuned problem for {asked} {wanted['layout']}"
+                                 f"{_shown_operation(wanted['epilogue'], wanted['scaling'])} "
                                  f"(the table has: {', '.join(tuned) or 'none'})")
         distance = same.apply(lambda r: math.dist((math.log2(m), math.log2(n), math.log2(k)),
                                                   (math.log2(r["m"]), math.log2(r["n"]), math.log2(r["k"]))), axis=1)

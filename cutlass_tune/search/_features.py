@@ -98,13 +98,8 @@ def auto_columns(auto: AutoKernels) -> tuple[dict[str, np.ndarray], np.ndarray]:
                    "epilogue_tile_n", "epilogue_source", "tile_scheduler", "fp8_fast_accum")
     keys = np.stack([chosen[:, values[n][0]] for n in resolved_by], axis=1)
     unique, inverse = np.unique(keys, axis=0, return_inverse=True)
-    fixed = dict(auto.operands)
-    configs = []
-    for row in unique:
-        fields = dict(fixed)
-        for n, v in zip(resolved_by, row):
-            fields[n] = values[n][1][v]
-        configs.append(KernelConfig(**fields))
+    configs = [KernelConfig.for_operation(auto.operation, **{n: values[n][1][v] for n, v in zip(resolved_by, row)})
+               for row in unique]
     per_unique = config_columns(configs)
     for name in _COLUMNS:
         if name not in out:

@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna
 
-from ..space import AutoKernels, KernelConfig, Problem, SearchSpace
+from ..space import AutoKernels, KernelConfig, Operation, Problem, SearchSpace
 
 KNOBS = tuple(k.name for k in KernelConfig.knobs)
 _ONLY_AT_DEFAULT = {k.name: k.kind.text(k.default) for k in KernelConfig.knobs if not k.parameter_at_default}
@@ -36,11 +36,12 @@ class ParamSpace:
 
     @classmethod
     def from_space(cls, space: SearchSpace, problem: Problem) -> ParamSpace:
-        """Parameters for the candidates of `space` that match `problem`'s types and layouts."""
+        """Parameters for the candidates of `space` of `problem`'s operation."""
         auto = space.auto_for(problem)
         if auto is not None:
             return cls(_auto_choices(auto), frozenset(), auto)
-        configs = [c for c in space.candidates if _matches(c, problem)]
+        operation = problem.operation
+        configs = [c for c in space.candidates if c.operation == operation]
         choices: dict[str, list[str]] = {k: [] for k in KNOBS}
         for c in configs:
             for knob, value in params_of(c).items():
@@ -67,7 +68,7 @@ class ParamSpace:
 def _auto_choices(auto: AutoKernels) -> dict[str, tuple[str, ...]]:
     out = {}
     for knob in KernelConfig.knobs:
-        if not knob.applies_to(KernelConfig(**auto.operands)):
+        if not knob.applies_to(KernelConfig.for_operation(auto.operation)):
             continue
         values = auto.values_in_valid()[knob.name]
         texts = (["auto"] if knob.auto is not None else []) + [knob.kind.text(v) for v in values]
@@ -76,24 +77,14 @@ def _auto_choices(auto: AutoKernels) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _matches(cfg: KernelConfig, problem: Problem) -> bool:
-    return (cfg.dtype_a, cfg.dtype_b, cfg.dtype_d, cfg.layout_a, cfg.layout_b, cfg.epilogue, cfg.scaling) == (
-        problem.dtype_a, problem.dtype_b, problem.dtype_d, problem.layout_a, problem.layout_b, problem.epilogue,
-        problem.scaling)
-
-
 def params_of(cfg: KernelConfig) -> dict[str, str]:
     """Optuna parameters of a config: each knob that applies to it, as text. The epilogue is
     "auto" when it is the schedule's pair."""
     return {k.name: k.text(cfg) for k in cfg.knobs if k.applies_to(cfg)}
 
 
-def config_of(params: dict[str, Any], problem: Problem) -> KernelConfig:
-    """The config for Optuna parameters (as produced by `params_of`, or `ParamSpace.params`:
-    a missing knob takes its default) on `problem`'s types and operation (epilogue, scaling)."""
+def config_of(params: dict[str, Any], operation: Operation) -> KernelConfig:
+    """The config of `operation` (a problem's) for Optuna parameters (as produced by
+    `params_of`, or `ParamSpace.params`: a missing knob takes its default)."""
     return KernelConfig.from_knobs(
-        {k.name: k.kind.read(params[k.name]) for k in KernelConfig.knobs if k.name in params},
-        dtype_a=problem.dtype_a, dtype_b=problem.dtype_b, dtype_c=problem.dtype_d,
-        dtype_d=problem.dtype_d, layout_a=problem.layout_a, layout_b=problem.layout_b,
-        epilogue=problem.epilogue, scaling=problem.scaling,
-    )
+        {k.name: k.kind.read(params[k.name]) for k in KernelConfig.knobs if k.name in params}, operation.operation)

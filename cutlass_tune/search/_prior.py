@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..space import DType, KernelConfig, Layout, Problem
+from ..space import KernelConfig, Operation, Problem
 from ..status import Status
 from ..store import ResultStore
 from ._features import FEATURES, Pool, config_columns, features
@@ -56,16 +56,11 @@ class Observation:
 
 
 # ---- training rows --------------------------------------------------------------------------
-_DTYPES = {d.value: d for d in DType}
-_LAYOUTS = {"tn": (Layout.ROW, Layout.COL), "nt": (Layout.COL, Layout.ROW), "nn": (Layout.COL, Layout.COL),
-            "tt": (Layout.ROW, Layout.ROW)}
-_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(KernelConfig))
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(KernelConfig) if f.name not in Operation.FIELDS)
 
 
 def _problem_of(row: Mapping[str, Any]) -> Problem:
-    layout_a, layout_b = _LAYOUTS[row["layout"]]
-    return Problem(int(row["m"]), int(row["n"]), int(row["k"]), _DTYPES[row["dtype_a"]], _DTYPES[row["dtype_b"]],
-                   _DTYPES[row["dtype_d"]], layout_a, layout_b)
+    return Problem(int(row["m"]), int(row["n"]), int(row["k"]), **Operation.from_cells(row).operation_fields())
 
 
 def _config_of(row: Mapping[str, Any], problem: Problem) -> KernelConfig:
@@ -75,8 +70,7 @@ def _config_of(row: Mapping[str, Any], problem: Problem) -> KernelConfig:
         if v is None or (isinstance(v, float) and math.isnan(v)):
             continue
         fields[f] = int(v) if isinstance(v, float) else v
-    fields.update(dtype_a=problem.dtype_a.value, dtype_b=problem.dtype_b.value, layout_a=problem.layout_a.value,
-                  layout_b=problem.layout_b.value)
+    fields.update(problem.operation.to_dict())
     for flag in ("fp8_fast_accum", "epilogue_source"):
         if isinstance(fields.get(flag), str):
             fields[flag] = fields[flag] == "True"

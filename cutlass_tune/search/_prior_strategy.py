@@ -22,15 +22,16 @@ import logging
 import time
 from collections.abc import Sequence
 
-from ..space import KernelConfig, Problem, SearchSpace
-from ..store import ResultStore
+from ..space import KernelConfig, Operation, Problem
 from . import _prior
 from ._claims import Claims
 from ._features import Pool
 from ._ledger import Ledger
+from ._optuna_strategy import ASKS_PER_CONFIG
 from ._prior import Observation, Prior, StoreObservations
-from ._seeds import heuristic_configs, operand_kind
-from ._strategy import ASKS_PER_CONFIG, OptunaStrategy, Study
+from ._seeds import heuristic_configs
+from ._strategy import StrategyContext, register_strategy
+from ._studies import Study
 
 HEURISTIC_AFTER = 2
 """nvMatmulHeuristics' picks join a problem's first picks after this many of the prior's."""
@@ -53,38 +54,44 @@ def load_committed(gpu: str, timing_method: str) -> list[Observation]:
     return _prior.committed_observations(frame, gpu, timing_method.removesuffix("-paired"))
 
 
-class PriorStrategy(OptunaStrategy):
-    """Proposes configs by the prior first (see the module's docstring); `OptunaStrategy`'s
-    arguments, and:
+class PriorStrategy:
+    """Proposes configs by the prior first (see the module's docstring), through the sweep's
+    studies, whose samplers it asks for one proposal in `SAMPLER_EVERY`.
 
     Args:
-        store: the sweep's store, whose measurements the prior learns from as they come.
-        sm_count: the GPU's SMs.
+        context: the sweep's space, studies, store (whose measurements the prior learns from as
+            they come) and GPU.
         committed: observations from other stores (`load_committed`).
     """
 
-    def __init__(self, space: SearchSpace, storage_url: str, *, sampler: str, seed: int, arch: str, gpu: str,
-                 run_id: str, store: ResultStore, sm_count: int, committed: Sequence[Observation] = ()):
-        super().__init__(space, storage_url, sampler=sampler, seed=seed, arch=arch, gpu=gpu, run_id=run_id)
-        self.sm_count, self.committed = sm_count, list(committed)
-        self.observed = StoreObservations(store)
-        self.prior = Prior(sm_count)
+    def __init__(self, context: StrategyContext, committed: Sequence[Observation] = ()):
+        self.space, self.studies, self.gpu = context.space, context.studies, context.gpu
+        self.sm_count, self.committed = context.sm_count, list(committed)
+        self.observed = StoreObservations(context.store)
+        self.prior = Prior(self.sm_count)
         self.fits = 0
         self._results = -1  # store results at the last fit
-        self._pools: dict[tuple, Pool] = {}
+        self._pools: dict[Operation, Pool] = {}
         self._ranked: dict[str, list[KernelConfig]] = {}  # study name -> its picks, best first
         self._heuristic: dict[str, list[KernelConfig]] = {}  # study name -> nvMatmulHeuristics' picks
         self._answered: set[Problem] = set()  # problems with results of their own at the last fit
         self._proposals = 0
+        self._turn = 0  # the study `ask` asks next
+
+    @classmethod
+    def create(cls, context: StrategyContext) -> PriorStrategy:
+        """The strategy, learning from the committed measurements of the GPU model and timing."""
+        return cls(context, load_committed(context.gpu, context.timing))
 
     # ---- the prior ------------------------------------------------------------------------
     def _pool(self, problem: Problem) -> Pool:
-        kind = operand_kind(problem)
-        if kind not in self._pools:
+        """The configs of the space that compute `problem`'s operation, with their features."""
+        operation = problem.operation
+        if operation not in self._pools:
             auto = self.space.auto_for(problem)
-            self._pools[kind] = (Pool.of_auto(auto) if auto is not None else Pool.of_configs(
-                [c for c in self.space.valid if operand_kind(c) == kind]))
-        return self._pools[kind]
+            self._pools[operation] = (Pool.of_auto(auto) if auto is not None else Pool.of_configs(
+                [c for c in self.space.valid if c.operation == operation]))
+        return self._pools[operation]
 
     def refit(self, *, force: bool = False) -> bool:
         """Fit the prior again if the store holds `REFIT_EVERY` results more than at the last
@@ -113,11 +120,11 @@ class PriorStrategy(OptunaStrategy):
         return self._ranked.get(s.name, [])[:count]
 
     # ---- proposing ------------------------------------------------------------------------
-    def warm_start(self, store: ResultStore, problems: list[Problem], gpu: str | None, sm_count: int | None) -> None:
+    def warm_start(self) -> None:
         """Fit the prior, and take nvMatmulHeuristics' picks for each problem. Nothing is
         queued: `ask` proposes."""
         for s in self.studies:
-            self._heuristic[s.name] = [c for c in heuristic_configs(s.problem, gpu) if s.params.has(c)]
+            self._heuristic[s.name] = [c for c in heuristic_configs(s.problem, self.gpu) if s.params.has(c)]
         self.refit(force=True)
 
     def ask(self, want: int, ledger: Ledger, claims: Claims) -> list[KernelConfig]:
@@ -135,19 +142,23 @@ class PriorStrategy(OptunaStrategy):
             self._proposals += 1
             if not explore:
                 self._queue_best(s, ledger, claims)
-            cfg = self._ask_in(s, ledger, claims)
+            cfg = self.studies.ask_in(s, ledger, claims)
             if cfg is not None:
                 batch.append(cfg)
         if len(batch) < want:
-            batch += self._unproposed(want - len(batch), ledger, claims)
+            batch += self.studies.unproposed(want - len(batch), ledger, claims)
         return batch
+
+    def tell(self, cfg: KernelConfig, ledger: Ledger) -> None:
+        """Tell the studies; the prior learns from the store at its next refit."""
+        self.studies.tell(cfg, ledger)
 
     def _queue_best(self, s: Study, ledger: Ledger, claims: Claims) -> None:
         """Queue in `s` the prior's first pick for it not measured, awaited or held elsewhere."""
         for cfg in self._ranked.get(s.name, []):
-            if cfg.hash in ledger.compiled or cfg.hash in self._waiting or cfg.hash in claims:
+            if cfg.hash in ledger.compiled or self.studies.awaits(cfg) or cfg.hash in claims:
                 continue
-            if self.enqueue(s, cfg):
+            if self.studies.enqueue(s, cfg):
                 return
 
 
@@ -157,3 +168,6 @@ def _interleave(ours: list[KernelConfig], theirs: list[KernelConfig], after: int
     for i in range(max(len(ours) - after, len(theirs))):
         out += theirs[i:i + 1] + ours[after + i:after + i + 1]
     return out
+
+
+register_strategy("prior", PriorStrategy.create)

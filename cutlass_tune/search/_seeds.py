@@ -79,21 +79,14 @@ def heuristic_configs(problem: Problem, gpu_name: str | None, count: int = HEURI
     for entry in found:
         k = entry["kernel"]
         schedule = KernelSchedule.COOPERATIVE if k.cta_tile_m % 128 == 0 else KernelSchedule.PINGPONG
-        cfg = KernelConfig(
-            dtype_a=problem.dtype_a, dtype_b=problem.dtype_b, dtype_c=problem.dtype_d, dtype_d=problem.dtype_d,
-            layout_a=problem.layout_a, layout_b=problem.layout_b, tile_m=int(k.cta_tile_m),
+        cfg = KernelConfig.for_operation(
+            problem, tile_m=int(k.cta_tile_m),
             tile_n=int(k.cta_tile_n), tile_k=int(k.cta_tile_k), cluster_m=int(k.cluster_m),
             cluster_n=int(k.cluster_n), stages=int(getattr(k, "stages", 0) or 0), kernel_schedule=schedule,
             epilogue_schedule=PAIRED_EPILOGUE[schedule])
         out.append(cfg)
         out.append(dataclasses.replace(cfg, stages=0))  # the same tile with CUTLASS's auto stages
     return out
-
-
-def operand_kind(x: KernelConfig | Problem) -> tuple:
-    """What a kernel is compiled for besides its knobs: operand types and layouts. A config
-    serves exactly the problems of its kind."""
-    return x.dtype_a, x.dtype_b, x.dtype_d, x.layout_a, x.layout_b
 
 
 def wave_fill(cfg: KernelConfig, problem: Problem, sm_count: int) -> float:
@@ -132,7 +125,7 @@ def wave_fit_configs(members: list[KernelConfig], problems: list[Problem], sm_co
             return (round(wave_fill(c, p, sm_count), 2), c.tile_m * c.tile_n, -c.cluster_m * c.cluster_n,
                     not c.epilogue_source, c.stages == 0, c.epilogue_tile_n == 0, -c.tile_k)
         for schedule in (KernelSchedule.COOPERATIVE, KernelSchedule.PINGPONG):
-            same = [c for c in theirs if operand_kind(c) == operand_kind(p) and c.kernel_schedule is schedule]
+            same = [c for c in theirs if c.operation == p.operation and c.kernel_schedule is schedule]
             if same and wave_fill(best := max(same, key=rank), p, sm_count) >= max(floor, WAVE_FIT_MIN_FILL):
                 out.append(best)
     return out
@@ -154,8 +147,8 @@ def _wave_fit_pool(space: SearchSpace) -> list[KernelConfig]:
         tiles = {k.name: values for k, values in kind.knobs}
         for tile_m, tile_n, schedule, source in itertools.product(
                 tiles["tile_m"], tiles["tile_n"], (KernelSchedule.COOPERATIVE, KernelSchedule.PINGPONG), (False, True)):
-            cfg = KernelConfig(**kind.operands, tile_m=tile_m, tile_n=tile_n, kernel_schedule=schedule,
-                               epilogue_schedule=PAIRED_EPILOGUE[schedule], epilogue_source=source)
+            cfg = KernelConfig.for_operation(kind.operation, tile_m=tile_m, tile_n=tile_n, kernel_schedule=schedule,
+                                             epilogue_schedule=PAIRED_EPILOGUE[schedule], epilogue_source=source)
             if cfg in kind:
                 out.append(cfg)
     return out
@@ -180,8 +173,7 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
             # Without a C operand where the space has it: every launch here has beta = 0, and
             # the sourceless epilogue measured as fast or faster (benchmarks/beat_cublas.md).
             for source in (False, True):
-                cfg = KernelConfig(dtype_a=p.dtype_a, dtype_b=p.dtype_b, dtype_c=p.dtype_d, dtype_d=p.dtype_d,
-                                   layout_a=p.layout_a, layout_b=p.layout_b, epilogue_source=source, **knobs)
+                cfg = KernelConfig.for_operation(p, epilogue_source=source, **knobs)
                 if space.holds(cfg):
                     out.setdefault(cfg.hash, cfg)
                     defaults.append(cfg)
@@ -189,14 +181,14 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
     if sm_count:
         for cfg in wave_fit_configs(_wave_fit_pool(space), problems, sm_count, defaults):
             out.setdefault(cfg.hash, cfg)
-    # The best config of each stored problem nearest to ours (same types and layouts).
+    # The best config of each stored problem nearest to ours (of the same operation).
     best: dict[Problem, tuple[float, KernelConfig]] = {}
     for m in store.measurements():
         if m.status is Status.OK and m.config is not None and m.tflops and space.holds(m.config):
             if m.problem not in best or m.tflops > best[m.problem][0]:
                 best[m.problem] = (m.tflops, m.config)
     for p in problems:
-        nearest = sorted((q for q in best if q != p and operand_kind(q) == operand_kind(p)),
+        nearest = sorted((q for q in best if q != p and q.operation == p.operation),
                          key=lambda q: _log_distance(p, q))
         for q in nearest[:NEAREST_PROBLEMS]:
             out.setdefault(best[q][1].hash, best[q][1])

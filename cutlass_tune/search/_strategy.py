@@ -1,296 +1,70 @@
-"""What to compile next: one Optuna study per problem, asked in turn, told every result.
+"""What a sweep asks of a search strategy, and the strategies by name.
 
-Each study (named from problem, types, layout, arch and GPU) searches the compile-time knobs of
-its problem; a trial's value is the config's best TFLOP/s over its run-time variants. A proposal
-that is invalid, or already measured, is answered at once without a compile; one already
-awaiting results (measured here or by another sweep on the store) waits with it. A compiled
-kernel's result is added to every study of its kind, so one compile informs all shapes. When the
-samplers stall, configs never proposed are taken in the space file's order (at random from a
-`kernels: auto` space).
+A strategy proposes the configs to compile: `ask` for a batch, `tell` when one is measured. It
+proposes through the sweep's `Studies` (one Optuna study per problem), so every config measured
+for a problem is a trial of its study whoever proposed it. Strategies register a factory under a
+name (`register_strategy`); `make_strategy` builds the one a sweep's settings name. One module
+each: search/_optuna_strategy.py ("optuna"), search/_prior_strategy.py ("prior").
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
-import random
-import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable
+from typing import Protocol
 
-import optuna
-
-from ..errors import CutlassTuneError
-from ..space import KernelConfig, Problem, SearchSpace, check_config
-from ..store import ResultStore, open_study_storage
+from ..space import KernelConfig, SearchSpace
+from ..store import ResultStore
 from ._claims import Claims
 from ._ledger import Ledger
-from ._params import ParamSpace, config_of, params_of
-from ._samplers import CONSTRAINT, METRIC, make_sampler
-from ._seeds import operand_kind, seed_configs
-
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-ASKS_PER_CONFIG = 50
-"""How many proposals `OptunaStrategy.ask` may ask of the studies per config it wants (plus two
-configs' worth) before it takes configs never proposed, in the file's order."""
-
-
-def study_name(problem: Problem, arch: str, gpu: str) -> str:
-    return f"{problem.name}_{arch}_{gpu.replace(' ', '-')}"
+from ._studies import Studies
 
 
 @dataclasses.dataclass(frozen=True)
-class Study:
-    """The Optuna study of one problem, over the knobs the space lists for its kind."""
+class StrategyContext:
+    """What a strategy is built from: the sweep's space, studies and store, and its GPU."""
 
-    problem: Problem
-    study: optuna.Study
-    params: ParamSpace
-
-    @property
-    def name(self) -> str:
-        return self.study.study_name
-
-
-_Waiting = list[tuple[Study, optuna.trial.Trial]]
+    space: SearchSpace
+    studies: Studies
+    store: ResultStore
+    gpu: str
+    sm_count: int
+    timing: str
+    """The store's timing scheme ("events", "graph-paired", ...): what committed figures to learn from."""
+    seed: int
 
 
-class OptunaStrategy:
-    """Proposes configs to compile and tells the studies what was measured.
+class Strategy(Protocol):
+    """Proposes configs to compile. Used from the sweep's thread only."""
 
-    Args:
-        space: the search space.
-        storage_url: where the studies live (created, or loaded to resume).
-        sampler, seed: the Optuna sampler by name (`SAMPLERS`) and its seed.
-        arch, gpu: what the study names carry.
-        run_id: this sweep's run, named as the owner of the trials it asks.
-
-    The trials awaiting results are held here, by config, from `ask` until `tell` (or
-    `abandon`). Not thread-safe: use it from the sweep's thread.
-    """
-
-    def __init__(self, space: SearchSpace, storage_url: str, *, sampler: str, seed: int, arch: str, gpu: str,
-                 run_id: str):
-        if sampler == "grid" and space.auto:
-            raise CutlassTuneError("the grid sampler cannot walk a kernels: auto space (millions of configs): "
-                                   "use tpe, gp or random")
-        self.space, self.run_id, self.seed_value = space, run_id, seed
-        self.storage = open_study_storage(storage_url)
-        self.studies: list[Study] = []
-        for p in space.problems:
-            params = ParamSpace.from_space(space, p)
-            study = optuna.create_study(study_name=study_name(p, arch, gpu), storage=self.storage,
-                                        sampler=make_sampler(sampler, seed=seed, grid=params.grid()),
-                                        direction="maximize", load_if_exists=True)
-            with warnings.catch_warnings():  # experimental since Optuna 3.2, kept through 5
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                study.set_metric_names([METRIC])
-            self.studies.append(Study(p, study, params))
-        self.invalid = 0
-        """Proposals answered as invalid."""
-        self._known: dict[str, set[str]] = {s.name: set() for s in self.studies}  # config hashes in each study
-        self._waiting: dict[str, _Waiting] = {}  # config hash -> trials awaiting its results
-        self._turn = 0  # the study `ask` asks next
-
-    # ---- starting -------------------------------------------------------------------------
-    def fail_left_over(self, live: set[str]) -> None:
-        """Fail the running trials a dead sweep left (none of the `live` runs owns them), and
-        learn which configs each study holds.
-
-        A live sweep's trial is its own: should it be taken for dead, it adds its results as
-        trials of their own (`_tell`). One without an owner may be one a live sweep is asking
-        for this moment (`ask` names the owner right after)."""
-        for s in self.studies:
-            for t in s.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-                if t.user_attrs.get("run_id") in live or ("run_id" not in t.user_attrs and live):
-                    continue
-                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # another sweep's look
-                    self.storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
-                    self.storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
-            self._known[s.name].update(t.user_attrs["config_hash"] for t in s.study.get_trials(deepcopy=False)
-                                       if "config_hash" in t.user_attrs)
-
-    def warm_start(self, store: ResultStore, problems: list[Problem], gpu: str | None, sm_count: int | None) -> None:
-        """Queue the warm start's configs (`seed_configs`) before anything is sampled."""
-        self.seed(seed_configs(self.space, store, problems, gpu, sm_count))
-
-    def seed(self, configs: Iterable[KernelConfig]) -> None:
-        """Queue warm-start configs, each for a study of its own types and layouts (its knobs
-        say nothing of them), the studies of each kind taking turns."""
-        studies_of = collections.defaultdict(list)
-        for s in self.studies:
-            studies_of[operand_kind(s.problem)].append(s)
-        turns: collections.Counter = collections.Counter()
-        for cfg in configs:
-            kind = operand_kind(cfg)
-            if not studies_of[kind]:
-                continue
-            s = studies_of[kind][turns[kind] % len(studies_of[kind])]
-            turns[kind] += 1
-            self.enqueue(s, config_of(params_of(cfg), s.problem))
-
-    def enqueue(self, s: Study, cfg: KernelConfig) -> bool:
-        """Queue `cfg` in the study `s`, asked before anything it samples, unless it is not of
-        the study's space or the study holds it already. Whether it was queued."""
-        if not s.params.has(cfg) or cfg.hash in self._known[s.name]:
-            return False
-        s.study.enqueue_trial(s.params.params(cfg), skip_if_exists=True)
-        return True
-
-    # ---- proposing ------------------------------------------------------------------------
-    def expect(self, cfg: KernelConfig) -> None:
-        """Await results of `cfg`, which no study asked for (an interrupted run's): `tell`
-        adds them to every study. Asked as a seed, a study that holds the interrupted run's
-        failed trial of it would skip it."""
-        self._waiting.setdefault(cfg.hash, [])
+    def warm_start(self) -> None:
+        """Before the first `ask`: queue or rank the first configs (the store is read)."""
 
     def ask(self, want: int, ledger: Ledger, claims: Claims) -> list[KernelConfig]:
-        """Up to `want` configs to compile, each claimed for this sweep.
+        """Up to `want` configs to compile, each claimed for this sweep (`claims`), none measured
+        (`ledger`). Fewer, or none, when the strategy has nothing new to propose."""
 
-        Asks the studies in turn, where the last call stopped (with more problems than a batch
-        holds, restarting at the first would leave the last studies never asked); answers
-        invalid and measured proposals at once; a proposal awaiting results, or claimed by
-        another sweep, waits for them. After `ASKS_PER_CONFIG` asks per config wanted, takes
-        configs never proposed (`_unproposed`)."""
-        batch: list[KernelConfig] = []
-        for _ in range(ASKS_PER_CONFIG * (max(want, 1) + 2)):
-            if len(batch) >= want:
-                break
-            cfg = self._ask_one(ledger, claims)
-            if cfg is not None:
-                batch.append(cfg)
-        if len(batch) < want:
-            batch += self._unproposed(want - len(batch), ledger, claims)
-        return batch
-
-    def _ask_one(self, ledger: Ledger, claims: Claims) -> KernelConfig | None:
-        """Ask the next study; the config to compile, or None when the proposal needs none."""
-        s = self.studies[self._turn % len(self.studies)]
-        self._turn += 1
-        return self._ask_in(s, ledger, claims)
-
-    def _ask_in(self, s: Study, ledger: Ledger, claims: Claims) -> KernelConfig | None:
-        """Ask the study `s`; the config to compile, or None when the proposal needs none."""
-        try:
-            trial = s.study.ask(s.params.distributions())
-        except optuna.exceptions.UpdateFinishedTrialError:
-            return None  # a sweep starting on the store took this one for dead as Optuna made the trial
-        cfg = config_of(trial.params, s.problem)
-        rejections = check_config(cfg)
-        why = str(rejections[0]) if rejections else ""
-        if not why and not s.params.has(cfg):
-            why = "not in the search space"
-        if why:
-            self.invalid += 1
-            self._tell(s, trial, cfg, None, reason=why, invalid=True)
-            return None
-        if cfg.hash in ledger.compiled and ledger.complete(cfg):
-            value = ledger.value(s.problem, cfg.hash)
-            self._tell(s, trial, cfg, value, reason="" if value else ledger.failure_reason(s.problem, cfg))
-            return None
-        # The trial waits for a measurement: name its owner, so that a sweep starting on the
-        # store while this one lives leaves it alone even if a third one died (`fail_left_over`).
-        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # see `_tell`
-            trial.set_user_attr("run_id", self.run_id)
-        if cfg.hash in self._waiting:
-            self._waiting[cfg.hash].append((s, trial))
-            return None
-        self._waiting[cfg.hash] = [(s, trial)]
-        return cfg if claims.claim(cfg) else None
-
-    def _unproposed(self, want: int, ledger: Ledger, claims: Claims) -> list[KernelConfig]:
-        """Up to `want` valid configs of the space never compiled, awaited or held by another
-        sweep, in the file's order, asked by no study: for when the samplers stall (they keep
-        proposing known or invalid configs, as in a short list of configs or a space whose rest
-        other sweeps hold), so that a sweep does not stop short of `--trials` with configs left."""
-        taken: list[KernelConfig] = []
-        for cfg in self._fallback():
-            if len(taken) == want:
-                break
-            if (cfg.hash in self._waiting or cfg.hash in ledger.compiled
-                    or not any(s.params.has(cfg) for s in self.studies) or check_config(cfg)):
-                continue
-            if claims.claim(cfg, wait=False):  # else another sweep measures it: nothing waits on it here
-                self.expect(cfg)
-                taken.append(cfg)
-        return taken
-
-    def _fallback(self) -> Iterator[KernelConfig]:
-        """The space's configs in the file's order; a `kernels: auto` space's (hundreds of
-        thousands, the smallest tiles first), a few thousand at random."""
-        if not self.space.auto:
-            yield from self.space.candidates
-            return
-        n = len(self.space.candidates)
-        for i in random.Random(self.seed_value).sample(range(n), min(n, 4096)):
-            yield self.space.candidates[i]
-
-    # ---- telling --------------------------------------------------------------------------
     def tell(self, cfg: KernelConfig, ledger: Ledger) -> None:
-        """`cfg` is measured (as far as it will be): tell the trials awaiting it its figure on
-        their problem (`ledger`), and add it to every other study of its kind."""
-        asked = set()
-        for s, trial in self._waiting.pop(cfg.hash, []):
-            value = ledger.value(s.problem, cfg.hash)
-            reason = "" if value else ledger.failure_reason(s.problem, cfg)
-            self._tell(s, trial, config_of(trial.params, s.problem), value, reason=reason)
-            asked.add(s.name)
-        for s in self.studies:
-            if s.name in asked or cfg.hash in self._known[s.name]:
-                continue
-            params = s.params.params(cfg)
-            choices = s.params.choices
-            if config_of(params, s.problem).hash != cfg.hash or any(params[k] not in choices[k] for k in params):
-                continue  # another kind, or a value this study's parameters lack
-            value = ledger.value(s.problem, cfg.hash)
-            self._add_trial(s, params, cfg, value, "" if value is not None else ledger.failure_reason(s.problem, cfg))
-            self._known[s.name].add(cfg.hash)
+        """`cfg` is measured (as far as it will be): its figures are in `ledger`."""
 
-    def abandon(self, left_to_others: dict[str, KernelConfig]) -> None:
-        """Fail the trials still awaiting results (an interrupt, or another sweep still
-        measuring their configs, `left_to_others`), so that a resumed run does not wait on them;
-        the other sweep adds its results to every study when it has them (`tell`)."""
-        for cfg_hash, waiting in self._waiting.items():
-            for s, trial in waiting:
-                with contextlib.suppress(Exception):
-                    if cfg_hash in left_to_others:
-                        trial.set_user_attr("config_hash", cfg_hash)
-                        trial.set_user_attr("config", left_to_others[cfg_hash].name)
-                        trial.set_user_attr("reason", "measured by another sweep on the store")
-                    s.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
-    def _tell(self, s: Study, trial: optuna.trial.Trial, cfg: KernelConfig, value: float | None,
-              reason: str = "", invalid: bool = False) -> None:
-        self._known[s.name].add(cfg.hash)
-        if self.storage.get_trial(trial._trial_id).state.is_finished():
-            # Another sweep that started on this store meanwhile took this one for dead and failed
-            # it as left over (`fail_left_over`): keep the result as a trial of its own.
-            self._add_trial(s, trial.params, cfg, value, reason, invalid)
-            return
-        trial.set_user_attr("config_hash", cfg.hash)
-        trial.set_user_attr("config", cfg.name)
-        trial.set_constraint(CONSTRAINT, 1.0 if invalid else 0.0)
-        if reason:
-            trial.set_user_attr("reason", reason)
-        if invalid:
-            # Pruned, not complete: generic tools (optuna-dashboard, optuna.visualization) plot
-            # and rank complete trials only, and TPE still counts a pruned trial among the worst.
-            s.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        elif value is None:
-            s.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        else:
-            s.study.tell(trial, value)
+StrategyFactory = Callable[[StrategyContext], Strategy]
+STRATEGIES: dict[str, StrategyFactory] = {}
+"""Each strategy's factory by name, as `SweepSettings.strategy` and `sweep --strategy` name it."""
 
-    def _add_trial(self, s: Study, params: dict, cfg: KernelConfig, value: float | None,
-                   reason: str = "", invalid: bool = False) -> None:
-        """Add a finished trial of `cfg` to `s` without asking for it."""
-        attrs = {"config_hash": cfg.hash, "config": cfg.name}
-        if reason:
-            attrs["reason"] = reason
-        state = (optuna.trial.TrialState.PRUNED if invalid else optuna.trial.TrialState.COMPLETE
-                 if value is not None else optuna.trial.TrialState.FAIL)
-        s.study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=s.params.distributions(), value=value if not invalid else None,
-            state=state,
-            user_attrs=attrs, constraints={CONSTRAINT: 1.0 if invalid else 0.0}))
+
+def register_strategy(name: str, factory: StrategyFactory) -> None:
+    """Make `factory` the strategy called `name` (a user's own strategy too). Raises ValueError
+    if the name is taken."""
+    if name in STRATEGIES:
+        raise ValueError(f"a strategy named {name!r} is registered already")
+    STRATEGIES[name] = factory
+
+
+def make_strategy(name: str | None, context: StrategyContext) -> Strategy:
+    """The strategy `name` names; None: "prior" for a `kernels: auto` space, else "optuna".
+    Raises ValueError for an unknown name."""
+    name = name or ("prior" if context.space.auto else "optuna")
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](context)

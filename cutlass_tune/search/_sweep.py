@@ -2,8 +2,8 @@
 
 The next batch compiles on a background thread while the current one is measured, on one GPU or
 several of one model (each (kernel, problem) on one of them, next to cuBLAS measured on that
-GPU). Each compiled kernel is measured on every problem of its kind, and its result is told to
-every study (`OptunaStrategy`). Everything measured goes to the store one row at a time; a re-run
+GPU). Each compiled kernel is measured on every problem of its operation, and its result is told
+to the strategy and every study (`Studies`). Everything measured goes to the store one row at a time; a re-run
 with the same store measures only what is missing (`Ledger`), and sweeps sharing a store measure
 each config once (`Claims`).
 
@@ -29,10 +29,9 @@ from ..store import ResultStore
 from ._claims import Claims
 from ._lanes import LaneLost, Lanes
 from ._ledger import Ledger
-from ._params import config_of, params_of
-from ._prior_strategy import PriorStrategy, load_committed
 from ._state import ProblemProgress, SweepSettings, SweepState
-from ._strategy import OptunaStrategy
+from ._strategy import StrategyContext, make_strategy
+from ._studies import Studies
 
 
 class Benchmarker(Protocol):
@@ -97,28 +96,6 @@ def _remainder(task: _Task, taken: list[Measurement]) -> _Task | None:
     return dataclasses.replace(task, variants=rest) if rest else None
 
 
-STRATEGIES = ("prior", "optuna")
-"""How a sweep proposes configs: led by the prior (search/_prior_strategy.py; the default for a
-`kernels: auto` space) or by the Optuna sampler after the warm start (search/_strategy.py; the
-default for a space of knob lists)."""
-
-
-def make_strategy(settings: SweepSettings, space: SearchSpace, storage_url: str, store: ResultStore,
-                  bench: Benchmarker, run_id: str) -> OptunaStrategy:
-    """The strategy `settings.strategy` names (by default, prior for `kernels: auto`, else
-    optuna). Raises ValueError for an unknown name."""
-    name = settings.strategy or ("prior" if space.auto else "optuna")
-    if name == "optuna":
-        return OptunaStrategy(space, storage_url, sampler=settings.sampler, seed=settings.seed, arch=settings.arch,
-                              gpu=bench.gpu_name, run_id=run_id)
-    if name == "prior":
-        committed = load_committed(bench.gpu_name, getattr(bench, "timing_method", "events"))
-        return PriorStrategy(space, storage_url, sampler=settings.sampler, seed=settings.seed, arch=settings.arch,
-                             gpu=bench.gpu_name, run_id=run_id, store=store, sm_count=bench.sm_count,
-                             committed=committed)
-    raise ValueError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
-
-
 class Sweep:
     """Args:
         storage_url: where the Optuna studies live (usually the store's URL).
@@ -143,9 +120,12 @@ class Sweep:
         store.bind_gpu(self.gpu)
         store.bind_timing(getattr(self.bench, "timing_method", "events"))
         run_id = uuid.uuid4().hex[:12]
-        self.strategy = make_strategy(settings, space, storage_url, store, self.bench, run_id)
-        self.state = SweepState(problems=[ProblemProgress(s.problem, s.study) for s in self.strategy.studies],
-                                run_id=run_id)
+        self.studies = Studies(space, storage_url, sampler=settings.sampler, seed=settings.seed, arch=settings.arch,
+                               gpu=self.gpu, run_id=run_id)
+        self.strategy = make_strategy(settings.strategy, StrategyContext(
+            space, self.studies, store, self.gpu, self.bench.sm_count, getattr(self.bench, "timing_method", "events"),
+            settings.seed))
+        self.state = SweepState(problems=[ProblemProgress(s.problem, s.study) for s in self.studies], run_id=run_id)
         self.ledger = Ledger(store, space, space.problems)
         self.claims = Claims(store, run_id)
         self._deadline: float | None = None  # when `run` stops proposing (monotonic clock)
@@ -187,7 +167,7 @@ class Sweep:
                                       "trial budget reached" if self._budget() <= 0 else "no new configs proposed")
         finally:
             self.state.elsewhere = len(self.claims)
-            self.strategy.abandon(self.claims.elsewhere)
+            self.studies.abandon(self.claims.elsewhere)
             pool.shutdown(wait=False, cancel_futures=True)
         self.on_update(self.state)
         return self.state
@@ -196,16 +176,15 @@ class Sweep:
         """Resume: fail trials a dead sweep left, read the store, measure the baselines, seed
         the studies. Returns the configs an interrupted run left part-measured that are this
         sweep's to finish (a compile cache hit each), first of all."""
-        self.strategy.fail_left_over(self.store.live_runs() - {self.state.run_id})
+        self.studies.fail_left_over(self.store.live_runs() - {self.state.run_id})
         self._absorb()
         unfinished = self.ledger.unfinished()
         self._measure_baselines()
         self._best_in_store()
-        self.strategy.warm_start(self.store, [pp.problem for pp in self.state.problems], self.gpu,
-                                 self.bench.sm_count)
+        self.strategy.warm_start()
         self.on_update(self.state)
         for cfg in unfinished:
-            self.strategy.expect(cfg)
+            self.studies.expect(cfg)
         return [cfg for cfg in unfinished if self.claims.claim(cfg)]
 
     def _timed_out(self) -> bool:
@@ -220,7 +199,7 @@ class Sweep:
 
     def _ask(self, want: int) -> list[KernelConfig]:
         batch = self.strategy.ask(want, self.ledger, self.claims)
-        self.state.invalid = self.strategy.invalid
+        self.state.invalid = self.studies.invalid
         return batch
 
     def _settle(self) -> list[KernelConfig]:
@@ -252,7 +231,7 @@ class Sweep:
 
     # ---- measuring ------------------------------------------------------------------------
     def _measure_batch(self, compiled: Sequence[CompiledKernel], first: int) -> None:
-        """Measure every missing variant of `compiled` on every problem of its kind, on all
+        """Measure every missing variant of `compiled` on every problem of its operation, on all
         GPUs at once; tell each kernel's trials as soon as its last problem is measured.
         `first`: the compile index of the batch's first kernel."""
         at = {k.config.hash: first + i for i, k in enumerate(compiled)}
@@ -283,8 +262,9 @@ class Sweep:
                     self._kernel_done(cfg)
 
     def _problems_of(self, cfg: KernelConfig) -> list[ProblemProgress]:
-        """The problems of `cfg`'s types and layouts."""
-        return [pp for pp in self.state.problems if config_of(params_of(cfg), pp.problem).hash == cfg.hash]
+        """The problems of `cfg`'s operation."""
+        operation = cfg.operation
+        return [pp for pp in self.state.problems if pp.problem.operation == operation]
 
     def _compile_failed(self, pp: ProblemProgress, kernel: CompiledKernel) -> None:
         # A transient failure (a timeout, nvcc killed, a full disk) is not the kernel's outcome:

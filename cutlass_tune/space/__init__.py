@@ -2,6 +2,7 @@
 
 from ._auto import AutoKernels, Census
 from ._knobs import KernelConfig, Knob, RuntimeArgs, cells, column_kinds, columns, texts
+from ._operation import Operation, Problem
 from ._rules import (
     SMEM_CAPACITY_BYTES,
     Rejection,
@@ -25,7 +26,6 @@ from ._types import (
     EpilogueSchedule,
     KernelSchedule,
     Layout,
-    Problem,
     RasterOrder,
     Scaling,
     TileScheduler,
@@ -36,7 +36,7 @@ __all__ = [
     "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "Activation", "AutoKernels",
     "Census", "DType",
     "Decomposition", "Epilogue", "EpilogueSchedule", "KernelConfig", "KernelSchedule", "Knob", "Layout",
-    "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "Scaling", "SearchSpace", "SmemUsage",
+    "Operation", "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "Scaling", "SearchSpace", "SmemUsage",
     "TileScheduler", "cells", "check_config", "check_pair", "check_problem", "check_runtime",
     "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "smem_usage", "space_for_shapes",
     "sweep_space", "texts",

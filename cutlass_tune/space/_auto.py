@@ -29,6 +29,7 @@ from typing import Any, overload
 
 from . import _rules
 from ._knobs import KernelConfig, Knob
+from ._operation import Operation
 
 _FIXED_FIELDS = tuple(f.name for f in dataclasses.fields(KernelConfig)
                       if f.name not in {field for k in KernelConfig.knobs for field in k.fields})
@@ -96,13 +97,12 @@ def _walk_order(knobs: Sequence[tuple[Knob, tuple[Any, ...]]]) -> list[int]:
 
 
 class AutoKernels(Sequence[KernelConfig]):
-    """The valid configs of `kernels: auto` for one operand kind, as a sequence (length, the
+    """The valid configs of `kernels: auto` for one operation, as a sequence (length, the
     i-th, iteration in a fixed order) that builds only the configs asked for; `census` counts
     every config of the product, valid or not, by rule.
 
     Args:
-        operands: the config fields no knob sets (`dtype_a`, ..., `layout_b`); the others
-            take their defaults.
+        operation: what every config computes (`KernelConfig.for_operation`).
         values: values of some knobs, by name, in place of their `auto_values`.
 
     Raises:
@@ -112,9 +112,9 @@ class AutoKernels(Sequence[KernelConfig]):
     Thread-safe once walked.
     """
 
-    def __init__(self, operands: Mapping[str, Any], values: Mapping[str, Sequence[Any]] | None = None):
-        self.operands = types.MappingProxyType({f: v for f, v in operands.items() if f in _FIXED_FIELDS})
-        base = KernelConfig(**self.operands)
+    def __init__(self, operation: Operation, values: Mapping[str, Sequence[Any]] | None = None):
+        self.operation = operation.operation
+        base = KernelConfig.for_operation(self.operation)
         declared: list[tuple[Knob, tuple[Any, ...]]] = []
         for knob in KernelConfig.knobs:
             given = tuple((values or {}).get(knob.name, ()))
@@ -135,13 +135,13 @@ class AutoKernels(Sequence[KernelConfig]):
         self._examples: dict[str, str] = {}
 
     def __repr__(self) -> str:
-        return f"AutoKernels({dict(self.operands)!r})"
+        return f"AutoKernels({self.operation.name})"
 
     # ---- the walk -------------------------------------------------------------------------
     @functools.cached_property
     def _root(self) -> _Branch:
         rules = _rules.CONFIG_RULES
-        refused = _rules.check_operands(KernelConfig(**self.operands))
+        refused = _rules.check_operands(KernelConfig.for_operation(self.operation))
         if refused:  # a kind no kernel is built for: every config of it, for the first reason
             self._examples[refused[0].rule] = refused[0].reason
             return _Branch(0, Counter({refused[0].rule: self.total}), ())
@@ -168,7 +168,7 @@ class AutoKernels(Sequence[KernelConfig]):
 
     def _config(self, chosen: Sequence[int]) -> KernelConfig:
         """The config of value indices of the knobs in walk order."""
-        return KernelConfig(**self.operands, **self._fields(chosen))
+        return KernelConfig.for_operation(self.operation, **self._fields(chosen))
 
     def _branch(self, depth: int, fields: dict[str, Any], first: int | None, memo: dict[tuple, _Branch]) -> _Branch:
         """The configs below the knobs set to `fields` (the first `depth` knobs of the walk),
@@ -178,7 +178,7 @@ class AutoKernels(Sequence[KernelConfig]):
         if found is not None:
             return found
         rules = _rules.CONFIG_RULES
-        cfg = KernelConfig(**self.operands, **fields, **self._rest[depth])
+        cfg = KernelConfig.for_operation(self.operation, **fields, **self._rest[depth])
         for r in _rules.check_combinations(cfg):
             at = _RULE_ORDER.get(r.rule)
             assert at is not None, f"rule {r.rule} is missing from _rules.CONFIG_RULES"
@@ -265,7 +265,7 @@ class AutoKernels(Sequence[KernelConfig]):
         values, and refused by no rule. Builds nothing."""
         if not isinstance(cfg, KernelConfig):
             return False
-        if any(getattr(cfg, f) != v for f, v in self.operands.items()):
+        if cfg.operation != self.operation:
             return False
         if any(_field_value(knob, cfg) not in values for knob, values in self.knobs):
             return False
@@ -324,8 +324,8 @@ class AutoConfigs(Sequence[KernelConfig]):
         return any(cfg in kind for kind in self.kinds)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, AutoConfigs) and [dict(k.operands) for k in self.kinds] == [
-            dict(k.operands) for k in other.kinds]
+        return isinstance(other, AutoConfigs) and [k.operation for k in self.kinds] == [
+            k.operation for k in other.kinds]
 
     def __hash__(self) -> int:
-        return hash(tuple(tuple(sorted(k.operands.items())) for k in self.kinds))
+        return hash(tuple(k.operation for k in self.kinds))

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 from . import _rules
 from ._kinds import Choice, Cluster, Flag, Kind, Number, NumberOrAuto, member, spelling
+from ._operation import Operation
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
@@ -46,11 +47,8 @@ from ._types import (
     Epilogue,
     EpilogueSchedule,
     KernelSchedule,
-    Layout,
     RasterOrder,
-    Scaling,
     TileScheduler,
-    layout_code,
 )
 
 
@@ -148,29 +146,20 @@ def _from_knobs(cls: _Owner, values: Mapping[str, Any], fields: Mapping[str, Any
 
 
 @dataclasses.dataclass(frozen=True)
-class KernelConfig:
-    """Everything that changes the compiled binary. Target: sm90a.
+class KernelConfig(Operation):
+    """Everything that changes the compiled binary: a kernel for its `operation` (the fields it
+    takes from `Operation`, keyword-only), C's and the accumulator's types, its `knobs` and
+    `arch`. Target: sm90a.
 
-    Construct freely; `space.check_config` says whether CUTLASS can build it. Only configs with
-    no rejection may be rendered. Its fields other than the operands' types and layouts and
-    `arch` are its `knobs`.
+    Construct freely (`for_operation` for a config of a problem's operation); `space.check_config`
+    says whether CUTLASS can build it. Only configs with no rejection may be rendered.
     """
 
     knobs: ClassVar[tuple[Knob, ...]]
 
-    dtype_a: DType = DType.BF16
-    dtype_b: DType = DType.BF16
     dtype_c: DType = DType.BF16
-    dtype_d: DType = DType.BF16
+    """C's type: D's (`space.check_config`), as `for_operation` sets it."""
     dtype_acc: DType = DType.F32
-    layout_a: Layout = Layout.ROW
-    layout_b: Layout = Layout.COL
-    epilogue: Epilogue = Epilogue()
-    """What the epilogue computes from the accumulator (bias, activation, residual): part of
-    the operation, like the types, and equal to its problem's (`space.check_pair`)."""
-    scaling: Scaling = Scaling.NONE
-    """How an fp8 kernel scales the accumulator (per tensor, or per row of A and column of B):
-    part of the operation, equal to its problem's."""
     tile_m: int = 128
     tile_n: int = 128
     tile_k: int = 64
@@ -198,7 +187,7 @@ class KernelConfig:
         The fields of knobs added after a config's hash was first published are left out
         while they hold their default, so those hashes, and the stores keyed by them, stay
         valid."""
-        later = columns(type(self), added_later=True) + _OPERATION_FIELDS
+        later = columns(type(self), added_later=True) + Operation.ADDED_LATER
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
@@ -214,10 +203,16 @@ class KernelConfig:
         return _from_dict(cls, data)
 
     @classmethod
-    def from_knobs(cls, values: Mapping[str, Any], **fields: Any) -> KernelConfig:
-        """The config with each knob's value as `Knob.of` gives it (a missing knob takes its
-        default) and the other `fields` (operand types and layouts)."""
-        return _from_knobs(cls, values, fields)
+    def for_operation(cls, operation: Operation, **fields: Any) -> KernelConfig:
+        """The config of `operation` (C of D's type) with `fields` (knob fields), the rest at
+        their defaults."""
+        return cls(**operation.operation_fields(), dtype_c=operation.dtype_d, **fields)
+
+    @classmethod
+    def from_knobs(cls, values: Mapping[str, Any], operation: Operation = Operation()) -> KernelConfig:
+        """The config of `operation` (C of D's type) with each knob's value as `Knob.of` gives
+        it (a missing knob takes its default)."""
+        return _from_knobs(cls, values, {**operation.operation_fields(), "dtype_c": operation.dtype_d})
 
     @property
     def hash(self) -> str:
@@ -238,15 +233,7 @@ class KernelConfig:
             operands += f"_{self.dtype_c.value}{self.dtype_d.value}"
         if self.dtype_acc != DType.F32:
             operands += f"_acc{self.dtype_acc.value}"
-        operation = (f"_{self.epilogue.name}" if not self.epilogue.is_plain else "") + (
-            f"_scale-{self.scaling.value}" if self.scaling is not Scaling.NONE else "")
-        return (f"{operands}_{layout_code(self.layout_a, self.layout_b)}"
-                + "".join(k.in_name(self) for k in self.knobs) + operation)
-
-
-_OPERATION_FIELDS = ("epilogue", "scaling")
-"""Fields of the operation added after config hashes were published: `to_dict` leaves them out
-at their defaults (the plain GEMM), so those hashes stay valid."""
+        return f"{operands}_{self.layout}" + "".join(k.in_name(self) for k in self.knobs) + self.fused
 
 
 def _stream_k_args(args: RuntimeArgs) -> bool:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ._operation import Operation, Problem
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
@@ -24,7 +25,6 @@ from ._types import (
     EpilogueSchedule,
     KernelSchedule,
     Layout,
-    Problem,
     Scaling,
     TileScheduler,
 )
@@ -217,7 +217,7 @@ def needs_extended_wgmma(cfg: KernelConfig) -> bool:
     return wgmma_n(cfg, extended=False) != cfg.tile_n
 
 
-def fused(cfg: KernelConfig | Problem) -> bool:
+def fused(cfg: Operation) -> bool:
     """Whether the epilogue is more than D = alpha * acc + beta * C: a bias, an activation or
     fp8 scales (CUTLASS's fusion operations; a residual alone is its LinearCombination)."""
     e = cfg.epilogue
@@ -479,11 +479,8 @@ def check_problem(problem: Problem) -> list[Rejection]:
 
 
 def check_pair(cfg: KernelConfig, problem: Problem) -> list[Rejection]:
-    """Reasons `cfg` cannot compute `problem` (type, layout, epilogue or scaling mismatch)."""
-    mismatched = [
-        f for f in ("dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b", "epilogue", "scaling")
-        if getattr(cfg, f) != getattr(problem, f)
-    ]
+    """Reasons `cfg` cannot compute `problem`: their operations differ."""
+    mismatched = [f for f in Operation.FIELDS if getattr(cfg, f) != getattr(problem, f)]
     if mismatched:
         return [Rejection("problem_mismatch", f"kernel and problem differ in {', '.join(mismatched)}")]
     return []

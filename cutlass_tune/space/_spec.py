@@ -34,7 +34,8 @@ from . import _rules
 from ._auto import AutoConfigs, AutoKernels, Census
 from ._kinds import Int, checked
 from ._knobs import KernelConfig, Knob, RuntimeArgs
-from ._types import DType, Epilogue, Layout, Problem, Scaling
+from ._operation import Operation, Problem
+from ._types import DType, Epilogue, Layout, Scaling
 
 _LAYOUT_CODES = {
     "tn": (Layout.ROW, Layout.COL),
@@ -171,12 +172,9 @@ class SearchSpace:
         return cfg.hash in self._hashes
 
     def auto_for(self, problem: Problem) -> AutoKernels | None:
-        """The `kernels: auto` configs of `problem`'s types and layouts; None for a space of
-        knob lists."""
-        for kind in self.auto:
-            if all(getattr(problem, f) == kind.operands[f] for f in _PROBLEM_OPERANDS):
-                return kind
-        return None
+        """The `kernels: auto` configs of `problem`'s operation; None for a space of knob lists."""
+        operation = problem.operation
+        return next((kind for kind in self.auto if kind.operation == operation), None)
 
     @functools.cached_property
     def _hashes(self) -> frozenset[str]:
@@ -194,9 +192,6 @@ class SearchSpace:
             if not _rules.check_runtime(cfg, args) and args not in out:
                 out.append(args)
         return tuple(out)
-
-
-_PROBLEM_OPERANDS = ("dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b", "epilogue", "scaling")
 
 
 MAX_CANDIDATES = 200_000
@@ -233,23 +228,17 @@ def _operations(block: _Problems, spec: _SpaceFile) -> list[tuple[Epilogue, Scal
     return list(itertools.product(block.epilogue or spec.epilogue, block.scaling or spec.scaling))
 
 
-def _kinds(problems: Sequence[Problem]) -> list[dict[str, Any]]:
-    """The config fields each distinct kind of problem fixes (types, layouts, epilogue,
-    scaling), in the order of the problems."""
-    kinds = {tuple(getattr(p, f) for f in _PROBLEM_OPERANDS): None for p in problems}
-    out = []
-    for kind in kinds:
-        fields = dict(zip(_PROBLEM_OPERANDS, kind))
-        out.append({**fields, "dtype_c": fields["dtype_d"]})
-    return out
+def _operations_of(problems: Sequence[Problem]) -> list[Operation]:
+    """The distinct operations of `problems`, in their order."""
+    return list(dict.fromkeys(p.operation for p in problems))
 
 
 def _expand_configs(spec: _SpaceFile, problems: Sequence[Problem]) -> list[KernelConfig]:
     knobs = KernelConfig.knobs
     seen: dict[str, KernelConfig] = {}
-    for fields, listed in itertools.product(_kinds(problems), spec.kernels):
+    for operation, listed in itertools.product(_operations_of(problems), spec.kernels):
         for values in itertools.product(*(getattr(listed, k.name) for k in knobs)):
-            cfg = KernelConfig.from_knobs({k.name: v for k, v in zip(knobs, values)}, **fields)
+            cfg = KernelConfig.from_knobs({k.name: v for k, v in zip(knobs, values)}, operation)
             seen.setdefault(cfg.hash, cfg)
     return list(seen.values())
 
@@ -260,7 +249,8 @@ def _expand_problems(path: str, spec: _SpaceFile) -> list[Problem]:
         layout_a, layout_b = _LAYOUT_CODES[layout]
         for (m, n, k), (epilogue, scaling) in itertools.product(
                 itertools.product(block.m, block.n, block.k), _operations(block, spec)):
-            p = Problem(m, n, k, dtypes.input, dtypes.input, dtypes.output, layout_a, layout_b, epilogue, scaling)
+            p = Problem(m, n, k, dtype_a=dtypes.input, dtype_b=dtypes.input, dtype_d=dtypes.output,
+                        layout_a=layout_a, layout_b=layout_b, epilogue=epilogue, scaling=scaling)
             why = _rules.check_problem(p)
             if why:
                 operation = (f" {epilogue.name}" if not epilogue.is_plain else "") + (
@@ -429,9 +419,9 @@ def _read_mapping(path: str) -> dict:
 
 
 @functools.lru_cache(maxsize=16)
-def _auto_kernels(operands: tuple[tuple[str, Any], ...]) -> AutoKernels:
-    """One `AutoKernels` per operand kind and process: its walk is kept (seconds each)."""
-    return AutoKernels(dict(operands))
+def _auto_kernels(operation: Operation) -> AutoKernels:
+    """One `AutoKernels` per operation and process: its walk is kept (seconds each)."""
+    return AutoKernels(operation)
 
 
 def _space(path: str, raw: dict) -> SearchSpace:
@@ -445,7 +435,7 @@ def _space(path: str, raw: dict) -> SearchSpace:
     if not auto:
         return SearchSpace(path=path, description=spec.description, problems=problems,
                            candidates=tuple(_expand_configs(spec, problems)), runtime=spec.runtime)
-    kinds = tuple(_auto_kernels(tuple(fields.items())) for fields in _kinds(problems))
+    kinds = tuple(_auto_kernels(operation) for operation in _operations_of(problems))
     return SearchSpace(path=path, description=spec.description, problems=problems, candidates=AutoConfigs(kinds),
                        runtime=spec.runtime, auto=kinds)
 

@@ -1,6 +1,7 @@
-"""The values that describe a GEMM and a CUTLASS kernel for it: element types, layouts,
-schedules and the other enums of the knobs, and `Problem`. The knobs themselves, and the
-`KernelConfig` and `RuntimeArgs` that carry them, are declared in space/_knobs.py.
+"""The values that describe a GEMM and a CUTLASS kernel for it: element types, layouts, the
+epilogue, schedules and the other enums of the knobs. What a GEMM computes (`Operation`) and
+`Problem` are in space/_operation.py; the knobs, and the `KernelConfig` and `RuntimeArgs` that
+carry them, in space/_knobs.py.
 """
 
 from __future__ import annotations
@@ -165,40 +166,3 @@ def layout_code(layout_a: Layout, layout_b: Layout) -> str:
     a = "t" if layout_a is Layout.ROW else "n"
     b = "n" if layout_b is Layout.COL else "t"
     return a + b
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One GEMM: D[M,N] = A[M,K] @ B[K,N], D row-major, then `epilogue` (and for fp8
-    inputs `scaling`); the defaults are the plain GEMM.
-
-    `layout_b` is the storage of B seen as a K x N matrix: COL means each column (length K) is
-    contiguous, i.e. B is stored as N x K row-major (the "TN" GEMM of nn.Linear).
-    """
-
-    m: int
-    n: int
-    k: int
-    dtype_a: DType = DType.BF16
-    dtype_b: DType = DType.BF16
-    dtype_d: DType = DType.BF16
-    layout_a: Layout = Layout.ROW
-    layout_b: Layout = Layout.COL
-    epilogue: Epilogue = Epilogue()
-    scaling: Scaling = Scaling.NONE
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
-
-    @property
-    def name(self) -> str:
-        base = (
-            f"{self.m}x{self.n}x{self.k}_{self.dtype_a.value}{self.dtype_b.value}"
-            f"{self.dtype_d.value}_{layout_code(self.layout_a, self.layout_b)}"
-        )
-        if not self.epilogue.is_plain:
-            base += f"_{self.epilogue.name}"
-        if self.scaling is not Scaling.NONE:
-            base += f"_scale-{self.scaling.value}"
-        return base

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from .._files import why_unwritable
 from ..errors import first_line
 from ..measurement import Measurement
-from ..space import Problem, layout_code
+from ..space import Problem
 from . import _migrate
 from ._errors import StoreError, StoreGpuMismatchError
 from ._migrate import OLDEST_READ, SCHEMA_VERSION
@@ -517,9 +517,8 @@ class ResultStore:
         cublas_tflops = m.baseline_tflops or cublas_tflops
         ratio = (m.tflops / cublas_tflops) if (m.tflops and cublas_tflops) else None
         row = {
-            "gpu": gpu, "problem": p.name, "m": p.m, "n": p.n, "k": p.k,
-            "dtype_a": p.dtype_a.value, "dtype_b": p.dtype_b.value, "dtype_d": p.dtype_d.value,
-            "layout": layout_code(p.layout_a, p.layout_b), "kernel": m.kernel_name,
+            "gpu": gpu, "problem": p.name, "m": p.m, "n": p.n, "k": p.k, **p.operation.cells(),
+            "kernel": m.kernel_name,
             "config_hash": m.config.hash if m.config is not None else None,
             "runtime": m.runtime.name, "status": m.status.value, "reason": m.reason,
             "median_ms": m.median_ms, "p20_ms": m.p20_ms, "p80_ms": m.p80_ms, "samples": m.samples,
@@ -528,7 +527,6 @@ class ResultStore:
             "study": study, "trial": trial,
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "record": json.dumps(m.to_dict()),
-            "epilogue": p.epilogue.name, "scaling": p.scaling.value,
         }
         with self.engine.begin() as conn:
             conn.execute(measurements_table.insert(), row)

@@ -274,11 +274,9 @@ def _check_runtime(row: Mapping[Any, Any], cfg: KernelConfig, where: str) -> Non
 
 
 def _check_operation(row: Mapping[Any, Any], cfg: KernelConfig, where: str) -> None:
-    """The row's epilogue and scaling are its kernel's: `matmul` picks a row by them and runs
-    its config, so a plain kernel under a bias+silu row would return a @ b without the bias."""
-    for column in OPERATION_COLUMNS:
-        own = getattr(cfg, column)
-        own = own.name if isinstance(own, Epilogue) else own.value
+    """The row's operation is its kernel's: `matmul` picks a row by it and runs its config, so a
+    plain kernel under a bias+silu row would return a @ b without the bias."""
+    for column, own in cfg.operation.cells().items():
         if row[column] != own:
             raise BestTableError(f"{where}: {column} {_shown(row[column])} is not its config's {own!r}")
 

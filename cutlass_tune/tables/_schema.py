@@ -28,7 +28,7 @@ of the problem: a lookup matches both exactly.
 from __future__ import annotations
 
 from ..errors import CutlassTuneError
-from ..space import KernelConfig, RuntimeArgs, columns
+from ..space import KernelConfig, Operation, RuntimeArgs, columns
 
 KNOB_COLUMNS = columns(KernelConfig)
 LATER_KNOBS = columns(KernelConfig, added_later=True)
@@ -41,9 +41,9 @@ COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "la
 LATER_COLUMNS = ("method", "energy_mj", "cublas_energy_mj")
 """Columns that tables written before them lack: the timing method behind `ratio` (empty:
 not recorded) and the energy per GEMM of the kernel and of cuBLAS (sustained timing)."""
-OPERATION_COLUMNS = ("epilogue", "scaling")
-"""Columns that tables written before fused epilogues lack: such a table's rows are plain GEMMs
-(reading fills in "none")."""
+OPERATION_COLUMNS = Operation.ADDED_LATER
+"""Columns of the operation that tables written before fused epilogues lack: such a table's rows
+are plain GEMMs (reading fills in "none")."""
 COMPILE_COLUMNS = ("torch_compile_tflops", "torch_compile_ratio")
 """The torch.compile baseline's figures, which tables written before it lack (read as empty)."""
 

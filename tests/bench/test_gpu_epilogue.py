@@ -39,7 +39,7 @@ PROBLEMS = {
     "bias+silu": Problem(M, N, K, epilogue=BIAS_SILU),
     "bias+gelu": Problem(M, N, K, epilogue=BIAS_GELU),
     "bias+gelu_tanh+residual": Problem(M, N, K, epilogue=RESIDUAL_GELU_TANH),
-    "fp8 rowcol": Problem(M, N, K, DType.E4M3, DType.E4M3, DType.BF16, scaling=Scaling.ROWCOL),
+    "fp8 rowcol": Problem(M, N, K, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16, scaling=Scaling.ROWCOL),
 }
 SHORT = TimingOptions(budget_ms=30, warmup_ms=5)
 

@@ -21,7 +21,7 @@ E4M3 = dict(dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_c=DType.BF16, dtype_d=
 # Two kernels of configs/fp8_quick.yaml: the same tile with and without fast accumulation.
 FAST = KernelConfig(**E4M3, tile_m=128, tile_n=256, tile_k=128, cluster_m=2, fp8_fast_accum=True)
 PROMOTING = KernelConfig(**E4M3, tile_m=128, tile_n=256, tile_k=128, cluster_m=2)
-P4096 = Problem(4096, 4096, 4096, DType.E4M3, DType.E4M3, DType.BF16)
+P4096 = Problem(4096, 4096, 4096, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16)
 SHORT = TimingOptions(budget_ms=20, warmup_ms=5)
 
 

@@ -75,7 +75,7 @@ def _reference(activation: Activation, ops, alpha: float, beta: float) -> torch.
 def test_the_fused_kernel_computes_its_epilogue(compiled, index):
     r = compiled[index]
     cfg = r.config
-    problem = Problem(M, N, K, cfg.dtype_a, cfg.dtype_b, cfg.dtype_d, epilogue=cfg.epilogue, scaling=cfg.scaling)
+    problem = Problem(M, N, K, **cfg.operation_fields())
     assert check_pair(cfg, problem) == []
     ops = _operands(cfg, torch.Generator("cuda:0").manual_seed(index))
     alpha, beta = (0.75, 0.5) if cfg.epilogue.residual else (0.75, 0.0)

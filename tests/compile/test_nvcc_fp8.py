@@ -33,7 +33,7 @@ def test_fp8_fast_accum_configs_build_and_match_the_smem_model(tmp_path):
         kernel = LoadedKernel(r.library, r.symbol)
 
         def can_implement(m, n, k):
-            p = Problem(m, n, k, DType.E4M3, DType.E4M3, DType.BF16)
+            p = Problem(m, n, k, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16)
             # sm_count given: no device query, so this runs without a GPU.
             return kernel.can_implement(make_args(p, RuntimeArgs(), a=0, b=0, d=0, device_id=0, sm_count=132))
 

@@ -42,12 +42,11 @@ def test_fused_epilogues_build_match_the_smem_model_and_take_their_arguments(tmp
     for r in results:
         cfg = r.config
         kernel = LoadedKernel(r.library, r.symbol)
-        problem = Problem(4096, 4096, 4096, cfg.dtype_a, cfg.dtype_b, cfg.dtype_d, epilogue=cfg.epilogue,
-                          scaling=cfg.scaling)
+        problem = Problem(4096, 4096, 4096, **cfg.operation_fields())
         # sm_count given: no device query. Null operand pointers: can_implement reads none.
         args = make_args(problem, RuntimeArgs(), a=0, b=0, d=0, device_id=0, sm_count=132)
         assert kernel.can_implement(args) == 0, cfg.name
         # M need not be a multiple of the row scales' vector width: they are read one by one
-        odd = make_args(Problem(4093, 4096, 4096, cfg.dtype_a, cfg.dtype_b, cfg.dtype_d, epilogue=cfg.epilogue,
-                                scaling=cfg.scaling), RuntimeArgs(), a=0, b=0, d=0, device_id=0, sm_count=132)
+        odd = make_args(Problem(4093, 4096, 4096, **cfg.operation_fields()), RuntimeArgs(), a=0, b=0, d=0,
+                        device_id=0, sm_count=132)
         assert kernel.can_implement(odd) == 0, cfg.name

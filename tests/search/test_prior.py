@@ -25,9 +25,9 @@ from cutlass_tune.search._prior import (
 from cutlass_tune.search._prior_strategy import PriorStrategy
 from cutlass_tune.space import (
     AutoKernels,
-    DType,
     KernelConfig,
     KernelSchedule,
+    Operation,
     Problem,
     TileScheduler,
     check_config,
@@ -38,7 +38,7 @@ from cutlass_tune.store import ResultStore
 from .fakes import FakeBench, FakeCompiler, record, space_of
 
 REPO = Path(__file__).resolve().parents[2]
-BF16 = dict(dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_c=DType.BF16, dtype_d=DType.BF16)
+BF16 = Operation()
 SMALL = {"tile_m": (64, 128, 256), "tile_n": (64, 128, 160, 192, 256), "cluster": ((1, 1), (2, 1)),
          "stages": (0, 4), "tile_k": (64,), "epilogue_tile_n": (0,)}
 
@@ -49,21 +49,21 @@ def feature(problem, cfg, name, sm_count=132):
 
 def test_wave_quantization_per_schedule():
     problem = Problem(4096, 4096, 4096)
-    coop = KernelConfig(**BF16)  # 128x128 cooperative: 1024 tiles on 132 SMs, 8 waves, the last 76% full
+    coop = KernelConfig.for_operation(BF16)  # 128x128 cooperative: 1024 tiles on 132 SMs, 8 waves, the last 76% full
     assert feature(problem, coop, "waves") == pytest.approx(1024 / 132)
     assert feature(problem, coop, "wave_fill") == pytest.approx(1024 / (8 * 132))
-    pingpong = KernelConfig(**BF16, kernel_schedule=KernelSchedule.PINGPONG,
+    pingpong = KernelConfig.for_operation(BF16, kernel_schedule=KernelSchedule.PINGPONG,
                             epilogue_schedule=coop.epilogue_schedule.TMA)  # two tiles at a time per SM
     assert feature(problem, pingpong, "slots") == 264 and feature(problem, pingpong, "wave_fill") == pytest.approx(
         1024 / (4 * 264))
-    clustered = KernelConfig(**BF16, cluster_m=4, cluster_n=2)  # 16 clusters of 8 keep 128 SMs busy
+    clustered = KernelConfig.for_operation(BF16, cluster_m=4, cluster_n=2)  # 16 clusters of 8 keep 128 SMs busy
     assert feature(problem, clustered, "slots") == 128
-    stream_k = KernelConfig(**BF16, tile_scheduler=TileScheduler.STREAM_K)
+    stream_k = KernelConfig.for_operation(BF16, tile_scheduler=TileScheduler.STREAM_K)
     assert feature(problem, stream_k, "stream_k_fill") == pytest.approx(1024 * 64 / (497 * 132))
     skinny = Problem(4096, 1280, 8192)  # 128x160 tiles: 32 x 8 = 256 tiles, 97% of two waves
-    tile = KernelConfig(**BF16, tile_n=160)
+    tile = KernelConfig.for_operation(BF16, tile_n=160)
     assert feature(skinny, tile, "wave_fill") == pytest.approx(256 / 264)
-    assert feature(Problem(100 * 8, 256, 256), KernelConfig(**BF16), "pad_m") == pytest.approx(800 / 896)
+    assert feature(Problem(100 * 8, 256, 256), KernelConfig.for_operation(BF16), "pad_m") == pytest.approx(800 / 896)
 
 
 def test_auto_columns_are_the_configs_columns():
@@ -124,7 +124,7 @@ def test_the_prior_learns_what_wins():
     assert first.cluster_m == 2 and first.tile_n == 256 and first.stages == 0
     # knob values outside those fitted pay for the extrapolation: tile N 16 (SMALL's are 64-256)
     # and the 16-column epilogue subtile CUTLASS picks for it (32 for all of SMALL's)
-    narrow, wide = KernelConfig(**BF16, tile_n=16), KernelConfig(**BF16, tile_n=64)
+    narrow, wide = KernelConfig.for_operation(BF16, tile_n=16), KernelConfig.for_operation(BF16, tile_n=64)
     cols = config_columns([narrow, wide])
     raw = prior.model.predict(features(problems[0], cols, 132))
     assert (prior.score(problems[0], cols) - raw).tolist() == pytest.approx([2 * prior_module.OUTSIDE_PENALTY, 0])
@@ -230,3 +230,23 @@ def test_the_prior_learns_plain_gemms_only_from_the_committed_measurements():
     observations = committed_observations(frame, gpu="NVIDIA H100 80GB HBM3")
     assert observations and all(o.config.epilogue.is_plain and o.config.scaling.value == "none"
                                 for o in observations)
+
+
+def test_each_problem_of_an_auto_space_is_ranked_from_the_configs_of_its_own_operation(tmp_path, no_committed):
+    """Guards against pooling by types and layouts alone: a plain and a bias+silu 4096^3 GEMM
+    shared one pool, 0 of the fused problem's picks were in its study, and it fell back to TPE."""
+    space = space_of(tmp_path, "problems: [{m: 4096, n: 4096, k: 4096}, "
+                               "{m: 4096, n: 4096, k: 4096, epilogue: bias+silu}]\nkernels: auto\n")
+    plain, fused = space.problems
+    assert plain.operation != fused.operation and plain.name != fused.name
+    run, state, compiled, _ = sweep(space, tmp_path, trials=8, batch=4)
+    strategy = run.strategy
+    assert isinstance(strategy, PriorStrategy)
+    for s in run.studies:
+        picks = strategy.picks(s, 512)
+        assert picks and all(c.operation == s.problem.operation and s.params.has(c) for c in picks)
+    assert {c.operation for c in compiled} == {plain.operation, fused.operation}
+    for pp in state.problems:  # each study's first trial is one of the prior's picks for it
+        first = pp.study.trials[0].user_attrs["config_hash"]
+        study = next(s for s in run.studies if s.problem == pp.problem)
+        assert first in {c.hash for c in strategy.picks(study, 4)}

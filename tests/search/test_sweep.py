@@ -473,11 +473,12 @@ class _Stuck(optuna.samplers.RandomSampler):
 
 
 def test_a_stalled_sampler_does_not_stop_the_sweep_short_of_its_budget(space, tmp_path, monkeypatch):
-    import cutlass_tune.search._strategy as strategy_module
+    import cutlass_tune.search._optuna_strategy as strategy_module
+    import cutlass_tune.search._studies as studies_module
     from cutlass_tune.search import params_of
 
     first = next(c for c in space.candidates if not check_config(c))
-    monkeypatch.setattr(strategy_module, "make_sampler", lambda name, **kw: _Stuck(params_of(first)))
+    monkeypatch.setattr(studies_module, "make_sampler", lambda name, **kw: _Stuck(params_of(first)))
     monkeypatch.setattr(strategy_module, "ASKS_PER_CONFIG", 3)  # each stalled ask costs a few commits
     compiler = FakeCompiler()
     sweep, store = make(space, tmp_path, compiler=compiler, trials=14)  # 8 warm-start seeds, then the sampler

@@ -15,6 +15,7 @@ from cutlass_tune.space import (
     Epilogue,
     KernelConfig,
     Layout,
+    Operation,
     Problem,
     Scaling,
     check_config,
@@ -23,12 +24,12 @@ from cutlass_tune.space import (
 )
 from cutlass_tune.space._rules import CONFIG_RULES, check_combinations
 
-BF16 = dict(dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_c=DType.BF16, dtype_d=DType.BF16)
-FP8 = dict(dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_c=DType.BF16, dtype_d=DType.BF16)
-FP8_NT = dict(FP8, layout_a=Layout.COL, layout_b=Layout.ROW)
+BF16 = Operation()
+FP8 = Operation(dtype_a=DType.E4M3, dtype_b=DType.E4M3)
+FP8_NT = dataclasses.replace(FP8, layout_a=Layout.COL, layout_b=Layout.ROW)
 # A fusion that needs a TMA epilogue and a residual that needs C; fp8 scales with their rows in smem.
-FUSED = dict(BF16, epilogue=Epilogue.parse("bias+silu+residual"))
-FP8_ROWCOL = dict(FP8, epilogue=Epilogue.parse("bias+gelu"), scaling=Scaling.ROWCOL)
+FUSED = Operation(epilogue=Epilogue.parse("bias+silu+residual"))
+FP8_ROWCOL = dataclasses.replace(FP8, epilogue=Epilogue.parse("bias+gelu"), scaling=Scaling.ROWCOL)
 # Values that make every rule of check_config refuse some configs: tile K 256 of a 16-bit type,
 # 4x4 clusters, ping-pong 128x224, only one stage of 256x208x128 beside its epilogue, fast
 # accumulation of 16-bit inputs, ...
@@ -42,10 +43,10 @@ def brute_force(auto):
     knobs = [k for k, _ in auto.knobs]
     counts, valid = collections.Counter(), []
     for values in itertools.product(*(v for _, v in auto.knobs)):
-        fields = dict(auto.operands)
+        fields = {}
         for knob, value in zip(knobs, values):
             fields.update(zip(knob.fields, value if len(knob.fields) > 1 else (value,)))
-        cfg = KernelConfig(**fields)
+        cfg = KernelConfig.for_operation(auto.operation, **fields)
         why = check_config(cfg)
         counts[why[0].rule if why else "valid"] += 1
         if not why:
@@ -53,10 +54,10 @@ def brute_force(auto):
     return counts, valid
 
 
-@pytest.mark.parametrize("operands", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL],
+@pytest.mark.parametrize("operation", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL],
                          ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol"])
-def test_the_count_is_the_count_of_the_listed_product(operands):
-    auto = AutoKernels(operands, SMALL)
+def test_the_count_is_the_count_of_the_listed_product(operation):
+    auto = AutoKernels(operation, SMALL)
     counts, valid = brute_force(auto)
     census = auto.census()
     assert census.total == sum(counts.values()) == auto.total
@@ -70,26 +71,26 @@ def test_the_count_is_the_count_of_the_listed_product(operands):
 
 def test_every_rule_is_exercised_by_the_small_product():
     counts = collections.Counter()
-    for operands in (BF16, FP8, FP8_NT, FUSED):
-        counts.update(AutoKernels(operands, SMALL).census().invalid)
+    for operation in (BF16, FP8, FP8_NT, FUSED):
+        counts.update(AutoKernels(operation, SMALL).census().invalid)
     # the operand rules refuse a kind whole: their own tests cover them
     assert {rule for rule, _ in CONFIG_RULES} - set(counts) == {"arch", "dtype_inputs", "dtype_output",
                                                                "dtype_accumulator", "operation", "scaling_inputs"}
 
 
 def _random_config(rng, auto):
-    fields = dict(auto.operands)
+    fields = {}
     for knob, values in auto.knobs:
         value = rng.choice(values)
         fields.update(zip(knob.fields, value if len(knob.fields) > 1 else (value,)))
-    return KernelConfig(**fields)
+    return KernelConfig.for_operation(auto.operation, **fields)
 
 
 def test_each_rule_reads_only_the_fields_it_declares():
     """Guards the count against a rule added to check_config, or changed, but not to CONFIG_RULES."""
     rng = random.Random(0)
-    for operands in (BF16, FP8):
-        auto = AutoKernels(operands)
+    for operation in (BF16, FP8):
+        auto = AutoKernels(operation)
         domain = {f: [] for knob, _ in auto.knobs for f in knob.fields}
         for knob, values in auto.knobs:
             for value in values:
@@ -120,7 +121,7 @@ def test_a_16_bit_kind_is_counted_whole_in_seconds():
     names = {c.name for c in picked}
     assert len(names) == 200
     # tiles the hand-written space lacks are there: 128x160 and 128x192 ping-pong, without C
-    wanted = KernelConfig(**BF16, tile_n=160, kernel_schedule=picked[0].kernel_schedule.PINGPONG,
+    wanted = KernelConfig.for_operation(BF16, tile_n=160, kernel_schedule=picked[0].kernel_schedule.PINGPONG,
                           epilogue_schedule=picked[0].epilogue_schedule.TMA, epilogue_source=False)
     assert wanted in auto and dataclasses.replace(wanted, tile_n=192) in auto
     assert dataclasses.replace(wanted, tile_n=224) not in auto  # accumulator_registers
@@ -133,8 +134,8 @@ def test_indices_and_membership_agree():
         assert auto.config_of(chosen) == auto[i] and auto[i] in auto
     with pytest.raises(IndexError):
         auto[len(auto)]
-    assert KernelConfig(**FP8) not in auto  # another kind
-    assert KernelConfig(**BF16, tile_n=8 * 3) not in auto  # a value auto does not try
+    assert KernelConfig.for_operation(FP8) not in auto  # another kind
+    assert KernelConfig.for_operation(BF16, tile_n=8 * 3) not in auto  # a value auto does not try
     assert sum(1 for _ in auto.all_value_indices()) == len(auto)
 
 
@@ -146,10 +147,11 @@ def test_a_space_file_of_kernels_auto(tmp_path):
     assert len(sp.problems) == 8 and len(sp.auto) == 4
     census = sp.census()
     assert census.valid == len(sp.valid) == 4 * 190_240 and census.total == 4 * 16_920_576
-    problem = Problem(4096, 1280, 8192, DType.F16, DType.F16, DType.F16, Layout.COL, Layout.ROW)
+    problem = Problem(4096, 1280, 8192, dtype_a=DType.F16, dtype_b=DType.F16, dtype_d=DType.F16,
+                      layout_a=Layout.COL, layout_b=Layout.ROW)
     kind = sp.auto_for(problem)
-    assert kind is not None and kind.operands["layout_a"] is Layout.COL and kind.operands["dtype_a"] is DType.F16
-    assert sp.holds(kind[5]) and not sp.holds(KernelConfig(**BF16, tile_n=8 * 3))
+    assert kind is not None and kind.operation.layout_a is Layout.COL and kind.operation.dtype_a is DType.F16
+    assert sp.holds(kind[5]) and not sp.holds(KernelConfig.for_operation(BF16, tile_n=8 * 3))
     first = next(iter(sp.classify()))
     assert first[1] == [] and first[0] == sp.candidates[0]
     assert [v.name for v in sp.runtime_variants(KernelConfig())] == ["rheuristic_sw1", "rheuristic_sw4"]
@@ -167,7 +169,7 @@ def test_shapes_without_a_file_are_auto_over_the_broad_run_time_variants():
     assert sp.auto and sp.path == "--shapes" and "4096x1280x8192" in sp.description
     assert len(sp.runtime_variants(KernelConfig())) == 6
     fp8 = space_for_shapes("256x256x256", dtype="e4m3")
-    assert fp8.problems[0].dtype_d is DType.BF16 and fp8.auto[0].operands["dtype_a"] is DType.E4M3
+    assert fp8.problems[0].dtype_d is DType.BF16 and fp8.auto[0].operation.dtype_a is DType.E4M3
     nt = space_for_shapes("256x256x256", dtype="f16:f32", layout="nt")
     assert (nt.problems[0].dtype_d, nt.problems[0].layout_a) == (DType.F32, Layout.COL)
 

@@ -31,7 +31,7 @@ def test_scaling_is_for_fp8_inputs_only():
     assert rules(dataclasses.replace(FP8, scaling=Scaling.ROWCOL)) == []
     (why,) = check_problem(Problem(256, 256, 256, scaling=Scaling.ROWCOL))
     assert why.rule == "scaling_inputs" and "fp8 inputs" in why.reason
-    assert check_problem(Problem(256, 256, 256, DType.E4M3, DType.E4M3, scaling=Scaling.ROWCOL)) == []
+    assert check_problem(Problem(256, 256, 256, dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.ROWCOL)) == []
 
 
 def test_a_residual_needs_its_c_operand():
@@ -69,7 +69,7 @@ def test_kernel_and_problem_must_agree_on_the_operation():
     (why,) = check_pair(KernelConfig(), problem)
     assert why.rule == "problem_mismatch" and "epilogue" in why.reason
     assert check_pair(KernelConfig(epilogue=problem.epilogue), problem) == []
-    fp8 = Problem(256, 256, 256, DType.E4M3, DType.E4M3, scaling=Scaling.TENSOR)
+    fp8 = Problem(256, 256, 256, dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.TENSOR)
     assert "scaling" in check_pair(FP8, fp8)[0].reason
 
 

@@ -58,7 +58,7 @@ epilogue: bias
 kernels: {tile_k: 128}
 """))
     (problem,) = sp.problems
-    assert problem == Problem(256, 256, 256, DType.E4M3, DType.E4M3, DType.BF16,
+    assert problem == Problem(256, 256, 256, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16,
                               epilogue=Epilogue(bias=True), scaling=Scaling.ROWCOL)
     (cfg,) = sp.valid
     assert cfg.scaling is Scaling.ROWCOL and cfg.epilogue == Epilogue(bias=True)
@@ -82,8 +82,8 @@ def test_shapes_carry_epilogue_and_scaling_into_an_auto_space():
     (problem,) = sp.problems
     assert problem.epilogue == BIAS_SILU and problem.scaling is Scaling.ROWCOL
     (kind,) = sp.auto
-    assert kind.operands["epilogue"] == BIAS_SILU and sp.auto_for(problem) is kind
-    assert sp.auto_for(Problem(1024, 4096, 4096, DType.E4M3, DType.E4M3)) is None
+    assert kind.operation.epilogue == BIAS_SILU and sp.auto_for(problem) is kind
+    assert sp.auto_for(Problem(1024, 4096, 4096, dtype_a=DType.E4M3, dtype_b=DType.E4M3)) is None
     some = kind[: 50]
     assert all(c.epilogue == BIAS_SILU and c.scaling is Scaling.ROWCOL and not check_config(c) for c in some)
     # the fusion needs a TMA epilogue: auto never proposes no_smem for it
