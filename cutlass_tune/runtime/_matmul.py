@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..compile import KernelCache, compile_kernels
 from ..errors import CutlassTuneError
+from ..kernel import GemmArgs, KernelStatusError, LoadedKernel, bind_primary_context, make_args
 from ..space import (
     Activation,
     DType,
@@ -47,8 +47,6 @@ from ..space import (
 )
 from ..status import Status
 from ..tables import BestTableError, BundledKernel
-from ._context import bind_primary_context
-from ._kernel import GemmArgs, KernelStatusError, LoadedKernel, make_args
 from ._table import BestTable
 
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
@@ -219,6 +217,9 @@ class Gemm:
     def __init__(self, config: KernelConfig, runtime: RuntimeArgs = RuntimeArgs(), cache_dir: Path | None = None,
                  bundled: BundledKernel | None = None):
         if bundled is None:
+            # Imported here: a serving host that runs bundled kernels needs no compiler.
+            from ..compile import KernelCache, compile_kernels
+
             compiled = compile_kernels([config], cache=KernelCache.at(cache_dir), jobs=1)[0]
             if compiled.status is not Status.OK or compiled.library is None:
                 raise CutlassTuneError(f"{config.name} does not compile: {compiled.reason} (log {compiled.log_path})")
