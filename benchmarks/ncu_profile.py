@@ -24,7 +24,7 @@ from cutlass_tune import settings
 from cutlass_tune.bench._timing import L2Flush
 from cutlass_tune.bench._verify import Operands, allocate, randomize
 from cutlass_tune.compile import KernelCache, compile_kernels
-from cutlass_tune.runtime import LoadedKernel, make_args
+from cutlass_tune.kernel import LoadedKernel, make_args
 from cutlass_tune.space import EpilogueSchedule, KernelConfig, KernelSchedule, Problem, RasterOrder, RuntimeArgs
 
 _PINGPONG = dict(kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=EpilogueSchedule.TMA)

@@ -23,7 +23,7 @@ from cutlass_tune.bench import L2Flush, TimingOptions, time_paired
 from cutlass_tune.bench._runner import CublasTarget, CutlassTarget, _stream
 from cutlass_tune.bench._verify import allocate, compare, randomize, reference
 from cutlass_tune.compile import compile_kernels
-from cutlass_tune.runtime import LoadedKernel, make_args
+from cutlass_tune.kernel import LoadedKernel, make_args
 from cutlass_tune.space import Problem, TileScheduler
 
 

@@ -43,6 +43,7 @@ import torch
 import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._torch import DTYPE_OF, activation_of_op
 from .errors import CutlassTuneError, first_line
 from .settings import bundled_config
 from .space import Activation, DType, Epilogue, Layout, Problem, Scaling, check_problem, layout_code
@@ -62,9 +63,6 @@ KERNELS_FROM = {
     DType.E4M3: "squares_fp8.yaml",  # the shipped fp8 space: fp8_fast_accum on and off
     DType.E5M2: "squares_fp8.yaml",
 }
-
-_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float32: DType.F32,
-           torch.float8_e4m3fn: DType.E4M3, torch.float8_e5m2: DType.E5M2}
 
 _OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2), "_addmm_activation": (1, 2),
              "_scaled_mm": (0, 1), "linear": (0, 1)}
@@ -324,7 +322,7 @@ class _GemmRecorder(TorchDispatchMode):
         pending = self._pending.pop(thread, None)
         if pending is not None:
             on_output = bool(args) and args[0] is pending.output
-            activation = _activation(op, kwargs) if on_output else None
+            activation = activation_of_op(op, kwargs.get("approximate", "none")) if on_output else None
             if on_output and op in _VIEWS and isinstance(result, torch.Tensor):
                 self._pending[thread] = dataclasses.replace(pending, output=result)
                 return result
@@ -357,17 +355,6 @@ class _GemmRecorder(TorchDispatchMode):
 _VIEWS = {"view", "_unsafe_view", "reshape", "alias"}
 """Ops through which a GEMM's output is followed to an activation (a 3-D input's Linear runs
 view -> addmm -> view)."""
-
-
-def _activation(op: str, kwargs: Mapping[str, Any]) -> Activation | None:
-    """The activation an op applies to its first argument, or None."""
-    if op in ("relu", "relu_"):
-        return Activation.RELU
-    if op in ("silu", "silu_"):
-        return Activation.SILU
-    if op in ("gelu", "gelu_"):
-        return Activation.GELU_TANH if kwargs.get("approximate", "none") == "tanh" else Activation.GELU
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -493,7 +480,7 @@ def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dt
     if ma is None:
         return skipped(f"batched over an A that is not one {m}x{k} matrix (strides {tuple(a.stride())})",
                        f"{batch} x {m // batch}x{n}x{k} {types}")
-    if any(d not in _DTYPES for d in dtypes):
+    if any(d not in DTYPE_OF for d in dtypes):
         return skipped(f"a dtype without tuned kernels ({types}; they take bf16, f16 and fp8)")
     layout_a, layout_b = _layout(ma), _layout(mb)
     for operand, matrix, layout in (("A", ma, layout_a), ("B", mb, layout_b)):
@@ -501,7 +488,7 @@ def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dt
             return skipped(f"{operand} ({matrix[0]}x{matrix[1]}, strides {matrix[2:]}) is neither row- nor "
                            "column-major contiguous")
     assert layout_a is not None and layout_b is not None  # each returned above where None
-    dtype_a, dtype_b, dtype_d = (_DTYPES[d] for d in dtypes)
+    dtype_a, dtype_b, dtype_d = (DTYPE_OF[d] for d in dtypes)
     if batch > 1 and not (epilogue.is_plain and scaling is Scaling.NONE):
         return skipped("a batched GEMM with an epilogue")
     problem = Problem(m, n, k, dtype_a=dtype_a, dtype_b=dtype_b, dtype_d=dtype_d, layout_a=layout_a,

@@ -16,6 +16,7 @@ import jinja2
 
 from ._files import shipped
 from .errors import RenderError
+from .kernel import ABI_VERSION
 from .space import (
     Activation,
     DType,
@@ -28,10 +29,6 @@ from .space import (
     check_config,
 )
 from .space._rules import epilogue_tile, fused, needs_extended_wgmma, operation_problem
-
-ABI_VERSION = 3
-"""2: kernels export S_mma_n; units that need them enable the extended wgmma shapes.
-3: the arguments carry bias and fp8 scale pointers (fused epilogues)."""
 
 _ELEMENT = {
     DType.BF16: "cutlass::bfloat16_t",

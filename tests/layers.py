@@ -5,7 +5,8 @@
 
 A stage is a top-level module or subpackage of `cutlass_tune` (space, render, compile, ...).
 An import inside a function is lazy: the optional or heavy dependencies (torch through bench,
-the tuner's store reader behind the runtime's table loader) are taken that way. Floors stack
+the tuner's store reader behind the runtime's table loader, the compiler behind its `Gemm`) are
+taken that way. Floors stack
 each stage above everything it imports at module level; `tests/test_layers.py` holds the rules.
 """
 

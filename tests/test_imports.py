@@ -39,3 +39,24 @@ def test_a_table_file_loads_without_the_tuner(tmp_path):
 def test_the_tuner_stages_import_no_torch():
     stages = "import cutlass_tune, cutlass_tune.store, cutlass_tune.search, cutlass_tune.report, cutlass_tune.tables"
     assert loaded(stages, "torch") == []
+
+
+COMPILER = ("cutlass_tune.compile", "cutlass_tune.render", "jinja2", "filelock")
+"""What building a kernel takes: the nvcc driver and toolchain, the renderer and their libraries."""
+
+
+def test_loading_kernels_imports_neither_the_compiler_nor_torch():
+    assert loaded("import cutlass_tune.kernel", *COMPILER, "torch", "pandas", "cutlass_tune.runtime") == []
+
+
+def test_a_bundle_loads_without_the_compiler(tmp_path):
+    # Guards a serving host without a CUDA toolkit: only a kernel no bundle holds is compiled.
+    from cutlass_tune.report import load_best, write_bundle
+
+    from .report.test_bundle import BUILT_WITH, stand_ins
+
+    frame = load_best(STORE)
+    write_bundle(frame, stand_ins(frame, tmp_path / "cache"), tmp_path / "bundle", BUILT_WITH)
+    code = ("import cutlass_tune.runtime as r\nfor name in r.__all__:\n    getattr(r, name)\n"
+            f"table = r.BestTable.load({str(tmp_path / 'bundle')!r})\nassert table.bundled")
+    assert loaded(code, *COMPILER) == []

@@ -6,11 +6,12 @@ import pytest
 
 from tests.layers import TOP, read_graph
 
-ORDER = ("errors", "status", "_files", "space", "settings", "capture", "render", "measurement", "compile", "tables",
-         "store", "search", "report", "runtime", "nn", "bench", TOP, "cli")
+ORDER = ("errors", "status", "_files", "space", "settings", "kernel", "_torch", "capture", "render", "measurement",
+         "compile", "tables", "store", "search", "report", "runtime", "nn", "bench", TOP, "cli")
 """The stages from the ground up: each imports, at module level, only stages before it."""
 
 LAZY = {
+    ("runtime", "compile"): "a kernel no bundle holds is compiled on first use; a host serving bundles has no compiler",
     ("runtime", "report"): "a store URL is read by the tuner's report stage; a serving host never takes that path",
     ("cli", "bench"): "torch, for the commands that measure",
     ("cli", "search"): "Optuna, for the commands that search",
@@ -20,6 +21,11 @@ LAZY = {
     (TOP, "nn"): "the same (torch, for models)",
 }
 """The only imports of one stage by another inside a function, and why each is deferred."""
+
+BENCH_ON_RUNTIME = {
+    "bench._check": "`cutlass-tune check` times the runtime's `matmul` as a caller gets it, at the call site",
+}
+"""The only bench modules that import the runtime, and why: the rest load kernels through `kernel`."""
 
 GRAPH = read_graph()
 
@@ -51,3 +57,10 @@ def test_the_tuner_never_imports_the_gpu_stage():
     # Regression: store, search and report imported `Measurement` from bench, and with it torch.
     for stage in ("store", "search", "report", "tables", "runtime"):
         assert "bench" not in GRAPH.eager.get(stage, set()) | GRAPH.lazy.get(stage, set()), stage
+
+
+def test_bench_loads_kernels_below_the_runtime():
+    # Regression: the GPU worker loaded kernels through the runtime, which imported the compiler.
+    importers = {module for module, imported in GRAPH.modules.items()
+                 if module.split(".")[0] == "bench" and any(m.split(".")[0] == "runtime" for m in imported)}
+    assert importers == set(BENCH_ON_RUNTIME)

@@ -23,13 +23,14 @@ from typing import Any
 
 import torch
 
+from .._torch import TORCH_DTYPE
 from ..measurement import TimingMethod
 from ..runtime import BestTable, matmul, torch_gemm
 from ..space import Operation, Problem
 from ..status import Status
 from ._env import ClockMonitor
 from ._timing import TimingOptions, TimingStats, rotation_count, time_sustained
-from ._verify import TORCH_DTYPE, Operands, allocate, compare, randomize, reference
+from ._verify import Operands, allocate, compare, randomize, reference
 
 GAP = 0.02
 """A delivered ratio this far below the claimed one (relative) is flagged."""

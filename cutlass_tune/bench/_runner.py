@@ -22,8 +22,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ..kernel import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..measurement import Baseline, Clocks, Measurement, TimingMethod
-from ..runtime import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..space import Problem, RuntimeArgs
 from ..status import Status
 from ._env import ClockMonitor, env_stamp

@@ -35,9 +35,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from .._torch import ACTIVATION, TORCH_DTYPE
 from ..measurement import Baseline
 from ..space import Activation, DType, Problem, RuntimeArgs, Scaling
-from ._verify import ACTIVATION, Operands
+from ._verify import Operands
 
 
 class Target:
@@ -137,7 +138,7 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
     epilogue = problem.epilogue
     activation = ACTIVATION[epilogue.activation]
     last = (lambda y: y) if epilogue.activation is Activation.NONE else activation
-    out_dtype = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}[problem.dtype_d]
+    out_dtype = TORCH_DTYPE[problem.dtype_d]
 
     if problem.dtype_a.is_fp8:
         def fp8(a, b, bias, c, scale_a, scale_b):

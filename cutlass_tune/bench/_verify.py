@@ -26,8 +26,8 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
+from .._torch import ACTIVATION, FP8_DTYPES, TORCH_DTYPE
 from ..space import Activation, DType, Layout, Problem, Scaling
 from ..status import Status
 
@@ -53,18 +53,6 @@ largest sits near 5.5 RMS: 0.022 (0.003) of the RMS at most, 4-7x below the boun
 FP8_ELEMENT_TOLERANCE = 0.25
 """The same bound for fp8 inputs (any output type): their reduced-precision accumulation
 leaves single elements off by up to about 2% of their size (about 0.1 RMS at 5 RMS)."""
-
-TORCH_DTYPE = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32,
-               DType.E4M3: torch.float8_e4m3fn, DType.E5M2: torch.float8_e5m2}
-
-ACTIVATION: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
-    Activation.NONE: lambda x: x,
-    Activation.RELU: F.relu,
-    Activation.GELU: F.gelu,
-    Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
-    Activation.SILU: F.silu,
-}
-"""Each activation as torch computes it: what the reference and the torch baselines apply."""
 
 SCALE_SPREAD = 2.0
 """Scaled fp8 operands come from rows (A) and columns (B) whose magnitudes differ by up to this
@@ -170,7 +158,7 @@ def randomize(ops: Operands, generator: torch.Generator) -> None:
         _fill_scaled(ops.b_kn.t(), ops.scale_b.view(-1, 1) if ops.scale_b.dim() else ops.scale_b, generator)
     else:
         for t in (ops.a, ops.b):
-            if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            if t.dtype in FP8_DTYPES:
                 _fill_fp8(t, generator)
             else:
                 t.normal_(0.0, p.k ** -0.25, generator=generator)

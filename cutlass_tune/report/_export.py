@@ -15,10 +15,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .. import render
 from .._files import FileWriteError, write_atomically
 from ..compile import intact
 from ..errors import first_line
+from ..kernel import ABI_VERSION
 from ..status import Status
 from ..store import local_file
 from ..tables import BUNDLE_FORMAT, MANIFEST, TABLE, BestTableError, BundleError, is_bundle, sha256_of
@@ -140,7 +140,7 @@ def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: P
             shutil.copyfile(source, tmp / "kernels" / file)
             libraries[f"kernels/{file}"] = sha256_of(tmp / "kernels" / file)
         write_table(frame, tmp / TABLE, "json")
-        manifest = {"format": BUNDLE_FORMAT, "abi_version": render.ABI_VERSION, "arch": "sm90a",
+        manifest = {"format": BUNDLE_FORMAT, "abi_version": ABI_VERSION, "arch": "sm90a",
                     "gpus": sorted(set(frame["gpu"])), "built_with": dict(built_with),
                     "libraries": libraries, "kernels": kernels}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -5,14 +5,14 @@ table file, or a store through the tuner); `matmul` and `Gemm` run the tuned ker
 tensors, fused epilogues (bias, activation, residual) and fp8 scales included; `mm` and `linear`
 are the operators `torch.ops.cutlass_tune.mm` and `torch.ops.cutlass_tune.linear` (a table bound
 to a key by `register_table`), for models and torch.compile; `Linear` and `patch` put them into models;
-`LoadedKernel` binds a compiled kernel's C entry points (the bench stage times kernels through
-it too). Importing this package imports none of the store, the search, the dashboard or their
-dependencies (SQLAlchemy, Optuna, plotly).
+`LoadedKernel` and the ABI's names come from `cutlass_tune.kernel`. Importing this package, and
+loading a bundle, imports none of the compiler, the store, the search, the dashboard or their
+dependencies (SQLAlchemy, Optuna, plotly); a kernel no bundle holds is compiled on first use.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from ._kernel import (
+from ..kernel import (
     GemmArgs,
     GemmInstance,
     KernelLoadError,
@@ -44,8 +44,7 @@ _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredT
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: the bench stage's GPU workers load kernels through `LoadedKernel`
-    # alone, and start without pandas (the tables) or this package's torch code.
+    # Imported on first use: a host pays for pandas (the tables) and torch only when it uses them.
     if name in _TABLES:
         from .. import tables
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from .._torch import ACTIVATION
 from ..space import Activation
-from ._matmul import ACTIVATIONS, activation_of
+from ._matmul import activation_of
 from ._op import table_key
 from ._table import BestTable
 
@@ -76,7 +77,7 @@ class Linear(torch.nn.Linear):
             return _LINEAR(input, self.weight, self.bias, self.activation.value, self.table_key)
         out = _MM(input, self.weight.t(), self.table_key)
         out = out if self.bias is None else out + self.bias
-        return out if self.activation is Activation.NONE else ACTIVATIONS[self.activation](out)
+        return out if self.activation is Activation.NONE else ACTIVATION[self.activation](out)
 
     def extra_repr(self) -> str:
         shown = "" if self.activation is Activation.NONE else f", activation={self.activation.value!r}"

@@ -24,14 +24,13 @@ import functools
 import json
 import threading
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from ..compile import KernelCache, compile_kernels
+from .._torch import ACTIVATION, FP8_DTYPES, TORCH_DTYPE
 from ..errors import CutlassTuneError
+from ..kernel import GemmArgs, KernelStatusError, LoadedKernel, bind_primary_context, make_args
 from ..space import (
     Activation,
     DType,
@@ -46,14 +45,11 @@ from ..space import (
 )
 from ..status import Status
 from ..tables import BestTableError, BundledKernel
-from ._context import bind_primary_context
-from ._kernel import GemmArgs, KernelStatusError, LoadedKernel, make_args
 from ._table import BestTable
 
-_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float8_e4m3fn: DType.E4M3}
+_DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16, DType.E4M3)}
 # Not e5m2: with both inputs e5m2, torch._scaled_mm (the fallback where no kernel applies) has no GEMM.
-_TORCH = {DType.BF16: torch.bfloat16, DType.F16: torch.float16, DType.F32: torch.float32}
-_OUT_DTYPES = {t: d for d, t in _TORCH.items()}
+_OUT_DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16, DType.F32)}
 _FP8_OUT = DType.BF16
 READY_INSTANCES = 32
 """Initialized kernel instances a `Gemm` keeps per thread, by problem and addresses: a model's
@@ -72,17 +68,6 @@ def _layout(t: torch.Tensor, name: str, rows_major: Layout, cols_major: Layout) 
         return cols_major
     raise MatmulInputError(f"{name} {tuple(t.shape)} with strides {t.stride()} is neither row- nor "
                            "column-major contiguous: call .contiguous() first")
-
-
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
-    Activation.NONE: lambda t: t,
-    Activation.RELU: F.relu,
-    Activation.GELU: F.gelu,
-    Activation.GELU_TANH: functools.partial(F.gelu, approximate="tanh"),
-    Activation.SILU: F.silu,
-}
-"""Each activation as torch computes it (what the fused kernels are verified against)."""
 
 
 def activation_of(value: object) -> Activation:
@@ -121,7 +106,7 @@ def _scaling_of(a: torch.Tensor, m: int, n: int, scale_a: torch.Tensor | None,
     """The scaling the scales pose (checked as torch._scaled_mm takes them)."""
     if scale_a is None and scale_b is None:
         return Scaling.NONE
-    if a.dtype not in _FP8:
+    if a.dtype not in FP8_DTYPES:
         raise MatmulInputError(f"scale_a and scale_b scale fp8 inputs; a and b are {a.dtype} (use alpha)")
     if scale_a is None or scale_b is None:
         raise MatmulInputError(f"{'scale_b' if scale_a is not None else 'scale_a'} is missing: "
@@ -187,7 +172,7 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
     out = _OUT_DTYPES.get(out_dtype) if out_dtype is not None else default
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
-    epilogue, scaling = operation_of(a, b, _TORCH[out], bias=bias, activation=activation, c=c, scale_a=scale_a,
+    epilogue, scaling = operation_of(a, b, TORCH_DTYPE[out], bias=bias, activation=activation, c=c, scale_a=scale_a,
                                      scale_b=scale_b)
     for name, operand in (("bias", bias), ("c", c), ("scale_a", scale_a), ("scale_b", scale_b)):
         if operand is not None and operand.data_ptr() % 16:
@@ -218,6 +203,9 @@ class Gemm:
     def __init__(self, config: KernelConfig, runtime: RuntimeArgs = RuntimeArgs(), cache_dir: Path | None = None,
                  bundled: BundledKernel | None = None):
         if bundled is None:
+            # Imported here: a serving host that runs bundled kernels needs no compiler.
+            from ..compile import KernelCache, compile_kernels
+
             compiled = compile_kernels([config], cache=KernelCache.at(cache_dir), jobs=1)[0]
             if compiled.status is not Status.OK or compiled.library is None:
                 raise CutlassTuneError(f"{config.name} does not compile: {compiled.reason} (log {compiled.log_path})")
@@ -228,7 +216,7 @@ class Gemm:
         self.kernel = LoadedKernel(library, symbol)
         self._local = threading.local()
         self._stream_k = config.tile_scheduler is TileScheduler.STREAM_K
-        self._dtype_d = _TORCH[config.dtype_d]
+        self._dtype_d = TORCH_DTYPE[config.dtype_d]
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
                  bias: torch.Tensor | None = None, c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
@@ -353,8 +341,8 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
     scale_a) and the bias. 16-bit: a bias alone is F.linear's call (torch.addmm: cuBLASLt's bias
     epilogue), a residual torch.addmm's beta, then the activation as torch computes it.
     """
-    activate = ACTIVATIONS[activation_of(activation)]
-    if a.dtype in _FP8:
+    activate = ACTIVATION[activation_of(activation)]
+    if a.dtype in FP8_DTYPES:
         one = torch.ones((), dtype=torch.float32, device=a.device)
         scale_a = one if scale_a is None else scale_a
         scale_a = scale_a * alpha if alpha != 1.0 else scale_a
@@ -436,16 +424,16 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
         gemm, problem = cached
         beta = _beta(c, beta)
         if gemm is None:
-            return torch_gemm(a, b, _TORCH[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha, beta=beta,
-                              scale_a=scale_a, scale_b=scale_b)
+            return torch_gemm(a, b, TORCH_DTYPE[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
+                              beta=beta, scale_a=scale_a, scale_b=scale_b)
         return gemm.run(problem, a, b, bias=bias, c=c, scale_a=scale_a, scale_b=scale_b, alpha=alpha, beta=beta)
     problem = problem_of(a, b, out_dtype, bias=bias, activation=act, c=c, scale_a=scale_a, scale_b=scale_b)
     beta = _beta(c, beta)
 
     def untuned() -> torch.Tensor:
         table._kernels[key] = (None, problem)
-        return torch_gemm(a, b, _TORCH[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha, beta=beta,
-                          scale_a=scale_a, scale_b=scale_b)
+        return torch_gemm(a, b, TORCH_DTYPE[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
+                          beta=beta, scale_a=scale_a, scale_b=scale_b)
 
     asked = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} {problem.words}"
     try:

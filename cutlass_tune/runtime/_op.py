@@ -43,13 +43,11 @@ from typing import Any
 
 import torch
 
+from .._torch import ACTIVATION_GRAD, FP8_DTYPES
 from ..errors import CutlassTuneError
 from ..space import Activation
-from ._matmul import MatmulInputError, _load_table, _warn_once, matmul, torch_gemm
+from ._matmul import _OUT_DTYPES, MatmulInputError, _load_table, _warn_once, matmul, torch_gemm
 from ._table import BestTable
-
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class UnregisteredTableError(CutlassTuneError, LookupError):
@@ -114,7 +112,7 @@ def result_dtype(a: torch.dtype, out_dtype: torch.dtype | None) -> torch.dtype:
     """The type of `mm`'s result: `out_dtype`, else bfloat16 for fp8 inputs, else the inputs'."""
     if out_dtype is not None:
         return out_dtype
-    return torch.bfloat16 if a in _FP8 else a
+    return torch.bfloat16 if a in FP8_DTYPES else a
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None) -> None:
@@ -224,7 +222,7 @@ def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
 
 
 def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
-    if ctx.dtype in _FP8:
+    if ctx.dtype in FP8_DTYPES:
         raise NotImplementedError("cutlass_tune.mm has no backward for fp8 inputs (they need scaling)")
     a, b = ctx.saved_tensors
     # A result of another type (out_dtype) gives gradients of the inputs' type, through kernels
@@ -240,13 +238,6 @@ mm.register_autograd(_backward, setup_context=_setup_context)
 
 
 _ACTIVATION_NAMES = tuple(a.value for a in Activation)
-_ACTIVATION_GRADS = {
-    Activation.RELU: lambda grad, z: torch.ops.aten.threshold_backward(grad, z, 0),
-    Activation.GELU: lambda grad, z: torch.ops.aten.gelu_backward(grad, z, approximate="none"),
-    Activation.GELU_TANH: lambda grad, z: torch.ops.aten.gelu_backward(grad, z, approximate="tanh"),
-    Activation.SILU: lambda grad, z: torch.ops.aten.silu_backward(grad, z),
-}
-"""d activation(z) / dz times the incoming gradient, as torch's own backward computes it."""
 
 
 def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:
@@ -257,7 +248,7 @@ def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                  f"{tuple(weight.shape)} do not multiply (weight is out_features x in_features)")
     torch._check(x.dtype == weight.dtype,
                  lambda: f"cutlass_tune.linear: x is {x.dtype} and weight is {weight.dtype}: they must match")
-    torch._check(x.dtype not in _FP8, lambda: "cutlass_tune.linear: fp8 inputs need scales: call "
+    torch._check(x.dtype not in FP8_DTYPES, lambda: "cutlass_tune.linear: fp8 inputs need scales: call "
                  "cutlass_tune.matmul with scale_a and scale_b")
     torch._check(x.device == weight.device, lambda: f"cutlass_tune.linear: x is on {x.device} and weight on "
                  f"{weight.device}")
@@ -345,7 +336,7 @@ def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None,
         # The fused kernel kept no pre-activation: recompute it (see the module docstring).
         z = mm(x, weight.t(), ctx.table)
         z = z if bias is None else z + bias
-        grad = _ACTIVATION_GRADS[ctx.activation](grad, z).contiguous()
+        grad = ACTIVATION_GRAD[ctx.activation](grad, z).contiguous()
     grad_x = _grad_a(grad, weight.t(), False, ctx.table) if needs_x else None
     grad_weight = _grad_b(grad, x, True, ctx.table).t() if needs_weight else None
     grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if needs_bias and bias is not None else None

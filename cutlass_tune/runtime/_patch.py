@@ -18,12 +18,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from .._torch import TORCH_DTYPE
 from ..space import DType, Problem, check_problem
 from ._linear import Linear
 from ._op import registered_table, table_key
 from ._table import BestTable
 
-_DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16}
+_DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
 _LISTED = 6
 """Tuned shapes a report names at most, where a layer finds none of its own."""
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import render
 from .._files import read_input, sha256_of
 from ..errors import CutlassTuneError
+from ..kernel import ABI_VERSION
 from ..space import KernelConfig
 from ._file import read_table
 
@@ -71,9 +71,9 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
         raise BundleError(f"{path / MANIFEST} is not a bundle manifest ({type(err).__name__}: {err})") from err
     if fmt != BUNDLE_FORMAT:
         raise BundleError(f"{path} is a bundle of format {fmt}; this cutlass-tune reads format {BUNDLE_FORMAT}")
-    if abi != render.ABI_VERSION:
+    if abi != ABI_VERSION:
         raise BundleError(f"{path} holds kernels of ABI version {abi}; this cutlass-tune calls version "
-                          f"{render.ABI_VERSION}: export the bundle again")
+                          f"{ABI_VERSION}: export the bundle again")
     for file, digest in libraries.items():
         library = path / file
         if Path(file).is_absolute() or ".." in Path(file).parts:

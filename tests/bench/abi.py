@@ -4,7 +4,7 @@ import subprocess
 from pathlib import Path
 
 from cutlass_tune import settings
-from cutlass_tune.render import ABI_VERSION
+from cutlass_tune.kernel import ABI_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "templates" / "gemm_sm90_unit.cu.j2"

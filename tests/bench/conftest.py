@@ -3,7 +3,7 @@ import torch
 
 from cutlass_tune.bench._verify import allocate, randomize
 from cutlass_tune.compile import compile_kernels
-from cutlass_tune.runtime import LoadedKernel, make_args
+from cutlass_tune.kernel import LoadedKernel, make_args
 from cutlass_tune.space import EpilogueSchedule, KernelConfig, KernelSchedule, RuntimeArgs, TileScheduler
 from cutlass_tune.status import Status
 

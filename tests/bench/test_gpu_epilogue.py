@@ -11,12 +11,13 @@ import dataclasses
 import pytest
 import torch
 
+from cutlass_tune._torch import ACTIVATION
 from cutlass_tune.bench import GpuRunner, Job, TimingOptions
 from cutlass_tune.bench._targets import TorchTarget
-from cutlass_tune.bench._verify import ACTIVATION, compare, reference
+from cutlass_tune.bench._verify import compare, reference
 from cutlass_tune.compile import compile_kernels
+from cutlass_tune.kernel import LoadedKernel, make_args
 from cutlass_tune.measurement import Baseline, TimingMethod
-from cutlass_tune.runtime import LoadedKernel, make_args
 from cutlass_tune.space import Activation, DType, Epilogue, KernelConfig, Problem, RuntimeArgs, Scaling
 from cutlass_tune.status import Status
 

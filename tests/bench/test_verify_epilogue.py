@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+from cutlass_tune._torch import ACTIVATION
 from cutlass_tune.bench import compare
-from cutlass_tune.bench._verify import ACTIVATION, ELEMENT_TOLERANCE, TOLERANCE, allocate, randomize, reference
+from cutlass_tune.bench._verify import ELEMENT_TOLERANCE, TOLERANCE, allocate, randomize, reference
 from cutlass_tune.space import Activation, DType, Epilogue, Problem, Scaling
 from cutlass_tune.status import Status
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from cutlass_tune.compile import compile_kernels
-from cutlass_tune.runtime import LoadedKernel, make_args
+from cutlass_tune.kernel import LoadedKernel, make_args
 from cutlass_tune.space import Activation, Epilogue, KernelConfig, Problem, RuntimeArgs, Scaling, check_pair
 from cutlass_tune.status import Status
 

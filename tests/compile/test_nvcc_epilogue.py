@@ -6,7 +6,7 @@ Runs without a GPU, like test_nvcc.py: the smem queries and `can_implement` are 
 
 import pytest
 
-from cutlass_tune.runtime import LoadedKernel, make_args
+from cutlass_tune.kernel import LoadedKernel, make_args
 from cutlass_tune.space import (
     EpilogueSchedule,
     KernelConfig,

@@ -6,7 +6,7 @@ Runs without a GPU, like test_nvcc.py: `can_implement` is host code.
 
 import pytest
 
-from cutlass_tune.runtime import LoadedKernel, make_args
+from cutlass_tune.kernel import LoadedKernel, make_args
 from cutlass_tune.space import (
     DType,
     EpilogueSchedule,

@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cutlass_tune import load_best, render
+from cutlass_tune import load_best
+from cutlass_tune.kernel import ABI_VERSION
 from cutlass_tune.report import same_file, write_table
 from cutlass_tune.space import KernelConfig, check_config
 from cutlass_tune.store import StoreError
@@ -158,7 +159,7 @@ def test_a_bundle_with_a_corrupt_table_is_one_line(tmp_path):
     """Guards against a bundle whose best.json is damaged raising a traceback from the reader."""
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    (bundle / "manifest.json").write_text(json.dumps({"format": 1, "abi_version": render.ABI_VERSION,
+    (bundle / "manifest.json").write_text(json.dumps({"format": 1, "abi_version": ABI_VERSION,
                                                       "libraries": {}, "kernels": {}}))
     (bundle / "best.json").write_text("{not json")
     one_line_error(lambda: load_best(bundle), f"cannot read {bundle / 'best.json'} as a json table")

@@ -1,3 +1,5 @@
+"""The ABI as ctypes declares it mirrors the C the templates write (tests/bench/abi.py cuts it out)."""
+
 import ctypes
 import re
 import shutil
@@ -5,11 +7,10 @@ import subprocess
 
 import pytest
 
-from cutlass_tune import render
-from cutlass_tune.runtime import GemmArgs, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
-from cutlass_tune.space import Decomposition, Problem, RasterOrder, RuntimeArgs, smem_usage
+from cutlass_tune.kernel import ENTRY_POINTS, GemmArgs, _abi, cutlass_status_name, make_args
+from cutlass_tune.space import Decomposition, Problem, RasterOrder, RuntimeArgs
 
-from ..bench.abi import header_text
+from ..bench.abi import REPO, header_text
 
 FIELDS = ["m", "n", "k", "a", "b", "c", "d", "alpha", "beta", "raster", "swizzle", "splits",
           "decomposition", "device_id", "sm_count", "bias", "scale_a", "scale_b"]
@@ -63,46 +64,17 @@ def test_status_names():
     assert cutlass_status_name(42) == "status 42"
 
 
-def test_missing_library_is_a_load_error(tmp_path):
-    with pytest.raises(KernelLoadError, match="cannot load"):
-        LoadedKernel(tmp_path / "nope.so", "ct_x")
+def test_entry_points_mirror_the_template_function_by_function():
+    c_types = {"int": ctypes.c_int, "size_t": ctypes.c_size_t, "void": None, "void*": ctypes.c_void_p,
+               "const cutlass_tune_args*": ctypes.POINTER(GemmArgs)}
+    text = (REPO / "templates" / "gemm_sm90_kernel.cu.j2").read_text()
+    declared = {}
+    for restype, name, params in re.findall(r"^(\w+\*?) \{\{ k\.symbol \}\}_(\w+)\(([^)]*)\)", text, re.M):
+        argtypes = [c_types[p.rsplit(" ", 1)[0]] for p in params.split(", ") if p]
+        declared[name] = (c_types[restype], argtypes)
+    assert declared == ENTRY_POINTS
 
 
-# Loading and the host-only entry points need no GPU: the CUDA runtime is linked statically
-# and starts the driver only on the first device call.
-
-@pytest.mark.nvcc
-def test_faulty_library_loads_and_its_host_entry_points_work(faulty_library):
-    kernel = LoadedKernel(faulty_library, "ct_corrupt")
-    args = make_args(Problem(128, 128, 128), RuntimeArgs(), a=16, b=32, d=48, device_id=0, sm_count=1)
-    assert kernel.workspace_size(args) == 0
-    assert kernel.can_implement(args) == 0
-    with kernel.create() as gemm:
-        gemm.initialize(args, None, 0)  # these kernels only copy the arguments
-
-
-@pytest.mark.nvcc
-def test_missing_symbol_and_abi_mismatch_are_load_errors(faulty_library, monkeypatch):
-    with pytest.raises(KernelLoadError, match="does not export ct_nothing_"):
-        LoadedKernel(faulty_library, "ct_nothing")
-    monkeypatch.setattr(render, "ABI_VERSION", render.ABI_VERSION + 1)
-    with pytest.raises(KernelLoadError, match="ABI version"):
-        LoadedKernel(faulty_library, "ct_fault")
-
-
-@pytest.mark.nvcc
-def test_real_kernel_reports_stages_and_checks_alignment(cooperative_kernel):
-    kernel = LoadedKernel(cooperative_kernel.library, cooperative_kernel.symbol)
-    assert kernel.stages() == smem_usage(cooperative_kernel.config).stages
-    assert 0 < kernel.shared_storage_bytes() <= 232448
-
-    def can_implement(m, n, k):
-        # Host-side checks only; the addresses are never dereferenced.
-        return kernel.can_implement(make_args(Problem(m, n, k), RuntimeArgs(), a=1 << 20, b=2 << 20,
-                                              d=3 << 20, device_id=0, sm_count=132))
-
-    assert can_implement(4096, 4096, 4096) == 0
-    assert can_implement(4096, 4096, 4100) != 0  # K not a multiple of 8 bf16 elements
-    args = make_args(Problem(4096, 4096, 4096), RuntimeArgs(), a=1 << 20, b=2 << 20, d=3 << 20,
-                     device_id=0, sm_count=132)
-    assert kernel.workspace_size(args) == 0  # persistent scheduler, plain epilogue
+def test_the_version_function_is_the_one_the_loader_calls():
+    unit = (REPO / "templates" / "gemm_sm90_unit.cu.j2").read_text()
+    assert f'extern "C" int {_abi.VERSION_SYMBOL}() {{ return CUTLASS_TUNE_ABI; }}' in unit

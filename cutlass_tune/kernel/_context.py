@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from ._kernel import KernelLoadError
+from ._loaded import KernelLoadError
 
 
 @functools.cache
