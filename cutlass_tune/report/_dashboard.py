@@ -28,6 +28,7 @@ from .._files import shipped, write_atomically
 from ..errors import CutlassTuneError
 from ..measurement import Baseline, EnvStamp
 from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs, texts
+from ..status import Status
 from ..store import ResultStore, StoredRow, open_store
 from ..tables import COLUMNS, BestTableError
 from . import _figures as figures
@@ -105,7 +106,7 @@ def _load(source: str | Path) -> _Data:
         raise DashboardError(f"store {shown} has only baselines (cuBLAS, torch), no kernel measurement: "
                              "run `cutlass-tune sweep` first")
     if figures.ok_rows(kernels).empty:
-        failed = kernels[kernels.status != "ok"]
+        failed = kernels[kernels.status != Status.OK.value]
         reasons = collections.Counter(figures.reason_label(s, r) for s, r in zip(failed.status, failed.reason))
         common = reasons.most_common(1)[0][0] if reasons else "none recorded"
         raise DashboardError(f"store {shown} has no successful measurement: {len(failed)} failed "
@@ -186,7 +187,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> dict[str, Any]:
     frame = data.rows
-    kernels = frame[(frame.problem == problem) & ~frame.baseline & (frame.status != "invalid")]
+    kernels = frame[(frame.problem == problem) & ~frame.baseline & (frame.status != Status.INVALID.value)]
     ok = figures.ok_rows(kernels)
     base = figures.ok_rows(frame[(frame.problem == problem) & frame.baseline])
     cublas = float(base.tflops.median()) if not base.empty else None
@@ -269,10 +270,10 @@ def _boards(data: _Data) -> dict[str, Any] | None:
 
 def _page(data: _Data) -> str:
     frame = data.rows
-    compiled = frame[~frame.baseline & frame.config_hash.notna() & (frame.status != "invalid")]
+    compiled = frame[~frame.baseline & frame.config_hash.notna() & (frame.status != Status.INVALID.value)]
     order = {h: i + 1 for i, h in enumerate(dict.fromkeys(compiled.config_hash))}
     summary, table = figures.summary(frame, data.problems, data.best)
-    methods = sorted(set(frame[frame.status == "ok"].method) - {""})
+    methods = sorted(set(frame[frame.status == Status.OK.value].method) - {""})
     best = [{"problem": r.problem, "epilogue": r.epilogue, "kernel": r.kernel, "runtime": r.runtime,
              "tflops": _fmt(r.tflops, ".1f"), "baseline": r.baseline, "cublas": _fmt(r.cublas, ".1f"),
              "ratio": _fmt(r.ratio, ".3f"), "compiled": _fmt(r.compiled, ".1f"),
