@@ -26,7 +26,7 @@ from markupsafe import Markup
 
 from .._files import shipped, write_atomically
 from ..errors import CutlassTuneError
-from ..measurement import Baseline, EnvStamp
+from ..measurement import Baseline, EnvStamp, TimingMethod
 from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs, texts
 from ..status import Status
 from ..store import ResultStore, StoredRow, open_store
@@ -34,7 +34,6 @@ from ..tables import COLUMNS, BestTableError
 from . import _figures as figures
 from ._best import load_best
 
-TIMING_NOTES = {"events": "L2-cold CUDA events", "graph": "CUDA-graph replays (warm L2)"}
 _COLUMNS = ("id", "problem", "kernel", "config_hash", "runtime", "status", "reason", "tflops",
             "cublas_tflops", "ratio", "compile_seconds", "throttled", "run_id", "study", "created_at",
             "record")
@@ -268,6 +267,14 @@ def _boards(data: _Data) -> dict[str, Any] | None:
     return {"problems": problems, "rows": rows}
 
 
+def _timing_note(method: str) -> str:
+    """What a method times, for the page (a method this version does not know, by its name)."""
+    try:
+        return TimingMethod(method).facts.note
+    except ValueError:
+        return method
+
+
 def _page(data: _Data) -> str:
     frame = data.rows
     compiled = frame[~frame.baseline & frame.config_hash.notna() & (frame.status != Status.INVALID.value)]
@@ -282,7 +289,7 @@ def _page(data: _Data) -> str:
     return _TEMPLATES.get_template("dashboard.html.j2").render(
         gpu=data.gpu, storage=data.shown_url, measurements=len(frame), problems=data.problems,
         environment=_environment(data.env),
-        timing="; ".join(TIMING_NOTES.get(m, m) for m in methods) or "unknown method",
+        timing="; ".join(_timing_note(m) for m in methods) or "unknown method",
         throttled=int(frame.throttled.fillna(False).astype(bool).sum()), runs=_runs(frame),
         boards=_boards(data), summary=_div(summary, "summary"), best=best,
         sections=[_section(data, i, p, order) for i, p in enumerate(data.problems)],

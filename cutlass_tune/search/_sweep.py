@@ -22,7 +22,7 @@ from typing import Protocol
 
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError, GpuUnusableError
-from ..measurement import Measurement
+from ..measurement import Measurement, TimingScheme
 from ..space import KernelConfig, Problem, RuntimeArgs, SearchSpace
 from ..status import Status
 from ..store import ResultStore
@@ -43,9 +43,8 @@ class Benchmarker(Protocol):
     sm_count: int
 
     @property
-    def timing_method(self) -> str:
-        """The timing scheme, "events" or "graph", "-paired" appended when baselines are paired
-        (a store holds one)."""
+    def scheme(self) -> TimingScheme:
+        """How it times kernels and baselines (a store holds one scheme)."""
 
     def baseline(self, problem: Problem) -> Measurement: ...
 
@@ -67,7 +66,7 @@ def require_one_model(benches: Sequence[Benchmarker]) -> None:
             raise CutlassTuneError(
                 f"the sweep's GPUs differ: {b.gpu_name} ({b.sm_count} SMs) beside {first.gpu_name} "
                 f"({first.sm_count} SMs); a store holds one GPU model, so sweep each model on its own")
-        if getattr(b, "timing_method", "events") != getattr(first, "timing_method", "events"):
+        if b.scheme != first.scheme:
             raise CutlassTuneError("the sweep's benchmarkers time by different methods")
 
 
@@ -82,8 +81,8 @@ class _Task:
 
 def _measure_task(bench: Benchmarker, task: _Task) -> Iterator[Measurement]:
     pp = task.progress
-    paired = getattr(bench, "timing_method", "events").endswith("-paired")
-    return bench.measure(task.kernel, pp.problem, task.variants, bar=pp.best_ratio if paired else pp.best_tflops)
+    bar = pp.best_ratio if bench.scheme.paired else pp.best_tflops
+    return bench.measure(task.kernel, pp.problem, task.variants, bar=bar)
 
 
 def _measure_baseline(bench: Benchmarker, progress: ProblemProgress) -> Iterator[Measurement]:
@@ -112,7 +111,7 @@ def make_strategy(settings: SweepSettings, space: SearchSpace, storage_url: str,
         return OptunaStrategy(space, storage_url, sampler=settings.sampler, seed=settings.seed, arch=settings.arch,
                               gpu=bench.gpu_name, run_id=run_id)
     if name == "prior":
-        committed = load_committed(bench.gpu_name, getattr(bench, "timing_method", "events"))
+        committed = load_committed(bench.gpu_name, bench.scheme.method)
         return PriorStrategy(space, storage_url, sampler=settings.sampler, seed=settings.seed, arch=settings.arch,
                              gpu=bench.gpu_name, run_id=run_id, store=store, sm_count=bench.sm_count,
                              committed=committed)
@@ -141,7 +140,7 @@ class Sweep:
         self.on_update = on_update or (lambda state: None)
         self.gpu = self.bench.gpu_name
         store.bind_gpu(self.gpu)
-        store.bind_timing(getattr(self.bench, "timing_method", "events"))
+        store.bind_timing(self.bench.scheme)
         run_id = uuid.uuid4().hex[:12]
         self.strategy = make_strategy(settings, space, storage_url, store, self.bench, run_id)
         self.state = SweepState(problems=[ProblemProgress(s.problem, s.study) for s in self.strategy.studies],
