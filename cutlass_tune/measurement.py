@@ -1,5 +1,6 @@
 """The records of a measurement, free of torch and of the GPU: `Measurement` (the outcome of one
-(kernel, problem, run-time variant)), the `EnvStamp` and `Clocks` it carries, and its JSON lines.
+(kernel, problem, run-time variant)), the `EnvStamp` and `Clocks` it carries, and its JSON lines;
+how figures were timed (`TimingScheme`) and what each timing method is (`METHOD_FACTS`).
 
 The bench stage produces these; the store, search and report stages read them without importing
 the GPU code. Each line of a results file is one `Measurement.to_dict()`, carrying a `schema`
@@ -50,11 +51,69 @@ def decode_reasons(mask: int) -> tuple[str, ...]:
 
 
 class TimingMethod(str, enum.Enum):
-    """How a measurement's launches were timed (see `bench._timing` and docs/timing.md)."""
+    """How a measurement's launches were timed (see `bench._timing` and docs/timing.md); what
+    each method is for the other stages is its `facts`."""
 
     EVENTS = "events"
     GRAPH = "graph"
     SUSTAINED = "sustained"
+
+    @property
+    def facts(self) -> MethodFacts:
+        return METHOD_FACTS[self]
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodFacts:
+    """What a timing method is, for the stages that choose, compare and show its figures."""
+
+    note: str
+    """What it times, in a few words for people (the dashboard)."""
+    rank: int
+    """Trust order (0 first) where a problem was confirmed by several methods (`report.RANKING`)."""
+    races: bool
+    """Whether a sweep races a kernel's variants under it (bench/_race.py)."""
+
+
+METHOD_FACTS = {
+    # Sustained ranks first: it agreed with the ratio delivered through `matmul` where single
+    # launches read up to 8% high (benchmarks/sustained.md). It does not race: a brief sustained
+    # sample would be dominated by its settling run.
+    TimingMethod.SUSTAINED: MethodFacts(note="back-to-back launches at settled clocks", rank=0, races=False),
+    TimingMethod.GRAPH: MethodFacts(note="CUDA-graph replays (warm L2)", rank=1, races=True),
+    TimingMethod.EVENTS: MethodFacts(note="L2-cold CUDA events", rank=2, races=True),
+}
+
+PAIRED_SUFFIX = "-paired"
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingScheme:
+    """How a store's figures were timed: the method, and whether each kernel's baseline was
+    sampled alternately with it (`paired`, see `bench._timing`). Figures of different schemes
+    do not compare, so a store holds one (`ResultStore.bind_timing`), by its `name`."""
+
+    method: TimingMethod
+    paired: bool = False
+
+    @property
+    def name(self) -> str:
+        """The method's name, `-paired` appended when paired ("events-paired"): the text a
+        store holds; `parse` reads it back."""
+        return self.method.value + (PAIRED_SUFFIX if self.paired else "")
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, text: str) -> TimingScheme:
+        """The scheme `name`d `text`. Raises ValueError (one line) for any other text."""
+        method = text.removesuffix(PAIRED_SUFFIX)
+        if method not in {m.value for m in TimingMethod}:
+            methods = ", ".join(m.value for m in TimingMethod)
+            raise ValueError(f"unknown timing scheme {text!r:.60}: use a method ({methods}), "
+                             f"with {PAIRED_SUFFIX} appended where baselines are paired")
+        return cls(TimingMethod(method), paired=method != text)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from ..compile import CompiledKernel
-from ..measurement import Measurement
+from ..measurement import Measurement, TimingScheme
 from ..space import Problem, RuntimeArgs
 from ._job import Job
 from ._race import RaceOptions
@@ -36,9 +36,15 @@ class WorkerBenchmarker:
         self.sm_count = self.env.sm_count
 
     @property
-    def timing_method(self) -> str:
+    def scheme(self) -> TimingScheme:
         """The timing scheme of `timing` (what a results store binds to)."""
         return self.timing.scheme
+
+    @property
+    def timing_method(self) -> TimingScheme:
+        """Deprecated alias of `scheme`, kept while the CLI still reads it (its text is the
+        scheme's name)."""
+        return self.scheme
 
     def baseline(self, problem: Problem) -> Measurement:
         return next(iter(self.worker.run(Job.baseline(problem, timing=self.timing))))

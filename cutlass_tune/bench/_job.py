@@ -8,7 +8,7 @@ from typing import Any
 
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
-from ..measurement import Baseline, EnvStamp, Measurement, TimingMethod
+from ..measurement import Baseline, EnvStamp, Measurement
 from ..space import KernelConfig, Problem, RuntimeArgs, check_pair, check_problem, check_runtime
 from ..status import Status
 from ._race import RaceOptions
@@ -43,7 +43,7 @@ class Job:
     race: RaceOptions | None = None
     """Race the variants (bench/_race.py): all briefly, the full `timing` only for those that can
     still be the problem's best. Ignored for the baseline, a single variant with no `bar`, and
-    sustained timing (a brief sustained sample would be dominated by its settling run)."""
+    a method that does not race (`MethodFacts.races`: sustained timing)."""
     bar: float | None = None
     """The problem's best full score so far (paired ratio when `timing` is paired, else TFLOP/s):
     variants far below it are left coarse."""
@@ -52,7 +52,7 @@ class Job:
     def races(self) -> bool:
         """Whether this job's variants are raced."""
         return (self.race is not None and not self.is_baseline
-                and self.timing.method is not TimingMethod.SUSTAINED
+                and self.timing.method.facts.races
                 and (len(self.variants) > 1 or self.bar is not None))
 
     def __post_init__(self) -> None:

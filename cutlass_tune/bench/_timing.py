@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..measurement import TimingMethod
+from ..measurement import TimingMethod, TimingScheme
 
 ESTIMATE_LAUNCHES = 5
 GRAPH_REPLAY_MS = 1.0
@@ -115,9 +115,9 @@ class TimingOptions:
             raise ValueError("need 1 <= min_samples <= max_samples")
 
     @property
-    def scheme(self) -> str:
-        """`method`, with `-paired` when baselines are paired: what a results store binds to."""
-        return self.method.value + ("-paired" if self.paired else "")
+    def scheme(self) -> TimingScheme:
+        """`method` and `paired`: what a results store binds to."""
+        return TimingScheme(self.method, self.paired)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,11 +48,9 @@ def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement
 
 _STORE_NUMBERS = ("tflops", "median_ms", "p20_ms", "p80_ms", "cublas_tflops", "ratio", "energy_mj",
                   "cublas_energy_mj", "torch_compile_tflops", "torch_compile_ratio")
-RANKING = (TimingMethod.SUSTAINED.value, TimingMethod.GRAPH.value, TimingMethod.EVENTS.value)
+RANKING = tuple(m.value for m in sorted(TimingMethod, key=lambda m: m.facts.rank))
 """Which confirm passes rank a problem confirmed by several methods: the first method of this
-order that has them. Sustained timing is what a model's stream of GEMMs gets (it agreed with
-the ratio delivered through `matmul` where single launches read up to 8% high,
-benchmarks/sustained.md)."""
+order (`MethodFacts.rank`) that has them."""
 
 
 def _from_store(url: str) -> pd.DataFrame:
@@ -60,7 +58,7 @@ def _from_store(url: str) -> pd.DataFrame:
     # StoreError, not BestTableError: the dashboard shows a store whose best table cannot be
     # built (BestTableError) with an empty one, but must not read a store of another schema.
     store.check_schema()
-    scheme = store.timing() or LEGACY_TIMING
+    scheme = store.timing_scheme() or LEGACY_TIMING
     rows = store.rows()
     measurements = _measurements(store, rows)
     kernels = [m for m in measurements if not m.is_baseline and m.config is not None]
@@ -90,7 +88,7 @@ def _from_store(url: str) -> pd.DataFrame:
             **cells(m.config),
             "config": json.dumps(m.config.to_dict(), sort_keys=True),
             "_confirm": r.study == CONFIRM_STUDY,
-            "method": m.method or scheme.removesuffix("-paired"),
+            "method": m.method or scheme.method.value,
             "energy_mj": m.energy_mj, "cublas_energy_mj": m.baseline_energy_mj,
         })
     if not out:

@@ -26,14 +26,14 @@ from markupsafe import Markup
 
 from .._files import shipped, write_atomically
 from ..errors import CutlassTuneError
-from ..measurement import Baseline, EnvStamp
+from ..measurement import Baseline, EnvStamp, TimingMethod
 from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs, texts
+from ..status import Status
 from ..store import ResultStore, StoredRow, open_store
 from ..tables import COLUMNS, BestTableError
 from . import _figures as figures
 from ._best import load_best
 
-TIMING_NOTES = {"events": "L2-cold CUDA events", "graph": "CUDA-graph replays (warm L2)"}
 _COLUMNS = ("id", "problem", "kernel", "config_hash", "runtime", "status", "reason", "tflops",
             "cublas_tflops", "ratio", "compile_seconds", "throttled", "run_id", "study", "created_at",
             "record")
@@ -105,7 +105,7 @@ def _load(source: str | Path) -> _Data:
         raise DashboardError(f"store {shown} has only baselines (cuBLAS, torch), no kernel measurement: "
                              "run `cutlass-tune sweep` first")
     if figures.ok_rows(kernels).empty:
-        failed = kernels[kernels.status != "ok"]
+        failed = kernels[kernels.status != Status.OK.value]
         reasons = collections.Counter(figures.reason_label(s, r) for s, r in zip(failed.status, failed.reason))
         common = reasons.most_common(1)[0][0] if reasons else "none recorded"
         raise DashboardError(f"store {shown} has no successful measurement: {len(failed)} failed "
@@ -186,7 +186,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> dict[str, Any]:
     frame = data.rows
-    kernels = frame[(frame.problem == problem) & ~frame.baseline & (frame.status != "invalid")]
+    kernels = frame[(frame.problem == problem) & ~frame.baseline & (frame.status != Status.INVALID.value)]
     ok = figures.ok_rows(kernels)
     base = figures.ok_rows(frame[(frame.problem == problem) & frame.baseline])
     cublas = float(base.tflops.median()) if not base.empty else None
@@ -267,12 +267,20 @@ def _boards(data: _Data) -> dict[str, Any] | None:
     return {"problems": problems, "rows": rows}
 
 
+def _timing_note(method: str) -> str:
+    """What a method times, for the page (a method this version does not know, by its name)."""
+    try:
+        return TimingMethod(method).facts.note
+    except ValueError:
+        return method
+
+
 def _page(data: _Data) -> str:
     frame = data.rows
-    compiled = frame[~frame.baseline & frame.config_hash.notna() & (frame.status != "invalid")]
+    compiled = frame[~frame.baseline & frame.config_hash.notna() & (frame.status != Status.INVALID.value)]
     order = {h: i + 1 for i, h in enumerate(dict.fromkeys(compiled.config_hash))}
     summary, table = figures.summary(frame, data.problems, data.best)
-    methods = sorted(set(frame[frame.status == "ok"].method) - {""})
+    methods = sorted(set(frame[frame.status == Status.OK.value].method) - {""})
     best = [{"problem": r.problem, "epilogue": r.epilogue, "kernel": r.kernel, "runtime": r.runtime,
              "tflops": _fmt(r.tflops, ".1f"), "baseline": r.baseline, "cublas": _fmt(r.cublas, ".1f"),
              "ratio": _fmt(r.ratio, ".3f"), "compiled": _fmt(r.compiled, ".1f"),
@@ -281,7 +289,7 @@ def _page(data: _Data) -> str:
     return _TEMPLATES.get_template("dashboard.html.j2").render(
         gpu=data.gpu, storage=data.shown_url, measurements=len(frame), problems=data.problems,
         environment=_environment(data.env),
-        timing="; ".join(TIMING_NOTES.get(m, m) for m in methods) or "unknown method",
+        timing="; ".join(_timing_note(m) for m in methods) or "unknown method",
         throttled=int(frame.throttled.fillna(False).astype(bool).sum()), runs=_runs(frame),
         boards=_boards(data), summary=_div(summary, "summary"), best=best,
         sections=[_section(data, i, p, order) for i, p in enumerate(data.problems)],

@@ -18,11 +18,12 @@ import plotly.graph_objects as go
 
 from ..measurement import Baseline
 from ..space import Scaling
+from ..status import Status
 
 
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """The successful measurements of `frame` (with a positive TFLOP/s)."""
-    return frame[(frame.status == "ok") & frame.tflops.notna() & (frame.tflops > 0)]
+    return frame[(frame.status == Status.OK.value) & frame.tflops.notna() & (frame.tflops > 0)]
 
 
 def reason_label(status: str, reason: str, width: int = 90) -> str:
@@ -125,7 +126,7 @@ def numeric_key(label: str) -> tuple:
 
 def history(problem: str, kernels: pd.DataFrame, order: dict[str, int], cublas: float | None,
             baseline: str = "cuBLAS") -> go.Figure:
-    per = (kernels.assign(ok_tflops=kernels.tflops.where(kernels.status == "ok"))
+    per = (kernels.assign(ok_tflops=kernels.tflops.where(kernels.status == Status.OK.value))
            .groupby("config_hash").agg(tflops=("ok_tflops", "max"), kernel=("kernel", "first")).reset_index())
     per["compiled"] = per.config_hash.map(order)
     per = per.sort_values("compiled")
@@ -172,10 +173,10 @@ def importances(problem: str, trials: list[Any]) -> tuple[go.Figure | None, str]
 
 
 def compile_scatter(problem: str, kernels: pd.DataFrame) -> go.Figure:
-    per = (kernels.assign(ok_tflops=kernels.tflops.where(kernels.status == "ok"))
+    per = (kernels.assign(ok_tflops=kernels.tflops.where(kernels.status == Status.OK.value))
            .groupby("config_hash").agg(tflops=("ok_tflops", "max"), seconds=("compile_seconds", "max"),
                                        kernel=("kernel", "first"), schedule=("kernel_schedule", "first"),
-                                       status=("status", lambda s: ", ".join(sorted(set(s) - {"ok"}))))
+                                       status=("status", lambda s: ", ".join(sorted(set(s) - {Status.OK.value}))))
            .reset_index())
     fig = go.Figure()
     for schedule, group in per[per.tflops.notna()].groupby("schedule"):
@@ -203,7 +204,7 @@ def failures(problem: str, kernels: pd.DataFrame, trials: list[Any]) -> tuple[go
             label = "invalid: " + (reason.split(":", 1)[0] if reason else "no reason given")
             invalid[label] += 1
             example.setdefault(label, reason)
-    failed = kernels[kernels.status != "ok"]
+    failed = kernels[kernels.status != Status.OK.value]
     broken: collections.Counter[str] = collections.Counter()
     for status, reason in zip(failed.status, failed.reason):
         label = reason_label(status, reason)

@@ -92,7 +92,7 @@ def committed_observations(frame: pd.DataFrame, gpu: str | None = None,
     with a ratio, of plain GEMMs (no fused epilogue or fp8 scales). With `gpu`, that GPU model's
     rows only, or every GPU's where it has none; with `method` ("events", "graph",
     "sustained"), that timing method's, or every method's where it has none."""
-    rows = frame[(frame["status"] == "ok") & frame["ratio"].notna()]
+    rows = frame[(frame["status"] == Status.OK.value) & frame["ratio"].notna()]
     for column in ("epilogue", "scaling"):  # a fused problem's ratio is to torch eager, not cuBLAS
         if column in rows:
             rows = rows[rows[column].isna() | (rows[column] == "none")]

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from ..measurement import TimingMethod
 from ..space import KernelConfig, Operation, Problem
 from . import _prior
 from ._claims import Claims
@@ -45,13 +46,13 @@ PICKS_KEPT = 512
 log = logging.getLogger(__name__)
 
 
-def load_committed(gpu: str, timing_method: str) -> list[Observation]:
+def load_committed(gpu: str, method: TimingMethod) -> list[Observation]:
     """The committed measurements as the prior's observations: the GPU model's (all GPUs' where
     it has none) by the store's timing method. Empty where the table is missing (a wheel)."""
     if not _prior.COMMITTED.is_file():
         return []
     frame = _prior.committed_frame(_prior.COMMITTED)
-    return _prior.committed_observations(frame, gpu, timing_method.removesuffix("-paired"))
+    return _prior.committed_observations(frame, gpu, method.value)
 
 
 class PriorStrategy:
@@ -81,7 +82,7 @@ class PriorStrategy:
     @classmethod
     def create(cls, context: StrategyContext) -> PriorStrategy:
         """The strategy, learning from the committed measurements of the GPU model and timing."""
-        return cls(context, load_committed(context.gpu, context.timing))
+        return cls(context, load_committed(context.gpu, context.timing.method))
 
     # ---- the prior ------------------------------------------------------------------------
     def _pool(self, problem: Problem) -> Pool:

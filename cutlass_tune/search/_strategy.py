@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol
 
+from ..measurement import TimingScheme
 from ..space import KernelConfig, SearchSpace
 from ..store import ResultStore
 from ._claims import Claims
@@ -29,8 +30,8 @@ class StrategyContext:
     store: ResultStore
     gpu: str
     sm_count: int
-    timing: str
-    """The store's timing scheme ("events", "graph-paired", ...): what committed figures to learn from."""
+    timing: TimingScheme
+    """The store's timing scheme: which committed figures to learn from."""
     seed: int
 
 

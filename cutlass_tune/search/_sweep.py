@@ -22,7 +22,7 @@ from typing import Protocol
 
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError, GpuUnusableError
-from ..measurement import Measurement
+from ..measurement import Measurement, TimingScheme
 from ..space import KernelConfig, Problem, RuntimeArgs, SearchSpace
 from ..status import Status
 from ..store import ResultStore
@@ -42,9 +42,8 @@ class Benchmarker(Protocol):
     sm_count: int
 
     @property
-    def timing_method(self) -> str:
-        """The timing scheme, "events" or "graph", "-paired" appended when baselines are paired
-        (a store holds one)."""
+    def scheme(self) -> TimingScheme:
+        """How it times kernels and baselines (a store holds one scheme)."""
 
     def baseline(self, problem: Problem) -> Measurement: ...
 
@@ -66,7 +65,7 @@ def require_one_model(benches: Sequence[Benchmarker]) -> None:
             raise CutlassTuneError(
                 f"the sweep's GPUs differ: {b.gpu_name} ({b.sm_count} SMs) beside {first.gpu_name} "
                 f"({first.sm_count} SMs); a store holds one GPU model, so sweep each model on its own")
-        if getattr(b, "timing_method", "events") != getattr(first, "timing_method", "events"):
+        if b.scheme != first.scheme:
             raise CutlassTuneError("the sweep's benchmarkers time by different methods")
 
 
@@ -81,8 +80,8 @@ class _Task:
 
 def _measure_task(bench: Benchmarker, task: _Task) -> Iterator[Measurement]:
     pp = task.progress
-    paired = getattr(bench, "timing_method", "events").endswith("-paired")
-    return bench.measure(task.kernel, pp.problem, task.variants, bar=pp.best_ratio if paired else pp.best_tflops)
+    bar = pp.best_ratio if bench.scheme.paired else pp.best_tflops
+    return bench.measure(task.kernel, pp.problem, task.variants, bar=bar)
 
 
 def _measure_baseline(bench: Benchmarker, progress: ProblemProgress) -> Iterator[Measurement]:
@@ -118,12 +117,12 @@ class Sweep:
         self.on_update = on_update or (lambda state: None)
         self.gpu = self.bench.gpu_name
         store.bind_gpu(self.gpu)
-        store.bind_timing(getattr(self.bench, "timing_method", "events"))
+        store.bind_timing(self.bench.scheme)
         run_id = uuid.uuid4().hex[:12]
         self.studies = Studies(space, storage_url, sampler=settings.sampler, seed=settings.seed, arch=settings.arch,
                                gpu=self.gpu, run_id=run_id)
         self.strategy = make_strategy(settings.strategy, StrategyContext(
-            space, self.studies, store, self.gpu, self.bench.sm_count, getattr(self.bench, "timing_method", "events"),
+            space, self.studies, store, self.gpu, self.bench.sm_count, self.bench.scheme,
             settings.seed))
         self.state = SweepState(problems=[ProblemProgress(s.problem, s.study) for s in self.studies], run_id=run_id)
         self.ledger = Ledger(store, space, space.problems)

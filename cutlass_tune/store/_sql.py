@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from .._files import why_unwritable
 from ..errors import first_line
-from ..measurement import Measurement
+from ..measurement import Measurement, TimingMethod, TimingScheme
 from ..space import Problem
 from . import _migrate
 from ._errors import StoreError, StoreGpuMismatchError
@@ -37,10 +37,10 @@ if TYPE_CHECKING:
 
 _CREATE_ATTEMPTS = 5
 T = TypeVar("T")
-LEGACY_TIMING = "events"
+LEGACY_TIMING = TimingScheme(TimingMethod.EVENTS)
+"""The timing scheme of stores begun before `ct_meta` recorded one."""
 CONFIRM_STUDY = "confirm"
 """The `study` of the rows `cutlass-tune confirm` adds (a sweep's rows carry their Optuna study's name)."""
-"""The timing scheme of stores begun before `ct_meta` recorded one."""
 HEARTBEAT_S = 15.0
 """How often a running sweep says, in the store, that it is alive."""
 STALE_AFTER_S = 120.0
@@ -159,6 +159,14 @@ def database_file(url: sa.engine.URL) -> Path | None:
 
 def _meta_value(key: str) -> sa.Select:
     return sa.select(meta_table.c.value).where(meta_table.c.key == key)
+
+
+def _scheme(text: str) -> TimingScheme:
+    """The timing scheme `ct_meta` records; DamagedRowError for text no version wrote."""
+    try:
+        return TimingScheme.parse(text)
+    except ValueError as err:
+        raise DamagedRowError(f"ct_meta records the timing scheme {text!r:.40}, which no version wrote") from err
 
 
 def _create_despite_racers(create: Callable[[], T], what: str) -> T:
@@ -384,32 +392,41 @@ class ResultStore:
         self._readable()
 
     @_store_errors
-    def timing(self) -> str | None:
+    def timing_scheme(self) -> TimingScheme | None:
         """The timing scheme the store holds (see `bind_timing`), or None for a new store.
 
-        Stores begun before the scheme was recorded hold only unpaired `events` figures."""
+        Stores begun before the scheme was recorded hold only unpaired `events` figures.
+
+        Raises:
+            StoreError: the store cannot be read, or records a scheme no version wrote.
+        """
         if not self._readable():
             return None
         with self.engine.connect() as conn:
             found = conn.execute(_meta_value("timing")).scalar()
             if found is None and conn.execute(sa.select(measurements_table.c.id).limit(1)).first():
                 return LEGACY_TIMING
-        return found
+        return None if found is None else _scheme(found)
+
+    def timing(self) -> str | None:
+        """Deprecated: the name of `timing_scheme()`, kept while the CLI still reads it."""
+        scheme = self.timing_scheme()
+        return None if scheme is None else scheme.name
 
     @_store_errors
-    def bind_timing(self, method: str) -> None:
-        """Claim the store for one timing scheme (events, graph, either with `-paired`), or
-        check that it uses it: figures taken by different schemes do not compare.
+    def bind_timing(self, scheme: TimingScheme) -> None:
+        """Claim the store for one timing scheme, or check that it uses it: figures taken by
+        different schemes do not compare. The store records the scheme's `name`.
 
         Raises:
             StoreError: the store holds results timed another way.
         """
         self._create()
-        found = self.timing()
-        if found in (None, method):  # another sweep may claim the store between the look and the claim
-            found = self._claim("timing", method)
-        if found != method:
-            raise StoreError(f"the store {self.shown} holds results timed with {found}, not {method}: "
+        found = self.timing_scheme()
+        if found in (None, scheme):  # another sweep may claim the store between the look and the claim
+            found = _scheme(self._claim("timing", scheme.name))
+        if found != scheme:
+            raise StoreError(f"the store {self.shown} holds results timed with {found}, not {scheme}: "
                              "give this sweep its own --storage")
 
     # ---- sweeps running at once -----------------------------------------------------------

@@ -1,10 +1,20 @@
 import dataclasses
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from cutlass_tune.measurement import Clocks, EnvStamp, Measurement, read_jsonl, write_jsonl
+from cutlass_tune.measurement import (
+    METHOD_FACTS,
+    Clocks,
+    EnvStamp,
+    Measurement,
+    TimingMethod,
+    TimingScheme,
+    read_jsonl,
+    write_jsonl,
+)
 from cutlass_tune.space import (
     Decomposition,
     DType,
@@ -84,3 +94,36 @@ def test_unknown_schema_and_bad_lines_are_named(tmp_path):
     path.write_text(json.dumps(_examples()[0].to_dict()) + "\n{\"schema\": 1}\n")
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         list(read_jsonl(path))
+
+
+def _committed_schemes():
+    """The timing scheme text of every committed store (ct_meta), as read from the files."""
+    repo = Path(__file__).resolve().parents[2]
+    found = set()
+    for path in [*repo.glob("results/*.sqlite"), *repo.glob("tests/*/data/*.sqlite")]:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+            found |= {v for (v,) in conn.execute("SELECT value FROM ct_meta WHERE key = 'timing'")}
+    return found
+
+
+def test_every_timing_scheme_name_reads_back_as_itself():
+    committed = _committed_schemes()
+    assert committed >= {"events", "events-paired"}
+    names = {TimingScheme(m, paired).name for m in TimingMethod for paired in (False, True)}
+    assert committed <= names and "sustained-paired" in names
+    for name in names:
+        assert TimingScheme.parse(name).name == str(TimingScheme.parse(name)) == name
+    assert TimingScheme.parse("graph-paired") == TimingScheme(TimingMethod.GRAPH, paired=True)
+
+
+@pytest.mark.parametrize("text", ["", "-paired", "events-paired-paired", "Events", "cupti", "x" * 500])
+def test_a_timing_scheme_no_version_wrote_is_one_line(text):
+    with pytest.raises(ValueError, match="unknown timing scheme") as err:
+        TimingScheme.parse(text)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 200
+
+
+def test_every_method_has_its_facts_and_a_rank_of_its_own():
+    assert set(METHOD_FACTS) == set(TimingMethod)
+    assert sorted(f.rank for f in METHOD_FACTS.values()) == list(range(len(TimingMethod)))
+    assert not TimingMethod.SUSTAINED.facts.races and TimingMethod.GRAPH.facts.races

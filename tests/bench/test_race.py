@@ -9,7 +9,7 @@ from cutlass_tune.bench import Job, RaceOptions, TimingOptions, TimingStats, _ru
 from cutlass_tune.bench._race import Entry, contenders, entry, leader_of
 from cutlass_tune.bench._runner import GpuRunner
 from cutlass_tune.bench._verify import allocate
-from cutlass_tune.measurement import Measurement, TimingMethod
+from cutlass_tune.measurement import METHOD_FACTS, Measurement, TimingMethod
 from cutlass_tune.space import Problem, RasterOrder, RuntimeArgs
 from cutlass_tune.status import Status
 
@@ -70,6 +70,16 @@ def test_a_race_is_not_run_for_the_baseline_one_variant_without_a_bar_or_sustain
     assert not Job(problem=P, variants=two, timing=TimingOptions(method=TimingMethod.SUSTAINED), **kernel).races
     assert not Job(problem=P, variants=two, library="/x.so", symbol="ct_x").races
     assert not Job.baseline(P, race=RACE).races
+
+
+def test_whether_a_method_races_is_its_facts(monkeypatch):
+    two = (RuntimeArgs(raster=RasterOrder.ALONG_M), RuntimeArgs(raster=RasterOrder.ALONG_N))
+    job = Job(problem=P, variants=two, library="/x.so", symbol="ct_x", race=RACE,
+              timing=TimingOptions(method=TimingMethod.GRAPH))
+    assert job.races
+    facts = dataclasses.replace(METHOD_FACTS[TimingMethod.GRAPH], races=False)
+    monkeypatch.setitem(METHOD_FACTS, TimingMethod.GRAPH, facts)
+    assert not job.races
 
 
 class VariantSpeedTarget(CpuTarget):

@@ -49,6 +49,7 @@ def test_timing_options_validate():
     with pytest.raises(ValueError):
         TimingOptions(budget_ms=0)
     assert TimingOptions().method == "events" and TimingOptions(method=TimingMethod.GRAPH).method == "graph"
+    assert TimingOptions(method=TimingMethod.GRAPH, paired=True).scheme.name == "graph-paired"
 
 
 class _FakeEvent:

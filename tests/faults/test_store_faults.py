@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import cutlass_tune
+from cutlass_tune.measurement import TimingScheme
 from cutlass_tune.store import ResultStore, StoreError
 
 REAL = Path(__file__).resolve().parents[2] / "results" / "quick-nvidia-h200.sqlite"
@@ -120,7 +121,7 @@ def test_a_sweep_on_a_damaged_store_raises_store_error(damage, tmp_path):
     from ..search.fakes import FakeBench, FakeCompiler, space_of
 
     class H200(FakeBench):
-        gpu_name, timing_method = "NVIDIA H200", "events-paired"  # the store's, as its ct_meta says
+        gpu_name, scheme = "NVIDIA H200", TimingScheme.parse("events-paired")  # the store's, as its ct_meta says
 
     store = damage(tmp_path)
     url = f"sqlite:///{store}"

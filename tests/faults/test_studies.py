@@ -6,6 +6,7 @@ from pathlib import Path
 
 import optuna
 
+from cutlass_tune.measurement import TimingScheme
 from cutlass_tune.search import Sweep, SweepSettings
 from cutlass_tune.space import load_space
 from cutlass_tune.store import SCHEMA_VERSION, ResultStore
@@ -18,7 +19,7 @@ QUICK = REPO / "results" / "quick-nvidia-h200.sqlite"
 
 
 class H200(FakeBench):
-    gpu_name, timing_method = "NVIDIA H200", "events-paired"  # the store's
+    gpu_name, scheme = "NVIDIA H200", TimingScheme.parse("events-paired")  # the store's
 
 
 def _trials(url):

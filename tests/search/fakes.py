@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from cutlass_tune.compile import CompiledKernel
-from cutlass_tune.measurement import Measurement
+from cutlass_tune.measurement import Measurement, TimingMethod, TimingScheme
 from cutlass_tune.space import KernelSchedule, RuntimeArgs, SearchSpace, check_config, load_space
 from cutlass_tune.status import Status
 
@@ -52,6 +52,7 @@ class FakeCompiler:
 class FakeBench:
     gpu_name = "Fake GPU"
     sm_count = 132
+    scheme = TimingScheme(TimingMethod.EVENTS)
 
     def __init__(self, wrong_tile_m=None, interrupt_after=None):
         self.measured = []

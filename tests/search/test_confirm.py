@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from cutlass_tune import load_best
-from cutlass_tune.measurement import Measurement
+from cutlass_tune.measurement import Measurement, TimingMethod, TimingScheme
 from cutlass_tune.search import CONFIRM_STUDY, candidates, confirm
 from cutlass_tune.space import (
     EpilogueSchedule,
@@ -53,6 +53,7 @@ class ScriptedBench:
 
     gpu_name = "Fake GPU"
     sm_count = 132
+    scheme = TimingScheme(TimingMethod.EVENTS)
 
     def __init__(self, ratios, wrong=()):
         self.ratios, self.wrong, self.order = ratios, set(wrong), []
@@ -232,11 +233,13 @@ def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
     class Gpu(ScriptedBench):
         def __init__(self, gpu):
             super().__init__({(PLAIN.hash, RuntimeArgs().name): 1.01})
-            self.timing = None
+            self.timing = cutlass_tune.bench.TimingOptions()
 
         @property
-        def timing_method(self):  # as the worker names it: the store's own method is kept
-            return "events" + ("-paired" if self.timing.paired else "")
+        def scheme(self):  # as the worker names it: the store's own pairing is kept
+            return self.timing.scheme
+
+        timing_method = scheme  # what the CLI reads, as WorkerBenchmarker's deprecated alias
 
         def measure(self, compiled, problem, variants, bar=None):
             for m in super().measure(compiled, problem, variants):
@@ -267,7 +270,7 @@ def test_a_problem_confirmed_sustained_ranks_by_those_passes_beside_the_sweeps_m
 
     sustained = Sustained({(PINGPONG.hash, RuntimeArgs().name): 0.96, (COOP.hash, RuntimeArgs().name): 0.99})
     confirm(store, candidates(store, top=2), FakeCompiler(), sustained, passes=3)
-    assert store.timing() == "events"  # the sweep's method stays the store's
+    assert store.timing_scheme() == TimingScheme(TimingMethod.EVENTS)  # the sweep's method stays the store's
     big = load_best(store.url).set_index("problem").loc[BIG.name]
     assert (big["kernel"], big["method"], big["confirm_passes"]) == (COOP.name, "sustained", 3)
     assert big["ratio"] == pytest.approx(0.99) and big["sweep_ratio"] == pytest.approx(1.03)

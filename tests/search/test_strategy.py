@@ -5,6 +5,7 @@ import pytest
 
 import cutlass_tune.search._optuna_strategy as strategy_module
 import cutlass_tune.search._studies as studies_module
+from cutlass_tune.measurement import TimingMethod, TimingScheme
 from cutlass_tune.search import (
     STRATEGIES,
     OptunaStrategy,
@@ -41,7 +42,7 @@ def parts(space, tmp_path):
 
 def optuna_strategy(space, url, store, sampler):
     studies = Studies(space, url, sampler=sampler, seed=0, arch="sm90a", gpu="Fake GPU", run_id="ours")
-    return OptunaStrategy(StrategyContext(space, studies, store, "Fake GPU", 132, "events", 0))
+    return OptunaStrategy(StrategyContext(space, studies, store, "Fake GPU", 132, TimingScheme(TimingMethod.EVENTS), 0))
 
 
 def trials_of(strategy, cfg_hash):
@@ -118,7 +119,7 @@ def test_strategies_are_made_by_name_from_the_registry(space, tmp_path):
     url = f"sqlite:///{tmp_path / 'named.sqlite'}"
     store = ResultStore(url)
     studies = Studies(space, url, sampler="random", seed=0, arch="sm90a", gpu="Fake GPU", run_id="ours")
-    context = StrategyContext(space, studies, store, "Fake GPU", 132, "events", 0)
+    context = StrategyContext(space, studies, store, "Fake GPU", 132, TimingScheme(TimingMethod.EVENTS), 0)
     assert set(STRATEGIES) >= {"optuna", "prior"}
     assert isinstance(make_strategy(None, context), OptunaStrategy)  # a space of lists
     assert isinstance(make_strategy("prior", context), PriorStrategy)

@@ -498,8 +498,6 @@ def test_each_kernel_is_measured_against_the_problems_best_so_far_and_coarse_row
         """Keeps as coarse, at twice its speed, every variant of a kernel measured below `bar`: a
         coarse figure must neither become the problem's best nor enter its ranking."""
 
-        timing_method = "events"
-
         def __init__(self):
             super().__init__()
             self.bars = []

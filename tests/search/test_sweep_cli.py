@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import cutlass_tune.bench
 import cutlass_tune.compile
-from cutlass_tune.bench import WorkerStartError
+from cutlass_tune.bench import TimingOptions, WorkerStartError
 from cutlass_tune.cli import app
 from cutlass_tune.errors import CutlassTuneError
 from cutlass_tune.store import ResultStore
@@ -31,12 +31,14 @@ class Gpu(FakeBench):
         if device not in self.models:
             raise CutlassTuneError(f"GPU {device} is not visible")
         super().__init__()
-        self.device, self.gpu_name, self.timing, self.closed = device, self.models[device], None, False
+        self.device, self.gpu_name, self.timing, self.closed = device, self.models[device], TimingOptions(), False
         Gpu.started.append(self)
 
     @property
-    def timing_method(self):
-        return "events" + ("-paired" if self.timing.paired else "")
+    def scheme(self):
+        return self.timing.scheme
+
+    timing_method = scheme  # what the CLI reads, as WorkerBenchmarker's deprecated alias
 
     def measure(self, kernel, problem, variants, bar=None):
         for v in variants:

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 import cutlass_tune
-from cutlass_tune.measurement import Measurement
+from cutlass_tune.measurement import Measurement, TimingScheme
 from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 from cutlass_tune.store import SCHEMA_VERSION, ResultStore, StoreError, _migrate, _sql
@@ -98,7 +98,8 @@ def test_a_store_from_before_migrations_is_read_as_it_is(schema1_url):
     before = _state(schema1_url)
     time.sleep(0.01)  # a write would show in the modification time
     store = ResultStore(schema1_url)
-    assert store.schema() == 1 and store.gpu() == "NVIDIA H200" and store.timing() == "events-paired"
+    assert store.schema() == 1 and store.gpu() == "NVIDIA H200"
+    assert store.timing_scheme() == TimingScheme.parse("events-paired")
     store.check_schema()
     rows = store.rows()
     assert len(rows) == len(store.measurements()) == SCHEMA1_ROWS

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from cutlass_tune.measurement import Measurement, read_jsonl
+from cutlass_tune.measurement import Measurement, TimingMethod, TimingScheme, read_jsonl
 from cutlass_tune.space import Activation, DType, Epilogue, KernelConfig, Problem, RuntimeArgs, Scaling
 from cutlass_tune.status import Status
 from cutlass_tune.store import (
@@ -28,6 +28,7 @@ from ..racing import start_together, wait_for_files
 P = Problem(4096, 4096, 4096)
 CFG = KernelConfig(tile_n=256, cluster_m=2)
 V1, V2 = RuntimeArgs(), RuntimeArgs(swizzle=8)
+EVENTS, GRAPH = TimingScheme(TimingMethod.EVENTS), TimingScheme(TimingMethod.GRAPH)
 STORED_V1 = Path(__file__).resolve().parents[1] / "bench" / "data" / "measurements-v1.jsonl"
 
 
@@ -127,7 +128,7 @@ def test_reading_a_store_writes_nothing_to_it(tmp_path):
                      .read_bytes())  # a store no sweep of this version wrote to: no claims table
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     store = ResultStore(f"sqlite:///{path}")
-    assert store.gpu() == "NVIDIA H200" and store.timing() == "events-paired"
+    assert store.gpu() == "NVIDIA H200" and store.timing_scheme() == TimingScheme(TimingMethod.EVENTS, paired=True)
     assert len(store.rows()) == len(store.measurements()) == 3184
     assert store.measured(Problem(4096, 4096, 4096))
     assert "ct_claims" not in sa.inspect(store.engine).get_table_names()
@@ -136,7 +137,7 @@ def test_reading_a_store_writes_nothing_to_it(tmp_path):
 
 def test_a_new_store_reads_as_empty_until_a_sweep_binds_it(store_url):
     store = ResultStore(store_url)
-    assert (store.gpu(), store.timing(), store.rows(), store.measured(P)) == (None, None, [], {})
+    assert (store.gpu(), store.timing_scheme(), store.rows(), store.measured(P)) == (None, None, [], {})
     store.bind_gpu("NVIDIA H200")
     assert store.rows() == [] and ResultStore(store_url).gpu() == "NVIDIA H200"
 
@@ -159,23 +160,34 @@ def test_a_store_under_a_file_is_refused_at_once(tmp_path):
 
 def test_a_store_keeps_to_one_timing_method(store_url):
     store = ResultStore(store_url)
-    assert store.timing() is None
-    store.bind_timing("events")
-    store.bind_timing("events")
-    assert ResultStore(store_url).timing() == "events"
+    assert store.timing_scheme() is None
+    store.bind_timing(EVENTS)
+    store.bind_timing(EVENTS)
+    assert ResultStore(store_url).timing_scheme() == EVENTS and store.timing() == "events"  # the CLI's, deprecated
+    with store.engine.connect() as conn:  # as every store holds it
+        assert conn.execute(sa.text("SELECT value FROM ct_meta WHERE key = 'timing'")).scalar() == "events"
+
+
+def test_a_store_whose_timing_record_no_version_wrote_is_damaged(store_url):
+    store = ResultStore(store_url)
+    store.bind_timing(EVENTS)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ct_meta SET value = 'events-twice' WHERE key = 'timing'"))
+    with pytest.raises(StoreError, match="is damaged: ct_meta records the timing scheme 'events-twice'"):
+        store.timing_scheme()
 
 
 def test_a_store_older_than_its_timing_record_holds_unpaired_events(store_url):
     store = ResultStore(store_url)
     store.bind_gpu("NVIDIA H200")
     store.add(ok(V1, 700.0), gpu="NVIDIA H200", run_id="r1", cublas_tflops=750.0)  # no bind_timing
-    assert store.timing() == "events"
+    assert store.timing_scheme() == EVENTS
     with pytest.raises(StoreError, match="timed with events, not events-paired"):
-        store.bind_timing("events-paired")
-    store.bind_timing("events")
-    assert store.timing() == "events"
+        store.bind_timing(TimingScheme(TimingMethod.EVENTS, paired=True))
+    store.bind_timing(EVENTS)
+    assert store.timing_scheme() == EVENTS
     with pytest.raises(StoreError, match="timed with events, not graph"):
-        ResultStore(store_url).bind_timing("graph")
+        ResultStore(store_url).bind_timing(GRAPH)
 
 
 def test_stores_opened_at_once_make_the_tables_once(store_url, monkeypatch):
@@ -215,9 +227,9 @@ def test_two_sweeps_claiming_a_new_store_at_once_agree_on_its_gpu(store_url):
 
     with pytest.raises(StoreGpuMismatchError, match="holds results from NVIDIA H100 80GB HBM3, not NVIDIA H200"):
         mine.bind_gpu("NVIDIA H200")
-    theirs.bind_timing("graph")
+    theirs.bind_timing(GRAPH)
     with pytest.raises(StoreError, match="timed with graph, not events"):
-        mine.bind_timing("events")
+        mine.bind_timing(EVENTS)
 
 
 RACER = """
