@@ -247,6 +247,7 @@ def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
 
     monkeypatch.setattr(cutlass_tune.bench, "WorkerBenchmarker", Gpu)
     monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", lambda cfgs, **kw: FakeCompiler()(cfgs))
+    monkeypatch.setenv("CUTLASS_TUNE_NVCC", "/nonexistent/nvcc")  # the patch, not nvcc, compiles
     r = CliRunner().invoke(app, ["confirm", "--storage", store.url, "--passes", "2"], terminal_width=250)
     assert r.exit_code == 0, r.output
     coop = next(line.split() for line in r.output.splitlines() if line.startswith(BIG.name) and COOP.name in line)

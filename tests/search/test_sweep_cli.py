@@ -54,6 +54,8 @@ def gpus(monkeypatch):
     Gpu.models, Gpu.started, Gpu.lose = {0: "Fake GPU", 1: "Fake GPU"}, [], {}
     monkeypatch.setattr(cutlass_tune.bench, "WorkerBenchmarker", Gpu)
     monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", lambda cfgs, **kw: FakeCompiler()(cfgs))
+    # Regression: the command called its own imported name, so the patch missed and nvcc ran.
+    monkeypatch.setenv("CUTLASS_TUNE_NVCC", "/nonexistent/nvcc")
     return Gpu
 
 
@@ -197,7 +199,7 @@ def test_a_sweep_without_a_space_is_one_line_and_exit_2(args, expected):
 
 
 def test_the_strategy_choices_are_the_search_strategies():
-    from cutlass_tune.cli import Strategy
+    from cutlass_tune.cli._sweep import Strategy
     from cutlass_tune.search import STRATEGIES
 
     assert tuple(s.value for s in Strategy) == STRATEGIES
