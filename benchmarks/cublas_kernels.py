@@ -1,7 +1,7 @@
 """Which kernel torch's own path launches for each benchmark problem (device only).
 
     python3 benchmarks/cublas_kernels.py > cublas_kernels.md
-    python3 benchmarks/cublas_kernels.py configs/llama3_70b_tp8_bf16.yaml   # a space's problems
+    python3 benchmarks/cublas_kernels.py benchmarks/configs/llama3_70b_tp8_bf16.yaml   # a space's problems
 
 Runs each problem's baseline (`CublasTarget`: torch.matmul, or torch._scaled_mm for fp8, both
 accumulations) under torch.profiler and prints the GPU kernels it launched, with their mean

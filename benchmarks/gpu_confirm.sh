@@ -5,7 +5,7 @@
 set -uo pipefail
 out=${1:?output directory}
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
-timeout -k 10 240 python3 -m cutlass_tune.cli bench configs/winners_bf16.yaml --repeat 3 \
+timeout -k 10 240 python3 -m cutlass_tune.cli bench benchmarks/configs/winners_bf16.yaml --repeat 3 \
   --output "$out/winners.jsonl" > "$out/winners_bench.txt" 2>&1
 echo "winners bench rc=$?"; tail -4 "$out/winners_bench.txt"
 timeout -k 10 90 python3 benchmarks/matmul_api.py results/squares-paired-nvidia-h200.sqlite > "$out/matmul_api.md" 2>&1

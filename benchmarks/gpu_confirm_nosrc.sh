@@ -5,7 +5,7 @@
 set -uo pipefail
 out=${1:?output directory}
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
-timeout -k 10 200 python3 -m cutlass_tune.cli bench configs/winners_nosrc_bf16.yaml --repeat 3 \
+timeout -k 10 200 python3 -m cutlass_tune.cli bench benchmarks/configs/winners_nosrc_bf16.yaml --repeat 3 \
   --output "$out/winners_nosrc.jsonl" > "$out/winners_nosrc_bench.txt" 2>&1
 echo "winners bench rc=$?"; tail -3 "$out/winners_nosrc_bench.txt"
 python3 benchmarks/repeat_report.py "$out/winners_nosrc.jsonl" > "$out/winners_nosrc_report.md"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: `cutlass-tune confirm` on the layouts store (each problem's two leading
 # kernel variants; PASSES passes, added to any confirmation already in the store), then a fresh
-# sweep of configs/layouts_1024_16bit.yaml (30 configs: five per type and layout).
+# sweep of benchmarks/configs/layouts_1024_16bit.yaml (30 configs: five per type and layout).
 # Usage on the GPU host, from the repository root: benchmarks/gpu_layouts_confirm.sh OUTDIR [PASSES]
 set -uo pipefail
 out=${1:?output directory}; passes=${2:-3}
@@ -11,4 +11,4 @@ timeout -k 10 360 python3 -m cutlass_tune.cli confirm --storage "sqlite:///$stor
   > "$out/confirm_layouts_squares.txt" 2>&1
 echo "confirm rc=$?"; cut -c1-200 "$out/confirm_layouts_squares.txt" | tail -64
 cp "$store" "$out/"
-benchmarks/gpu_paired_sweeps.sh "$out" layouts-1024:configs/layouts_1024_16bit.yaml:30:190
+benchmarks/gpu_paired_sweeps.sh "$out" layouts-1024:benchmarks/configs/layouts_1024_16bit.yaml:30:190

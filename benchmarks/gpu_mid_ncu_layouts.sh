@@ -5,7 +5,7 @@
 set -uo pipefail
 out=${1:?output directory}
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
-timeout -k 10 170 python3 -m cutlass_tune.cli bench configs/mid_bf16.yaml --repeat 2 --output "$out/mid.jsonl" \
+timeout -k 10 170 python3 -m cutlass_tune.cli bench benchmarks/configs/mid_bf16.yaml --repeat 2 --output "$out/mid.jsonl" \
   > "$out/mid_bench.txt" 2>&1
 echo "mid bench rc=$?"; tail -3 "$out/mid_bench.txt"
 python3 benchmarks/summarize_bench.py "$out/mid.jsonl" > "$out/mid_summary.md"; grep -E "^cuBLAS|^\| [0-9]" "$out/mid_summary.md" | head -24
@@ -17,5 +17,5 @@ if [ -n "$ncu" ]; then
 else
   echo "no ncu on this host"
 fi
-benchmarks/gpu_paired_sweeps.sh "$out" layouts-16bit-paired:configs/layouts_16bit.yaml:30:170 \
+benchmarks/gpu_paired_sweeps.sh "$out" layouts-16bit-paired:benchmarks/configs/layouts_16bit.yaml:30:170 \
   squares-paired:configs/squares_bf16.yaml:32:110

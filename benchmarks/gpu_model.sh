@@ -4,8 +4,8 @@
 #   benchmarks/gpu_model.sh sweep OUT    # sweep + sustained confirm of the captured space; the bundle as OUT/bundle.tar,
 #                                        # and what matmul delivers per entry (cutlass-tune check)
 #   benchmarks/gpu_model.sh e2e OUT      # the model before and after patch: eager, torch.compile, CUDA graph
-# SPACE (default configs/model_llama33b_bf16.yaml, written here by
-# `cutlass-tune shapes benchmarks/models/llama.py:llama_33b -o configs/model_llama33b_bf16.yaml`),
+# SPACE (default benchmarks/configs/model_llama33b_bf16.yaml, written here by
+# `cutlass-tune shapes benchmarks/models/llama.py:llama_33b -o benchmarks/configs/model_llama33b_bf16.yaml`),
 # TRIALS (16), MIN_RATIO (e2e: patch's, default its own 1.0), STORE (OUT/model.sqlite; give a copy of a returned store to resume), BUNDLE (e2e: a
 # folder holding bundle.tar from the sweep phase). Packages the GPU host lacks travel as wheels in .whl/.
 set -uo pipefail
@@ -17,7 +17,7 @@ if compgen -G "$whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/ct-cache} PYTHONUNBUFFERED=1
 ct() { python3 -m cutlass_tune.cli "$@"; }
-space=${SPACE:-configs/model_llama33b_bf16.yaml}; store=${STORE:-$out/model.sqlite}
+space=${SPACE:-benchmarks/configs/model_llama33b_bf16.yaml}; store=${STORE:-$out/model.sqlite}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
 case $phase in
 tests)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One device call: what the C operand costs tile N 208 (configs/tile_n_208_source_bf16.yaml,
+# One device call: what the C operand costs tile N 208 (benchmarks/configs/tile_n_208_source_bf16.yaml,
 # two paired passes), then Nsight Compute on the 2048^3 kernels and cuBLAS
 # (benchmarks/ncu_profile.py 2048; board clocks left alone).
 # Usage on the GPU host, from the repository root: benchmarks/gpu_ncu_2048.sh OUTDIR
 set -uo pipefail
 out=${1:?output directory}
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
-timeout -k 10 300 python3 -m cutlass_tune.cli bench configs/tile_n_208_source_bf16.yaml --repeat 2 \
+timeout -k 10 300 python3 -m cutlass_tune.cli bench benchmarks/configs/tile_n_208_source_bf16.yaml --repeat 2 \
   --output "$out/tile_n_208_source.jsonl" > "$out/tile_n_208_source_bench.txt" 2>&1
 echo "bench rc=$?"; grep -iE "compiled|failed" "$out/tile_n_208_source_bench.txt" | head -5
 python3 benchmarks/repeat_report.py "$out/tile_n_208_source.jsonl" > "$out/tile_n_208_source_report.md"

@@ -8,7 +8,7 @@
 set -uo pipefail
 out=${1:?output directory}; shift
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
-[ $# -gt 0 ] || set -- squares-paired:configs/squares_bf16.yaml:24:330 llama3-8b-paired:configs/llama3_8b_bf16.yaml:16:180
+[ $# -gt 0 ] || set -- squares-paired:configs/squares_bf16.yaml:24:330 llama3-8b-paired:benchmarks/configs/llama3_8b_bf16.yaml:16:180
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | tr 'A-Z' 'a-z' | sed 's/[^a-z0-9]\{1,\}/-/g; s/^-//; s/-$//')
 for spec in "$@"; do
   IFS=: read -r name config trials seconds <<< "$spec"

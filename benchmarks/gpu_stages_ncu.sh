@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call: ping-pong 128x128 over tile K and stages at 2048^3 and 4096^3
-# (configs/stages_2048_bf16.yaml, two paired passes), then Nsight Compute over several rounds of
+# (benchmarks/configs/stages_2048_bf16.yaml, two paired passes), then Nsight Compute over several rounds of
 # the 2048^3 kernels and cuBLAS: cycles, clock, L2 and DRAM bytes per launch
 # (benchmarks/ncu_profile.py, benchmarks/ncu_cycles.py; board clocks left alone).
 # Usage on the GPU host, from the repository root: benchmarks/gpu_stages_ncu.sh OUTDIR [ROUNDS]
 set -uo pipefail
 out=${1:?output directory}; rounds=${2:-7}
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
-timeout -k 10 330 python3 -m cutlass_tune.cli bench configs/stages_2048_bf16.yaml --repeat 2 \
+timeout -k 10 330 python3 -m cutlass_tune.cli bench benchmarks/configs/stages_2048_bf16.yaml --repeat 2 \
   --output "$out/stages_2048.jsonl" > "$out/stages_2048_bench.txt" 2>&1
 echo "bench rc=$?"; grep -iE "compiled|failed" "$out/stages_2048_bench.txt" | head -5
 python3 benchmarks/repeat_report.py "$out/stages_2048.jsonl" > "$out/stages_2048_report.md"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One device call: tile N 160 and 224 once units enable CUTLASS's extended wgmma shapes. The
-# skinny qkv candidates (configs/skinny_qkv_bf16.yaml, the same file that measured 0.71 for
-# every tile-N-160 kernel before) and the gate+up candidates (configs/wide_tiles_bf16.yaml),
+# skinny qkv candidates (benchmarks/configs/skinny_qkv_bf16.yaml, the same file that measured 0.71 for
+# every tile-N-160 kernel before) and the gate+up candidates (benchmarks/configs/wide_tiles_bf16.yaml),
 # two paired passes each; then the GPU tests, since every kernel now exports S_mma_n.
 # Usage on the GPU host, from the repository root: benchmarks/gpu_wide_tiles.sh OUTDIR
 set -uo pipefail
 out=${1:?output directory}
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache} PYTHONUNBUFFERED=1
 for name in skinny_qkv wide_tiles; do
-  timeout -k 10 170 python3 -m cutlass_tune.cli bench "configs/${name}_bf16.yaml" --repeat 2 \
+  timeout -k 10 170 python3 -m cutlass_tune.cli bench "benchmarks/configs/${name}_bf16.yaml" --repeat 2 \
     --output "$out/${name}.jsonl" > "$out/${name}_bench.txt" 2>&1
   echo "$name bench rc=$?"; grep -iE "compiled|failed|spill" "$out/${name}_bench.txt" | head -5
   python3 benchmarks/repeat_report.py "$out/${name}.jsonl" > "$out/${name}_report.md"; cat "$out/${name}_report.md"

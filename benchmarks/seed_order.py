@@ -1,7 +1,7 @@
 """Which configs a sweep compiles first, per operand kind, on the test suite's fake compiler and
 GPU (no GPU, no nvcc): checks that every kind's warm-start seeds are its first compiled configs.
 
-    python3 benchmarks/seed_order.py configs/layouts_squares_16bit.yaml 66
+    python3 benchmarks/seed_order.py benchmarks/configs/layouts_squares_16bit.yaml 66
 
 The optional nvMatmulHeuristics seeds are left out (the GPU hosts here do not have the package).
 """

@@ -45,7 +45,7 @@ def main(url: str) -> None:
     compiled = {r.config_hash for r in rows if r.config_hash and r.status is not Status.INVALID}
     minutes = _elapsed_minutes(rows)
     print(f"store {url}: GPU {store.gpu()}, {len(compiled)} compiled configs, {len(rows)} rows, "
-          f"timing {store.timing_scheme()}")
+          f"timing {store.timing()}")
     env = next((m.env for m in store.measurements() if m.env is not None), None)
     if env is not None:
         print(f"{env.gpu} ({env.sm_count} SMs), driver {env.driver}, CUDA {env.cuda_runtime}, "

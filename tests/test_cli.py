@@ -191,7 +191,7 @@ def test_closed_choices_are_listed_in_the_help_and_checked(command, choices):
 
 
 def test_the_sampler_choices_are_the_search_samplers():
-    from cutlass_tune.cli import Sampler
+    from cutlass_tune.cli._sweep import Sampler
     from cutlass_tune.search import SAMPLERS
 
     assert tuple(s.value for s in Sampler) == tuple(SAMPLERS)

@@ -1,7 +1,7 @@
 """Decoder-only clients for `cutlass-tune shapes` and benchmarks/model_e2e.py: Llama models built from
 a `transformers` config with random weights (nothing downloaded).
 
-    cutlass-tune shapes benchmarks/models/llama.py:llama_33b -o configs/model_llama33b_bf16.yaml
+    cutlass-tune shapes benchmarks/models/llama.py:llama_33b -o benchmarks/configs/model_llama33b_bf16.yaml
 
 `llama_33b` has the widths of LLaMA 33B (hidden 6656, MLP 17920, 52 heads, no grouped KV) and a
 serving-size batch of 4 sequences of 1024 tokens (M = 4096); `llama3_8b` those of Llama 3 8B

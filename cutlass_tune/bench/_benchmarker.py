@@ -40,12 +40,6 @@ class WorkerBenchmarker:
         """The timing scheme of `timing` (what a results store binds to)."""
         return self.timing.scheme
 
-    @property
-    def timing_method(self) -> TimingScheme:
-        """Deprecated alias of `scheme`, kept while the CLI still reads it (its text is the
-        scheme's name)."""
-        return self.scheme
-
     def baseline(self, problem: Problem) -> Measurement:
         return next(iter(self.worker.run(Job.baseline(problem, timing=self.timing))))
 

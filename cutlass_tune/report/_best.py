@@ -58,7 +58,7 @@ def _from_store(url: str) -> pd.DataFrame:
     # StoreError, not BestTableError: the dashboard shows a store whose best table cannot be
     # built (BestTableError) with an empty one, but must not read a store of another schema.
     store.check_schema()
-    scheme = store.timing_scheme() or LEGACY_TIMING
+    scheme = store.timing() or LEGACY_TIMING
     rows = store.rows()
     measurements = _measurements(store, rows)
     kernels = [m for m in measurements if not m.is_baseline and m.config is not None]

@@ -392,7 +392,7 @@ class ResultStore:
         self._readable()
 
     @_store_errors
-    def timing_scheme(self) -> TimingScheme | None:
+    def timing(self) -> TimingScheme | None:
         """The timing scheme the store holds (see `bind_timing`), or None for a new store.
 
         Stores begun before the scheme was recorded hold only unpaired `events` figures.
@@ -408,11 +408,6 @@ class ResultStore:
                 return LEGACY_TIMING
         return None if found is None else _scheme(found)
 
-    def timing(self) -> str | None:
-        """Deprecated: the name of `timing_scheme()`, kept while the CLI still reads it."""
-        scheme = self.timing_scheme()
-        return None if scheme is None else scheme.name
-
     @_store_errors
     def bind_timing(self, scheme: TimingScheme) -> None:
         """Claim the store for one timing scheme, or check that it uses it: figures taken by
@@ -422,7 +417,7 @@ class ResultStore:
             StoreError: the store holds results timed another way.
         """
         self._create()
-        found = self.timing_scheme()
+        found = self.timing()
         if found in (None, scheme):  # another sweep may claim the store between the look and the claim
             found = _scheme(self._claim("timing", scheme.name))
         if found != scheme:

@@ -239,7 +239,6 @@ def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
         def scheme(self):  # as the worker names it: the store's own pairing is kept
             return self.timing.scheme
 
-        timing_method = scheme  # what the CLI reads, as WorkerBenchmarker's deprecated alias
 
         def measure(self, compiled, problem, variants, bar=None):
             for m in super().measure(compiled, problem, variants):
@@ -250,6 +249,7 @@ def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
 
     monkeypatch.setattr(cutlass_tune.bench, "WorkerBenchmarker", Gpu)
     monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", lambda cfgs, **kw: FakeCompiler()(cfgs))
+    monkeypatch.setenv("CUTLASS_TUNE_NVCC", "/nonexistent/nvcc")  # the patch, not nvcc, compiles
     r = CliRunner().invoke(app, ["confirm", "--storage", store.url, "--passes", "2"], terminal_width=250)
     assert r.exit_code == 0, r.output
     coop = next(line.split() for line in r.output.splitlines() if line.startswith(BIG.name) and COOP.name in line)
@@ -270,7 +270,7 @@ def test_a_problem_confirmed_sustained_ranks_by_those_passes_beside_the_sweeps_m
 
     sustained = Sustained({(PINGPONG.hash, RuntimeArgs().name): 0.96, (COOP.hash, RuntimeArgs().name): 0.99})
     confirm(store, candidates(store, top=2), FakeCompiler(), sustained, passes=3)
-    assert store.timing_scheme() == TimingScheme(TimingMethod.EVENTS)  # the sweep's method stays the store's
+    assert store.timing() == TimingScheme(TimingMethod.EVENTS)  # the sweep's method stays the store's
     big = load_best(store.url).set_index("problem").loc[BIG.name]
     assert (big["kernel"], big["method"], big["confirm_passes"]) == (COOP.name, "sustained", 3)
     assert big["ratio"] == pytest.approx(0.99) and big["sweep_ratio"] == pytest.approx(1.03)

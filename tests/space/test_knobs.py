@@ -140,9 +140,9 @@ def test_committed_configs_keep_their_hashes(store):
         assert KernelConfig.from_dict(config).hash == config_hash, config
 
 
-def test_params_round_trip_for_every_config_of_the_shipped_spaces():
-    for name in ("sm90_bf16.yaml", "epilogue_knobs_bf16.yaml", "fp8_quick.yaml"):
-        sp = load_space(REPO / "configs" / name)
+def test_params_round_trip_for_every_config_of_the_committed_spaces():
+    for name in ("configs/sm90_bf16.yaml", "benchmarks/configs/epilogue_knobs_bf16.yaml", "configs/fp8_quick.yaml"):
+        sp = load_space(REPO / name)
         problem = sp.problems[0]
         for cfg in sp.candidates:
             assert config_of(params_of(cfg), problem) == cfg

@@ -99,7 +99,7 @@ def test_a_store_from_before_migrations_is_read_as_it_is(schema1_url):
     time.sleep(0.01)  # a write would show in the modification time
     store = ResultStore(schema1_url)
     assert store.schema() == 1 and store.gpu() == "NVIDIA H200"
-    assert store.timing_scheme() == TimingScheme.parse("events-paired")
+    assert store.timing() == TimingScheme.parse("events-paired")
     store.check_schema()
     rows = store.rows()
     assert len(rows) == len(store.measurements()) == SCHEMA1_ROWS

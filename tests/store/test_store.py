@@ -128,7 +128,7 @@ def test_reading_a_store_writes_nothing_to_it(tmp_path):
                      .read_bytes())  # a store no sweep of this version wrote to: no claims table
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     store = ResultStore(f"sqlite:///{path}")
-    assert store.gpu() == "NVIDIA H200" and store.timing_scheme() == TimingScheme(TimingMethod.EVENTS, paired=True)
+    assert store.gpu() == "NVIDIA H200" and store.timing() == TimingScheme(TimingMethod.EVENTS, paired=True)
     assert len(store.rows()) == len(store.measurements()) == 3184
     assert store.measured(Problem(4096, 4096, 4096))
     assert "ct_claims" not in sa.inspect(store.engine).get_table_names()
@@ -137,7 +137,7 @@ def test_reading_a_store_writes_nothing_to_it(tmp_path):
 
 def test_a_new_store_reads_as_empty_until_a_sweep_binds_it(store_url):
     store = ResultStore(store_url)
-    assert (store.gpu(), store.timing_scheme(), store.rows(), store.measured(P)) == (None, None, [], {})
+    assert (store.gpu(), store.timing(), store.rows(), store.measured(P)) == (None, None, [], {})
     store.bind_gpu("NVIDIA H200")
     assert store.rows() == [] and ResultStore(store_url).gpu() == "NVIDIA H200"
 
@@ -160,10 +160,10 @@ def test_a_store_under_a_file_is_refused_at_once(tmp_path):
 
 def test_a_store_keeps_to_one_timing_method(store_url):
     store = ResultStore(store_url)
-    assert store.timing_scheme() is None
+    assert store.timing() is None
     store.bind_timing(EVENTS)
     store.bind_timing(EVENTS)
-    assert ResultStore(store_url).timing_scheme() == EVENTS and store.timing() == "events"  # the CLI's, deprecated
+    assert ResultStore(store_url).timing() == EVENTS
     with store.engine.connect() as conn:  # as every store holds it
         assert conn.execute(sa.text("SELECT value FROM ct_meta WHERE key = 'timing'")).scalar() == "events"
 
@@ -174,18 +174,18 @@ def test_a_store_whose_timing_record_no_version_wrote_is_damaged(store_url):
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE ct_meta SET value = 'events-twice' WHERE key = 'timing'"))
     with pytest.raises(StoreError, match="is damaged: ct_meta records the timing scheme 'events-twice'"):
-        store.timing_scheme()
+        store.timing()
 
 
 def test_a_store_older_than_its_timing_record_holds_unpaired_events(store_url):
     store = ResultStore(store_url)
     store.bind_gpu("NVIDIA H200")
     store.add(ok(V1, 700.0), gpu="NVIDIA H200", run_id="r1", cublas_tflops=750.0)  # no bind_timing
-    assert store.timing_scheme() == EVENTS
+    assert store.timing() == EVENTS
     with pytest.raises(StoreError, match="timed with events, not events-paired"):
         store.bind_timing(TimingScheme(TimingMethod.EVENTS, paired=True))
     store.bind_timing(EVENTS)
-    assert store.timing_scheme() == EVENTS
+    assert store.timing() == EVENTS
     with pytest.raises(StoreError, match="timed with events, not graph"):
         ResultStore(store_url).bind_timing(GRAPH)
 

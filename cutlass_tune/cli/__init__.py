@@ -1,0 +1,97 @@
+"""`cutlass-tune` command line: thin commands over the pipeline stages, one module each.
+
+Bad input prints one line on stderr and exits 2; failures of the work itself (a kernel that
+does not compile) are reported in the output and exit 1. The commands that need no GPU
+(`space`, `compile`, `best`, `export`, `dashboard`) never import torch: the GPU and search
+stages (torch, optuna), the model capture of `shapes` (torch) and the dashboard (plotly) are
+imported inside the commands that use them.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import typer
+
+from .. import __version__, settings
+from ..errors import CutlassTuneError
+from . import _bench, _best, _check, _compile, _confirm, _dashboard, _export, _shapes, _space, _sweep, _upgrade
+from ._console import err, fail, out
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Autotune CUTLASS 3.x GEMM kernels on Hopper (SM90).")
+# In the order `--help` lists them.
+app.command()(_space.space)
+app.command()(_shapes.shapes)
+app.command("compile")(_compile.compile_)
+app.command()(_bench.bench)
+app.command()(_best.best)
+app.command()(_check.check)
+app.command()(_export.export)
+app.command()(_confirm.confirm)
+app.command()(_dashboard.dashboard)
+app.command()(_upgrade.upgrade)
+app.command()(_sweep.sweep)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        out.print(f"cutlass-tune {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                          help="print the version and exit")) -> None:
+    """Options of `cutlass-tune` itself, before a command (the app's help is `app`'s)."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> None:
+    """The console script: run the command of `sys.argv`; exit 2 with one line for bad input,
+    130 when interrupted."""
+    # A parent that started us in the background may have set SIGINT to "ignore"; Ctrl-C,
+    # SIGTERM and SIGHUP must still stop nvcc and clean up.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)  # a closed terminal or a dropped ssh session
+    try:
+        settings.check()
+        # Without standalone mode, click returns the code of a typer.Exit or an interrupt.
+        code = app(standalone_mode=False)
+    except CutlassTuneError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:  # the parser turns KeyboardInterrupt into Abort
+        err.print("interrupted", markup=False)
+        sys.exit(130)
+    except OSError as e:  # a path given that cannot be read or written (a folder, a full disk)
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        fail(f"{where}: {e.strerror}" if where and e.strerror else str(e))
+    except Exception as e:
+        _usage_error(e)
+        raise
+    if code == 130:
+        err.print("interrupted", markup=False)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(e: Exception) -> None:
+    """Show a usage error (click's ClickException, or typer's vendored copy in typer >= 0.29)
+    and exit with its code; return for any other exception."""
+    usage_code = getattr(e, "exit_code", None)
+    if hasattr(e, "show") and isinstance(usage_code, int):
+        if type(e).__name__ == "NoArgsIsHelpError" or not hasattr(e, "format_message"):
+            e.show()
+            sys.exit(usage_code)
+        ctx = getattr(e, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        fail(f"{where}{e.format_message()} (see --help)", usage_code)

@@ -1,0 +1,72 @@
+"""`cutlass-tune best`: the best verified kernel per problem and GPU."""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .._files import write_atomically
+from ..errors import CutlassTuneError
+from ..report import load_best, write_table
+from ..store import resolve_storage
+from ..tables import COLUMNS
+from ._console import figure, out
+from ._options import READ_DEFAULT, check_output, user_output
+
+
+class TableFormat(str, enum.Enum):
+    """How `best` writes its table."""
+
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+    PARQUET = "parquet"
+
+
+def best(
+    storage: str | None = typer.Option(
+        None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({READ_DEFAULT})"),
+    fmt: TableFormat = typer.Option(TableFormat.TABLE, "--format", help="how to write the table"),
+    output: Path | None = typer.Option(None, "--output", "-o", callback=user_output,
+        help="write to FILE instead of the screen"),
+) -> None:
+    """The best verified kernel per problem and GPU: TFLOP/s, ratio to cuBLAS of the same run,
+    spread, and the full config."""
+    source = resolve_storage(storage)
+    if output is not None:
+        check_output(output, source)
+    frame = load_best(source)
+    if fmt is TableFormat.TABLE:
+        table = _table(frame)
+        if output:
+            write_atomically(output, lambda f: Console(file=f, width=250).print(table))
+        else:
+            out.print(table)
+        return
+    if output is None:
+        if fmt is TableFormat.PARQUET:
+            raise CutlassTuneError("--format parquet needs --output FILE")
+        text = (frame.to_csv(index=False) if fmt is TableFormat.CSV
+                else frame.to_json(orient="records", indent=1, double_precision=15))
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    write_table(frame[list(COLUMNS)], output, fmt.value, source=source)
+    out.print(f"{len(frame)} rows written to {output}")
+
+
+def _table(frame) -> Table:
+    """The rows of `load_best` as the screen shows them."""
+    table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "confirmed", "kernel",
+                  "run-time", box=None, pad_edge=False)
+    for r in frame.to_dict("records"):
+        confirmed = (f"{r['confirm_passes']} passes {r['method']}, {r['ratio_low']:.3f}-{r['ratio_high']:.3f} "
+                     f"(sweep {r['sweep_ratio']:.3f})" if r["confirm_passes"] else "-")
+        table.add_row(r["gpu"], r["problem"], figure(r["tflops"], ".1f"), figure(r["cublas_tflops"], ".1f"),
+                      figure(r["ratio"], ".3f"), figure(r["spread"], ".1%"), confirmed, r["kernel"],
+                      r["runtime"])
+    return table

@@ -1,0 +1,72 @@
+"""`cutlass-tune confirm`: re-measure each problem's leading kernels in several passes."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from .. import compile as compile_stage  # called through the module: a test's patch reaches here
+from ..errors import CutlassTuneError
+from ..measurement import TimingMethod
+from ..status import Status
+from ..store import open_store, resolve_storage
+from ._console import out, progress
+from ._options import CACHE_DIR, GPU, JOBS, READ_DEFAULT
+from ._timing import CONFIRM_METHOD, timing_options
+
+
+def confirm(
+    storage: str | None = typer.Option(None, "--storage", help=f"store URL or .sqlite file ({READ_DEFAULT})"),
+    top: int = typer.Option(3, "--top", min=1, help="candidates per problem: the best kernel variants by sweep ratio"),
+    passes: int = typer.Option(3, "--passes", min=1, help="times each candidate is measured"),
+    gpu: int = GPU,
+    jobs: int | None = JOBS,
+    cache_dir: Path | None = CACHE_DIR,
+    method: TimingMethod = CONFIRM_METHOD,
+) -> None:
+    """Re-measure each problem's leading kernels in several passes, into the same store;
+    `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
+    largest of many noisy medians and reads high)."""
+    # torch and optuna, with the GPU and search stages: only the commands that measure import them.
+    from ..bench import WorkerBenchmarker
+    from ..search import candidates
+    from ..search import confirm as confirm_run
+
+    store = open_store(resolve_storage(storage))
+    chosen = candidates(store, top)
+    if not chosen:
+        raise CutlassTuneError(f"store {store.shown} has no successful kernel measurement to confirm")
+    bench = WorkerBenchmarker(gpu)
+    try:
+        bench.timing = timing_options(method, None, store.timing())  # paired like the store's ratios
+        cache = compile_stage.KernelCache.at(cache_dir)
+        problems = len({c.problem for c in chosen})
+        out.print(f"{store.shown}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
+                  f"{bench.gpu_name} ({bench.scheme})")
+        with progress("measuring", passes * (problems + len(chosen))) as advance:
+            result = confirm_run(store, chosen,
+                                 lambda cfgs: compile_stage.compile_kernels(cfgs, cache=cache, jobs=jobs),
+                                 bench, passes, on_measurement=advance)
+    finally:
+        bench.close()
+    _show(chosen, result)
+    failed = collections.Counter(m.status.value for m, _ in result.rows if m.status is not Status.OK)
+    out.print(f"run {result.run_id}: {len(result.rows)} measurements added to {store.shown}"
+              + (f"; not ok: {dict(failed)}" if failed else ""))
+
+
+def _show(chosen: list, result) -> None:
+    """Each candidate's sweep ratio beside the median and range of its confirmed passes."""
+    ratios, medians = result.ratios(), result.medians()
+    table = Table("problem", "kernel", "run-time", "sweep", "confirmed (median)", "passes", "low-high",
+                  box=None, pad_edge=False)
+    for c in chosen:
+        key = (c.problem.name, c.config.name, c.runtime.name)
+        got = ratios.get(key, [])
+        table.add_row(c.problem.name, c.config.name, c.runtime.name, f"{c.ratio:.3f}",
+                      f"{medians[key]:.3f}" if got else "failed", str(len(got)),
+                      f"{min(got):.3f}-{max(got):.3f}" if got else "")
+    out.print(table)

@@ -1,0 +1,51 @@
+"""`cutlass-tune export`: the best kernels of a store as a bundle for serving hosts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from .. import __version__
+from .. import compile as compile_stage  # called through the module: a test's patch reaches here
+from ..errors import CutlassTuneError
+from ..report import load_best, write_bundle
+from ..space import KernelConfig
+from ..store import resolve_storage
+from ._console import out, progress
+from ._options import CACHE_DIR, JOBS, READ_DEFAULT, check_output, user_output
+
+
+def export(
+    storage: str | None = typer.Option(
+        None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({READ_DEFAULT})"),
+    output: Path = typer.Option(..., "--output", "-o", callback=user_output,
+        help="the bundle: a directory that does not exist yet"),
+    gpu_name: str | None = typer.Option(None, "--gpu-name", help="keep only the rows of this GPU model"),
+    jobs: int | None = JOBS,
+    cache_dir: Path | None = CACHE_DIR,
+) -> None:
+    """Pin the best kernel of every problem for shipping: one directory with the table and the
+    compiled kernels, which `BestTable.load(DIR)` and `matmul` use with no nvcc or CUTLASS."""
+    if output.exists():
+        raise CutlassTuneError(f"{output} exists: remove it or export to a new directory")
+    check_output(output)
+    frame = load_best(resolve_storage(storage))
+    if gpu_name is not None:
+        frame = frame[frame["gpu"] == gpu_name].reset_index(drop=True)
+        if frame.empty:
+            raise CutlassTuneError(f"--gpu-name {gpu_name!r}: the table has no row for it")
+    configs = list({h: KernelConfig.from_dict(json.loads(c))
+                    for h, c in zip(frame["config_hash"], frame["config"])}.values())
+    toolchain = compile_stage.find_toolchain()
+    with progress("compiling", len(configs)) as advance:
+        compiled = compile_stage.compile_kernels(configs, cache=compile_stage.KernelCache.at(cache_dir),
+                                                 toolchain=toolchain, jobs=jobs or compile_stage.default_jobs(),
+                                                 on_result=advance)
+    summary = write_bundle(frame, compiled, output, {"nvcc": toolchain.nvcc_version,
+                                                     "cutlass": toolchain.cutlass_version,
+                                                     "cutlass_tune": __version__})
+    out.print(f"exported {summary.problems} problems, {summary.kernels} kernels in {summary.libraries} "
+              f"libraries ({summary.bytes / 1e6:.1f} MB) to {summary.path}; "
+              f"load it with cutlass_tune.BestTable.load({str(summary.path)!r})", markup=False)

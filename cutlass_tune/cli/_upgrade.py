@@ -1,0 +1,22 @@
+"""`cutlass-tune upgrade`: bring a store to this version's schema."""
+
+from __future__ import annotations
+
+import typer
+
+from ..store import open_store, resolve_storage
+from ._console import out
+from ._options import READ_DEFAULT
+
+
+def upgrade(
+    storage: str | None = typer.Option(None, "--storage", help=f"store URL or .sqlite file ({READ_DEFAULT})"),
+) -> None:
+    """Upgrade a store to this version's schema (sweep and confirm do it on their own, before
+    their first write; reports read older stores as they are). Copy the store first to keep a
+    way back: upgraded, versions before this one refuse it."""
+    store = open_store(resolve_storage(storage))
+    before = store.upgrade()
+    now = store.schema()
+    out.print(f"the store {store.shown} is at schema {now} already" if before == now
+              else f"upgraded the store {store.shown} from schema {before} to {now}", markup=False)
