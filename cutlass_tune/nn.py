@@ -1,7 +1,7 @@
 """Modules that run the tuned GEMM inside models (docs/models.md).
 
-`Linear` is torch.nn.Linear on `torch.ops.cutlass_tune.mm`, or with `activation=` (relu, gelu,
-gelu_tanh, silu) nn.Linear and its activation in one fused kernel (`torch.ops.cutlass_tune.linear`);
+`Linear` is torch.nn.Linear on `torch.ops.cutlass_tune.mm`, or with `activation=` (an
+`Activation`: relu, gelu, ...) nn.Linear and its activation in one fused kernel (`torch.ops.cutlass_tune.linear`);
 `cutlass_tune.patch(model, table)` swaps a model's covered nn.Linear layers for it.
 """
 

@@ -26,8 +26,8 @@ class Linear(torch.nn.Linear):
     elsewhere, and for shapes the table has no kernel for, torch's own GEMM runs.
 
     Without an activation the forward is one operator call (`torch.ops.cutlass_tune.mm`) and
-    one add, so torch.compile fuses the bias add into what follows. With one (`activation`:
-    relu, gelu, gelu_tanh, silu) it computes activation(x @ weight^T + bias): where no gradient
+    one add, so torch.compile fuses the bias add into what follows. With one (`activation`: an
+    `Activation`) it computes activation(x @ weight^T + bias): where no gradient
     is needed (under torch.no_grad or inference_mode, or of frozen parameters and input) by one
     call of `torch.ops.cutlass_tune.linear`, which runs the table's fused kernel of that
     epilogue (torch's F.linear and activation where the table has none); where one is, by `mm`,
@@ -39,7 +39,7 @@ class Linear(torch.nn.Linear):
         table: the best-config table (a `BestTable`, a path `BestTable.load` reads, or a key from
             `register_table`). Only its key is kept (`table_key`): it is process-local, so a
             pickled module needs its table registered under that key where it is loaded.
-        activation: none, relu, gelu (erf), gelu_tanh or silu (an `Activation` or its name).
+        activation: an `Activation` or its name (none, relu, gelu: the erf form, ...).
 
     Raises:
         UnregisteredTableError: `table` is a string that is neither a registered key nor a

@@ -399,7 +399,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
 
     Args:
         bias: N values of the result's dtype, one per output column (nn.Linear's bias).
-        activation: applied last: none, relu, gelu (erf), gelu_tanh, silu (an `Activation` or its name).
+        activation: applied last: an `Activation` or its name (none, relu, gelu: the erf form, ...).
         c: a residual, M x N row-major of the result's dtype, added times `beta`.
         alpha: scales a @ b; beta: scales c (1 with a `c`; only with one).
         scale_a, scale_b: fp8 inputs only, both or neither, float32 as torch._scaled_mm takes them:

@@ -280,7 +280,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
             cannot take, and epilogues the table has not tuned are computed by torch).
         weight: N x K (nn.Linear's weight, out_features x in_features), x's dtype.
         bias: N values of x's dtype, or None.
-        activation: none, relu, gelu (erf), gelu_tanh or silu.
+        activation: an `Activation` or its name (none, relu, gelu: the erf form, ...).
         table: a key from `register_table`.
 
     Returns:

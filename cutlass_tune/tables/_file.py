@@ -20,6 +20,7 @@ from .._files import InputTooLargeError, read_input
 from ..errors import first_line
 from ..measurement import TimingMethod
 from ..space import (
+    Activation,
     Decomposition,
     DType,
     Epilogue,
@@ -173,7 +174,8 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
        for c in ("dtype_a", "dtype_b", "dtype_d")},
     "layout": (lambda v: isinstance(v, str) and v in _LAYOUTS, f"one of {', '.join(_LAYOUTS)}"),
     "epilogue": (_epilogue_name, "an epilogue (none, or parts such as bias+silu: bias, an activation "
-                 "of relu, gelu, gelu_tanh, silu, residual, joined by '+' in that order)"),
+                 f"of {', '.join(a.value for a in Activation if a is not Activation.NONE)}, residual, joined by "
+                 "'+' in that order)"),
     "scaling": (lambda v: isinstance(v, str) and v in _SCALINGS, f"one of {', '.join(_SCALINGS)}"),
     "method": (lambda v: _is_missing(v) or (isinstance(v, str) and v in _METHODS),
                f"empty or one of {', '.join(_METHODS[1:])}"),
