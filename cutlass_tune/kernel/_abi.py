@@ -13,10 +13,13 @@ import ctypes
 
 from ..space import Problem, RuntimeArgs
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 """Written into every library by render; a library or bundle of another version is refused.
 2: kernels export S_mma_n; units that need them enable the extended wgmma shapes.
-3: the arguments carry bias and fp8 scale pointers (fused epilogues)."""
+3: the arguments carry bias and fp8 scale pointers (fused epilogues).
+4: the arguments carry a grouped GEMM's expert count and row offsets; a grouped kernel's
+   workspace holds its per-group arrays, which `initialize` fills on the device and `run`
+   refills from the offsets before each launch."""
 
 VERSION_SYMBOL = "cutlass_tune_abi_version"
 """The library's function returning the ABI version it was built for (`int (void)`)."""
@@ -34,7 +37,7 @@ def cutlass_status_name(code: int) -> str:
 
 
 class GemmArgs(ctypes.Structure):
-    """Mirror of `struct cutlass_tune_args` (natural alignment, 112 bytes on LP64)."""
+    """Mirror of `struct cutlass_tune_args` (natural alignment, 128 bytes on LP64)."""
 
     _fields_ = [
         ("m", ctypes.c_int64),
@@ -55,13 +58,15 @@ class GemmArgs(ctypes.Structure):
         ("bias", ctypes.c_void_p),
         ("scale_a", ctypes.c_void_p),
         ("scale_b", ctypes.c_void_p),
+        ("groups", ctypes.c_int64),
+        ("offsets", ctypes.c_void_p),
     ]
 
 
 def make_args(problem: Problem, runtime: RuntimeArgs, *, a: int, b: int, d: int,
               device_id: int, sm_count: int, c: int | None = None, bias: int | None = None,
               scale_a: int | None = None, scale_b: int | None = None, alpha: float = 1.0,
-              beta: float | None = None) -> GemmArgs:
+              beta: float | None = None, offsets: int | None = None) -> GemmArgs:
     """Arguments for D = epilogue(alpha * A @ B [+ beta * C]) of `problem`.
 
     `a`, `b`, `d` are device addresses of the storage `Operands` describes: A is M x K
@@ -71,6 +76,11 @@ def make_args(problem: Problem, runtime: RuntimeArgs, *, a: int, b: int, d: int,
     D and beta is 0. `bias` is N values of D's type; `scale_a`/`scale_b` are fp32 (one value
     each for `Scaling.TENSOR`; M and N values for `Scaling.ROWCOL`). `beta` defaults to 1 with a
     residual, else 0.
+
+    A grouped problem (`problem.grouped`): A is the M routed rows (M x K row-major), B the
+    experts' weights one after another (E x N x K for `layout_b` COL, E x K x N for ROW), D the
+    M x N outputs; `offsets` is the device address of E int32 cumulative row ends
+    (`torch._grouped_mm`'s `offs`: group e has rows offsets[e-1]..offsets[e]).
     """
     if beta is None:
         beta = 1.0 if problem.epilogue.residual else 0.0
@@ -80,6 +90,7 @@ def make_args(problem: Problem, runtime: RuntimeArgs, *, a: int, b: int, d: int,
         raster=int(runtime.raster), swizzle=runtime.swizzle, splits=runtime.splits,
         decomposition=int(runtime.decomposition), device_id=device_id, sm_count=sm_count,
         bias=bias, scale_a=scale_a, scale_b=scale_b,
+        groups=problem.groups if problem.grouped else 0, offsets=offsets,
     )
 
 

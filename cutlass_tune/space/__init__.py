@@ -2,7 +2,7 @@
 
 from ._auto import AutoKernels, Census
 from ._knobs import KernelConfig, Knob, RuntimeArgs, cells, column_kinds, columns, texts
-from ._operation import Operation, Problem
+from ._operation import MAX_GROUPS, Operation, Problem, routed_rows
 from ._rules import (
     SMEM_CAPACITY_BYTES,
     Rejection,
@@ -24,9 +24,11 @@ from ._types import (
     DType,
     Epilogue,
     EpilogueSchedule,
+    Grouping,
     KernelSchedule,
     Layout,
     RasterOrder,
+    Routing,
     Scaling,
     TileScheduler,
     layout_code,
@@ -35,9 +37,9 @@ from ._types import (
 __all__ = [
     "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "Activation", "AutoKernels",
     "Census", "DType",
-    "Decomposition", "Epilogue", "EpilogueSchedule", "KernelConfig", "KernelSchedule", "Knob", "Layout",
-    "Operation", "Problem", "RasterOrder", "Rejection", "RuntimeArgs", "Scaling", "SearchSpace", "SmemUsage",
+    "Decomposition", "Epilogue", "EpilogueSchedule", "Grouping", "MAX_GROUPS", "KernelConfig", "KernelSchedule", "Knob", "Layout",
+    "Operation", "Problem", "RasterOrder", "Rejection", "Routing", "RuntimeArgs", "Scaling", "SearchSpace", "SmemUsage",
     "TileScheduler", "cells", "check_config", "check_pair", "check_problem", "check_runtime",
-    "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "smem_usage", "space_for_shapes",
+    "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "routed_rows", "smem_usage", "space_for_shapes",
     "sweep_space", "texts",
 ]

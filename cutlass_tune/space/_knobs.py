@@ -225,7 +225,8 @@ class KernelConfig(Operation):
         """Stable human-readable name, e.g. `bf16_tn_128x256x64_c2x1_sauto_cooperative_tma_cooperative_persistent`
         (`_fastaccum` appended for fp8 fast accumulation, `_e64` for a 64-column epilogue
         subtile, `_nosrc` for a kernel without a C operand, then the fused epilogue's name
-        and fp8 scaling as `Problem.name` writes them: `_bias+silu`, `_scale-rowcol`)."""
+        and fp8 scaling as `Problem.name` writes them: `_bias+silu`, `_scale-rowcol`; a grouped
+        kernel has `_grouped` after the layout)."""
         operands = self.dtype_a.value
         if self.dtype_b != self.dtype_a:
             operands += self.dtype_b.value
@@ -233,7 +234,8 @@ class KernelConfig(Operation):
             operands += f"_{self.dtype_c.value}{self.dtype_d.value}"
         if self.dtype_acc != DType.F32:
             operands += f"_acc{self.dtype_acc.value}"
-        return f"{operands}_{self.layout}" + "".join(k.in_name(self) for k in self.knobs) + self.fused
+        grouped = "_grouped" if self.grouped else ""
+        return f"{operands}_{self.layout}{grouped}" + "".join(k.in_name(self) for k in self.knobs) + self.fused
 
 
 def _stream_k_args(args: RuntimeArgs) -> bool:

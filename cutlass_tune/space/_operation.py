@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ._types import DType, Epilogue, Layout, Scaling, layout_code
+from ._types import DType, Epilogue, Grouping, Layout, Routing, Scaling, layout_code
 
 _LAYOUTS = {layout_code(a, b): (a, b) for a in Layout for b in Layout}
-_NAME = re.compile(r"(?P<dtypes>[a-z0-9]+)_(?P<layout>[tn]{2})(?P<rest>(?:_.+)?)")
+_NAME = re.compile(r"(?P<dtypes>[a-z0-9]+)_(?P<layout>[tn]{2})(?P<grouped>_grouped)?(?P<rest>(?:_.+)?)")
 _SCALINGS = {s.value for s in Scaling if s is not Scaling.NONE}
 _DTYPES = re.compile("|".join(sorted((d.value for d in DType), key=len, reverse=True)))
 
@@ -39,10 +40,11 @@ class Operation:
 
     FIELDS: ClassVar[tuple[str, ...]]
     """The fields, in order (set below from the dataclass)."""
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("epilogue", "scaling")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("epilogue", "scaling", "grouping")
     """Fields added after config hashes and tables were published: dicts leave them out at
     their defaults (the plain GEMM), and tables written before them lack their columns."""
-    COLUMNS: ClassVar[tuple[str, ...]] = ("dtype_a", "dtype_b", "dtype_d", "layout", "epilogue", "scaling")
+    COLUMNS: ClassVar[tuple[str, ...]] = ("dtype_a", "dtype_b", "dtype_d", "layout", "epilogue", "scaling",
+                                          "grouping")
     """A table's columns for an operation (`cells`): the layouts as one BLAS-style code."""
 
     dtype_a: DType = DType.BF16
@@ -52,6 +54,9 @@ class Operation:
     layout_b: Layout = Layout.COL
     epilogue: Epilogue = Epilogue()
     scaling: Scaling = Scaling.NONE
+    grouping: Grouping = Grouping.NONE
+    """GROUPED: a group of GEMMs, one per MoE expert (`Grouping`); a `Problem` of it carries
+    the experts and their routed rows."""
 
     @property
     def operation(self) -> Operation:
@@ -73,6 +78,11 @@ class Operation:
         return self.epilogue.is_plain and self.scaling is Scaling.NONE
 
     @property
+    def grouped(self) -> bool:
+        """A group of GEMMs, one per expert (`Grouping.GROUPED`)."""
+        return self.grouping is Grouping.GROUPED
+
+    @property
     def fused(self) -> str:
         """What follows the GEMM in names: "_bias+silu", "_scale-rowcol", both, or nothing."""
         return (f"_{self.epilogue.name}" if not self.epilogue.is_plain else "") + (
@@ -80,13 +90,16 @@ class Operation:
 
     @property
     def name(self) -> str:
-        """E.g. "bf16bf16bf16_tn", "e4m3e4m3bf16_tn_bias+silu_scale-rowcol" (`parse` reads it)."""
-        return f"{self.dtype_a.value}{self.dtype_b.value}{self.dtype_d.value}_{self.layout}{self.fused}"
+        """E.g. "bf16bf16bf16_tn", "e4m3e4m3bf16_tn_bias+silu_scale-rowcol", "bf16bf16bf16_tn_grouped"
+        (`parse` reads it)."""
+        grouped = "_grouped" if self.grouped else ""
+        return f"{self.dtype_a.value}{self.dtype_b.value}{self.dtype_d.value}_{self.layout}{grouped}{self.fused}"
 
     @property
     def words(self) -> str:
         """The epilogue and scaling for a message: "the plain a @ b", "bias+silu", "bias+silu, scale-rowcol"."""
-        parts = ([] if self.epilogue.is_plain else [self.epilogue.name]) + (
+        parts = (["grouped"] if self.grouped else []) + (
+            [] if self.epilogue.is_plain else [self.epilogue.name]) + (
             [] if self.scaling is Scaling.NONE else [f"scale-{self.scaling.value}"])
         return ", ".join(parts) or "the plain a @ b"
 
@@ -105,7 +118,8 @@ class Operation:
             scaling = Scaling(scale)
         layout_a, layout_b = _LAYOUTS[found["layout"]]
         out = cls(dtype_a=DType(dtypes[0]), dtype_b=DType(dtypes[1]), dtype_d=DType(dtypes[2]), layout_a=layout_a,
-                  layout_b=layout_b, epilogue=Epilogue.parse(rest[1:]) if rest else Epilogue(), scaling=scaling)
+                  layout_b=layout_b, epilogue=Epilogue.parse(rest[1:]) if rest else Epilogue(), scaling=scaling,
+                  grouping=Grouping.GROUPED if found["grouped"] else Grouping.NONE)
         if out.name != text:
             raise ValueError(f"operation {text[:60]!r}: write it as {out.name!r}")
         return out
@@ -113,7 +127,8 @@ class Operation:
     def cells(self) -> dict[str, str]:
         """The operation's table columns (`COLUMNS`), as text."""
         return {"dtype_a": self.dtype_a.value, "dtype_b": self.dtype_b.value, "dtype_d": self.dtype_d.value,
-                "layout": self.layout, "epilogue": self.epilogue.name, "scaling": self.scaling.value}
+                "layout": self.layout, "epilogue": self.epilogue.name, "scaling": self.scaling.value,
+                "grouping": self.grouping.value}
 
     @classmethod
     def from_cells(cls, row: Mapping[str, Any]) -> Operation:
@@ -122,7 +137,7 @@ class Operation:
         layout_a, layout_b = _LAYOUTS[row["layout"]]
         return cls(dtype_a=DType(row["dtype_a"]), dtype_b=DType(row["dtype_b"]), dtype_d=DType(row["dtype_d"]),
                    layout_a=layout_a, layout_b=layout_b, epilogue=Epilogue.parse(_text(row.get("epilogue"))),
-                   scaling=Scaling(_text(row.get("scaling"))))
+                   scaling=Scaling(_text(row.get("scaling"))), grouping=Grouping(_text(row.get("grouping"))))
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON values (enums by value, the epilogue by name); `ADDED_LATER` fields
@@ -156,14 +171,65 @@ def _read(field: str, value: Any) -> Any:
     return type(default)(value)
 
 
+MAX_GROUPS = 4096
+"""The most experts a grouped problem may have (its per-group arrays live in the workspace)."""
+
+
+def routed_rows(groups: int, rows: int, routing: Routing) -> tuple[int, ...]:
+    """`rows` routed rows spread over `groups` experts as `routing` says (UNIFORM or ZIPF;
+    a HISTOGRAM's counts are the problem's own): whole counts summing to `rows`, the remainder
+    of the rounding given to the largest shares first. Raises ValueError for a histogram or
+    counts that are not positive whole numbers."""
+    if type(groups) is not int or type(rows) is not int or groups < 1 or rows < 0:
+        raise ValueError(f"routed rows need positive whole counts, not {groups!r} experts and {rows!r} rows")
+    if routing is Routing.HISTOGRAM:
+        raise ValueError("a histogram's routed rows are given with the problem, not derived")
+    weights = [1.0] * groups if routing is Routing.UNIFORM else [1.0 / (i + 1) for i in range(groups)]
+    total = sum(weights)
+    exact = [rows * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(groups), key=lambda i: (counts[i] - exact[i], i))
+    for i in by_remainder[:rows - sum(counts)]:
+        counts[i] += 1
+    return tuple(counts)
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class Problem(Operation):
     """One GEMM: `Operation` at the shape D[M,N] = A[M,K] @ B[K,N]. Built as
-    `Problem(m, n, k, dtype_a=..., epilogue=...)` (the operation's fields by keyword)."""
+    `Problem(m, n, k, dtype_a=..., epilogue=...)` (the operation's fields by keyword).
+
+    A grouped problem (`grouping=Grouping.GROUPED`) is `groups` GEMMs sharing N and K, one per
+    expert: M is the routed rows of all experts together and `group_rows` how many each
+    expert gets (derived from `routing` when not given; a HISTOGRAM gives them). Build one
+    with `Problem.experts`. `space.check_problem` says whether the values make sense.
+    """
 
     m: int
     n: int
     k: int
+    groups: int = dataclasses.field(default=0, kw_only=True)
+    """Experts of a grouped problem; 0 for a single GEMM."""
+    routing: Routing = dataclasses.field(default=Routing.UNIFORM, kw_only=True)
+    """How `group_rows` came about (a grouped problem's only)."""
+    group_rows: tuple[int, ...] = dataclasses.field(default=(), kw_only=True)
+    """Routed rows of each expert, in expert order, summing to M (a grouped problem's only)."""
+
+    def __post_init__(self) -> None:
+        if self.grouped and not self.group_rows and self.routing in (Routing.UNIFORM, Routing.ZIPF):
+            try:
+                object.__setattr__(self, "group_rows", routed_rows(self.groups, self.m, self.routing))
+            except ValueError:
+                pass  # check_problem names what is wrong
+        elif isinstance(self.group_rows, list):
+            object.__setattr__(self, "group_rows", tuple(self.group_rows))
+
+    @classmethod
+    def experts(cls, groups: int, n: int, k: int, rows: int, *, routing: Routing = Routing.UNIFORM,
+                group_rows: tuple[int, ...] = (), **operation: Any) -> Problem:
+        """The grouped problem of `groups` experts with N x K weights and `rows` routed rows."""
+        return cls(rows, n, k, groups=groups, routing=routing, group_rows=tuple(group_rows),
+                   **{"grouping": Grouping.GROUPED, **operation})
 
     def __repr__(self) -> str:
         return f"Problem({self.name})"
@@ -173,15 +239,41 @@ class Problem(Operation):
         return 2 * self.m * self.n * self.k
 
     @property
+    def experts_name(self) -> str:
+        """A grouped problem's experts and routing in names: "e128-uniform", "e128-zipf",
+        "e128-histogram-1a2b3c4d" (the counts' digest); empty for a single GEMM."""
+        if not self.grouped:
+            return ""
+        name = f"e{self.groups}-{_value(self.routing)}"
+        if self.routing is Routing.HISTOGRAM:
+            name += "-" + hashlib.sha256(",".join(map(str, self.group_rows)).encode()).hexdigest()[:8]
+        return name
+
+    @property
     def name(self) -> str:
-        """E.g. "4096x4096x4096_bf16bf16bf16_tn", "..._tn_bias+silu" (`Operation.name` after the shape)."""
-        return f"{self.m}x{self.n}x{self.k}_{super().name}"
+        """E.g. "4096x4096x4096_bf16bf16bf16_tn", "..._tn_bias+silu" (`Operation.name` after the
+        shape); a grouped problem's experts last: "32768x1536x2048_bf16bf16bf16_tn_grouped_e128-zipf"."""
+        experts = f"_{self.experts_name}" if self.grouped else ""
+        return f"{self.m}x{self.n}x{self.k}_{super().name}{experts}"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict: the shape, and every operation field (the epilogue by name)."""
-        return {"m": self.m, "n": self.n, "k": self.k, **{f: _json(v) for f, v in self.operation_fields().items()}}
+        """Plain JSON-able dict: the shape, and every operation field (the epilogue by name); a
+        grouped problem's experts, routing and routed rows too."""
+        out = {"m": self.m, "n": self.n, "k": self.k, **{f: _json(v) for f, v in self.operation_fields().items()
+                                                         if f != "grouping" or self.grouped}}
+        if self.grouped:
+            out.update(groups=self.groups, routing=_value(self.routing), group_rows=list(self.group_rows))
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Problem:
         """Inverse of `to_dict`; records written before an `ADDED_LATER` field read it at its default."""
-        return cls(data["m"], data["n"], data["k"], **Operation.from_dict(data).operation_fields())
+        experts: dict[str, Any] = {}
+        if "groups" in data:
+            experts = {"groups": data["groups"], "routing": Routing(data.get("routing", "uniform")),
+                       "group_rows": tuple(data.get("group_rows", ()))}
+        return cls(data["m"], data["n"], data["k"], **Operation.from_dict(data).operation_fields(), **experts)
+
+
+def _value(member: Any) -> Any:
+    return member.value if isinstance(member, enum.Enum) else member

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._operation import Operation, Problem
+from ._operation import MAX_GROUPS, Operation, Problem
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
@@ -23,8 +23,10 @@ from ._types import (
     DType,
     Epilogue,
     EpilogueSchedule,
+    Grouping,
     KernelSchedule,
     Layout,
+    Routing,
     Scaling,
     TileScheduler,
 )
@@ -384,6 +386,9 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
                + " is a fusion CUTLASS builds on the TMA epilogues only (no_smem takes a plain "
                "linear combination): use tma or tma_cooperative")
 
+    if cfg.grouping is Grouping.GROUPED:
+        out.extend(_grouped_rejections(cfg))
+
     usage = smem_usage(cfg)
     if usage.stages < 2:
         reject("smem_stages", f"only {usage.stages} stage of {usage.stage_bytes} bytes fits beside "
@@ -392,6 +397,23 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
         reject("smem_capacity", f"{usage.stages} stages x {usage.stage_bytes} bytes with a "
                f"{usage.epilogue_bytes}-byte epilogue need {usage.total_bytes} bytes of shared "
                f"memory (kernel allowance included); the SM has {SMEM_CAPACITY_BYTES}")
+    return out
+
+
+def _grouped_rejections(cfg: KernelConfig) -> list[Rejection]:
+    """What a grouped (ptr-array) kernel cannot be: CUTLASS 4.2 has the ptr-array mainloop for the
+    cooperative and ping-pong schedules only, with its own persistent group scheduler."""
+    out = []
+    if cfg.kernel_schedule is KernelSchedule.TMA_WS or cfg.tile_scheduler is not TileScheduler.PERSISTENT:
+        out.append(Rejection("grouped_schedule", "a grouped kernel runs the ptr-array cooperative or "
+                             "ping-pong schedule with the persistent group scheduler (no tma_ws, no "
+                             "Stream-K)"))
+    if _fp8_inputs(cfg.dtype_a, cfg.dtype_b) or not cfg.epilogue.is_plain or cfg.scaling is not Scaling.NONE:
+        out.append(Rejection("grouped_operation", "grouped kernels are built for bf16 and f16 inputs "
+                             "with the plain epilogue (fp8 and fused grouped kernels are not built yet)"))
+    if cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:
+        out.append(Rejection("grouped_epilogue", "a grouped kernel takes the ptr-array TMA epilogue "
+                             "(tma with ping-pong, tma_cooperative with cooperative)"))
     return out
 
 
@@ -419,6 +441,9 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("epilogue_source", ("epilogue_source", "epilogue_schedule")),
     ("residual_source", ("epilogue", "epilogue_source")),
     ("fusion_schedule", ("epilogue", "scaling", "epilogue_schedule")),
+    ("grouped_schedule", ("grouping", "kernel_schedule", "tile_scheduler")),
+    ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "epilogue", "scaling")),
+    ("grouped_epilogue", ("grouping", "epilogue_schedule")),
     ("smem_stages", _SMEM_READS),
     ("smem_capacity", _SMEM_READS),
 ))
@@ -459,6 +484,7 @@ def check_problem(problem: Problem) -> list[Rejection]:
         out.append(Rejection("operation", operation))
     elif problem.scaling is not Scaling.NONE and not fp8:
         out.append(Rejection("scaling_inputs", SCALING_INPUTS_REASON))
+    out += _grouping_rejections(problem)
     if out:
         return out
     contiguous = (
@@ -475,6 +501,38 @@ def check_problem(problem: Problem) -> list[Rejection]:
                 f"{dim}={value} is not a multiple of {align}: TMA needs the contiguous dimension "
                 f"of {operand} ({dtype.value}) aligned to {TMA_ALIGNMENT_BYTES} bytes",
             ))
+    return out
+
+
+def _grouping_rejections(problem: Problem) -> list[Rejection]:
+    """A grouped problem's experts and routed rows, and no experts on a single GEMM."""
+    if not isinstance(problem.grouping, Grouping):
+        return [Rejection("operation", f"grouping must be one of {', '.join(g.value for g in Grouping)}, "
+                          f"not {problem.grouping!r:.60}")]
+    if problem.grouping is Grouping.NONE:
+        if problem.groups or problem.group_rows:
+            return [Rejection("groups", "experts and routed rows belong to a grouped problem only")]
+        return []
+    groups, rows = problem.groups, problem.group_rows
+    if type(groups) is not int or not 1 <= groups <= MAX_GROUPS:
+        return [Rejection("groups", f"a grouped problem needs 1 to {MAX_GROUPS} experts, not {groups!r:.40}")]
+    if not isinstance(problem.routing, Routing):
+        return [Rejection("groups", f"routing must be one of {', '.join(r.value for r in Routing)}, "
+                          f"not {problem.routing!r:.40}")]
+    if (not isinstance(rows, tuple) or len(rows) != groups
+            or any(type(r) is not int or r < 0 for r in rows) or sum(rows) != problem.m):
+        return [Rejection("groups", f"routed rows must be {groups} whole counts >= 0 (one per expert) "
+                          f"summing to M={problem.m}")]
+    out = []
+    if _fp8_inputs(problem.dtype_a, problem.dtype_b) or problem.dtype_d is not problem.dtype_a:
+        out.append(Rejection("grouped_operation", "a grouped GEMM takes bf16 or f16 inputs and gives D "
+                             "of the same type (fp8 grouped kernels are not built yet)"))
+    if not problem.epilogue.is_plain or problem.scaling is not Scaling.NONE:
+        out.append(Rejection("grouped_operation", "a grouped GEMM takes the plain epilogue (fused grouped "
+                             "kernels are not built yet)"))
+    if problem.layout_a is not Layout.ROW:
+        out.append(Rejection("grouped_layout", "a grouped GEMM's A is the routed rows, row-major (layout tn "
+                             "or tt)"))
     return out
 
 

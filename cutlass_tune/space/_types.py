@@ -96,6 +96,31 @@ class Scaling(str, enum.Enum):
     ROWCOL = "rowcol"
 
 
+class Grouping(str, enum.Enum):
+    """Whether a GEMM is one matrix product or a group of them.
+
+    GROUPED: the forward of MoE experts, as `torch._grouped_mm` takes it: A is the routed rows
+    (M x K, rows sorted by expert), B one N x K weight per expert (E x N x K, or its K x N
+    view), D the M x N outputs; group e multiplies A's rows `offsets[e-1]:offsets[e]` by
+    expert e's weight. CUTLASS runs it as one ptr-array grouped kernel.
+    """
+
+    NONE = "none"
+    GROUPED = "grouped"
+
+
+class Routing(str, enum.Enum):
+    """How a grouped problem's routed rows fall over its experts (`space.routed_rows`).
+
+    UNIFORM: equal counts. ZIPF: expert i gets a share proportional to 1 / (i + 1) (Zipf, s=1).
+    HISTOGRAM: the counts a real router produced, given with the problem.
+    """
+
+    UNIFORM = "uniform"
+    ZIPF = "zipf"
+    HISTOGRAM = "histogram"
+
+
 @dataclasses.dataclass(frozen=True)
 class Epilogue:
     """What the GEMM's last pass computes from the accumulator: part of the user's op, not a

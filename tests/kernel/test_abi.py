@@ -13,14 +13,14 @@ from cutlass_tune.space import Decomposition, Problem, RasterOrder, RuntimeArgs
 from ..bench.abi import REPO, header_text
 
 FIELDS = ["m", "n", "k", "a", "b", "c", "d", "alpha", "beta", "raster", "swizzle", "splits",
-          "decomposition", "device_id", "sm_count", "bias", "scale_a", "scale_b"]
-OFFSETS = [0, 8, 16, 24, 32, 40, 48, 56, 60, 64, 68, 72, 76, 80, 84, 88, 96, 104]
+          "decomposition", "device_id", "sm_count", "bias", "scale_a", "scale_b", "groups", "offsets"]
+OFFSETS = [0, 8, 16, 24, 32, 40, 48, 56, 60, 64, 68, 72, 76, 80, 84, 88, 96, 104, 112, 120]
 
 
 def test_struct_has_the_natural_c_layout():
     assert [name for name, _ in GemmArgs._fields_] == FIELDS
     assert [getattr(GemmArgs, name).offset for name in FIELDS] == OFFSETS
-    assert ctypes.sizeof(GemmArgs) == 112
+    assert ctypes.sizeof(GemmArgs) == 128
 
 
 def test_struct_mirrors_the_template_field_by_field():
