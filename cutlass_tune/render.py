@@ -18,9 +18,11 @@ from ._files import shipped
 from .errors import RenderError
 from .kernel import ABI_VERSION
 from .space import (
+    MAX_GROUPS,
     Activation,
     DType,
     EpilogueSchedule,
+    Grouping,
     KernelConfig,
     KernelSchedule,
     Layout,
@@ -55,6 +57,17 @@ _EPILOGUE_SCHEDULE = {
     EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::TmaWarpSpecializedCooperative",
     EpilogueSchedule.NO_SMEM: "cutlass::epilogue::NoSmemWarpSpecialized",
 }
+# Grouped (ptr-array) kernels: the rules leave cooperative with tma_cooperative and ping-pong
+# with tma. Both ptr-array epilogues run on two warpgroups, as the kernels assert.
+_GROUPED_KERNEL_SCHEDULE = {
+    KernelSchedule.COOPERATIVE: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative",
+    KernelSchedule.PINGPONG: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
+}
+_GROUPED_EPILOGUE_SCHEDULE = {
+    EpilogueSchedule.TMA: "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong",
+    EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
+}
+_TEMPLATE = {Grouping.NONE: "gemm_sm90_kernel.cu.j2", Grouping.GROUPED: "gemm_sm90_grouped_kernel.cu.j2"}
 
 
 _ACTIVATION = {
@@ -208,17 +221,21 @@ def _plain_knobs(cfg: KernelConfig) -> dict[str, object]:
 
 
 def _check_operation(cfg: KernelConfig) -> None:
-    """Raise RenderError unless the epilogue and scaling are values of their types: before the
-    config's name or hash, which read them."""
+    """Raise RenderError unless the epilogue, scaling and grouping are values of their types:
+    before the config's name or hash, which read them."""
     operation = operation_problem(cfg.epilogue, cfg.scaling)
     if operation:
         raise RenderError(operation)
+    _member(cfg, "grouping", _TEMPLATE)
 
 
 def template_values(cfg: KernelConfig) -> dict[str, object]:
     """The values one kernel block substitutes: the number and flag knobs as they are, the
     others through fixed tables. Raises RenderError for an invalid config."""
     _check_operation(cfg)
+    template = _TEMPLATE[cfg.grouping]
+    if cfg.grouping is Grouping.GROUPED:
+        return _grouped_values(cfg, template)
     plain = _plain_knobs(cfg)
     source = plain["epilogue_source"]
     values: dict[str, object] = {
@@ -244,6 +261,33 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
     values["tile_scheduler"] = _tile_scheduler(cfg)
     values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K
     values["symbol"] = kernel_symbol(cfg)
+    values["template"] = template
+    return values
+
+
+def _grouped_values(cfg: KernelConfig, template: str) -> dict[str, object]:
+    """A grouped kernel's values: the ptr-array schedules, the plain epilogue, the group
+    scheduler (no Stream-K, no fusion; `check_config` holds the config to that)."""
+    rejections = check_config(cfg)
+    if rejections:
+        raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
+    plain = _plain_knobs(cfg)
+    values: dict[str, object] = {
+        "element_a": _member(cfg, "dtype_a", _ELEMENT),
+        "element_b": _member(cfg, "dtype_b", _ELEMENT),
+        "element_c": _member(cfg, "dtype_c", _ELEMENT) if plain["epilogue_source"] else "void",
+        "element_d": _member(cfg, "dtype_d", _ELEMENT),
+        "element_acc": _member(cfg, "dtype_acc", _ELEMENT),
+        "layout_a": _member(cfg, "layout_a", _LAYOUT),
+        "layout_b": _member(cfg, "layout_b", _LAYOUT),
+        "kernel_schedule": _member(cfg, "kernel_schedule", _GROUPED_KERNEL_SCHEDULE),
+        "epilogue_schedule": _member(cfg, "epilogue_schedule", _GROUPED_EPILOGUE_SCHEDULE),
+        **plain,
+        "epilogue_tile_m": epilogue_tile(cfg)[0],
+        "max_groups": MAX_GROUPS,
+        "symbol": kernel_symbol(cfg),
+        "template": template,
+    }
     return values
 
 
@@ -266,6 +310,7 @@ def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
         # either way, and their units stay on CUTLASS's default path.
         extended_wgmma=any(needs_extended_wgmma(c) for c in configs),
         fused=any(fused(c) for c in configs),
+        grouped=any(c.grouping is Grouping.GROUPED for c in configs),
     )
     key = hashlib.sha256(source.encode()).hexdigest()
     return RenderedKernel(source=source, configs=tuple(configs), key=key)

@@ -170,13 +170,15 @@ class SmemUsage:
     epilogue_bytes: int
     epilogue_reuses_mainloop: bool
     """The non-persistent kernel puts epilogue and mainloop tiles in a union."""
+    kernel_bytes: int = KERNEL_SMEM_ALLOWANCE_BYTES
+    """What the kernel keeps beside the two: the allowance, or a grouped kernel's own count."""
 
     @property
     def total_bytes(self) -> int:
         mainloop = self.stages * self.stage_bytes
         tensors = (max(mainloop, self.epilogue_bytes) if self.epilogue_reuses_mainloop
                    else mainloop + self.epilogue_bytes)
-        return tensors + KERNEL_SMEM_ALLOWANCE_BYTES
+        return tensors + self.kernel_bytes
 
 
 def epilogue_tile(cfg: KernelConfig) -> tuple[int, int]:
@@ -257,12 +259,19 @@ def epilogue_smem_bytes(cfg: KernelConfig) -> int:
     return _round_up(tensors, 1024) + fusion + barriers
 
 
+_TMA_DESCRIPTOR_BYTES = 128
+_GROUP_SCHEDULER_STAGES = 8
+"""The ptr-array kernels' scheduler pipeline depth (its stages and work-tile responses)."""
+
+
 def smem_usage(cfg: KernelConfig) -> SmemUsage:
     """Stage count (resolving auto the way StageCountAutoCarveout does) and byte counts."""
     a = cfg.tile_m * cfg.tile_k * cfg.dtype_a.bits // 8
     b = cfg.tile_n * cfg.tile_k * cfg.dtype_b.bits // 8
     stage_bytes = _round_up(a + b, 128) + 16  # + full/empty barrier of PipelineTmaAsync
     epi = epilogue_smem_bytes(cfg)
+    if cfg.grouping is Grouping.GROUPED:
+        return _grouped_smem_usage(cfg, a + b, stage_bytes, epi)
     if cfg.stages == AUTO_STAGES:
         capacity = SMEM_CAPACITY_BYTES // 128 * 128
         stages = (capacity - _round_up(epi, 128)) // stage_bytes
@@ -270,6 +279,38 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
         stages = cfg.stages
     return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=epi,
                      epilogue_reuses_mainloop=cfg.kernel_schedule is KernelSchedule.TMA_WS)
+
+
+def _grouped_smem_usage(cfg: KernelConfig, tiles: int, stage_bytes: int, epi: int) -> SmemUsage:
+    """A ptr-array kernel's shared memory (sm90_gemm_array_tma_warpspecialized_*.hpp): besides
+    the dense kernel's it keeps TMA descriptors (A, B, C and one D per consumer warpgroup) that
+    it rewrites per group, and the group scheduler's pipeline of 8 work-tile responses. The
+    builder carves the A/B descriptors and the scheduler's barriers out of the capacity and
+    counts the epilogue's three in the epilogue's SharedStorage. Exact (stages and bytes) for
+    the 13 grouped kernels measured with CUTLASS 4.2 (tests/compile/test_nvcc_grouped.py)."""
+    epi_tensors = epi // 1024 * 1024  # epilogue_smem_bytes: D (and C) buffers, then barriers (no fusion)
+    epi_barriers = epi - epi_tensors
+    # The buffers align to their swizzle (8 rows of the swizzle's width), and the empty
+    # fusion storage after them takes a byte, so they round up to one more alignment unit.
+    row_bytes = epilogue_tile(cfg)[1] * cfg.dtype_d.bits // 8
+    swizzle = next(w for w in (128, 64, 32, 16) if row_bytes % w == 0)
+    epi_storage = _round_up(epi_tensors + 1, max(8 * swizzle, 128))
+    epi_descriptors = 3 * _TMA_DESCRIPTOR_BYTES
+    scheduler_barriers = 2 * 8 * _GROUP_SCHEDULER_STAGES
+    if cfg.stages == AUTO_STAGES:
+        capacity = (SMEM_CAPACITY_BYTES - 2 * _TMA_DESCRIPTOR_BYTES - scheduler_barriers) // 128 * 128
+        carveout = _round_up(epi_storage + epi_descriptors + epi_barriers, max(8 * swizzle, 128))
+        stages = (capacity - _round_up(carveout, 128)) // stage_bytes
+    else:
+        stages = cfg.stages
+    order_barriers = 16 + (32 if cfg.kernel_schedule is KernelSchedule.PINGPONG else 0)
+    pipelines = scheduler_barriers + 16 * stages + epi_barriers + order_barriers
+    responses = 16 * _GROUP_SCHEDULER_STAGES
+    front = _round_up(stages * tiles + epi_storage + pipelines + responses, 128)
+    # The epilogue's buffers have the largest alignment of the kernel's storage.
+    total = _round_up(front + 2 * _TMA_DESCRIPTOR_BYTES + epi_descriptors, max(8 * swizzle, 128))
+    return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=epi, epilogue_reuses_mainloop=False,
+                     kernel_bytes=total - stages * stage_bytes - epi)
 
 
 _EPILOGUE_PAIRS = {schedule: (epilogue, EpilogueSchedule.NO_SMEM)
