@@ -10,6 +10,7 @@ from cutlass_tune.space import (
     DType,
     Epilogue,
     EpilogueSchedule,
+    Grouping,
     KernelConfig,
     KernelSchedule,
     Layout,
@@ -228,3 +229,70 @@ def test_rowcol_without_activation_ends_in_an_identity_to_d():
 def test_hostile_operations_never_reach_the_source(field, value):
     with pytest.raises(RenderError):
         render_unit([dataclasses.replace(FP8, **{field: value})])
+
+
+GROUPED = KernelConfig(grouping=Grouping.GROUPED)
+GROUPED_PINGPONG = KernelConfig(grouping=Grouping.GROUPED, tile_m=64, kernel_schedule=KernelSchedule.PINGPONG,
+                                epilogue_schedule=EpilogueSchedule.TMA, layout_b=Layout.ROW)
+
+
+def test_grouped_configs_render_the_ptr_array_kernels():
+    src = render_unit([GROUPED, GROUPED_PINGPONG]).source
+    assert src.count("cutlass::gemm::GroupProblemShape<Shape<int, int, int>>") == 2
+    assert "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>" in src
+    assert "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>" in src
+    assert "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>" in src
+    # both ptr-array epilogues run on two warpgroups, as the kernels static_assert
+    assert "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>" in src
+    assert src.count("cutlass::gemm::GroupScheduler>") == 2
+    assert src.count("GemmUniversalMode::kGrouped") == 2
+    assert "LayoutA*, AlignmentA" in src and "LayoutD*, AlignmentD" in src
+    assert '#include "cutlass/gemm/group_array_problem_shape.hpp"' in src
+    assert "constexpr int64_t kMaxGroups = 4096;" in src
+    for cfg in (GROUPED, GROUPED_PINGPONG):
+        for entry in ("shared_storage_bytes", "stages", "mma_n", "workspace_size", "can_implement", "create",
+                      "destroy", "initialize", "run"):
+            assert f" {kernel_symbol(cfg)}_{entry}(" in src, entry
+
+
+def test_sourceless_grouped_kernel_has_no_c_array():
+    src = render_unit([dataclasses.replace(GROUPED, epilogue_source=False)]).source
+    assert "using ElementC = void;" in src
+    assert "g.c = nullptr;" in src
+    assert "{ {}, nullptr, arrays.stride_d" in src
+
+
+@pytest.mark.parametrize("change", [dict(kernel_schedule=KernelSchedule.TMA_WS, epilogue_schedule=EpilogueSchedule.TMA),
+                                    dict(tile_scheduler=TileScheduler.STREAM_K),
+                                    dict(epilogue_schedule=EpilogueSchedule.NO_SMEM),
+                                    dict(epilogue=Epilogue.parse("bias"))])
+def test_grouped_configs_the_ptr_array_kernels_lack_are_not_rendered(change):
+    with pytest.raises(RenderError, match="grouped"):
+        render_unit([dataclasses.replace(GROUPED, **change)])
+
+
+def test_hostile_grouping_never_reaches_the_source():
+    with pytest.raises(RenderError, match="grouping"):
+        render_unit([dataclasses.replace(GROUPED, grouping="grouped); system(")])
+
+
+# sha256 of units rendered before grouped kernels existed (ABI 4 struct included).
+PLAIN_UNITS = [
+    ([KernelConfig(tile_n=256, cluster_m=2)], "3eef4e69418873df1305753c0bc57585a39f1911932d370bdc7ebd96cc12be91"),
+    ([KernelConfig(tile_m=64, kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=EpilogueSchedule.TMA,
+                   epilogue_source=False),
+      KernelConfig(stages=4, tile_scheduler=TileScheduler.STREAM_K, layout_a=Layout.COL, layout_b=Layout.ROW)],
+     "67c6d0c06f449b386368d02dd97595a2e0f499ef6402ae8dc10796f562874796"),
+    ([KernelConfig(epilogue=Epilogue.parse("bias+silu"))],
+     "0aa998d31e6f3c2ef4f4d0be413e2f5c2a4698817bb18da741c2c026a2be7149"),
+    ([KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128, scaling=Scaling.ROWCOL,
+                   epilogue=Epilogue.parse("bias+silu"), epilogue_source=False)],
+     "aa16301600ea56f6ab5a13ea6728612718d72f1a2536657027ed91f24cf8b6dd"),
+    ([KernelConfig(tile_n=160)], "46eef3f7b252c2ab619c1505e55cdf477d7ad413c867cacecf7a6d38b5fc4ced"),
+]
+
+
+@pytest.mark.parametrize("configs, digest", PLAIN_UNITS)
+def test_plain_units_render_byte_for_byte_as_before_grouped_kernels(configs, digest):
+    """Guards against the grouped template changing plain kernels' source (and so their cache keys)."""
+    assert render_unit(configs).key == digest
