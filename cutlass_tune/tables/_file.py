@@ -20,6 +20,7 @@ from .._files import InputTooLargeError, read_input
 from ..errors import first_line
 from ..measurement import TimingMethod
 from ..space import (
+    MAX_GROUPS,
     Activation,
     Decomposition,
     DType,
@@ -30,7 +31,6 @@ from ..space import (
     Routing,
     RuntimeArgs,
     Scaling,
-    MAX_GROUPS,
     cells,
     check_runtime,
     column_kinds,

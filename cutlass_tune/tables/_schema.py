@@ -5,7 +5,7 @@
 | gpu | GPU model the figures were measured on |
 | problem, m, n, k, dtype_a, dtype_b, dtype_d, layout | the GEMM (layout: BLAS two letters, e.g. tn) |
 | epilogue, scaling | the fused epilogue (`Epilogue.name`: none, bias+silu, ...), the fp8 scaling (none, rowcol...) |
-| grouping, groups, routing | a grouped GEMM (MoE experts): "grouped", its experts E and how its routed rows fall (`Routing`: uniform, zipf, histogram); m is then the routed rows of all experts. A single GEMM: "none", 0, "none" |
+| grouping, groups, routing | a grouped GEMM (MoE experts): "grouped", its experts E, how its routed rows fall (2) |
 | kernel, config_hash | name and content hash of the winning `KernelConfig` |
 | runtime, raster, swizzle, splits, decomposition | its best run-time variant |
 | tflops, median_ms, p20_ms, p80_ms, samples | its timing (median, by the store's timing method) |
@@ -24,6 +24,8 @@ torch's eager call of the same math (`F.linear` with its bias, then the activati
 `torch._scaled_mm` with the scales). The torch.compile figures are empty where the run did not
 time it (plain GEMMs, tables written before fused epilogues). The epilogue and scaling are part
 of the problem: a lookup matches both exactly.
+(2) `Routing`: uniform, zipf, histogram; m is then the routed rows of all experts together. A
+single GEMM has "none", 0 and "none". A grouped lookup matches the experts, N and K exactly.
 """
 
 from __future__ import annotations
