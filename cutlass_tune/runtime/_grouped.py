@@ -101,12 +101,17 @@ def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
 def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """What `grouped_mm` runs where no tuned kernel can: torch's grouped GEMM (F.grouped_mm,
-    else torch._grouped_mm, else a loop over the experts, which reads offs on the host)."""
+    else torch._grouped_mm, else a loop over the experts, which reads offs on the host). An
+    output type other than the inputs' that torch's kernel refuses is computed in float32 and cast."""
     dtype = out_dtype or a.dtype
-    if hasattr(F, "grouped_mm"):
-        return F.grouped_mm(a, b, offs=offs, out_dtype=None if dtype == a.dtype else dtype)
-    if hasattr(torch, "_grouped_mm"):
-        return torch._grouped_mm(a, b, offs, out_dtype=None if dtype == a.dtype else dtype)
+    grouped = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if grouped is not None:
+        if dtype == a.dtype:
+            return grouped(a, b, offs=offs)
+        try:
+            return grouped(a, b, offs=offs, out_dtype=dtype)
+        except RuntimeError:  # CPU builds take only the inputs' type
+            return grouped(a.float(), b.float(), offs=offs).to(dtype)
     out = a.new_zeros((a.shape[0], b.shape[2]), dtype=dtype)
     start = 0
     for e, end in enumerate(offs.tolist()):
