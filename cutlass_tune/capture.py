@@ -557,13 +557,13 @@ def _grouped_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, off
                         "kernels take row-major routed rows and a contiguous weight stack or its transpose"), None
     problem = Problem.experts(e, n, k, m, dtype_a=DTYPE_OF[a.dtype], dtype_b=DTYPE_OF[b.dtype],
                               dtype_d=DTYPE_OF[out_dtype], layout_b=layout_b)
-    why = "; ".join(str(w) for w in check_problem(problem)) or None
+    refused = "; ".join(str(w) for w in check_problem(problem)) or None
     counts = None
-    if isinstance(offs, torch.Tensor) and not offs.is_meta and why is None:
+    if isinstance(offs, torch.Tensor) and not offs.is_meta and refused is None:
         ends = [0, *offs.tolist()]
         counts = tuple(ends[i + 1] - ends[i] for i in range(e))
         counts = counts[:-1] + (counts[-1] + m - ends[-1],)  # rows past the last end (sentinels) to the last expert
-    return GemmCall(op, backward, problem.name, problem, why), counts
+    return GemmCall(op, backward, problem.name, problem, refused), counts
 
 
 def _kernel_sections(dtype: DType) -> tuple[str, dict[str, Any]]:

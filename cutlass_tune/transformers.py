@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -76,7 +77,7 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, b
     return out if bias is None else out + bias
 
 
-def cutlass_tune_experts_forward(self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                  top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' "grouped_mm" experts forward with the tuned grouped GEMM (the experts
     module's attributes as `use_experts_implementation` sets them).

@@ -25,7 +25,7 @@ from ..space import (
     Scaling,
     layout_code,
 )
-from ..tables import EXPERTS_COLUMNS, NO_ROUTING, TABLE_SUFFIXES, BestTableError, BundledKernel, is_bundle, read_local
+from ..tables import NO_ROUTING, TABLE_SUFFIXES, BestTableError, BundledKernel, is_bundle, read_local
 
 _TORCH_NAMES = {"torch.bfloat16": DType.BF16, "torch.float16": DType.F16, "torch.float32": DType.F32,
                 "torch.float8_e4m3fn": DType.E4M3, "torch.float8_e5m2": DType.E5M2}
@@ -104,7 +104,8 @@ class BestTable:
             frame = frame[frame["gpu"] == gpu]
         # A frame built before fused epilogues (or by hand) holds plain GEMMs.
         frame = frame.assign(**{c: "none" for c in Operation.ADDED_LATER if c not in frame.columns})
-        frame = frame.assign(**{c: v for c, v in zip(EXPERTS_COLUMNS, (0, NO_ROUTING)) if c not in frame.columns})
+        frame = frame if "groups" in frame.columns else frame.assign(groups=0)
+        frame = frame if "routing" in frame.columns else frame.assign(routing=NO_ROUTING)
         self.frame = frame.reset_index(drop=True)
         self.bundled = dict(bundled or {})
         self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape

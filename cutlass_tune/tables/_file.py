@@ -40,7 +40,6 @@ from ..space import (
 from ._schema import (
     COLUMNS,
     COMPILE_COLUMNS,
-    EXPERTS_COLUMNS,
     KNOB_COLUMNS,
     LATER_COLUMNS,
     LATER_KNOBS,
@@ -354,7 +353,8 @@ def read_table(path: Path) -> pd.DataFrame:
         frame = frame.assign(**{c: "none" for c in OPERATION_COLUMNS if c not in frame.columns},
                              **{c: math.nan for c in COMPILE_COLUMNS if c not in frame.columns})
     if "config" in frame.columns:  # a table written before grouped GEMMs: single GEMMs
-        frame = frame.assign(**{c: v for c, v in zip(EXPERTS_COLUMNS, (0, NO_ROUTING)) if c not in frame.columns})
+        frame = frame if "groups" in frame.columns else frame.assign(groups=0)
+        frame = frame if "routing" in frame.columns else frame.assign(routing=NO_ROUTING)
     if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
     fillable = LATER_KNOBS if "config" in frame.columns else ()
