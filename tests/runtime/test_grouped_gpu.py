@@ -97,7 +97,7 @@ def test_fallback_for_untuned_experts_warns_once_and_equals_torch():
     (lambda a, b, o: (a.float(), b.float(), o), "the tuned grouped kernels take bfloat16 or float16"),
     (lambda a, b, o: (a[:, :1020], b[:, :1020], o), "must be multiples of 8"),
     (lambda a, b, o: (a, b, o.long()), "offs must be 8 int32 values"),
-    (lambda a, b, o: (a, b, o.cpu()), "must be on one device"),
+    (lambda a, b, o: (a, b, o.cpu()), "offs is on cpu: the tuned kernels run on a CUDA device"),
     (lambda a, b, o: (a.t().contiguous().t(), b, o), "not row-major contiguous"),
 ])
 def test_bad_operands_are_one_line_errors(change, message):
