@@ -21,6 +21,14 @@ each row- or column-major contiguous (the rule of `runtime._matmul._layout`), so
 problem is the one `matmul` would look up for the same tensors. nn.Linear's `x @ w.t()` is "tn";
 its backward adds dX = dY @ w ("tt") and dW = dY.t() @ x ("nt").
 
+MoE experts' grouped GEMMs (aten._grouped_mm's, or torch.ops.cutlass_tune.grouped_mm's, 2-D x
+3-D case: routed rows by the experts' weight stack, as transformers' "grouped_mm" experts run)
+are recorded as grouped problems: the experts E, N, K and the routed rows M (tokens times
+top-k). On the meta device their routing is written as uniform; on a GPU the first call's
+real counts (the router's, from the offsets) are written as its histogram. They go to space
+files of their own, `<name>_<dtype>_<layout>_grouped.yaml`, in the grouped problem syntax:
+`{experts: 128, n: 1536, k: 2048, rows: 32768, routing: uniform}`.
+
 Imports torch: the CLI imports this module inside the `shapes` command only.
 """
 
@@ -46,7 +54,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ._torch import DTYPE_OF, activation_of_op
 from .errors import CutlassTuneError, first_line
 from .settings import bundled_config
-from .space import Activation, DType, Epilogue, Layout, Problem, Scaling, check_problem, layout_code
+from .space import (
+    Activation,
+    DType,
+    Epilogue,
+    Grouping,
+    Layout,
+    Problem,
+    Routing,
+    Scaling,
+    check_problem,
+    layout_code,
+)
 
 
 class CaptureError(CutlassTuneError):
@@ -67,6 +86,8 @@ KERNELS_FROM = {
 _OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2), "_addmm_activation": (1, 2),
              "_scaled_mm": (0, 1), "linear": (0, 1)}
 """The GEMM ops recorded, with the positions of their two operands."""
+_GROUPED_OPS = ("_grouped_mm", "grouped_mm")
+"""The grouped GEMM ops recorded: aten's and torch.ops.cutlass_tune's (a, b, offs first)."""
 
 Matrix = tuple[int, int, int, int]
 """A 2-D operand: rows, columns, row stride, column stride."""
@@ -108,6 +129,9 @@ class Capture:
     """The GEMM calls of one run of a model, each with how often it was made, in first-call order."""
 
     calls: Mapping[GemmCall, int]
+    histograms: Mapping[Problem, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    """Per grouped problem (recorded uniform), the routed rows per expert of its first call,
+    where the capture could read them (on a GPU)."""
 
     def problems(self) -> dict[Problem, dict[str, int]]:
         """The problems the tuned kernels can take, each with its calls by source."""
@@ -257,8 +281,9 @@ def capture_gemms(target: Target, *, backward: bool = False, device: str = "meta
         hint = " (a model that reads tensor values needs --device cuda)" if where.type == "meta" else ""
         raise CaptureError(f"{target.label}: the model raised {_raised(err)} on {where}{hint}") from err
     if not recorder.calls:
-        raise CaptureError(f"{target.label}: the model ran no GEMM ({', '.join(f'aten.{op}' for op in _OPERANDS)})")
-    return Capture(dict(recorder.calls))
+        ops = ", ".join(f"aten.{op}" for op in (*_OPERANDS, _GROUPED_OPS[0]))
+        raise CaptureError(f"{target.label}: the model ran no GEMM ({ops})")
+    return Capture(dict(recorder.calls), dict(recorder.histograms))
 
 
 def _moved_model(model: Any, where: torch.device) -> Any:
@@ -309,6 +334,7 @@ class _GemmRecorder(TorchDispatchMode):
         super().__init__()
         self.backward = False
         self.calls: collections.Counter[GemmCall] = collections.Counter()
+        self.histograms: dict[Problem, tuple[int, ...]] = {}
         self._lock = threading.Lock()
 
         self._pending: dict[int, _Pending] = {}
@@ -330,7 +356,13 @@ class _GemmRecorder(TorchDispatchMode):
                 pending = dataclasses.replace(
                     pending, epilogue=dataclasses.replace(pending.epilogue, activation=activation))
             self._record(pending)
-        if op in _OPERANDS and isinstance(result, torch.Tensor) and len(args) > _OPERANDS[op][1]:
+        if op in _GROUPED_OPS and isinstance(result, torch.Tensor) and len(args) > 2:
+            call, counts = _grouped_call(op, self.backward, args[0], args[1], args[2], result.dtype)
+            with self._lock:
+                self.calls[call] += 1
+                if counts is not None and call.problem is not None:
+                    self.histograms.setdefault(call.problem, counts)
+        elif op in _OPERANDS and isinstance(result, torch.Tensor) and len(args) > _OPERANDS[op][1]:
             i, j = _OPERANDS[op]
             epilogue, scaling, why = _operation(op, args, kwargs, result)
             pending = _Pending(op, self.backward, args[i], args[j], result, epilogue, scaling, why)
@@ -499,6 +531,41 @@ def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dt
     return GemmCall(op, backward, problem.name, problem, "; ".join(why) or None)
 
 
+def _grouped_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, offs: Any,
+                  out_dtype: torch.dtype) -> tuple[GemmCall, tuple[int, ...] | None]:
+    """A grouped GEMM call as a grouped problem (uniform routing), with its routed rows per
+    expert where `offs` can be read (not on meta), or with why it is not one."""
+    types = "/".join(str(d).removeprefix("torch.") for d in (a.dtype, b.dtype, out_dtype))
+    if a.dim() != 2 or b.dim() != 3:
+        shape = f"{tuple(a.shape)} x {tuple(b.shape)} {types}"
+        why = ("grouped along K (the experts' weight gradient): the tuned grouped kernels run routed rows by a "
+               "weight stack (2-D x 3-D)")
+        return GemmCall(op, backward, shape, None, why), None
+    (m, k), (e, _, n) = a.shape, b.shape
+    shown = f"{e} experts of {n}x{k}, {m} rows {types}"
+    if any(d not in DTYPE_OF for d in (a.dtype, b.dtype, out_dtype)):
+        return GemmCall(op, backward, shown, None, f"a dtype without tuned kernels ({types})"), None
+    layout_a = _layout(_matrix(a))
+    if b.stride()[1:] == (1, k) or n == 1:
+        layout_b: Layout | None = Layout.COL
+    elif b.stride()[1:] == (n, 1) or k == 1:
+        layout_b = Layout.ROW
+    else:
+        layout_b = None
+    if layout_a is not Layout.ROW or layout_b is None:
+        return GemmCall(op, backward, shown, None, f"operands of strides {a.stride()} and {b.stride()}: the grouped "
+                        "kernels take row-major routed rows and a contiguous weight stack or its transpose"), None
+    problem = Problem.experts(e, n, k, m, dtype_a=DTYPE_OF[a.dtype], dtype_b=DTYPE_OF[b.dtype],
+                              dtype_d=DTYPE_OF[out_dtype], layout_b=layout_b)
+    refused = "; ".join(str(w) for w in check_problem(problem)) or None
+    counts = None
+    if isinstance(offs, torch.Tensor) and not offs.is_meta and refused is None:
+        ends = [0, *offs.tolist()]
+        counts = tuple(ends[i + 1] - ends[i] for i in range(e))
+        counts = counts[:-1] + (counts[-1] + m - ends[-1],)  # rows past the last end (sentinels) to the last expert
+    return GemmCall(op, backward, problem.name, problem, refused), counts
+
+
 def _kernel_sections(dtype: DType) -> tuple[str, dict[str, Any]]:
     """The shipped space whose kernels a written space of inputs `dtype` sweeps, and its
     `kernels` and `runtime` as they are there."""
@@ -523,27 +590,32 @@ def space_files(capture: Capture, output: Path, label: str, *, backward: bool = 
         example = f" (first: {first.shape} {first.source}: {first.skipped})" if first else ""
         raise CaptureError(f"{label}: no GEMM the tuned kernels can take: {calls} call{'s' if calls != 1 else ''}, "
                            f"all skipped{example}")
-    groups: dict[tuple[DType, DType, str], list[Problem]] = {}
+    groups: dict[tuple[DType, DType, str, Grouping], list[Problem]] = {}
     for p in problems:
-        groups.setdefault((p.dtype_a, p.dtype_d, layout_code(p.layout_a, p.layout_b)), []).append(p)
+        groups.setdefault((p.dtype_a, p.dtype_d, layout_code(p.layout_a, p.layout_b), p.grouping), []).append(p)
     files = []
-    for (dtype_in, dtype_out, layout), members in groups.items():
+    for (dtype_in, dtype_out, layout, grouping), members in groups.items():
         tag = dtype_in.value if dtype_in == dtype_out else f"{dtype_in.value}-{dtype_out.value}"
-        path = output if len(groups) == 1 else output.with_name(f"{output.stem}_{tag}_{layout}{output.suffix}")
+        grouped = "_grouped" if grouping is Grouping.GROUPED else ""
+        path = output if len(groups) == 1 else output.with_name(f"{output.stem}_{tag}_{layout}{grouped}{output.suffix}")
         group = f"{dtype_in.value if dtype_in == dtype_out else f'{dtype_in.value}->{dtype_out.value}'} {layout}"
-        text = _space_text(label, group, dtype_in, dtype_out, layout, [(p, problems[p]) for p in members], backward)
+        group += " grouped" if grouped else ""
+        text = _space_text(label, group, dtype_in, dtype_out, layout, [(p, problems[p]) for p in members], backward,
+                           capture.histograms)
         files.append(SpaceFile(path, group, tuple(members), text))
     return files
 
 
 def _space_text(label: str, group: str, dtype_in: DType, dtype_out: DType, layout: str,
-                problems: list[tuple[Problem, dict[str, int]]], backward: bool) -> str:
+                problems: list[tuple[Problem, dict[str, int]]], backward: bool,
+                histograms: Mapping[Problem, tuple[int, ...]] = {}) -> str:
     shipped, sections = _kernel_sections(dtype_in)
     run = "forward and backward" if backward else "forward"
     lines = [
         f"# The distinct {group} GEMMs of {json.dumps(label)[1:-1]}, recorded by `cutlass-tune shapes` in one {run};",
         "# the comment on each problem counts its calls. M follows the example inputs' tokens.",
         f"# kernels and runtime: those of the shipped {shipped}; narrow them to sweep faster.",
+        *(_GROUPED_NOTE if problems and problems[0][0].grouped else []),
         f"description: {json.dumps(f'GEMMs of {label} ({group}, {run})')}",
         "problems:",
     ]
@@ -552,7 +624,18 @@ def _space_text(label: str, group: str, dtype_in: DType, dtype_out: DType, layou
         by = ", ".join(f"{s} x{c}" if len(sources) > 1 else s for s, c in sources.items())
         operation = (f", epilogue: {p.epilogue.name}" if not p.epilogue.is_plain else "") + (
             f", scaling: {p.scaling.value}" if p.scaling is not Scaling.NONE else "")
-        lines.append(f"  - {{m: {p.m}, n: {p.n}, k: {p.k}{operation}}}  # {calls} call{'s' if calls > 1 else ''}: {by}")
+        entry = _grouped_entry(p, histograms.get(p)) if p.grouped else f"m: {p.m}, n: {p.n}, k: {p.k}{operation}"
+        lines.append(f"  - {{{entry}}}  # {calls} call{'s' if calls > 1 else ''}: {by}")
     dtype = dtype_in.value if dtype_in == dtype_out else f"{{input: {dtype_in.value}, output: {dtype_out.value}}}"
     lines += [f"dtypes: [{dtype}]", f"layouts: [{layout}]"]
     return "\n".join(lines) + "\n" + yaml.safe_dump(sections, sort_keys=False, default_flow_style=None)
+
+
+_GROUPED_NOTE = ["# Grouped GEMMs (MoE experts): rows are the routed rows (tokens times top-k); the rules leave out",
+                 "# the kernels a grouped GEMM cannot run (tma_ws, Stream-K)."]
+
+
+def _grouped_entry(p: Problem, counts: tuple[int, ...] | None) -> str:
+    """A grouped problem in the space file's syntax: its routing uniform, or the histogram read."""
+    routing = Routing.UNIFORM.value if counts is None else f"{{histogram: [{', '.join(map(str, counts))}]}}"
+    return f"experts: {p.groups}, n: {p.n}, k: {p.k}, rows: {p.m}, routing: {routing}"

@@ -463,3 +463,73 @@ def test_written_space_gives_each_problem_its_epilogue(tmp_path):
     assert load_space(written.path).problems == (tn(64, 256, 128, epilogue="bias+silu"),
                                                  tn(64, 256, 128, epilogue="bias"))
     assert Activation.SILU is load_space(written.path).problems[0].epilogue.activation
+
+
+class _Experts(nn.Module):
+    """MoE experts as transformers' "grouped_mm" runs them: routed rows sorted by expert, a gate_up
+    stack (E x 2I x H) and a down stack (E x H x I), torch._grouped_mm on their transposes."""
+
+    def __init__(self, experts=8, hidden=64, inter=32, top_k=2):
+        super().__init__()
+        self.top_k, self.experts = top_k, experts
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.gate_up = nn.Parameter(torch.randn(experts, 2 * inter, hidden) / 8)
+        self.down = nn.Parameter(torch.randn(experts, hidden, inter) / 8)
+
+    def forward(self, x):
+        x = x.reshape(-1, x.shape[-1])
+        ids = self.router(x).topk(self.top_k, dim=-1).indices.reshape(-1)
+        ids, perm = torch.sort(ids)
+        rows = x[perm // self.top_k]
+        counts = torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        gate, up = torch._grouped_mm(rows, self.gate_up.transpose(-2, -1), offs).chunk(2, dim=-1)
+        return torch._grouped_mm(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs)
+
+
+def test_moe_experts_are_grouped_problems_in_a_file_of_their_own(tmp_path):
+    model = _Experts().to(torch.bfloat16)
+    captured = capture_gemms(target(model, torch.randn(2, 8, 64, dtype=torch.bfloat16)))
+    grouped = [p for p in captured.problems() if p.grouped]
+    assert [(p.groups, p.n, p.k, p.m, p.layout) for p in grouped] == [(8, 64, 64, 32, "tn"), (8, 64, 32, 32, "tn")]
+    files = space_files(captured, tmp_path / "moe.yaml", "moe.py:build")
+    assert [f.path.name for f in files] == ["moe_bf16_tn.yaml", "moe_bf16_tn_grouped.yaml"]
+    problems = yaml.safe_load(files[1].text)["problems"]
+    assert problems == [{"experts": 8, "n": 64, "k": 64, "rows": 32, "routing": "uniform"},
+                        {"experts": 8, "n": 64, "k": 32, "rows": 32, "routing": "uniform"}]
+    assert "{experts: 8, n: 64, k: 64, rows: 32, routing: uniform}  # 1 call: aten._grouped_mm" in files[1].text
+
+
+def test_moe_backward_records_the_input_gradient_and_skips_the_weights(tmp_path):
+    model = _Experts().to(torch.bfloat16)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    captured = capture_gemms(target(model, x), backward=True)
+    backward = [p for p, s in captured.problems().items() if p.grouped and "aten._grouped_mm (backward)" in s]
+    assert {(p.n, p.k, p.layout) for p in backward} == {(64, 64, "tt"), (32, 64, "tt")}
+    skipped = [c for c, _ in captured.skipped() if c.op == "_grouped_mm"]
+    assert len(skipped) == 2 and all(c.skipped.startswith("grouped along K") for c in skipped)
+
+
+def test_moe_experts_of_a_transformers_model():
+    transformers = pytest.importorskip("transformers", minversion="5", reason="needs transformers >= 5")
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=64)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    captured = capture_gemms(target(model, torch.zeros(2, 8, dtype=torch.long)))
+    grouped = {p: s for p, s in captured.problems().items() if p.grouped}
+    assert {(p.groups, p.n, p.k, p.m): sum(s.values()) for p, s in grouped.items()} == {
+        (8, 64, 64, 32): 2, (8, 64, 32, 32): 2}  # gate_up (2 x 32 wide) and down, in each of 2 layers
+
+
+@pytest.mark.gpu
+def test_moe_routing_histogram_on_the_gpu(tmp_path):
+    model = _Experts().to(torch.bfloat16)
+    captured = capture_gemms(target(model, torch.randn(2, 8, 64, dtype=torch.bfloat16)), device="cuda")
+    (files,) = [f for f in space_files(captured, tmp_path / "moe.yaml", "moe") if "grouped" in f.group]
+    problems = yaml.safe_load(files.text)["problems"]
+    for p in problems:
+        counts = p["routing"]["histogram"]
+        assert len(counts) == 8 and sum(counts) == p["rows"] == 32

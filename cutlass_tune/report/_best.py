@@ -29,7 +29,7 @@ from ..measurement import Baseline, Measurement, TimingMethod
 from ..space import cells
 from ..status import Status
 from ..store import CONFIRM_STUDY, LEGACY_TIMING, ResultStore, StoredRow, open_store, store_url_of
-from ..tables import COLUMNS, BestTableError, read_local
+from ..tables import COLUMNS, BestTableError, experts_cells, read_local
 
 
 def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement]:
@@ -81,7 +81,7 @@ def _from_store(url: str) -> pd.DataFrame:
         out.append({
             **r.values(("gpu", "problem", "m", "n", "k", "kernel", "config_hash", "runtime", "tflops", "median_ms",
                         "p20_ms", "p80_ms", "samples", "cublas_tflops", "ratio", "run_id")),
-            **m.problem.operation.cells(),
+            **m.problem.operation.cells(), **experts_cells(m.problem),
             "torch_compile_tflops": to_compile[0],
             "torch_compile_ratio": (r.ratio or math.nan) / to_compile[1],
             **cells(m.runtime),

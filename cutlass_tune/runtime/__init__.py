@@ -3,7 +3,7 @@
 `BestTable` looks problems up in a best-config table (a bundle from `cutlass-tune export`, a
 table file, or a store through the tuner); `matmul` and `Gemm` run the tuned kernels on torch
 tensors, fused epilogues (bias, activation, residual) and fp8 scales included; `mm` and `linear`
-are the operators `torch.ops.cutlass_tune.mm` and `torch.ops.cutlass_tune.linear` (a table bound
+are the operators `torch.ops.cutlass_tune.mm`, `.linear` and `.grouped_mm` (a table bound
 to a key by `register_table`), for models and torch.compile; `Linear` and `patch` put them into models;
 `LoadedKernel` and the ABI's names come from `cutlass_tune.kernel`. Importing this package, and
 loading a bundle, imports none of the compiler, the store, the search, the dashboard or their
@@ -24,6 +24,8 @@ from ..kernel import (
 
 if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ..tables import BestTableError, BundledKernel, BundleError
+    from ._grouped import GroupedGemm, grouped_mm, grouped_problem_of, torch_grouped_mm
+    from ._grouped_op import grouped_mm_op
     from ._linear import Linear
     from ._matmul import Gemm, MatmulInputError, activation_of, matmul, operation_of, problem_of, torch_gemm
     from ._op import UnregisteredTableError, linear, mm, register_table
@@ -31,16 +33,18 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ._table import BestTable, Match
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Gemm", "GemmArgs", "GemmInstance",
-           "KernelLoadError", "KernelStatusError", "LayerDecision", "Linear", "LoadedKernel", "Match",
+           "GroupedGemm", "KernelLoadError", "KernelStatusError", "LayerDecision", "Linear", "LoadedKernel", "Match",
            "MatmulInputError", "PatchReport", "UnregisteredTableError", "activation_of", "cutlass_status_name",
-           "linear", "make_args", "matmul", "mm", "operation_of", "patch", "problem_of", "register_table",
-           "torch_gemm"]
+           "grouped_mm", "grouped_mm_op", "grouped_problem_of", "linear", "make_args", "matmul", "mm", "operation_of",
+           "patch", "problem_of", "register_table", "torch_gemm", "torch_grouped_mm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match")
 _MATMUL = ("Gemm", "MatmulInputError", "activation_of", "matmul", "operation_of", "problem_of", "torch_gemm")
 _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredTableError": "_op", "Linear": "_linear",
-           "patch": "_patch", "PatchReport": "_patch", "LayerDecision": "_patch"}
+           "patch": "_patch", "PatchReport": "_patch", "LayerDecision": "_patch", "GroupedGemm": "_grouped",
+           "grouped_mm": "_grouped", "grouped_problem_of": "_grouped", "torch_grouped_mm": "_grouped",
+           "grouped_mm_op": "_grouped_op"}
 
 
 def __getattr__(name: str) -> Any:
@@ -57,7 +61,7 @@ def __getattr__(name: str) -> Any:
         from . import _matmul
 
         return getattr(_matmul, name)
-    if name in _MODELS:  # importing _op registers torch.ops.cutlass_tune.mm
+    if name in _MODELS:  # importing _op registers torch.ops.cutlass_tune.mm, .linear and .grouped_mm
         import importlib
 
         return getattr(importlib.import_module(f".{_MODELS[name]}", __name__), name)

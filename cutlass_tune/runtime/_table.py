@@ -25,7 +25,7 @@ from ..space import (
     Scaling,
     layout_code,
 )
-from ..tables import TABLE_SUFFIXES, BestTableError, BundledKernel, is_bundle, read_local
+from ..tables import NO_ROUTING, TABLE_SUFFIXES, BestTableError, BundledKernel, is_bundle, read_local
 
 _TORCH_NAMES = {"torch.bfloat16": DType.BF16, "torch.float16": DType.F16, "torch.float32": DType.F32,
                 "torch.float8_e4m3fn": DType.E4M3, "torch.float8_e5m2": DType.E5M2}
@@ -104,6 +104,8 @@ class BestTable:
             frame = frame[frame["gpu"] == gpu]
         # A frame built before fused epilogues (or by hand) holds plain GEMMs.
         frame = frame.assign(**{c: "none" for c in Operation.ADDED_LATER if c not in frame.columns})
+        frame = frame if "groups" in frame.columns else frame.assign(groups=0)
+        frame = frame if "routing" in frame.columns else frame.assign(routing=NO_ROUTING)
         self.frame = frame.reset_index(drop=True)
         self.bundled = dict(bundled or {})
         self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
@@ -127,19 +129,43 @@ class BestTable:
 
         return cls(load_best(source), gpu=gpu)
 
-    def find(self, m: int, n: int, k: int, operation: Operation) -> Match:
+    def find(self, m: int, n: int, k: int, operation: Operation, *, groups: int = 0) -> Match:
         """The row for M x N x K of `operation` (a problem's), or the nearest tuned problem of
         that operation on a log scale (`exact` False): `matmul`'s dispatch.
 
+        A grouped operation (`grouped_mm`'s dispatch) takes `groups` experts of N x K weights
+        and M routed rows: rows of the same operation and the same experts, N and K, the
+        nearest routed rows M among them (a kernel tuned for other experts' shapes is not
+        looked for: their per-group GEMMs differ).
+
         Raises:
-            BestTableError: nothing tuned for the operation, or a non-positive size.
+            BestTableError: nothing tuned for the operation (for a grouped one: for these
+                experts, N and K), or a non-positive size.
         """
+        if operation.grouped:
+            return self._nearest_rows(m, n, k, groups, operation.operation.cells())
         return self._nearest(m, n, k, operation.operation.cells())
+
+    def _nearest_rows(self, m: int, n: int, k: int, groups: int, wanted: Mapping[str, str]) -> Match:
+        """The grouped row of `groups` experts, N and K whose routed rows are nearest M (log scale)."""
+        if min(m, n, k, groups) <= 0:
+            raise BestTableError(f"lookup of {groups} experts of {n}x{k} with {m} rows: sizes must be positive")
+        f = self.frame
+        same = f[functools.reduce(operator.and_, (f[c] == v for c, v in wanted.items()))]
+        experts = same[(same["groups"] == groups) & (same["n"] == n) & (same["k"] == k)]
+        if experts.empty:
+            tuned = sorted({f"{e} experts of {nn}x{kk}" for e, nn, kk in zip(same["groups"], same["n"], same["k"])})
+            raise BestTableError(f"no tuned grouped problem of {groups} experts of {n}x{k} for {wanted['dtype_a']} "
+                                 f"{wanted['layout']} (the table has: {', '.join(tuned) or 'none'})")
+        distance = (experts["m"].map(math.log2) - math.log2(m)).abs()
+        best = distance.idxmin()
+        return Match(row=experts.loc[best], exact=bool(distance[best] == 0.0), distance=float(distance[best]))
 
     def lookup(self, m: int, n: int, k: int, dtype: object = "bf16", layout: str = "tn",
                out_dtype: object = None, epilogue: Epilogue | str = "none", scaling: Scaling | str = "none") -> Match:
         """The row for M x N x K, or the nearest tuned problem of the same dtypes, layout,
-        epilogue and scaling on a log scale (`exact` False).
+        epilogue and scaling on a log scale (`exact` False); single GEMMs only (`find` looks
+        grouped ones up).
 
         The epilogue and scaling are what the kernel computes, so they match exactly: a plain
         row never answers a bias+silu lookup, nor the reverse.
@@ -159,7 +185,7 @@ class BestTable:
         if layout not in _LAYOUTS:
             raise BestTableError(f"lookup: layout {str(layout)[:40]!r} is not one of {', '.join(sorted(_LAYOUTS))}")
         epilogue, scaling = _fused(epilogue, scaling)
-        wanted = {"dtype_a": dtype, "layout": layout, "epilogue": epilogue, "scaling": scaling}
+        wanted = {"dtype_a": dtype, "layout": layout, "epilogue": epilogue, "scaling": scaling, "grouping": "none"}
         if out_dtype is not None:
             wanted["dtype_d"] = _dtype_value(out_dtype, "out_dtype")
         return self._nearest(m, n, k, wanted)

@@ -16,8 +16,8 @@ from ._bundle import (
     sha256_of,
 )
 from ._file import TABLE_SUFFIXES, read_table
-from ._schema import COLUMNS, KNOB_COLUMNS, LATER_KNOBS, BestTableError
+from ._schema import COLUMNS, EXPERTS_COLUMNS, KNOB_COLUMNS, LATER_KNOBS, NO_ROUTING, BestTableError, experts_cells
 
-__all__ = ["BUNDLE_FORMAT", "BestTableError", "BundleError", "BundledKernel", "COLUMNS", "KNOB_COLUMNS",
-           "LATER_KNOBS", "MANIFEST", "TABLE", "TABLE_SUFFIXES", "is_bundle", "read_bundle", "read_local",
-           "read_table", "sha256_of"]
+__all__ = ["BUNDLE_FORMAT", "BestTableError", "BundleError", "BundledKernel", "COLUMNS", "EXPERTS_COLUMNS",
+           "KNOB_COLUMNS", "LATER_KNOBS", "MANIFEST", "NO_ROUTING", "TABLE", "TABLE_SUFFIXES", "experts_cells",
+           "is_bundle", "read_bundle", "read_local", "read_table", "sha256_of"]

@@ -20,12 +20,15 @@ from .._files import InputTooLargeError, read_input
 from ..errors import first_line
 from ..measurement import TimingMethod
 from ..space import (
+    MAX_GROUPS,
     Activation,
     Decomposition,
     DType,
     Epilogue,
+    Grouping,
     KernelConfig,
     RasterOrder,
+    Routing,
     RuntimeArgs,
     Scaling,
     cells,
@@ -40,12 +43,13 @@ from ._schema import (
     KNOB_COLUMNS,
     LATER_COLUMNS,
     LATER_KNOBS,
+    NO_ROUTING,
     OPERATION_COLUMNS,
     BestTableError,
 )
 
 _TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
-_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config", "method", *OPERATION_COLUMNS,
+_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config", "method", "routing", *OPERATION_COLUMNS,
                  *(c for kinds in (column_kinds(RuntimeArgs), column_kinds(KernelConfig))
                    for c, kind in kinds.items() if kind == "text"))
 """Columns a CSV file's reader keeps as text (a config hash or run id of digits stays a string)."""
@@ -147,7 +151,7 @@ def _number_or_empty(v: Any) -> bool:
     return _is_missing(v) or (_is_number(v) and math.isfinite(v))
 
 
-_INTEGERS = ("m", "n", "k", "swizzle", "splits", "samples", "confirm_passes")
+_INTEGERS = ("m", "n", "k", "swizzle", "splits", "samples", "confirm_passes", "groups")
 _POSITIVE = ("tflops", "median_ms")
 _NUMBERS = ("p20_ms", "p80_ms", "spread", "cublas_tflops", "ratio", "sweep_ratio", "ratio_low", "ratio_high",
             "energy_mj", "cublas_energy_mj", *COMPILE_COLUMNS)
@@ -157,6 +161,8 @@ _RASTERS = tuple(r.name.lower() for r in RasterOrder)
 _DECOMPOSITIONS = tuple(d.name.lower() for d in Decomposition)
 _LAYOUTS = ("tn", "nt", "nn", "tt")
 _SCALINGS = tuple(s.value for s in Scaling)
+_GROUPINGS = tuple(g.value for g in Grouping)
+_ROUTINGS = (NO_ROUTING, *(r.value for r in Routing))
 
 
 def _epilogue_name(v: Any) -> bool:
@@ -177,6 +183,9 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
                  f"of {', '.join(a.value for a in Activation if a is not Activation.NONE)}, residual, joined by "
                  "'+' in that order)"),
     "scaling": (lambda v: isinstance(v, str) and v in _SCALINGS, f"one of {', '.join(_SCALINGS)}"),
+    "grouping": (lambda v: isinstance(v, str) and v in _GROUPINGS, f"one of {', '.join(_GROUPINGS)}"),
+    "groups": (lambda v: _whole(v, 0, MAX_GROUPS + 1), f"a whole number from 0 to {MAX_GROUPS}"),
+    "routing": (lambda v: isinstance(v, str) and v in _ROUTINGS, f"one of {', '.join(_ROUTINGS)}"),
     "method": (lambda v: _is_missing(v) or (isinstance(v, str) and v in _METHODS),
                f"empty or one of {', '.join(_METHODS[1:])}"),
     "raster": (lambda v: isinstance(v, str) and v in _RASTERS, f"one of {', '.join(_RASTERS)}"),
@@ -258,6 +267,7 @@ def _check_rows(frame: pd.DataFrame, path: Path) -> list[KernelConfig]:
             raise BestTableError(f"{where}: {err}") from err
         _check_runtime(row, cfg, where)
         _check_operation(row, cfg, where)
+        _check_experts(row, where)
         configs.append(cfg)
     return configs
 
@@ -281,6 +291,19 @@ def _check_operation(row: Mapping[Any, Any], cfg: KernelConfig, where: str) -> N
     for column, own in cfg.operation.cells().items():
         if row[column] != own:
             raise BestTableError(f"{where}: {column} {_shown(row[column])} is not its config's {own!r}")
+
+
+def _check_experts(row: Mapping[Any, Any], where: str) -> None:
+    """A grouped row has experts and a routing, a single GEMM neither: a lookup of a grouped call
+    matches the experts exactly."""
+    groups = int(_as_number(row["groups"]))
+    if row["grouping"] == Grouping.GROUPED.value:
+        if groups < 1 or row["routing"] == NO_ROUTING:
+            raise BestTableError(f"{where}: a grouped row needs groups >= 1 and a routing, not groups {groups} and "
+                                 f"routing {_shown(row['routing'])}")
+    elif groups != 0 or row["routing"] != NO_ROUTING:
+        raise BestTableError(f"{where}: a single GEMM has groups 0 and routing 'none', not groups {groups} and "
+                             f"routing {_shown(row['routing'])}")
 
 
 def _same_knob(got: Any, want: Any) -> bool:
@@ -329,6 +352,9 @@ def read_table(path: Path) -> pd.DataFrame:
     if "config" in frame.columns:  # a table written before fused epilogues: plain GEMMs, no torch.compile figure
         frame = frame.assign(**{c: "none" for c in OPERATION_COLUMNS if c not in frame.columns},
                              **{c: math.nan for c in COMPILE_COLUMNS if c not in frame.columns})
+    if "config" in frame.columns:  # a table written before grouped GEMMs: single GEMMs
+        frame = frame if "groups" in frame.columns else frame.assign(groups=0)
+        frame = frame if "routing" in frame.columns else frame.assign(routing=NO_ROUTING)
     if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
     fillable = LATER_KNOBS if "config" in frame.columns else ()

@@ -5,6 +5,7 @@
 | gpu | GPU model the figures were measured on |
 | problem, m, n, k, dtype_a, dtype_b, dtype_d, layout | the GEMM (layout: BLAS two letters, e.g. tn) |
 | epilogue, scaling | the fused epilogue (`Epilogue.name`: none, bias+silu, ...), the fp8 scaling (none, rowcol...) |
+| grouping, groups, routing | a grouped GEMM (MoE experts): "grouped", its experts E, how its routed rows fall (2) |
 | kernel, config_hash | name and content hash of the winning `KernelConfig` |
 | runtime, raster, swizzle, splits, decomposition | its best run-time variant |
 | tflops, median_ms, p20_ms, p80_ms, samples | its timing (median, by the store's timing method) |
@@ -23,12 +24,14 @@ torch's eager call of the same math (`F.linear` with its bias, then the activati
 `torch._scaled_mm` with the scales). The torch.compile figures are empty where the run did not
 time it (plain GEMMs, tables written before fused epilogues). The epilogue and scaling are part
 of the problem: a lookup matches both exactly.
+(2) `Routing`: uniform, zipf, histogram; m is then the routed rows of all experts together. A
+single GEMM has "none", 0 and "none". A grouped lookup matches the experts, N and K exactly.
 """
 
 from __future__ import annotations
 
 from ..errors import CutlassTuneError
-from ..space import KernelConfig, Operation, RuntimeArgs, columns
+from ..space import KernelConfig, Operation, Problem, RuntimeArgs, columns
 
 KNOB_COLUMNS = columns(KernelConfig)
 LATER_KNOBS = columns(KernelConfig, added_later=True)
@@ -37,16 +40,30 @@ COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "la
            "config_hash", "runtime", *columns(RuntimeArgs), "tflops", "median_ms",
            "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
            "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high", "method", "energy_mj",
-           "cublas_energy_mj", "epilogue", "scaling", "torch_compile_tflops", "torch_compile_ratio")
+           "cublas_energy_mj", "epilogue", "scaling", "torch_compile_tflops", "torch_compile_ratio",
+           "grouping", "groups", "routing")
 LATER_COLUMNS = ("method", "energy_mj", "cublas_energy_mj")
 """Columns that tables written before them lack: the timing method behind `ratio` (empty:
 not recorded) and the energy per GEMM of the kernel and of cuBLAS (sustained timing)."""
 OPERATION_COLUMNS = Operation.ADDED_LATER
 """Columns of the operation that tables written before fused epilogues lack: such a table's rows
 are plain GEMMs (reading fills in "none")."""
+EXPERTS_COLUMNS = ("groups", "routing")
+"""A grouped problem's experts and routing, which tables written before grouped GEMMs lack
+(read as a single GEMM's: 0 and "none")."""
+NO_ROUTING = "none"
+"""The routing cell of a single GEMM."""
 COMPILE_COLUMNS = ("torch_compile_tflops", "torch_compile_ratio")
 """The torch.compile baseline's figures, which tables written before it lack (read as empty)."""
 
 
 class BestTableError(CutlassTuneError):
     """A best-config table cannot be built or read, or has no entry for a lookup."""
+
+
+def experts_cells(problem: Problem) -> dict[str, int | str]:
+    """A problem's `EXPERTS_COLUMNS`: its experts and routing, or 0 and "none" for a single GEMM
+    (the tuner writes them beside `Operation.cells`)."""
+    if not problem.grouped:
+        return {"groups": 0, "routing": NO_ROUTING}
+    return {"groups": problem.groups, "routing": problem.routing.value}

@@ -38,3 +38,27 @@ def tuned_table() -> BestTable:
     forward (tn) and both GEMMs of its backward (tt for the input, nt for the weight)."""
     stores = ("sweep-nvidia-h200.sqlite", "layouts-squares-nvidia-h200.sqlite")
     return BestTable(pd.concat([BestTable.load(RESULTS / s).frame for s in stores], ignore_index=True))
+
+
+def grouped_rows(entries: Iterable[tuple[str, str, int, int, int, int]], routing: str = "uniform") -> pd.DataFrame:
+    """Best-table rows of grouped problems, one per (dtype, layout, experts, n, k, rows): the first
+    row of tests/report/data/best-v2.csv made a cooperative grouped kernel of that operation, as
+    `load_best` writes them (grouping, groups, routing beside m = the routed rows)."""
+    from cutlass_tune.space import KernelConfig, Problem, Routing, cells
+    from cutlass_tune.tables import COLUMNS, experts_cells, read_table
+
+    template = read_table(TEMPLATE).iloc[0]
+    rows = []
+    for dtype, layout, experts, n, k, m in entries:
+        config = json.loads(template["config"])
+        config.update(dtype_a=dtype, dtype_b=dtype, dtype_c=dtype, dtype_d=dtype, layout_a=_LAYOUTS[layout][0],
+                      layout_b=_LAYOUTS[layout][1], grouping="grouped", kernel_schedule="cooperative",
+                      tile_m=128, tile_scheduler="persistent")
+        cfg = KernelConfig.from_dict(config)
+        problem = Problem.experts(experts, n, k, m, routing=Routing(routing), **cfg.operation.operation_fields())
+        rows.append({**template.to_dict(), "problem": problem.name, "m": m, "n": n, "k": k, "dtype_a": dtype,
+                     "dtype_b": dtype, "dtype_d": dtype, "layout": layout, "kernel": cfg.name,
+                     "config_hash": cfg.hash, "config": json.dumps(cfg.to_dict(), sort_keys=True),
+                     **cells(cfg), "decomposition": "heuristic", **problem.operation.cells(),
+                     **experts_cells(problem)})
+    return pd.DataFrame(rows)[list(COLUMNS)]

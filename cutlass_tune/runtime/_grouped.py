@@ -1,0 +1,234 @@
+"""The tuned grouped GEMM of MoE experts: `grouped_mm` runs a table's ptr-array grouped kernel
+on torch tensors, with torch._grouped_mm's 2D x 3D semantics.
+
+    a: M x K row-major, the routed rows sorted by expert (M: tokens times top-k)
+    b: E x K x N, the experts' weights: `w.transpose(-2, -1)` of an E x N x K stack of
+       nn.Linear-style weights ("tn"), or a contiguous E x K x N stack ("tt")
+    offs: E int32 cumulative row ends on a's device (expert e has rows offs[e-1]:offs[e])
+    D: M x N row-major; rows past offs[-1] are left as the kernel finds them (as torch's)
+
+The kernel reads `offs` on the device (no host sync): its `run` rebuilds the per-group
+arrays from them before each launch, so a CUDA graph replayed with other counts in the same
+`offs` tensor computes the new routing. Those arrays live in the kernel's workspace, taken from
+torch's caching allocator on the current stream for each call (see `GroupedGemm.run_grouped`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .._torch import TORCH_DTYPE
+from ..kernel import KernelStatusError, bind_primary_context, make_args
+from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, check_problem
+from ..tables import BestTableError, BundledKernel
+from ._matmul import (
+    _OUT_DTYPES,
+    Gemm,
+    MatmulInputError,
+    _current_stream,
+    _load_table,
+    _sm_count,
+    _warn_once,
+)
+from ._table import BestTable
+
+_DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
+ALIGNMENT = 8
+"""N and K of a grouped call are multiples of this (16 bytes of a 16-bit type: TMA's rows)."""
+
+
+def _b_layout(b: torch.Tensor) -> Layout:
+    """COL for an E x K x N view of an E x N x K contiguous stack ("tn"), ROW for a contiguous
+    E x K x N one ("tt")."""
+    e, k, n = b.shape
+    if b.stride() == (k * n, 1, k) or (n == 1 and b.stride()[:2] == (k, 1)):
+        return Layout.COL
+    if b.stride() == (k * n, n, 1) or (k == 1 and b.stride()[::2] == (n, 1)):
+        return Layout.ROW
+    raise MatmulInputError(f"b {tuple(b.shape)} with strides {b.stride()} is neither an E x K x N contiguous stack "
+                           "nor the transpose(-2, -1) of a contiguous E x N x K one")
+
+
+def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+                       out_dtype: torch.dtype | None = None) -> Problem:
+    """The grouped `Problem` the tensors of a `grouped_mm` call pose (its routing uniform: the
+    real counts are on the device). Raises MatmulInputError with what to fix."""
+    for name, t in (("a", a), ("b", b), ("offs", offs)):
+        if not isinstance(t, torch.Tensor):
+            raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise MatmulInputError(f"{name} is on {t.device}: the tuned kernels run on a CUDA device")
+    if a.dim() != 2 or b.dim() != 3:
+        raise MatmulInputError(f"a must be 2-D (M x K) and b 3-D (E x K x N), not {a.dim()}-D and {b.dim()}-D")
+    for name, t in (("a", a), ("b", b)):
+        if t.dtype not in _DTYPES:
+            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned grouped kernels take bfloat16 or float16")
+        if t.data_ptr() % 16:
+            raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (TMA needs it)")
+    if a.dtype != b.dtype:
+        raise MatmulInputError(f"a is {a.dtype} and b is {b.dtype}: they must match")
+    if b.device != a.device or offs.device != a.device:
+        raise MatmulInputError(f"a, b and offs must be on one device, not {a.device}, {b.device} and {offs.device}")
+    (m, k), (e, kb, n) = a.shape, b.shape
+    if k != kb:
+        raise MatmulInputError(f"a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply (K {k} and {kb})")
+    if offs.dtype != torch.int32 or offs.dim() != 1 or offs.shape[0] != e:
+        raise MatmulInputError(f"offs must be {e} int32 values (one row end per expert), not {offs.dtype} of shape "
+                               f"{tuple(offs.shape)}")
+    if n % ALIGNMENT or k % ALIGNMENT:
+        raise MatmulInputError(f"N {n} and K {k} must be multiples of {ALIGNMENT} (each expert's rows are read "
+                               "by TMA in 16-byte units)")
+    if a.stride() != (k, 1) and m > 1:
+        raise MatmulInputError(f"a {tuple(a.shape)} with strides {a.stride()} is not row-major contiguous: "
+                               "call .contiguous() first")
+    dtype = _DTYPES[a.dtype]
+    out = _OUT_DTYPES.get(out_dtype) if out_dtype is not None else dtype
+    if out is None:
+        raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
+    problem = Problem.experts(e, n, k, m, dtype_a=dtype, dtype_b=dtype, dtype_d=out, layout_b=_b_layout(b))
+    why = check_problem(problem)
+    if why:
+        raise MatmulInputError(f"{e} experts of {n}x{k} with {m} rows: {why[0].reason}")
+    return problem
+
+
+def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """What `grouped_mm` runs where no tuned kernel can: torch's grouped GEMM (F.grouped_mm,
+    else torch._grouped_mm, else a loop over the experts, which reads offs on the host). An
+    output type other than the inputs' that torch's kernel refuses is computed in float32 and cast."""
+    dtype = out_dtype or a.dtype
+    grouped = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if grouped is not None:
+        if dtype == a.dtype:
+            return grouped(a, b, offs=offs)
+        try:
+            return grouped(a, b, offs=offs, out_dtype=dtype)
+        except RuntimeError:  # CPU builds take only the inputs' type
+            return grouped(a.float(), b.float(), offs=offs).to(dtype)
+    out = a.new_zeros((a.shape[0], b.shape[2]), dtype=dtype)
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        out[start:end] = (a[start:end].float() @ b[e].float()).to(dtype)
+        start = end
+    return out
+
+
+class GroupedGemm(Gemm):
+    """One tuned grouped kernel, compiled (or taken from a bundle) and loaded once. Thread-safe.
+    Arguments and errors as `Gemm`'s."""
+
+    def run_grouped(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """Launch on tensors already checked to pose `problem` (`grouped_problem_of`).
+
+        Each call initializes the kernel before its launch, on a workspace from torch's
+        caching allocator on the current stream (released to it once the launch is enqueued):
+        no memory is kept past a call, which torch.compile's CUDA graphs require of an operator
+        (they refuse memory of their pool held outside it), and a graph captures the
+        initialization's argument build with the launch. The instance is kept per thread.
+
+        Raises:
+            KernelStatusError: CUTLASS refuses the problem.
+        """
+        if out is None:
+            out = torch.empty(problem.m, problem.n, dtype=self._dtype_d, device=a.device)
+        device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        stream = _current_stream(device)
+        bind_primary_context(device)
+        args = make_args(problem, self.runtime, a=a.data_ptr(), b=b.data_ptr(), d=out.data_ptr(), device_id=device,
+                         sm_count=_sm_count(device), offsets=offs.data_ptr())
+        local = self._local.__dict__
+        instance = local.get("grouped")
+        if instance is None:
+            instance = local["grouped"] = self.kernel.create()
+        sizes = local.setdefault("workspace_sizes", {})
+        size = sizes.get((problem, device))
+        if size is None:
+            size = sizes[(problem, device)] = self.kernel.workspace_size(args)
+        workspace = torch.empty(size, dtype=torch.uint8, device=a.device) if size else None
+        instance.initialize(args, None if workspace is None else workspace.data_ptr(), stream)
+        instance.run(stream)
+        return out
+
+
+@functools.cache
+def _grouped_gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None) -> GroupedGemm:
+    return GroupedGemm(KernelConfig.from_dict(json.loads(config_json)), runtime, bundled=bundled)
+
+
+_lock = threading.Lock()
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: BestTable | str | Path,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """MoE experts' GEMMs in one launch: out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e]
+    through the table's tuned grouped kernel for these experts (torch._grouped_mm's 2D x 3D
+    case; see the module docstring for the operands).
+
+    The table's rows of the same operation (dtypes, b's layout) and the same experts E, N
+    and K are looked up; among them the one whose routed rows are nearest M runs (every kernel
+    is right for every routing; only its speed was measured at that one). Where the table has
+    none, or CUTLASS cannot run the problem, torch's grouped GEMM computes it (`torch_grouped_mm`)
+    and a warning says so once per cause. The first call for a shape looks it up; later calls
+    with the same shapes, strides and dtypes go straight to the launch.
+
+    Args:
+        a: M x K row-major, bfloat16 or float16, the rows sorted by expert.
+        b: E x K x N of a's dtype: `w.transpose(-2, -1)` of an E x N x K weight stack, or
+            contiguous. N and K multiples of 8.
+        offs: E int32 cumulative row ends, on a's device.
+        table: a `BestTable`, or what `BestTable.load` reads (loaded once per path).
+        out_dtype: the result's type (bfloat16, float16, float32); None: a's type.
+
+    Returns:
+        M x N of `out_dtype`, row-major.
+
+    Raises:
+        MatmulInputError: operands that are not CUDA tensors, unsupported dtypes, shapes that
+            do not multiply, offs that are not E int32 values, N or K not multiples of 8,
+            misaligned or strided operands.
+    """
+    table = table if isinstance(table, BestTable) else _load_table(str(table))
+    key = ("grouped", a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape, offs.dtype, out_dtype)
+    cached = table._kernels.get(key)
+    if cached is None or not (a.is_cuda and b.device == a.device and offs.device == a.device
+                              and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
+        problem = grouped_problem_of(a, b, offs, out_dtype)
+        cached = _resolve(table, problem, key)
+    gemm, problem = cached
+    if problem.m == 0:
+        return a.new_empty((0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
+    if gemm is None:
+        return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
+    try:
+        return gemm.run_grouped(problem, a, b, offs)
+    except KernelStatusError as err:
+        _warn_once(f"grouped {gemm.config.name}", f"cutlass_tune.grouped_mm: {gemm.config.name} cannot run "
+                   f"{problem.name} ({err}); using torch's grouped GEMM")
+        table._kernels[key] = (None, problem)
+        return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
+
+
+def _resolve(table: BestTable, problem: Problem, key: tuple) -> tuple[GroupedGemm | None, Problem]:
+    """The kernel (None: torch's) for `problem`, kept in the table's cache under `key`."""
+    gemm: GroupedGemm | None = None
+    if problem.m > 0:
+        try:
+            match = table.find(problem.m, problem.n, problem.k, problem.operation, groups=problem.groups)
+        except BestTableError as err:
+            asked = f"grouped {problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} " \
+                    f"e{problem.groups} {problem.n}x{problem.k}"
+            _warn_once(asked, f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
+        else:
+            bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
+            gemm = _grouped_gemm(match.row["config"], match.runtime, bundled)
+    with _lock:
+        table._kernels[key] = (gemm, problem)
+    return gemm, problem

@@ -1,0 +1,138 @@
+"""The tuned grouped GEMM as a PyTorch operator, for MoE experts inside models:
+
+    grouped_mm(Tensor a, Tensor b, Tensor offs, str table, ScalarType? out_dtype=None) -> Tensor
+
+torch._grouped_mm's 2D x 3D case (`cutlass_tune.grouped_mm`'s operands): `a` M x K routed rows
+sorted by expert, `b` E x K x N, `offs` E int32 row ends; the result M x N. `table` is a key from
+`register_table`, as for `torch.ops.cutlass_tune.mm`, so torch.compile traces the call with no
+graph break.
+
+On CUDA it runs `grouped_mm` (the table's tuned grouped kernel for these experts, torch's
+grouped GEMM where it has none, or where the tensors are ones no kernel takes, with one warning
+per cause). Off CUDA torch computes it, so that registration, shapes and gradients can be
+checked on any machine.
+
+Backward (`register_autograd`):
+- dA = dY @ B_e^T per group: the same operator on `b.transpose(-2, -1)`, a grouped problem
+  with N and K swapped and the other layout of B (the E x N x K weight stack of a "tn" call is
+  a contiguous "tt" operand), so a table with those grouped kernels serves it.
+- dB_e = A_e^T @ dY_e: torch's grouped GEMM of two 2-D operands grouped along K (what
+  torch._grouped_mm's own backward runs), in b's layout: for the transposed view of a weight
+  stack, dY_e^T @ A_e lands E x N x K like the weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._grouped import grouped_mm, torch_grouped_mm
+from ._matmul import _OUT_DTYPES, MatmulInputError, _warn_once
+from ._op import _TAGS, _on_device_of, registered_table
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None) -> None:
+    """What every implementation (fake and real) refuses, with what to fix."""
+    torch._check(a.dim() == 2, lambda: f"cutlass_tune.grouped_mm: a must be 2-D (M x K), not {a.dim()}-D")
+    torch._check(b.dim() == 3, lambda: f"cutlass_tune.grouped_mm: b must be 3-D (E x K x N), not {b.dim()}-D")
+    torch._check(a.shape[1] == b.shape[1],
+                 lambda: f"cutlass_tune.grouped_mm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
+    torch._check(offs.dim() == 1 and offs.shape[0] == b.shape[0] and offs.dtype == torch.int32,
+                 lambda: f"cutlass_tune.grouped_mm: offs must be {b.shape[0]} int32 row ends, not {offs.dtype} of "
+                 f"shape {tuple(offs.shape)}")
+    torch._check(a.dtype == b.dtype,
+                 lambda: f"cutlass_tune.grouped_mm: a is {a.dtype} and b is {b.dtype}: they must match")
+    torch._check(a.device == b.device == offs.device,
+                 lambda: f"cutlass_tune.grouped_mm: a, b and offs are on {a.device}, {b.device} and {offs.device}")
+    torch._check(out_dtype is None or out_dtype in _OUT_DTYPES,
+                 lambda: f"cutlass_tune.grouped_mm: out_dtype {out_dtype} is not supported (bfloat16, float16, "
+                 "float32)")
+
+
+@torch.library.custom_op("cutlass_tune::grouped_mm", mutates_args=(), device_types="cuda", tags=_TAGS)
+def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e] by the tuned grouped kernels of the
+    table registered under `table` (CUDA tensors).
+
+    Args:
+        a: M x K, bfloat16 or float16 for a tuned kernel, rows sorted by expert.
+        b: E x K x N of a's dtype (`w.transpose(-2, -1)` of an E x N x K weight stack: "tn").
+        offs: E int32 cumulative row ends.
+        table: a key from `register_table`.
+        out_dtype: the result's type; None: a's.
+
+    Returns:
+        M x N of `out_dtype`, contiguous.
+
+    Raises:
+        UnregisteredTableError: `table` is not a registered key.
+        RuntimeError: shapes that do not multiply, offs of another length or dtype, mixed dtypes
+            or devices.
+    """
+    _check(a, b, offs, out_dtype)
+    tuned = registered_table(table)
+    with _on_device_of(a):
+        try:
+            return grouped_mm(a, b, offs, table=tuned, out_dtype=out_dtype)
+        except MatmulInputError as err:
+            _warn_once(str(err), f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
+            return torch_grouped_mm(a, b, offs, out_dtype)
+
+
+@grouped_mm_op.register_kernel("cpu")
+def _grouped_mm_cpu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    # torch's grouped GEMM alone: no tuned kernel runs off CUDA. The key is still checked, so a
+    # model run here finds a missing registration before it reaches a GPU.
+    _check(a, b, offs, out_dtype)
+    registered_table(table)
+    return torch_grouped_mm(a, b, offs, out_dtype)
+
+
+@grouped_mm_op.register_fake
+def _grouped_mm_fake(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    _check(a, b, offs, out_dtype)
+    registered_table(table)  # a missing key fails when the graph is traced, not when it first runs
+    return a.new_empty((a.shape[0], b.shape[2]), dtype=out_dtype or a.dtype)
+
+
+def _weights_view(b: torch.Tensor) -> bool:
+    """b is the transpose(-2, -1) of a contiguous E x N x K stack (nn.Linear-style weights)."""
+    return not b.is_contiguous() and b.transpose(-2, -1).is_contiguous()
+
+
+def grad_b(a: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, weights_view: bool) -> torch.Tensor:
+    """dB_e = A_e^T @ dY_e for every expert, E x K x N; for `weights_view` computed as the
+    transpose of dY_e^T @ A_e, stored E x N x K like the weights. An expert of no rows gets zeros."""
+    if hasattr(torch, "_grouped_mm"):
+        if weights_view:
+            return torch._grouped_mm(grad.t(), a, offs).transpose(-2, -1)
+        return torch._grouped_mm(a.t(), grad, offs)
+    out = a.new_zeros((offs.shape[0], a.shape[1], grad.shape[1]))
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        out[e] = a[start:end].t() @ grad[start:end]
+        start = end
+    return out
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    a, b, offs, table, _ = inputs
+    needs_a, needs_b = ctx.needs_input_grad[:2]
+    ctx.save_for_backward(a if needs_b else None, b if needs_a else None, offs)
+    ctx.table, ctx.dtype, ctx.weights_view = table, a.dtype, _weights_view(b)
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+    a, b, offs = ctx.saved_tensors
+    grad = grad.to(ctx.dtype).contiguous()
+    needs_a, needs_b = ctx.needs_input_grad[:2]
+    grad_a = grouped_mm_op(grad, b.transpose(-2, -1), offs, ctx.table) if needs_a else None
+    grad_b_ = grad_b(a, grad, offs, ctx.weights_view) if needs_b else None
+    return grad_a, grad_b_, None, None, None
+
+
+grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,138 @@
+"""Tuned grouped GEMMs for the MoE experts of transformers models (transformers >= 5).
+
+Importing this module registers the experts implementation "cutlass_tune" in
+`transformers.integrations.moe.ExpertsInterface`: the forward of transformers' "grouped_mm"
+implementation (sort the routed rows by expert, the up (gate_up) projection, the gate, the down
+projection, the routing weights), with both projections run by `torch.ops.cutlass_tune.grouped_mm`
+on the table given to `use_table`:
+
+    import cutlass_tune.transformers as ct
+    ct.use_table("bundle/")                     # a bundle, table file, store or BestTable
+    model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="cutlass_tune")
+    # or: model.set_experts_implementation("cutlass_tune")
+
+Experts whose shapes the table has not tuned run torch's grouped GEMM (one warning per shape),
+so the model's outputs never depend on the table, only its speed. The operator has a backward
+and no graph break under torch.compile. Needs `pip install 'cutlass-tune[transformers]'`.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CutlassTuneError
+from .runtime import BestTable, register_table
+from .runtime._grouped_op import grouped_mm_op
+
+try:
+    from transformers.integrations.moe import ExpertsInterface
+except ImportError as err:  # a one-line reason instead of transformers' traceback
+    raise ImportError("cutlass_tune.transformers needs transformers >= 5 (pip install "
+                      "'cutlass-tune[transformers]')") from err
+
+NAME = "cutlass_tune"
+"""The experts implementation's name (`experts_implementation="cutlass_tune"`)."""
+TABLE_KEY = "cutlass_tune.transformers"
+"""The key the table of `use_table` is registered under (`register_table`)."""
+
+
+class NoTableError(CutlassTuneError, RuntimeError):
+    """A model runs the "cutlass_tune" experts before `use_table` gave them a table."""
+
+
+_lock = threading.Lock()
+_table_set = False
+
+
+def use_table(table: BestTable | str | Path) -> str:
+    """The best-config table the "cutlass_tune" experts of every model in this process run
+    (replacing an earlier one, also for graphs compiled with it). Thread-safe.
+
+    Args:
+        table: a `BestTable`, or what `BestTable.load` reads (bundle, table file, store).
+
+    Returns:
+        Its key (`TABLE_KEY`).
+
+    Raises:
+        BestTableError, BundleError, StoreError: a path that cannot be read as a table.
+    """
+    global _table_set
+    with _lock:
+        key = register_table(table, key=TABLE_KEY)
+        _table_set = True
+    return key
+
+
+def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, bias: torch.Tensor | None,
+                    is_transposed: bool) -> torch.Tensor:
+    """x's rows through their experts' weights: E x N x K weights (nn.Linear's, the "tn"
+    problem), or E x K x N ones with `is_transposed` ("tt")."""
+    b = weight if is_transposed else weight.transpose(-2, -1)
+    out = grouped_mm_op(x.to(weight.dtype), b, offs, TABLE_KEY)
+    return out if bias is None else out + bias
+
+
+def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                                 top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' "grouped_mm" experts forward with the tuned grouped GEMM (the experts
+    module's attributes as `use_experts_implementation` sets them).
+
+    Raises:
+        NoTableError: `use_table` was not called in this process.
+    """
+    if not _table_set:
+        raise NoTableError('the "cutlass_tune" experts need a table: call cutlass_tune.transformers.use_table(table) '
+                           "first")
+    device = hidden_states.device
+    num_top_k = top_k_index.size(-1)
+    num_tokens, hidden_dim = hidden_states.size(0), hidden_states.size(-1)
+    sample_weights = top_k_weights.reshape(-1)
+    expert_ids = top_k_index.reshape(-1)
+
+    expert_ids_g, perm = torch.sort(expert_ids)
+    selected = hidden_states[perm // num_top_k]
+    sample_weights_g = sample_weights[perm]
+    # histc, not bincount: no host sync, so CUDA graphs can capture it (as transformers does)
+    counts_input = expert_ids_g.float() if device.type in ("cpu", "mps") else expert_ids_g.int()
+    counts = torch.histc(counts_input, bins=self.num_experts, min=0, max=self.num_experts - 1)
+    offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+
+    # Expert parallelism: ids past the local experts sort last and fall outside offs; their
+    # rows are zeroed before the GEMM and after each (the kernel leaves rows past offs[-1]).
+    sentinel = None
+    if getattr(self, "_is_expert_parallel", False):
+        sentinel = (expert_ids_g >= self.num_experts).unsqueeze(-1)
+        expert_ids_g = expert_ids_g.clamp(max=self.num_experts - 1)
+        selected = selected.masked_fill(sentinel, 0.0)
+
+    if self.has_gate:
+        weights = self.gate_up_proj
+        biases = self.gate_up_proj_bias[expert_ids_g] if self.has_bias else None
+    else:
+        weights = self.up_proj
+        biases = self.up_proj_bias[expert_ids_g] if self.has_bias else None
+    out = _grouped_linear(selected, weights, offs, biases, self.is_transposed)
+    if sentinel is not None:
+        out = out.masked_fill(sentinel, 0.0)
+    out = self._apply_gate(out) if self.has_gate else self.act_fn(out)
+
+    biases = self.down_proj_bias[expert_ids_g] if self.has_bias else None
+    out = _grouped_linear(out, self.down_proj, offs, biases, self.is_transposed)
+    if sentinel is not None:
+        out = out.masked_fill(sentinel, 0.0)
+    if getattr(self, "has_post_expert_norm", False):
+        out = self.post_expert_norm(out)
+
+    weighted = out * sample_weights_g.unsqueeze(-1)
+    inv_perm = torch.empty_like(perm)
+    inv_perm[perm] = torch.arange(perm.size(0), device=device)
+    weighted = weighted[inv_perm]
+    return weighted.view(num_tokens, num_top_k, hidden_dim).sum(dim=1).to(hidden_states.dtype)
+
+
+ExpertsInterface.register(NAME, cutlass_tune_experts_forward)
