@@ -291,8 +291,8 @@ class GpuRunner:
 def _side_figures(prefix: str, stats: TimingStats) -> dict[str, float | None]:
     """A side's figures as `Measurement` fields: "baseline" (a kernel's paired baseline) with
     its energy and clock, the others (a baseline row's sides) their times only."""
-    out = {f"{prefix}_median_ms": stats.median_ms, f"{prefix}_p20_ms": stats.p20_ms,
-           f"{prefix}_p80_ms": stats.p80_ms}
+    out: dict[str, float | None] = {f"{prefix}_median_ms": stats.median_ms, f"{prefix}_p20_ms": stats.p20_ms,
+                                    f"{prefix}_p80_ms": stats.p80_ms}
     if prefix == "baseline":
         out.update(baseline_energy_mj=stats.energy_mj, baseline_sm_mhz=stats.sm_mhz)
     return out

@@ -220,8 +220,8 @@ def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
 def reference(ops: Operands) -> torch.Tensor:
     """The problem's result in fp32 (IEEE, no TF32) from the stored inputs, as an M x N fp32
     tensor: activation(s * (A @ B) + C + bias), where s is scale_a * scale_b (1 unscaled), C
-    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s. A grouped problem's: each expert's rows times its
-    weight (experts without rows add nothing)."""
+    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s. A grouped
+    problem's: each expert's rows times its weight (experts without rows add nothing)."""
     if ops.problem.grouped:
         return _grouped_reference(ops)
     out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
