@@ -179,8 +179,9 @@ class EnvStamp:
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
 """Schema 2 added the paired baseline fields (`baseline_median_ms` ...); a schema-1 record
-reads with them unset. Fields added since (the problem's epilogue and scaling, `compile_*`)
-read as their defaults from records without them."""
+reads with them unset. Fields added since (the problem's epilogue and scaling, `compile_*`,
+a grouped problem's experts, `loop_*` and `dense_*`) read as their defaults from records
+without them."""
 BASELINE_NAME = "cuBLAS"
 
 
@@ -192,16 +193,42 @@ class Baseline(str, enum.Enum):
     code a user writes for the same math (`F.linear` with its bias, then the activation;
     `torch._scaled_mm` with the scales). COMPILE: `torch.compile` of that same function, timed in
     the eager baseline's sampling loop; its figures are the eager row's `compile_*` fields.
+
+    A grouped problem's (`Problem.grouped`): GROUPED_MM, torch's grouped GEMM
+    (`torch._grouped_mm`, which `F.grouped_mm` calls) on the same operands, the one its kernels
+    are paired with and ranked against. Timed in its sampling loop and reported on its row:
+    EXPERT_LOOP, one torch.matmul per expert (`loop_*`), and DENSE, one torch.matmul of the
+    whole M x N x K (`dense_*`: the same FLOPs without the grouping, a ceiling, never a
+    baseline to win against).
     """
 
     CUBLAS = BASELINE_NAME
     EAGER = "torch eager"
     COMPILE = "torch.compile"
+    GROUPED_MM = "torch._grouped_mm"
+    EXPERT_LOOP = "torch expert loop"
+    DENSE = "torch dense"
 
     @classmethod
     def of(cls, problem: Problem) -> Baseline:
         """The baseline a problem's kernels are paired with and ranked against."""
+        if problem.grouped:
+            return cls.GROUPED_MM
         return cls.CUBLAS if problem.is_plain else cls.EAGER
+
+    @property
+    def sides(self) -> tuple[Baseline, ...]:
+        """The torch paths timed in this baseline's own sampling loop, whose figures its row
+        carries (`SIDE_FIELDS`): torch.compile beside eager, the expert loop and the dense GEMM
+        beside torch._grouped_mm."""
+        return _SIDES.get(self, ())
+
+
+_SIDES = {Baseline.EAGER: (Baseline.COMPILE,), Baseline.GROUPED_MM: (Baseline.EXPERT_LOOP, Baseline.DENSE)}
+
+SIDE_FIELDS = {Baseline.COMPILE: "compile", Baseline.EXPERT_LOOP: "loop", Baseline.DENSE: "dense"}
+"""The prefix of a baseline row's fields (`compile_median_ms`, `loop_p20_ms`, ...) for each side
+timed in its loop (`Baseline.sides`)."""
 
 
 BASELINE_NAMES = frozenset(b.value for b in Baseline)
@@ -258,6 +285,17 @@ class Measurement:
     then says why). Kernels are paired with eager only; `to_compile` carries their ratio over."""
     compile_p20_ms: float | None = None
     compile_p80_ms: float | None = None
+    loop_median_ms: float | None = None
+    """On the `Baseline.GROUPED_MM` row of a grouped problem: a loop of torch.matmul over the
+    experts, timed alternately with torch._grouped_mm in the row's sampling loop (None where it
+    could not be; `reason` then says why)."""
+    loop_p20_ms: float | None = None
+    loop_p80_ms: float | None = None
+    dense_median_ms: float | None = None
+    """On the `Baseline.GROUPED_MM` row: one dense torch.matmul of M x N x K (the same FLOPs,
+    no grouping), timed in the same loop: the ceiling a grouped GEMM approaches."""
+    dense_p20_ms: float | None = None
+    dense_p80_ms: float | None = None
 
     @property
     def paired_ratio(self) -> float | None:
@@ -288,6 +326,20 @@ class Measurement:
         if self.status is not Status.OK or not self.compile_median_ms or not self.median_ms:
             return None
         return self.median_ms / self.compile_median_ms
+
+    def side_tflops(self, side: Baseline) -> float | None:
+        """TFLOP/s of a side timed in this baseline row's loop (`Baseline.sides`), or None."""
+        median = getattr(self, f"{SIDE_FIELDS[side]}_median_ms")
+        return self.problem.flops / (median * 1e9) if median else None
+
+    def side_ratio(self, side: Baseline) -> float | None:
+        """This baseline row's median / the median of `side` from the same sampling loop (>1:
+        the side is faster), or None. On a GROUPED_MM row, EXPERT_LOOP's is below 1 where
+        torch._grouped_mm beats the loop; DENSE's says how far the dense ceiling sits above it."""
+        median = getattr(self, f"{SIDE_FIELDS[side]}_median_ms")
+        if self.status is not Status.OK or not median or not self.median_ms:
+            return None
+        return self.median_ms / median
 
     def to_compile(self, ratio_to_eager: float) -> float | None:
         """A kernel's speed relative to torch.compile (>1: faster), from its `ratio_to_eager`

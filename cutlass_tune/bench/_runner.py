@@ -2,9 +2,10 @@
 
 For each variant: fresh random inputs, an fp32 reference, `can_implement`, workspace sized
 by the kernel, `initialize` once, one launch into a NaN-poisoned output checked against the
-reference, then the launches timed by `time_paired` (the same function for cuBLAS; with
-paired timing the problem's cuBLAS call is sampled alternately with the kernel), then the
-output checked again (a kernel can be right once and wrong when repeated).
+reference, then the launches timed by `time_sides` (the same function for cuBLAS; with
+paired timing the problem's baseline is sampled alternately with the kernel; a baseline row's
+sides, `Baseline.sides`, alternately with the baseline), then the output checked again (a
+kernel can be right once and wrong when repeated).
 
 A timing whose samples scatter widely (`UNSTABLE_SPREAD`, on either side of a pair) is taken
 once more; if it scatters again the variant is UNSTABLE, not OK (its figures kept), so that a
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 import torch
 
 from ..kernel import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
-from ..measurement import Baseline, Clocks, Measurement, TimingMethod
+from ..measurement import SIDE_FIELDS, Baseline, Clocks, Measurement, TimingMethod
 from ..space import Problem, RuntimeArgs
 from ..status import Status
 from ._env import ClockMonitor, env_stamp
@@ -31,7 +32,7 @@ from ._job import Job
 from ._race import coarse, contenders, entry, leader_of
 from ._targets import CublasTarget, baseline_target  # noqa: F401 - CublasTarget re-exported
 from ._targets import Target as _Target
-from ._timing import L2Flush, TimingOptions, TimingStats, rotation_count, time_paired, time_sustained
+from ._timing import L2Flush, TimingOptions, TimingStats, rotation_count, time_sides, time_sustained
 from ._verify import Operands, allocate, randomize, reference, verify_launch
 
 UNSTABLE_SPREAD = 0.5
@@ -75,8 +76,10 @@ class CutlassTarget(_Target):
         workspace = torch.empty(size, dtype=torch.uint8, device=ops.d.device) if size else None
         self._workspace = workspace
         self._gemm.initialize(args, workspace.data_ptr() if workspace is not None else None, _stream())
-        # Stream-K barrier counters grow with each launch and must start at zero.
-        self.rearm = workspace.zero_ if workspace is not None else None
+        # Stream-K barrier counters grow with each launch and must start at zero. A grouped
+        # kernel's workspace holds its per-group arrays, which `run` rebuilds from the offsets
+        # (the ABI's contract): zeroing them would only add a memset to its time.
+        self.rearm = workspace.zero_ if workspace is not None and not ops.problem.grouped else None
         return None
 
     def launch(self) -> None:
@@ -106,7 +109,8 @@ class GpuRunner:
         self._kernels: dict[tuple[str, str], LoadedKernel] = {}
         self._ops: Operands | None = None
         self.side_note = ""
-        """Why the last job's second side (torch.compile) was not timed, or "" (`_paired_baseline`)."""
+        """Why a side of the last baseline job (torch.compile, the expert loop, the dense GEMM)
+        was not timed, or "" (`_sides`)."""
 
     def __call__(self, job: Job) -> Iterator[Measurement]:
         try:
@@ -183,20 +187,20 @@ class GpuRunner:
             first = verify_launch(target.once, ops, ref)
             if first.status is not Status.OK:
                 return result(first.status, first.reason, rel_error=first.rel_error, worst_error=first.worst_error)
-            baseline = self._paired_baseline(job, ops)
+            sides = self._sides(job, ops, ref)
             before = self._clocks.read()
             for _attempt in range(2):
                 if timing.method is TimingMethod.SUSTAINED:
-                    stats, base = self._time_sustained(job, variant, target, baseline, ops)
+                    stats, *found = self._time_sustained(job, variant, target, [s for _, s in sides], ops)
                 else:
-                    stats, base = time_paired(target.launch, baseline.launch if baseline else None,
-                                              options=timing, flush=self._flush, prepare=target.rearm)
-                spread = max(_spread(stats), _spread(base))
+                    stats, *found = time_sides([target.launch] + [s.launch for _, s in sides], options=timing,
+                                               flush=self._flush, prepare=target.rearm)
+                spread = max(_spread(t) for t in (stats, *found))
                 if spread <= UNSTABLE_SPREAD:
                     break
             after = self._clocks.read()
-            if baseline is not None:
-                baseline.close()
+            for _, side in sides:
+                side.close()
             again = verify_launch(target.once, ops, ref)
         except RuntimeError as err:  # torch's CUDA errors and KernelStatusError
             return result(Status.RUNTIME_ERROR, _first_line(err))
@@ -214,70 +218,84 @@ class GpuRunner:
             tflops=job.problem.flops / (stats.median_ms * 1e9),
             throttled=clocks.throttled if clocks else False, clocks=clocks,
             energy_mj=stats.energy_mj, sm_mhz=stats.sm_mhz,
-            **({} if base is None else dict(baseline_median_ms=base.median_ms, baseline_p20_ms=base.p20_ms,
-                                            baseline_p80_ms=base.p80_ms, baseline_energy_mj=base.energy_mj,
-                                            baseline_sm_mhz=base.sm_mhz)),
+            **{k: v for (prefix, _), st in zip(sides, found) for k, v in _side_figures(prefix, st).items()},
         )
 
-    def _time_sustained(self, job: Job, variant: RuntimeArgs, target: _Target, baseline: _Target | None,
-                        ops: Operands) -> tuple[TimingStats, TimingStats | None]:
-        """`time_sustained` of the target (and its paired baseline) over rotating copies of
-        `ops`: each copy has its own kernel instance, initialized once on it."""
+    def _time_sustained(self, job: Job, variant: RuntimeArgs, target: _Target, others: list[_Target],
+                        ops: Operands) -> list[TimingStats]:
+        """`time_sustained` of the target (and the sides timed with it) over rotating copies of
+        `ops`: each copy has its own kernel instance, initialized once on it. One `TimingStats`
+        for the target, then one per side."""
         free, _total = torch.cuda.mem_get_info(self.device)
         count = rotation_count(ops.nbytes, self.env.l2_bytes, memory_bytes=free)
         copies = [ops] + [ops.copy() for _ in range(count - 1)]
         kernels: list[_Target] = [target]
-        baselines: list[_Target] = [] if baseline is None else [baseline]
+        columns: list[list[_Target]] = [[other] for other in others]
         try:
             for c in copies[1:]:
-                other = target.sibling()
-                kernels.append(other)
-                why = other.setup(variant, c)
+                twin = target.sibling()
+                kernels.append(twin)
+                why = twin.setup(variant, c)
                 if why:
                     raise RuntimeError(f"operand copy: {why}")
-                if baseline is not None:
-                    baselines.append(baseline.sibling())
-                    baselines[-1].setup(RuntimeArgs(), c)
-            sides = [[k.once for k in kernels]] + ([[b.launch for b in baselines]] if baselines else [])
-            found = time_sustained(sides, options=job.timing, probe=self._clocks.reading)
+                for column in columns:
+                    column.append(column[0].sibling())
+                    column[-1].setup(RuntimeArgs(), c)
+            sides = [[k.once for k in kernels]] + [[o.launch for o in column] for column in columns]
+            return time_sustained(sides, options=job.timing, probe=self._clocks.reading)
         finally:
             for k in kernels[1:]:
                 k.close()
-            for b in baselines[1:]:
-                b.close()
-        return found[0], (found[1] if baseline is not None else None)
+            for column in columns:
+                for o in column[1:]:
+                    o.close()
 
-    def _paired_baseline(self, job: Job, ops: Operands) -> _Target | None:
-        """What is timed alternately with the job's target, set up on `ops`, or None.
+    def _sides(self, job: Job, ops: Operands, ref: torch.Tensor) -> list[tuple[str, _Target]]:
+        """What is timed alternately with the job's target, set up on `ops`, each with the
+        prefix of its figures' fields.
 
-        A kernel job with paired timing: its problem's baseline (`Baseline.of`: cuBLAS, or
-        torch eager for a fused epilogue or fp8 scales) when torch can run it. An fp8 kernel
-        with fast accumulation is paired with torch._scaled_mm's fast accumulation: like with
-        like. The eager baseline job of a fused problem: torch.compile of the same function,
-        always, verified first; its figures become the row's `compile_*` (`Job.measurement`),
-        and where it cannot run or is wrong, `side_note` says why.
+        A kernel job with paired timing: its problem's baseline (`Baseline.of`: cuBLAS, torch
+        eager for a fused epilogue or fp8 scales, torch._grouped_mm for a grouped problem) when
+        torch can run it ("baseline_*"). An fp8 kernel with fast accumulation is paired with
+        torch._scaled_mm's fast accumulation: like with like. A baseline job: its baseline's
+        sides (`Baseline.sides`: torch.compile beside eager, the expert loop and the dense GEMM
+        beside torch._grouped_mm), always, each verified first (`Target.check`); their figures
+        become the row's `compile_*`, `loop_*`, `dense_*`, and where one cannot run or is wrong,
+        `side_note` says why.
         """
         self.side_note = ""
         if job.is_baseline:
-            if Baseline.of(job.problem) is Baseline.CUBLAS:
-                return None
-            compiled = baseline_target(job.problem, Baseline.COMPILE)
-            why = compiled.setup(RuntimeArgs(), ops)
-            if why is None:
-                verdict = verify_launch(compiled.once, ops, reference(ops))
-                why = None if verdict.status is Status.OK else f"wrong result: {verdict.reason}"
-            if why is not None:
-                compiled.close()
-                self.side_note = f"{Baseline.COMPILE.value} not measured: {why}"[:500]
-                return None
-            return compiled
+            out, notes = [], []
+            for kind in Baseline.of(job.problem).sides:
+                side = baseline_target(job.problem, kind)
+                why = side.setup(RuntimeArgs(), ops)
+                if why is None:
+                    verdict = side.check(ops, ref)
+                    why = None if verdict.status is Status.OK else f"wrong result: {verdict.reason}"
+                if why is None:
+                    out.append((SIDE_FIELDS[kind], side))
+                else:
+                    side.close()
+                    notes.append(f"{kind.value} not measured: {why}")
+            self.side_note = "; ".join(notes)[:500]
+            return out
         if not job.timing.paired:
-            return None
+            return []
         fast = job.config is not None and job.config.fp8_fast_accum
         baseline = baseline_target(job.problem, Baseline.of(job.problem), fast_accum=fast)
         if baseline.setup(RuntimeArgs(), ops) is not None:
-            return None
-        return baseline
+            return []
+        return [("baseline", baseline)]
+
+
+def _side_figures(prefix: str, stats: TimingStats) -> dict[str, float | None]:
+    """A side's figures as `Measurement` fields: "baseline" (a kernel's paired baseline) with
+    its energy and clock, the others (a baseline row's sides) their times only."""
+    out: dict[str, float | None] = {f"{prefix}_median_ms": stats.median_ms, f"{prefix}_p20_ms": stats.p20_ms,
+                                    f"{prefix}_p80_ms": stats.p80_ms}
+    if prefix == "baseline":
+        out.update(baseline_energy_mj=stats.energy_mj, baseline_sm_mhz=stats.sm_mhz)
+    return out
 
 
 def _first_line(err: BaseException) -> str:

@@ -23,6 +23,12 @@ problem, past a tuning run's budget). Inductor keeps the GEMM in cuBLAS (`mm`/`a
 COMPILE is eager with the element-wise passes fused into one. "reduce-overhead" (CUDA graphs)
 is left out: the graph and sustained timing methods take the host out of every side anyway.
 
+A grouped problem's baseline is GROUPED_MM, torch's grouped GEMM on the same operands
+(`GroupedMmTarget`: `F.grouped_mm` where torch has it, else `torch._grouped_mm`, which it calls;
+A M x K, the weights as the E x K x N view, the int32 offsets), timed with two sides in its loop:
+EXPERT_LOOP (`ExpertLoopTarget`), torch.matmul of each expert's rows into its rows of D, and
+DENSE (`DenseTarget`), one torch.matmul of all M rows by one expert's weight, the same FLOPs.
+
 Each target writes D only when verified (`once` outside a CUDA graph capture); what is timed
 (`launch`, or `once` captured in a graph) returns a new tensor from torch's caching allocator, as
 the user's code does, and copies nothing.
@@ -30,6 +36,7 @@ the user's code does, and copies nothing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -38,7 +45,7 @@ import torch.nn.functional as F
 from .._torch import ACTIVATION, TORCH_DTYPE
 from ..measurement import Baseline
 from ..space import Activation, DType, Problem, RuntimeArgs, Scaling
-from ._verify import Operands
+from ._verify import Operands, Verdict, compare, group_bounds, verify_launch
 
 
 class Target:
@@ -65,6 +72,10 @@ class Target:
         if self.rearm is not None:
             self.rearm()
         self.launch()
+
+    def check(self, ops: Operands, ref: torch.Tensor) -> Verdict:
+        """Whether `once` computes the problem: D poisoned, one launch, compared with `ref`."""
+        return verify_launch(self.once, ops, ref)
 
 
 def _fp8_baseline_gap(problem: Problem) -> str | None:
@@ -262,8 +273,129 @@ class TorchTarget(Target):
         return twin
 
 
+def grouped_mm() -> Callable[..., torch.Tensor] | None:
+    """torch's grouped GEMM, `F.grouped_mm` or (older torch) `torch._grouped_mm`; None without one."""
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+class GroupedMmTarget(Target):
+    """A grouped problem's GROUPED_MM baseline: torch's grouped GEMM as a MoE layer calls it,
+    `grouped_mm(a, w.transpose(-2, -1), offs=offsets)`, into a new tensor. `setup` makes the
+    first call and returns why torch cannot run it (no grouped GEMM in this torch, or the one
+    it has refuses these operands), or None."""
+
+    def __init__(self, problem: Problem):
+        self._problem = problem
+        self._call: Callable[[], torch.Tensor] | None = None
+        self._ops: Operands | None = None
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        fn = grouped_mm()
+        if fn is None:
+            return f"torch {torch.__version__} has no grouped GEMM (torch._grouped_mm)"
+        a, b, offsets = ops.a_mk, ops.b_kn, ops.offsets
+        try:
+            fn(a, b, offs=offsets)
+        except (RuntimeError, NotImplementedError, ValueError) as err:
+            text = str(err).strip().splitlines()
+            return f"{Baseline.GROUPED_MM.value}: {type(err).__name__}: {text[0] if text else ''}"[:500]
+        self._call = lambda: fn(a, b, offs=offsets)
+        self._ops = ops
+        return None
+
+    def launch(self) -> None:
+        assert self._call is not None, "launched before setup"
+        self._call()
+
+    def once(self) -> None:
+        """The call, its result copied into D for verification, except inside a CUDA graph
+        capture (as `TorchTarget.once`)."""
+        assert self._call is not None and self._ops is not None, "launched before setup"
+        out = self._call()
+        if not (out.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._ops.d.copy_(out)
+
+    def close(self) -> None:
+        self._call = self._ops = None
+
+    def sibling(self) -> GroupedMmTarget:
+        return GroupedMmTarget(self._problem)
+
+
+class ExpertLoopTarget(Target):
+    """EXPERT_LOOP: `torch.matmul(a[rows of e], w_e.t(), out=d[rows of e])` for each expert e
+    with rows, the loop a MoE layer writes without a grouped GEMM. The row counts come from the
+    problem, not from the offsets on the device: the loop pays no device-to-host copy, which a
+    real one does (`offsets.tolist()`), so it reads a little fast."""
+
+    def __init__(self, problem: Problem):
+        self._problem = problem
+        self._calls: list[Callable[[], object]] = []
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        a, b, d = ops.a_mk, ops.b_kn, ops.d
+        self._calls = [functools.partial(torch.matmul, a[lo:hi], b[e], out=d[lo:hi])
+                       for e, (lo, hi) in enumerate(group_bounds(self._problem)) if hi > lo]
+        return None
+
+    def launch(self) -> None:
+        for call in self._calls:
+            call()
+
+    def close(self) -> None:
+        self._calls = []
+
+    def sibling(self) -> ExpertLoopTarget:
+        return ExpertLoopTarget(self._problem)
+
+
+class DenseTarget(Target):
+    """DENSE: `torch.matmul(a, w_e.t())` of all M rows by the weight of the expert with the most
+    rows, into an M x N tensor of its own: a dense GEMM of the grouped problem's FLOPs, the
+    ceiling its kernels approach. It does not compute the grouped problem, so `check` compares
+    the rows of that expert only, which it does compute."""
+
+    def __init__(self, problem: Problem):
+        self._problem = problem
+        self._expert = max(range(problem.groups), key=lambda e: problem.group_rows[e]) if problem.groups else 0
+        self._call: Callable[[], object] | None = None
+        self._out: torch.Tensor | None = None
+
+    def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
+        a, w, out = ops.a_mk, ops.b_kn[self._expert], torch.empty_like(ops.d)
+        self._out = out
+        self._call = functools.partial(torch.matmul, a, w, out=out)
+        return None
+
+    def launch(self) -> None:
+        assert self._call is not None, "launched before setup"
+        self._call()
+
+    def check(self, ops: Operands, ref: torch.Tensor) -> Verdict:
+        assert self._out is not None, "checked before setup"
+        lo, hi = group_bounds(self._problem)[self._expert]
+        self._out.fill_(float("nan"))
+        self.once()
+        if self._out.is_cuda:
+            torch.cuda.synchronize(self._out.device)
+        return compare(self._out[lo:hi], ref[lo:hi], self._problem.dtype_d)
+
+    def close(self) -> None:
+        self._call = self._out = None
+
+    def sibling(self) -> DenseTarget:
+        return DenseTarget(self._problem)
+
+
+_GROUPED_TARGETS: dict[Baseline, Callable[[Problem], Target]] = {
+    Baseline.GROUPED_MM: GroupedMmTarget, Baseline.EXPERT_LOOP: ExpertLoopTarget, Baseline.DENSE: DenseTarget,
+}
+
+
 def baseline_target(problem: Problem, kind: Baseline, fast_accum: bool = False) -> Target:
     """The target that measures `kind` on `problem`."""
     if kind is Baseline.CUBLAS:
         return CublasTarget(problem, fast_accum)
+    if kind in _GROUPED_TARGETS:
+        return _GROUPED_TARGETS[kind](problem)
     return TorchTarget(problem, kind, fast_accum)

@@ -231,20 +231,43 @@ def time_paired(
         RuntimeError: as `time_launches`.
     """
 
+    found = time_sides([launch] + ([] if baseline is None else [baseline]), options=options, flush=flush,
+                       prepare=prepare)
+    return found[0], (found[1] if baseline is not None else None)
+
+
+def time_sides(
+    launches: Sequence[Launch],
+    *,
+    options: TimingOptions,
+    flush: Launch | None = None,
+    prepare: Launch | None = None,
+) -> list[TimingStats]:
+    """`time_paired` of any number of sides: sample i times each of `launches` once, the order
+    rotating by one every sample, each after its own flush; `prepare` belongs to the first.
+    A grouped problem's baseline row times torch._grouped_mm, the expert loop and the dense
+    GEMM so, in one loop.
+
+    Returns:
+        One `TimingStats` per launch, in order (per-launch milliseconds).
+
+    Raises:
+        RuntimeError: as `time_launches`.
+    """
+    if not launches:
+        raise ValueError("nothing to time")
+    first = launches[0]
+
     def once() -> None:
         if prepare is not None:
             prepare()
-        launch()
+        first()
 
-    targets: list[_Timed] = [_Timed(once, launch, prepare)]
-    if baseline is not None:
-        targets.append(_Timed(baseline, baseline, None))
+    targets = [_Timed(once, first, prepare)] + [_Timed(other, other, None) for other in launches[1:]]
     for t in targets:
         t.estimate_ms = _estimate_ms(t.once)
     if options.method is TimingMethod.SUSTAINED:
-        sides = [[t.once] for t in targets]
-        found = time_sustained(sides, options=options)
-        return found[0], (found[1] if baseline is not None else None)
+        return time_sustained([[t.once] for t in targets], options=options)
     if options.method is TimingMethod.GRAPH:
         samples, dropped = _graph_samples(targets, options)
     else:
@@ -253,8 +276,7 @@ def time_paired(
                 t.once()
         per_sample = sum(t.estimate_ms for t in targets)
         samples, dropped = _time_interleaved(sample_count(per_sample, options), targets, flush)
-    stats = [summarize(s, d) for s, d in zip(samples, dropped)]
-    return stats[0], (stats[1] if baseline is not None else None)
+    return [summarize(s, d) for s, d in zip(samples, dropped)]
 
 
 @dataclasses.dataclass

@@ -18,6 +18,11 @@ factor, while the output's RMS falls to 0.6-0.7 of its input's (ReLU 0.71, GELU 
 to each element. What the bounds cannot tell apart is GELU's erf form from its tanh
 approximation (they differ by at most 4.7e-4, a relative Frobenius 2e-4): tests compare the
 two references directly (tests/bench/test_gpu_epilogue.py).
+
+A grouped problem's operands are the routed rows A (M x K), the experts' weights B (E x N x K,
+or E x K x N) and the int32 row offsets; its reference multiplies each expert's rows by that
+expert's weight, and each expert's rows are checked on their own (`compare_groups`), against
+the same bounds relative to that expert's reference: a wrong expert cannot hide among right ones.
 """
 
 from __future__ import annotations
@@ -77,6 +82,10 @@ class Operands:
     `b` is N x K row-major (layout_b COL, the nn.Linear weight) or K x N row-major (ROW);
     `d` is M x N row-major. `a_mk` and `b_kn` are the logical matrices as views.
 
+    A grouped problem's `b` holds the experts' weights one after another: E x N x K (layout_b
+    COL) or E x K x N (ROW), `b_kn` being E x K x N; `offsets` holds E int32 cumulative row
+    ends on the operands' device (`torch._grouped_mm`'s `offs`), written by `allocate`.
+
     The epilogue's operands are set where the problem reads them: `c` (M x N row-major, D's
     type) for a residual, `bias` (N values, D's type) for a bias, and fp32 `scale_a`/`scale_b`
     for scaled fp8 (shape () each for `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as
@@ -91,6 +100,7 @@ class Operands:
     bias: torch.Tensor | None = None
     scale_a: torch.Tensor | None = None
     scale_b: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
 
     @property
     def a_mk(self) -> torch.Tensor:
@@ -98,11 +108,12 @@ class Operands:
 
     @property
     def b_kn(self) -> torch.Tensor:
-        return self.b.t() if self.problem.layout_b is Layout.COL else self.b
+        return self.b.transpose(-2, -1) if self.problem.layout_b is Layout.COL else self.b
 
     @property
     def inputs(self) -> dict[str, torch.Tensor]:
-        """The tensors the GEMM reads, by field name: A, B and those of the epilogue it has."""
+        """The tensors the GEMM reads, by field name: A, B, those of the epilogue it has and a
+        grouped problem's offsets."""
         return {name: t for name in _INPUTS if (t := getattr(self, name)) is not None}
 
     @property
@@ -116,17 +127,33 @@ class Operands:
             return None if t is None else t.clone()
         return Operands(problem=self.problem, a=self.a.clone(), b=self.b.clone(), d=torch.empty_like(self.d),
                         c=clone(self.c), bias=clone(self.bias), scale_a=clone(self.scale_a),
-                        scale_b=clone(self.scale_b))
+                        scale_b=clone(self.scale_b), offsets=clone(self.offsets))
 
 
-_INPUTS = ("a", "b", "c", "bias", "scale_a", "scale_b")
+_INPUTS = ("a", "b", "c", "bias", "scale_a", "scale_b", "offsets")
+
+
+def group_bounds(problem: Problem) -> list[tuple[int, int]]:
+    """(first row, end row) of each expert of a grouped problem, in expert order."""
+    bounds, end = [], 0
+    for rows in problem.group_rows:
+        bounds.append((end, end + rows))
+        end += rows
+    return bounds
+
+
+def group_offsets(problem: Problem, device: torch.device | str) -> torch.Tensor:
+    """A grouped problem's E int32 cumulative row ends on `device`."""
+    return torch.tensor([end for _, end in group_bounds(problem)], dtype=torch.int32, device=device)
 
 
 def allocate(problem: Problem, device: torch.device | str) -> Operands:
     """Uninitialized operands for `problem` on `device`."""
     p = problem
     a_shape = (p.m, p.k) if p.layout_a is Layout.ROW else (p.k, p.m)
-    b_shape = (p.n, p.k) if p.layout_b is Layout.COL else (p.k, p.n)
+    b_shape: tuple[int, ...] = (p.n, p.k) if p.layout_b is Layout.COL else (p.k, p.n)
+    if p.grouped:
+        b_shape = (p.groups, *b_shape)
     d_type = TORCH_DTYPE[p.dtype_d]
     scale_shapes = {Scaling.NONE: None, Scaling.TENSOR: ((), ()), Scaling.ROWCOL: ((p.m, 1), (1, p.n))}
     scales = scale_shapes[p.scaling]
@@ -139,6 +166,7 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
         bias=torch.empty(p.n, dtype=d_type, device=device) if p.epilogue.bias else None,
         scale_a=None if scales is None else torch.empty(scales[0], dtype=torch.float32, device=device),
         scale_b=None if scales is None else torch.empty(scales[1], dtype=torch.float32, device=device),
+        offsets=group_offsets(p, device) if p.grouped else None,
     )
 
 
@@ -192,7 +220,10 @@ def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
 def reference(ops: Operands) -> torch.Tensor:
     """The problem's result in fp32 (IEEE, no TF32) from the stored inputs, as an M x N fp32
     tensor: activation(s * (A @ B) + C + bias), where s is scale_a * scale_b (1 unscaled), C
-    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s."""
+    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s. A grouped
+    problem's: each expert's rows times its weight (experts without rows add nothing)."""
+    if ops.problem.grouped:
+        return _grouped_reference(ops)
     out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
     if ops.scale_a is not None and ops.scale_b is not None:
         out.mul_(ops.scale_a).mul_(ops.scale_b)
@@ -202,6 +233,17 @@ def reference(ops: Operands) -> torch.Tensor:
         out.add_(ops.bias.float())
     activation = ops.problem.epilogue.activation
     return out if activation is Activation.NONE else ACTIVATION[activation](out)
+
+
+def _grouped_reference(ops: Operands) -> torch.Tensor:
+    # One expert at a time: its weight in fp32 is N x K x 4 bytes (470 MB for Mixtral's), all of
+    # them at once several GB.
+    a, b_kn = ops.a_mk, ops.b_kn
+    out = torch.empty(ops.d.shape, dtype=torch.float32, device=ops.d.device)
+    for expert, (lo, hi) in enumerate(group_bounds(ops.problem)):
+        if hi > lo:
+            torch.matmul(a[lo:hi].float(), b_kn[expert].float(), out=out[lo:hi])
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,8 +282,21 @@ def compare(out: torch.Tensor, ref: torch.Tensor, dtype: DType, *, fp8_inputs: b
     return Verdict(Status.OK, err, worst_error=worst)
 
 
+def compare_groups(out: torch.Tensor, ref: torch.Tensor, problem: Problem) -> Verdict:
+    """`compare` of each expert's rows of a grouped problem's output, then of the whole: the
+    first expert whose rows fail names the verdict ("expert 5 (rows 640:768): ..."). The figures
+    of a right output are the whole's."""
+    for expert, (lo, hi) in enumerate(group_bounds(problem)):
+        if hi > lo:
+            verdict = compare(out[lo:hi], ref[lo:hi], problem.dtype_d)
+            if verdict.status is not Status.OK:
+                return dataclasses.replace(verdict, reason=f"expert {expert} (rows {lo}:{hi}): {verdict.reason}")
+    return compare(out, ref, problem.dtype_d)
+
+
 def verify_launch(launch: Callable[[], None], ops: Operands, ref: torch.Tensor) -> Verdict:
-    """Poison D with NaN, launch once, wait, and compare D with `ref`.
+    """Poison D with NaN, launch once, wait, and compare D with `ref` (each expert's rows on
+    their own for a grouped problem, `compare_groups`).
 
     Raises:
         RuntimeError: a CUDA error surfaced at the synchronization.
@@ -251,4 +306,6 @@ def verify_launch(launch: Callable[[], None], ops: Operands, ref: torch.Tensor) 
     if ops.d.is_cuda:
         torch.cuda.synchronize(ops.d.device)
     p = ops.problem
+    if p.grouped:
+        return compare_groups(ops.d, ref, p)
     return compare(ops.d, ref, p.dtype_d, fp8_inputs=p.dtype_a.is_fp8 or p.dtype_b.is_fp8)

@@ -63,15 +63,16 @@ def launch_once(compiled, problem, seed=0):
 
 def spy_on_timing(monkeypatch):
     """Record, for each call of the runner's timing function, the target classes it timed:
-    the kernel's, then the paired baseline's when there is one."""
+    the kernel's, then those of the sides timed with it (the paired baseline, a baseline row's
+    torch paths)."""
     from cutlass_tune.bench import _runner
 
     timed = []
-    real = _runner.time_paired
+    real = _runner.time_sides
 
-    def spy(launch, baseline, **kw):
-        timed.append(tuple(type(f.__self__).__name__ for f in (launch, baseline) if f is not None))
-        return real(launch, baseline, **kw)
+    def spy(launches, **kw):
+        timed.append(tuple(type(f.__self__).__name__ for f in launches))
+        return real(launches, **kw)
 
-    monkeypatch.setattr(_runner, "time_paired", spy)
+    monkeypatch.setattr(_runner, "time_sides", spy)
     return timed

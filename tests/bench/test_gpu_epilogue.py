@@ -122,13 +122,13 @@ def test_the_paired_sides_are_eager_for_the_kernel_and_compile_for_the_baseline(
     from cutlass_tune.bench import _runner
 
     sides = []
-    real = _runner.time_paired
+    real = _runner.time_sides
 
-    def spy(launch, baseline, **kw):
-        sides.append(getattr(baseline, "__self__", None))
-        return real(launch, baseline, **kw)
+    def spy(launches, **kw):
+        sides.extend(getattr(f, "__self__", None) for f in launches[1:])
+        return real(launches, **kw)
 
-    monkeypatch.setattr(_runner, "time_paired", spy)
+    monkeypatch.setattr(_runner, "time_sides", spy)
     runner = GpuRunner(0)
     [base] = runner(Job.baseline(PROBLEMS["bias+silu"], timing=SHORT))
     assert isinstance(sides[0], TorchTarget) and sides[0].kind is Baseline.COMPILE

@@ -96,14 +96,14 @@ class VariantSpeedTarget(CpuTarget):
 def runner(monkeypatch):
     budgets = []
 
-    def timing(launch, baseline, *, options, flush, prepare):
+    def timing(launches, *, options, flush, prepare):
         budgets.append(options.budget_ms)
-        launch()
+        launches[0]()
         ms = runner_target.ms
-        return (TimingStats(median_ms=ms, p20_ms=ms * 0.995, p80_ms=ms * 1.005, samples=5),
-                TimingStats(median_ms=2.1, p20_ms=2.09, p80_ms=2.11, samples=5))
+        return [TimingStats(median_ms=ms, p20_ms=ms * 0.995, p80_ms=ms * 1.005, samples=5),
+                TimingStats(median_ms=2.1, p20_ms=2.09, p80_ms=2.11, samples=5)]
 
-    monkeypatch.setattr(_runner, "time_paired", timing)
+    monkeypatch.setattr(_runner, "time_sides", timing)
     r = GpuRunner.__new__(GpuRunner)
     r.env, r._flush, r._ops = None, None, allocate(P, "cpu")
     r._clocks = type("NoClocks", (), {"read": lambda self: None})()

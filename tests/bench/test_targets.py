@@ -11,7 +11,7 @@ from cutlass_tune.measurement import BASELINE_NAMES, Baseline, Measurement
 from cutlass_tune.space import Activation, DType, Epilogue, Problem, RuntimeArgs, Scaling
 from cutlass_tune.status import Status
 
-from .test_runner import CpuTarget, _fake_time_paired
+from .test_runner import CpuTarget, _fake_time_sides
 
 SILU = Epilogue(bias=True, activation=Activation.SILU)
 FUSED = Problem(64, 48, 32, epilogue=SILU)
@@ -33,7 +33,8 @@ def test_which_baseline_a_problem_gets():
     assert Baseline.of(FUSED) is Baseline.EAGER
     assert Baseline.of(Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.ROWCOL)) \
         is Baseline.EAGER
-    assert BASELINE_NAMES == {"cuBLAS", "torch eager", "torch.compile"}
+    assert BASELINE_NAMES == {"cuBLAS", "torch eager", "torch.compile", "torch._grouped_mm", "torch expert loop",
+                              "torch dense"}
     assert isinstance(baseline_target(Problem(64, 48, 32), Baseline.CUBLAS), CublasTarget)
     assert baseline_target(FUSED, Baseline.COMPILE).kind is Baseline.COMPILE
 
@@ -144,7 +145,7 @@ def test_a_plain_baseline_job_is_cublas_and_a_fused_one_torch_eager():
 
 @pytest.fixture
 def runner(monkeypatch):
-    monkeypatch.setattr(_runner, "time_paired", _fake_time_paired)
+    monkeypatch.setattr(_runner, "time_sides", _fake_time_sides)
     r = _runner.GpuRunner.__new__(_runner.GpuRunner)  # no CUDA: set by hand what __init__ would
     r.env, r._flush, r.side_note = None, None, ""
     r._clocks = type("NoClocks", (), {"read": lambda self: None})()
@@ -158,13 +159,12 @@ def _measure(runner, target, job):
 
 def test_a_fused_baseline_row_carries_torch_compile_from_its_own_loop(runner, monkeypatch):
     timed = []
-    real = _fake_time_paired
 
-    def time_paired(launch, baseline, **kw):
-        timed.append(getattr(baseline, "__self__", None))
-        return real(launch, baseline, **kw)
+    def time_sides(launches, **kw):
+        timed.extend(getattr(f, "__self__", None) for f in launches[1:])
+        return _fake_time_sides(launches, **kw)
 
-    monkeypatch.setattr(_runner, "time_paired", time_paired)
+    monkeypatch.setattr(_runner, "time_sides", time_sides)
     monkeypatch.setattr(_targets, "compiled_function", eager_function)  # compiling is tested above
     job = Job.baseline(FUSED)
     m = _measure(runner, runner._target(job), job)
@@ -200,11 +200,11 @@ def test_torch_compile_giving_a_wrong_result_is_not_timed(runner, monkeypatch):
 def test_a_paired_kernel_of_a_fused_problem_is_timed_against_torch_eager(runner, monkeypatch):
     timed = []
 
-    def time_paired(launch, baseline, **kw):
-        timed.append(getattr(baseline, "__self__", None))
-        return _fake_time_paired(launch, baseline, **kw)
+    def time_sides(launches, **kw):
+        timed.extend(getattr(f, "__self__", None) for f in launches[1:])
+        return _fake_time_sides(launches, **kw)
 
-    monkeypatch.setattr(_runner, "time_paired", time_paired)
+    monkeypatch.setattr(_runner, "time_sides", time_sides)
 
     class FusedCpuTarget(CpuTarget):
         def launch(self):
