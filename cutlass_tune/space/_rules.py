@@ -591,6 +591,9 @@ def check_runtime(cfg: KernelConfig, args: RuntimeArgs) -> list[Rejection]:
     stream_k = cfg.tile_scheduler is TileScheduler.STREAM_K
     if not stream_k and (args.splits != 1 or args.decomposition is not Decomposition.HEURISTIC):
         out.append(Rejection("stream_k_args", "splits and decomposition apply to Stream-K kernels only"))
+    if cfg.grouping is Grouping.GROUPED and args.swizzle != 1:
+        out.append(Rejection("grouped_swizzle", "a grouped kernel launches one CTA per SM with no host problem "
+                             "shapes, and CUTLASS's group scheduler then ignores max_swizzle_size: use swizzle 1"))
     if stream_k and args.splits > 1 and args.decomposition not in (
         Decomposition.SPLIT_K, Decomposition.HEURISTIC
     ):

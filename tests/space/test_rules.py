@@ -8,10 +8,12 @@ from cutlass_tune.space import (
     Decomposition,
     DType,
     EpilogueSchedule,
+    Grouping,
     KernelConfig,
     KernelSchedule,
     Layout,
     Problem,
+    RasterOrder,
     RuntimeArgs,
     TileScheduler,
     _rules,
@@ -295,3 +297,11 @@ def test_accumulators_beyond_208_registers_per_thread_are_rejected(tile_m, tile_
                        stages=3)
     assert _rules.accumulator_registers(cfg) == regs
     assert ("accumulator_registers" in rules(cfg)) is (regs > 208)
+
+
+def test_a_grouped_kernel_takes_swizzle_1_only():
+    """Guards against sweeping swizzles that CUTLASS's group scheduler ignores (no host problem shapes)."""
+    grouped = KernelConfig(grouping=Grouping.GROUPED)
+    assert check_runtime(grouped, RuntimeArgs(raster=RasterOrder.ALONG_N)) == []
+    assert [r.rule for r in check_runtime(grouped, RuntimeArgs(swizzle=4))] == ["grouped_swizzle"]
+    assert check_runtime(KernelConfig(), RuntimeArgs(swizzle=4)) == []
