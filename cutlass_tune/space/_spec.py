@@ -168,7 +168,7 @@ class _Problems(BaseModel):
         if self.experts is None:
             assert self.m is not None  # _grouped_or_not
             return [(0, m, n, k, None) for m, n, k in itertools.product(self.m, self.n, self.k)]
-        out = []
+        out: list[tuple[int, int, int, int, _Route | None]] = []
         for e, route, n, k in itertools.product(self.experts, self.routes(spec), self.n, self.k):
             rows = self.rows or [sum(route.counts)]
             out += [(e, m, n, k, route) for m in rows]
