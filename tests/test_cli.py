@@ -211,3 +211,19 @@ def test_the_commands_without_a_gpu_do_not_import_torch(tmp_path, command):
     assert r.returncode == 0, r.stderr[-2000:]
     imported = set(re.findall(r"^import time:.*\|\s+([\w.]+)$", r.stderr, re.MULTILINE))
     assert "torch" not in imported
+
+
+def test_space_counts_the_moe_configs():
+    r = run("space", "configs/moe_bf16.yaml")
+    assert r.returncode == 0, r.stderr
+    assert "12 problems" in r.stdout.splitlines()[0] and "grouped_schedule" in r.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--shapes", "e4:64x64x64", "--routing", "pareto"], "error: --routing = 'pareto': give uniform or zipf"),
+    (["--shapes", "64x64x64", "--routing", "zipf"], "error: --routing: goes with MoE shapes"),
+    (["--shapes", "e0:64x64x64"], "experts must be a whole number from 1 to 4096"),
+    (["configs/moe_bf16.yaml", "--routing", "zipf"], "error: --routing: goes with MoE shapes"),
+])
+def test_bad_grouped_sweep_options_are_one_line_and_exit_2(args, expected):
+    assert expected in one_line_error(run("sweep", *args))

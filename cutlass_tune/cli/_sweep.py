@@ -41,7 +41,8 @@ def sweep(
     config: Path | None = typer.Argument(None, help="search-space YAML file (see configs/README.md); "
                                          "without it, --shapes over every valid config (kernels: auto)"),
     shapes: str | None = typer.Option(None, "--shapes", help="MxNxK[,MxNxK...]: tune these shapes, over every "
-                                      "valid config or, with a file, over its knobs"),
+                                      "valid config or, with a file, over its knobs; MoE experts as one grouped "
+                                      "GEMM: eE:ROWSxNxK (e128:32768x1536x2048: 128 experts, 32768 routed rows)"),
     dtype: str | None = typer.Option(None, "--dtype", help="with --shapes: IN or IN:OUT types (default bf16, "
                                      "or the file's)"),
     layout: str | None = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, "
@@ -51,6 +52,9 @@ def sweep(
                                         "file's; docs/epilogues.md)"),
     scaling: str | None = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor or rowcol "
                                        "scales, as torch._scaled_mm takes them (default none, or the file's)"),
+    routing: str | None = typer.Option(None, "--routing", help="with grouped --shapes (eE:ROWSxNxK): how the "
+                                       "rows fall over the experts: uniform, zipf, or both as uniform,zipf "
+                                       "(default uniform)"),
     strategy: Strategy | None = typer.Option(
         None, "--strategy", help="prior: a model of the measurements picks first (default for kernels: auto); "
         "optuna: the sampler after the warm start (default for a file's lists)"),
@@ -83,7 +87,7 @@ def sweep(
         raise CutlassTuneError(f"--gpu {repeated[0]} given more than once")
     if timeout is not None and not math.isfinite(timeout):
         raise CutlassTuneError(f"--timeout {timeout}: give a number of seconds")
-    sp = sweep_space(config, shapes, dtype, layout, epilogue, scaling)
+    sp = sweep_space(config, shapes, dtype, layout, epilogue, scaling, routing)
     if not sp.valid:
         raise CutlassTuneError(f"{sp.path}: no valid config to tune (see `cutlass-tune space {sp.path} --list`)")
     # A bad --storage fails here, before any GPU work; a new store is made by its first write.

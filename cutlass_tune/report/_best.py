@@ -14,6 +14,10 @@ problem, with its own rows: its `ratio` is to torch's eager call of the same mat
 the same run (`measurement.Baseline.EAGER`), and `torch_compile_ratio` to `torch.compile` of that
 function where the run timed it, carried over through the eager row of the same pass
 (`Measurement.to_compile`, docs/epilogues.md).
+
+A grouped problem (MoE experts) is its own problem too, named with its experts and routing
+(`Problem.name`); its `ratio` is to its baseline of the same run (`Baseline.of`:
+torch._grouped_mm), and its rows carry `GROUPED_COLUMNS`.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement
     return out
 
 
+GROUPED_COLUMNS = ("grouping", "groups", "routing")
+"""A grouped problem's columns beside m, n, k: "none"/"grouped", the experts (0 for a single
+GEMM) and the routing ("" for a single GEMM); the problem's per-expert rows are in its name
+(a histogram's digest) and in the store's records."""
 _STORE_NUMBERS = ("tflops", "median_ms", "p20_ms", "p80_ms", "cublas_tflops", "ratio", "energy_mj",
                   "cublas_energy_mj", "torch_compile_tflops", "torch_compile_ratio")
 RANKING = tuple(m.value for m in sorted(TimingMethod, key=lambda m: m.facts.rank))
@@ -128,7 +136,7 @@ def _from_store(url: str) -> pd.DataFrame:
     best["sweep_ratio"] = best["sweep_ratio"].fillna(best["ratio"])
     best["confirm_passes"] = best["confirm_passes"].astype(int)
     best = best.sort_values(["gpu", "m", "n", "k", "problem"], kind="stable")
-    return best[list(COLUMNS)].reset_index(drop=True)
+    return best[[*COLUMNS, *(c for c in GROUPED_COLUMNS if c not in COLUMNS)]].reset_index(drop=True)
 
 
 def _compile_figures(rows: list[StoredRow], measurements: list[Measurement]) -> dict[tuple, tuple[float, float]]:

@@ -27,7 +27,7 @@ from markupsafe import Markup
 from .._files import shipped, write_atomically
 from ..errors import CutlassTuneError
 from ..measurement import Baseline, EnvStamp, TimingMethod
-from ..space import Decomposition, KernelConfig, RasterOrder, RuntimeArgs, texts
+from ..space import Decomposition, KernelConfig, Problem, RasterOrder, RuntimeArgs, texts
 from ..status import Status
 from ..store import ResultStore, StoredRow, open_store
 from ..tables import COLUMNS, BestTableError
@@ -194,6 +194,13 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> di
     baseline = Baseline.of(measured).value
     compiled = [m.compile_tflops for m in base.measurement if m.compile_tflops]
     trials = data.trials.get(problem, [])
+    # A grouped baseline's row may carry a loop of one GEMM per expert and one dense GEMM of all
+    # the rows (the bench stage's reference points); stores written before them have neither.
+    references = {}
+    for name in GROUPED_REFERENCES:
+        found = [getattr(m, name, None) for m in base.measurement]
+        found = [v for v in found if v]
+        references[name] = _fmt(float(pd.Series(found).median()) if found else None, ".1f")
     sid = f"p{index}"
     cells = []
 
@@ -220,9 +227,25 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> di
     return {"id": sid, "problem": problem, "configs": kernels.config_hash.nunique(),
             "measurements": len(kernels), "failed": len(kernels) - len(ok), "cublas": _fmt(cublas, ".1f"),
             "baseline": baseline, "epilogue": measured.epilogue.name, "scaling": measured.scaling.value,
+            "experts": _experts_label(measured), "loop": references["loop_tflops"],
+            "dense": references["dense_tflops"],
             "compiled": _fmt(float(pd.Series(compiled).median()) if compiled else None, ".1f"),
             "study": data.studies.get(problem), "trials": len(trials),
             "invalid": sum(1 for t in trials if (t.constraints or {}).get("invalid")), "cells": cells}
+
+
+GROUPED_REFERENCES = ("loop_tflops", "dense_tflops")
+"""The fields of a grouped problem's baseline measurement the page shows where present."""
+
+
+def _experts_label(problem: Problem) -> str:
+    """A grouped problem's experts in words ("128 experts, zipf routing, 2-6031 rows each"); empty
+    for a single GEMM."""
+    if not problem.grouped:
+        return ""
+    rows = problem.group_rows
+    spread = f", {min(rows)}-{max(rows)} rows each" if rows else ""
+    return f"{problem.groups} experts, {problem.routing.value} routing{spread}"
 
 
 def _runs(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -115,7 +115,8 @@ def _usable_sms(sm_count: int, ctas: np.ndarray) -> np.ndarray:
 
 def features(problem: Problem, cols: Mapping[str, np.ndarray], sm_count: int) -> np.ndarray:
     """`FEATURES` of each config of `cols` (as `config_columns` gives them) on `problem`, on a
-    GPU of `sm_count` SMs: an array of one row per config."""
+    GPU of `sm_count` SMs: an array of one row per config. A grouped problem's tiles along M
+    are its experts' (each expert's rows round up to whole tiles of its own)."""
     m, n, k = float(problem.m), float(problem.n), float(problem.k)
     tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
     cm, cn = cols["cluster_m"], cols["cluster_n"]
@@ -125,6 +126,9 @@ def features(problem: Problem, cols: Mapping[str, np.ndarray], sm_count: int) ->
     stream_k = cols["stream_k"].astype(bool)
     in_bytes = cols["in_bits"] / 8
     tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
+    if problem.grouped and problem.group_rows:
+        rows_of = np.asarray(problem.group_rows, dtype=np.float64)[:, None]
+        tiles_m = np.maximum(np.ceil(rows_of / np.asarray(tm, dtype=np.float64)[None, :]).sum(axis=0), 1.0)
     tiles = tiles_m * tiles_n
     # Persistent kernels launch whole clusters: the tile grid rounds up to the cluster shape.
     launched = np.ceil(tiles_m / cm) * cm * np.ceil(tiles_n / cn) * cn

@@ -93,7 +93,9 @@ def committed_observations(frame: pd.DataFrame, gpu: str | None = None,
     rows only, or every GPU's where it has none; with `method` ("events", "graph",
     "sustained"), that timing method's, or every method's where it has none."""
     rows = frame[(frame["status"] == Status.OK.value) & frame["ratio"].notna()]
-    for column in ("epilogue", "scaling"):  # a fused problem's ratio is to torch eager, not cuBLAS
+    # A fused problem's ratio is to torch eager and a grouped one's to torch._grouped_mm, not
+    # cuBLAS; and a grouped problem's experts and routed rows are not in m, n, k.
+    for column in ("epilogue", "scaling", "grouping"):
         if column in rows:
             rows = rows[rows[column].isna() | (rows[column] == "none")]
     if gpu is not None and (rows["gpu"] == gpu).any():

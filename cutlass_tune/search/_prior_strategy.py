@@ -10,6 +10,11 @@ once it has, they are the prior's best unmeasured configs by score, one in `SAMP
 left to the sampler (TPE: exploration). A compiled config is measured on every problem of its
 kind, so the first batch (one config per problem and turn) gives every problem results.
 
+Grouped problems (MoE experts) have a prior of their own, fitted only on grouped observations
+(the committed measurements hold none, so at first on nothing: it then ranks by the features
+alone); a plain GEMM's measurements say nothing of a grouped kernel's speed, which depends on
+the experts' rows. Their first picks are the hand-picked `GROUPED_DEFAULTS`, then the prior's.
+
 The picks are configs of the space: of a `kernels: auto` space, any valid config, the
 hand-written spaces' or not; of a space of knob lists, only the space's. Everything proposed is
 a trial of the problem's Optuna study (queued, then asked), so a study holds every config
@@ -30,7 +35,7 @@ from ._features import Pool
 from ._ledger import Ledger
 from ._optuna_strategy import ASKS_PER_CONFIG
 from ._prior import Observation, Prior, StoreObservations
-from ._seeds import heuristic_configs
+from ._seeds import grouped_defaults, heuristic_configs
 from ._strategy import StrategyContext, register_strategy
 from ._studies import Study
 
@@ -70,6 +75,8 @@ class PriorStrategy:
         self.sm_count, self.committed = context.sm_count, list(committed)
         self.observed = StoreObservations(context.store)
         self.prior = Prior(self.sm_count)
+        self.grouped_prior = Prior(self.sm_count)
+        """The prior of grouped problems, fitted on grouped observations only."""
         self.fits = 0
         self._results = -1  # store results at the last fit
         self._pools: dict[Operation, Pool] = {}
@@ -101,20 +108,43 @@ class PriorStrategy:
         if not force and len(own) < self._results + REFIT_EVERY:
             return False
         start = time.monotonic()
-        self.prior = Prior.fit(self.committed + own, self.sm_count)
+        grouped = [o for o in own if o.problem.grouped]
+        plain = [o for o in self.committed + own if not o.problem.grouped]
+        has_grouped = any(s.problem.grouped for s in self.studies)
+        has_plain = any(not s.problem.grouped for s in self.studies)
+        if has_plain:
+            self.prior = Prior.fit(plain, self.sm_count)
+        if has_grouped:
+            self.grouped_prior = Prior.fit(grouped, self.sm_count)
         self._results, self.fits = len(own), self.fits + 1
         self._answered = {o.problem for o in own}
         for s in self.studies:
             answered = s.problem in self._answered
             pool = self._pool(s.problem)
-            rows = self.prior.rank(s.problem, pool, diverse=not answered)[:PICKS_KEPT]
+            prior = self.grouped_prior if s.problem.grouped else self.prior
+            rows = prior.rank(s.problem, pool, diverse=not answered)[:PICKS_KEPT]
             picks = [pool.config(r) for r in rows]
-            if not answered:  # its first picks: nvMatmulHeuristics' join the prior's, one by one
+            if not answered and s.problem.grouped:  # its first picks: the hand-picked grouped configs
+                first = grouped_defaults(s.problem, self.space)
+                picks = first + [c for c in picks if c not in first]
+            elif not answered:  # its first picks: nvMatmulHeuristics' join the prior's, one by one
                 picks = _interleave(picks, self._heuristic.get(s.name, []), HEURISTIC_AFTER)
             self._ranked[s.name] = picks
-        log.info("prior fitted on %d observations (%d of the store) and ranked in %.1f s",
-                 self.prior.rows, len(own), time.monotonic() - start)
+        if has_plain:
+            log.info("prior fitted on %d observations (%d of the store) and ranked in %.1f s",
+                     self.prior.rows, len(own) - len(grouped), time.monotonic() - start)
+        if has_grouped:
+            log.info("%s", self.grouped_fit)
         return True
+
+    @property
+    def grouped_fit(self) -> str:
+        """What the prior of grouped problems was fitted on, in words."""
+        if self.grouped_prior.model is None:
+            return ("grouped problems: prior fitted on no grouped measurement (the committed table has none); "
+                    "first picks are the hand-picked grouped configs, then the features alone")
+        return (f"grouped problems: prior fitted on {self.grouped_prior.rows} grouped observations of the store "
+                "only (no plain GEMM's), after the hand-picked grouped configs")
 
     def picks(self, s: Study, count: int) -> list[KernelConfig]:
         """The first `count` configs the prior would propose for `s`'s problem, measured or not."""

@@ -34,6 +34,19 @@ COMMON_DEFAULTS = (
     dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, cluster_n=1, tile_scheduler=TileScheduler.STREAM_K),
     dict(tile_m=64, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
 )
+_COOPERATIVE = dict(kernel_schedule=KernelSchedule.COOPERATIVE,
+                    epilogue_schedule=PAIRED_EPILOGUE[KernelSchedule.COOPERATIVE])
+# Grouped (MoE experts) configs picked by hand that ran fastest on an H200 against
+# torch._grouped_mm, best first. No measurement table holds grouped rows yet, so these, not the
+# plain GEMM's defaults, lead a grouped problem; 2x1 clusters were among the slowest for the
+# fine-grained experts (a few hundred rows each) and are left out.
+GROUPED_DEFAULTS = (
+    dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=128, tile_n=192, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
+    dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+)
 NEAREST_PROBLEMS = 3
 WAVE_FIT_MARGIN = 0.05
 """How much better a tile must fill the last wave than every large common default's tile before
@@ -55,7 +68,10 @@ log = logging.getLogger(__name__)
 def heuristic_configs(problem: Problem, gpu_name: str | None, count: int = HEURISTIC_TOP_K) -> list[KernelConfig]:
     """nvMatmulHeuristics' top `count` tile/cluster/stage choices for `problem`, as configs
     (cooperative where tile M allows, else ping-pong; the model does not rank schedules).
-    Empty when the package is missing or fails."""
+    Empty when the package is missing or fails, and for a grouped problem (its model is of
+    one GEMM)."""
+    if problem.grouped:
+        return []
     try:
         import nvMatmulHeuristics as nvmmh
     except ImportError:
@@ -154,10 +170,24 @@ def _wave_fit_pool(space: SearchSpace) -> list[KernelConfig]:
     return out
 
 
+def grouped_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:
+    """`GROUPED_DEFAULTS` of `problem`'s operation that `space` holds, in order (each without a
+    C operand where the space has that variant, as `seed_configs` takes them)."""
+    out = []
+    for knobs in GROUPED_DEFAULTS:
+        for source in (False, True):
+            cfg = KernelConfig.for_operation(problem, epilogue_source=source, **knobs)
+            if space.holds(cfg):
+                out.append(cfg)
+                break
+    return out
+
+
 def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem],
                  gpu_name: str | None = None, sm_count: int | None = None) -> list[KernelConfig]:
     """Configs to enqueue before sampling, in order, each valid and in `space`. Without
-    `sm_count` (the GPU's SMs) no wave-fitting tiles are added."""
+    `sm_count` (the GPU's SMs) no wave-fitting tiles are added. A grouped problem's defaults
+    are `GROUPED_DEFAULTS`."""
     out: dict[str, KernelConfig] = {}
     # The performance model's picks first, one problem at a time, so each problem gets its own.
     picks = [heuristic_configs(p, gpu_name) for p in problems]
@@ -167,7 +197,7 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
                 out.setdefault(found[rank].hash, found[rank])
     defaults: list[KernelConfig] = []
     for p in problems:
-        for knobs in COMMON_DEFAULTS:
+        for knobs in GROUPED_DEFAULTS if p.grouped else COMMON_DEFAULTS:
             if p.dtype_a.is_fp8:  # the same shapes with fp8's 128-byte K rows, fast accumulation first
                 knobs = {**knobs, "tile_k": 128, "fp8_fast_accum": True}
             # Without a C operand where the space has it: every launch here has beta = 0, and

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import pydantic
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from .._files import MAX_INPUT_BYTES, InputTooLargeError, read_input
 from ..errors import ConfigFileError
@@ -34,8 +34,8 @@ from . import _rules
 from ._auto import AutoConfigs, AutoKernels, Census
 from ._kinds import Int, checked
 from ._knobs import KernelConfig, Knob, RuntimeArgs
-from ._operation import Operation, Problem
-from ._types import DType, Epilogue, Layout, Scaling
+from ._operation import MAX_GROUPS, Operation, Problem
+from ._types import DType, Epilogue, Grouping, Layout, Routing, Scaling
 
 _LAYOUT_CODES = {
     "tn": (Layout.ROW, Layout.COL),
@@ -82,16 +82,97 @@ EpilogueName = Annotated[Epilogue, BeforeValidator(_parse_epilogue)]
 """An epilogue as `Epilogue.name` writes it: none, bias, bias+silu, residual, ..."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Route:
+    """One `routing:` value of a grouped problem block: how its rows fall over its experts."""
+
+    routing: Routing
+    counts: tuple[int, ...] = ()
+    """A histogram's rows per expert."""
+
+    @property
+    def name(self) -> str:
+        return self.routing.value
+
+
+_ROUTINGS = "uniform, zipf or {histogram: [rows of expert 0, rows of expert 1, ...]}"
+
+
+def _parse_routing(v: Any) -> _Route:
+    if isinstance(v, _Route):
+        return v
+    if isinstance(v, str) and v in (Routing.UNIFORM.value, Routing.ZIPF.value):
+        return _Route(Routing(v))
+    if isinstance(v, dict) and list(v) == ["histogram"]:
+        counts = v["histogram"]
+        if (not isinstance(counts, list) or not counts
+                or any(type(c) is not int or c < 0 for c in counts)):
+            raise ValueError("a histogram is a list of whole row counts >= 0, one per expert")
+        return _Route(Routing.HISTOGRAM, tuple(counts))
+    raise ValueError(f"routing must be {_ROUTINGS}")
+
+
+RouteSpec = Annotated[Any, BeforeValidator(_parse_routing)]
+"""A grouped problem's routing: uniform, zipf or {histogram: [...]} (`_Route`)."""
+
+
+def _experts_problem(v: int) -> str | None:
+    if not 1 <= v <= MAX_GROUPS:
+        return f"experts must be a whole number from 1 to {MAX_GROUPS}"
+    return None
+
+
+Experts = Annotated[Int, pydantic.AfterValidator(checked(_experts_problem))]
+
+
 class _Problems(BaseModel):
     """One product of problem sizes; each of m, n, k a number or a list. `epilogue` and
-    `scaling`, a value or a list each, take the file's where left out."""
+    `scaling`, a value or a list each, take the file's where left out.
+
+    A grouped block (MoE experts, `Grouping.GROUPED`) gives `experts` and `rows` (the routed
+    rows of all experts together: the problem's M) in place of m, and `routing` (default the
+    file's, else uniform); a histogram's counts give the rows when `rows` is left out."""
 
     model_config = _STRICT
-    m: Many[Size]
+    m: Many[Size] | None = None
     n: Many[Size]
     k: Many[Size]
     epilogue: Many[EpilogueName] | None = None
     scaling: Many[Scaling] | None = None
+    experts: Many[Experts] | None = None
+    rows: Many[Size] | None = None
+    routing: Many[RouteSpec] | None = None
+
+    @model_validator(mode="after")
+    def _grouped_or_not(self) -> _Problems:
+        if self.experts is None:
+            if self.rows is not None or self.routing is not None:
+                raise ValueError("rows and routing belong to a grouped block: give experts too (and no m)")
+            if self.m is None:
+                raise ValueError("give m, n and k (or experts, rows, n and k for MoE experts)")
+        elif self.m is not None:
+            raise ValueError("a grouped block gives rows (the routed rows of all experts), not m")
+        elif self.rows is None and (self.routing is None or any(
+                r.routing is not Routing.HISTOGRAM for r in self.routing)):
+            raise ValueError("a grouped block needs rows (the routed rows of all experts) unless its "
+                             "every routing is a histogram")
+        return self
+
+    def routes(self, spec: _SpaceFile) -> list[_Route]:
+        """The block's routings: its own, else the file's, else uniform."""
+        return list(self.routing or spec.routing or [_Route(Routing.UNIFORM)])
+
+    def sizes(self, spec: _SpaceFile) -> list[tuple[int, int, int, int, _Route | None]]:
+        """(experts or 0, M, N, K, route or None) of each problem of the block: a histogram
+        without rows has the sum of its counts as M."""
+        if self.experts is None:
+            assert self.m is not None  # _grouped_or_not
+            return [(0, m, n, k, None) for m, n, k in itertools.product(self.m, self.n, self.k)]
+        out: list[tuple[int, int, int, int, _Route | None]] = []
+        for e, route, n, k in itertools.product(self.experts, self.routes(spec), self.n, self.k):
+            rows = self.rows or [sum(route.counts)]
+            out += [(e, m, n, k, route) for m in rows]
+        return out
 
 
 def _knob_model(name: str, knobs: tuple[Knob, ...], doc: str) -> type[BaseModel]:
@@ -119,6 +200,7 @@ class _SpaceFile(BaseModel):
     layouts: Many[Literal["tn", "nt", "nn", "tt"]] = ["tn"]
     epilogue: Many[EpilogueName] = [Epilogue()]
     scaling: Many[Scaling] = [Scaling.NONE]
+    routing: Many[RouteSpec] | None = None
     kernels: Many[_Knobs] = [_Knobs()]  # type: ignore[valid-type]
     runtime: _Runtime = _Runtime()  # type: ignore[valid-type]
 
@@ -216,11 +298,18 @@ def _check_size(path: str, spec: _SpaceFile, auto: bool) -> None:
         widest = sorted(longest.items(), key=lambda item: -item[1])[:2]
         raise ConfigFileError(path, "kernels", None, f"{total:,} knob combinations, more than the {MAX_CANDIDATES:,} "
                               f"a space may hold (longest lists: {', '.join(f'{k} {n}' for k, n in widest)})")
-    problems = sum(len(b.m) * len(b.n) * len(b.k) * len(_operations(b, spec))
-                   for b in spec.problems) * len(spec.dtypes) * len(spec.layouts)
+    problems = sum(_block_size(b, spec) * len(_operations(b, spec)) for b in spec.problems) * len(spec.dtypes) * len(
+        spec.layouts)
     if problems > MAX_PROBLEMS:
         raise ConfigFileError(path, "problems", None, f"{problems:,} problems, more than the {MAX_PROBLEMS:,} a "
                               "space may hold")
+
+
+def _block_size(block: _Problems, spec: _SpaceFile) -> int:
+    """How many shapes a problem block multiplies out to, without listing them."""
+    if block.experts is None:
+        return len(block.m or ()) * len(block.n) * len(block.k)
+    return len(block.experts) * len(block.routes(spec)) * len(block.rows or [0]) * len(block.n) * len(block.k)
 
 
 def _operations(block: _Problems, spec: _SpaceFile) -> list[tuple[Epilogue, Scaling]]:
@@ -247,15 +336,19 @@ def _expand_problems(path: str, spec: _SpaceFile) -> list[Problem]:
     out: dict[Problem, None] = {}  # in file order, each once
     for block, dtypes, layout in itertools.product(spec.problems, spec.dtypes, spec.layouts):
         layout_a, layout_b = _LAYOUT_CODES[layout]
-        for (m, n, k), (epilogue, scaling) in itertools.product(
-                itertools.product(block.m, block.n, block.k), _operations(block, spec)):
+        for (experts, m, n, k, route), (epilogue, scaling) in itertools.product(
+                block.sizes(spec), _operations(block, spec)):
+            grouped: dict[str, Any] = {} if route is None else {
+                "grouping": Grouping.GROUPED, "groups": experts, "routing": route.routing,
+                "group_rows": route.counts}
             p = Problem(m, n, k, dtype_a=dtypes.input, dtype_b=dtypes.input, dtype_d=dtypes.output,
-                        layout_a=layout_a, layout_b=layout_b, epilogue=epilogue, scaling=scaling)
+                        layout_a=layout_a, layout_b=layout_b, epilogue=epilogue, scaling=scaling, **grouped)
             why = _rules.check_problem(p)
             if why:
                 operation = (f" {epilogue.name}" if not epilogue.is_plain else "") + (
                     f" scaling {scaling.value}" if scaling is not Scaling.NONE else "")
-                raise ConfigFileError(path, "problems", f"{m}x{n}x{k} {layout}{operation}", str(why[0]))
+                shape = f"{m}x{n}x{k}" if route is None else f"e{experts}:{m}x{n}x{k} {route.name}"
+                raise ConfigFileError(path, "problems", f"{shape} {layout}{operation}", str(why[0]))
             out.setdefault(p)
     return list(out)
 
@@ -431,6 +524,8 @@ def _space(path: str, raw: dict) -> SearchSpace:
     except pydantic.ValidationError as err:
         raise _validation_error(path, err) from err
     _check_size(path, spec, auto)
+    if spec.routing is not None and all(b.experts is None for b in spec.problems):
+        raise ConfigFileError(path, "routing", None, "goes with grouped problem blocks (experts, rows, n, k)")
     problems = tuple(_expand_problems(path, spec))
     if not auto:
         return SearchSpace(path=path, description=spec.description, problems=problems,
@@ -444,13 +539,17 @@ SHAPES_RUNTIME = {"raster": ["along_m", "along_n"], "swizzle": [1, 4, 8],
                   "decomposition": ["heuristic", "data_parallel", "stream_k"]}
 """The run-time variants of a space of `--shapes` alone: those of configs/sm90_bf16.yaml (six per
 kernel, eighteen per Stream-K kernel)."""
-_SHAPE = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*", re.ASCII)
+_SHAPE = re.compile(r"\s*(?:[eE](?P<experts>\d+)\s*:\s*)?(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*", re.ASCII)
+"""MxNxK, or EXPERTS:ROWSxNxK for a grouped problem (`e128:32768x1536x2048`: 128 experts, 32768
+routed rows, N 1536, K 2048)."""
 
 
 def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | None = None,
                      config: str | Path | None = None, epilogue: str | None = None,
-                     scaling: str | None = None) -> SearchSpace:
-    """The space of `sweep --shapes`: the problems `shapes` lists (MxNxK, comma-separated), each
+                     scaling: str | None = None, routing: str | None = None) -> SearchSpace:
+    """The space of `sweep --shapes`: the problems `shapes` lists (MxNxK, comma-separated; MoE
+    experts as eE:ROWSxNxK, each with every routing of `routing`, uniform and/or zipf, comma-separated,
+    default uniform), each
     of type `dtype` (IN or IN:OUT; fp8 gives bf16 out unless told) and `layout` (tn, nt, nn,
     tt), computing `epilogue` (an `Epilogue.name`: bias+silu, ...) with fp8 `scaling` (none,
     tensor, rowcol); with `config`, that file's knobs and run-time variants, its types,
@@ -458,15 +557,28 @@ def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | Non
     `SHAPES_RUNTIME`, bf16, tn and the plain GEMM where not given.
 
     Raises:
-        ConfigFileError: a shape, type, layout, epilogue or scaling that is malformed, or that
-            no kernel can run; or a bad `config`. One line.
+        ConfigFileError: a shape, type, layout, epilogue, scaling or routing that is malformed, or
+            that no kernel can run; or a bad `config`. One line.
     """
-    problems = []
+    problems: list[dict[str, Any]] = []
+    routes = None if routing is None else [r.strip() for r in routing.split(",")]
     for item in shapes.split(","):
         match = _SHAPE.fullmatch(item)
         if not match:
-            raise ConfigFileError("--shapes", "", _shown(item.strip()), "give each shape as MxNxK, e.g. 4096x4096x4096")
-        problems.append({"m": int(match[1]), "n": int(match[2]), "k": int(match[3])})
+            raise ConfigFileError("--shapes", "", _shown(item.strip()), "give each shape as MxNxK, e.g. "
+                                  "4096x4096x4096, or MoE experts as eE:ROWSxNxK, e.g. e128:32768x1536x2048")
+        size = {"n": int(match[3]), "k": int(match[4])}
+        if match["experts"] is None:
+            problems.append({"m": int(match[2]), **size})
+        else:
+            problems.append({"experts": int(match["experts"]), "rows": int(match[2]), **size,
+                             **({"routing": routes} if routes else {})})
+    if routes is not None:
+        bad = next((r for r in routes if r not in (Routing.UNIFORM.value, Routing.ZIPF.value)), None)
+        if bad is not None:
+            raise ConfigFileError("--routing", "", _shown(bad), "give uniform or zipf (or both: uniform,zipf)")
+        if not any("experts" in p for p in problems):
+            raise ConfigFileError("--routing", "", None, "goes with MoE shapes in --shapes (eE:ROWSxNxK)")
     raw: dict[str, Any] = ({"kernels": "auto", "runtime": SHAPES_RUNTIME, "dtypes": ["bf16"], "layouts": ["tn"]}
                            if config is None else _read_mapping(str(config)))
     raw = {**raw, "problems": problems}
@@ -484,7 +596,8 @@ def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | Non
 
 
 def sweep_space(config: str | Path | None, shapes: str | None = None, dtype: str | None = None,
-                layout: str | None = None, epilogue: str | None = None, scaling: str | None = None) -> SearchSpace:
+                layout: str | None = None, epilogue: str | None = None, scaling: str | None = None,
+                routing: str | None = None) -> SearchSpace:
     """The space `sweep` tunes: the file `config`; with `shapes`, those shapes over the file's
     knobs, or over `kernels: auto` without a file (`space_for_shapes`).
 
@@ -494,13 +607,16 @@ def sweep_space(config: str | Path | None, shapes: str | None = None, dtype: str
     """
     if shapes is not None:
         return space_for_shapes(shapes, dtype=dtype, layout=layout, config=config, epilogue=epilogue,
-                                scaling=scaling)
+                                scaling=scaling, routing=routing)
     if dtype is not None or layout is not None:
         raise ConfigFileError("--dtype" if dtype is not None else "--layout", "", None,
                               "goes with --shapes (a space file gives its own types and layouts)")
     if epilogue is not None or scaling is not None:
         raise ConfigFileError("--epilogue" if epilogue is not None else "--scaling", "", None,
                               "goes with --shapes (a space file gives its own epilogue and scaling)")
+    if routing is not None:
+        raise ConfigFileError("--routing", "", None, "goes with MoE shapes in --shapes (a space file gives "
+                              "its own routing)")
     if config is None:
         raise ConfigFileError("sweep", "", None, "give a search-space file or --shapes MxNxK[,MxNxK...]")
     return load_space(config)

@@ -529,7 +529,10 @@ class ResultStore:
         cublas_tflops = m.baseline_tflops or cublas_tflops
         ratio = (m.tflops / cublas_tflops) if (m.tflops and cublas_tflops) else None
         row = {
-            "gpu": gpu, "problem": p.name, "m": p.m, "n": p.n, "k": p.k, **p.operation.cells(),
+            # A grouped problem's grouping, experts and routed rows are in its name and record: no
+            # column holds them (nothing selects by them), so schema 2 stores them all.
+            "gpu": gpu, "problem": p.name, "m": p.m, "n": p.n, "k": p.k,
+            **{c: v for c, v in p.operation.cells().items() if c in measurements_table.c},
             "kernel": m.kernel_name,
             "config_hash": m.config.hash if m.config is not None else None,
             "runtime": m.runtime.name, "status": m.status.value, "reason": m.reason,

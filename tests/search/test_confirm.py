@@ -275,3 +275,24 @@ def test_a_problem_confirmed_sustained_ranks_by_those_passes_beside_the_sweeps_m
     assert (big["kernel"], big["method"], big["confirm_passes"]) == (COOP.name, "sustained", 3)
     assert big["ratio"] == pytest.approx(0.99) and big["sweep_ratio"] == pytest.approx(1.03)
     assert (big["energy_mj"], big["cublas_energy_mj"]) == (5.0, 6.0)
+
+
+def test_a_grouped_problem_is_confirmed_with_its_experts_and_its_own_baseline(tmp_path):
+    """Guards against rebuilding a grouped problem from m, n, k: its experts and routed rows
+    would be lost, and its kernels measured on a problem of no experts."""
+    from cutlass_tune.space import Routing
+
+    experts = Problem.experts(128, 1536, 2048, 4096, routing=Routing.ZIPF)
+    cfg = KernelConfig.for_operation(experts, tile_m=128, tile_n=192, kernel_schedule=KernelSchedule.PINGPONG,
+                                     epilogue_schedule=EpilogueSchedule.TMA)
+    s = ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    s.bind_gpu("Fake GPU")
+    s.add(baseline(experts), gpu="Fake GPU", run_id="sweep")
+    s.add(kernel(experts, cfg, RuntimeArgs(), 1.2), gpu="Fake GPU", run_id="sweep", cublas_tflops=CUBLAS_TFLOPS)
+    chosen = candidates(s, top=2)
+    assert [c.problem for c in chosen] == [experts] and chosen[0].problem.group_rows == experts.group_rows
+    bench = ScriptedBench({(cfg.hash, RuntimeArgs().name): 1.1})
+    confirm(s, chosen, FakeCompiler(), bench, passes=2)
+    assert [p for _, p, *_ in bench.order] == [experts.name] * 4  # the baseline of its own problem first
+    best = load_best(s.url).set_index("problem")
+    assert best.loc[experts.name, "confirm_passes"] == 2 and best.loc[experts.name, "routing"] == "zipf"

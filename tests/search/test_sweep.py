@@ -539,3 +539,22 @@ def test_a_sweep_of_fused_problems_measures_the_kernels_it_compiles(tmp_path, op
     assert [pp.measured for pp in state.problems] == [4, 4] and state.invalid == 0
     assert all(c.epilogue == sp.problems[0].epilogue and c.scaling == sp.problems[0].scaling
                for call in compiler.calls for c in call)
+
+
+@pytest.mark.parametrize("strategy", ["optuna", "prior"])
+def test_a_sweep_of_grouped_problems_measures_the_kernels_it_compiles(tmp_path, strategy):
+    # Regression: a sweep that maps configs back to problems without their grouping compiles its
+    # budget and measures none of it (as fused sweeps once did).
+    from cutlass_tune.space import sweep_space
+
+    sp = sweep_space(None, "e128:4096x1536x2048,4096x1536x2048", routing="uniform,zipf")
+    compiler = FakeCompiler()
+    bench = FakeBench()
+    state = make(sp, tmp_path, bench, compiler, trials=6, batch=3, strategy=strategy)[0].run()
+    grouped = [pp for pp in state.problems if pp.problem.grouped]
+    assert len(grouped) == 2 and all(pp.measured > 0 for pp in state.problems) and state.invalid == 0
+    compiled = [c for call in compiler.calls for c in call]
+    assert {c.hash for c in compiled if c.grouped} == {h for h, p, _ in bench.measured if "_grouped_" in p}
+    # each grouped problem is measured on every grouped kernel compiled, and on no plain one
+    for pp in grouped:
+        assert {h for h, p, _ in bench.measured if p == pp.problem.name} == {c.hash for c in compiled if c.grouped}

@@ -13,11 +13,14 @@ from cutlass_tune.space import (
     AutoKernels,
     DType,
     Epilogue,
+    Grouping,
     KernelConfig,
+    KernelSchedule,
     Layout,
     Operation,
     Problem,
     Scaling,
+    TileScheduler,
     check_config,
     load_space,
     space_for_shapes,
@@ -30,6 +33,9 @@ FP8_NT = dataclasses.replace(FP8, layout_a=Layout.COL, layout_b=Layout.ROW)
 # A fusion that needs a TMA epilogue and a residual that needs C; fp8 scales with their rows in smem.
 FUSED = Operation(epilogue=Epilogue.parse("bias+silu+residual"))
 FP8_ROWCOL = dataclasses.replace(FP8, epilogue=Epilogue.parse("bias+gelu"), scaling=Scaling.ROWCOL)
+# MoE experts: cooperative or ping-pong, persistent, TMA epilogues; fp8 grouped kernels are not built.
+GROUPED = Operation(grouping=Grouping.GROUPED)
+FP8_GROUPED = dataclasses.replace(FP8, grouping=Grouping.GROUPED)
 # Values that make every rule of check_config refuse some configs: tile K 256 of a 16-bit type,
 # 4x4 clusters, ping-pong 128x224, only one stage of 256x208x128 beside its epilogue, fast
 # accumulation of 16-bit inputs, ...
@@ -54,8 +60,9 @@ def brute_force(auto):
     return counts, valid
 
 
-@pytest.mark.parametrize("operation", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL],
-                         ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol"])
+@pytest.mark.parametrize("operation", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL, GROUPED, FP8_GROUPED],
+                         ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol", "bf16-grouped",
+                              "e4m3-grouped"])
 def test_the_count_is_the_count_of_the_listed_product(operation):
     auto = AutoKernels(operation, SMALL)
     counts, valid = brute_force(auto)
@@ -71,7 +78,7 @@ def test_the_count_is_the_count_of_the_listed_product(operation):
 
 def test_every_rule_is_exercised_by_the_small_product():
     counts = collections.Counter()
-    for operation in (BF16, FP8, FP8_NT, FUSED):
+    for operation in (BF16, FP8, FP8_NT, FUSED, GROUPED, FP8_GROUPED):
         counts.update(AutoKernels(operation, SMALL).census().invalid)
     # the operand rules refuse a kind whole: their own tests cover them
     assert {rule for rule, _ in CONFIG_RULES} - set(counts) == {"arch", "dtype_inputs", "dtype_output",
@@ -89,7 +96,7 @@ def _random_config(rng, auto):
 def test_each_rule_reads_only_the_fields_it_declares():
     """Guards the count against a rule added to check_config, or changed, but not to CONFIG_RULES."""
     rng = random.Random(0)
-    for operation in (BF16, FP8):
+    for operation in (BF16, FP8, GROUPED):
         auto = AutoKernels(operation)
         domain = {f: [] for knob, _ in auto.knobs for f in knob.fields}
         for knob, values in auto.knobs:
@@ -125,6 +132,19 @@ def test_a_16_bit_kind_is_counted_whole_in_seconds():
                           epilogue_schedule=picked[0].epilogue_schedule.TMA, epilogue_source=False)
     assert wanted in auto and dataclasses.replace(wanted, tile_n=192) in auto
     assert dataclasses.replace(wanted, tile_n=224) not in auto  # accumulator_registers
+
+
+def test_a_grouped_kind_holds_only_what_ptr_array_kernels_are_built_for():
+    auto = AutoKernels(GROUPED)
+    census = auto.census()
+    assert census.total == AutoKernels(BF16).total and 0 < census.valid == len(auto) < 190_240
+    assert {"grouped_schedule", "grouped_epilogue"} <= set(census.invalid)
+    seen = auto.values_in_valid()
+    assert set(seen["kernel_schedule"]) == {KernelSchedule.PINGPONG, KernelSchedule.COOPERATIVE}
+    assert seen["tile_scheduler"] == (TileScheduler.PERSISTENT,)
+    assert all(e.value.startswith("tma") for e in seen["epilogue_schedule"])
+    assert all(c.grouped and not check_config(c) for c in auto[:: max(1, len(auto) // 100)])
+    assert AutoKernels(FP8_GROUPED).census().valid == 0
 
 
 def test_indices_and_membership_agree():

@@ -33,7 +33,7 @@ from cutlass_tune.space._spec import _knob_model, _Knobs, _Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 OPERANDS = {"dtype_a", "dtype_b", "dtype_c", "dtype_d", "dtype_acc", "layout_a", "layout_b", "arch", "epilogue",
-            "scaling"}
+            "scaling", "grouping"}
 FP8 = Problem(256, 256, 256, dtype_a=DType.E4M3, dtype_b=DType.E4M3)
 
 
