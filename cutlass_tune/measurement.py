@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .space import KernelConfig, Problem, RuntimeArgs
+from .space import KernelConfig, Operation, Problem, RuntimeArgs
 from .status import Status
 
 # nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
@@ -210,8 +210,8 @@ class Baseline(str, enum.Enum):
     DENSE = "torch dense"
 
     @classmethod
-    def of(cls, problem: Problem) -> Baseline:
-        """The baseline a problem's kernels are paired with and ranked against."""
+    def of(cls, problem: Operation) -> Baseline:
+        """The baseline a problem's (or an operation's) kernels are paired with and ranked against."""
         if problem.grouped:
             return cls.GROUPED_MM
         return cls.CUBLAS if problem.is_plain else cls.EAGER

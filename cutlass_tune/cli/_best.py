@@ -12,7 +12,9 @@ from rich.table import Table
 
 from .._files import write_atomically
 from ..errors import CutlassTuneError
+from ..measurement import Baseline
 from ..report import load_best, write_table
+from ..space import Operation
 from ..store import resolve_storage
 from ..tables import COLUMNS
 from ._console import figure, out
@@ -35,8 +37,9 @@ def best(
     output: Path | None = typer.Option(None, "--output", "-o", callback=user_output,
         help="write to FILE instead of the screen"),
 ) -> None:
-    """The best verified kernel per problem and GPU: TFLOP/s, ratio to cuBLAS of the same run,
-    spread, and the full config."""
+    """The best verified kernel per problem and GPU: TFLOP/s, its baseline (cuBLAS, torch eager of a
+    fused problem, torch._grouped_mm of a grouped one) and the ratio to it in the same run, spread,
+    and the full config."""
     source = resolve_storage(storage)
     if output is not None:
         check_output(output, source)
@@ -61,12 +64,13 @@ def best(
 
 def _table(frame) -> Table:
     """The rows of `load_best` as the screen shows them."""
-    table = Table("gpu", "problem", "TFLOP/s", "cuBLAS", "ratio", "spread", "confirmed", "kernel",
+    table = Table("gpu", "problem", "TFLOP/s", "baseline", "its TFLOP/s", "ratio", "spread", "confirmed", "kernel",
                   "run-time", box=None, pad_edge=False)
     for r in frame.to_dict("records"):
+        baseline = Baseline.of(Operation.from_cells(r)).value
         confirmed = (f"{r['confirm_passes']} passes {r['method']}, {r['ratio_low']:.3f}-{r['ratio_high']:.3f} "
                      f"(sweep {r['sweep_ratio']:.3f})" if r["confirm_passes"] else "-")
-        table.add_row(r["gpu"], r["problem"], figure(r["tflops"], ".1f"), figure(r["cublas_tflops"], ".1f"),
+        table.add_row(r["gpu"], r["problem"], figure(r["tflops"], ".1f"), baseline, figure(r["cublas_tflops"], ".1f"),
                       figure(r["ratio"], ".3f"), figure(r["spread"], ".1%"), confirmed, r["kernel"],
                       r["runtime"])
     return table

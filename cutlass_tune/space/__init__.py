@@ -36,10 +36,9 @@ from ._types import (
 
 __all__ = [
     "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "Activation", "AutoKernels",
-    "Census", "DType",
-    "Decomposition", "Epilogue", "EpilogueSchedule", "Grouping", "MAX_GROUPS", "KernelConfig", "KernelSchedule", "Knob", "Layout",
-    "Operation", "Problem", "RasterOrder", "Rejection", "Routing", "RuntimeArgs", "Scaling", "SearchSpace", "SmemUsage",
-    "TileScheduler", "cells", "check_config", "check_pair", "check_problem", "check_runtime",
-    "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "routed_rows", "smem_usage", "space_for_shapes",
-    "sweep_space", "texts",
+    "Census", "DType", "Decomposition", "Epilogue", "EpilogueSchedule", "Grouping", "MAX_GROUPS", "KernelConfig",
+    "KernelSchedule", "Knob", "Layout", "Operation", "Problem", "RasterOrder", "Rejection", "Routing", "RuntimeArgs",
+    "Scaling", "SearchSpace", "SmemUsage", "TileScheduler", "cells", "check_config", "check_pair", "check_problem",
+    "check_runtime", "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "routed_rows",
+    "smem_usage", "space_for_shapes", "sweep_space", "texts",
 ]

@@ -27,7 +27,7 @@ def test_committed_sweep_gives_one_best_row_per_problem():
 
     frame = load_best(STORE)
     assert list(frame.columns) == [*COLUMNS, *(c for c in GROUPED_COLUMNS if c not in COLUMNS)]
-    assert (frame["grouping"] == "none").all() and (frame["groups"] == 0).all() and (frame["routing"] == "").all()
+    assert (frame["grouping"] == "none").all() and (frame["groups"] == 0).all() and (frame["routing"] == "none").all()
     assert sorted(frame["m"]) == [1024, 4096, 8192]
     assert (frame["gpu"] == "NVIDIA H200").all()
     rows = ResultStore(f"sqlite:///{STORE}").rows()

@@ -51,7 +51,7 @@ def test_each_routing_is_its_own_best_row_with_the_grouped_columns(tmp_path):
     url, _ = _store(tmp_path)
     best = load_best(url).set_index("problem")
     assert set(GROUPED_COLUMNS) <= set(best.columns)
-    assert list(best.loc[PLAIN.name, list(GROUPED_COLUMNS)]) == ["none", 0, ""]
+    assert list(best.loc[PLAIN.name, list(GROUPED_COLUMNS)]) == ["none", 0, "none"]
     assert list(best.loc[UNIFORM.name, list(GROUPED_COLUMNS)]) == ["grouped", 128, "uniform"]
     assert list(best.loc[ZIPF.name, list(GROUPED_COLUMNS)]) == ["grouped", 128, "zipf"]
     assert best.loc[UNIFORM.name, "ratio"] == 0.20 / 0.16 and "_grouped_" in best.loc[UNIFORM.name, "kernel"]

@@ -43,7 +43,8 @@ def tuned_table() -> BestTable:
 def grouped_rows(entries: Iterable[tuple[str, str, int, int, int, int]], routing: str = "uniform") -> pd.DataFrame:
     """Best-table rows of grouped problems, one per (dtype, layout, experts, n, k, rows): the first
     row of tests/report/data/best-v2.csv made a cooperative grouped kernel of that operation, as
-    `load_best` writes them (grouping, groups, routing beside m = the routed rows)."""
+    `load_best` writes them (grouping, groups, routing beside m = the routed rows; swizzle 1, all a
+    grouped kernel takes)."""
     from cutlass_tune.space import KernelConfig, Problem, Routing, cells
     from cutlass_tune.tables import COLUMNS, experts_cells, read_table
 
@@ -59,6 +60,6 @@ def grouped_rows(entries: Iterable[tuple[str, str, int, int, int, int]], routing
         rows.append({**template.to_dict(), "problem": problem.name, "m": m, "n": n, "k": k, "dtype_a": dtype,
                      "dtype_b": dtype, "dtype_d": dtype, "layout": layout, "kernel": cfg.name,
                      "config_hash": cfg.hash, "config": json.dumps(cfg.to_dict(), sort_keys=True),
-                     **cells(cfg), "decomposition": "heuristic", **problem.operation.cells(),
+                     **cells(cfg), "decomposition": "heuristic", "swizzle": 1, **problem.operation.cells(),
                      **experts_cells(problem)})
     return pd.DataFrame(rows)[list(COLUMNS)]
