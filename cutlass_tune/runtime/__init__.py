@@ -61,8 +61,11 @@ def __getattr__(name: str) -> Any:
         from . import _matmul
 
         return getattr(_matmul, name)
-    if name in _MODELS:  # importing _op registers torch.ops.cutlass_tune.mm, .linear and .grouped_mm
+    if name in _MODELS:
         import importlib
 
+        # Any of them registers all of torch.ops.cutlass_tune (.mm, .linear and .grouped_mm).
+        for module in ("_op", "_grouped_op"):
+            importlib.import_module(f".{module}", __name__)
         return getattr(importlib.import_module(f".{_MODELS[name]}", __name__), name)
     raise AttributeError(f"module 'cutlass_tune.runtime' has no attribute {name!r}")

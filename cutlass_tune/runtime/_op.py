@@ -344,6 +344,3 @@ def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None,
 
 
 linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
-
-
-from . import _grouped_op  # noqa: E402, F401  (registers torch.ops.cutlass_tune.grouped_mm with the others)
