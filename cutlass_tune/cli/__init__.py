@@ -37,7 +37,7 @@ app.command()(_sweep.sweep)
 
 def _show_version(value: bool) -> None:
     if value:
-        out.print(f"cutlass-tune {__version__}", markup=False)
+        out.print(f"cutlass-tune {__version__}")
         raise typer.Exit()
 
 
@@ -66,12 +66,12 @@ def main() -> None:
     except CutlassTuneError as e:
         fail(str(e))
     except KeyboardInterrupt:
-        err.print("interrupted", markup=False)
+        err.print("interrupted")
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:  # the parser turns KeyboardInterrupt into Abort
-        err.print("interrupted", markup=False)
+        err.print("interrupted")
         sys.exit(130)
     except OSError as e:  # a path given that cannot be read or written (a folder, a full disk)
         where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
@@ -80,7 +80,7 @@ def main() -> None:
         _usage_error(e)
         raise
     if code == 130:
-        err.print("interrupted", markup=False)
+        err.print("interrupted")
     sys.exit(code if isinstance(code, int) else 0)
 
 

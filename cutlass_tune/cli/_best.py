@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .._files import write_atomically
@@ -17,7 +16,7 @@ from ..report import load_best, write_table
 from ..space import Operation
 from ..store import resolve_storage
 from ..tables import COLUMNS
-from ._console import figure, out
+from ._console import figure, file_console, out, visible
 from ._options import READ_DEFAULT, check_output, user_output
 
 
@@ -47,7 +46,7 @@ def best(
     if fmt is TableFormat.TABLE:
         table = _table(frame)
         if output:
-            write_atomically(output, lambda f: Console(file=f, width=250).print(table))
+            write_atomically(output, lambda f: file_console(f, 250).print(table))
         else:
             out.print(table)
         return
@@ -56,7 +55,9 @@ def best(
             raise CutlassTuneError("--format parquet needs --output FILE")
         text = (frame.to_csv(index=False) if fmt is TableFormat.CSV
                 else frame.to_json(orient="records", indent=1, double_precision=15))
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        text = text if text.endswith("\n") else text + "\n"
+        # A terminal shows the cells' control characters as escapes; a pipe gets the data as stored.
+        sys.stdout.write(visible(text) if sys.stdout.isatty() else text)
         return
     write_table(frame[list(COLUMNS)], output, fmt.value, source=source)
     out.print(f"{len(frame)} rows written to {output}")

@@ -1,24 +1,75 @@
-"""The consoles the commands print to, and the ways several commands print."""
+"""The consoles the commands print to, and the ways several commands print.
+
+Every string these consoles print (a message, a table's cell or title, a live display) is
+literal text: never parsed as rich markup, its control characters shown as escapes. Most of
+what the commands print comes from files they did not write (a store, a table, a bundle's
+manifest, a space file, a compiler's message), and `[/x]` in it crashed rich's markup parser,
+`[with T=int]` vanished, `[link=...]` made a link and ESC sequences reached the terminal.
+Styling of our own goes in `rich.text.Text` spans, never in markup.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import IO, Any, NoReturn
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+# C0 but newline and tab, DEL, C1 (ESC starts every ANSI/OSC sequence; C1 0x9b and 0x9d are
+# one-character CSI and OSC), and the bidirectional overrides that reorder what a line shows.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: object) -> str:
+    """`text` as a string whose control characters are shown as escapes (ESC as the four
+    characters `\\x1b`): what is left cannot move the cursor, set a title, make a link or ring."""
+    return _CONTROL.sub(_escaped, str(text))
+
+
+def plain(text: object, style: str = "") -> Text:
+    """Untrusted `text` as a rich `Text`: shown literally (no markup), control characters as
+    escapes, in `style` (ours) if given."""
+    return Text(visible(text), style=style)
+
+
+class PlainConsole(Console):
+    """A console that renders every string as `plain` text, whatever `markup=` a caller passes:
+    untrusted text cannot reach rich's markup parser or the terminal's control sequences by any
+    path (print, a table's cells and title, a live display)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(markup=False, emoji=False, highlight=False, **kwargs)
+
+    def render_str(self, text: str, *, style: Any = "", justify: Any = None, overflow: Any = None,
+                   emoji: bool | None = None, markup: bool | None = None, highlight: bool | None = None,
+                   highlighter: Any = None) -> Text:
+        return Text(visible(text), style=style, justify=justify, overflow=overflow)
+
+
+def file_console(file: IO[str], width: int) -> Console:
+    """A `PlainConsole` writing to `file` (a table saved as text)."""
+    return PlainConsole(file=file, width=width)
+
 
 # A pipe or a log file gets wide tables instead of columns cut to 80 characters.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = PlainConsole(soft_wrap=True, width=None if sys.stdout.isatty() else 220)
+err = PlainConsole(stderr=True, soft_wrap=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print `message` as one line on stderr and exit with `code`."""
     line = " ".join(message.split())
-    err.print(f"error: {line[:1000]}" + (" ..." if len(line) > 1000 else ""), markup=False)
+    err.print(f"error: {line[:1000]}" + (" ..." if len(line) > 1000 else ""))
     sys.exit(code)
 
 

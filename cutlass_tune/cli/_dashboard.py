@@ -26,6 +26,6 @@ def dashboard(
     source = resolve_storage(storage)
     report = write_dashboard(source, check_output(output, source))
     out.print(f"wrote {report.path}: {len(report.problems)} problems, {report.measurements} measurements "
-              f"from {report.storage}", markup=False)
+              f"from {report.storage}")
     if open_:
         webbrowser.open(report.path.resolve().as_uri())

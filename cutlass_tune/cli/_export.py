@@ -48,4 +48,4 @@ def export(
                                                      "cutlass_tune": __version__})
     out.print(f"exported {summary.problems} problems, {summary.kernels} kernels in {summary.libraries} "
               f"libraries ({summary.bytes / 1e6:.1f} MB) to {summary.path}; "
-              f"load it with cutlass_tune.BestTable.load({str(summary.path)!r})", markup=False)
+              f"load it with cutlass_tune.BestTable.load({str(summary.path)!r})")

@@ -53,7 +53,7 @@ def shapes(
         sp = load_space(f.path)
         n = len(sp.problems)
         out.print(f"wrote {f.path}: {n} {f.group} problem{'s' if n != 1 else ''}, {len(sp.valid)} valid configs; "
-                  f"tune them with `cutlass-tune sweep {f.path}`", markup=False)
+                  f"tune them with `cutlass-tune sweep {f.path}`")
 
 
 def _show(captured) -> None:

@@ -138,10 +138,10 @@ def _run(sp: SearchSpace, store, benches: list, settings, cache, jobs: int) -> N
     if not out.is_terminal:
         out.print(sweep_table(state))
     for reason in state.lost:
-        out.print(f"given up mid-sweep: {reason}; the other GPUs measured what it left", markup=False)
+        out.print(f"given up mid-sweep: {reason}; the other GPUs measured what it left")
     shared = (f"; {state.elsewhere} of its proposals left to another sweep on the store, which was "
               "measuring them" if state.elsewhere else "")
-    out.print(f"stopped: {state.stop_reason}; run {state.run_id}{shared}", markup=False)
+    out.print(f"stopped: {state.stop_reason}; run {state.run_id}{shared}")
 
 
 def _start_benchmarkers(devices: list[int]) -> list:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from ._console import PlainConsole
 
 
 def sweep_table(state) -> Table:
@@ -32,14 +33,14 @@ class SweepLog:
     job), where a live table would show nothing until the end: a line when a batch is compiled
     or a kernel is measured on every problem, a line for each new best, one for a GPU given up."""
 
-    def __init__(self, console: Console):
+    def __init__(self, console: PlainConsole):
         self.console = console
         self.counts: tuple[int, int, int] | None = None
         self.best: dict[str, tuple] = {}
         self.lost = 0
 
     def __call__(self, state) -> None:
-        say = lambda text: self.console.print(text, markup=False)  # noqa: E731
+        say = self.console.print
         for reason in state.lost[self.lost:]:
             say(f"given up: {reason}")
         self.lost = len(state.lost)
@@ -58,9 +59,10 @@ class SweepLog:
                 self.best[pp.problem.name] = best
 
 
-def sweep_display(console: Console) -> tuple[contextlib.AbstractContextManager[object], Callable[..., None]]:
+def sweep_display(console: PlainConsole) -> tuple[contextlib.AbstractContextManager[object], Callable[..., None]]:
     """The context to run a sweep in and the function to call with each new state: a live table
-    on a terminal; on a log, lines as things happen (the caller prints the table at the end)."""
+    on a terminal; on a log, lines as things happen (the caller prints the table at the end).
+    A `PlainConsole`: the problems, configs and reasons shown come from the store."""
     if console.is_terminal:
         live = Live(console=console, refresh_per_second=2, transient=False)
         return live, lambda state: live.update(sweep_table(state))

@@ -19,4 +19,4 @@ def upgrade(
     before = store.upgrade()
     now = store.schema()
     out.print(f"the store {store.shown} is at schema {now} already" if before == now
-              else f"upgraded the store {store.shown} from schema {before} to {now}", markup=False)
+              else f"upgraded the store {store.shown} from schema {before} to {now}")

@@ -2,7 +2,8 @@
 """Stands in for nvcc in tests: writes the output file, or fails or hangs on request.
 
 FAKE_NVCC_FAIL_IF / FAKE_NVCC_HANG_IF: a substring of the source that triggers a failure or a
-hang; FAKE_NVCC_KILL_IF: one that kills it with SIGKILL (as the OOM killer does);
+hang; FAKE_NVCC_FAIL_MESSAGE: the text of that failure's error line; FAKE_NVCC_KILL_IF: one
+that kills it with SIGKILL (as the OOM killer does);
 FAKE_NVCC_DISK_FULL_IF: one that fails writing its output (ENOSPC); FAKE_NVCC_SLEEP: seconds
 each compile takes; FAKE_NVCC_LOG_DIR: one file per call; FAKE_NVCC_PID_DIR: a file named by
 the pid of each call, made before it sleeps.
@@ -36,7 +37,8 @@ if hang and hang in source:
     time.sleep(3600)
 fail = os.environ.get("FAKE_NVCC_FAIL_IF")
 if fail and fail in source:
-    print(f"{args[-1]}(12): error: static assertion failed with \"planted failure\"")
+    message = os.environ.get("FAKE_NVCC_FAIL_MESSAGE", 'static assertion failed with "planted failure"')
+    print(f"{args[-1]}(12): error: {message}")
     sys.exit(1)
 print("ptxas info    : Compiling entry function '_ZN19ct_0000000000000000_kernel'")
 print("ptxas info    : Function properties for _ZN19ct_0000000000000000_kernel")
