@@ -1,5 +1,8 @@
-"""Outputs through symbolic links and onto devices or FIFOs: written through, never replaced."""
+"""Outputs through symbolic links and onto devices or FIFOs: written through, never replaced; text
+read from files (a store, a table, a space file, a compiler's message) printed literally, never as
+rich markup or terminal control sequences."""
 
+import io
 import os
 import stat
 import subprocess
@@ -10,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from cutlass_tune._files import FileWriteError, write_atomically
+from cutlass_tune.cli._console import PlainConsole, plain, visible
+from cutlass_tune.cli._sweep_display import SweepLog, sweep_table
+from cutlass_tune.tables import read_table
 
 REPO = Path(__file__).resolve().parent.parent.parent
 STORE = REPO / "results" / "llama33b-nvidia-h200.sqlite"
@@ -96,3 +102,87 @@ def test_standard_output_appended_to_a_file_keeps_what_the_file_held(tmp_path):
     lines = log.read_text().splitlines()
     assert lines[0] == "earlier line" and lines[1].startswith("gpu,problem,")
     assert lines[-1].endswith("rows written to /dev/stdout")
+
+
+# Rich markup that crashed (a closing tag with no opening one), vanished (an unknown tag, as nvcc
+# prints template arguments) or made a link, and ANSI colour and OSC 8 link sequences.
+HOSTILE = ["[/bold]", "[with T=int]", "[link=http://x]text[/link]", "\x1b[31mred\x1b]8;;http://x\x07"]
+SHOWN = [visible(h) for h in HOSTILE]  # ESC and BEL as the characters \x1b and \x07
+FAKE_NVCC = REPO / "tests" / "compile" / "fake_nvcc.py"
+
+
+def _cli(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=120, cwd=REPO, **kw)
+
+
+def _shown_literally(text: str, hostile: list[str] = SHOWN) -> None:
+    assert "\x1b" not in text and "\x07" not in text and "Traceback" not in text, text
+    for h in hostile:
+        assert h in text, (h, text)
+
+
+def test_visible_escapes_every_control_character_but_newline_and_tab():
+    assert visible("a\x1b[31mb\x07\x9b1m\x00\x7f\u202e\n\t") == "a\\x1b[31mb\\x07\\x9b1m\\x00\\x7f\\u202e\n\t"
+    assert plain("[/bold] [b]x[/b]").plain == "[/bold] [b]x[/b]"
+    assert PlainConsole().render_str("[/x] \x1b[2J", markup=True).plain == "[/x] \\x1b[2J"
+
+
+def test_best_prints_a_tables_hostile_text_literally(tmp_path):
+    """Guards `best` against markup and control sequences in a table's cells (MarkupError traceback before)."""
+    table = tmp_path / "best.csv"
+    row = read_table(REPO / "tests" / "report" / "data" / "best-v2.csv").head(1)
+    row.assign(problem=" ".join(HOSTILE), kernel=HOSTILE[2], runtime=HOSTILE[3], gpu=HOSTILE[0]).to_csv(
+        table, index=False)
+    done = _cli("best", "--storage", table)
+    assert done.returncode == 0, done.stderr
+    _shown_literally(done.stdout)
+    saved = tmp_path / "best.txt"
+    assert _cli("best", "--storage", table, "-o", saved).returncode == 0
+    _shown_literally(saved.read_text())
+
+
+def test_compile_prints_a_hostile_compiler_message_literally(tmp_path):
+    """Guards FAILED lines against markup and control sequences in nvcc's message, fresh and cached."""
+    env = {**os.environ, "CUTLASS_TUNE_NVCC": str(FAKE_NVCC), "CUTLASS_TUNE_CACHE_DIR": str(tmp_path),
+           "FAKE_NVCC_FAIL_IF": "namespace", "FAKE_NVCC_FAIL_MESSAGE": " ".join(HOSTILE)}
+    for _ in ("compiled", "cached"):
+        done = _cli("compile", "configs/quick.yaml", "--limit", "1", env=env)
+        assert done.returncode == 1 and done.stderr == "", done.stderr
+        assert "FAILED bf16_tn_128x256x64" in done.stdout
+        _shown_literally(done.stdout)
+
+
+def test_space_prints_a_hostile_file_name_and_key_literally(tmp_path):
+    """Guards `space` against markup and control sequences in its file's path and in its one-line errors."""
+    path = tmp_path / "[" / "bold] [with T=int] [link=x]text[" / "link] \x1b[31mred\x1b]8;;x\x07.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text((REPO / "configs" / "quick.yaml").read_text())
+    done = _cli("space", path, "--list")
+    assert done.returncode == 0, done.stderr
+    _shown_literally(done.stdout, [visible(path)])
+    path.write_text('problems: {m: 64, n: 64, k: 64}\n"[/bold] \\e[31mred\\e]8;;http://x\\a": 1\n')  # YAML escapes
+    done = _cli("space", path)
+    assert done.returncode == 2 and done.stdout == ""
+    _shown_literally(done.stderr, ["unknown key", "[/bold] \\x1b[31mred\\x1b]8;;http://x\\x07"])
+
+
+def _sweep_state():
+    from types import SimpleNamespace
+    config = SimpleNamespace(name=HOSTILE[2], hash="abc")
+    problem = SimpleNamespace(problem=SimpleNamespace(name=" ".join(HOSTILE[:2])), measured=3, failed=1,
+                              cublas_tflops=600.0, best_tflops=650.0, best_ratio=1.08, best_at=2,
+                              best_config=config)
+    return SimpleNamespace(compiled=4, queued=2, invalid=0, lost=[HOSTILE[3]], problems=[problem])
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["live-table", "log-lines"])
+def test_the_sweep_display_shows_a_stores_hostile_text_literally(terminal):
+    """Guards the sweep's table and log lines against markup and control sequences in a store's names and reasons."""
+    sink = io.StringIO()
+    console = PlainConsole(file=sink, width=400, force_terminal=terminal, color_system=None)
+    if terminal:
+        console.print(sweep_table(_sweep_state()))
+    else:
+        SweepLog(console)(_sweep_state())
+    _shown_literally(sink.getvalue())
