@@ -36,14 +36,8 @@ def visible(text: object) -> str:
     return _CONTROL.sub(_escaped, str(text))
 
 
-def plain(text: object, style: str = "") -> Text:
-    """Untrusted `text` as a rich `Text`: shown literally (no markup), control characters as
-    escapes, in `style` (ours) if given."""
-    return Text(visible(text), style=style)
-
-
 class PlainConsole(Console):
-    """A console that renders every string as `plain` text, whatever `markup=` a caller passes:
+    """A console that renders every string as literal `visible` text, whatever `markup=` a caller passes:
     untrusted text cannot reach rich's markup parser or the terminal's control sequences by any
     path (print, a table's cells and title, a live display)."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cutlass_tune._files import FileWriteError, write_atomically
-from cutlass_tune.cli._console import PlainConsole, plain, visible
+from cutlass_tune.cli._console import PlainConsole, visible
 from cutlass_tune.cli._sweep_display import SweepLog, sweep_table
 from cutlass_tune.tables import read_table
 
@@ -124,7 +124,6 @@ def _shown_literally(text: str, hostile: list[str] = SHOWN) -> None:
 
 def test_visible_escapes_every_control_character_but_newline_and_tab():
     assert visible("a\x1b[31mb\x07\x9b1m\x00\x7f\u202e\n\t") == "a\\x1b[31mb\\x07\\x9b1m\\x00\\x7f\\u202e\n\t"
-    assert plain("[/bold] [b]x[/b]").plain == "[/bold] [b]x[/b]"
     assert PlainConsole().render_str("[/x] \x1b[2J", markup=True).plain == "[/x] \\x1b[2J"
 
 
