@@ -15,9 +15,12 @@ are not, see `_driver`).
 
 A library is served only if it is what was built: `library.json` records its size and
 SHA-256, checked before every lookup returns it (a truncated or overwritten file would kill
-the process that loads it with SIGBUS). A damaged unit is a miss, and the rebuild replaces it
-in place. Units built before digests were recorded pass if their library is a whole ELF file
-(its section table inside the file): truncation, the damage seen in practice, fails that.
+the process that loads it with SIGBUS), and a library without it is not served (any ELF file
+could pass). It must also be an ELF shared object exporting the ABI version function, checked
+without loading it (`_elf`) before it is published and before a lookup serves it. An entry
+names its unit by its key only, a folder inside `units/` (a cache may be shared: an entry must
+not point at a file elsewhere). A damaged or refused unit is a miss, and the rebuild replaces it
+in place.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shutil
 import socket
-import struct
 import tempfile
 from pathlib import Path
 
@@ -36,11 +39,14 @@ import filelock
 
 from .. import settings
 from .._files import sha256_of, write_atomically
+from ..render import kernel_symbol
 from ..space import KernelConfig
 from ..status import Status
+from ._elf import library_problem
 
 CACHE_LAYOUT_VERSION = "v1"
 _HOST = socket.gethostname().replace("-", "_")
+_UNIT_KEY = re.compile(r"[0-9a-f]{64}")
 DIGEST = "library.json"
 """The file of a unit that records its library's size and SHA-256."""
 
@@ -98,13 +104,15 @@ class KernelCache:
         """The cached outcome for `key`, or None when it was never built (or its files are gone)."""
         try:
             entry = json.loads(self._entry_path(key).read_text())
-            unit = self.unit_dir(entry["unit"])
             status = Status(entry["status"])
             symbol, seconds, reason = str(entry["symbol"]), float(entry["seconds"]), str(entry.get("reason", ""))
+            unit = self._unit_of(entry["unit"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError):  # gone, or not an entry
             return None
         library = unit / "kernels.so"
-        if status is Status.OK and not intact(unit):
+        if symbol != kernel_symbol(config):
+            return None
+        if status is Status.OK and not (intact(unit) and _valid_library(library) is None):
             return None
         return CompiledKernel(
             config=config, key=key, status=status,
@@ -112,6 +120,18 @@ class KernelCache:
             seconds=seconds, cached=True, reason=reason,
             log_path=unit / "build.log", source_path=unit / "unit.cu",
         )
+
+    def _unit_of(self, name: object) -> Path:
+        """The unit folder an entry names, refused (ValueError) unless it is a unit key naming
+        a folder that lies, links resolved, inside `units/`."""
+        if not isinstance(name, str) or not _UNIT_KEY.fullmatch(name):
+            raise ValueError(f"not a unit key: {name!r}")
+        unit = self.unit_dir(name)
+        units = (self.root / "units").resolve()
+        for path in (unit, unit / "kernels.so"):
+            if path.exists() and path.resolve().parent != (units if path is unit else unit.resolve()):
+                raise ValueError(f"{path} leads outside the cache")
+        return unit
 
     def new_build_dir(self) -> Path:
         """A folder for one build, named for this host and process (see `remove_stale_builds`)."""
@@ -178,16 +198,12 @@ def record_digest(unit: Path) -> None:
 
 
 def intact(unit: Path) -> bool:
-    """Whether `unit`'s library is the one that was built (see the module's docstring)."""
+    """Whether `unit`'s library is the one that was built: its `DIGEST` file is there and
+    matches (see the module's docstring)."""
     library = unit / "kernels.so"
     try:
         stat = library.stat()
-    except OSError:
-        return False
-    try:
         recorded = json.loads((unit / DIGEST).read_text())
-    except FileNotFoundError:
-        return _whole_elf(library, stat.st_size)
     except (OSError, ValueError):
         return False
     if not isinstance(recorded, dict) or recorded.get("bytes") != stat.st_size:
@@ -201,18 +217,18 @@ def _cached_sha256(path: str, size: int, mtime_ns: int, inode: int) -> str:
     return sha256_of(Path(path))
 
 
-def _whole_elf(path: Path, size: int) -> bool:
-    """A 64-bit little-endian ELF file whose section header table lies inside it."""
+def _valid_library(library: Path) -> str | None:
+    """`library_problem`, once per file version in a process."""
     try:
-        with open(path, "rb") as f:
-            header = f.read(64)
-    except OSError:
-        return False
-    if len(header) < 64 or header[:6] != b"\x7fELF\x02\x01":
-        return False
-    (section_offset,) = struct.unpack_from("<Q", header, 0x28)
-    entry_size, count = struct.unpack_from("<HH", header, 0x3A)
-    return section_offset + entry_size * count <= size
+        stat = library.stat()
+    except OSError as err:
+        return str(err)
+    return _cached_problem(str(library), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_problem(path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+    return library_problem(Path(path))
 
 
 def _alive(pid: int) -> bool:

@@ -24,8 +24,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+
+import filelock
 
 from .. import settings
 from ..errors import RenderError
@@ -33,9 +35,11 @@ from ..render import kernel_symbol, render_unit
 from ..space import KernelConfig, check_config
 from ..status import Status
 from ._cache import CompiledKernel, KernelCache
+from ._elf import library_problem
 from ._toolchain import Toolchain, find_toolchain
 
 MAX_KERNELS_PER_UNIT = 4
+_LOCK_POLL_S = 0.2
 
 ProgressCallback = Callable[[CompiledKernel], None]
 
@@ -104,12 +108,25 @@ def spill_bytes_by_symbol(log: str, symbols: Iterable[str]) -> dict[str, int]:
 
 _CHILD_SIGNAL = re.compile(r"died due to signal (\d+)")
 _DISK_FULL = ("No space left on device", "Disk quota exceeded")
+# How compilers name a place in the source: EDG/cudafe++ "file(12): error", gcc "file:12:3: error",
+# ptxas and nvlink about the kernel's code.
+_DIAGNOSIS = re.compile(
+    r"\(\d+\): (?:catastrophic )?error|:\d+:\d+: (?:fatal )?error:|^\s*(?:ptxas|nvlink) (?:error|fatal)", re.MULTILINE
+)
+# Within a diagnosis: the machine's or the installation's fault (a header gone, memory).
+_ENVIRONMENT_IN_DIAGNOSIS = ("cannot open source file", "No such file or directory", "out of memory",
+                             "Memory allocation failure", "Cannot allocate memory", "Permission denied")
+# Outside one: nvcc's own complaints (host compiler, temporary files, options), a tool not found.
+_ENVIRONMENT = ("nvcc fatal", "not found", "No such file or directory", "Permission denied",
+                "Read-only file system", "Too many open files", "Cannot allocate memory", "died with status")
 
 
 def transient_reason(code: int | None, log: str) -> str | None:
     """Why a failed nvcc run says nothing about the kernel, or None when the compiler itself
-    rejected it. A process killed by a signal (the kernel's OOM killer sends SIGKILL) or a
-    full disk may succeed next time, so such failures are never cached."""
+    rejected the source. Only a diagnosis of the source is the kernel's outcome (cached); a
+    process killed by a signal (the kernel's OOM killer sends SIGKILL), a full disk, a missing
+    host compiler or temporary folder, or a failure without any diagnosis may succeed in
+    another shell or next time, so such failures are never cached."""
     child = _CHILD_SIGNAL.search(log)
     number = -code if code is not None and code < 0 else int(child.group(1)) if child else None
     if number is not None:
@@ -122,18 +139,53 @@ def transient_reason(code: int | None, log: str) -> str | None:
     for line in log.splitlines():
         if any(marker in line for marker in _DISK_FULL):
             return f"disk full while building: {line.strip()[:200]}"
+    for line in log.splitlines():
+        markers = _ENVIRONMENT_IN_DIAGNOSIS if _DIAGNOSIS.search(line) else _ENVIRONMENT
+        if any(marker in line for marker in markers):
+            return f"environment, not the kernel: {line.strip()[:200]}{_host_compiler_hint()}"
+    if not _DIAGNOSIS.search(log):
+        last = (log.strip().splitlines() or ["no output"])[-1].strip()[:200]
+        return f"environment, not the kernel: nvcc failed without diagnosing the source: {last}{_host_compiler_hint()}"
     return None
 
 
-def _die_with_parent() -> None:
-    """In the nvcc child before exec: Linux kills it when the thread that started it dies
-    (SIGKILL of cutlass-tune included), so no nvcc outlives the run."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _host_compiler_hint() -> str:
+    if os.environ.get("NVCC_CCBIN") or shutil.which("g++") or shutil.which("gcc"):
+        return ""
+    return " (no gcc or g++ on PATH)"
 
 
 _PR_SET_PDEATHSIG = 1
+
+# Runs nvcc in the process group it leads, and kills that group (nvcc and its stages: cicc,
+# cudafe++, ptxas, gcc) when our process dies, SIGKILL included: the kernel sends it SIGTERM then
+# (`_die_with_parent`). PR_SET_PDEATHSIG on nvcc alone would leave the running stage behind, as
+# the setting is not inherited by children. Standard library only, no site: it starts in ~20 ms.
+_SUPERVISOR = """
+import os, signal, subprocess, sys
+def stop(number, frame):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, stop)
+if os.getppid() != int(sys.argv[1]):
+    stop(0, None)
+code = subprocess.Popen(sys.argv[2:]).wait()
+if code < 0:
+    try:
+        signal.signal(-code, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass
+    os.kill(os.getpid(), -code)
+    sys.exit(128 - code)
+sys.exit(code)
+"""
+
+
+def _die_with_parent() -> None:
+    """In the supervisor child before exec: Linux sends it SIGTERM when the thread that started
+    it dies (SIGKILL of cutlass-tune included), and it then kills nvcc's whole group."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _first_error(log: str) -> str:
@@ -152,9 +204,15 @@ class _Processes:
         self.stopping = False
 
     def run(self, cmd: list[str], log_path: Path, timeout: float) -> tuple[int | None, str]:
-        """Run `cmd` in its own process group; return (exit code or None on timeout, log)."""
+        """Run `cmd` in its own process group (under `_SUPERVISOR` on Linux), its temporary
+        files in the log's folder; return (exit code or None on timeout, log)."""
+        if sys.platform == "linux":
+            cmd = [sys.executable, "-I", "-S", "-c", _SUPERVISOR, str(os.getpid()), *cmd]
+        # nvcc's temporary files go to the build folder: a TMPDIR that is missing or full must
+        # not fail the build, and a killed build's files go with its folder.
+        env = {**os.environ, "TMPDIR": str(log_path.parent)}
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
             with self._lock:
                 if self.stopping:
@@ -196,7 +254,7 @@ class _Build:
         keys = sorted(self.keys[c.hash] for c in configs)
         with contextlib.ExitStack() as locks:
             for key in keys:
-                locks.enter_context(self.cache.lock(key))
+                locks.enter_context(self._locked(key))
             cached = {c.hash: self.cache.lookup(self.keys[c.hash], c) for c in configs}
             done = {h: k for h, k in cached.items() if k is not None}
             todo = [c for c in configs if c.hash not in done]
@@ -208,6 +266,24 @@ class _Build:
             for c in todo:
                 done[c.hash] = self.unit([c])[0]
         return [done[c.hash] for c in configs]
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        """Hold `key`'s lock; waiting for another process's build, give up on an interrupt
+        (a compile behind a stopped one would otherwise ignore Ctrl-C and SIGTERM for good)."""
+        lock = self.cache.lock(key)
+        while True:
+            if self.processes.stopping:
+                raise KeyboardInterrupt
+            try:
+                lock.acquire(timeout=_LOCK_POLL_S)
+                break
+            except filelock.Timeout:
+                continue
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _compile(self, configs: list[KernelConfig]) -> list[CompiledKernel]:
         if self.processes.stopping:
@@ -234,11 +310,18 @@ class _Build:
             transient = None
             if code is None:
                 status, reason = Status.TIMEOUT, f"nvcc exceeded {self.timeout:.0f} s"
-            elif code != 0 or not (build / "kernels.so").exists():
+            elif code != 0:
                 transient = transient_reason(code, log)
                 status, reason = Status.COMPILE_ERROR, transient or _first_error(log)
             else:
-                status, reason = Status.OK, ""
+                # Exit 0 is not enough: a broken or impostor nvcc may leave no or a bogus library,
+                # which must not be cached as this kernel's build.
+                transient = library_problem(build / "kernels.so")
+                if transient:
+                    transient = f"nvcc exited 0 but {transient}"
+                    status, reason = Status.COMPILE_ERROR, transient
+                else:
+                    status, reason = Status.OK, ""
             spills = spill_bytes_by_symbol(log, rendered.symbols)
             results = [
                 CompiledKernel(

@@ -4,9 +4,12 @@ import pytest
 
 from cutlass_tune.compile import CompiledKernel, compile_kernels
 from cutlass_tune.compile._cache import record_digest
+from cutlass_tune.kernel._abi import VERSION_SYMBOL
 from cutlass_tune.render import kernel_symbol
 from cutlass_tune.space import KernelConfig
 from cutlass_tune.status import Status
+
+from .fake_nvcc import elf_library
 
 CFG = KernelConfig()
 
@@ -60,16 +63,16 @@ def test_entry_of_the_wrong_shape_is_a_miss(fake_toolchain, cache, text):
 
 def test_publish_onto_a_published_unit_keeps_it(cache):
     ours = cache.new_build_dir()
-    (ours / "kernels.so").write_text("ours")
-    theirs = cache.unit_dir("u1")
+    (ours / "kernels.so").write_bytes(elf_library((VERSION_SYMBOL, "ours")))
+    theirs = cache.unit_dir("cd" * 32)
     theirs.mkdir()
-    (theirs / "kernels.so").write_text("theirs")
+    (theirs / "kernels.so").write_bytes(elf_library((VERSION_SYMBOL, "theirs")))
     record_digest(theirs)  # published whole by another process
     result = CompiledKernel(config=CFG, key="ab" * 32, status=Status.OK, library=None,
                             symbol=kernel_symbol(CFG), seconds=1.0, cached=False)
-    [published] = cache.publish(ours, "u1", [result])
+    [published] = cache.publish(ours, "cd" * 32, [result])
     assert not ours.exists()
-    assert published.library == theirs / "kernels.so" and published.library.read_text() == "theirs"
+    assert published.library == theirs / "kernels.so" and b"theirs" in published.library.read_bytes()
     assert cache.lookup(result.key, CFG).library == published.library
     assert not list((cache.root / "tmp").iterdir())
     assert [p.name for p in (cache.root / "kernels").rglob("*")] == ["ab", f"{result.key}.json"]
