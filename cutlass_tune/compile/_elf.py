@@ -38,9 +38,9 @@ def exported_functions(path: Path) -> set[str]:
     """
     with open(path, "rb") as f:
         size = f.seek(0, 2)
-        header = _read(f, 0, 64, size, "ELF header")
-        if header[:4] != b"\x7fELF":
+        if _read(f, 0, min(size, 4), size, "ELF magic") != b"\x7fELF":
             raise ValueError("it is not an ELF file")
+        header = _read(f, 0, 64, size, "ELF header")
         if header[4:6] != b"\x02\x01":
             raise ValueError("it is not a 64-bit little-endian ELF file")
         (elf_type,) = struct.unpack_from("<H", header, 0x10)
