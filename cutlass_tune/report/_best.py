@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -32,8 +33,8 @@ from ..errors import first_line
 from ..measurement import Baseline, Measurement, TimingMethod
 from ..space import cells
 from ..status import Status
-from ..store import CONFIRM_STUDY, LEGACY_TIMING, ResultStore, StoredRow, open_store, store_url_of
-from ..tables import COLUMNS, BestTableError, experts_cells, read_local
+from ..store import CONFIRM_STUDY, LEGACY_TIMING, DamagedRowError, ResultStore, StoredRow, open_store, store_url_of
+from ..tables import COLUMNS, BestTableError, check_row, experts_cells, read_local
 
 
 def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement]:
@@ -44,10 +45,18 @@ def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement
     for r in rows:
         try:
             out.append(records[r.id].measurement())
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise BestTableError(f"store {store.shown}: measurement {r.id} ({r.kernel} on {r.problem}) "
-                                 f"cannot be read: {type(err).__name__}: {first_line(err)}") from err
+        except DamagedRowError as err:  # one line naming the row (json's own errors may span lines)
+            raise BestTableError(f"store {store.shown} is damaged: {first_line(err)}") from err
     return out
+
+
+class DamagedRowWarning(RuntimeWarning):
+    """A measurement of the store holds a value no best-config table may hold (a negative size,
+    an infinite or negative TFLOP/s, an unknown layout): `load_best` leaves it out."""
+
+
+def _named(problem: object) -> str:
+    return problem[:80] if isinstance(problem, str) and problem.strip() else repr(problem)[:40]
 
 
 GROUPED_COLUMNS = ("grouping", "groups", "routing")
@@ -86,7 +95,7 @@ def _from_store(url: str) -> pd.DataFrame:
         if (r.gpu, r.problem, r.config_hash) in wrong:
             continue
         to_compile = compiled.get((r.gpu, r.problem, r.run_id, m.repeat), (math.nan, math.nan))
-        out.append({
+        row = {
             **r.values(("gpu", "problem", "m", "n", "k", "kernel", "config_hash", "runtime", "tflops", "median_ms",
                         "p20_ms", "p80_ms", "samples", "cublas_tflops", "ratio", "run_id")),
             **m.problem.operation.cells(), **experts_cells(m.problem),
@@ -98,7 +107,13 @@ def _from_store(url: str) -> pd.DataFrame:
             "_confirm": r.study == CONFIRM_STUDY,
             "method": m.method or scheme.method.value,
             "energy_mj": m.energy_mj, "cublas_energy_mj": m.baseline_energy_mj,
-        })
+        }
+        try:  # the rules every table's rows pass: a row the table's reader would refuse is never ranked
+            check_row(row, f"store {store.shown}: measurement {r.id} ({_named(r.problem)})")
+        except BestTableError as err:
+            warnings.warn(f"{err}; left out of the best-config table", DamagedRowWarning, stacklevel=2)
+            continue
+        out.append(row)
     if not out:
         raise BestTableError(f"store {store.shown} has no kernel that verified every time it ran")
     frame = pd.DataFrame(out)

@@ -126,8 +126,8 @@ def _frame(raw: list[StoredRow], shown: str) -> pd.DataFrame:
     for r in raw:
         try:
             m = r.measurement()
-        except (ValueError, KeyError, TypeError) as err:
-            raise DashboardError(f"store {shown}: measurement {r.id} cannot be read: {err}") from err
+        except ValueError as err:  # DamagedRowError: one line naming the row
+            raise DashboardError(f"store {shown} is damaged: {err}") from err
         c, rt = m.config, m.runtime
         records.append({
             **r.values(c for c in _COLUMNS if c != "record"),

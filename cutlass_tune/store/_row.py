@@ -91,10 +91,22 @@ class StoredRow:
         """The measurement rebuilt from `record` (the row must have been read with it).
 
         Raises:
-            What `Measurement.from_dict` raises for a record no known schema reads.
+            DamagedRowError: a record that is not JSON, is nested past the recursion limit, or
+                that no known schema reads (`null`, a list, a field of the wrong kind): one line
+                naming the row.
         """
         assert self.record is not None, "the row was read without its record"
-        return Measurement.from_dict(json.loads(self.record))
+        try:
+            data = json.loads(self.record)
+            if not isinstance(data, dict):
+                raise TypeError(f"the record is {type(data).__name__}, not an object")
+            return Measurement.from_dict(data)
+        except RecursionError as err:
+            raise DamagedRowError(f"measurement {self.id}: its record is nested too deeply to read") from err
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            text = " ".join(str(err).split())[:160]
+            raise DamagedRowError(f"measurement {self.id}: its record cannot be read ({type(err).__name__}: "
+                                  f"{text})") from err
 
 
 _NUMBER = (int, float)

@@ -15,9 +15,9 @@ from ._bundle import (
     read_local,
     sha256_of,
 )
-from ._file import TABLE_SUFFIXES, read_table
+from ._file import TABLE_SUFFIXES, check_row, read_table
 from ._schema import COLUMNS, EXPERTS_COLUMNS, KNOB_COLUMNS, LATER_KNOBS, NO_ROUTING, BestTableError, experts_cells
 
 __all__ = ["BUNDLE_FORMAT", "BestTableError", "BundleError", "BundledKernel", "COLUMNS", "EXPERTS_COLUMNS",
-           "KNOB_COLUMNS", "LATER_KNOBS", "MANIFEST", "NO_ROUTING", "TABLE", "TABLE_SUFFIXES", "experts_cells",
-           "is_bundle", "read_bundle", "read_local", "read_table", "sha256_of"]
+           "KNOB_COLUMNS", "LATER_KNOBS", "MANIFEST", "NO_ROUTING", "TABLE", "TABLE_SUFFIXES", "check_row",
+           "experts_cells", "is_bundle", "read_bundle", "read_local", "read_table", "sha256_of"]

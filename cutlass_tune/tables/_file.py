@@ -249,27 +249,45 @@ def _check_rows(frame: pd.DataFrame, path: Path) -> list[KernelConfig]:
         BestTableError: one line naming the file, the row (1-based, with its problem) and the
             column of the first bad value.
     """
-    columns = [c for c in _CHECKS if c in frame.columns]
-    configs = []
-    for number, row in enumerate(frame.to_dict("records"), 1):
-        where = _where(path, number, row.get("problem"))
-        for column in columns:
-            check, kind = _CHECKS[column]
-            if not _holds(check, row[column]):
-                raise BestTableError(f"{where}: {column} {_shown(row[column])} is not {kind}")
-        for dim in ("m", "n", "k"):
-            problem = problem_dim_problem(int(_as_number(row[dim])))
-            if problem:
-                raise BestTableError(f"{where}: {dim} {_shown(row[dim])}: {problem}")
-        try:
-            cfg = _parse_config(row["config"])
-        except ValueError as err:
-            raise BestTableError(f"{where}: {err}") from err
-        _check_runtime(row, cfg, where)
-        _check_operation(row, cfg, where)
-        _check_experts(row, where)
-        configs.append(cfg)
+    configs = [check_row(row, _where(path, number, row.get("problem")))
+               for number, row in enumerate(frame.to_dict("records"), 1)]
+    seen: dict[tuple[str, str], int] = {}
+    for number, key in enumerate(zip(frame["gpu"], frame["problem"]), 1):
+        if key in seen:  # a lookup would answer with whichever comes first, whatever its ratio
+            raise BestTableError(f"{_where(path, number, key[1])}: a second row for {key[1]} on {key[0]} (the first "
+                                 f"is row {seen[key]}): a best-config table holds one row per GPU and problem")
+        seen[key] = number
     return configs
+
+
+def check_row(row: Mapping[Any, Any], where: str) -> KernelConfig:
+    """Check one row of a best-config table by the rules a table file's rows pass (each value of
+    its column's kind and range, the config, its run-time variant, operation and experts); return
+    its config. The rules of every table: `read_table` applies them to a file's rows and
+    `load_best` to each row it builds from a store.
+
+    Args:
+        row: the row's cells by column; a column of `_CHECKS` it lacks is not checked.
+        where: how a message names the row ("PATH: row 3 (PROBLEM)").
+
+    Raises:
+        BestTableError: one line, `where` and the column of the first bad value.
+    """
+    for column, (check, kind) in _CHECKS.items():
+        if column in row and not _holds(check, row[column]):
+            raise BestTableError(f"{where}: {column} {_shown(row[column])} is not {kind}")
+    for dim in ("m", "n", "k"):
+        problem = problem_dim_problem(int(_as_number(row[dim])))
+        if problem:
+            raise BestTableError(f"{where}: {dim} {_shown(row[dim])}: {problem}")
+    try:
+        cfg = _parse_config(row["config"])
+    except ValueError as err:
+        raise BestTableError(f"{where}: {err}") from err
+    _check_runtime(row, cfg, where)
+    _check_operation(row, cfg, where)
+    _check_experts(row, where)
+    return cfg
 
 
 def _check_runtime(row: Mapping[Any, Any], cfg: KernelConfig, where: str) -> None:
