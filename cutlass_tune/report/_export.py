@@ -21,7 +21,8 @@ from ..errors import first_line
 from ..kernel import ABI_VERSION
 from ..status import Status
 from ..store import local_file
-from ..tables import BUNDLE_FORMAT, MANIFEST, TABLE, BestTableError, BundleError, is_bundle, sha256_of
+from ..tables import BUNDLE_FORMAT, MANIFEST, TABLE, BestTableError, BundleError, is_bundle, read_bundle,
+                      sha256_of
 
 if TYPE_CHECKING:
     from ..compile import CompiledKernel
@@ -144,6 +145,10 @@ def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: P
                     "gpus": sorted(set(frame["gpu"])), "built_with": dict(built_with),
                     "libraries": libraries, "kernels": kernels}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        try:  # never hand on a bundle its own reader refuses
+            read_bundle(tmp)
+        except (BestTableError, BundleError) as err:
+            raise BundleError(f"{out} not written: its reader would refuse it ({first_line(err)})") from err
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import math
+import numbers
 import operator
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,6 +70,19 @@ def _fused(epilogue: object, scaling: object) -> tuple[str, str]:
 def _shown_operation(epilogue: str, scaling: str) -> str:
     """" bias+silu", " scale-rowcol": what follows the dtypes and layout in a lookup's message."""
     return (f" {epilogue}" if epilogue != "none" else "") + (f" scale-{scaling}" if scaling != "none" else "")
+
+
+def _sizes(**sizes: object) -> tuple[int, ...]:
+    """The sizes of a lookup as ints: each a positive whole number (an int, a numpy integer, or
+    a float of a whole value), else a one-line BestTableError naming it (NaN, inf, 2.5, -1, "8")."""
+    out = []
+    for name, value in sizes.items():
+        whole = (isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and math.isfinite(value)
+                                                         and float(value).is_integer()))
+        if isinstance(value, bool) or not whole or int(value) <= 0:  # type: ignore[call-overload]
+            raise BestTableError(f"lookup: {name} {str(value)[:40]!r} is not a positive whole number")
+        out.append(int(value))  # type: ignore[call-overload]
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +154,7 @@ class BestTable:
 
         Raises:
             BestTableError: nothing tuned for the operation (for a grouped one: for these
-                experts, N and K), or a non-positive size.
+                experts, N and K), or a size that is not a positive whole number (NaN, inf, -1, 2.5).
         """
         if operation.grouped:
             return self._nearest_rows(m, n, k, groups, operation.operation.cells())
@@ -148,8 +162,7 @@ class BestTable:
 
     def _nearest_rows(self, m: int, n: int, k: int, groups: int, wanted: Mapping[str, str]) -> Match:
         """The grouped row of `groups` experts, N and K whose routed rows are nearest M (log scale)."""
-        if min(m, n, k, groups) <= 0:
-            raise BestTableError(f"lookup of {groups} experts of {n}x{k} with {m} rows: sizes must be positive")
+        m, n, k, groups = _sizes(m=m, n=n, k=k, groups=groups)
         f = self.frame
         same = f[functools.reduce(operator.and_, (f[c] == v for c, v in wanted.items()))]
         experts = same[(same["groups"] == groups) & (same["n"] == n) & (same["k"] == k)]
@@ -179,7 +192,8 @@ class BestTable:
 
         Raises:
             BestTableError: nothing tuned for these dtypes, layout, epilogue and scaling; a
-                dtype, layout, epilogue or scaling that is none; or a non-positive size.
+                dtype, layout, epilogue or scaling that is none; or a size that is not a positive
+                whole number (NaN, inf, -1, 2.5).
         """
         dtype = _dtype_value(dtype, "dtype")
         if layout not in _LAYOUTS:
@@ -192,8 +206,7 @@ class BestTable:
 
     def _nearest(self, m: int, n: int, k: int, wanted: Mapping[str, str]) -> Match:
         """The row nearest to M x N x K among those whose operation columns hold `wanted`."""
-        if min(m, n, k) <= 0:
-            raise BestTableError(f"lookup of {m}x{n}x{k}: sizes must be positive")
+        m, n, k = _sizes(m=m, n=n, k=k)
         f = self.frame
         same = f[functools.reduce(operator.and_, (f[c] == v for c, v in wanted.items()))]
         if same.empty:

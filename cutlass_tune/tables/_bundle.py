@@ -75,6 +75,9 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
         raise BundleError(f"{path} holds kernels of ABI version {abi}; this cutlass-tune calls version "
                           f"{ABI_VERSION}: export the bundle again")
     for file, digest in libraries.items():
+        if not isinstance(file, str) or not isinstance(digest, str):
+            raise BundleError(f"{path / MANIFEST}: library entry {str(file)[:60]!r} is not a file name with its "
+                              f"SHA-256 (found {type(digest).__name__})")
         library = path / file
         if Path(file).is_absolute() or ".." in Path(file).parts:
             raise BundleError(f"{path / MANIFEST} names a library outside the bundle: {file}")
@@ -84,7 +87,10 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
             raise BundleError(f"{library} differs from the one exported (its SHA-256 does not match the manifest)")
     kernels = {}
     for config_hash, entry in entries.items():
-        if entry.get("library") not in libraries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("symbol"), str):
+            raise BundleError(f"{path / MANIFEST}: kernel {str(config_hash)[:40]} is {type(entry).__name__}, not an "
+                              "object with its library and symbol")
+        if not isinstance(entry.get("library"), str) or entry["library"] not in libraries:
             raise BundleError(f"{path / MANIFEST}: kernel {config_hash} names no library of the bundle")
         kernels[config_hash] = BundledKernel(library=path / entry["library"], symbol=str(entry["symbol"]))
     frame = read_table(path / TABLE)
