@@ -21,8 +21,16 @@ from ..errors import first_line
 from ..kernel import ABI_VERSION
 from ..status import Status
 from ..store import local_file
-from ..tables import BUNDLE_FORMAT, MANIFEST, TABLE, BestTableError, BundleError, is_bundle, read_bundle,
-                      sha256_of
+from ..tables import (
+    BUNDLE_FORMAT,
+    MANIFEST,
+    TABLE,
+    BestTableError,
+    BundleError,
+    is_bundle,
+    read_bundle,
+    sha256_of,
+)
 
 if TYPE_CHECKING:
     from ..compile import CompiledKernel
