@@ -7,5 +7,5 @@ from ._row import DamagedRowError, StoredRow
 from ._sql import CONFIRM_STUDY, LEGACY_TIMING, ResultStore, open_study_storage, shown_url
 
 __all__ = ["CONFIRM_STUDY", "LEGACY_TIMING", "SCHEMA_VERSION", "DamagedRowError", "ResultStore", "StoreError",
-           "StoreGpuMismatchError", "StoredRow", "default_store_url", "local_file", "open_store", "open_study_storage", "resolve_storage",
-           "shown_url", "store_url_of"]
+           "StoreGpuMismatchError", "StoredRow", "default_store_url", "local_file", "open_store", "open_study_storage",
+           "resolve_storage", "shown_url", "store_url_of"]

@@ -76,7 +76,7 @@ def test_grouped_lookup_never_takes_other_experts_or_shapes():
     for groups, n, k in ((4, 64, 64), (8, 128, 64), (8, 64, 128)):
         with pytest.raises(BestTableError, match=f"no tuned grouped problem of {groups} experts of {n}x{k}"):
             table.find(4096, n, k, TN, groups=groups)
-    with pytest.raises(BestTableError, match="m 0 is not a positive whole number"):
+    with pytest.raises(BestTableError, match="lookup: m '0' is not a positive whole number"):
         table.find(0, 64, 64, TN, groups=8)
 
 
