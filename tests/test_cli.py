@@ -227,3 +227,16 @@ def test_space_counts_the_moe_configs():
 ])
 def test_bad_grouped_sweep_options_are_one_line_and_exit_2(args, expected):
     assert expected in one_line_error(run("sweep", *args))
+
+
+def test_space_previews_the_shapes_a_sweep_would_tune():
+    # Guards the README's first sweep (`sweep --shapes ...`) against having no preview: space takes its options.
+    r = run("space", "--shapes", "4096x4608x3584")
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"--shapes: 1 problems, \d+ configs: \d+ valid, \d+ invalid", r.stdout.splitlines()[0])
+    r = run("space", "--shapes", "e8:4096x1536x2048", "--routing", "zipf")
+    assert r.returncode == 0 and "grouped_schedule" in r.stdout, r.stderr
+    r = run("space")
+    assert r.returncode != 0 and "space: give a search-space file or --shapes" in r.stderr
+    options = ("--shapes", "--dtype", "--layout", "--epilogue", "--scaling", "--routing")
+    assert all(o in re.sub(r"\x1b\[[0-9;]*m", "", run("space", "--help").stdout) for o in options)
