@@ -240,3 +240,27 @@ def test_space_previews_the_shapes_a_sweep_would_tune():
     assert r.returncode != 0 and "space: give a search-space file or --shapes" in r.stderr
     options = ("--shapes", "--dtype", "--layout", "--epilogue", "--scaling", "--routing")
     assert all(o in re.sub(r"\x1b\[[0-9;]*m", "", run("space", "--help").stdout) for o in options)
+
+
+def test_verbose_shows_the_stages_info_lines_with_timestamps_and_quiet_hides_warnings():
+    # Guards -v/-q: INFO lines (e.g. what the prior was fitted on) show only when asked, stamped for a pipe.
+    assert "counting the configs" not in run("space", "configs/quick.yaml").stderr
+    r = run("-v", "space", "configs/quick.yaml")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO cutlass_tune.cli._space: counting the configs of "
+                     r"configs/quick.yaml", r.stderr, re.MULTILINE), r.stderr
+    r = run("-q", "space", "configs/quick.yaml")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    r = run("-q", "-v", "space", "configs/quick.yaml")
+    assert r.returncode == 2 and "--verbose and --quiet: give one" in r.stderr
+
+
+def test_every_environment_variable_settings_reads_is_in_the_help():
+    # Guards against variables no user can learn of: each one of settings.py's table shows in --help.
+    from cutlass_tune import settings
+
+    names = re.findall(r"^\| (CUTLASS_TUNE_\w+) \|", settings.__doc__, re.MULTILINE)
+    assert len(names) >= 6
+    shown = run("--help").stdout + run("compile", "--help").stdout + run("best", "--help").stdout
+    assert [n for n in names if n not in shown] == []
+    assert "CUTLASS_TUNE_JOBS" in run("export", "--help").stdout

@@ -26,8 +26,10 @@ SCALING = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: t
                        "torch._scaled_mm takes them (default none, or the file's)")
 ROUTING = typer.Option(None, "--routing", help="with grouped --shapes (eE:ROWSxNxK): how the rows fall over the "
                        "experts: uniform, zipf, or both as uniform,zipf (default uniform)")
-JOBS = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs")
-CACHE_DIR = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)")
+JOBS = typer.Option(None, "--jobs", "-j", min=1, envvar="CUTLASS_TUNE_JOBS",
+                    help="parallel nvcc jobs (default: bounded by cores and memory)")
+CACHE_DIR = typer.Option(None, "--cache-dir", envvar="CUTLASS_TUNE_CACHE_DIR",
+                         help="kernel cache (default: the user cache dir)")
 GPU = typer.Option(0, "--gpu", min=0, help="CUDA device index")
 READ_DEFAULT = f"default: $CUTLASS_TUNE_STORE, else {settings.DEFAULT_STORE}"
 """The end of the help of a reading command's --storage."""

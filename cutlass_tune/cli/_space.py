@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import typer
@@ -11,6 +12,8 @@ from ..errors import CutlassTuneError
 from ..space import sweep_space
 from ._console import out
 from ._options import DTYPE, EPILOGUE, LAYOUT, ROUTING, SCALING, SHAPES, SPACE_FILE
+
+log = logging.getLogger(__name__)
 
 
 def space(config: Path | None = SPACE_FILE, shapes: str | None = SHAPES, dtype: str | None = DTYPE,
@@ -22,6 +25,7 @@ def space(config: Path | None = SPACE_FILE, shapes: str | None = SHAPES, dtype: 
     if config is None and shapes is None:
         raise CutlassTuneError("space: give a search-space file or --shapes MxNxK[,MxNxK...]")
     sp = sweep_space(config, shapes, dtype, layout, epilogue, scaling, routing)
+    log.info("counting the configs of %s (%d problems)", sp.path, len(sp.problems))
     census = sp.census()  # kernels: auto is counted without listing its millions
     out.print(f"{sp.path}: {len(sp.problems)} problems, {census.total} configs: "
               f"{census.valid} valid, {census.total - census.valid} invalid")
