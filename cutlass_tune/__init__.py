@@ -28,6 +28,11 @@ _REPORT = ("load_best",)
 __all__ = [*_RUNTIME, *_REPORT, "__version__", "nn"]
 
 
+def __dir__() -> list[str]:
+    # `__getattr__` serves the public names lazily; dir() and tab completion list them still.
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     # Imported on first use: `import cutlass_tune` stays light (no torch, pandas) for the CLI.
     if name in _RUNTIME:

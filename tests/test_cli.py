@@ -227,3 +227,40 @@ def test_space_counts_the_moe_configs():
 ])
 def test_bad_grouped_sweep_options_are_one_line_and_exit_2(args, expected):
     assert expected in one_line_error(run("sweep", *args))
+
+
+def test_space_previews_the_shapes_a_sweep_would_tune():
+    # Guards the README's first sweep (`sweep --shapes ...`) against having no preview: space takes its options.
+    r = run("space", "--shapes", "4096x4608x3584")
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"--shapes: 1 problems, \d+ configs: \d+ valid, \d+ invalid", r.stdout.splitlines()[0])
+    r = run("space", "--shapes", "e8:4096x1536x2048", "--routing", "zipf")
+    assert r.returncode == 0 and "grouped_schedule" in r.stdout, r.stderr
+    r = run("space")
+    assert r.returncode != 0 and "space: give a search-space file or --shapes" in r.stderr
+    options = ("--shapes", "--dtype", "--layout", "--epilogue", "--scaling", "--routing")
+    assert all(o in re.sub(r"\x1b\[[0-9;]*m", "", run("space", "--help").stdout) for o in options)
+
+
+def test_verbose_shows_the_stages_info_lines_with_timestamps_and_quiet_hides_warnings():
+    # Guards -v/-q: INFO lines (e.g. what the prior was fitted on) show only when asked, stamped for a pipe.
+    assert "counting the configs" not in run("space", "configs/quick.yaml").stderr
+    r = run("-v", "space", "configs/quick.yaml")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO cutlass_tune.cli._space: counting the configs of "
+                     r"configs/quick.yaml", r.stderr, re.MULTILINE), r.stderr
+    r = run("-q", "space", "configs/quick.yaml")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    r = run("-q", "-v", "space", "configs/quick.yaml")
+    assert r.returncode == 2 and "--verbose and --quiet: give one" in r.stderr
+
+
+def test_every_environment_variable_settings_reads_is_in_the_help():
+    # Guards against variables no user can learn of: each one of settings.py's table shows in --help.
+    from cutlass_tune import settings
+
+    names = re.findall(r"^\| (CUTLASS_TUNE_\w+) \|", settings.__doc__, re.MULTILINE)
+    assert len(names) >= 6
+    shown = run("--help").stdout + run("compile", "--help").stdout + run("best", "--help").stdout
+    assert [n for n in names if n not in shown] == []
+    assert "CUTLASS_TUNE_JOBS" in run("export", "--help").stdout

@@ -60,3 +60,13 @@ def test_a_bundle_loads_without_the_compiler(tmp_path):
     code = ("import cutlass_tune.runtime as r\nfor name in r.__all__:\n    getattr(r, name)\n"
             f"table = r.BestTable.load({str(tmp_path / 'bundle')!r})\nassert table.bundled")
     assert loaded(code, *COMPILER) == []
+
+
+def test_dir_lists_the_lazily_imported_public_names():
+    # Guards dir()/tab completion against showing nothing public behind the lazy __getattr__.
+    probe = ("import cutlass_tune, cutlass_tune.runtime as r\n"
+             "public = {'BestTable', 'Gemm', 'grouped_mm', 'matmul', 'patch', 'register_table', 'load_best', 'nn'}\n"
+             "assert public <= set(cutlass_tune.__all__) <= set(dir(cutlass_tune)), dir(cutlass_tune)\n"
+             "assert set(r.__all__) <= set(dir(r)), dir(r)")
+    assert loaded(probe, "torch") == []  # listing the names imports none of them
+    assert loaded("import cutlass_tune\nfor n in cutlass_tune.__all__:\n    getattr(cutlass_tune, n)", "torch")

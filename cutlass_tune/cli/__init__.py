@@ -9,6 +9,7 @@ imported inside the commands that use them.
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 
@@ -19,7 +20,17 @@ from ..errors import CutlassTuneError
 from . import _bench, _best, _check, _compile, _confirm, _dashboard, _export, _shapes, _space, _sweep, _upgrade
 from ._console import err, fail, out
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+
+def _environment() -> str:
+    """The help's list of the environment variables `settings` reads (its docstring's table)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in (settings.__doc__ or "").splitlines() if line.startswith("| CUTLASS_TUNE_")]
+    return "Environment variables:\n\n" + "\n\n".join(f"{name}: {what} (default: {default})"
+                                                        for name, what, default in rows).replace(
+        "`DEFAULT_STORE`", settings.DEFAULT_STORE)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, epilog=_environment(),
                   help="Autotune CUTLASS 3.x GEMM kernels on Hopper (SM90).")
 # In the order `--help` lists them.
 app.command()(_space.space)
@@ -43,8 +54,17 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
-                                          help="print the version and exit")) -> None:
+                                          help="print the version and exit"),
+             verbose: bool = typer.Option(False, "--verbose", "-v", help="log what the stages do (INFO), e.g. "
+                                          "what the prior was fitted on"),
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="log errors only (no warnings)")) -> None:
     """Options of `cutlass-tune` itself, before a command (the app's help is `app`'s)."""
+    if verbose and quiet:
+        raise CutlassTuneError("--verbose and --quiet: give one")
+    level = logging.INFO if verbose else logging.ERROR if quiet else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+    logging.captureWarnings(True)  # warnings.warn of the stages go through the same levels
 
 
 def _interrupt(signum: int, frame: object) -> None:

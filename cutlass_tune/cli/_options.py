@@ -12,8 +12,24 @@ from ..errors import CutlassTuneError
 from ..report import same_file
 
 CONFIG = typer.Argument(..., help="search-space YAML file (see configs/README.md)")
-JOBS = typer.Option(None, "--jobs", "-j", min=1, help="parallel nvcc jobs")
-CACHE_DIR = typer.Option(None, "--cache-dir", help="kernel cache (CUTLASS_TUNE_CACHE_DIR)")
+# The space a sweep tunes and `space` counts (space.sweep_space): a file, shapes, or shapes over a file's knobs.
+SPACE_FILE = typer.Argument(None, help="search-space YAML file (see configs/README.md); without it, --shapes over "
+                            "every valid config (kernels: auto)")
+SHAPES = typer.Option(None, "--shapes", help="MxNxK[,MxNxK...]: tune these shapes, over every valid config or, with "
+                      "a file, over its knobs; MoE experts as one grouped GEMM: eE:ROWSxNxK (e128:32768x1536x2048: "
+                      "128 experts, 32768 routed rows)")
+DTYPE = typer.Option(None, "--dtype", help="with --shapes: IN or IN:OUT types (default bf16, or the file's)")
+LAYOUT = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, or the file's)")
+EPILOGUE = typer.Option(None, "--epilogue", help="with --shapes: what the GEMM's last pass computes, e.g. bias+silu, "
+                        "gelu_tanh, residual (default none, or the file's; docs/epilogues.md)")
+SCALING = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor or rowcol scales, as "
+                       "torch._scaled_mm takes them (default none, or the file's)")
+ROUTING = typer.Option(None, "--routing", help="with grouped --shapes (eE:ROWSxNxK): how the rows fall over the "
+                       "experts: uniform, zipf, or both as uniform,zipf (default uniform)")
+JOBS = typer.Option(None, "--jobs", "-j", min=1, envvar="CUTLASS_TUNE_JOBS",
+                    help="parallel nvcc jobs (default: bounded by cores and memory)")
+CACHE_DIR = typer.Option(None, "--cache-dir", envvar="CUTLASS_TUNE_CACHE_DIR",
+                         help="kernel cache (default: the user cache dir)")
 GPU = typer.Option(0, "--gpu", min=0, help="CUDA device index")
 READ_DEFAULT = f"default: $CUTLASS_TUNE_STORE, else {settings.DEFAULT_STORE}"
 """The end of the help of a reading command's --storage."""

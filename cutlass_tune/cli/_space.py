@@ -1,23 +1,33 @@
-"""`cutlass-tune space`: count the configs of a search-space file."""
+"""`cutlass-tune space`: count the configs of a search-space file or of --shapes, as a sweep would search them."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from ..space import load_space
+from ..errors import CutlassTuneError
+from ..space import sweep_space
 from ._console import out
-from ._options import CONFIG
+from ._options import DTYPE, EPILOGUE, LAYOUT, ROUTING, SCALING, SHAPES, SPACE_FILE
+
+log = logging.getLogger(__name__)
 
 
-def space(config: Path = CONFIG,
+def space(config: Path | None = SPACE_FILE, shapes: str | None = SHAPES, dtype: str | None = DTYPE,
+          layout: str | None = LAYOUT, epilogue: str | None = EPILOGUE, scaling: str | None = SCALING,
+          routing: str | None = ROUTING,
           list_: bool = typer.Option(False, "--list", help="show every config and why it is invalid")) -> None:
-    """Count the configs a search-space file describes: total, valid, invalid by reason."""
-    sp = load_space(config)
+    """Count the configs a sweep with the same file or --shapes would search: total, valid,
+    invalid by reason."""
+    if config is None and shapes is None:
+        raise CutlassTuneError("space: give a search-space file or --shapes MxNxK[,MxNxK...]")
+    sp = sweep_space(config, shapes, dtype, layout, epilogue, scaling, routing)
+    log.info("counting the configs of %s (%d problems)", sp.path, len(sp.problems))
     census = sp.census()  # kernels: auto is counted without listing its millions
-    out.print(f"{config}: {len(sp.problems)} problems, {census.total} configs: "
+    out.print(f"{sp.path}: {len(sp.problems)} problems, {census.total} configs: "
               f"{census.valid} valid, {census.total - census.valid} invalid")
     if census.invalid:
         table = Table("rule", "configs", "example reason", box=None, pad_edge=False)

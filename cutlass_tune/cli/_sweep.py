@@ -15,7 +15,7 @@ from ..measurement import TimingMethod
 from ..space import SearchSpace, sweep_space
 from ..store import default_store_url, open_store
 from ._console import out
-from ._options import CACHE_DIR, JOBS
+from ._options import CACHE_DIR, DTYPE, EPILOGUE, JOBS, LAYOUT, ROUTING, SCALING, SHAPES, SPACE_FILE
 from ._sweep_display import sweep_display, sweep_table
 from ._timing import SWEEP_METHOD, SWEEP_PAIRED, timing_options
 
@@ -38,23 +38,13 @@ class Strategy(str, enum.Enum):
 
 
 def sweep(
-    config: Path | None = typer.Argument(None, help="search-space YAML file (see configs/README.md); "
-                                         "without it, --shapes over every valid config (kernels: auto)"),
-    shapes: str | None = typer.Option(None, "--shapes", help="MxNxK[,MxNxK...]: tune these shapes, over every "
-                                      "valid config or, with a file, over its knobs; MoE experts as one grouped "
-                                      "GEMM: eE:ROWSxNxK (e128:32768x1536x2048: 128 experts, 32768 routed rows)"),
-    dtype: str | None = typer.Option(None, "--dtype", help="with --shapes: IN or IN:OUT types (default bf16, "
-                                     "or the file's)"),
-    layout: str | None = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, "
-                                      "or the file's)"),
-    epilogue: str | None = typer.Option(None, "--epilogue", help="with --shapes: what the GEMM's last pass "
-                                        "computes, e.g. bias+silu, gelu_tanh, residual (default none, or the "
-                                        "file's; docs/epilogues.md)"),
-    scaling: str | None = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor or rowcol "
-                                       "scales, as torch._scaled_mm takes them (default none, or the file's)"),
-    routing: str | None = typer.Option(None, "--routing", help="with grouped --shapes (eE:ROWSxNxK): how the "
-                                       "rows fall over the experts: uniform, zipf, or both as uniform,zipf "
-                                       "(default uniform)"),
+    config: Path | None = SPACE_FILE,
+    shapes: str | None = SHAPES,
+    dtype: str | None = DTYPE,
+    layout: str | None = LAYOUT,
+    epilogue: str | None = EPILOGUE,
+    scaling: str | None = SCALING,
+    routing: str | None = ROUTING,
     strategy: Strategy | None = typer.Option(
         None, "--strategy", help="prior: a model of the measurements picks first (default for kernels: auto); "
         "optuna: the sampler after the warm start (default for a file's lists)"),

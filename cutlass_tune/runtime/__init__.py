@@ -47,6 +47,11 @@ _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredT
            "grouped_mm_op": "_grouped_op"}
 
 
+def __dir__() -> list[str]:
+    # `__getattr__` serves the public names lazily; dir() and tab completion list them still.
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     # Imported on first use: a host pays for pandas (the tables) and torch only when it uses them.
     if name in _TABLES:

@@ -35,6 +35,7 @@ from ._matmul import (
     _load_table,
     _sm_count,
     _warn_once,
+    device_table,
 )
 from ._table import BestTable
 
@@ -196,12 +197,13 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
             misaligned or strided operands.
     """
     table = table if isinstance(table, BestTable) else _load_table(str(table))
-    key = ("grouped", a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape, offs.dtype, out_dtype)
+    key = ("grouped", a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
+           offs.dtype, out_dtype)
     cached = table._kernels.get(key)
     if cached is None or not (a.is_cuda and b.device == a.device and offs.device == a.device
                               and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
         problem = grouped_problem_of(a, b, offs, out_dtype)
-        cached = _resolve(table, problem, key)
+        cached = _resolve(table, problem, key, a.get_device())
     gemm, problem = cached
     if problem.m == 0:
         return a.new_empty((0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
@@ -216,12 +218,14 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
         return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
 
 
-def _resolve(table: BestTable, problem: Problem, key: tuple) -> tuple[GroupedGemm | None, Problem]:
+def _resolve(table: BestTable, problem: Problem, key: tuple,
+             device: int) -> tuple[GroupedGemm | None, Problem]:
     """The kernel (None: torch's) for `problem`, kept in the table's cache under `key`."""
     gemm: GroupedGemm | None = None
     if problem.m > 0:
         try:
-            match = table.find(problem.m, problem.n, problem.k, problem.operation, groups=problem.groups)
+            rows = device_table(table, device, "grouped_mm")
+            match = rows.find(problem.m, problem.n, problem.k, problem.operation, groups=problem.groups)
         except BestTableError as err:
             asked = f"grouped {problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} " \
                     f"e{problem.groups} {problem.n}x{problem.k}"

@@ -376,6 +376,23 @@ def _gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None)
 _warned: set[str] = set()
 
 
+def device_table(table: BestTable, device: int, caller: str) -> BestTable:
+    """The rows of `table` that CUDA device `device` may use: those tuned on its GPU model
+    (`BestTable.for_gpu`), kept per device. Where the table has rows but none of this model (an
+    H100 table on an H200), a warning names both GPUs once and the caller falls back to torch."""
+    rows = table._devices.get(device)
+    if rows is None:
+        name = torch.cuda.get_device_name(device)
+        rows = table.for_gpu(name)
+        if rows.frame.empty and not table.frame.empty:
+            _warn_once(f"gpu {id(table)} {device}",
+                       f"cutlass_tune.{caller}: the table was tuned on {', '.join(table.gpus)}, not on this GPU "
+                       f"(cuda:{device}, {name}): its kernels are not used here and torch computes instead "
+                       "(tune on this GPU, or load the table of this GPU)")
+        table._devices[device] = rows
+    return rows
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
            out_dtype: torch.dtype | None = None, *, bias: torch.Tensor | None = None,
            activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
@@ -415,7 +432,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     act = activation_of(activation)
     operands = (_tensor(bias, "bias"), _tensor(c, "c"), _tensor(scale_a, "scale_a"), _tensor(scale_b, "scale_b"))
     table = table if isinstance(table, BestTable) else _load_table(str(table))
-    key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype, act,
+    key = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype, act,
            *(None if t is None else (t.shape, t.stride(), t.dtype) for t in operands))
     cached = table._kernels.get(key)
     if cached is not None and a.device.type == "cuda" and b.device == a.device \
@@ -437,7 +454,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
 
     asked = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} {problem.words}"
     try:
-        match = table.find(problem.m, problem.n, problem.k, problem.operation)
+        match = device_table(table, a.get_device(), "matmul").find(problem.m, problem.n, problem.k,
+                                                                   problem.operation)
     except BestTableError as err:
         _warn_once(asked, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
         return untuned()

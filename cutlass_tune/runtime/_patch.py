@@ -21,6 +21,7 @@ import torch
 from .._torch import TORCH_DTYPE
 from ..space import DType, Problem, check_problem
 from ._linear import Linear
+from ._matmul import device_table
 from ._op import registered_table, table_key
 from ._table import BestTable
 
@@ -172,21 +173,31 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
         BestTableError, BundleError, StoreError: a table path that cannot be read.
     """
     key = table_key(table)
-    coverage = _Coverage(registered_table(key).frame)
+    tuned = registered_table(key)
+    coverages: dict[int, _Coverage] = {}
+
+    def coverage_of(linear: torch.nn.Linear) -> _Coverage:
+        """The table's entries the layer's device may use: on CUDA, those of its GPU model."""
+        device = linear.weight.get_device()
+        if device not in coverages:
+            rows = tuned if device < 0 else device_table(tuned, device, "patch")
+            coverages[device] = _Coverage(rows.frame)
+        return coverages[device]
+
     decisions: list[LayerDecision] = []
     swaps: dict[int, Linear] = {}
     for name, module in list(model.named_modules(remove_duplicate=False)):
         if not isinstance(module, torch.nn.Linear):
             continue
         if id(module) not in swaps:
-            why = _why_left(name, module, coverage, cuda_only, min_ratio)
+            why = _why_left(name, module, coverage_of(module), cuda_only, min_ratio)
             if why is not None:
                 decisions.append(_decision(name, module, False, why))
                 continue
             swaps[id(module)] = Linear.from_linear(module, key)
         parent, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent), attribute, swaps[id(module)])
-        covering = coverage.covering(_DTYPES[module.weight.dtype], module.out_features, module.in_features)
+        covering = coverage_of(module).covering(_DTYPES[module.weight.dtype], module.out_features, module.in_features)
         decisions.append(_decision(name, module, True, covering))
     return PatchReport(key, tuple(decisions))
 

@@ -123,6 +123,22 @@ class BestTable:
         self.frame = frame.reset_index(drop=True)
         self.bundled = dict(bundled or {})
         self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
+        self._devices: dict[int, BestTable] = {}  # the rows each CUDA device may use (runtime's device_table)
+
+    @property
+    def gpus(self) -> list[str]:
+        """The GPU models the table's rows were tuned on, sorted ("" for rows that name none)."""
+        return sorted({str(g) for g in self.frame["gpu"]}) if "gpu" in self.frame.columns else []
+
+    def for_gpu(self, name: str) -> BestTable:
+        """The rows tuned on the GPU model `name` (as CUDA names it, e.g. "NVIDIA H100 80GB HBM3")
+        and those that name no GPU (a table built by hand), with the same bundled kernels: the
+        kernels a device of that model may run. A kernel's speed, and so the table's choice, was
+        measured on its own GPU model only."""
+        if "gpu" not in self.frame.columns:
+            return self
+        gpu = self.frame["gpu"].fillna("").astype(str)
+        return BestTable(self.frame[(gpu == name) | (gpu == "")], bundled=self.bundled)
 
     @classmethod
     def load(cls, source: str | Path, gpu: str | None = None) -> BestTable:
