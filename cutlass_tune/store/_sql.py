@@ -13,6 +13,7 @@ import datetime
 import functools
 import json
 import os
+import random
 import re
 import socket
 import threading
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 _CREATE_ATTEMPTS = 5
 BUSY_TIMEOUT_S = 60.0
 """How long a SQLite write waits for another process's (pysqlite's own 5 s lost adds on a loaded host)."""
-_LOCKED_ATTEMPTS = 5
+_LOCKED_ATTEMPTS = 20
 """How often a SQLite write that still found the database locked is tried (each waiting `BUSY_TIMEOUT_S`)."""
 T = TypeVar("T")
 LEGACY_TIMING = TimingScheme(TimingMethod.EVENTS)
@@ -201,7 +202,7 @@ def _despite_locks(write: Callable[[], T]) -> T:
         except sa.exc.OperationalError as err:
             if attempt == _LOCKED_ATTEMPTS or not _locked(err):
                 raise
-            time.sleep(0.05 * attempt)
+            time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))  # jitter: writers that met stay apart
     raise AssertionError("unreachable")
 
 
