@@ -263,5 +263,6 @@ def test_upgrade_without_storage_refuses_and_leaves_the_default_store(tmp_path):
     for args in (["upgrade"], ["upgrade", "--storage", ""]):
         done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *args],
                               capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                              env={**__import__("os").environ, "CUTLASS_TUNE_STORE": str(REAL)})
+                              env={**__import__("os").environ, "CUTLASS_TUNE_STORE": str(REAL),
+                                   "PYTHONPATH": str(Path(cutlass_tune.__file__).parents[1])})
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--storage" in done.stderr, done.stderr
