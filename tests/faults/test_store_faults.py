@@ -150,7 +150,8 @@ def test_a_store_path_is_the_file_it_names_for_writer_and_reader(name, tmp_path,
     from cutlass_tune.store import open_store
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / name.replace("%20", " ")).write_bytes(b"") if "%20" in name else None  # a decoy the reader must not read
+    if "%20" in name:
+        (tmp_path / name.replace("%20", " ")).write_bytes(b"")  # a decoy the reader must not read
     writer = open_store(name, new=True)
     writer.bind_gpu("NVIDIA H200")
     writer.add(_measurement(), gpu="NVIDIA H200", run_id="r")
@@ -237,7 +238,7 @@ def test_writers_adding_at_once_lose_no_row(busy_timeout_s, tmp_path):
     errors = [r.communicate(timeout=120)[1] for r in racers]
     assert [r.returncode for r in racers] == [0] * 4, "\n".join(errors)
     rows = ResultStore(url).rows(["run_id"])
-    assert sorted((r.run_id for r in rows)) == sorted(f"w{i}" for i in range(4) for _ in range(50))
+    assert sorted(r.run_id for r in rows) == sorted(f"w{i}" for i in range(4) for _ in range(50))
 
 
 def test_a_write_waits_out_a_lock_held_past_the_busy_timeout(tmp_path, monkeypatch):
