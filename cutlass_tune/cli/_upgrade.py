@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import typer
 
+from ..errors import CutlassTuneError
 from ..store import open_store, resolve_storage
 from ._console import out
-from ._options import READ_DEFAULT
 
 
 def upgrade(
-    storage: str | None = typer.Option(None, "--storage", help=f"store URL or .sqlite file ({READ_DEFAULT})"),
+    storage: str = typer.Option(..., "--storage", help="store URL or .sqlite file (required: never the default "
+                                                       "store, which a checkout ships)"),
 ) -> None:
     """Upgrade a store to this version's schema (sweep and confirm do it on their own, before
     their first write; reports read older stores as they are). Copy the store first to keep a
     way back: upgraded, versions before this one refuse it."""
+    if not storage.strip():  # resolve_storage would take an empty one for the default store
+        raise CutlassTuneError("--storage '': give the store to upgrade")
     store = open_store(resolve_storage(storage))
     before = store.upgrade()
     now = store.schema()

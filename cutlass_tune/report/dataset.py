@@ -22,7 +22,7 @@ import pandas as pd
 from .._files import write_atomically
 from ..measurement import Measurement, read_jsonl
 from ..space import KernelConfig, Operation, RuntimeArgs
-from ..store import ResultStore
+from ..store import ResultStore, sqlite_url
 
 PROBLEM_COLUMNS = ("m", "n", "k", *Operation.FIELDS, "layout")
 CONFIG_COLUMNS = tuple(f.name for f in dataclasses.fields(KernelConfig) if f.name not in PROBLEM_COLUMNS)
@@ -69,7 +69,7 @@ def _row(m: Measurement, origin: _Origin) -> dict[str, Any]:
 
 
 def _store_rows(path: Path) -> Iterator[dict[str, Any]]:
-    store = ResultStore(f"sqlite:///{path}")
+    store = ResultStore(sqlite_url(path))
     # rows() and measurements() both list the store in insertion order, one entry per measurement.
     stored = store.rows(["run_id", "gpu", "cublas_tflops", "ratio"])
     records = store.measurements()

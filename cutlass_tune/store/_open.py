@@ -16,7 +16,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from .. import settings
-from ._sql import ResultStore, StoreError, database_file, shown_url
+from ._sql import ResultStore, StoreError, database_file, shown_url, sqlite_url
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 RESULTS_DIR = Path("results")
@@ -42,7 +42,7 @@ def store_url_of(source: str | Path) -> str | None:
     if "://" in text:
         return text
     if Path(text).suffix in SQLITE_SUFFIXES:
-        return f"sqlite:///{_expanded(text, 'the store')}"
+        return sqlite_url(_expanded(text, 'the store'))
     return None
 
 
@@ -62,7 +62,7 @@ def local_file(source: str | Path) -> Path | None:
 def default_store_url(gpu_name: str, results_dir: str | Path = RESULTS_DIR) -> str:
     """`sqlite:///results/sweep-<gpu>.sqlite`: one embedded store per GPU model."""
     slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-") or "gpu"
-    return f"sqlite:///{Path(results_dir) / f'sweep-{slug}.sqlite'}"
+    return sqlite_url(Path(results_dir) / f"sweep-{slug}.sqlite")
 
 
 def resolve_storage(storage: str | None) -> str:
@@ -100,5 +100,5 @@ def open_store(source: str | Path, *, new: bool = False) -> ResultStore:
         raise StoreError(f"--storage {source}: expected a store URL or a .sqlite file")
     path = local_file(url)
     if not new and path is not None and not path.exists():
-        raise StoreError(f"no store at {shown_url(url)}")
+        raise StoreError(f"no store at sqlite:///{path}")  # the name as given, not quoted
     return ResultStore(url)

@@ -13,6 +13,7 @@ import datetime
 import functools
 import json
 import os
+import random
 import re
 import socket
 import threading
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
     import optuna
 
 _CREATE_ATTEMPTS = 5
+BUSY_TIMEOUT_S = 60.0
+"""How long a SQLite write waits for another process's (pysqlite's own 5 s lost adds on a loaded host)."""
+_LOCKED_ATTEMPTS = 20
+"""How often a SQLite write that still found the database locked is tried (each waiting `BUSY_TIMEOUT_S`)."""
 T = TypeVar("T")
 LEGACY_TIMING = TimingScheme(TimingMethod.EVENTS)
 """The timing scheme of stores begun before `ct_meta` recorded one."""
@@ -108,16 +113,41 @@ claims_table = sa.Table(
 )
 
 
-_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+_PASSWORD = re.compile(r"(://[^/@:]*:).*@")
+"""The password of a URL SQLAlchemy cannot parse: all up to the last '@', which may mask more than the
+password (a '@' in the database's name) but never less (a raw '@' in the password)."""
 _QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#]*", re.IGNORECASE)
 """A password given in the query (`?password=`, libpq's `sslpassword=`), which psycopg takes too."""
 
 
+def parse_url(url: str) -> sa.engine.URL:
+    """`url` parsed by SQLAlchemy, its user part ending at the last '@' before the host: a
+    password with a raw '@' (`u:p@ss@host`) is all password, where SQLAlchemy alone would take
+    its tail for the host and print it in messages.
+
+    Raises:
+        sqlalchemy.exc.ArgumentError, ValueError: `url` does not parse (a port that is not a number).
+    """
+    parsed = sa.engine.make_url(url)
+    if parsed.host and "@" in parsed.host:
+        head, _, host = parsed.host.rpartition("@")
+        if parsed.password is not None:
+            return parsed.set(password=f"{parsed.password}@{head}", host=host)
+        return parsed.set(username=f"{parsed.username or ''}@{head}", host=host)
+    return parsed
+
+
+def sqlite_url(path: str | Path) -> str:
+    """The `sqlite:///` URL of the file `path`, its name quoted: `?`, `#` and `%` in a file name
+    are the file's, not a query nor an escape."""
+    return sa.engine.URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+
+
 def shown_url(url: str) -> str:
     """`url` as a message prints it: its password masked, in the user part and in the query,
-    also where SQLAlchemy cannot parse it."""
+    whatever characters it holds, also where SQLAlchemy cannot parse it."""
     try:
-        shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+        shown = parse_url(url).render_as_string(hide_password=True)
     except (sa.exc.ArgumentError, ValueError):
         shown = _PASSWORD.sub(r"\1***@", url)
     return _QUERY_PASSWORD.sub(r"\1***", shown)
@@ -155,6 +185,25 @@ def database_file(url: sa.engine.URL) -> Path | None:
     if url.get_backend_name() != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
         return None
     return Path(name)
+
+
+def _locked(err: sa.exc.SQLAlchemyError) -> bool:
+    """Whether `err` is SQLite's "database is locked" (or "is busy"): another writer held on too long."""
+    return isinstance(err, sa.exc.OperationalError) and any(
+        s in str(err.orig) for s in ("database is locked", "database is busy"))
+
+
+def _despite_locks(write: Callable[[], T]) -> T:
+    """Run `write` (one transaction), again where SQLite found the database locked past its busy
+    timeout, up to `_LOCKED_ATTEMPTS` times: a write waits its turn instead of being lost."""
+    for attempt in range(1, _LOCKED_ATTEMPTS + 1):
+        try:
+            return write()
+        except sa.exc.OperationalError as err:
+            if attempt == _LOCKED_ATTEMPTS or not _locked(err):
+                raise
+            time.sleep(random.uniform(0, min(1.0, 0.01 * 2 ** attempt)))  # jitter: writers that met stay apart
+    raise AssertionError("unreachable")
 
 
 def _meta_value(key: str) -> sa.Select:
@@ -235,7 +284,9 @@ class ResultStore:
         self.shown = shown_url(url)
         """The URL as messages print it (password masked)."""
         try:
-            parsed = sa.engine.make_url(url)
+            parsed = parse_url(url)
+            if parsed.host != sa.engine.make_url(url).host:  # a raw '@' in the password: Optuna reads it so too
+                self.url = parsed.render_as_string(hide_password=False)
         except (sa.exc.ArgumentError, ValueError) as err:  # ValueError: a port that is not a number
             raise StoreError(f"cannot parse storage URL {self.shown!r} ({first_line(err)}): expected e.g. "
                              "sqlite:///results/sweep.sqlite or postgresql+psycopg://user@host/db") from err
@@ -247,7 +298,9 @@ class ResultStore:
         if why:
             raise StoreError(f"cannot make the store {self._new_file}: {why}")
         try:
-            self.engine = sa.create_engine(parsed, pool_pre_ping=True)
+            sqlite = parsed.get_backend_name() == "sqlite" and "timeout" not in parsed.query
+            self.engine = sa.create_engine(parsed, pool_pre_ping=True,
+                                           connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
             if self._new_file is None:
                 with self.engine.connect() as conn:
                     conn.execute(sa.text("SELECT 1"))
@@ -272,8 +325,26 @@ class ResultStore:
                 except OSError as err:
                     raise StoreError(f"cannot make the store {self._new_file}: {err.strerror} "
                                      f"({err.filename})") from err
+            else:
+                self._refuse_foreign()
             _migrate.upgrade(self.engine, self.shown, create=True)
             self._created, self._stored = True, None
+
+    def _refuse_foreign(self) -> None:
+        """Refuse to write to a SQLite file of another application: one with tables, none of
+        them a store's (`ct_`), is left as it is.
+
+        Raises:
+            StoreError: the file holds tables and none of the store's.
+        """
+        path = database_file(self.engine.url)
+        if path is None:
+            return
+        with self.engine.connect() as conn:
+            tables = sa.inspect(conn).get_table_names()
+        if tables and not any(t.startswith("ct_") for t in tables):
+            raise StoreError(f"{path} is not a cutlass-tune store: it holds {len(tables)} tables of another "
+                             "application and none of a store's; give --storage a new file")
 
     @_store_errors
     def _readable(self) -> bool:
@@ -543,8 +614,11 @@ class ResultStore:
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "record": json.dumps(m.to_dict()),
         }
-        with self.engine.begin() as conn:
-            conn.execute(measurements_table.insert(), row)
+        def insert() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(measurements_table.insert(), row)
+
+        _despite_locks(insert)
 
     @_store_errors
     def measured(self, problem: Problem) -> dict[tuple[str, str], list[StoredRow]]:

@@ -128,3 +128,142 @@ def test_a_sweep_on_a_damaged_store_raises_store_error(damage, tmp_path):
     space = space_of(tmp_path, "problems: {m: 4096, n: 4096, k: 4096}\nkernels: {tile_m: [128]}\n")
     with pytest.raises(StoreError, match="is damaged"):
         Sweep(space, ResultStore(url), url, FakeCompiler(), H200(), SweepSettings(trials=1)).run()
+
+
+# ---- issue 36: file names, foreign files, locked writers, the default store ------------------------------------------
+ODD_NAMES = ["a?b.sqlite", "run?1.sqlite", "a%20b.sqlite", "x#y.sqlite"]
+
+
+def _measurement(tflops: float = 500.0):
+    from cutlass_tune.measurement import Measurement
+    from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
+    from cutlass_tune.status import Status
+
+    p = Problem(4096, 4096, 4096)
+    return Measurement(problem=p, config=KernelConfig(), runtime=RuntimeArgs(), status=Status.OK, tflops=tflops,
+                       median_ms=p.flops / tflops / 1e9, p20_ms=0.1, p80_ms=0.2, samples=10)
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_a_store_path_is_the_file_it_names_for_writer_and_reader(name, tmp_path, monkeypatch):
+    # Regression: `?`, `#`, `%` went into the URL unescaped: `run?1.sqlite` made `run`, `a%20b` read `a b`.
+    from cutlass_tune.store import open_store
+
+    monkeypatch.chdir(tmp_path)
+    if "%20" in name:
+        (tmp_path / name.replace("%20", " ")).write_bytes(b"")  # a decoy the reader must not read
+    writer = open_store(name, new=True)
+    writer.bind_gpu("NVIDIA H200")
+    writer.add(_measurement(), gpu="NVIDIA H200", run_id="r")
+    made = sorted(p.name for p in tmp_path.iterdir())
+    assert name in made and len(made) == (2 if "%20" in name else 1), made
+    assert len(open_store(name).rows()) == 1
+    assert len(open_store(str(tmp_path / name)).rows()) == 1
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "best", "--storage", name],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**__import__("os").environ, "PYTHONPATH": str(Path(cutlass_tune.__file__).parents[1])})
+    assert "no store" not in done.stderr and "4096x4096x4096" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_a_reader_of_a_missing_odd_name_says_no_store_and_makes_nothing(name, tmp_path, monkeypatch):
+    from cutlass_tune.store import open_store
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreError, match="no store at"):
+        open_store(name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _foreign(tmp: Path) -> Path:
+    path = tmp / "app.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("create table users (id integer primary key, name text)")
+        conn.execute("insert into users (name) values ('ada')")
+    conn.close()
+    return path
+
+
+def test_a_writer_refuses_another_applications_sqlite_file_and_leaves_it_as_it_was(tmp_path):
+    # Regression: a sweep's writer added its ct_ and Optuna tables to any SQLite file without a word.
+    from cutlass_tune.store import open_store
+
+    path = _foreign(tmp_path)
+    before = path.read_bytes()
+    store = open_store(str(path), new=True)
+    with pytest.raises(StoreError, match=f"^{path} is not a cutlass-tune store: .*give --storage a new file$"):
+        store.bind_gpu("NVIDIA H200")
+    with pytest.raises(StoreError, match="is not a cutlass-tune store"):
+        store.add(_measurement(), gpu="NVIDIA H200", run_id="r")
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.sqlite"]
+
+
+def test_a_writer_still_takes_an_empty_sqlite_file(tmp_path):
+    path = tmp_path / "empty.sqlite"
+    path.touch()
+    store = ResultStore(f"sqlite:///{path}")
+    store.bind_gpu("NVIDIA H200")
+    assert store.gpu() == "NVIDIA H200"
+
+
+ADDER = """
+import sys, time
+from pathlib import Path
+from cutlass_tune.store import ResultStore, _sql
+from tests.faults.test_store_faults import _measurement
+url, me, n, timeout = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+_sql.BUSY_TIMEOUT_S = timeout
+store = ResultStore(url)
+store.bind_gpu("NVIDIA H200")
+me.with_suffix(".ready").touch()
+while not me.with_name("go").exists():
+    time.sleep(0.001)
+for i in range(n):
+    store.add(_measurement(100.0 + i), gpu="NVIDIA H200", run_id=me.name)
+"""
+
+
+@pytest.mark.parametrize("busy_timeout_s", [60.0, 0.01], ids=["default", "tiny-busy-timeout"])
+def test_writers_adding_at_once_lose_no_row(busy_timeout_s, tmp_path):
+    # Regression: 3 of 1,200 adds of concurrent writers were lost to SQLite's 5 s busy timeout on a loaded host;
+    # a busy timeout of 10 ms makes every writer meet the lock, which a locked write's retries must get past.
+    from ..racing import start_together
+
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    ResultStore(url).bind_gpu("NVIDIA H200")
+    root = str(Path(__file__).resolve().parents[2])
+    racers = start_together([[sys.executable, "-c", ADDER, url, str(tmp_path / f"w{i}"), "50", str(busy_timeout_s)]
+                             for i in range(4)], tmp_path, cwd=Path(root))
+    errors = [r.communicate(timeout=120)[1] for r in racers]
+    assert [r.returncode for r in racers] == [0] * 4, "\n".join(errors)
+    rows = ResultStore(url).rows(["run_id"])
+    assert sorted(r.run_id for r in rows) == sorted(f"w{i}" for i in range(4) for _ in range(50))
+
+
+def test_a_write_waits_out_a_lock_held_past_the_busy_timeout(tmp_path, monkeypatch):
+    # Regression: an add that met a lock held longer than the busy timeout was lost, not retried.
+    import threading
+
+    from cutlass_tune.store import _sql
+
+    path = tmp_path / "s.sqlite"
+    ResultStore(f"sqlite:///{path}").bind_gpu("NVIDIA H200")
+    monkeypatch.setattr(_sql, "BUSY_TIMEOUT_S", 0.05)
+    store = ResultStore(f"sqlite:///{path}")
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.3, holder.execute, ["COMMIT"]).start()
+    store.add(_measurement(), gpu="NVIDIA H200", run_id="r")
+    holder.close()
+    assert len(store.rows()) == 1
+
+
+def test_upgrade_without_storage_refuses_and_leaves_the_default_store(tmp_path):
+    # Regression: `upgrade` with no --storage upgraded the checkout's committed default store in place.
+    for args in (["upgrade"], ["upgrade", "--storage", ""]):
+        done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *args],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                              env={**__import__("os").environ, "CUTLASS_TUNE_STORE": str(REAL),
+                                   "PYTHONPATH": str(Path(cutlass_tune.__file__).parents[1])})
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--storage" in done.stderr, done.stderr

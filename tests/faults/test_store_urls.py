@@ -61,3 +61,14 @@ def test_load_best_raises_the_store_error():
 ])
 def test_shown_url_masks_the_password_even_where_it_cannot_parse(url, shown):
     assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize("url", ["postgresql+psycopg://u:p@ss@127.0.0.1:1/db", "postgresql+psycopg://u:p@ss@host:x/db",
+                                 "postgresql+psycopg://u:p@s@s@127.0.0.1:1/db"])
+def test_a_raw_at_sign_in_the_password_shows_none_of_it(url):
+    # Regression: SQLAlchemy took `ss@host` for the host, so errors printed the password's tail `ss`.
+    with pytest.raises(StoreError) as info:
+        ResultStore(url)
+    message = str(info.value)
+    assert "ss" not in message and "s@" not in message and "u:***@" in message and "\n" not in message, message
+    assert "ss" not in shown_url(url)
