@@ -187,10 +187,10 @@ def test_a_damaged_stored_record_is_one_line_naming_its_row(tmp_path, record, ca
     (bad,) = sqlite3.connect(STORE).execute("SELECT id FROM ct_measurements WHERE kernel != 'cuBLAS' "
                                             "ORDER BY id LIMIT 1 OFFSET 3").fetchone()
     path = store_copy(tmp_path, f"UPDATE ct_measurements SET record = '{record}' WHERE id = {bad}")
-    message = one_line_error(lambda: load_best(path), f"store sqlite:///{path}: measurement {bad} ")
+    message = one_line_error(lambda: load_best(path), f"store sqlite:///{path} is damaged: measurement {bad}: ")
     assert "cannot be read" in message and cause in message
     r = run("best", "--storage", path)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"measurement {bad} " in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"measurement {bad}: " in r.stderr
 
 
 def test_a_store_of_another_schema_is_refused(tmp_path):
