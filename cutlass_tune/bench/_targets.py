@@ -199,7 +199,30 @@ def compiled_function(problem: Problem, *, fast_accum: bool = False, bias_after:
     return _compiled[key]
 
 
-class TorchTarget(Target):
+class _TorchCall(Target):
+    """A baseline that is one torch call returning a new tensor (`_call`, bound by `setup` to
+    `_ops`): launched as it is, copied into D only to be verified."""
+
+    _call: Callable[[], torch.Tensor] | None = None
+    _ops: Operands | None = None
+
+    def launch(self) -> None:
+        assert self._call is not None, "launched before setup"
+        self._call()
+
+    def once(self) -> None:
+        """The call, its result copied into D for verification; inside a CUDA graph capture
+        (sustained timing replays graphs of `once`) the call alone, so no copy is ever timed."""
+        assert self._call is not None and self._ops is not None, "launched before setup"
+        out = self._call()
+        if not (out.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._ops.d.copy_(out)
+
+    def close(self) -> None:
+        self._call = self._ops = None
+
+
+class TorchTarget(_TorchCall):
     """A fused problem's EAGER or COMPILE baseline (`kind`) on the problem's operands.
 
     `fast_accum` as `CublasTarget`'s. `setup` makes the first call (for COMPILE, the compile)
@@ -252,21 +275,6 @@ class TorchTarget(Target):
         fn(*args)
         self._call = lambda: fn(*args)
 
-    def launch(self) -> None:
-        assert self._call is not None, "launched before setup"
-        self._call()
-
-    def once(self) -> None:
-        """The call, its result copied into D for verification; inside a CUDA graph capture
-        (sustained timing replays graphs of `once`) the call alone, so no copy is ever timed."""
-        assert self._call is not None and self._ops is not None, "launched before setup"
-        out = self._call()
-        if not (out.is_cuda and torch.cuda.is_current_stream_capturing()):
-            self._ops.d.copy_(out)
-
-    def close(self) -> None:
-        self._call = self._ops = None
-
     def sibling(self) -> TorchTarget:
         twin = TorchTarget(self._problem, self._kind, self._fast_accum)
         twin._bias_after = self._bias_after
@@ -278,7 +286,7 @@ def grouped_mm() -> Callable[..., torch.Tensor] | None:
     return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-class GroupedMmTarget(Target):
+class GroupedMmTarget(_TorchCall):
     """A grouped problem's GROUPED_MM baseline: torch's grouped GEMM as a MoE layer calls it,
     `grouped_mm(a, w.transpose(-2, -1), offs=offsets)`, into a new tensor. `setup` makes the
     first call and returns why torch cannot run it (no grouped GEMM in this torch, or the one
@@ -302,21 +310,6 @@ class GroupedMmTarget(Target):
         self._call = lambda: fn(a, b, offs=offsets)
         self._ops = ops
         return None
-
-    def launch(self) -> None:
-        assert self._call is not None, "launched before setup"
-        self._call()
-
-    def once(self) -> None:
-        """The call, its result copied into D for verification, except inside a CUDA graph
-        capture (as `TorchTarget.once`)."""
-        assert self._call is not None and self._ops is not None, "launched before setup"
-        out = self._call()
-        if not (out.is_cuda and torch.cuda.is_current_stream_capturing()):
-            self._ops.d.copy_(out)
-
-    def close(self) -> None:
-        self._call = self._ops = None
 
     def sibling(self) -> GroupedMmTarget:
         return GroupedMmTarget(self._problem)
