@@ -74,11 +74,10 @@ def use_table(table: BestTable | str | Path) -> str:
     return key
 
 
-def _direct(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a call may skip the operator: eager CUDA inference, where nothing needs its
-    autograd, no graph is traced (torch.compile, export) and no dispatch mode (fake tensors,
-    `cutlass-tune shapes`) must see it."""
-    return (x.is_cuda and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+def _eager_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a call may skip the operator: nothing needs its autograd, no graph is traced
+    (torch.compile, export) and no dispatch mode (fake tensors, `cutlass-tune shapes`) must see it."""
+    return (not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
@@ -97,10 +96,11 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, b
                     is_transposed: bool) -> torch.Tensor:
     """x's rows through their experts' weights: E x N x K weights (nn.Linear's, the "tn"
     problem), or E x K x N ones with `is_transposed` ("tt"). Eager inference calls the kernel
-    directly (`_direct`); training, torch.compile and tracing go through the operator."""
+    directly (`_eager_inference`); training, torch.compile and tracing go through the operator."""
     b = weight if is_transposed else weight.transpose(-2, -1)
     x = x.to(weight.dtype)
-    out = _direct_grouped_mm(x, b, offs) if _direct(x, weight) else grouped_mm_op(x, b, offs, TABLE_KEY)
+    direct = x.is_cuda and _eager_inference(x, weight)
+    out = _direct_grouped_mm(x, b, offs) if direct else grouped_mm_op(x, b, offs, TABLE_KEY)
     return out if bias is None else out + bias
 
 

@@ -173,3 +173,13 @@ def test_prepare_fixes_the_shape_and_workspace(gemm):
     assert p.out_shape == (100, N) and p.out_dtype == torch.bfloat16 and p.workspace_bytes == WORKSPACE
     assert (p.args.groups, p.args.sm_count, p.args.a) == (E, 132, None)
     assert p != plan(gemm, m=100)  # compared by identity: a key of the hot path
+
+
+def test_another_workspace_initializes(gemm):
+    """Guards the workspace address in the ready instances' key (the parameters point into it)."""
+    p, (a, b, offs) = plan(gemm), operands()
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    gemm.launch(p, a, b, offs, out, keep_workspace=True)
+    gemm.launch(p, a, b, offs, out, keep_workspace=False)  # the kept one is still held: another address
+    first, second = FakeKernel.log.of("initialize")
+    assert first[3] == gemm._local.workspaces[(0, 7)].data_ptr() != second[3]
