@@ -14,7 +14,8 @@ on the table given to `use_table`:
 Experts whose shapes the table has not tuned run torch's grouped GEMM (one warning per shape),
 so the model's outputs never depend on the table, only its speed. The operator has a backward
 and no graph break under torch.compile; eager inference (no gradient needed, nothing traced)
-calls the kernel without the operator's dispatch, with a workspace kept per thread and stream. Needs `pip install 'cutlass-tune[transformers]'`.
+calls the kernel without the operator's dispatch, with a workspace kept per thread and stream.
+Needs `pip install 'cutlass-tune[transformers]'`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .errors import CutlassTuneError
