@@ -1,13 +1,23 @@
-"""End-to-end MoE forward: transformers' "grouped_mm" experts vs the tuned "cutlass_tune" ones.
+"""End-to-end MoE model: transformers' "grouped_mm" experts vs the tuned "cutlass_tune" ones.
 
-    python3 benchmarks/moe_model.py TABLE OUT_DIR [--layers 4] [--tokens 4096] [--blocks 10] [--block 10]
+    python3 benchmarks/moe_model.py TABLE OUT_DIR [--family qwen3_moe|olmoe] [--tokens 4096] [--layers 4]
+                                    [--compile] [--train] [--blocks 10] [--block 10]
+    python3 benchmarks/moe_model.py summary OUT_DIR      # the table of every run in OUT_DIR
 
-A Qwen3-30B-A3B-shaped model (hidden 2048, 128 experts of moe_intermediate 768, top 8, 32 heads,
-4 KV heads of 128) cut to a few layers with random bf16 weights, run in inference (no_grad) on
-one prompt of `--tokens` tokens. Sustained timing: blocks of `--block` forwards of each
-implementation in turn, each block timed by CUDA events, the median block per forward reported
-(alternating keeps clocks and heat alike for both). The outputs of both are compared first.
-Writes OUT_DIR/moe_model.json; prints the speedup (grouped_mm ms / cutlass_tune ms) last.
+A model of one family cut to `--layers` layers, real widths, random bf16 weights, one sequence
+of `--tokens` tokens (FAMILIES: Qwen3-30B-A3B, 128 experts of 768, top 8, hidden 2048; OLMoE-1B-7B,
+64 experts of 1024, top 8, hidden 2048). Same weights for both implementations.
+
+- inference (default): forward under no_grad; the logits of both compared.
+- `--compile`: each decoder layer through torch.compile (default mode; the layers are alike, so
+  one compiled graph serves them all and compiling stays within seconds), for both
+  implementations; the graph breaks of each are counted (torch._dynamo's counters) and recorded.
+- `--train`: one training step (forward with labels, the loss, backward): loss and every
+  parameter's gradient of both compared (bf16 tolerance), time per step.
+
+Sustained timing: blocks of `--block` steps of each implementation in turn, each block timed by
+CUDA events, the median block per step reported (alternating keeps clocks and heat alike for
+both). Writes OUT_DIR/<family>-<tokens>-<mode>.json; prints the table of OUT_DIR's runs last.
 """
 
 from __future__ import annotations
@@ -16,25 +26,46 @@ import argparse
 import json
 import statistics
 import sys
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+VOCAB = 8192
+DEVICE = "cuda"
+FAMILIES: dict[str, dict] = {
+    "qwen3_moe": dict(config="Qwen3MoeConfig", experts=128, top_k=8, hidden=2048, moe_intermediate=768,
+                      kwargs=dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                  num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                                  num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
+                                  norm_topk_prob=True)),
+    "olmoe": dict(config="OlmoeConfig", experts=64, top_k=8, hidden=2048, moe_intermediate=1024,
+                  kwargs=dict(hidden_size=2048, intermediate_size=1024, num_attention_heads=16,
+                              num_key_value_heads=16, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
+                              eos_token_id=0)),
+}
+"""Each family's transformers config class and its real widths (the expert GEMMs tuned in
+benchmarks/configs/moe_e2e_bf16.yaml: gate_up N = 2 x moe_intermediate, K = hidden; down
+N = hidden, K = moe_intermediate; rows = tokens x top_k)."""
+GRAD_TOLERANCE = 2e-2
+"""Largest relative error (norm) of a gradient between the two implementations: bf16 products
+accumulated in another order (our dA kernels, torch's) differ by a few 1e-3."""
 
-def _model(layers: int):
+
+def _model(family: str, layers: int):
     import transformers
 
-    config = transformers.Qwen3MoeConfig(
-        vocab_size=8192, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=layers,
-        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
-        decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=32768, norm_topk_prob=True)
+    spec = FAMILIES[family]
+    config = getattr(transformers, spec["config"])(vocab_size=VOCAB, num_hidden_layers=layers,
+                                                   max_position_embeddings=32768, **spec["kwargs"])
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
-                                                         experts_implementation="grouped_mm").cuda().eval()
+                                                         experts_implementation="grouped_mm").to(DEVICE)
 
 
-def _block_ms(fn, count: int) -> float:
+def _block_ms(fn: Callable[[], object], count: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(count):
@@ -44,56 +75,132 @@ def _block_ms(fn, count: int) -> float:
     return start.elapsed_time(end) / count
 
 
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.float()
+    return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def run(args: argparse.Namespace) -> dict:
+    """One case: both implementations checked against each other, then timed in alternating blocks."""
+    import transformers
+
+    import cutlass_tune.transformers as ct
+
+    began = time.perf_counter()
+    ct.use_table(args.table)
+    model = _model(args.family, args.layers)
+    model.train(args.train)
+    if args.compile:
+        for layer in model.model.layers:
+            layer.compile()
+    ids = torch.randint(0, VOCAB, (1, args.tokens), device=DEVICE)
+    names = ("grouped_mm", ct.NAME)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def step() -> torch.Tensor:
+        if args.train:
+            model.zero_grad(set_to_none=True)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            return loss.detach()
+        with torch.no_grad():
+            return model(ids).logits
+
+    outputs, grads, fallbacks, breaks, first_s = {}, {}, [], {}, {}
+    for name in names:
+        model.set_experts_implementation(name)
+        if args.compile:
+            torch._dynamo.utils.counters.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            start = time.perf_counter()
+            outputs[name] = step().float()
+            torch.cuda.synchronize()
+            first_s[name] = round(time.perf_counter() - start, 2)
+        fallbacks += [str(w.message) for w in caught if "cutlass_tune" in str(w.message)]
+        if args.compile:
+            breaks[name] = _graph_breaks()
+        if args.train:
+            grads[name] = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
+    error = _relative(outputs[ct.NAME], outputs["grouped_mm"])
+    grad_errors = {n: _relative(grads[ct.NAME][n], g) for n, g in grads.get("grouped_mm", {}).items()
+                   if n in grads[ct.NAME] and g.norm() > 0}
+    grads.clear()
+    blocks: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:  # warm up both
+        model.set_experts_implementation(name)
+        _block_ms(step, 3)
+    for _ in range(args.blocks):
+        for name in names:
+            model.set_experts_implementation(name)
+            blocks[name].append(_block_ms(step, args.block))
+    ms = {name: statistics.median(times) for name, times in blocks.items()}
+    spec = FAMILIES[args.family]
+    worst = max(grad_errors.items(), key=lambda kv: kv[1]) if grad_errors else None
+    return {
+        "family": args.family, "tokens": args.tokens, "layers": args.layers, "mode": _mode(args),
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "table": str(args.table), **{k: spec[k] for k in ("experts", "top_k", "hidden", "moe_intermediate")},
+        "median_ms": ms, "blocks_ms": blocks, "speedup": ms["grouped_mm"] / ms[ct.NAME],
+        "relative_error": error, "graph_breaks": breaks, "first_call_s": first_s, "fallbacks": fallbacks,
+        "grad_max_relative_error": None if worst is None else {"parameter": worst[0], "error": worst[1]},
+        "grads_close": None if worst is None else worst[1] < GRAD_TOLERANCE,
+        "wall_s": round(time.perf_counter() - began, 1),
+    }
+
+
+def _mode(args: argparse.Namespace) -> str:
+    return ("train" if args.train else "infer") + ("-compile" if args.compile else "")
+
+
+def summary(out_dir: Path) -> str:
+    """The table of every run's JSON in `out_dir`, one line each."""
+    lines = [f"{'family':<10} {'tokens':>6} {'mode':<14} {'grouped_mm ms':>13} {'cutlass_tune ms':>15} "
+             f"{'speedup':>7} {'rel.err':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}"]
+    for path in sorted(out_dir.glob("*.json")):
+        r = json.loads(path.read_text())
+        if "family" not in r:
+            continue
+        ms, breaks = r["median_ms"], r.get("graph_breaks") or {}
+        broke = "/".join(str(breaks.get(n, "-")) for n in ("grouped_mm", "cutlass_tune")) if breaks else "-"
+        grads = "-" if r.get("grads_close") is None else ("ok" if r["grads_close"] else "FAIL")
+        lines.append(f"{r['family']:<10} {r['tokens']:>6} {r['mode']:<14} {ms['grouped_mm']:>13.3f} "
+                     f"{ms['cutlass_tune']:>15.3f} {r['speedup']:>7.3f} {r['relative_error']:>8.1e} {broke:>7} "
+                     f"{grads:>6} {len(r['fallbacks']):>9}")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "summary":
+        print(summary(Path(sys.argv[2])))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("table", help="best-config table, bundle or store with the model's grouped problems")
     parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen3_moe")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (default mode)")
+    parser.add_argument("--train", action="store_true", help="time a training step (forward, loss, backward)")
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--block", type=int, default=10)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("moe_model: needs a CUDA GPU", file=sys.stderr)
         return 2
-    import cutlass_tune.transformers as ct
-
-    ct.use_table(args.table)
-    model = _model(args.layers)
-    ids = torch.randint(0, 8192, (1, args.tokens), device="cuda")
-    names = ("grouped_mm", ct.NAME)
-    logits, fallbacks = {}, []
-    with torch.no_grad():
-        for name in names:
-            model.set_experts_implementation(name)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                logits[name] = model(ids).logits.float()
-            fallbacks += [str(w.message) for w in caught if "cutlass_tune" in str(w.message)]
-        error = ((logits[ct.NAME] - logits["grouped_mm"]).norm() / logits["grouped_mm"].norm()).item()
-        blocks: dict[str, list[float]] = {name: [] for name in names}
-        for name in names:  # warm up both
-            model.set_experts_implementation(name)
-            _block_ms(lambda: model(ids), 3)
-        for _ in range(args.blocks):
-            for name in names:
-                model.set_experts_implementation(name)
-                blocks[name].append(_block_ms(lambda: model(ids), args.block))
-    ms = {name: statistics.median(times) for name, times in blocks.items()}
-    ratio = ms["grouped_mm"] / ms[ct.NAME]
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "table": str(args.table),
-              "layers": args.layers, "tokens": args.tokens, "experts": 128, "top_k": 8, "hidden": 2048,
-              "moe_intermediate": 768, "median_ms": ms, "blocks_ms": blocks, "relative_error": error,
-              "fallbacks": fallbacks, "speedup": ratio}
+    result = run(args)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "moe_model.json").write_text(json.dumps(result, indent=2) + "\n")
-    for message in fallbacks:
+    name = f"{args.family}-{args.tokens}-{_mode(args)}.json"
+    (args.out_dir / name).write_text(json.dumps(result, indent=2) + "\n")
+    for message in result["fallbacks"]:
         print(f"fallback: {message}")
-    print(f"{'implementation':<14} {'ms/forward':>10}")
-    for name in names:
-        print(f"{name:<14} {ms[name]:>10.3f}")
-    print(f"relative error of the logits: {error:.2e}")
-    print(f"speedup cutlass_tune over grouped_mm: {ratio:.3f}")
+    print(summary(args.out_dir))
     return 0
 
 

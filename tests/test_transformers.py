@@ -75,3 +75,26 @@ def test_no_table_is_one_line_error(monkeypatch):
     model = tiny_qwen3_moe(experts_implementation=ct.NAME)
     with pytest.raises(ct.NoTableError, match="use_table"):
         model(torch.randint(0, 128, (1, 4)))
+
+
+def test_only_eager_inference_skips_the_operator():
+    """Guards autograd, torch.compile and dispatch modes keeping the operator on the direct path."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(2, 8, 8))
+    assert not ct._eager_inference(x, w)  # w needs a gradient
+    with torch.no_grad():
+        assert ct._eager_inference(x, w)
+    with torch.inference_mode():
+        assert ct._eager_inference(x, w)
+    assert ct._eager_inference(x, w.detach())
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Watch():
+        assert not ct._eager_inference(x, w)
+    traced = torch.compile(lambda x: x + 1 if ct._eager_inference(x, x) else x - 1, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), x - 1)

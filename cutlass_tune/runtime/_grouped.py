@@ -9,22 +9,26 @@ on torch tensors, with torch._grouped_mm's 2D x 3D semantics.
 
 The kernel reads `offs` on the device (no host sync): its `run` rebuilds the per-group
 arrays from them before each launch, so a CUDA graph replayed with other counts in the same
-`offs` tensor computes the new routing. Those arrays live in the kernel's workspace, taken from
-torch's caching allocator on the current stream for each call (see `GroupedGemm.run_grouped`).
+`offs` tensor computes the new routing. Those arrays live in the kernel's workspace: one kept per
+thread and stream for direct calls, one from torch's caching allocator per call for the operator
+(see `GroupedGemm.launch`).
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import json
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from .._torch import TORCH_DTYPE
-from ..kernel import KernelStatusError, bind_primary_context, make_args
+from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
 from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, check_problem
 from ..tables import BestTableError, BundledKernel
 from ._matmul import (
@@ -121,40 +125,96 @@ def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     return out
 
 
+READY_GROUPED = 256
+"""Initialized grouped instances a `GroupedGemm` keeps per thread, by shape and addresses: a
+model's steady forward hands each layer's call the same buffers again (the caching allocator
+repeats itself), and such a call launches with no initialization. 256: two projections of a
+deep model, forward and backward, without cycling an LRU smaller than one forward."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GroupedLaunch:
+    """What every call of one grouped problem on one device shares, worked out on its first:
+    the arguments with no addresses yet, the workspace's size, the result's shape and type.
+    Compared and hashed by identity (a cache key of the hot path)."""
+
+    problem: Problem
+    device: int
+    args: GemmArgs
+    workspace_bytes: int
+    out_shape: tuple[int, int]
+    out_dtype: torch.dtype
+
+
 class GroupedGemm(Gemm):
     """One tuned grouped kernel, compiled (or taken from a bundle) and loaded once. Thread-safe.
     Arguments and errors as `Gemm`'s."""
 
+    def prepare(self, problem: Problem, device: int) -> GroupedLaunch:
+        """The per-problem part of a launch on CUDA device `device` (host calls only)."""
+        args = make_args(problem, self.runtime, a=0, b=0, d=0, device_id=device, sm_count=_sm_count(device),
+                         offsets=0)
+        return GroupedLaunch(problem, device, args, self.kernel.workspace_size(args), (problem.m, problem.n),
+                             self._dtype_d)
+
     def run_grouped(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-        """Launch on tensors already checked to pose `problem` (`grouped_problem_of`).
+        """Launch on tensors already checked to pose `problem` (`grouped_problem_of`), with a
+        workspace of this call (see `launch`). Raises KernelStatusError."""
+        device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        return self.launch(self.prepare(problem, device), a, b, offs, out)
 
-        Each call initializes the kernel before its launch, on a workspace from torch's
-        caching allocator on the current stream (released to it once the launch is enqueued):
-        no memory is kept past a call, which torch.compile's CUDA graphs require of an operator
-        (they refuse memory of their pool held outside it), and a graph captures the
-        initialization's argument build with the launch. The instance is kept per thread.
+    def launch(self, plan: GroupedLaunch, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+               out: torch.Tensor | None = None, *, keep_workspace: bool = False) -> torch.Tensor:
+        """Launch `plan` on its tensors (checked to pose its problem) on the current stream.
+
+        The workspace (the per-group arrays, rebuilt from `offs` on the device by every
+        launch) is, with `keep_workspace` and outside CUDA graph capture, this thread's for the
+        device and stream, kept: calls on one stream run one after another, so one workspace
+        serves them all. Otherwise it comes from torch's caching allocator for this call
+        (released once the launch is enqueued): nothing is kept past a call, which the
+        operator needs under torch.compile's CUDA graphs (they refuse memory of their pool
+        held outside it). An instance initialized for the same problem, stream and addresses
+        (operands, result, offsets, workspace) this thread has seen lately launches at once:
+        its parameters hold nothing else, and every launch rebuilds the arrays it reads.
 
         Raises:
             KernelStatusError: CUTLASS refuses the problem.
         """
+        device = plan.device
         if out is None:
-            out = torch.empty(problem.m, problem.n, dtype=self._dtype_d, device=a.device)
-        device = a.device.index if a.device.index is not None else torch.cuda.current_device()
+            out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=a.device)
         stream = _current_stream(device)
-        bind_primary_context(device)
-        args = make_args(problem, self.runtime, a=a.data_ptr(), b=b.data_ptr(), d=out.data_ptr(), device_id=device,
-                         sm_count=_sm_count(device), offsets=offs.data_ptr())
         local = self._local.__dict__
-        instance = local.get("grouped")
+        workspace = None
+        if keep_workspace and not torch.cuda.is_current_stream_capturing():
+            kept = local.setdefault("workspaces", {})
+            workspace = kept.get((device, stream))
+            if workspace is None or workspace.numel() < plan.workspace_bytes:
+                workspace = kept[(device, stream)] = torch.empty(plan.workspace_bytes, dtype=torch.uint8,
+                                                                 device=a.device)
+        elif plan.workspace_bytes:
+            workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=a.device)
+        space = 0 if workspace is None else workspace.data_ptr()
+        key = (plan, stream, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), space)
+        ready: collections.OrderedDict | None = local.get("ready")
+        if ready is None:
+            ready = local["ready"] = collections.OrderedDict()
+        instance = ready.get(key)
         if instance is None:
-            instance = local["grouped"] = self.kernel.create()
-        sizes = local.setdefault("workspace_sizes", {})
-        size = sizes.get((problem, device))
-        if size is None:
-            size = sizes[(problem, device)] = self.kernel.workspace_size(args)
-        workspace = torch.empty(size, dtype=torch.uint8, device=a.device) if size else None
-        instance.initialize(args, None if workspace is None else workspace.data_ptr(), stream)
+            bind_primary_context(device)
+            args = GemmArgs.from_buffer_copy(plan.args)
+            args.a, args.b, args.d, args.c, args.offsets = key[2], key[3], key[4], key[4], key[5]
+            # The least recently used instance is re-initialized rather than a new one made.
+            instance = ready.popitem(last=False)[1] if len(ready) >= READY_GROUPED else self.kernel.create()
+            try:
+                instance.initialize(args, space or None, stream)
+            except KernelStatusError:
+                instance.close()
+                raise
+            ready[key] = instance
+        else:
+            ready.move_to_end(key)
         instance.run(stream)
         return out
 
@@ -167,8 +227,16 @@ def _grouped_gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel
 _lock = threading.Lock()
 
 
+class _Resolved(NamedTuple):
+    """A `grouped_mm` call's shapes resolved: the kernel (None: torch's) and its launch plan."""
+
+    gemm: GroupedGemm | None
+    problem: Problem
+    plan: GroupedLaunch | None
+
+
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: BestTable | str | Path,
-               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+               out_dtype: torch.dtype | None = None, keep_workspace: bool = True) -> torch.Tensor:
     """MoE experts' GEMMs in one launch: out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e]
     through the table's tuned grouped kernel for these experts (torch._grouped_mm's 2D x 3D
     case; see the module docstring for the operands).
@@ -177,8 +245,10 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
     and K are looked up; among them the one whose routed rows are nearest M runs (every kernel
     is right for every routing; only its speed was measured at that one). Where the table has
     none, or CUTLASS cannot run the problem, torch's grouped GEMM computes it (`torch_grouped_mm`)
-    and a warning says so once per cause. The first call for a shape looks it up; later calls
-    with the same shapes, strides and dtypes go straight to the launch.
+    and a warning says so once per cause. The first call for a shape looks it up and prepares
+    its launch; later calls with the same shapes, strides and dtypes take it from a dict and
+    go straight to the launch (no initialization where the addresses repeat:
+    `GroupedGemm.launch`).
 
     Args:
         a: M x K row-major, bfloat16 or float16, the rows sorted by expert.
@@ -187,6 +257,9 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
         offs: E int32 cumulative row ends, on a's device.
         table: a `BestTable`, or what `BestTable.load` reads (loaded once per path).
         out_dtype: the result's type (bfloat16, float16, float32); None: a's type.
+        keep_workspace: keep one workspace per thread, device and stream (outside CUDA graph
+            capture) instead of one from torch's allocator per call; the operator
+            `torch.ops.cutlass_tune.grouped_mm` passes False (torch.compile's CUDA graphs).
 
     Returns:
         M x N of `out_dtype`, row-major.
@@ -197,31 +270,33 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
             misaligned or strided operands.
     """
     table = table if isinstance(table, BestTable) else _load_table(str(table))
-    key = ("grouped", a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
-           offs.dtype, out_dtype)
-    cached = table._kernels.get(key)
-    if cached is None or not (a.is_cuda and b.device == a.device and offs.device == a.device
-                              and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
+    device = a.get_device()
+    key = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape, offs.dtype,
+           out_dtype)
+    resolved = table._kernels.get(key)
+    if resolved is None or not (device >= 0 and b.get_device() == device and offs.get_device() == device
+                                and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
         problem = grouped_problem_of(a, b, offs, out_dtype)
-        cached = _resolve(table, problem, key, a.get_device())
-    gemm, problem = cached
-    if problem.m == 0:
-        return a.new_empty((0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
-    if gemm is None:
+        resolved = _resolve(table, problem, key, device)
+    gemm, problem, plan = resolved
+    if gemm is None or plan is None:
+        if problem.m == 0:
+            return a.new_empty((0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
         return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
     try:
-        return gemm.run_grouped(problem, a, b, offs)
+        return gemm.launch(plan, a, b, offs, keep_workspace=keep_workspace)
     except KernelStatusError as err:
         _warn_once(f"grouped {gemm.config.name}", f"cutlass_tune.grouped_mm: {gemm.config.name} cannot run "
                    f"{problem.name} ({err}); using torch's grouped GEMM")
-        table._kernels[key] = (None, problem)
+        table._kernels[key] = _Resolved(None, problem, None)
         return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
 
 
-def _resolve(table: BestTable, problem: Problem, key: tuple,
-             device: int) -> tuple[GroupedGemm | None, Problem]:
-    """The kernel (None: torch's) for `problem`, kept in the table's cache under `key`."""
+def _resolve(table: BestTable, problem: Problem, key: tuple, device: int) -> _Resolved:
+    """The kernel (None: torch's, and for no rows) for `problem` and its launch plan, kept in
+    the table's cache under `key`."""
     gemm: GroupedGemm | None = None
+    plan: GroupedLaunch | None = None
     if problem.m > 0:
         try:
             rows = device_table(table, device, "grouped_mm")
@@ -233,6 +308,8 @@ def _resolve(table: BestTable, problem: Problem, key: tuple,
         else:
             bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
             gemm = _grouped_gemm(match.row["config"], match.runtime, bundled)
+            plan = gemm.prepare(problem, device)
+    resolved = _Resolved(gemm, problem, plan)
     with _lock:
-        table._kernels[key] = (gemm, problem)
-    return gemm, problem
+        table._kernels[key] = resolved
+    return resolved

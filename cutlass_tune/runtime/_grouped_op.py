@@ -75,7 +75,7 @@ def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: s
     tuned = registered_table(table)
     with _on_device_of(a):
         try:
-            return grouped_mm(a, b, offs, table=tuned, out_dtype=out_dtype)
+            return grouped_mm(a, b, offs, table=tuned, out_dtype=out_dtype, keep_workspace=False)
         except MatmulInputError as err:
             _warn_once(str(err), f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
             return torch_grouped_mm(a, b, offs, out_dtype)

@@ -120,6 +120,22 @@ def test_operator_in_a_cuda_graph_replays_new_routing():
     close(out, torch._grouped_mm(a, b, offs))
 
 
+def test_direct_call_in_a_cuda_graph_and_after_it():
+    """Guards the kept workspace: a capture takes its own, and eager calls around it stay right."""
+    table = grouped_table(TABLE)
+    a, _, b, offs = operands()
+    before = cutlass_tune.grouped_mm(a, b, offs, table=table)  # kept workspace, instance initialized
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cutlass_tune.grouped_mm(a, b, offs, table=table)
+    offs.copy_(torch.tensor((512, 1024, 1536, 2048, 2560, 3072, 3584, 4096), device="cuda", dtype=torch.int32))
+    graph.replay()
+    close(out, torch._grouped_mm(a, b, offs))
+    close(cutlass_tune.grouped_mm(a, b, offs, table=table), torch._grouped_mm(a, b, offs))
+    assert before.shape == out.shape
+
+
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_operator_under_torch_compile(mode):
     key = register_table(grouped_table(TABLE), key="grouped-gpu-compile")
