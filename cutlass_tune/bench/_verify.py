@@ -8,18 +8,19 @@ inputs in fp32, so the error left is accumulation order and precision and the ro
 output; the quantization of fp8 inputs is never counted.
 
 A problem with a fused epilogue or fp8 scales gets the operands it reads (C, bias, scales),
-random too, and the reference computes the same math in fp32 after the product:
-activation(s * (A @ B) + C + bias), with alpha and beta 1 and the activation as torch defines
-it. A gated problem's C is a gate's pre-activation instead (normal with D's scale, like a residual)
-and its reference activation(C) * (s * (A @ B) + bias). The tolerances stay those of the plain GEMM: the activations are at most 1.13-Lipschitz
-(GELU; SiLU 1.10, ReLU 1), so the accumulation error they pass on grows by at most that
-factor, while the output's RMS falls to 0.6-0.7 of its input's (ReLU 0.71, GELU 0.65, SiLU
-0.60 over N(0, 1)): the relative errors of a right kernel about double, still 5x (bf16) and
-2x (fp8 fast accumulation at K = 4096) inside the bounds. Rounding the output stays relative
-to each element. What the bounds cannot tell apart is GELU's erf form from its tanh
-approximation (they differ by at most 4.7e-4, a relative Frobenius 2e-4): tests compare the
-two references directly (tests/bench/test_gpu_epilogue.py). A gated output's relative error is
-the product's, weighted by the activated gate: its bounds need no change either.
+random too, and the reference computes the same math in fp32 after the product: activation(s *
+(A @ B) + C + bias), with alpha and beta 1 and the activation as torch defines it. A gated
+problem's C is a gate's pre-activation instead (normal with D's scale, like a residual) and its
+reference activation(C) * (s * (A @ B) + bias). The tolerances stay those of the plain GEMM: the
+activations are at most 1.13-Lipschitz (GELU; SiLU 1.10, ReLU 1), so the accumulation error they
+pass on grows by at most that factor, while the output's RMS falls to 0.6-0.7 of its input's
+(ReLU 0.71, GELU 0.65, SiLU 0.60 over N(0, 1)): the relative errors of a right kernel about
+double, still 5x (bf16) and 2x (fp8 fast accumulation at K = 4096) inside the bounds. Rounding
+the output stays relative to each element. What the bounds cannot tell apart is GELU's erf form
+from its tanh approximation (they differ by at most 4.7e-4, a relative Frobenius 2e-4): tests
+compare the two references directly (tests/bench/test_gpu_epilogue.py). A gated output's
+relative error is the product's, weighted by the activated gate: its bounds need no change
+either.
 
 A grouped problem's operands are the routed rows A (M x K), the experts' weights B (E x N x K,
 or E x K x N) and the int32 row offsets; its reference multiplies each expert's rows by that
@@ -89,9 +90,9 @@ class Operands:
     ends on the operands' device (`torch._grouped_mm`'s `offs`), written by `allocate`.
 
     The epilogue's operands are set where the problem reads them: `c` (M x N row-major, D's
-    type) for a residual or a gated problem's gate pre-activation, `bias` (N values, D's type) for a bias, and fp32 `scale_a`/`scale_b`
-    for scaled fp8 (shape () each for `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as
-    `torch._scaled_mm` takes them).
+    type) for a residual or a gated problem's gate pre-activation, `bias` (N values, D's type)
+    for a bias, and fp32 `scale_a`/`scale_b` for scaled fp8 (shape () each for
+    `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as `torch._scaled_mm` takes them).
     """
 
     problem: Problem

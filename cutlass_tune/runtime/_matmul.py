@@ -320,7 +320,7 @@ def _untuned_name(problem: Problem) -> str:
         gemm = "F.linear"
     act = problem.epilogue.activation
     if problem.epilogue.gated:
-        return f"{gemm} times torch's {act.value} of the gate" if act is not Activation.NONE else f"{gemm} times the gate"
+        return f"{gemm} times the gate" if act is Activation.NONE else f"{gemm} times torch's {act.value} of the gate"
     return gemm if act is Activation.NONE else f"{gemm} and torch's {act.value}"
 
 

@@ -32,9 +32,9 @@ under an activation, or the gated product's x @ weight^T + bias for the gate's g
 recomputes it with `mm` (one more GEMM, no memory held between forward and backward), then
 takes the activation's derivative as torch does and runs the gradient GEMMs as `mm`'s backward
 does: d(residual) is the pre-activation's gradient, and gated d(up) = grad * activation(gate),
-d(gate) = grad * up * activation'(gate). `cutlass_tune.nn.Linear` calls this operator only where no gradient is needed, and `mm`
-followed by torch's bias add and activation where one is (training keeps torch's saved
-pre-activation and pays no recomputation).
+d(gate) = grad * up * activation'(gate). `cutlass_tune.nn.Linear` calls this operator only
+where no gradient is needed, and `mm` followed by torch's bias add and activation where one is
+(training keeps torch's saved pre-activation and pays no recomputation).
 """
 
 from __future__ import annotations
@@ -269,15 +269,18 @@ def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                      f"{x.device}")
     torch._check(residual is None or gate is None, lambda: "cutlass_tune.linear: residual and gate are both the "
                  "kernel's C: pass one")
-    shape = (*x.shape[:-1], weight.shape[0])
     for name, t in (("residual", residual), ("gate", gate)):
         if t is not None:
-            torch._check(tuple(t.shape) == shape, lambda: f"cutlass_tune.linear: {name} has shape {tuple(t.shape)}; "
-                         f"it must be the output's, {shape}")
-            torch._check(t.dtype == x.dtype,
-                         lambda: f"cutlass_tune.linear: {name} is {t.dtype} and x is {x.dtype}: they must match")
-            torch._check(t.device == x.device, lambda: f"cutlass_tune.linear: {name} is on {t.device} and x on "
-                         f"{x.device}")
+            _check_like_output(name, t, x, (*x.shape[:-1], weight.shape[0]))
+
+
+def _check_like_output(name: str, t: torch.Tensor, x: torch.Tensor, shape: tuple) -> None:
+    """A residual or gate is the output's shape, of x's dtype and on x's device."""
+    torch._check(tuple(t.shape) == shape, lambda: f"cutlass_tune.linear: {name} has shape {tuple(t.shape)}; "
+                 f"it must be the output's, {shape}")
+    torch._check(t.dtype == x.dtype,
+                 lambda: f"cutlass_tune.linear: {name} is {t.dtype} and x is {x.dtype}: they must match")
+    torch._check(t.device == x.device, lambda: f"cutlass_tune.linear: {name} is on {t.device} and x on {x.device}")
 
 
 def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:

@@ -1,6 +1,7 @@
 """Real nvcc on fused epilogues: CUTLASS's fusion operations (bias, activations, residual), the
-fp8 scale trees and the gated trees (activation(C) * (s * acc + bias)) build on cooperative and ping-pong tiles without spills, the smem model
-holds with their bias and scale rows, and the host-side checks take the ABI's pointers.
+fp8 scale trees and the gated trees (activation(C) * (s * acc + bias)) build on cooperative and
+ping-pong tiles without spills, the smem model holds with their bias and scale rows, and the
+host-side checks take the ABI's pointers.
 
 Runs without a GPU, like test_nvcc.py: the smem queries and `can_implement` are host code.
 """
