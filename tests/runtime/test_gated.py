@@ -186,3 +186,16 @@ def test_a_gated_mlp_compiles_with_no_graph_break(key):
     xe = x.clone().requires_grad_()
     mlp(xe).square().sum().backward()
     torch.testing.assert_close(xg.grad, xe.grad)
+
+
+def test_the_space_files_precompile_exactly_the_gpu_tests_kernels():
+    # Guards against the lead's precompile step building other kernels than the GPU tests run.
+    from pathlib import Path
+
+    from cutlass_tune.space._spec import load_space
+
+    from .test_gated_gpu import BF16, FP8_GATED
+
+    here = Path(__file__).parent
+    assert {c.hash for c in load_space(here / "gated_kernels.yaml").valid} == {c.hash for c in BF16.values()}
+    assert [c.hash for c in load_space(here / "gated_kernels_fp8.yaml").valid] == [FP8_GATED.hash]

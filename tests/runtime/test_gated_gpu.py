@@ -1,7 +1,7 @@
 """The gated and residual fusions through the tuned path on a Hopper GPU: `matmul(gate=)` and
 `torch.ops.cutlass_tune.linear(..., residual=, gate=)` against torch's fp32 math, forward and
 gradients, eager and compiled. Kernels are compiled on first use (nvcc), or beforehand with
-`cutlass-tune compile tests/runtime/gated_kernels.yaml` (the bf16 ones)."""
+`cutlass-tune compile tests/runtime/gated_kernels.yaml` and `gated_kernels_fp8.yaml`."""
 
 import warnings
 
