@@ -3,10 +3,14 @@
 It reads the measurement rows and the Optuna studies of one store and writes a single file that
 works offline (plotly.js is inlined, nothing is fetched): best CUTLASS kernel against its baseline
 per problem (cuBLAS; for a fused epilogue or scaled fp8 torch eager and torch.compile, with the
-epilogue in a column of its own), then per problem (switched by a selector) TFLOP/s by tile x
-cluster, by kernel schedule x stages and by raster x swizzle, the search history, parameter
-importances, compile time against TFLOP/s, and the failures by reason. The figures are `_figures`'; the page is
-templates/dashboard.html.j2, rendered with autoescape (plotly escapes the JSON of its figures).
+epilogue in a column of its own), in TFLOP/s on a log axis and as ratios, with the p20-p80 spread
+of the kernel's samples; each baseline figure is the one its ratio was paired with (the store's
+`cublas_tflops`, the best table's per problem). Then per problem (switched by a selector)
+TFLOP/s by tile x cluster, by kernel schedule x stages and by raster x swizzle, the search
+history (ratios to the paired baseline), parameter importances of compile-time and run-time
+knobs, compile time against TFLOP/s, the failures by reason, and each failed or invalid config
+with its reason. The figures are `_figures`'; the page is templates/dashboard.html.j2, rendered
+with autoescape (plotly escapes the JSON of its figures).
 """
 
 from __future__ import annotations
@@ -135,10 +139,11 @@ def _frame(raw: list[StoredRow], shown: str) -> pd.DataFrame:
             "tile": f"{c.tile_m}x{c.tile_n}x{c.tile_k}" if c else None,
             **{k.name: k.text(c) if c else None for k in KernelConfig.knobs},
             **texts(rt),
-            "raster": _raster_label(rt.raster, rt.decomposition, rt.splits),
+            "variant": _raster_label(rt.raster, rt.decomposition, rt.splits),
+            "median_ms": m.median_ms, "p20_ms": m.p20_ms, "p80_ms": m.p80_ms,
         })
     frame = pd.DataFrame.from_records(records)
-    for column in ("tflops", "compile_seconds", "ratio", "cublas_tflops"):
+    for column in ("tflops", "compile_seconds", "ratio", "cublas_tflops", "median_ms", "p20_ms", "p80_ms"):
         frame[column] = pd.to_numeric(frame[column])
     return frame
 
@@ -184,12 +189,29 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None or pd.isna(value) else format(value, spec)
 
 
-def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> dict[str, Any]:
+def _range(low: Any, high: Any, spec: str) -> str:
+    """"low-high", or "-" where either is missing."""
+    return "-" if "-" in (_fmt(low, spec), _fmt(high, spec)) else f"{_fmt(low, spec)}-{_fmt(high, spec)}"
+
+
+def _paired_baseline(table: pd.DataFrame, kernels: pd.DataFrame, problem: str) -> float | None:
+    """The baseline TFLOP/s a problem is shown against: the best table's (`summary`: the baseline
+    paired with its best kernel, as `cutlass-tune best` reports it), else the median of the
+    baselines its kernels' ratios were taken against (the store's `cublas_tflops`). Never the
+    median of all its baseline rows, which no ratio was taken against."""
+    found = table[table.problem == problem].cublas.dropna()
+    if not found.empty:
+        return float(found.iloc[0])
+    paired = figures.ok_rows(kernels).cublas_tflops.dropna()
+    return float(paired.median()) if not paired.empty else None
+
+
+def _section(data: _Data, index: int, problem: str, order: dict[str, int], table: pd.DataFrame) -> dict[str, Any]:
     frame = data.rows
     kernels = frame[(frame.problem == problem) & ~frame.baseline & (frame.status != Status.INVALID.value)]
     ok = figures.ok_rows(kernels)
     base = figures.ok_rows(frame[(frame.problem == problem) & frame.baseline])
-    cublas = float(base.tflops.median()) if not base.empty else None
+    cublas = _paired_baseline(table, kernels, problem)
     measured = frame[frame.problem == problem].measurement.iloc[0].problem
     baseline = Baseline.of(measured).value
     compiled = [m.compile_tflops for m in base.measurement if m.compile_tflops]
@@ -214,12 +236,12 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> di
         cell(figures.heatmap(ok, "kernel_schedule", "stages", f"TFLOP/s by kernel schedule x stages: {problem}",
                              _LABELS["kernel_schedule"], _LABELS["stages"], str,
                              lambda s: (s != "auto", key(s))), "schedule")
-        cell(figures.heatmap(ok, "raster", "swizzle", f"TFLOP/s by raster x swizzle: {problem}", _LABELS["raster"],
+        cell(figures.heatmap(ok, "variant", "swizzle", f"TFLOP/s by raster x swizzle: {problem}", _LABELS["raster"],
                              _LABELS["swizzle"], str, key), "raster")
     else:
         cell(None, "tile", "No successful measurement of this problem.")
     cell(figures.history(problem, kernels, order, cublas, baseline), "history")
-    fig, note = figures.importances(problem, trials)
+    fig, note = figures.importances(problem, ok)
     cell(fig, "importance", note)
     cell(figures.compile_scatter(problem, kernels), "compile")
     fig, note = figures.failures(problem, kernels, trials)
@@ -231,7 +253,8 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int]) -> di
             "dense": references["dense_tflops"],
             "compiled": _fmt(float(pd.Series(compiled).median()) if compiled else None, ".1f"),
             "study": data.studies.get(problem), "trials": len(trials),
-            "invalid": sum(1 for t in trials if (t.constraints or {}).get("invalid")), "cells": cells}
+            "invalid": sum(1 for t in trials if (t.constraints or {}).get("invalid")), "cells": cells,
+            "failures": figures.failure_list(kernels, trials)}
 
 
 GROUPED_REFERENCES = ("loop_tflops", "dense_tflops")
@@ -307,15 +330,18 @@ def _page(data: _Data) -> str:
     best = [{"problem": r.problem, "epilogue": r.epilogue, "kernel": r.kernel, "runtime": r.runtime,
              "tflops": _fmt(r.tflops, ".1f"), "baseline": r.baseline, "cublas": _fmt(r.cublas, ".1f"),
              "ratio": _fmt(r.ratio, ".3f"), "compiled": _fmt(r.compiled, ".1f"),
-             "compiled_ratio": _fmt(r.compiled_ratio, ".3f"), "configs": r.configs}
+             "compiled_ratio": _fmt(r.compiled_ratio, ".3f"), "configs": r.configs,
+             "tflops_range": _range(r.tflops_low, r.tflops_high, ".1f"),
+             "ratio_range": _range(r.ratio_low, r.ratio_high, ".3f")}
             for r in table.itertuples()]
     return _TEMPLATES.get_template("dashboard.html.j2").render(
         gpu=data.gpu, storage=data.shown_url, measurements=len(frame), problems=data.problems,
         environment=_environment(data.env),
         timing="; ".join(_timing_note(m) for m in methods) or "unknown method",
         throttled=int(frame.throttled.fillna(False).astype(bool).sum()), runs=_runs(frame),
-        boards=_boards(data), summary=_div(summary, "summary"), best=best,
-        sections=[_section(data, i, p, order) for i, p in enumerate(data.problems)],
+        boards=_boards(data), summary=_div(summary, "summary"),
+        summary_ratio=_div(figures.summary_ratio(table), "summary-ratio"), best=best,
+        sections=[_section(data, i, p, order, table) for i, p in enumerate(data.problems)],
         plotly_js=Markup(plotly.offline.get_plotlyjs()),
         written_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )

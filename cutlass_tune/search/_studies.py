@@ -227,6 +227,8 @@ class Studies(Sequence[Study]):
                         trial.set_user_attr("config_hash", cfg_hash)
                         trial.set_user_attr("config", left_to_others[cfg_hash].name)
                         trial.set_user_attr("reason", "measured by another sweep on the store")
+                    else:  # a FAIL trial always says why (the dashboard lists each with its reason)
+                        trial.set_user_attr("reason", "interrupted")
                     s.study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
     def _tell(self, s: Study, trial: optuna.trial.Trial, cfg: KernelConfig, value: float | None,

@@ -15,6 +15,8 @@ a migration that fails leaves the store as it was.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +162,102 @@ def upgrade(engine: sa.Engine, shown: str, *, create: bool) -> int | None:
             f"upgrade the store {shown} from schema {before} to {SCHEMA_VERSION}")
         raise StoreError(f"cannot {what} (left as it was): {first_line(err)}") from err
     return before
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialsConverted:
+    """What `convert_trials` changed in a store's Optuna studies."""
+
+    pruned: int = 0
+    """Trials of invalid configs kept COMPLETE at 0 TFLOP/s, now PRUNED (as sweeps record them)."""
+    failed: int = 0
+    """Other trials kept COMPLETE at 0 (no kernel ran at 0 TFLOP/s), now FAIL."""
+    named: int = 0
+    """Studies whose unnamed metric got its name."""
+    explained: int = 0
+    """Trials that did not complete (or are converted) without a `reason`, now with one saying that
+    none was kept."""
+
+    def __bool__(self) -> bool:
+        return bool(self.pruned or self.failed or self.named or self.explained)
+
+
+_OPTUNA_TABLES = ("studies", "trials", "trial_values", "trial_user_attributes", "trial_system_attributes",
+                  "study_system_attributes")
+_METRIC_NAMES = "study:metric_names"  # Optuna's key (optuna.study.study._SYSTEM_ATTR_METRIC_NAMES)
+_CONSTRAINTS = "constraints"  # Optuna < 5 kept a trial's constraints as one list under this key
+NO_REASON = "no reason recorded (the sweep that wrote this trial kept none)"
+
+
+def _invalid(attrs: dict[str, str], name: str) -> bool:
+    """Whether a trial's system attributes mark it infeasible under the constraint `name` (Optuna 5
+    keeps each constraint under `constraints:<name>`, earlier versions all of them as one list)."""
+    try:
+        if f"{_CONSTRAINTS}:{name}" in attrs:
+            return float(json.loads(attrs[f"{_CONSTRAINTS}:{name}"])) > 0
+        listed = json.loads(attrs.get(_CONSTRAINTS, "[]"))
+        return bool(listed) and float(listed[0]) > 0
+    except (ValueError, TypeError, IndexError):
+        return False
+
+
+def convert_trials(engine: sa.Engine, shown: str) -> TrialsConverted:
+    """Bring a store's Optuna trials to what this version writes, once (a second call changes
+    nothing). Sweeps before it told an invalid config (never compiled) as a COMPLETE trial of
+    value 0.0 and left the study's metric unnamed, so generic tools (optuna-dashboard,
+    optuna.visualization) plotted every invalid proposal at 0 TFLOP/s. Each such trial becomes
+    PRUNED without a value (a COMPLETE one at 0 that is not marked invalid becomes FAIL), keeping
+    its `reason` user attribute; every FAIL or PRUNED trial without a `reason` (an interrupted
+    sweep's) gets one saying that none was kept; and each study with an unnamed metric gets its
+    name. Measurements and the schema are untouched, so every version
+    that read the store still reads it. Runs in one transaction under the store's migration lock.
+
+    Raises:
+        StoreError: the conversion failed (the store is left as it was), in one line.
+        sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
+    """
+    # The search stage's names (imported here: the store stage never needs the search stage otherwise).
+    from ..search._samplers import CONSTRAINT, METRIC
+
+    if not set(_OPTUNA_TABLES) <= set(sa.inspect(engine).get_table_names()):
+        return TrialsConverted()
+    meta = sa.MetaData()
+    t = {name: sa.Table(name, meta, autoload_with=engine) for name in _OPTUNA_TABLES}
+    trials, values, user, system = t["trials"], t["trial_values"], t["trial_user_attributes"], \
+        t["trial_system_attributes"]
+    study_attrs = t["study_system_attributes"]
+    try:
+        with _locked(engine) as conn:
+            def without_reason(states: tuple[str, ...]) -> list[int]:
+                explained = sa.select(user.c.trial_id).where(user.c.key == "reason")
+                return list(conn.execute(sa.select(trials.c.trial_id).where(
+                    trials.c.state.in_(states), trials.c.trial_id.not_in(explained))).scalars())
+
+            # Every trial that did not complete says why: an interrupted sweep's kept no reason.
+            silent = without_reason(("FAIL", "PRUNED"))
+            zero = conn.execute(sa.select(trials.c.trial_id).join(values, values.c.trial_id == trials.c.trial_id)
+                                .where(trials.c.state == "COMPLETE", values.c.objective == 0,
+                                       values.c.value == 0.0)).scalars().all()
+            silent += [i for i in without_reason(("COMPLETE",)) if i in set(zero)]
+            pruned = failed = 0
+            for trial_id in zero:
+                attrs = dict(conn.execute(sa.select(system.c.key, system.c.value_json)
+                                          .where(system.c.trial_id == trial_id)).all())
+                invalid = _invalid(attrs, CONSTRAINT)
+                pruned, failed = pruned + invalid, failed + (not invalid)
+                conn.execute(trials.update().where(trials.c.trial_id == trial_id)
+                             .values(state="PRUNED" if invalid else "FAIL"))
+                conn.execute(values.delete().where(values.c.trial_id == trial_id))
+            for trial_id in silent:
+                conn.execute(user.insert().values(trial_id=trial_id, key="reason", value_json=json.dumps(NO_REASON)))
+            named_already = set(conn.execute(sa.select(study_attrs.c.study_id)
+                                             .where(study_attrs.c.key == _METRIC_NAMES)).scalars())
+            unnamed = [s for s in conn.execute(sa.select(t["studies"].c.study_id)).scalars() if s not in named_already]
+            for study_id in unnamed:
+                conn.execute(study_attrs.insert().values(study_id=study_id, key=_METRIC_NAMES,
+                                                         value_json=json.dumps([METRIC])))
+    except StoreError:
+        raise
+    except Exception as err:  # SQLAlchemy's, or a damaged attribute's
+        raise StoreError(f"cannot convert the Optuna trials of {shown} (left as they were): {first_line(err)}") from err
+    return TrialsConverted(pruned=pruned, failed=failed, named=len(unnamed), explained=len(silent))

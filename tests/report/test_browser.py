@@ -77,10 +77,10 @@ def shown_section(driver):
 
 def assert_drawn(plots, problem):
     assert [p["id"].split("-", 1)[-1] for p in plots] == [
-        "summary", "tile", "schedule", "raster", "history", "importance", "compile", "failures"]
+        "summary", "ratio", "tile", "schedule", "raster", "history", "importance", "compile", "failures"]
     for p in plots:
         assert p["svg"] and p["marks"] > 0 and p["width"] > 300, p
-        if p["id"] != "summary":
+        if not p["id"].startswith("summary"):
             assert p["title"].endswith(problem), p
 
 

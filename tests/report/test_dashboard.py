@@ -1,3 +1,4 @@
+import math
 import re
 import sqlite3
 import subprocess
@@ -30,9 +31,9 @@ def run(*args):
 
 
 def ok(config=CFG, tflops=600.0, runtime=RuntimeArgs(), **kw):
-    return Measurement(problem=P, config=config, runtime=runtime, status=Status.OK, tflops=tflops,
-                       median_ms=P.flops / tflops / 1e9, p20_ms=0.1, p80_ms=0.2, samples=100,
-                       method="events", compile_seconds=30.0, **kw)
+    timing = {"median_ms": P.flops / tflops / 1e9, "p20_ms": 0.1, "p80_ms": 0.2, **kw}
+    return Measurement(problem=P, config=config, runtime=runtime, status=Status.OK, tflops=tflops, samples=100,
+                       method="events", compile_seconds=30.0, **timing)
 
 
 def make_store(path, measurements):
@@ -65,11 +66,11 @@ def test_report_of_the_committed_store_is_self_contained(committed_report):
 
 def test_report_has_every_section_and_a_selector_option_per_problem(committed_report):
     _, page = committed_report
-    assert 'id="summary"' in page
+    assert 'id="summary"' in page and 'id="summary-ratio"' in page
     for i in range(len(PROBLEMS)):
         for section in SECTIONS:
             assert f'<div id="p{i}-{section}" class="plotly-graph-div"' in page, (i, section)
-    assert page.count("Plotly.newPlot(") == 1 + len(PROBLEMS) * len(SECTIONS)
+    assert page.count("Plotly.newPlot(") == 2 + len(PROBLEMS) * len(SECTIONS)
     assert re.findall(r'<option value="(p\d+)">([^<]*)</option>', page) == [
         (f"p{i}", p) for i, p in enumerate(PROBLEMS)]
     for i, p in enumerate(PROBLEMS):
@@ -80,7 +81,7 @@ def test_report_states_gpu_runs_and_timing(committed_report):
     _, page = committed_report
     assert "NVIDIA H200" in page and "5906f1865bbb" in page and "2026-11-21T06:07:29+00:00" in page
     assert "L2-cold CUDA events; each problem's baseline measured in the same run: cuBLAS" in page
-    assert "From 55 completed feasible trials" in page  # importances left the 65 invalid ones out
+    assert "successful measurements (config x run-time variant) of the store" in page
     assert "65 invalid proposals" in page
 
 
@@ -103,7 +104,6 @@ def test_a_store_without_studies_notes_it_and_gains_no_tables(tmp_path):
     """Regression: opening Optuna's storage on a plain store created Optuna's tables in it."""
     url = make_store(tmp_path / "s.sqlite", [ok(), ok(runtime=RuntimeArgs(swizzle=4), tflops=610.0)])
     page = build_dashboard(url)
-    assert "No parameter importances: 0 completed feasible trials" in page
     assert "no Optuna study in this store" in page
     with sqlite3.connect(tmp_path / "s.sqlite") as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -217,3 +217,118 @@ def test_a_fused_problem_shows_its_epilogue_and_both_torch_baselines(tmp_path):
     assert f"epilogue bias+silu; torch eager {fused.flops / eager_ms / 1e9:.1f} TFLOP/s, torch.compile " \
            f"{fused.flops / compile_ms / 1e9:.1f} TFLOP/s" in page
     assert "torch.compile (same run)" in page and r"cuBLAS \u002f torch eager (same run)" in page  # plotly escapes /
+
+
+def _figure(page, div_id):
+    """The JSON of the plotly figure drawn in `div_id` (data and layout, as the page passes them)."""
+    import json
+
+    decoder = json.JSONDecoder()
+    start = page.index("[", page.index(f'Plotly.newPlot(                        "{div_id}",'))
+    data, end = decoder.raw_decode(page, start)
+    layout, _ = decoder.raw_decode(page, page.index("{", end))
+    return [{k: _array(v) for k, v in trace.items()} for trace in data], layout
+
+
+def _array(value):
+    """A figure's value; plotly writes numeric arrays as base64 (`bdata`), here decoded to a list."""
+    import base64
+
+    import numpy as np
+
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    if isinstance(value, dict):
+        return {k: _array(v) for k, v in value.items()}
+    return value
+
+
+def _paired(tflops, baseline_tflops, runtime=RuntimeArgs(), spread=0.05):
+    ms = P.flops / tflops / 1e9
+    return ok(tflops=tflops, runtime=runtime, baseline_median_ms=P.flops / baseline_tflops / 1e9,
+              p20_ms=ms * (1 - spread), p80_ms=ms * (1 + spread), median_ms=ms)
+
+
+@pytest.fixture
+def paired_page(tmp_path):
+    """A problem whose baseline rows read 720 TFLOP/s unpaired while every kernel was paired
+    with a baseline at 676.2 (the 4096^3 of the committed H100 store, issue of the dashed line)."""
+    base = [Measurement(problem=P, config=None, runtime=RuntimeArgs(), status=Status.OK, is_baseline=True,
+                        tflops=t, median_ms=P.flops / t / 1e9, method="events") for t in (710.0, 720.6, 730.0)]
+    kernels = [_paired(677.9, 676.2, RuntimeArgs(swizzle=8)), _paired(650.0, 676.2, RuntimeArgs(swizzle=1)),
+               _paired(660.0, 676.2, RuntimeArgs(swizzle=2), spread=0.1),
+               _paired(640.0, 676.2, RuntimeArgs(swizzle=4)),
+               Measurement(problem=P, config=KernelConfig(tile_n=128), runtime=RuntimeArgs(),
+                           status=Status.COMPILE_ERROR, reason="ptxas error: too many registers\nlog",
+                           compile_seconds=3.0)]
+    return build_dashboard(make_store(tmp_path / "s.sqlite", [*base, *kernels]))
+
+
+def test_the_baseline_drawn_is_the_one_each_ratio_was_paired_with(paired_page):
+    """Guards the dashed cuBLAS line drawn at the median of all baseline rows (720.6) above a won problem (676.2)."""
+    assert "cuBLAS 676.2 TFLOP/s" in paired_page and "720.6" not in paired_page
+    data, layout = _figure(paired_page, "p0-history")
+    points = [s["y"] for s in data if s["name"].startswith("config")][0]
+    assert points[0] == pytest.approx(677.9 / 676.2) and math.isnan(points[1])  # the failed config: no point
+    assert [(line["y0"], line["y1"]) for line in layout["shapes"]] == [(1.0, 1.0)]  # every point's own baseline
+
+
+def test_spread_is_shown_as_error_bars_and_in_the_table(paired_page):
+    """Guards a dashboard with no spread anywhere."""
+    ms = P.flops / 677.9 / 1e9
+    low, high = 677.9 * ms / (ms * 1.05), 677.9 * ms / (ms * 0.95)
+    row = re.findall(r"<td>(.*?)</td>", paired_page[paired_page.index('<tr data-epilogue="none">'):])[:13]
+    assert row[11] == f"{low:.1f}-{high:.1f}" and row[12] == f"{low / 676.2:.3f}-{high / 676.2:.3f}"
+    data, layout = _figure(paired_page, "summary")
+    bars = data[0]["error_y"]
+    assert bars["array"][0] == pytest.approx(high - 677.9) and bars["arrayminus"][0] == pytest.approx(677.9 - low)
+    history, _ = _figure(paired_page, "p0-history")
+    assert history[0]["error_y"]["array"][0] == pytest.approx(high / 676.2 - 677.9 / 676.2)
+
+
+def test_small_problems_are_visible_on_a_log_axis_and_as_ratios(paired_page):
+    """Guards absolute TFLOP/s on a linear axis, which flattened 128^3 against 8192^3."""
+    _, layout = _figure(paired_page, "summary")
+    assert layout["yaxis"]["type"] == "log"
+    data, _ = _figure(paired_page, "summary-ratio")
+    assert data[0]["y"] == [pytest.approx(677.9 / 676.2)]
+
+
+def test_the_best_table_keeps_every_row_in_a_scrolling_box(committed_report):
+    """Guards the table cut at 1600 px."""
+    _, page = committed_report
+    box = page[page.index('<div class="scroll"><table class="best">'):]
+    box = box[:box.index("</table></div>")]
+    assert len(re.findall(r"<tr data-epilogue=", box)) == len(PROBLEMS)
+    assert re.search(r"\.scroll \{ overflow: auto; max-width: 100%; \}", page)
+    assert "max-height: 1600" not in page
+
+
+def test_importances_include_the_run_time_knobs(paired_page):
+    """Guards importances of compile-time knobs only (the study's trials lack raster, swizzle, splits)."""
+    data, _ = _figure(paired_page, "p0-importance")
+    assert "swizzle" in data[0]["y"]
+    assert data[0]["customdata"][data[0]["y"].index("swizzle")] == "run-time"
+
+
+def test_each_failed_config_is_listed_with_its_reason(paired_page, tmp_path):
+    """Guards FAIL entries without their status and message."""
+    failures = paired_page[paired_page.index('<table class="failures">'):]
+    assert "<td>compile_error</td><td>ptxas error: too many registers</td><td>measurement</td>" in failures
+    data, _ = _figure(paired_page, "p0-compile")
+    failed = [list(c) for s in data if s["name"] == "failed" for c in s["customdata"]]
+    assert [KernelConfig(tile_n=128).name, "compile_error: ptxas error: too many registers"] in failed
+
+
+def test_failed_and_invalid_trials_of_the_study_show_their_reason(tmp_path):
+    url = make_store(tmp_path / "s.sqlite", [ok(), ok(runtime=RuntimeArgs(swizzle=4), tflops=610.0)])
+    study = optuna.create_study(study_name=f"{P.name}_sm90a_NVIDIA-H200", storage=url, direction="maximize")
+    dist = {"tile_n": optuna.distributions.CategoricalDistribution(["128", "256"])}
+    for state, attrs, invalid in ((optuna.trial.TrialState.FAIL, {"config": "cfg_a", "reason": "interrupted"}, 0.0),
+                                  (optuna.trial.TrialState.PRUNED,
+                                   {"config": "cfg_b", "reason": "smem_capacity: 9 stages need 300 KB"}, 1.0)):
+        study.add_trial(optuna.trial.create_trial(params={"tile_n": "128"}, distributions=dist, state=state,
+                                                  user_attrs=attrs, constraints={"invalid": invalid}))
+    page = build_dashboard(url)
+    assert "<td>failed trial</td><td>interrupted</td><td>Optuna study</td>" in page
+    assert "<td>invalid</td><td>smem_capacity: 9 stages need 300 KB</td><td>Optuna study</td>" in page

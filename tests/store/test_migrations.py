@@ -299,3 +299,103 @@ def test_every_migration_ships_in_the_wheel():
     files = [p.relative_to(package).as_posix() for p in _migrate.MIGRATIONS.rglob("*")
              if p.is_file() and "__pycache__" not in p.parts]
     assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
+
+
+COMMITTED_OLD_TRIALS = ROOT / "results" / "quick-nvidia-h200.sqlite"
+
+
+def _trials(url):
+    """Each study's metric names and its trials' (state, value, reason, invalid constraint)."""
+    import optuna
+
+    storage = _sql.open_study_storage(url)
+    out = {}
+    for name in optuna.study.get_all_study_names(storage):
+        study = optuna.load_study(study_name=name, storage=storage)
+        out[name] = (study.metric_names, [(t.state.name, t.value, t.user_attrs.get("reason"),
+                                           (t.constraints or {}).get("invalid")) for t in study.trials])
+    return out
+
+
+def _old_trials_store(tmp_path):
+    """A store whose studies keep invalid configs as COMPLETE trials at 0.0 with unnamed metrics, as
+    sweeps before PRUNED trials wrote them: a copy of a committed one, or one built so where the
+    committed stores are all converted."""
+    import optuna
+
+    path = tmp_path / "old.sqlite"
+    shutil.copy(COMMITTED_OLD_TRIALS, path)
+    url = f"sqlite:///{path}"
+    if any(state == "COMPLETE" and value == 0.0 for _, trials in _trials(url).values() for state, value, *_ in trials):
+        return url
+    study = optuna.create_study(study_name="old", storage=url, direction="maximize")
+    dist = {"tile_n": optuna.distributions.CategoricalDistribution(["128", "256"])}
+    for value, invalid, reason in ((0.0, 1.0, "smem_capacity: too big"), (0.0, 1.0, None), (650.0, 0.0, None)):
+        study.add_trial(optuna.trial.create_trial(params={"tile_n": "256"}, distributions=dist, value=value,
+                                                  user_attrs={"reason": reason} if reason else {},
+                                                  constraints={"invalid": invalid}))
+    return url
+
+
+def test_upgrade_converts_invalid_trials_kept_complete_at_zero(tmp_path):
+    """Guards the upgrade of stores whose invalid configs optuna-dashboard plotted at 0 TFLOP/s."""
+    from cutlass_tune.search._samplers import METRIC
+
+    url = _old_trials_store(tmp_path)
+    before = _trials(url)
+    rows = len(ResultStore(url).rows())
+    zero = sum(1 for _, trials in before.values() for state, value, *_ in trials if state == "COMPLETE" and not value)
+    assert zero > 0 and any(names != [METRIC] for names, _ in before.values())
+    done = cli("upgrade", "--storage", url)
+    assert done.returncode == 0, done.stderr
+    assert f"converted its Optuna trials: {zero} of invalid configs from COMPLETE at 0 to PRUNED" in done.stdout
+    after = _trials(url)
+    assert after.keys() == before.keys()
+    for name, (names, trials) in after.items():
+        assert names == [METRIC]
+        assert len(trials) == len(before[name][1])
+        for old, new in zip(before[name][1], trials):
+            if old[0] == "COMPLETE" and not old[1]:  # each invalid config: pruned, no value, its reason kept
+                assert new[:2] == ("PRUNED", None) and new[3] == 1.0
+                assert new[2] == (old[2] or _migrate.NO_REASON)
+            else:
+                assert new == old
+    assert len(ResultStore(url).rows()) == rows
+    again = cli("upgrade", "--storage", url)
+    assert again.returncode == 0 and "converted" not in again.stdout  # once: nothing left to convert
+
+
+def test_converting_trials_leaves_the_schema_for_older_readers(tmp_path):
+    # The schema stays as it was: versions that read the store before still read it (benchmarks/store_migrations.md).
+    url = _old_trials_store(tmp_path)
+    store = ResultStore(url)
+    schema, revisions = store.schema(), _revisions(url)
+    converted = cutlass_tune.store.convert_trials(store.engine, store.shown)
+    assert converted.pruned > 0 and converted.failed == 0
+    assert (store.schema(), _revisions(url)) == (schema, revisions)
+    assert not cutlass_tune.store.convert_trials(store.engine, store.shown)
+
+
+def test_a_trial_complete_at_zero_not_marked_invalid_becomes_a_failure(tmp_path):
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    ResultStore(url).bind_gpu("NVIDIA H200")
+    study = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    dist = {"tile_n": optuna.distributions.CategoricalDistribution(["128"])}
+    study.add_trial(optuna.trial.create_trial(params={"tile_n": "128"}, distributions=dist, value=0.0))
+    store = ResultStore(url)
+    assert cutlass_tune.store.convert_trials(store.engine, store.shown) == \
+        cutlass_tune.store.TrialsConverted(pruned=0, failed=1, named=1, explained=1)
+    assert _trials(url)["s"][1] == [("FAIL", None, _migrate.NO_REASON, None)]
+
+
+def test_every_committed_store_holds_its_trials_as_this_version_writes_them():
+    """Guards the committed stores against invalid configs kept as COMPLETE trials at 0 and unnamed metrics."""
+    from cutlass_tune.search._samplers import METRIC
+
+    for path in sorted((ROOT / "results").glob("*.sqlite")):
+        for name, (names, trials) in _trials(f"sqlite:///{path}").items():
+            assert names == [METRIC], (path.name, name)
+            assert not [t for t in trials if t[0] == "COMPLETE" and not t[1]], (path.name, name)
+            assert all(t[2] for t in trials if t[0] in ("PRUNED", "FAIL")), (path.name, name)
