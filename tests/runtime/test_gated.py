@@ -170,6 +170,7 @@ def test_only_the_gate_s_gradient_recomputes_the_product(key):
 
 
 def test_a_gated_mlp_compiles_with_no_graph_break(key):
+    torch.manual_seed(0)
     wg, wu, wd = torch.randn(64, 32), torch.randn(64, 32), torch.randn(32, 64)
 
     def mlp(x):
@@ -185,7 +186,8 @@ def test_a_gated_mlp_compiles_with_no_graph_break(key):
     compiled(xg).square().sum().backward()
     xe = x.clone().requires_grad_()
     mlp(xe).square().sum().backward()
-    torch.testing.assert_close(xg.grad, xe.grad)
+    # Inductor's fused fp32 kernels round in another order: gradients of size ~1e3 differ in the last bits
+    torch.testing.assert_close(xg.grad, xe.grad, rtol=1e-5, atol=1e-2)
 
 
 def test_the_space_files_precompile_exactly_the_gpu_tests_kernels():
