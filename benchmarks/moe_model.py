@@ -61,8 +61,10 @@ def _model(family: str, layers: int):
     config = getattr(transformers, spec["config"])(vocab_size=VOCAB, num_hidden_layers=layers,
                                                    max_position_embeddings=32768, **spec["kwargs"])
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
-                                                         experts_implementation="grouped_mm").to(DEVICE)
+    # Built where it runs: the random init of 4 layers of 128 experts takes minutes on the host's CPU.
+    with torch.device(DEVICE):
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+                                                             experts_implementation="grouped_mm")
 
 
 def _block_ms(fn: Callable[[], object], count: int) -> float:
