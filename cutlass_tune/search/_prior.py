@@ -10,7 +10,8 @@ regressor (scikit-learn, imported only to fit) learns from measurements the log 
 ratio to cuBLAS over the best ratio of its problem, so that problems of any size teach it alike.
 
 Its training rows (`Observation`s) come from the committed measurements of the same GPU model
-(`committed_observations`, results/measurements.csv.gz) and from the sweep's own store
+(`committed_observations`, `COMMITTED`: results/measurements.csv.gz of a checkout, shipped in
+the wheel as cutlass_tune/results/measurements.csv.gz) and from the sweep's own store
 (`StoreObservations`, read a part at a time as it grows). Fitting 2,000 observations takes about
 a second on one core (scikit-learn is held to one thread); ranking the 190,240 valid configs of
 a bf16 `kernels: auto` kind for a problem, 0.2-0.4 s (each kernel shape by one variant, then
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._files import shipped
 from ..space import KernelConfig, Operation, Problem
 from ..status import Status
 from ..store import ResultStore
@@ -35,9 +37,9 @@ from ._features import FEATURES, Pool, config_columns, features
 if TYPE_CHECKING:
     import pandas as pd
 
-COMMITTED = Path(__file__).resolve().parents[2] / "results" / "measurements.csv.gz"
-"""The committed measurements of a source checkout (a wheel has none: the prior then learns
-from the store alone)."""
+COMMITTED = shipped("results") / "measurements.csv.gz"
+"""The committed measurements (`benchmarks/build_dataset.py`): results/ of a checkout, package
+data of a wheel (pyproject.toml), so that an installed prior starts from them too."""
 FLOOR = math.log(0.25)
 """Targets are clipped here: below a quarter of the best, how bad a config is does not matter,
 and failures (spills, compile errors) would otherwise dominate the fit."""
@@ -85,13 +87,11 @@ def committed_frame(path: str | Path = COMMITTED) -> pd.DataFrame:
     return frame[~frame["is_baseline"].astype(bool)]
 
 
-def committed_observations(frame: pd.DataFrame, gpu: str | None = None,
-                           method: str | None = None) -> list[Observation]:
-    """Each (problem, config)'s best ratio to cuBLAS in `frame` (`committed_frame`): the median
-    over the runs that measured it of each run's best variant, from rows that are ok (verified)
-    with a ratio, of plain GEMMs (no fused epilogue or fp8 scales). With `gpu`, that GPU model's
-    rows only, or every GPU's where it has none; with `method` ("events", "graph",
-    "sustained"), that timing method's, or every method's where it has none."""
+def committed_rows(frame: pd.DataFrame, gpu: str | None = None, method: str | None = None) -> pd.DataFrame:
+    """The rows of `frame` (`committed_frame`) that teach the prior: ok (verified) with a ratio,
+    of plain GEMMs (no fused epilogue or fp8 scales). With `gpu`, that GPU model's rows only, or
+    every GPU's where it has none; with `method` ("events", "graph", "sustained"), that timing
+    method's, or every method's where it has none."""
     rows = frame[(frame["status"] == Status.OK.value) & frame["ratio"].notna()]
     # A fused problem's ratio is to torch eager and a grouped one's to torch._grouped_mm, not
     # cuBLAS; and a grouped problem's experts and routed rows are not in m, n, k.
@@ -102,6 +102,19 @@ def committed_observations(frame: pd.DataFrame, gpu: str | None = None,
         rows = rows[rows["gpu"] == gpu]
     if method is not None and (rows["method"] == method).any():
         rows = rows[rows["method"] == method]
+    return rows
+
+
+def committed_observations(frame: pd.DataFrame, gpu: str | None = None,
+                           method: str | None = None) -> list[Observation]:
+    """Each (problem, config)'s best ratio to cuBLAS in the `committed_rows` of `frame`: the
+    median over the runs that measured it of each run's best variant."""
+    return observations_of(committed_rows(frame, gpu, method))
+
+
+def observations_of(rows: pd.DataFrame) -> list[Observation]:
+    """Each (problem, config)'s best ratio in `committed_rows`: the median over the runs that
+    measured it of each run's best variant."""
     key = ["m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "config_hash"]
     per_run = rows.groupby([*key, "source", "run_id"], sort=False)["ratio"].max()
     best = per_run.groupby(key, sort=False).median()
