@@ -24,7 +24,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -121,7 +121,7 @@ def observations_of(rows: pd.DataFrame) -> list[Observation]:
     first = rows.drop_duplicates(key).set_index(key)
     out = []
     for index, ratio in best.items():
-        row = {**dict(zip(key, index)), **first.loc[index].to_dict()}
+        row = {**dict(zip(key, cast(tuple, index))), **first.loc[index].to_dict()}  # a MultiIndex's: a tuple
         problem = _problem_of(row)
         out.append(Observation(problem, _config_of(row, problem), float(ratio)))
     return out
