@@ -8,6 +8,7 @@
 """
 
 import os
+import shlex
 import shutil
 import uuid
 
@@ -47,6 +48,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a Hopper (SM90) GPU; none is visible"))
         if "nvcc" in item.keywords and not has_nvcc:
             item.add_marker(pytest.mark.skip(reason="needs nvcc (PATH, CUTLASS_TUNE_NVCC or CUDA_HOME)"))
+
+
+@pytest.fixture(scope="session")
+def _nvcc_guard(tmp_path_factory):
+    """An `nvcc` that records each call and fails as a missing compiler would, and its record."""
+    folder = tmp_path_factory.mktemp("nvcc-guard")
+    guard, calls = folder / "nvcc", folder / "calls"
+    guard.write_text(f"#!/bin/sh\necho \"nvcc $*\" >> {shlex.quote(str(calls))}\n"
+                     "echo 'nvcc: this test has no nvcc mark' >&2\nexit 1\n")
+    guard.chmod(0o755)
+    return guard, calls
+
+
+@pytest.fixture(autouse=True)
+def _no_nvcc_without_the_mark(request, monkeypatch, _nvcc_guard):
+    """A test without the `nvcc` mark must pass on a host without nvcc, so it may not run the
+    host's: it finds the guard instead (CUTLASS_TUNE_NVCC, and first on PATH, for this process
+    and those it starts), and fails if it ran it. A test's own fake nvcc, set in the test, wins.
+    Regression: 13 sweep tests patched a name the CLI did not call and compiled real kernels."""
+    if "nvcc" in request.keywords:
+        yield
+        return
+    from cutlass_tune.compile import find_toolchain
+
+    find_toolchain.cache_clear()  # a toolchain an nvcc test found (cached) would skip the guard
+    guard, calls = _nvcc_guard
+    before = calls.stat().st_size if calls.exists() else 0
+    monkeypatch.setenv("CUTLASS_TUNE_NVCC", str(guard))
+    monkeypatch.setenv("PATH", f"{guard.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    yield
+    ran = calls.read_text()[before:] if calls.exists() else ""
+    if ran:
+        pytest.fail(f"ran nvcc without the nvcc mark (fake the compiler, or mark the test nvcc): {ran.strip()}")
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)])

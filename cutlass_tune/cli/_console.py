@@ -13,12 +13,16 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any, NoReturn
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
+
+from ..status import Status
 
 # C0 but newline and tab, DEL, C1 (ESC starts every ANSI/OSC sequence; C1 0x9b and 0x9d are
 # one-character CSI and OSC), and the bidirectional overrides that reorder what a line shows.
@@ -72,12 +76,41 @@ def figure(value: float | None, spec: str) -> str:
     return "-" if value is None or value != value else format(value, spec)
 
 
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+"""How lines to a log are stamped (the logging module's lines, cli/__init__.py, too)."""
+
+
+def stamped(text: str) -> str:
+    """`text` after the local time: a line for a log, read later, when it happened."""
+    return f"{time.strftime(TIME_FORMAT)} {text}"
+
+
+def outcome(kernel: Any) -> str:
+    """A compiled kernel (`compile.CompiledKernel`) in a few words, for a progress line: its
+    name and whether it was cached, built (in how long) or failed."""
+    if kernel.status is not Status.OK:
+        return f"{kernel.config.name} {kernel.status.value}"
+    return f"{kernel.config.name} cached" if kernel.cached else f"{kernel.config.name} built in {kernel.seconds:.0f} s"
+
+
 @contextlib.contextmanager
-def progress(label: str, total: int) -> Iterator[Callable[..., None]]:
-    """A progress bar on a terminal's stderr (gone when done); nothing on a pipe or log.
-    Yields the function to call once per finished item."""
+def progress(label: str, total: int, describe: Callable[[Any], str] | None = None) -> Iterator[Callable[..., None]]:
+    """Progress on stderr: a bar on a terminal (gone when done); on a pipe or a log, a
+    `stamped` line per finished item ("compiling 3/12: <describe(item)>"), so that a long
+    command is never silent there. Yields the function to call once per finished item (with
+    the item, from any thread)."""
     if not err.is_terminal:
-        yield lambda *_: None
+        done = 0
+        lock = threading.Lock()
+
+        def line(item: Any = None) -> None:
+            nonlocal done
+            with lock:
+                done += 1
+                said = f": {describe(item)}" if describe is not None and item is not None else ""
+                err.print(stamped(f"{label} {done}/{total}{said}"))
+
+        yield line
         return
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:

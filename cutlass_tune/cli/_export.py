@@ -13,7 +13,7 @@ from ..errors import CutlassTuneError
 from ..report import load_best, write_bundle
 from ..space import KernelConfig
 from ..store import resolve_storage
-from ._console import out, progress
+from ._console import out, outcome, progress
 from ._options import CACHE_DIR, JOBS, READ_DEFAULT, check_output, user_output
 
 
@@ -39,13 +39,14 @@ def export(
     configs = list({h: KernelConfig.from_dict(json.loads(c))
                     for h, c in zip(frame["config_hash"], frame["config"])}.values())
     toolchain = compile_stage.find_toolchain()
-    with progress("compiling", len(configs)) as advance:
+    with progress("compiling", len(configs), outcome) as advance:
         compiled = compile_stage.compile_kernels(configs, cache=compile_stage.KernelCache.at(cache_dir),
                                                  toolchain=toolchain, jobs=jobs or compile_stage.default_jobs(),
                                                  on_result=advance)
-    summary = write_bundle(frame, compiled, output, {"nvcc": toolchain.nvcc_version,
-                                                     "cutlass": toolchain.cutlass_version,
-                                                     "cutlass_tune": __version__})
+    with progress("bundling", len(configs), str) as advance:
+        summary = write_bundle(frame, compiled, output, {"nvcc": toolchain.nvcc_version,
+                                                         "cutlass": toolchain.cutlass_version,
+                                                         "cutlass_tune": __version__}, on_kernel=advance)
     out.print(f"exported {summary.problems} problems, {summary.kernels} kernels in {summary.libraries} "
               f"libraries ({summary.bytes / 1e6:.1f} MB) to {summary.path}; "
               f"load it with cutlass_tune.BestTable.load({str(summary.path)!r})")

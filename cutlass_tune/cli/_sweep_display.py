@@ -8,7 +8,7 @@ from collections.abc import Callable
 from rich.live import Live
 from rich.table import Table
 
-from ._console import PlainConsole
+from ._console import PlainConsole, stamped
 
 
 def sweep_table(state) -> Table:
@@ -31,7 +31,8 @@ def sweep_table(state) -> Table:
 class SweepLog:
     """A sweep's progress as plain lines, for output that is not a terminal (a log file, a batch
     job), where a live table would show nothing until the end: a line when a batch is compiled
-    or a kernel is measured on every problem, a line for each new best, one for a GPU given up."""
+    or a kernel is measured on every problem, a line for each new best, one for a GPU given up,
+    each `stamped` with its time (a log is read later: when did the best come, how fast did it go)."""
 
     def __init__(self, console: PlainConsole):
         self.console = console
@@ -40,7 +41,9 @@ class SweepLog:
         self.lost = 0
 
     def __call__(self, state) -> None:
-        say = self.console.print
+        def say(text: str) -> None:
+            self.console.print(stamped(text))
+
         for reason in state.lost[self.lost:]:
             say(f"given up: {reason}")
         self.lost = len(state.lost)

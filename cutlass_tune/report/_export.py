@@ -109,13 +109,14 @@ class BundleSummary:
 
 
 def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: Path,
-                 built_with: Mapping[str, str]) -> BundleSummary:
+                 built_with: Mapping[str, str], on_kernel: Callable[[str], None] | None = None) -> BundleSummary:
     """Write `frame` and the libraries of its kernels (`compiled`: at least one per config
     hash of the table) to the new directory `out`, all at once: it appears complete or not at
     all.
 
     Args:
         built_with: toolchain facts for the manifest (nvcc and CUTLASS versions).
+        on_kernel: called with each kernel's name once its library is checked and placed.
 
     Raises:
         BundleError: `out` exists, or a kernel of the table is missing from `compiled` or did
@@ -139,6 +140,8 @@ def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: P
         file = f"{kernel.library.parent.name}.so"  # the unit's key: one copy per unit
         sources[file] = kernel.library
         kernels[config_hash] = {"library": f"kernels/{file}", "symbol": kernel.symbol, "name": name}
+        if on_kernel is not None:
+            on_kernel(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -10,7 +10,8 @@ regressor (scikit-learn, imported only to fit) learns from measurements the log 
 ratio to cuBLAS over the best ratio of its problem, so that problems of any size teach it alike.
 
 Its training rows (`Observation`s) come from the committed measurements of the same GPU model
-(`committed_observations`, results/measurements.csv.gz) and from the sweep's own store
+(`committed_observations`, `COMMITTED`: results/measurements.csv.gz of a checkout, shipped in
+the wheel as cutlass_tune/results/measurements.csv.gz) and from the sweep's own store
 (`StoreObservations`, read a part at a time as it grows). Fitting 2,000 observations takes about
 a second on one core (scikit-learn is held to one thread); ranking the 190,240 valid configs of
 a bf16 `kernels: auto` kind for a problem, 0.2-0.4 s (each kernel shape by one variant, then
@@ -24,10 +25,11 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from .._files import shipped
 from ..space import KernelConfig, Operation, Problem, Routing
 from ..status import Status
 from ..store import ResultStore
@@ -36,9 +38,9 @@ from ._features import FEATURES, Pool, config_columns, features
 if TYPE_CHECKING:
     import pandas as pd
 
-COMMITTED = Path(__file__).resolve().parents[2] / "results" / "measurements.csv.gz"
-"""The committed measurements of a source checkout (a wheel has none: the prior then learns
-from the store alone)."""
+COMMITTED = shipped("results") / "measurements.csv.gz"
+"""The committed measurements (`benchmarks/build_dataset.py`): results/ of a checkout, package
+data of a wheel (pyproject.toml), so that an installed prior starts from them too."""
 FLOOR = math.log(0.25)
 """Targets are clipped here: below a quarter of the best, how bad a config is does not matter,
 and failures (spills, compile errors) would otherwise dominate the fit."""
@@ -91,13 +93,11 @@ def committed_frame(path: str | Path = COMMITTED) -> pd.DataFrame:
     return frame[~frame["is_baseline"].astype(bool)]
 
 
-def committed_observations(frame: pd.DataFrame, gpu: str | None = None, method: str | None = None, *,
-                           grouped: bool = False) -> list[Observation]:
-    """Each (problem, config)'s best ratio to its baseline in `frame` (`committed_frame`): the
-    median over the runs that measured it of each run's best variant, from rows that are ok
-    (verified) with a ratio. Of plain GEMMs (no fused epilogue or fp8 scales; the ratio to
-    cuBLAS) or, with `grouped`, of plain grouped GEMMs (MoE experts; the ratio to
-    torch._grouped_mm, the problem carrying its experts' routed rows). With `gpu`, that GPU
+def committed_rows(frame: pd.DataFrame, gpu: str | None = None, method: str | None = None, *,
+                   grouped: bool = False) -> pd.DataFrame:
+    """The rows of `frame` (`committed_frame`) that teach the prior: ok (verified) with a ratio,
+    of plain GEMMs (no fused epilogue or fp8 scales; the ratio to cuBLAS) or, with `grouped`, of
+    plain grouped GEMMs (MoE experts; the ratio to torch._grouped_mm). With `gpu`, that GPU
     model's rows only, or every GPU's where it has none; with `method` ("events", "graph",
     "sustained"), that timing method's, or every method's where it has none."""
     rows = frame[(frame["status"] == Status.OK.value) & frame["ratio"].notna()]
@@ -115,7 +115,22 @@ def committed_observations(frame: pd.DataFrame, gpu: str | None = None, method: 
         rows = rows[rows["gpu"] == gpu]
     if method is not None and (rows["method"] == method).any():
         rows = rows[rows["method"] == method]
+    return rows
+
+
+def committed_observations(frame: pd.DataFrame, gpu: str | None = None, method: str | None = None, *,
+                           grouped: bool = False) -> list[Observation]:
+    """Each (problem, config)'s best ratio to its baseline in the `committed_rows` of `frame`
+    (grouped problems carrying their experts' routed rows): the median over the runs that
+    measured it of each run's best variant."""
+    return observations_of(committed_rows(frame, gpu, method, grouped=grouped))
+
+
+def observations_of(rows: pd.DataFrame) -> list[Observation]:
+    """Each (problem, config)'s best ratio in `committed_rows` (of one kind: plain or grouped):
+    the median over the runs that measured it of each run's best variant."""
     key = ["m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "config_hash"]
+    grouped = "grouping" in rows and bool((rows["grouping"] == "grouped").any())
     if grouped:  # experts, routing and routed rows are part of a grouped problem
         key = [*key[:-1], "groups", "routing", "group_rows", key[-1]]
     per_run = rows.groupby([*key, "source", "run_id"], sort=False)["ratio"].max()
@@ -123,7 +138,7 @@ def committed_observations(frame: pd.DataFrame, gpu: str | None = None, method: 
     first = rows.drop_duplicates(key).set_index(key)
     out = []
     for index, ratio in best.items():
-        row = {**dict(zip(key, index)), **first.loc[index].to_dict()}
+        row = {**dict(zip(key, cast(tuple, index))), **first.loc[index].to_dict()}  # a MultiIndex's: a tuple
         problem = _problem_of(row)
         out.append(Observation(problem, _config_of(row, problem), float(ratio)))
     return out

@@ -53,12 +53,27 @@ log = logging.getLogger(__name__)
 
 def load_committed(gpu: str, method: TimingMethod) -> list[Observation]:
     """The committed measurements as the prior's observations: the GPU model's (all GPUs' where
-    it has none) by the store's timing method. Empty where the table is missing (a wheel)."""
-    if not _prior.COMMITTED.is_file():
+    it has none) by the store's timing method. Logs (INFO, `cutlass-tune -v`) what they are:
+    the file, its rows taken, their GPUs, timing methods and operations. Empty, with a warning,
+    where the file is missing (an install that lost its package data)."""
+    path = _prior.COMMITTED
+    if not path.is_file():
+        log.warning("no committed measurements at %s: the prior learns from this store alone", path)
         return []
-    frame = _prior.committed_frame(_prior.COMMITTED)
-    return (_prior.committed_observations(frame, gpu, method.value)
-            + _prior.committed_observations(frame, gpu, method.value, grouped=True))
+    frame = _prior.committed_frame(path)
+    observations: list[Observation] = []
+    for grouped in (False, True):
+        rows = _prior.committed_rows(frame, gpu, method.value, grouped=grouped)
+        found = _prior.observations_of(rows)
+        gpus = sorted(rows["gpu"].unique())
+        log.info("prior's committed measurements (%s): %s, %d rows (%d config-problem pairs, %d problems) of %s%s, "
+                 "timed by %s; operations %s", "grouped GEMMs" if grouped else "GEMMs", path, len(rows), len(found),
+                 len({o.problem for o in found}), ", ".join(gpus) or "no GPU",
+                 "" if gpu in gpus or not gpus else f" (none of {gpu}, so every GPU's)",
+                 ", ".join(sorted(rows["method"].unique())) or "-",
+                 ", ".join(sorted({o.problem.operation.name for o in found})) or "none")
+        observations += found
+    return observations
 
 
 class PriorStrategy:

@@ -17,6 +17,7 @@ from cutlass_tune.store import open_store
 
 REPO = Path(__file__).resolve().parent.parent.parent
 STORE = REPO / "results" / "llama33b-nvidia-h200.sqlite"
+FAKE_NVCC = REPO / "tests" / "compile" / "fake_nvcc.py"
 
 
 def test_cache_dir_with_a_tilde_is_the_home_folder(tmp_path, monkeypatch):
@@ -36,9 +37,11 @@ def test_an_unknown_users_home_is_one_error(monkeypatch):
     ({}, ["--cache-dir", "~nosuchuser/x"]),
 ])
 def test_the_cli_says_so_in_one_line(env, args):
-    # Regression: CUTLASS_TUNE_CACHE_DIR='~nosuchuser/x' was a RuntimeError traceback.
+    # Regression: CUTLASS_TUNE_CACHE_DIR='~nosuchuser/x' was a RuntimeError traceback. The fake nvcc: the
+    # command looks for nvcc first, and the cache's error must show on a host without one too.
+    env = {**os.environ, "CUTLASS_TUNE_NVCC": str(FAKE_NVCC), **env}
     done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "compile", str(REPO / "configs" / "quick.yaml"),
-                           *args], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+                           *args], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "nosuchuser" in done.stderr
 

@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -174,6 +176,24 @@ def test_export_errors_are_one_line(tmp_path):
         assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith(message), r.stderr
         assert r.stderr.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_export_to_a_pipe_says_each_kernel_compiled_and_bundled_with_the_time(tmp_path):
+    # Regression: to a pipe (a log, a batch job) export printed nothing for the 107 s its compiles took.
+    env = {**os.environ, "CUTLASS_TUNE_NVCC": str(REPO / "tests/compile/fake_nvcc.py")}
+    names = sorted(set(load_best(STORE)["kernel"]))
+    for out, done in ((tmp_path / "b1", "built in \\d+ s"), (tmp_path / "b2", "cached")):
+        r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "export", "--storage", STORE, "-o", out,
+                            "--cache-dir", tmp_path / "cache"], capture_output=True, text=True, cwd=REPO, env=env)
+        assert r.returncode == 0 and r.stdout.startswith(f"exported 3 problems, {len(names)} kernels"), r.stderr
+        lines, n = r.stderr.splitlines(), len(names)
+        stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
+        compiled = [re.fullmatch(f"{stamp}compiling (\\d+)/{n}: (\\S+) {done}", line) for line in lines[:n]]
+        bundled = [re.fullmatch(f"{stamp}bundling (\\d+)/{n}: (\\S+)", line) for line in lines[n:]]
+        assert all(compiled) and all(bundled) and len(lines) == 2 * n, r.stderr
+        for matches in (compiled, bundled):
+            assert [m[1] for m in matches] == [str(i + 1) for i in range(len(names))]
+            assert sorted(m[2] for m in matches) == names
 
 
 @pytest.mark.nvcc

@@ -1,5 +1,6 @@
 """The prior (search/_prior.py, _features.py) and the strategy it leads (_prior_strategy.py), on a CPU."""
 
+import logging
 import random
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import numpy as np
 import optuna
 import pytest
 
+from cutlass_tune.measurement import TimingMethod
 from cutlass_tune.search import Sweep, SweepSettings
 from cutlass_tune.search import _prior as prior_module
 from cutlass_tune.search._features import FEATURES, Pool, auto_columns, config_columns, features
@@ -22,7 +24,7 @@ from cutlass_tune.search._prior import (
     committed_observations,
     diverse_order,
 )
-from cutlass_tune.search._prior_strategy import PriorStrategy
+from cutlass_tune.search._prior_strategy import PriorStrategy, load_committed
 from cutlass_tune.space import (
     AutoKernels,
     KernelConfig,
@@ -147,6 +149,31 @@ def test_store_observations_are_read_a_part_at_a_time(tmp_path):
     assert len(got) == 2 and got[1].ratio is None
 
 
+def test_the_prior_logs_what_it_was_fitted_on(caplog):
+    # Regression: nothing said which file, GPUs and operations the prior learnt from (or that it
+    # learnt from none), so a wheel that had lost the table fitted on an empty store unseen.
+    with caplog.at_level(logging.INFO, logger="cutlass_tune.search._prior_strategy"):
+        observations = load_committed("NVIDIA H200", TimingMethod.EVENTS)
+    plain, grouped = [r.getMessage() for r in caplog.records]
+    assert plain.startswith(f"prior's committed measurements (GEMMs): {COMMITTED}, ")
+    assert grouped.startswith(f"prior's committed measurements (grouped GEMMs): {COMMITTED}, ")
+    pairs = [int(line.split(" config-problem pairs")[0].rsplit("(", 1)[1]) for line in (plain, grouped)]
+    assert sum(pairs) == len(observations) and pairs[1] == sum(o.problem.grouped for o in observations) > 0
+    assert all(" of NVIDIA H200, timed by events; " in line for line in (plain, grouped))
+    assert "bf16bf16bf16_tn" in plain.split("operations ")[1]
+    assert "bf16bf16bf16_tn_grouped" in grouped.split("operations ")[1]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="cutlass_tune.search._prior_strategy"):
+        load_committed("NVIDIA B200", TimingMethod.EVENTS)
+    assert "(none of NVIDIA B200, so every GPU's)" in caplog.text
+
+
+def test_a_missing_table_is_warned_of(no_committed, caplog):
+    assert load_committed("NVIDIA H200", TimingMethod.EVENTS) == []
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "the prior learns from this store alone" in caplog.text
+
+
 def test_importing_the_search_stage_leaves_sklearn_out():
     code = "import cutlass_tune.search, sys; print('sklearn' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
@@ -155,7 +182,7 @@ def test_importing_the_search_stage_leaves_sklearn_out():
 
 @pytest.fixture
 def no_committed(monkeypatch, tmp_path):
-    """The prior learns from the sweep's store alone (as in a wheel, without results/)."""
+    """The prior learns from the sweep's store alone (as where the committed table is missing)."""
     monkeypatch.setattr(prior_module, "COMMITTED", tmp_path / "missing.csv.gz")
     assert COMMITTED.is_file()
 

@@ -19,6 +19,9 @@ from cutlass_tune.store import ResultStore
 from .fakes import FakeBench, FakeCompiler
 from .test_sweep import SPACE
 
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
+"""The time a progress line to a log starts with."""
+
 
 class Gpu(FakeBench):
     """Stands in for WorkerBenchmarker(device): `models` names the model of each device."""
@@ -75,10 +78,11 @@ def test_two_gpus_both_measure_and_both_are_closed(tmp_path, gpus):
     assert "2 x Fake GPU (GPUs 0, 1)" in r.output.splitlines()[0]
     lines = r.output.splitlines()
     assert lines[-1].startswith("stopped: trial budget reached")  # not run into the table
-    # not a terminal: progress comes as lines while the sweep runs, then the table
-    progress = [line for line in lines if line.startswith("compiled ") and "pairs measured" in line]
+    # not a terminal: progress comes as lines while the sweep runs, then the table; each line stamped with
+    # its time (regression: a log of the sweep did not say when anything happened)
+    progress = [line for line in lines if re.match(STAMP + "compiled ", line) and "pairs measured" in line]
     assert len(progress) >= 4 and progress[-1].endswith("8 kernel-problem pairs measured, 0 failed")
-    best = [line for line in lines if line.startswith("best 4096x4096x4096_bf16bf16bf16_tn: ")]
+    best = [line for line in lines if re.match(STAMP + "best 4096x4096x4096_bf16bf16bf16_tn: ", line)]
     assert best and re.search(r": \d\.\d{3} of cuBLAS, \d+\.\d TFLOP/s, bf16_tn_\w+ \(config \d\)$", best[0])
     assert lines.index(progress[-1]) < lines.index(next(line for line in lines if line.startswith("problem ")))
     a, b = gpus.started
@@ -117,7 +121,8 @@ def test_a_gpu_lost_mid_sweep_is_named_and_the_sweep_finishes_on_the_other(tmp_p
     assert r.exit_code == 0, r.output
     assert ("given up mid-sweep: benchmark worker for GPU 1 exited with code 1 while starting; "
             "the other GPUs measured what it left") in r.output
-    assert "\ngiven up: benchmark worker for GPU 1 exited with code 1 while starting\n" in r.output  # when it happened
+    assert re.search(f"^{STAMP}given up: benchmark worker for GPU 1 exited with code 1 while starting$", r.output,
+                     re.MULTILINE)  # when it happened
     assert "\nstopped: trial budget reached" in r.output
     a, b = gpus.started
     assert len(b.measured) == 3 and len(a.measured) == 4 * 2 * 4 - 3

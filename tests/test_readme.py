@@ -1,0 +1,42 @@
+"""What the README tells a new user holds: the extras it names install what its commands need, and
+its headline table says how the committed store behind it was timed."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cutlass_tune import settings
+from cutlass_tune.measurement import TimingMethod
+from cutlass_tune.store import open_store
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def test_every_extra_the_readme_names_exists():
+    named = set(re.findall(r"'\.\[(\w+)\]'", README))
+    assert named and named <= set(EXTRAS), sorted(named - set(EXTRAS))
+
+
+def test_shapes_on_the_readme_s_model_names_the_extra_that_installs_transformers():
+    # Regression: `cutlass-tune shapes benchmarks/models/llama.py:...` needs transformers, which no extra
+    # named in the README installed.
+    lines = [line for line in README.splitlines() if "cutlass-tune shapes benchmarks/models/" in line]
+    assert lines
+    for line in lines:
+        (extra,) = re.findall(r"'\.\[(\w+)\]'", line)
+        assert any(d.startswith("transformers") for d in EXTRAS[extra])
+
+
+def test_the_headline_table_says_the_timing_method_of_its_store():
+    # Regression: the table did not say its figures were single launches (`events`), which read up to 8% high.
+    intro = " ".join(README[:README.index("| problem |")].split())
+    assert settings.DEFAULT_STORE in intro
+    scheme = open_store(settings.DEFAULT_STORE).timing()
+    assert scheme is not None and scheme.method is TimingMethod.EVENTS and scheme.paired
+    assert "`--method events`" in intro and "timed by single launches" in intro
+    assert "sampled alternately on the same operands" in " ".join(README.split())  # paired
