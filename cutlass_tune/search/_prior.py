@@ -20,6 +20,7 @@ every variant of the best shapes). Nothing is cached on disk.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..space import KernelConfig, Operation, Problem
+from ..space import KernelConfig, Operation, Problem, Routing
 from ..status import Status
 from ..store import ResultStore
 from ._features import FEATURES, Pool, config_columns, features
@@ -60,7 +61,12 @@ _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(KernelConfig) if f.nam
 
 
 def _problem_of(row: Mapping[str, Any]) -> Problem:
-    return Problem(int(row["m"]), int(row["n"]), int(row["k"]), **Operation.from_cells(row).operation_fields())
+    operation = Operation.from_cells(row)
+    if not operation.grouped:
+        return Problem(int(row["m"]), int(row["n"]), int(row["k"]), **operation.operation_fields())
+    return Problem(int(row["m"]), int(row["n"]), int(row["k"]), groups=int(row["groups"]),
+                   routing=Routing(row["routing"]), group_rows=tuple(json.loads(row["group_rows"])),
+                   **operation.operation_fields())
 
 
 def _config_of(row: Mapping[str, Any], problem: Problem) -> KernelConfig:
@@ -85,24 +91,33 @@ def committed_frame(path: str | Path = COMMITTED) -> pd.DataFrame:
     return frame[~frame["is_baseline"].astype(bool)]
 
 
-def committed_observations(frame: pd.DataFrame, gpu: str | None = None,
-                           method: str | None = None) -> list[Observation]:
-    """Each (problem, config)'s best ratio to cuBLAS in `frame` (`committed_frame`): the median
-    over the runs that measured it of each run's best variant, from rows that are ok (verified)
-    with a ratio, of plain GEMMs (no fused epilogue or fp8 scales). With `gpu`, that GPU model's
-    rows only, or every GPU's where it has none; with `method` ("events", "graph",
+def committed_observations(frame: pd.DataFrame, gpu: str | None = None, method: str | None = None, *,
+                           grouped: bool = False) -> list[Observation]:
+    """Each (problem, config)'s best ratio to its baseline in `frame` (`committed_frame`): the
+    median over the runs that measured it of each run's best variant, from rows that are ok
+    (verified) with a ratio. Of plain GEMMs (no fused epilogue or fp8 scales; the ratio to
+    cuBLAS) or, with `grouped`, of plain grouped GEMMs (MoE experts; the ratio to
+    torch._grouped_mm, the problem carrying its experts' routed rows). With `gpu`, that GPU
+    model's rows only, or every GPU's where it has none; with `method` ("events", "graph",
     "sustained"), that timing method's, or every method's where it has none."""
     rows = frame[(frame["status"] == Status.OK.value) & frame["ratio"].notna()]
-    # A fused problem's ratio is to torch eager and a grouped one's to torch._grouped_mm, not
-    # cuBLAS; and a grouped problem's experts and routed rows are not in m, n, k.
-    for column in ("epilogue", "scaling", "grouping"):
+    # A fused problem's ratio is to torch eager, not cuBLAS: its rows would teach the plain prior
+    # another question.
+    for column in ("epilogue", "scaling"):
         if column in rows:
             rows = rows[rows[column].isna() | (rows[column] == "none")]
+    if "grouping" not in rows:
+        rows = rows.iloc[:0] if grouped else rows
+    else:
+        is_grouped = rows["grouping"] == "grouped"
+        rows = rows[is_grouped if grouped else ~is_grouped]
     if gpu is not None and (rows["gpu"] == gpu).any():
         rows = rows[rows["gpu"] == gpu]
     if method is not None and (rows["method"] == method).any():
         rows = rows[rows["method"] == method]
     key = ["m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "layout", "config_hash"]
+    if grouped:  # experts, routing and routed rows are part of a grouped problem
+        key = [*key[:-1], "groups", "routing", "group_rows", key[-1]]
     per_run = rows.groupby([*key, "source", "run_id"], sort=False)["ratio"].max()
     best = per_run.groupby(key, sort=False).median()
     first = rows.drop_duplicates(key).set_index(key)

@@ -11,9 +11,9 @@ left to the sampler (TPE: exploration). A compiled config is measured on every p
 kind, so the first batch (one config per problem and turn) gives every problem results.
 
 Grouped problems (MoE experts) have a prior of their own, fitted only on grouped observations
-(the committed measurements hold none, so at first on nothing: it then ranks by the features
-alone); a plain GEMM's measurements say nothing of a grouped kernel's speed, which depends on
-the experts' rows. Their first picks are the hand-picked `GROUPED_DEFAULTS`, then the prior's.
+(the committed grouped measurements of the GPU model and the store's; with none it ranks by the
+features alone); a plain GEMM's measurements say nothing of a grouped kernel's speed, which
+depends on the experts' rows. Their first picks are the hand-picked `GROUPED_DEFAULTS`, then the prior's.
 
 The picks are configs of the space: of a `kernels: auto` space, any valid config, the
 hand-written spaces' or not; of a space of knob lists, only the space's. Everything proposed is
@@ -57,7 +57,8 @@ def load_committed(gpu: str, method: TimingMethod) -> list[Observation]:
     if not _prior.COMMITTED.is_file():
         return []
     frame = _prior.committed_frame(_prior.COMMITTED)
-    return _prior.committed_observations(frame, gpu, method.value)
+    return (_prior.committed_observations(frame, gpu, method.value)
+            + _prior.committed_observations(frame, gpu, method.value, grouped=True))
 
 
 class PriorStrategy:
@@ -108,7 +109,7 @@ class PriorStrategy:
         if not force and len(own) < self._results + REFIT_EVERY:
             return False
         start = time.monotonic()
-        grouped = [o for o in own if o.problem.grouped]
+        grouped = [o for o in self.committed + own if o.problem.grouped]
         plain = [o for o in self.committed + own if not o.problem.grouped]
         has_grouped = any(s.problem.grouped for s in self.studies)
         has_plain = any(not s.problem.grouped for s in self.studies)
@@ -132,7 +133,7 @@ class PriorStrategy:
             self._ranked[s.name] = picks
         if has_plain:
             log.info("prior fitted on %d observations (%d of the store) and ranked in %.1f s",
-                     self.prior.rows, len(own) - len(grouped), time.monotonic() - start)
+                     self.prior.rows, sum(not o.problem.grouped for o in own), time.monotonic() - start)
         if has_grouped:
             log.info("%s", self.grouped_fit)
         return True
@@ -141,10 +142,11 @@ class PriorStrategy:
     def grouped_fit(self) -> str:
         """What the prior of grouped problems was fitted on, in words."""
         if self.grouped_prior.model is None:
-            return ("grouped problems: prior fitted on no grouped measurement (the committed table has none); "
-                    "first picks are the hand-picked grouped configs, then the features alone")
-        return (f"grouped problems: prior fitted on {self.grouped_prior.rows} grouped observations of the store "
-                "only (no plain GEMM's), after the hand-picked grouped configs")
+            return ("grouped problems: prior fitted on no grouped measurement (neither the committed table nor "
+                    "the store has one); first picks are the hand-picked grouped configs, then the features alone")
+        committed = sum(o.problem.grouped for o in self.committed)
+        return (f"grouped problems: prior fitted on {self.grouped_prior.rows} grouped observations ({committed} "
+                "committed, the rest of the store; no plain GEMM's), after the hand-picked grouped configs")
 
     def picks(self, s: Study, count: int) -> list[KernelConfig]:
         """The first `count` configs the prior would propose for `s`'s problem, measured or not."""

@@ -37,9 +37,10 @@ COMMON_DEFAULTS = (
 _COOPERATIVE = dict(kernel_schedule=KernelSchedule.COOPERATIVE,
                     epilogue_schedule=PAIRED_EPILOGUE[KernelSchedule.COOPERATIVE])
 # Grouped (MoE experts) configs picked by hand that ran fastest on an H200 against
-# torch._grouped_mm, best first. No measurement table holds grouped rows yet, so these, not the
-# plain GEMM's defaults, lead a grouped problem; 2x1 clusters were among the slowest for the
-# fine-grained experts (a few hundred rows each) and are left out.
+# torch._grouped_mm, best first. They, not the plain GEMM's defaults, lead a grouped problem
+# before it has results (the grouped prior, fitted on the committed grouped rows, comes after
+# them: 24 problems of one GPU model are too few to trust first); 2x1 clusters were among the
+# slowest for the fine-grained experts (a few hundred rows each) and are left out.
 GROUPED_DEFAULTS = (
     dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
     dict(tile_m=128, tile_n=192, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),

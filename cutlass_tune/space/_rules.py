@@ -223,9 +223,10 @@ def needs_extended_wgmma(cfg: KernelConfig) -> bool:
 
 def fused(cfg: Operation) -> bool:
     """Whether the epilogue is more than D = alpha * acc + beta * C: a bias, an activation or
-    fp8 scales (CUTLASS's fusion operations; a residual alone is its LinearCombination)."""
+    fp8 scales, or a gated product (CUTLASS's fusion operations; a residual alone is its
+    LinearCombination)."""
     e = cfg.epilogue
-    return e.bias or e.activation is not Activation.NONE or cfg.scaling is not Scaling.NONE
+    return e.bias or e.activation is not Activation.NONE or e.gated or cfg.scaling is not Scaling.NONE
 
 
 def broadcast_rows(cfg: KernelConfig) -> tuple[DType, ...]:
@@ -362,8 +363,10 @@ SCALING_INPUTS_REASON = ("fp8 scales (scaling tensor or rowcol) apply to fp8 inp
 def operation_problem(epilogue: object, scaling: object) -> str | None:
     """Whether an epilogue and a scaling are values of their types (they reach the C++)."""
     if not (isinstance(epilogue, Epilogue) and type(epilogue.bias) is bool and type(epilogue.residual) is bool
-            and isinstance(epilogue.activation, Activation)):
-        return f"epilogue must be an Epilogue of bias, activation and residual, not {epilogue!r:.60}"
+            and type(epilogue.gated) is bool and isinstance(epilogue.activation, Activation)):
+        return f"epilogue must be an Epilogue of bias, activation, residual and gated, not {epilogue!r:.60}"
+    if epilogue.residual and epilogue.gated:
+        return "epilogue: residual and gated both read C; take one"
     if not isinstance(scaling, Scaling):
         return f"scaling must be one of {', '.join(s.value for s in Scaling)}, not {scaling!r:.60}"
     return None
@@ -421,6 +424,8 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
                "epilogues only (no_smem without C is not verified)")
     if cfg.epilogue.residual and not cfg.epilogue_source:
         reject("residual_source", "a residual epilogue reads C: it needs epilogue_source true")
+    if cfg.epilogue.gated and not cfg.epilogue_source:
+        reject("residual_source", "a gated epilogue reads the gate from C: it needs epilogue_source true")
     if fused(cfg) and not tma_epilogue:
         reject("fusion_schedule", f"the {cfg.epilogue.name} epilogue"
                + (f" with {cfg.scaling.value} scaling" if cfg.scaling is not Scaling.NONE else "")

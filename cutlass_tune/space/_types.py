@@ -128,13 +128,19 @@ class Epilogue:
     is alpha (or the fp8 scales, see `Scaling`), bias is one value per output column (length N,
     as `nn.Linear`) and C an M x N operand of D's type (a residual).
 
+    `gated` reads C otherwise: C holds a gate's pre-activation and D = activation(C) * (s *
+    (A @ B) + bias), the up projection of a gated MLP (`silu(x Wg^T) * (x Wu^T)`, C = x Wg^T),
+    so the gate's activation and the product need no pass of their own. It excludes `residual`
+    (both are C).
+
     Written in files and stores as `name`: "none", or its parts joined by "+" in the order
-    bias, activation, residual (e.g. "bias+silu", "residual").
+    bias, activation, residual or gated (e.g. "bias+silu", "residual", "silu+gated").
     """
 
     bias: bool = False
     activation: Activation = Activation.NONE
     residual: bool = False
+    gated: bool = False
 
     @property
     def is_plain(self) -> bool:
@@ -144,7 +150,7 @@ class Epilogue:
     def name(self) -> str:
         parts = (["bias"] if self.bias else []) + (
             [self.activation.value] if self.activation is not Activation.NONE else []) + (
-            ["residual"] if self.residual else [])
+            ["residual"] if self.residual else []) + (["gated"] if self.gated else [])
         return "+".join(parts) or "none"
 
     @classmethod
@@ -152,20 +158,25 @@ class Epilogue:
         """Inverse of `name`. Raises ValueError naming the part it does not know."""
         if text == "none":
             return cls()
-        bias = residual = False
+        bias = residual = gated = False
         activation = Activation.NONE
         for part in text.split("+"):
             if part == "bias" and not bias:
                 bias = True
             elif part == "residual" and not residual:
                 residual = True
+            elif part == "gated" and not gated:
+                gated = True
             elif part in {a.value for a in Activation} - {"none"} and activation is Activation.NONE:
                 activation = Activation(part)
             else:
-                known = ", ".join(["bias", "residual"] + [a.value for a in Activation if a is not Activation.NONE])
+                activations = [a.value for a in Activation if a is not Activation.NONE]
+                known = ", ".join(["bias", *activations, "residual", "gated"])
                 raise ValueError(f"epilogue {text[:60]!r}: unknown or repeated part {part[:30]!r} "
                                  f"(parts: {known}, joined by '+', or 'none')")
-        found = cls(bias, activation, residual)
+        if residual and gated:
+            raise ValueError(f"epilogue {text[:60]!r}: residual and gated both read C; take one")
+        found = cls(bias, activation, residual, gated)
         if found.name != text:
             raise ValueError(f"epilogue {text[:60]!r}: write it as {found.name!r}")
         return found

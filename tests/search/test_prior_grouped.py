@@ -56,8 +56,25 @@ def test_a_grouped_problem_is_led_by_the_grouped_configs_and_fitted_on_grouped_r
     assert {c.grouped for c in compiled} == {True, False}
 
 
-def test_the_committed_table_gives_a_grouped_prior_nothing():
+def test_the_committed_grouped_rows_feed_the_grouped_prior_only_with_their_experts_routed_rows():
     from cutlass_tune.search._prior import committed_frame, committed_observations
 
-    observations = committed_observations(committed_frame())
-    assert observations and not any(o.problem.grouped for o in observations)
+    frame = committed_frame()
+    plain = committed_observations(frame)
+    grouped = committed_observations(frame, grouped=True)
+    assert plain and not any(o.problem.grouped for o in plain)
+    assert grouped and all(o.problem.grouped and o.config.grouped for o in grouped)
+    for o in grouped:  # the problem is the measured one: its experts' rows, not one GEMM of m rows
+        assert len(o.problem.group_rows) == o.problem.groups and sum(o.problem.group_rows) == o.problem.m
+    assert {o.problem.routing for o in grouped} >= {Routing.UNIFORM, Routing.ZIPF}
+
+
+def test_a_sweep_fits_its_grouped_prior_on_the_committed_grouped_rows(tmp_path, caplog):
+    space = space_for_shapes("e128:4096x1536x2048")
+    with caplog.at_level(logging.INFO, logger="cutlass_tune.search._prior_strategy"):
+        run, *_ = sweep(space, tmp_path, trials=4, batch=4)
+    strategy = run.strategy
+    assert isinstance(strategy, PriorStrategy)
+    committed = sum(o.problem.grouped for o in strategy.committed)
+    assert committed > 0 and strategy.grouped_prior.rows >= committed
+    assert f"({committed} committed" in caplog.text
