@@ -236,7 +236,7 @@ class Baseline(str, enum.Enum):
             return True
         e = problem.epilogue
         return (not problem.grouped and e.bias and e.activation in LT_ACTIVATIONS and not e.residual
-                and not getattr(e, "gated", False) and problem.scaling is Scaling.NONE
+                and not e.gated and problem.scaling is Scaling.NONE
                 and not problem.dtype_a.is_fp8 and problem.dtype_d is problem.dtype_a is problem.dtype_b)
 
 

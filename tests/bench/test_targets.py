@@ -15,6 +15,8 @@ from cutlass_tune.status import Status
 
 from .test_runner import CpuTarget, _fake_time_sides
 
+ACTIVATIONS = {Activation.SILU: torch.nn.functional.silu, Activation.GELU: torch.nn.functional.gelu}
+
 SILU = Epilogue(bias=True, activation=Activation.SILU)
 FUSED = Problem(64, 48, 32, epilogue=SILU)
 
@@ -329,3 +331,26 @@ def test_the_strongest_torch_path_is_the_fastest_of_the_row():
     failed = Job.baseline(RELU).measurement(RuntimeArgs(), Status.RUNTIME_ERROR, "x")
     assert failed.strongest() is None and failed.to_strongest(1.1) is None
     assert Measurement.from_dict(row.to_dict()) == row
+
+
+@pytest.mark.parametrize("activation", [Activation.SILU, Activation.GELU])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_gated_eager_function_multiplies_the_activated_gate(activation, bias):
+    # C is the gate's pre-activation: D = act(C) * (x W^T + b), as a gated MLP writes it.
+    p = Problem(128, 96, 64, epilogue=Epilogue(bias=bias, activation=activation, gated=True))
+    g = torch.Generator().manual_seed(0)
+    a, w, c = (torch.randn(shape, generator=g).bfloat16() for shape in ((128, 64), (96, 64), (128, 96)))
+    b = torch.randn(96, generator=g).bfloat16() if bias else None
+    out = eager_function(p)(a, w.t(), b, c, None, None)
+    up = a.float() @ w.float().t() + (b.float() if bias else 0)
+    expected = ACTIVATIONS[activation](c.float()) * up
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+    assert not Baseline.CUBLASLT.applies(p)
+
+
+def test_the_residual_eager_function_adds_c_after_the_linear():
+    p = Problem(64, 48, 32, epilogue=Epilogue(bias=True, residual=True))
+    ops = _ops(p)
+    expected = torch.nn.functional.linear(ops.a, ops.b, ops.bias) + ops.c
+    assert torch.equal(eager_function(p)(*_args(ops)), expected)
