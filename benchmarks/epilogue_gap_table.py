@@ -63,7 +63,8 @@ def best_table(store_url: str) -> list[str]:
     lines.append("")
     for epilogue, ratios in sorted(by_epilogue.items()):
         below = sum(v < 1.0 for v in ratios)
-        lines.append(f"{epilogue}: geomean to the strongest torch path over {len(ratios)} shapes {geomean(ratios):.3f}, "
+        lines.append(f"{epilogue}: geomean to the strongest torch path over {len(ratios)} shapes "
+                     f"{geomean(ratios):.3f}, "
                      f"min {min(ratios):.3f}, below 1.00 at {below}; goal (geomean >= 1.15, none below 1.00): "
                      f"{'met' if geomean(ratios) >= 1.15 and not below else 'missed'}")
     return lines

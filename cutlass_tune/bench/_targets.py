@@ -268,8 +268,8 @@ class TorchTarget(_TorchCall):
         return self._kind
 
     def _function(self) -> TorchFunction:
-        functions = {Baseline.EAGER: eager_function, Baseline.COMPILE: compiled_function, Baseline.CUBLASLT: lt_function}
-        make = functions[self._kind]
+        make = {Baseline.EAGER: eager_function, Baseline.COMPILE: compiled_function,
+                Baseline.CUBLASLT: lt_function}[self._kind]
         return make(self._problem, fast_accum=self._fast_accum, bias_after=self._bias_after)
 
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:

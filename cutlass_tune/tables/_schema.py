@@ -12,8 +12,8 @@
 | spread | (p80 - p20) / median |
 | cublas_tflops, ratio | the baseline in the same run (paired where the store pairs), tflops / cublas_tflops (1) |
 | torch_compile_tflops, torch_compile_ratio | `torch.compile` of the same math in the same run, and tflops over it (1) |
-| cublaslt_tflops, cublaslt_ratio | cuBLASLt's own epilogue for the same math (bias + ReLU or tanh GELU) in the same run, and tflops over it (1) |
-| strongest, strongest_tflops, strongest_ratio | the fastest torch path of the same math in the same run (its name), and tflops over it: the figure the best kernel is ranked by and a winner where above 1 (3) |
+| cublaslt_tflops, cublaslt_ratio | cuBLASLt's own epilogue of the same math in the same run, tflops over it (1) |
+| strongest, strongest_tflops, strongest_ratio | the fastest torch path of the same math, tflops over it (3) |
 | `KNOB_COLUMNS` | the config's knobs, one column each, as declared in space/_knobs.py (0: auto) |
 | config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
 | run_id | the run that measured it |
@@ -26,7 +26,8 @@ torch's eager call of the same math (`F.linear` with its bias, then the activati
 `torch._scaled_mm` with the scales). The torch.compile figures are empty where the run did not
 time it (plain GEMMs, tables written before fused epilogues). The epilogue and scaling are part
 of the problem: a lookup matches both exactly.
-(3) `strongest` is one of "cuBLAS" (a plain GEMM), "torch eager", "torch.compile", "cuBLASLt
+(3) `strongest_ratio` ranks a problem's kernels, and a kernel is a winner only where it is above 1.
+`strongest` is one of "cuBLAS" (a plain GEMM), "torch eager", "torch.compile", "cuBLASLt
 epilogue" (a fused or scaled one: the fastest of the three in the pass), "torch._grouped_mm" (a
 grouped one). Tables written before it read with the ratio's baseline as the strongest.
 (2) `Routing`: uniform, zipf, histogram; m is then the routed rows of all experts together. A
