@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .space import KernelConfig, Operation, Problem, RuntimeArgs
+from .space import Activation, KernelConfig, Operation, Problem, RuntimeArgs, Scaling
 from .status import Status
 
 # nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
@@ -193,6 +193,10 @@ class Baseline(str, enum.Enum):
     code a user writes for the same math (`F.linear` with its bias, then the activation;
     `torch._scaled_mm` with the scales). COMPILE: `torch.compile` of that same function, timed in
     the eager baseline's sampling loop; its figures are the eager row's `compile_*` fields.
+    CUBLASLT: cuBLASLt's own epilogue where it computes the problem's function
+    (`torch._addmm_activation`: bias + ReLU, bias + tanh GELU on 16-bit inputs; `applies`),
+    timed in the same loop; its figures are the eager row's `lt_*` fields. The strongest of the
+    three (`Measurement.strongest`) is what a fused kernel must beat to count as a winner.
 
     A grouped problem's (`Problem.grouped`): GROUPED_MM, torch's grouped GEMM
     (`torch._grouped_mm`, which `F.grouped_mm` calls) on the same operands, the one its kernels
@@ -205,6 +209,7 @@ class Baseline(str, enum.Enum):
     CUBLAS = BASELINE_NAME
     EAGER = "torch eager"
     COMPILE = "torch.compile"
+    CUBLASLT = "cuBLASLt epilogue"
     GROUPED_MM = "torch._grouped_mm"
     EXPERT_LOOP = "torch expert loop"
     DENSE = "torch dense"
@@ -223,10 +228,32 @@ class Baseline(str, enum.Enum):
         beside torch._grouped_mm."""
         return _SIDES.get(self, ())
 
+    def applies(self, problem: Operation) -> bool:
+        """Whether this torch path computes `problem`'s function (every one does but CUBLASLT,
+        which computes a bias with ReLU or tanh GELU on 16-bit inputs into their own type, and
+        nothing else: no residual, gate, scaling or erf GELU)."""
+        if self is not Baseline.CUBLASLT:
+            return True
+        e = problem.epilogue
+        return (not problem.grouped and e.bias and e.activation in LT_ACTIVATIONS and not e.residual
+                and not e.gated and problem.scaling is Scaling.NONE
+                and not problem.dtype_a.is_fp8 and problem.dtype_d is problem.dtype_a is problem.dtype_b)
 
-_SIDES = {Baseline.EAGER: (Baseline.COMPILE,), Baseline.GROUPED_MM: (Baseline.EXPERT_LOOP, Baseline.DENSE)}
 
-SIDE_FIELDS = {Baseline.COMPILE: "compile", Baseline.EXPERT_LOOP: "loop", Baseline.DENSE: "dense"}
+_SIDES = {Baseline.EAGER: (Baseline.COMPILE, Baseline.CUBLASLT),
+          Baseline.GROUPED_MM: (Baseline.EXPERT_LOOP, Baseline.DENSE)}
+
+LT_ACTIVATIONS = frozenset({Activation.RELU, Activation.GELU_TANH})
+"""The activations cuBLASLt's epilogue computes as torch defines them (`_addmm_activation`'s
+`use_gelu` is the tanh form on CUDA)."""
+
+CONTENDERS = {Baseline.EAGER: (Baseline.EAGER, Baseline.COMPILE, Baseline.CUBLASLT)}
+"""The torch paths that compute a baseline row's function, of which the fastest is the one a kernel
+must beat (`Measurement.strongest`); a baseline not named here is its own only contender (the
+dense GEMM beside torch._grouped_mm is a ceiling, not a path of the same function)."""
+
+SIDE_FIELDS = {Baseline.COMPILE: "compile", Baseline.CUBLASLT: "lt", Baseline.EXPERT_LOOP: "loop",
+               Baseline.DENSE: "dense"}
 """The prefix of a baseline row's fields (`compile_median_ms`, `loop_p20_ms`, ...) for each side
 timed in its loop (`Baseline.sides`)."""
 
@@ -285,6 +312,11 @@ class Measurement:
     then says why). Kernels are paired with eager only; `to_compile` carries their ratio over."""
     compile_p20_ms: float | None = None
     compile_p80_ms: float | None = None
+    lt_median_ms: float | None = None
+    """On the `Baseline.EAGER` row of a problem cuBLASLt's epilogue computes (`Baseline.applies`):
+    `torch._addmm_activation`, timed in the row's sampling loop beside eager and torch.compile."""
+    lt_p20_ms: float | None = None
+    lt_p80_ms: float | None = None
     loop_median_ms: float | None = None
     """On the `Baseline.GROUPED_MM` row of a grouped problem: a loop of torch.matmul over the
     experts, timed alternately with torch._grouped_mm in the row's sampling loop (None where it
@@ -340,6 +372,28 @@ class Measurement:
         if self.status is not Status.OK or not median or not self.median_ms:
             return None
         return self.median_ms / median
+
+    def strongest(self) -> tuple[Baseline, float] | None:
+        """On a baseline row: the fastest torch path of the same function timed in its loop
+        (`CONTENDERS`: eager, torch.compile and cuBLASLt's epilogue on an eager row; the row's own
+        baseline elsewhere), and this row's median over its median (>= 1). None where the row
+        was not timed."""
+        if not self.is_baseline or self.status is not Status.OK or not self.median_ms:
+            return None
+        own = Baseline(self.kernel_name) if self.kernel_name in BASELINE_NAMES else Baseline.CUBLAS
+        best, best_ms = own, self.median_ms
+        for side in CONTENDERS.get(own, ()):
+            median = self.median_ms if side is own else getattr(self, f"{SIDE_FIELDS[side]}_median_ms")
+            if median and median < best_ms:
+                best, best_ms = side, median
+        return best, self.median_ms / best_ms
+
+    def to_strongest(self, ratio_to_own: float) -> tuple[Baseline, float] | None:
+        """A kernel's speed relative to the strongest torch path (`strongest`), from its ratio to
+        this baseline row's own path in the same pass (as `to_compile`), with that path; None
+        where this row was not timed."""
+        found = self.strongest()
+        return None if found is None else (found[0], ratio_to_own / found[1])
 
     def to_compile(self, ratio_to_eager: float) -> float | None:
         """A kernel's speed relative to torch.compile (>1: faster), from its `ratio_to_eager`

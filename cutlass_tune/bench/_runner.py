@@ -258,15 +258,16 @@ class GpuRunner:
         eager for a fused epilogue or fp8 scales, torch._grouped_mm for a grouped problem) when
         torch can run it ("baseline_*"). An fp8 kernel with fast accumulation is paired with
         torch._scaled_mm's fast accumulation: like with like. A baseline job: its baseline's
-        sides (`Baseline.sides`: torch.compile beside eager, the expert loop and the dense GEMM
-        beside torch._grouped_mm), always, each verified first (`Target.check`); their figures
-        become the row's `compile_*`, `loop_*`, `dense_*`, and where one cannot run or is wrong,
+        sides (`Baseline.sides`: torch.compile and, where it `applies`, cuBLASLt's epilogue beside
+        eager, the expert loop and the dense GEMM beside torch._grouped_mm), always, each verified
+        first (`Target.check`); their figures become the row's `compile_*`, `lt_*`, `loop_*`,
+        `dense_*`, and where one cannot run or is wrong,
         `side_note` says why.
         """
         self.side_note = ""
         if job.is_baseline:
             out, notes = [], []
-            for kind in Baseline.of(job.problem).sides:
+            for kind in (k for k in Baseline.of(job.problem).sides if k.applies(job.problem)):
                 side = baseline_target(job.problem, kind)
                 why = side.setup(RuntimeArgs(), ops)
                 if why is None:

@@ -1,8 +1,9 @@
 """What the worker times besides a compiled kernel: the baselines, each a `Target`.
 
 A plain problem's baseline is cuBLAS as torch calls it (`CublasTarget`). A problem with a fused
-epilogue or fp8 scales has two (`measurement.Baseline`), both `TorchTarget`: EAGER, the code a
-PyTorch user writes for the same math, and COMPILE, `torch.compile` of that same function.
+epilogue or fp8 scales has two or three (`measurement.Baseline`), each a `TorchTarget`: EAGER,
+the code a PyTorch user writes for the same math, COMPILE, `torch.compile` of that same function,
+and CUBLASLT, cuBLASLt's own epilogue where it computes the same function (`lt_function`).
 
 EAGER, by problem:
 
@@ -10,7 +11,9 @@ EAGER, by problem:
   (`F.relu`, `F.gelu`, `F.silu`), each its own pass. A residual is added before the
   activation, as the `Epilogue` defines it: `F.linear(a, w, bias) + c`, or without a bias
   `torch.addmm(c, a, w.t())` (one cuBLAS call with beta = 1, torch's best path for it).
-  Gated, C is the gate's pre-activation: `activation(c) * F.linear(a, w, bias)`.
+- A gated problem (`Epilogue.gated`, C the gate's pre-activation): `activation(c) *
+  F.linear(a, w, bias)`, the up projection of a gated MLP times the activated gate, as
+  LLaMA's MLP writes it (`act_fn(gate_proj(x)) * up_proj(x)`); fp8 the same over `_scaled_mm`.
 - fp8 inputs: `torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=...)` (unit
   scales where the problem has none), `+ c`, then the activation. A torch whose `_scaled_mm`
   refuses the bias with the problem's scales gets it added afterwards (`TorchTarget.setup`).
@@ -23,6 +26,14 @@ problem, past a tuning run's budget). Inductor keeps the GEMM in cuBLAS (`mm`/`a
 `_scaled_mm`) and fuses the bias, residual and activation into one Triton pointwise kernel, so
 COMPILE is eager with the element-wise passes fused into one. "reduce-overhead" (CUDA graphs)
 is left out: the graph and sustained timing methods take the host out of every side anyway.
+
+CUBLASLT is `torch._addmm_activation(bias, a, w.t(), use_gelu=...)` for a bias with ReLU or tanh
+GELU on 16-bit inputs (`Baseline.applies`), the call Inductor rewrites relu(addmm) and
+tanh-gelu(addmm) into. On CUDA it runs `gemm_and_bias` (cuBLASLt with CUBLASLT_EPILOGUE_RELU_BIAS
+or GELU_BIAS, for fp16, bf16 and fp32) when beta is 1, the bias is 1-D and contiguous, the result
+2-D and contiguous and every dimension above 1; otherwise cuBLAS then `relu_` or `gelu_(tanh)`.
+Either way its GELU is the tanh form on CUDA (torch's decomposition says so too), though the CPU
+kernel computes the erf form: off CUDA it is not this baseline.
 
 A grouped problem's baseline is GROUPED_MM, torch's grouped GEMM on the same operands
 (`GroupedMmTarget`: `F.grouped_mm` where torch has it, else `torch._grouped_mm`, which it calls;
@@ -178,6 +189,17 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
     return linear
 
 
+def lt_function(problem: Problem, *, fast_accum: bool = False, bias_after: bool = False) -> TorchFunction:
+    """cuBLASLt's bias + activation epilogue as torch calls it (see the module's docstring), for a
+    problem `Baseline.CUBLASLT.applies` to; the keyword arguments are `eager_function`'s and
+    unused (16-bit inputs only)."""
+    use_gelu = problem.epilogue.activation is Activation.GELU_TANH
+
+    def addmm_activation(a, b, bias, c, scale_a, scale_b):
+        return torch._addmm_activation(bias, a, b, use_gelu=use_gelu)
+    return addmm_activation
+
+
 _compiled: dict[tuple[Problem, bool, bool], TorchFunction] = {}
 
 
@@ -228,7 +250,7 @@ class _TorchCall(Target):
 
 
 class TorchTarget(_TorchCall):
-    """A fused problem's EAGER or COMPILE baseline (`kind`) on the problem's operands.
+    """A fused problem's EAGER, COMPILE or CUBLASLT baseline (`kind`) on the problem's operands.
 
     `fast_accum` as `CublasTarget`'s. `setup` makes the first call (for COMPILE, the compile)
     and returns why torch cannot run the problem, or None.
@@ -246,11 +268,16 @@ class TorchTarget(_TorchCall):
         return self._kind
 
     def _function(self) -> TorchFunction:
-        make = eager_function if self._kind is Baseline.EAGER else compiled_function
+        make = {Baseline.EAGER: eager_function, Baseline.COMPILE: compiled_function,
+                Baseline.CUBLASLT: lt_function}[self._kind]
         return make(self._problem, fast_accum=self._fast_accum, bias_after=self._bias_after)
 
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         p = self._problem
+        if not self._kind.applies(p):
+            return f"{self._kind.value} does not compute {p.epilogue.name} on {p.dtype_a.value} -> {p.dtype_d.value}"
+        if self._kind is Baseline.CUBLASLT and p.epilogue.activation is Activation.GELU_TANH and not ops.d.is_cuda:
+            return f"{self._kind.value}: torch._addmm_activation computes the erf GELU off CUDA"
         scale_a, scale_b = ops.scale_a, ops.scale_b
         if p.dtype_a.is_fp8 or p.dtype_b.is_fp8:
             why = _fp8_baseline_gap(p)

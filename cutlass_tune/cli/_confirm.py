@@ -59,14 +59,16 @@ def confirm(
 
 
 def _show(chosen: list, result) -> None:
-    """Each candidate's sweep ratio beside the median and range of its confirmed passes."""
-    ratios, medians = result.ratios(), result.medians()
+    """Each candidate's sweep ratio beside the median and range of its confirmed passes, and the
+    median of its ratios to the strongest torch path of each pass (the one `best` ranks by)."""
+    ratios, medians, strongest = result.ratios(), result.medians(), result.strongest_medians()
     table = Table("problem", "kernel", "run-time", "sweep", "confirmed (median)", "passes", "low-high",
-                  box=None, pad_edge=False)
+                  "to the strongest torch path", box=None, pad_edge=False)
     for c in chosen:
         key = (c.problem.name, c.config.name, c.runtime.name)
         got = ratios.get(key, [])
         table.add_row(c.problem.name, c.config.name, c.runtime.name, f"{c.ratio:.3f}",
                       f"{medians[key]:.3f}" if got else "failed", str(len(got)),
-                      f"{min(got):.3f}-{max(got):.3f}" if got else "")
+                      f"{min(got):.3f}-{max(got):.3f}" if got else "",
+                      f"{strongest[key]:.3f}" if key in strongest else "")
     out.print(table)

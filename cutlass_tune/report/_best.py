@@ -13,7 +13,11 @@ A fused epilogue or scaled fp8 problem (`Problem.epilogue`, `Problem.scaling`) i
 problem, with its own rows: its `ratio` is to torch's eager call of the same math, measured in
 the same run (`measurement.Baseline.EAGER`), and `torch_compile_ratio` to `torch.compile` of that
 function where the run timed it, carried over through the eager row of the same pass
-(`Measurement.to_compile`, docs/epilogues.md).
+(`Measurement.to_compile`, docs/epilogues.md), and `cublaslt_ratio` to cuBLASLt's own epilogue
+where it computes the same math. `strongest` names the fastest of those torch paths in the pass
+(`Measurement.strongest`) and `strongest_ratio` is the kernel's ratio to it: the figure a problem's
+best is chosen by (for a plain or grouped problem, its `ratio`), and a kernel is a winner only
+where it is above 1.
 
 A grouped problem (MoE experts) is its own problem too, named with its experts and routing
 (`Problem.name`); its `ratio` is to its baseline of the same run (`Baseline.of`:
@@ -22,6 +26,7 @@ torch._grouped_mm), and its rows carry `GROUPED_COLUMNS`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -64,7 +69,8 @@ GROUPED_COLUMNS = ("grouping", "groups", "routing")
 GEMM) and the routing ("" for a single GEMM); the problem's per-expert rows are in its name
 (a histogram's digest) and in the store's records."""
 _STORE_NUMBERS = ("tflops", "median_ms", "p20_ms", "p80_ms", "cublas_tflops", "ratio", "energy_mj",
-                  "cublas_energy_mj", "torch_compile_tflops", "torch_compile_ratio")
+                  "cublas_energy_mj", "torch_compile_tflops", "torch_compile_ratio", "cublaslt_tflops",
+                  "cublaslt_ratio", "strongest_tflops", "strongest_ratio")
 RANKING = tuple(m.value for m in sorted(TimingMethod, key=lambda m: m.facts.rank))
 """Which confirm passes rank a problem confirmed by several methods: the first method of this
 order (`MethodFacts.rank`) that has them."""
@@ -87,20 +93,23 @@ def _from_store(url: str) -> pd.DataFrame:
         raise BestTableError(f"store {store.shown} has no successful measurement: {len(reasons)} failed "
                              f"(most common: {reasons.value_counts().index[0][:120]})")
     wrong = {(r.gpu, r.problem, r.config_hash) for r in rows if r.status is Status.WRONG_RESULT}
-    compiled = _compile_figures(rows, measurements)
+    sides = _pass_figures(rows, measurements)
     out = []
     for r, m in zip(rows, measurements):
         if r.status is not Status.OK or m.is_baseline or m.config is None or not r.tflops:
             continue
         if (r.gpu, r.problem, r.config_hash) in wrong:
             continue
-        to_compile = compiled.get((r.gpu, r.problem, r.run_id, m.repeat), (math.nan, math.nan))
+        ratio = r.ratio or math.nan
+        got = sides.get((r.gpu, r.problem, r.run_id, m.repeat)) or _PassFigures(Baseline.of(m.problem).value)
         row = {
             **r.values(("gpu", "problem", "m", "n", "k", "kernel", "config_hash", "runtime", "tflops", "median_ms",
                         "p20_ms", "p80_ms", "samples", "cublas_tflops", "ratio", "run_id")),
             **m.problem.operation.cells(), **experts_cells(m.problem),
-            "torch_compile_tflops": to_compile[0],
-            "torch_compile_ratio": (r.ratio or math.nan) / to_compile[1],
+            "torch_compile_tflops": got.compile_tflops, "torch_compile_ratio": ratio / got.compile_factor,
+            "cublaslt_tflops": got.lt_tflops, "cublaslt_ratio": ratio / got.lt_factor,
+            "strongest": got.strongest, "strongest_tflops": (r.cublas_tflops or math.nan) * got.strongest_factor,
+            "strongest_ratio": ratio / got.strongest_factor,
             **cells(m.runtime),
             **cells(m.config),
             "config": json.dumps(m.config.to_dict(), sort_keys=True),
@@ -131,18 +140,19 @@ def _from_store(url: str) -> pd.DataFrame:
             method = next(m for m in (*RANKING, *confirmed["method"]) if (confirmed["method"] == m).any())
             confirmed = confirmed[confirmed["method"] == method]
         if confirmed.empty:
-            row = group.assign(_rank=group["ratio"].fillna(0.0)).sort_values(
-                ["_rank", "tflops"], ascending=False).iloc[0].copy()
+            row = group.assign(_rank=group["strongest_ratio"].fillna(0.0)).sort_values(
+                ["_rank", "tflops"], ascending=False).iloc[0].drop("_rank").copy()
             row["confirm_passes"], row["ratio_low"], row["ratio_high"] = 0, row["ratio"], row["ratio"]
             picked.append(row)
             continue
-        passes = confirmed.groupby(variant)["ratio"]
+        passes = confirmed.groupby(variant)["strongest_ratio"]
         enough = passes.count() >= math.ceil(passes.count().max() / 2)
         medians = passes.median()[enough]
         key = medians.idxmax()
-        runs = confirmed.set_index(variant).loc[[key]].reset_index().sort_values("ratio")
+        runs = confirmed.set_index(variant).loc[[key]].reset_index().sort_values("strongest_ratio")
         row = runs.iloc[(len(runs) - 1) // 2].copy()  # the median pass (the lower one of an even count)
-        row["ratio"] = float(medians[key])
+        row["strongest_ratio"] = float(medians[key])
+        row["ratio"] = float(runs["ratio"].median())
         row["confirm_passes"] = len(runs)
         row["ratio_low"], row["ratio_high"] = float(runs["ratio"].min()), float(runs["ratio"].max())
         picked.append(row)
@@ -154,16 +164,37 @@ def _from_store(url: str) -> pd.DataFrame:
     return best[[*COLUMNS, *(c for c in GROUPED_COLUMNS if c not in COLUMNS)]].reset_index(drop=True)
 
 
-def _compile_figures(rows: list[StoredRow], measurements: list[Measurement]) -> dict[tuple, tuple[float, float]]:
-    """torch.compile's TFLOP/s and eager / torch.compile, from the eager baseline rows that
-    timed both, by (gpu, problem, run, pass); the median where a pass has several rows."""
-    found: dict[tuple, list[tuple[float, float]]] = {}
+@dataclasses.dataclass(frozen=True)
+class _PassFigures:
+    """What one pass's baseline row says of the torch paths timed in its loop: each side's
+    TFLOP/s and the baseline's median over its median (`Measurement.side_ratio`), and the
+    strongest (`Measurement.strongest`). A kernel's ratio to a side is its ratio to the
+    baseline over that factor. The defaults are a pass with its baseline alone."""
+
+    strongest: str
+    strongest_factor: float = 1.0
+    compile_tflops: float = math.nan
+    compile_factor: float = math.nan
+    lt_tflops: float = math.nan
+    lt_factor: float = math.nan
+
+
+def _pass_figures(rows: list[StoredRow], measurements: list[Measurement]) -> dict[tuple, _PassFigures]:
+    """By (gpu, problem, run, pass), the torch paths its baseline row timed (`_PassFigures`); of a
+    pass with several baseline rows, the one with the median strongest factor."""
+    found: dict[tuple, list[_PassFigures]] = {}
     for r, m in zip(rows, measurements):
-        if m.is_baseline and r.kernel == Baseline.EAGER.value and m.compile_ratio is not None:
-            found.setdefault((r.gpu, r.problem, r.run_id, m.repeat), []).append(
-                (m.compile_tflops or math.nan, m.compile_ratio))
-    return {key: (float(pd.Series([t for t, _ in v]).median()), float(pd.Series([c for _, c in v]).median()))
-            for key, v in found.items()}
+        strongest = m.strongest() if m.is_baseline else None
+        if strongest is None:
+            continue
+        side, factor = strongest
+        figures = _PassFigures(
+            strongest=side.value, strongest_factor=factor,
+            **{f"{name}_{what}": value if value is not None else math.nan
+               for name, kind in (("compile", Baseline.COMPILE), ("lt", Baseline.CUBLASLT))
+               for what, value in (("tflops", m.side_tflops(kind)), ("factor", m.side_ratio(kind)))})
+        found.setdefault((r.gpu, r.problem, r.run_id, m.repeat), []).append(figures)
+    return {key: sorted(v, key=lambda f: f.strongest_factor)[(len(v) - 1) // 2] for key, v in found.items()}
 
 
 def load_best(source: str | Path) -> pd.DataFrame:

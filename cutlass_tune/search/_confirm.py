@@ -53,8 +53,25 @@ class ConfirmResult:
 
     def medians(self) -> dict[tuple[str, str, str], float]:
         """(problem, kernel, run-time name) -> the median of its passes' ratios (of an even
-        count, the mean of the middle two: the figure `load_best` ranks by)."""
+        count, the mean of the middle two)."""
         return {key: statistics.median(got) for key, got in self.ratios().items()}
+
+    def strongest_ratios(self) -> dict[tuple[str, str, str], list[float]]:
+        """(problem, kernel, run-time name) -> its ratio to the strongest torch path of each pass
+        that measured it and its baseline OK (`Measurement.to_strongest`: for a fused problem the
+        fastest of eager, torch.compile and cuBLASLt's epilogue; else the ratio itself)."""
+        rows = {(m.problem.name, m.repeat): m for m, _ in self.rows if m.is_baseline}
+        out: dict[tuple[str, str, str], list[float]] = {}
+        for m, ratio in self.rows:
+            base = rows.get((m.problem.name, m.repeat))
+            found = None if m.is_baseline or ratio is None or base is None else base.to_strongest(ratio)
+            if found is not None:
+                out.setdefault((m.problem.name, m.kernel_name, m.runtime.name), []).append(found[1])
+        return out
+
+    def strongest_medians(self) -> dict[tuple[str, str, str], float]:
+        """The median of `strongest_ratios` per candidate: the figure `load_best` ranks by."""
+        return {key: statistics.median(got) for key, got in self.strongest_ratios().items()}
 
 
 def candidates(store: ResultStore, top: int) -> list[Candidate]:

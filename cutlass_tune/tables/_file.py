@@ -18,7 +18,7 @@ import pandas as pd
 
 from .._files import InputTooLargeError, read_input
 from ..errors import first_line
-from ..measurement import TimingMethod
+from ..measurement import CONTENDERS, Baseline, TimingMethod
 from ..space import (
     MAX_GROUPS,
     Activation,
@@ -40,6 +40,7 @@ from ..space import (
 from ._schema import (
     COLUMNS,
     COMPILE_COLUMNS,
+    CUBLASLT_COLUMNS,
     KNOB_COLUMNS,
     LATER_COLUMNS,
     LATER_KNOBS,
@@ -49,7 +50,8 @@ from ._schema import (
 )
 
 _TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
-_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config", "method", "routing", *OPERATION_COLUMNS,
+_TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config", "method", "routing", "strongest",
+                 *OPERATION_COLUMNS,
                  *(c for kinds in (column_kinds(RuntimeArgs), column_kinds(KernelConfig))
                    for c, kind in kinds.items() if kind == "text"))
 """Columns a CSV file's reader keeps as text (a config hash or run id of digits stays a string)."""
@@ -154,7 +156,8 @@ def _number_or_empty(v: Any) -> bool:
 _INTEGERS = ("m", "n", "k", "swizzle", "splits", "samples", "confirm_passes", "groups")
 _POSITIVE = ("tflops", "median_ms")
 _NUMBERS = ("p20_ms", "p80_ms", "spread", "cublas_tflops", "ratio", "sweep_ratio", "ratio_low", "ratio_high",
-            "energy_mj", "cublas_energy_mj", *COMPILE_COLUMNS)
+            "energy_mj", "cublas_energy_mj", *COMPILE_COLUMNS, *CUBLASLT_COLUMNS, "strongest_tflops",
+            "strongest_ratio")
 _METHODS = ("", *(m.value for m in TimingMethod))
 _DTYPES = tuple(sorted(d.value for d in DType))
 _RASTERS = tuple(r.name.lower() for r in RasterOrder)
@@ -163,6 +166,7 @@ _LAYOUTS = ("tn", "nt", "nn", "tt")
 _SCALINGS = tuple(s.value for s in Scaling)
 _GROUPINGS = tuple(g.value for g in Grouping)
 _ROUTINGS = (NO_ROUTING, *(r.value for r in Routing))
+_STRONGEST = tuple(b.value for b in (Baseline.CUBLAS, *CONTENDERS[Baseline.EAGER], Baseline.GROUPED_MM))
 
 
 def _epilogue_name(v: Any) -> bool:
@@ -186,6 +190,7 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "grouping": (lambda v: isinstance(v, str) and v in _GROUPINGS, f"one of {', '.join(_GROUPINGS)}"),
     "groups": (lambda v: _whole(v, 0, MAX_GROUPS + 1), f"a whole number from 0 to {MAX_GROUPS}"),
     "routing": (lambda v: isinstance(v, str) and v in _ROUTINGS, f"one of {', '.join(_ROUTINGS)}"),
+    "strongest": (lambda v: isinstance(v, str) and v in _STRONGEST, f"one of {', '.join(_STRONGEST)}"),
     "method": (lambda v: _is_missing(v) or (isinstance(v, str) and v in _METHODS),
                f"empty or one of {', '.join(_METHODS[1:])}"),
     "raster": (lambda v: isinstance(v, str) and v in _RASTERS, f"one of {', '.join(_RASTERS)}"),
@@ -345,6 +350,14 @@ def _check_knobs(frame: pd.DataFrame, wanted: list[dict], path: Path) -> None:
                                      f"is not its config's {_shown(want[column])}")
 
 
+def _own_baseline(row: Mapping[Any, Any]) -> str:
+    """The baseline a row's `ratio` is to, by its operation's cells (`Baseline.of`)."""
+    if row.get("grouping") == Grouping.GROUPED.value:
+        return Baseline.GROUPED_MM.value
+    plain = row.get("epilogue") == Epilogue().name and row.get("scaling") == Scaling.NONE.value
+    return (Baseline.CUBLAS if plain else Baseline.EAGER).value
+
+
 def read_table(path: Path) -> pd.DataFrame:
     """The best-config table in the file `path` (.csv, .json or .parquet), every value checked
     and of its column's kind (the columns of tables/_schema.py).
@@ -373,6 +386,11 @@ def read_table(path: Path) -> pd.DataFrame:
     if "config" in frame.columns:  # a table written before grouped GEMMs: single GEMMs
         frame = frame if "groups" in frame.columns else frame.assign(groups=0)
         frame = frame if "routing" in frame.columns else frame.assign(routing=NO_ROUTING)
+    if "config" in frame.columns and "ratio" in frame.columns:  # written before cuBLASLt and the strongest
+        frame = frame.assign(**{c: math.nan for c in CUBLASLT_COLUMNS if c not in frame.columns})
+        if "strongest" not in frame.columns and "cublas_tflops" in frame.columns:
+            frame = frame.assign(strongest=[_own_baseline(r) for r in frame.to_dict("records")],
+                                 strongest_tflops=frame["cublas_tflops"], strongest_ratio=frame["ratio"])
     if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
     fillable = LATER_KNOBS if "config" in frame.columns else ()

@@ -12,6 +12,8 @@
 | spread | (p80 - p20) / median |
 | cublas_tflops, ratio | the baseline in the same run (paired where the store pairs), tflops / cublas_tflops (1) |
 | torch_compile_tflops, torch_compile_ratio | `torch.compile` of the same math in the same run, and tflops over it (1) |
+| cublaslt_tflops, cublaslt_ratio | cuBLASLt's own epilogue of the same math in the same run, tflops over it (1) |
+| strongest, strongest_tflops, strongest_ratio | the fastest torch path of the same math, tflops over it (3) |
 | `KNOB_COLUMNS` | the config's knobs, one column each, as declared in space/_knobs.py (0: auto) |
 | config | the config as JSON (`KernelConfig.from_dict(json.loads(...))` rebuilds it) |
 | run_id | the run that measured it |
@@ -24,6 +26,10 @@ torch's eager call of the same math (`F.linear` with its bias, then the activati
 `torch._scaled_mm` with the scales). The torch.compile figures are empty where the run did not
 time it (plain GEMMs, tables written before fused epilogues). The epilogue and scaling are part
 of the problem: a lookup matches both exactly.
+(3) `strongest_ratio` ranks a problem's kernels, and a kernel is a winner only where it is above 1.
+`strongest` is one of "cuBLAS" (a plain GEMM), "torch eager", "torch.compile", "cuBLASLt
+epilogue" (a fused or scaled one: the fastest of the three in the pass), "torch._grouped_mm" (a
+grouped one). Tables written before it read with the ratio's baseline as the strongest.
 (2) `Routing`: uniform, zipf, histogram; m is then the routed rows of all experts together. A
 single GEMM has "none", 0 and "none". A grouped lookup matches the experts, N and K exactly.
 """
@@ -41,7 +47,8 @@ COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "la
            "p20_ms", "p80_ms", "samples", "spread", "cublas_tflops", "ratio", *KNOB_COLUMNS, "config",
            "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high", "method", "energy_mj",
            "cublas_energy_mj", "epilogue", "scaling", "torch_compile_tflops", "torch_compile_ratio",
-           "grouping", "groups", "routing")
+           "grouping", "groups", "routing", "cublaslt_tflops", "cublaslt_ratio", "strongest", "strongest_tflops",
+           "strongest_ratio")
 LATER_COLUMNS = ("method", "energy_mj", "cublas_energy_mj")
 """Columns that tables written before them lack: the timing method behind `ratio` (empty:
 not recorded) and the energy per GEMM of the kernel and of cuBLAS (sustained timing)."""
@@ -55,6 +62,11 @@ NO_ROUTING = "none"
 """The routing cell of a single GEMM."""
 COMPILE_COLUMNS = ("torch_compile_tflops", "torch_compile_ratio")
 """The torch.compile baseline's figures, which tables written before it lack (read as empty)."""
+CUBLASLT_COLUMNS = ("cublaslt_tflops", "cublaslt_ratio")
+"""cuBLASLt's epilogue's figures, which tables written before it lack (read as empty)."""
+STRONGEST_COLUMNS = ("strongest", "strongest_tflops", "strongest_ratio")
+"""The strongest torch path and the figures against it, which tables written before it lack (read
+as the ratio's own baseline: `cublas_tflops`, `ratio`)."""
 
 
 class BestTableError(CutlassTuneError):

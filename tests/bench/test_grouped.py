@@ -104,7 +104,7 @@ def test_an_unwritten_row_fails_and_a_right_output_passes():
 def test_a_grouped_problem_is_paired_with_torch_grouped_mm():
     assert Baseline.of(EMPTY) is Baseline.GROUPED_MM
     assert Baseline.GROUPED_MM.sides == (Baseline.EXPERT_LOOP, Baseline.DENSE)
-    assert Baseline.CUBLAS.sides == () and Baseline.EAGER.sides == (Baseline.COMPILE,)
+    assert Baseline.CUBLAS.sides == () and Baseline.EAGER.sides == (Baseline.COMPILE, Baseline.CUBLASLT)
     assert isinstance(baseline_target(EMPTY, Baseline.GROUPED_MM), GroupedMmTarget)
     assert isinstance(baseline_target(EMPTY, Baseline.EXPERT_LOOP), ExpertLoopTarget)
     assert isinstance(baseline_target(EMPTY, Baseline.DENSE), DenseTarget)

@@ -1,5 +1,7 @@
 """The baselines of fused problems (torch eager, torch.compile), how the runner times and records them, on the CPU."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,6 +14,8 @@ from cutlass_tune.space import Activation, DType, Epilogue, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 
 from .test_runner import CpuTarget, _fake_time_sides
+
+ACTIVATIONS = {Activation.SILU: torch.nn.functional.silu, Activation.GELU: torch.nn.functional.gelu}
 
 SILU = Epilogue(bias=True, activation=Activation.SILU)
 FUSED = Problem(64, 48, 32, epilogue=SILU)
@@ -33,8 +37,8 @@ def test_which_baseline_a_problem_gets():
     assert Baseline.of(FUSED) is Baseline.EAGER
     assert Baseline.of(Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.ROWCOL)) \
         is Baseline.EAGER
-    assert BASELINE_NAMES == {"cuBLAS", "torch eager", "torch.compile", "torch._grouped_mm", "torch expert loop",
-                              "torch dense"}
+    assert BASELINE_NAMES == {"cuBLAS", "torch eager", "torch.compile", "cuBLASLt epilogue", "torch._grouped_mm",
+                              "torch expert loop", "torch dense"}
     assert isinstance(baseline_target(Problem(64, 48, 32), Baseline.CUBLAS), CublasTarget)
     assert baseline_target(FUSED, Baseline.COMPILE).kind is Baseline.COMPILE
 
@@ -258,3 +262,97 @@ def test_the_kernel_gets_the_epilogue_operands(monkeypatch):
     plain = _ops(Problem(64, 48, 32))
     CutlassTarget(kernel, 0, 132).setup(RuntimeArgs(), plain)
     assert kernel.args.c == plain.d.data_ptr() and kernel.args.beta == 0.0 and not kernel.args.bias
+
+
+RELU = Problem(64, 48, 32, epilogue=Epilogue(bias=True, activation=Activation.RELU))
+
+
+@pytest.mark.parametrize("epilogue, applies", [
+    (Epilogue(bias=True, activation=Activation.RELU), True),
+    (Epilogue(bias=True, activation=Activation.GELU_TANH), True),
+    (Epilogue(bias=True, activation=Activation.GELU), False),  # cuBLASLt's GELU is the tanh form
+    (Epilogue(bias=True, activation=Activation.SILU), False),
+    (Epilogue(activation=Activation.RELU), False),  # _addmm_activation takes a bias
+    (Epilogue(bias=True, activation=Activation.RELU, residual=True), False),
+    (Epilogue(bias=True), False),  # eager's F.linear already is cuBLASLt's bias epilogue
+])
+def test_cublaslt_is_a_baseline_only_where_it_computes_the_same_function(epilogue, applies):
+    assert Baseline.CUBLASLT.applies(Problem(64, 48, 32, epilogue=epilogue)) is applies
+    assert not Baseline.CUBLASLT.applies(Problem(64, 48, 32, dtype_d=DType.F32, epilogue=epilogue))
+    assert not Baseline.CUBLASLT.applies(Problem(64, 48, 64, dtype_a=DType.E4M3, dtype_b=DType.E4M3, epilogue=epilogue))
+    assert Baseline.COMPILE.applies(Problem(64, 48, 32, epilogue=epilogue))
+
+
+def test_the_cublaslt_baseline_is_addmm_activation_with_the_bias():
+    ops = _ops(RELU)
+    target = baseline_target(RELU, Baseline.CUBLASLT)
+    assert target.setup(RuntimeArgs(), ops) is None
+    target.once()
+    assert compare(ops.d, reference(ops), DType.BF16).status is Status.OK
+    expected = torch._addmm_activation(ops.bias, ops.a_mk, ops.b_kn)
+    assert torch.equal(ops.d, expected)
+    silu = TorchTarget(FUSED, Baseline.CUBLASLT)
+    assert silu.setup(RuntimeArgs(), _ops(FUSED)) == "cuBLASLt epilogue does not compute bias+silu on bf16 -> bf16"
+
+
+def test_the_cublaslt_gelu_is_not_measured_off_cuda():
+    # Guards against timing the CPU kernel's erf GELU as cuBLASLt's tanh GELU epilogue.
+    p = Problem(64, 48, 32, epilogue=Epilogue(bias=True, activation=Activation.GELU_TANH))
+    why = TorchTarget(p, Baseline.CUBLASLT).setup(RuntimeArgs(), _ops(p))
+    assert why is not None and "erf GELU off CUDA" in why
+
+
+def test_a_bias_relu_baseline_row_times_cublaslt_beside_eager_and_compile(runner, monkeypatch):
+    timed = []
+
+    def time_sides(launches, **kw):
+        timed.extend(getattr(f, "__self__", None) for f in launches[1:])
+        return _fake_time_sides(launches, **kw)
+
+    monkeypatch.setattr(_runner, "time_sides", time_sides)
+    monkeypatch.setattr(_targets, "compiled_function", eager_function)
+    job = Job.baseline(RELU)
+    m = _measure(runner, runner._target(job), job)
+    assert m.status is Status.OK and m.reason == ""
+    assert [t.kind for t in timed] == [Baseline.COMPILE, Baseline.CUBLASLT]
+    assert (m.median_ms, m.compile_median_ms, m.lt_median_ms, m.lt_p20_ms) == (2.0, 2.5, 3.0, 2.9)
+    assert m.strongest() == (Baseline.EAGER, 1.0)  # the fake times eager fastest
+
+
+def test_the_strongest_torch_path_is_the_fastest_of_the_row():
+    row = Job.baseline(RELU).measurement(RuntimeArgs(), Status.OK, median_ms=0.30, compile_median_ms=0.28,
+                                         lt_median_ms=0.24)
+    side, factor = row.strongest()
+    assert side is Baseline.CUBLASLT and factor == pytest.approx(1.25)
+    assert row.to_strongest(1.5) == (Baseline.CUBLASLT, pytest.approx(1.2))
+    assert row.side_ratio(Baseline.CUBLASLT) == pytest.approx(1.25)
+    no_sides = dataclasses.replace(row, compile_median_ms=None, lt_median_ms=None)
+    assert no_sides.strongest() == (Baseline.EAGER, 1.0)
+    plain = Job.baseline(Problem(64, 48, 32)).measurement(RuntimeArgs(), Status.OK, median_ms=0.2)
+    assert plain.strongest() == (Baseline.CUBLAS, 1.0)
+    failed = Job.baseline(RELU).measurement(RuntimeArgs(), Status.RUNTIME_ERROR, "x")
+    assert failed.strongest() is None and failed.to_strongest(1.1) is None
+    assert Measurement.from_dict(row.to_dict()) == row
+
+
+@pytest.mark.parametrize("activation", [Activation.SILU, Activation.GELU])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_gated_eager_function_multiplies_the_activated_gate(activation, bias):
+    # C is the gate's pre-activation: D = act(C) * (x W^T + b), as a gated MLP writes it.
+    p = Problem(128, 96, 64, epilogue=Epilogue(bias=bias, activation=activation, gated=True))
+    g = torch.Generator().manual_seed(0)
+    a, w, c = (torch.randn(shape, generator=g).bfloat16() for shape in ((128, 64), (96, 64), (128, 96)))
+    b = torch.randn(96, generator=g).bfloat16() if bias else None
+    out = eager_function(p)(a, w.t(), b, c, None, None)
+    up = a.float() @ w.float().t() + (b.float() if bias else 0)
+    expected = ACTIVATIONS[activation](c.float()) * up
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+    assert not Baseline.CUBLASLT.applies(p)
+
+
+def test_the_residual_eager_function_adds_c_after_the_linear():
+    p = Problem(64, 48, 32, epilogue=Epilogue(bias=True, residual=True))
+    ops = _ops(p)
+    expected = torch.nn.functional.linear(ops.a, ops.b, ops.bias) + ops.c
+    assert torch.equal(eager_function(p)(*_args(ops)), expected)

@@ -9,6 +9,8 @@ from cutlass_tune import load_best
 from cutlass_tune.measurement import Measurement, TimingMethod, TimingScheme
 from cutlass_tune.search import CONFIRM_STUDY, candidates, confirm
 from cutlass_tune.space import (
+    Activation,
+    Epilogue,
     EpilogueSchedule,
     KernelConfig,
     KernelSchedule,
@@ -253,8 +255,8 @@ def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
     r = CliRunner().invoke(app, ["confirm", "--storage", store.url, "--passes", "2"], terminal_width=250)
     assert r.exit_code == 0, r.output
     coop = next(line.split() for line in r.output.splitlines() if line.startswith(BIG.name) and COOP.name in line)
-    # sweep, confirmed median, passes, low-high
-    assert coop[-4:] == ["1.030", "1.030", "2", "1.020-1.040"]
+    # sweep, confirmed median, passes, low-high, to the strongest (cuBLAS for a plain problem)
+    assert coop[-5:] == ["1.030", "1.030", "2", "1.020-1.040", "1.030"]
 
 
 def test_a_problem_confirmed_sustained_ranks_by_those_passes_beside_the_sweeps_method(store):
@@ -296,3 +298,28 @@ def test_a_grouped_problem_is_confirmed_with_its_experts_and_its_own_baseline(tm
     assert [p for _, p, *_ in bench.order] == [experts.name] * 4  # the baseline of its own problem first
     best = load_best(s.url).set_index("problem")
     assert best.loc[experts.name, "confirm_passes"] == 2 and best.loc[experts.name, "routing"] == "zipf"
+
+
+def test_confirm_carries_each_pass_s_ratio_to_the_strongest_torch_path(tmp_path):
+    """A fused problem whose eager row timed cuBLASLt's epilogue 1.25x faster than eager in the
+    first pass and as fast in the second: the kernel's ratio to eager over that pass's factor."""
+    tanh = Problem(4096, 4096, 4096, epilogue=Epilogue(bias=True, activation=Activation.GELU_TANH))
+    cfg = dataclasses.replace(PINGPONG, epilogue=tanh.epilogue)
+    s = ResultStore(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    s.bind_gpu("Fake GPU")
+    s.add(baseline(tanh), gpu="Fake GPU", run_id="sweep")
+    s.add(kernel(tanh, cfg, RuntimeArgs(), 1.3), gpu="Fake GPU", run_id="sweep", cublas_tflops=CUBLAS_TFLOPS)
+    factors = iter([1.25, 1.0])
+
+    class Lt(ScriptedBench):
+        def baseline(self, problem):
+            eager = dataclasses.replace(baseline(problem), symbol="torch eager")
+            return dataclasses.replace(eager, lt_median_ms=eager.median_ms / next(factors))
+
+    result = confirm(s, candidates(s, top=1), FakeCompiler(), Lt({(cfg.hash, RuntimeArgs().name): 1.3}), passes=2)
+    key = (tanh.name, cfg.name, RuntimeArgs().name)
+    assert result.ratios()[key] == pytest.approx([1.3, 1.3])
+    assert result.strongest_ratios()[key] == pytest.approx([1.3 / 1.25, 1.3])
+    assert result.strongest_medians()[key] == pytest.approx((1.04 + 1.3) / 2)
+    best = load_best(s.url).iloc[0]
+    assert best["strongest_ratio"] == pytest.approx((1.04 + 1.3) / 2) and best["ratio"] == pytest.approx(1.3)

@@ -114,3 +114,17 @@ def test_bad_operation_cells_are_one_line_errors_naming_row_and_column(tmp_path,
     with pytest.raises(BestTableError, match=f"best.csv: row 2 \\(.*\\): {message}") as err:
         read_table(tmp_path / "best.csv")
     assert "\n" not in str(err.value)
+
+
+def test_a_table_written_before_the_strongest_baseline_reads_with_its_ratio_s_baseline(tmp_path):
+    frame = _rows(("none", "none", "bf16"), ("bias+gelu_tanh", "none", "bf16"))
+    old = frame.drop(columns=["cublaslt_tflops", "cublaslt_ratio", "strongest", "strongest_tflops", "strongest_ratio"])
+    old.to_csv(tmp_path / "old.csv", index=False)
+    again = read_table(tmp_path / "old.csv")
+    assert list(again["strongest"]) == ["cuBLAS", "torch eager"]
+    assert list(again["strongest_ratio"]) == pytest.approx(list(frame["ratio"]))
+    assert again["cublaslt_ratio"].isna().all()
+    bad = frame.assign(strongest="torch dense")  # a ceiling, never a path to win against
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(BestTableError, match="strongest"):
+        read_table(tmp_path / "bad.csv")
