@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from .._torch import TORCH_DTYPE
-from ..space import DType, Problem, check_problem
+from ..space import DType, Epilogue, Problem, check_problem
 from ._linear import Linear
 from ._matmul import device_table
 from ._op import registered_table, table_key
@@ -74,48 +74,64 @@ class PatchReport:
 
 
 class _Coverage:
-    """The plain tn entries of a table whose input and output types match, by (dtype, N, K)
-    (an entry of a fused epilogue or scaled fp8 computes another function than nn.Linear's GEMM)."""
+    """The tn entries of one epilogue in a table whose input and output types match, by
+    (dtype, N, K): plain ones (epilogue none, as nn.Linear's GEMM) by default, or those of a fused
+    epilogue (`epilogue`) for a Linear fused with what follows it. Scaled fp8 entries compute
+    another function and are never counted.
 
-    def __init__(self, frame: pd.DataFrame):
+    `ratios`: the columns whose smallest finite value is an entry's ratio (the table's `ratio`;
+    a compiled model's pass adds `torch_compile_ratio`, the bar a compiled model has to beat)."""
+
+    def __init__(self, frame: pd.DataFrame, epilogue: Epilogue = Epilogue(), ratios: tuple[str, ...] = ("ratio",)):
+        self.epilogue = epilogue
         self.tuned: dict[tuple[str, int, int], list[tuple[int, float]]] = defaultdict(list)
         if frame.empty:
             return
-        rows = frame[(frame["layout"] == "tn") & (frame["dtype_a"] == frame["dtype_d"]) & (frame["epilogue"] == "none")
-                     & (frame["scaling"] == "none")]
-        ratios = rows["ratio"] if "ratio" in rows.columns else pd.Series(math.nan, index=rows.index)
-        for dtype, n, k, m, ratio in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratios):
-            self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(ratio)))
+        rows = frame[(frame["layout"] == "tn") & (frame["dtype_a"] == frame["dtype_d"])
+                     & (frame["epilogue"] == epilogue.name) & (frame["scaling"] == "none")]
+        columns = [rows[c] if c in rows.columns else pd.Series(math.nan, index=rows.index) for c in ratios]
+        ratio = pd.concat(columns, axis=1).astype(float).min(axis=1, skipna=True)
+        for dtype, n, k, m, r in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratio):
+            self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(r)))
+
+    def _named(self, dtype: DType) -> str:
+        """"bf16 tn", or "bf16 tn bias+gelu" for a fused epilogue."""
+        return f"{dtype.value} tn" + ("" if self.epilogue.is_plain else f" {self.epilogue.name}")
 
     def why_not(self, dtype: DType, n: int, k: int, min_ratio: float) -> str | None:
-        """None where the table covers N x K of `dtype` with an entry at `min_ratio` of cuBLAS
-        or faster, else what it has instead."""
+        """None where the table covers N x K of `dtype` with an entry at `min_ratio` of its
+        baseline or faster, else what it has instead."""
+        named = self._named(dtype)
+        baseline = "cuBLAS" if self.epilogue.is_plain else "torch"
         entries = self.tuned.get((dtype.value, n, k))
         if entries:
             best = max((r for _, r in entries if math.isfinite(r)), default=math.nan)
             if min_ratio <= 0 or best >= min_ratio:
                 return None
             if math.isnan(best):
-                return f"{dtype.value} tn N={n}, K={k}: the table has no ratio to cuBLAS to hold to min_ratio " \
-                       f"{min_ratio}"
-            return (f"{dtype.value} tn N={n}, K={k}: tuned at {best:.3f}x cuBLAS at best, below min_ratio "
-                    f"{min_ratio} (torch's GEMM is kept)")
+                return f"{named} N={n}, K={k}: the table has no ratio to {baseline} to hold to min_ratio {min_ratio}"
+            kept = "torch's GEMM is kept" if self.epilogue.is_plain else "torch's path is kept"
+            return (f"{named} N={n}, K={k}: tuned at {best:.3f}x {baseline} at best, below min_ratio "
+                    f"{min_ratio} ({kept})")
         shapes = sorted({(sn, sk) for d, sn, sk in self.tuned if d == dtype.value})
         if not shapes:
             has = sorted({d for d, _, _ in self.tuned})
-            return f"the table has no {dtype.value} tn entries (it has tn entries for: {', '.join(has) or 'none'})"
+            if not has:
+                return f"the table has no {named.partition(' ')[2]} entries"
+            return f"the table has no {named} entries (it has {named.partition(' ')[2]} entries for: {', '.join(has)})"
         listed = ", ".join(f"{sn}x{sk}" for sn, sk in shapes[:_LISTED])
         more = f" and {len(shapes) - _LISTED} more" if len(shapes) > _LISTED else ""
-        return f"no {dtype.value} tn entry for N={n}, K={k} (N x K tuned: {listed}{more})"
+        return f"no {named} entry for N={n}, K={k} (N x K tuned: {listed}{more})"
 
     def covering(self, dtype: DType, n: int, k: int) -> str:
         """The entries of N x K of `dtype`, in words."""
         entries = sorted(self.tuned[(dtype.value, n, k)])
-        text = f"{dtype.value} tn N={n}, K={k} tuned at M = {', '.join(str(m) for m, _ in entries)}"
+        text = f"{self._named(dtype)} N={n}, K={k} tuned at M = {', '.join(str(m) for m, _ in entries)}"
         ratios = [r for _, r in entries if math.isfinite(r)]
+        baseline = "cuBLAS" if self.epilogue.is_plain else "torch"
         if ratios:
             low, high = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
-            text += f" ({low}x cuBLAS)" if low == high else f" ({low}-{high}x cuBLAS)"
+            text += f" ({low}x {baseline})" if low == high else f" ({low}-{high}x {baseline})"
         return text
 
 
