@@ -97,42 +97,55 @@ def _compute(fn: str, output: str, *children: _Visitor) -> _Visitor:
         "{" + ", ".join(c.arguments for c in children) + ", {}}")
 
 
-def _scaled_fp8_tree(cfg: KernelConfig) -> _Visitor:
-    """D = activation(alpha * scale_a * scale_b * acc + beta * C + bias) for fp8 with scales,
-    read on the device from the arguments' pointers: one fp32 each (tensor), or M values of A's
-    rows and N of B's columns (rowcol). Bias and C (residual) only where the epilogue has them."""
+def _scaled_value(cfg: KernelConfig) -> _Visitor:
+    """s * acc: alpha for 16-bit inputs; for fp8 with scales alpha * scale_a * scale_b, read on
+    the device from the arguments' pointers: one fp32 each (tensor), or M values of A's rows and
+    N of B's columns (rowcol)."""
     acc = _Visitor(f"{_FUSION}Sm90AccFetch", "{}")
     scalar = f"{_FUSION}Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>"
+    alpha = _Visitor(f"{scalar}>", "{{p->alpha}, {nullptr}, {}}")
+    if cfg.scaling is Scaling.NONE:
+        return _compute("cutlass::multiplies", "ElementCompute", alpha, acc)
     if cfg.scaling is Scaling.TENSOR:  # the three scalars' product, read once per tile
         scales = _Visitor(f"{scalar}, 3>",
                           "{{p->alpha, 1.0f, 1.0f}, {nullptr, static_cast<const float*>(p->scale_a), "
                           "static_cast<const float*>(p->scale_b)}, {}}")
-        value = _compute("cutlass::multiplies", "ElementCompute", scales, acc)
-    else:
-        alpha = _Visitor(f"{scalar}>", "{{p->alpha}, {nullptr}, {}}")
-        # Columns: one fp32 per column of B, staged in shared memory per tile.
-        scale_b = _Visitor(f"{_FUSION}Sm90RowBroadcast<0, TileShape, float, ElementCompute, "
-                           "cute::Stride<cute::_0, cute::_1, int64_t>>",
-                           "{static_cast<const float*>(p->scale_b), 0.0f, {}}")
-        # Rows: read straight from global memory by the threads holding them, one element
-        # at a time (M need not be a multiple of 4).
-        scale_a = _Visitor(f"{_FUSION}Sm90ColBroadcast<0, TileShape, float, ElementCompute, "
-                           "cute::Stride<cute::_1, cute::_0, int64_t>, 1>",
-                           "{static_cast<const float*>(p->scale_a), 0.0f, {}}")
-        value = _compute("cutlass::multiplies", "ElementCompute", scale_a,
-                         _compute("cutlass::multiplies", "ElementCompute", scale_b,
-                                  _compute("cutlass::multiplies", "ElementCompute", alpha, acc)))
+        return _compute("cutlass::multiplies", "ElementCompute", scales, acc)
+    # Columns: one fp32 per column of B, staged in shared memory per tile.
+    scale_b = _Visitor(f"{_FUSION}Sm90RowBroadcast<0, TileShape, float, ElementCompute, "
+                       "cute::Stride<cute::_0, cute::_1, int64_t>>",
+                       "{static_cast<const float*>(p->scale_b), 0.0f, {}}")
+    # Rows: read straight from global memory by the threads holding them, one element at a time
+    # (M need not be a multiple of 4).
+    scale_a = _Visitor(f"{_FUSION}Sm90ColBroadcast<0, TileShape, float, ElementCompute, "
+                       "cute::Stride<cute::_1, cute::_0, int64_t>, 1>",
+                       "{static_cast<const float*>(p->scale_a), 0.0f, {}}")
+    return _compute("cutlass::multiplies", "ElementCompute", scale_a,
+                    _compute("cutlass::multiplies", "ElementCompute", scale_b,
+                             _compute("cutlass::multiplies", "ElementCompute", alpha, acc)))
+
+
+def _tree(cfg: KernelConfig) -> _Visitor:
+    """The visitor tree of fp8 scales or a gated product: s * acc (`_scaled_value`) + bias, then
+    either + beta * C and the activation (D = activation(s * acc + beta * C + bias)) or, gated,
+    the activation of C times it (D = activation(C) * (s * acc + bias)). Bias and C only where
+    the epilogue has them."""
+    value = _scaled_value(cfg)
     if cfg.epilogue.bias:
         bias = _Visitor(f"{_FUSION}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
                         "cute::Stride<cute::_0, cute::_1, int64_t>>",
                         "{static_cast<const ElementBias*>(p->bias), ElementBias(0), {}}")
         value = _compute("cutlass::plus", "ElementCompute", value, bias)
+    act = _member(cfg.epilogue, "activation", _ACTIVATION)
+    source = _Visitor(f"{_FUSION}Sm90SrcFetch<ElementC>", "{}")
+    if cfg.epilogue.gated:  # C is loaded by the TMA epilogue as a residual's source is
+        return _compute("cutlass::multiplies", "ElementD", _compute(act, "ElementCompute", source), value)
     if cfg.epilogue.residual:
-        beta = _Visitor(f"{scalar}>", "{{p->beta}, {nullptr}, {}}")
-        value = _compute("cutlass::homogeneous_multiply_add", "ElementCompute", beta,
-                         _Visitor(f"{_FUSION}Sm90SrcFetch<ElementC>", "{}"), value)
+        beta = _Visitor(f"{_FUSION}Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>>",
+                        "{{p->beta}, {nullptr}, {}}")
+        value = _compute("cutlass::homogeneous_multiply_add", "ElementCompute", beta, source, value)
     # The last node converts to D: the activation, or an identity where there is none.
-    return _compute(_member(cfg.epilogue, "activation", _ACTIVATION), "ElementD", value)
+    return _compute(act, "ElementD", value)
 
 
 def fusion(cfg: KernelConfig) -> tuple[str, list[str]] | None:
@@ -142,8 +155,8 @@ def fusion(cfg: KernelConfig) -> tuple[str, list[str]] | None:
     the arguments). The config must be valid (`check_config`)."""
     if not fused(cfg):
         return None
-    if cfg.scaling is not Scaling.NONE:
-        tree = _scaled_fp8_tree(cfg)
+    if cfg.scaling is not Scaling.NONE or cfg.epilogue.gated:
+        tree = _tree(cfg)
         return tree.type, [f"args.epilogue.thread = {tree.arguments};"]
     act = _member(cfg.epilogue, "activation", _ACTIVATION)
     statements = ["args.epilogue.thread.alpha = p->alpha;", "args.epilogue.thread.beta = p->beta;"]

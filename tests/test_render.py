@@ -219,6 +219,23 @@ def test_rowcol_without_activation_ends_in_an_identity_to_d():
     assert "ElementBias" not in tree and "SrcFetch" not in tree
 
 
+@pytest.mark.parametrize("scaling", [Scaling.NONE, Scaling.TENSOR, Scaling.ROWCOL])
+def test_gated_kernels_multiply_the_activated_source_by_the_product(scaling):
+    values = render.template_values(_fused("bias+gelu_tanh+gated", scaling))
+    tree, (statement,) = values["fusion"], values["fusion_arguments"]
+    fusion = "cutlass::epilogue::fusion::"
+    # the root: D = (activation of C) times (s * acc + bias); the activation never sees the product
+    assert tree.startswith(f"{fusion}Sm90EVT<{fusion}Sm90Compute<cutlass::multiplies, ElementD, ElementCompute, "
+                           "cutlass::FloatRoundStyle::round_to_nearest>, "
+                           f"{fusion}Sm90EVT<{fusion}Sm90Compute<cutlass::epilogue::thread::GELU_taylor, "
+                           f"ElementCompute, ElementCompute, cutlass::FloatRoundStyle::round_to_nearest>, "
+                           f"{fusion}Sm90SrcFetch<ElementC>>, {fusion}Sm90EVT<{fusion}Sm90Compute<cutlass::plus,")
+    assert tree.count("GELU_taylor") == 1 and tree.count("Sm90SrcFetch") == 1 and "homogeneous_multiply_add" not in tree
+    assert values["element_c"] == "cutlass::bfloat16_t"
+    assert statement.startswith("args.epilogue.thread = {") and statement.count("{") == statement.count("}")
+    assert "p->beta" not in statement and statement.count("p->alpha") == 1 and statement.count("p->bias") == 1
+
+
 @pytest.mark.parametrize("field,value", [
     ("epilogue", "bias+silu"),  # a name, not an Epilogue
     ("epilogue", Epilogue(activation="SiLu>; evil<int")),
@@ -289,6 +306,10 @@ PLAIN_UNITS = [
                    epilogue=Epilogue.parse("bias+silu"), epilogue_source=False)],
      "aa16301600ea56f6ab5a13ea6728612718d72f1a2536657027ed91f24cf8b6dd"),
     ([KernelConfig(tile_n=160)], "46eef3f7b252c2ab619c1505e55cdf477d7ad413c867cacecf7a6d38b5fc4ced"),
+    # fp8 scale trees: unchanged by the gated tree built beside them
+    ([KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128, scaling=Scaling.ROWCOL,
+                   epilogue=Epilogue.parse("bias+silu+residual"))],
+     "ed43a17cb341ee0d723c4eaf19c539599507bbdfbb0ae419c1914a73d66f54ee"),
 ]
 
 

@@ -10,6 +10,7 @@ EAGER, by problem:
   (`F.relu`, `F.gelu`, `F.silu`), each its own pass. A residual is added before the
   activation, as the `Epilogue` defines it: `F.linear(a, w, bias) + c`, or without a bias
   `torch.addmm(c, a, w.t())` (one cuBLAS call with beta = 1, torch's best path for it).
+  Gated, C is the gate's pre-activation: `activation(c) * F.linear(a, w, bias)`.
 - fp8 inputs: `torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=...)` (unit
   scales where the problem has none), `+ c`, then the activation. A torch whose `_scaled_mm`
   refuses the bias with the problem's scales gets it added afterwards (`TorchTarget.setup`).
@@ -157,12 +158,16 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
                                  out_dtype=out_dtype, use_fast_accum=fast_accum)
             if bias_after and bias is not None:
                 y = y + bias
+            if epilogue.gated:
+                return last(c) * y
             if c is not None:
                 y = y + c
             return last(y)
         return fp8
 
     def linear(a, b, bias, c, scale_a, scale_b):
+        if epilogue.gated:
+            return last(c) * F.linear(a, b.t(), bias)
         if c is not None and bias is None:
             y = torch.addmm(c, a, b)
         else:

@@ -8,16 +8,19 @@ inputs in fp32, so the error left is accumulation order and precision and the ro
 output; the quantization of fp8 inputs is never counted.
 
 A problem with a fused epilogue or fp8 scales gets the operands it reads (C, bias, scales),
-random too, and the reference computes the same math in fp32 after the product:
-activation(s * (A @ B) + C + bias), with alpha and beta 1 and the activation as torch defines
-it. The tolerances stay those of the plain GEMM: the activations are at most 1.13-Lipschitz
-(GELU; SiLU 1.10, ReLU 1), so the accumulation error they pass on grows by at most that
-factor, while the output's RMS falls to 0.6-0.7 of its input's (ReLU 0.71, GELU 0.65, SiLU
-0.60 over N(0, 1)): the relative errors of a right kernel about double, still 5x (bf16) and
-2x (fp8 fast accumulation at K = 4096) inside the bounds. Rounding the output stays relative
-to each element. What the bounds cannot tell apart is GELU's erf form from its tanh
-approximation (they differ by at most 4.7e-4, a relative Frobenius 2e-4): tests compare the
-two references directly (tests/bench/test_gpu_epilogue.py).
+random too, and the reference computes the same math in fp32 after the product: activation(s *
+(A @ B) + C + bias), with alpha and beta 1 and the activation as torch defines it. A gated
+problem's C is a gate's pre-activation instead (normal with D's scale, like a residual) and its
+reference activation(C) * (s * (A @ B) + bias). The tolerances stay those of the plain GEMM: the
+activations are at most 1.13-Lipschitz (GELU; SiLU 1.10, ReLU 1), so the accumulation error they
+pass on grows by at most that factor, while the output's RMS falls to 0.6-0.7 of its input's
+(ReLU 0.71, GELU 0.65, SiLU 0.60 over N(0, 1)): the relative errors of a right kernel about
+double, still 5x (bf16) and 2x (fp8 fast accumulation at K = 4096) inside the bounds. Rounding
+the output stays relative to each element. What the bounds cannot tell apart is GELU's erf form
+from its tanh approximation (they differ by at most 4.7e-4, a relative Frobenius 2e-4): tests
+compare the two references directly (tests/bench/test_gpu_epilogue.py). A gated output's
+relative error is the product's, weighted by the activated gate: its bounds need no change
+either.
 
 A grouped problem's operands are the routed rows A (M x K), the experts' weights B (E x N x K,
 or E x K x N) and the int32 row offsets; its reference multiplies each expert's rows by that
@@ -87,9 +90,9 @@ class Operands:
     ends on the operands' device (`torch._grouped_mm`'s `offs`), written by `allocate`.
 
     The epilogue's operands are set where the problem reads them: `c` (M x N row-major, D's
-    type) for a residual, `bias` (N values, D's type) for a bias, and fp32 `scale_a`/`scale_b`
-    for scaled fp8 (shape () each for `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as
-    `torch._scaled_mm` takes them).
+    type) for a residual or a gated problem's gate pre-activation, `bias` (N values, D's type)
+    for a bias, and fp32 `scale_a`/`scale_b` for scaled fp8 (shape () each for
+    `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as `torch._scaled_mm` takes them).
     """
 
     problem: Problem
@@ -162,7 +165,7 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
         a=torch.empty(a_shape, dtype=TORCH_DTYPE[p.dtype_a], device=device),
         b=torch.empty(b_shape, dtype=TORCH_DTYPE[p.dtype_b], device=device),
         d=torch.empty((p.m, p.n), dtype=d_type, device=device),
-        c=torch.empty((p.m, p.n), dtype=d_type, device=device) if p.epilogue.residual else None,
+        c=torch.empty((p.m, p.n), dtype=d_type, device=device) if p.epilogue.residual or p.epilogue.gated else None,
         bias=torch.empty(p.n, dtype=d_type, device=device) if p.epilogue.bias else None,
         scale_a=None if scales is None else torch.empty(scales[0], dtype=torch.float32, device=device),
         scale_b=None if scales is None else torch.empty(scales[1], dtype=torch.float32, device=device),
@@ -178,7 +181,8 @@ def randomize(ops: Operands, generator: torch.Generator) -> None:
     inputs are quantized as a model does it: rows of A (columns of B) of normal values whose
     scale varies by up to `SCALE_SPREAD` either way, each divided by its amax / 448 (the whole
     matrix's for TENSOR), that quotient stored as fp8 and the divisor as the scale; D's entries
-    are about N(0, 1) again. C and the bias are normal with D's scale.
+    are about N(0, 1) again. C (a residual or a gate's pre-activation) and the bias are normal
+    with D's scale.
     """
     p = ops.problem
     if ops.scale_a is not None and ops.scale_b is not None:
@@ -220,19 +224,25 @@ def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
 def reference(ops: Operands) -> torch.Tensor:
     """The problem's result in fp32 (IEEE, no TF32) from the stored inputs, as an M x N fp32
     tensor: activation(s * (A @ B) + C + bias), where s is scale_a * scale_b (1 unscaled), C
-    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s. A grouped
+    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s; gated,
+    activation(C) * (s * (A @ B) + bias). A grouped
     problem's: each expert's rows times its weight (experts without rows add nothing)."""
     if ops.problem.grouped:
         return _grouped_reference(ops)
     out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
     if ops.scale_a is not None and ops.scale_b is not None:
         out.mul_(ops.scale_a).mul_(ops.scale_b)
-    if ops.c is not None:
+    epilogue = ops.problem.epilogue
+    if ops.c is not None and not epilogue.gated:
         out.add_(ops.c.float())
     if ops.bias is not None:
         out.add_(ops.bias.float())
-    activation = ops.problem.epilogue.activation
-    return out if activation is Activation.NONE else ACTIVATION[activation](out)
+    activation = ACTIVATION[epilogue.activation] if epilogue.activation is not Activation.NONE else None
+    if epilogue.gated:
+        assert ops.c is not None
+        gate = ops.c.float()
+        return out.mul_(gate if activation is None else activation(gate))
+    return out if activation is None else activation(out)
 
 
 def _grouped_reference(ops: Operands) -> torch.Tensor:

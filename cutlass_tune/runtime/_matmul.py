@@ -9,6 +9,8 @@ export`: no compiler needed), and loaded once per process.
 A fused epilogue is part of the call: D = activation(s * (a @ b) + beta * c + bias), with
 `bias` one value per output column (nn.Linear's), `c` an M x N residual, s = alpha (for fp8,
 times `scale_a` and `scale_b` as torch._scaled_mm takes them: one value each, or M x 1 and 1 x N).
+Gated (`gate`, M x N, instead of `c`): D = activation(gate) * (s * (a @ b) + bias), the up
+projection of a gated MLP whose gate GEMM's output is `gate`; the kernel reads it as its C.
 The table's rows for exactly that epilogue and scaling run it; where it has none, torch computes
 the same math (`torch_gemm`): results are always right, only their speed depends on the table.
 
@@ -124,29 +126,37 @@ def _scaling_of(a: torch.Tensor, m: int, n: int, scale_a: torch.Tensor | None,
 
 def operation_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias: torch.Tensor | None = None,
                  activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None,
-                 scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> tuple[Epilogue, Scaling]:
+                 scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+                 gate: torch.Tensor | None = None) -> tuple[Epilogue, Scaling]:
     """The epilogue and scaling of a call of 2-D `a` (M x K) and `b` (K x N) with these
-    operands, each checked on any device: `bias` (N,) and `c` (M, N) of `out_dtype`, the scales
-    float32 as torch._scaled_mm takes them (fp8 inputs only), all contiguous and on a's device.
+    operands, each checked on any device: `bias` (N,), `c` and `gate` (M, N; not both) of
+    `out_dtype`, the scales float32 as torch._scaled_mm takes them (fp8 inputs only), all
+    contiguous and on a's device.
 
     Raises:
         MatmulInputError: one line naming the operand and what to fix.
     """
     m, n = a.shape[0], b.shape[1]
-    bias, c = _tensor(bias, "bias"), _tensor(c, "c")
+    bias, c, gate = _tensor(bias, "bias"), _tensor(c, "c"), _tensor(gate, "gate")
     scale_a, scale_b = _tensor(scale_a, "scale_a"), _tensor(scale_b, "scale_b")
+    if c is not None and gate is not None:
+        raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
     if bias is not None:
         _check_operand(bias, "bias", (n,), out_dtype, a.device, "one value per output column, of the result's dtype")
     if c is not None:
         _check_operand(c, "c", (m, n), out_dtype, a.device, "the residual, M x N row-major of the result's dtype")
+    if gate is not None:
+        _check_operand(gate, "gate", (m, n), out_dtype, a.device,
+                       "the gate's pre-activation, M x N row-major of the result's dtype")
     scaling = _scaling_of(a, m, n, scale_a, scale_b)
-    return Epilogue(bias=bias is not None, activation=activation_of(activation), residual=c is not None), scaling
+    return Epilogue(bias=bias is not None, activation=activation_of(activation), residual=c is not None,
+                    gated=gate is not None), scaling
 
 
 def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None = None, *,
                bias: torch.Tensor | None = None, activation: Activation | str = Activation.NONE,
                c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
-               scale_b: torch.Tensor | None = None) -> Problem:
+               scale_b: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> Problem:
     """The `Problem` the tensors of a `matmul` call pose, its epilogue and scaling included.
     Raises MatmulInputError with what to fix."""
     for name, t in (("a", a), ("b", b)):
@@ -173,8 +183,8 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
     epilogue, scaling = operation_of(a, b, TORCH_DTYPE[out], bias=bias, activation=activation, c=c, scale_a=scale_a,
-                                     scale_b=scale_b)
-    for name, operand in (("bias", bias), ("c", c), ("scale_a", scale_a), ("scale_b", scale_b)):
+                                     scale_b=scale_b, gate=gate)
+    for name, operand in (("bias", bias), ("c", c), ("gate", gate), ("scale_a", scale_a), ("scale_b", scale_b)):
         if operand is not None and operand.data_ptr() % 16:
             raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (the kernels read it "
                                    "by vectors): call .clone() first")
@@ -220,24 +230,25 @@ class Gemm:
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
                  bias: torch.Tensor | None = None, c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
-                 scale_b: torch.Tensor | None = None, alpha: float = 1.0, beta: float | None = None) -> torch.Tensor:
-        """D = epilogue(a @ b) with this kernel, its epilogue's operands (`bias`, `c`, the fp8
-        scales) as `matmul` takes them. Raises MatmulInputError for tensors it cannot take or
+                 scale_b: torch.Tensor | None = None, alpha: float = 1.0, beta: float | None = None,
+                 gate: torch.Tensor | None = None) -> torch.Tensor:
+        """D = epilogue(a @ b) with this kernel, its epilogue's operands (`bias`, `c` or `gate`,
+        the fp8 scales) as `matmul` takes them. Raises MatmulInputError for tensors it cannot take or
         an epilogue that is not the kernel's, KernelStatusError when CUTLASS refuses the problem."""
         problem = problem_of(a, b, self._dtype_d, bias=bias, activation=self.config.epilogue.activation, c=c,
-                             scale_a=scale_a, scale_b=scale_b)
+                             scale_a=scale_a, scale_b=scale_b, gate=gate)
         if problem.layout != self.config.layout:
             raise MatmulInputError(f"this kernel is {self.config.layout}; the tensors are {problem.layout}")
         if problem.operation != self.config.operation:
             raise MatmulInputError(f"this kernel computes {self.config.words}; the call asks for {problem.words}")
-        return self.run(problem, a, b, out, bias=bias, c=c, scale_a=scale_a, scale_b=scale_b, alpha=alpha,
-                        beta=_beta(c, beta))
+        return self.run(problem, a, b, out, bias=bias, c=c if gate is None else gate, scale_a=scale_a,
+                        scale_b=scale_b, alpha=alpha, beta=_beta(c, beta))
 
     def run(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
             bias: torch.Tensor | None = None, c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
             scale_b: torch.Tensor | None = None, alpha: float = 1.0, beta: float = 0.0) -> torch.Tensor:
         """Launch on tensors already checked to pose `problem`, its epilogue's operands
-        included (the fast path of `matmul`)."""
+        included (the fast path of `matmul`); `c` is the kernel's C, a gated problem's gate."""
         if out is None:
             out = torch.empty(problem.m, problem.n, dtype=self._dtype_d, device=a.device)
         elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != self._dtype_d:
@@ -308,6 +319,8 @@ def _untuned_name(problem: Problem) -> str:
     if problem.epilogue.bias and not problem.dtype_a.is_fp8 and not problem.epilogue.residual:
         gemm = "F.linear"
     act = problem.epilogue.activation
+    if problem.epilogue.gated:
+        return f"{gemm} times the gate" if act is Activation.NONE else f"{gemm} times torch's {act.value} of the gate"
     return gemm if act is Activation.NONE else f"{gemm} and torch's {act.value}"
 
 
@@ -333,15 +346,21 @@ def _product(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.
 def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias: torch.Tensor | None = None,
                activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
                beta: float = 0.0, scale_a: torch.Tensor | None = None,
-               scale_b: torch.Tensor | None = None) -> torch.Tensor:
+               scale_b: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     """What `matmul` runs where no tuned kernel can: torch's own path for the same math
-    (activation(s * (a @ b) + beta * c + bias)), inputs and output type, on any device.
+    (activation(s * (a @ b) + beta * c + bias), or with a `gate` activation(gate) * (s * (a @ b)
+    + bias)), inputs and output type, on any device.
 
     fp8: torch._scaled_mm with the scales (unit scales where none are given; alpha folded into
     scale_a) and the bias. 16-bit: a bias alone is F.linear's call (torch.addmm: cuBLASLt's bias
-    epilogue), a residual torch.addmm's beta, then the activation as torch computes it.
+    epilogue), a residual torch.addmm's beta, then the activation as torch computes it; gated,
+    the activation of the gate times that product.
     """
     activate = ACTIVATION[activation_of(activation)]
+    if gate is not None:
+        if c is not None:
+            raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
+        return activate(gate) * torch_gemm(a, b, out_dtype, bias=bias, alpha=alpha, scale_a=scale_a, scale_b=scale_b)
     if a.dtype in FP8_DTYPES:
         one = torch.ones((), dtype=torch.float32, device=a.device)
         scale_a = one if scale_a is None else scale_a
@@ -397,9 +416,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
            out_dtype: torch.dtype | None = None, *, bias: torch.Tensor | None = None,
            activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
            beta: float | None = None, scale_a: torch.Tensor | None = None,
-           scale_b: torch.Tensor | None = None) -> torch.Tensor:
-    """activation(s * (a @ b) + beta * c + bias) through the best kernel the table has for
-    this problem, its epilogue and scaling; plainly a @ b.
+           scale_b: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """activation(s * (a @ b) + beta * c + bias), or with a `gate` activation(gate) * (s * (a @
+    b) + bias), through the best kernel the table has for this problem, its epilogue and
+    scaling; plainly a @ b.
 
     `out_dtype` is the type of the result: by default the inputs' type for bfloat16 and
     float16, bfloat16 for fp8; torch.float32 (or another 16-bit type) picks the table's kernels
@@ -419,18 +439,22 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
         activation: applied last: an `Activation` or its name (none, relu, gelu: the erf form, ...).
         c: a residual, M x N row-major of the result's dtype, added times `beta`.
         alpha: scales a @ b; beta: scales c (1 with a `c`; only with one).
+        gate: instead of `c`, M x N row-major of the result's dtype: the pre-activation of a
+            gated MLP's gate (its gate GEMM's output); the activation applies to it, and the
+            result is that times s * (a @ b) + bias (the up projection, fused).
         scale_a, scale_b: fp8 inputs only, both or neither, float32 as torch._scaled_mm takes them:
             one value each (per tensor), or M x 1 (per row of a) and 1 x N (per column of b).
 
     Raises:
         MatmulInputError: operands that are not tensors, CPU tensors, unsupported dtypes,
             misaligned or non-contiguous tensors; a bias, residual or scale of the wrong shape,
-            dtype or device; an unknown activation; beta without c.
+            dtype or device; an unknown activation; beta without c; both c and gate.
     """
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         problem_of(a, b)  # raises, naming the operand that is not a tensor and its type
     act = activation_of(activation)
-    operands = (_tensor(bias, "bias"), _tensor(c, "c"), _tensor(scale_a, "scale_a"), _tensor(scale_b, "scale_b"))
+    operands = (_tensor(bias, "bias"), _tensor(c, "c"), _tensor(scale_a, "scale_a"), _tensor(scale_b, "scale_b"),
+                _tensor(gate, "gate"))
     table = table if isinstance(table, BestTable) else _load_table(str(table))
     key = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype, act,
            *(None if t is None else (t.shape, t.stride(), t.dtype) for t in operands))
@@ -442,15 +466,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
         beta = _beta(c, beta)
         if gemm is None:
             return torch_gemm(a, b, TORCH_DTYPE[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
-                              beta=beta, scale_a=scale_a, scale_b=scale_b)
-        return gemm.run(problem, a, b, bias=bias, c=c, scale_a=scale_a, scale_b=scale_b, alpha=alpha, beta=beta)
-    problem = problem_of(a, b, out_dtype, bias=bias, activation=act, c=c, scale_a=scale_a, scale_b=scale_b)
+                              beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate)
+        return gemm.run(problem, a, b, bias=bias, c=c if gate is None else gate, scale_a=scale_a, scale_b=scale_b,
+                        alpha=alpha, beta=beta)
+    problem = problem_of(a, b, out_dtype, bias=bias, activation=act, c=c, scale_a=scale_a, scale_b=scale_b,
+                         gate=gate)
     beta = _beta(c, beta)
 
     def untuned() -> torch.Tensor:
         table._kernels[key] = (None, problem)
         return torch_gemm(a, b, TORCH_DTYPE[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
-                          beta=beta, scale_a=scale_a, scale_b=scale_b)
+                          beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate)
 
     asked = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} {problem.words}"
     try:
@@ -462,7 +488,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
     gemm = _gemm(match.row["config"], match.runtime, bundled)
     try:
-        result = gemm.run(problem, a, b, bias=bias, c=c, scale_a=scale_a, scale_b=scale_b, alpha=alpha, beta=beta)
+        result = gemm.run(problem, a, b, bias=bias, c=c if gate is None else gate, scale_a=scale_a, scale_b=scale_b,
+                          alpha=alpha, beta=beta)
     except KernelStatusError as err:
         _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
                    f"{problem.name} ({err}); using {_untuned_name(problem)}")

@@ -2,7 +2,8 @@
 the fused linear layer `torch.ops.cutlass_tune.linear`.
 
     mm(Tensor a, Tensor b, str table, ScalarType? out_dtype=None) -> Tensor
-    linear(Tensor x, Tensor weight, Tensor? bias, str activation, str table) -> Tensor
+    linear(Tensor x, Tensor weight, Tensor? bias, str activation, str table, Tensor? residual=None,
+           Tensor? gate=None) -> Tensor
 
 `a` is [..., K] (any number of leading dimensions, as nn.Linear takes its input), `b` is K x N;
 the result is [..., N], contiguous. A table cannot be an operator's argument: `register_table`
@@ -22,14 +23,18 @@ dB = A^T @ dY, each computed in its operand's layout (for nn.Linear's weight, dW
 N x K row-major like the weight), so a table with tuned tt and nt kernels serves a Linear's
 backward too, and torch's GEMM does where it has none.
 
-`linear` is activation(x @ weight^T + bias) in one kernel: the table's rows of that epilogue
-(bias+silu, gelu, ...) for the tn problem, torch's F.linear and activation where it has none.
-Its backward needs the pre-activation x @ weight^T + bias, which the fused kernel never writes:
-it recomputes it with `mm` (one more GEMM, no memory held between forward and backward), then
+`linear` is activation(x @ weight^T + bias + residual) in one kernel, or with a `gate`
+activation(gate) * (x @ weight^T + bias) (a gated MLP's up projection, the gate GEMM's output as
+`gate`): the table's rows of that epilogue (bias+silu, gelu+residual, silu+gated, ...) for the
+tn problem, torch's F.linear, add, activation and product where it has none. Its backward
+needs what the fused kernel never writes: the pre-activation x @ weight^T + bias (+ residual)
+under an activation, or the gated product's x @ weight^T + bias for the gate's gradient. It
+recomputes it with `mm` (one more GEMM, no memory held between forward and backward), then
 takes the activation's derivative as torch does and runs the gradient GEMMs as `mm`'s backward
-does. `cutlass_tune.nn.Linear` calls this operator only where no gradient is needed, and `mm`
-followed by torch's bias add and activation where one is (training keeps torch's saved
-pre-activation and pays no recomputation).
+does: d(residual) is the pre-activation's gradient, and gated d(up) = grad * activation(gate),
+d(gate) = grad * up * activation'(gate). `cutlass_tune.nn.Linear` calls this operator only
+where no gradient is needed, and `mm` followed by torch's bias add and activation where one is
+(training keeps torch's saved pre-activation and pays no recomputation).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import Any
 
 import torch
 
-from .._torch import ACTIVATION_GRAD, FP8_DTYPES
+from .._torch import ACTIVATION, ACTIVATION_GRAD, FP8_DTYPES
 from ..errors import CutlassTuneError
 from ..space import Activation
 from ._matmul import _OUT_DTYPES, MatmulInputError, _load_table, _warn_once, matmul, torch_gemm
@@ -240,7 +245,8 @@ mm.register_autograd(_backward, setup_context=_setup_context)
 _ACTIVATION_NAMES = tuple(a.value for a in Activation)
 
 
-def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> None:
+def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
+                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> None:
     """What every implementation of `linear` (fake and real) refuses, with what to fix."""
     torch._check(x.dim() >= 1, lambda: f"cutlass_tune.linear: x must have at least 1 dimension, not {x.dim()}")
     torch._check(weight.dim() == 2, lambda: f"cutlass_tune.linear: weight must be 2-D (N x K), not {weight.dim()}-D")
@@ -261,19 +267,48 @@ def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                      lambda: f"cutlass_tune.linear: bias is {bias.dtype} and x is {x.dtype}: they must match")
         torch._check(bias.device == x.device, lambda: f"cutlass_tune.linear: bias is on {bias.device} and x on "
                      f"{x.device}")
+    torch._check(residual is None or gate is None, lambda: "cutlass_tune.linear: residual and gate are both the "
+                 "kernel's C: pass one")
+    for name, t in (("residual", residual), ("gate", gate)):
+        if t is not None:
+            _check_like_output(name, t, x, (*x.shape[:-1], weight.shape[0]))
 
 
-def _torch_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
-    """torch's own path for the same math (F.linear's addmm, then the activation)."""
+def _check_like_output(name: str, t: torch.Tensor, x: torch.Tensor, shape: tuple) -> None:
+    """A residual or gate is the output's shape, of x's dtype and on x's device."""
+    torch._check(tuple(t.shape) == shape, lambda: f"cutlass_tune.linear: {name} has shape {tuple(t.shape)}; "
+                 f"it must be the output's, {shape}")
+    torch._check(t.dtype == x.dtype,
+                 lambda: f"cutlass_tune.linear: {name} is {t.dtype} and x is {x.dtype}: they must match")
+    torch._check(t.device == x.device, lambda: f"cutlass_tune.linear: {name} is on {t.device} and x on {x.device}")
+
+
+def _rows(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """A residual or gate as the M x N matrix of the flattened batch (a copy only where its
+    strides do not allow a view)."""
+    return None if t is None else t.reshape(-1, n)
+
+
+def _torch_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
+                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's own path for the same math (F.linear's addmm, + residual, the activation; gated,
+    the activation of the gate times the product). `residual` and `gate` are M x N."""
     return torch_gemm(x2, weight.t(), x2.dtype, bias=None if bias is None else bias.contiguous(),
-                      activation=activation)
+                      activation=activation, c=residual, beta=0.0 if residual is None else 1.0, gate=gate)
+
+
+def _untuned_words(activation: str, residual: torch.Tensor | None, gate: torch.Tensor | None) -> str:
+    if gate is not None:
+        return f"torch's F.linear times {activation} of the gate"
+    return "torch's F.linear" + (", residual add" if residual is not None else "") + f" and {activation}"
 
 
 @torch.library.custom_op("cutlass_tune::linear", mutates_args=(), device_types="cuda", tags=_TAGS)
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
-           table: str) -> torch.Tensor:
-    """activation(x @ weight^T + bias) by the tuned fused kernels of the table registered
-    under `table` (CUDA tensors): nn.Linear followed by its activation, in one kernel.
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
+           residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """activation(x @ weight^T + bias + residual), or activation(gate) * (x @ weight^T + bias),
+    by the tuned fused kernels of the table registered under `table` (CUDA tensors): nn.Linear
+    followed by its activation, a residual add or a gated MLP's product, in one kernel.
 
     Args:
         x: [..., K], bfloat16 or float16 for a tuned kernel (other dtypes, operands a kernel
@@ -282,6 +317,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
         bias: N values of x's dtype, or None.
         activation: an `Activation` or its name (none, relu, gelu: the erf form, ...).
         table: a key from `register_table`.
+        residual: [..., N] of x's dtype, added before the activation (beta 1), or None.
+        gate: [..., N] of x's dtype, the gate's pre-activation of a gated MLP (the gate
+            projection's output): the activation applies to it and multiplies x @ weight^T +
+            bias. Not with `residual`.
 
     Returns:
         [..., N] of x's dtype, contiguous.
@@ -289,58 +328,81 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
     Raises:
         UnregisteredTableError: `table` is not a registered key.
         RuntimeError: shapes that do not multiply, mixed dtypes or devices, fp8 inputs, an
-            unknown activation, a bias of another shape or dtype.
+            unknown activation, a bias, residual or gate of another shape or dtype, both a
+            residual and a gate.
     """
-    _check_linear(x, weight, bias, activation)
+    _check_linear(x, weight, bias, activation, residual, gate)
     tuned = registered_table(table)
-    x2 = x.reshape(-1, x.shape[-1])
+    n = weight.shape[0]
+    x2, residual2, gate2 = x.reshape(-1, x.shape[-1]), _rows(residual, n), _rows(gate, n)
     with _on_device_of(x):
         if x2.numel() == 0 or weight.numel() == 0:
-            out = _torch_linear(x2, weight, bias, activation)
+            out = _torch_linear(x2, weight, bias, activation, residual2, gate2)
         else:
             try:
-                out = matmul(x2, weight.t(), tuned, bias=bias, activation=activation)
+                out = matmul(x2, weight.t(), tuned, bias=bias, activation=activation, c=residual2, gate=gate2)
             except MatmulInputError as err:
-                _warn_once(str(err), f"cutlass_tune.linear: {err}; using torch's F.linear and {activation}")
-                out = _torch_linear(x2, weight, bias, activation)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+                _warn_once(str(err), f"cutlass_tune.linear: {err}; using {_untuned_words(activation, residual, gate)}")
+                out = _torch_linear(x2, weight, bias, activation, residual2, gate2)
+    return out.reshape(*x.shape[:-1], n)
 
 
 @linear.register_kernel("cpu")
-def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
-                table: str) -> torch.Tensor:
-    _check_linear(x, weight, bias, activation)
+def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
+                residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    _check_linear(x, weight, bias, activation, residual, gate)
     registered_table(table)
-    return _torch_linear(x.reshape(-1, x.shape[-1]), weight, bias, activation).reshape(*x.shape[:-1], weight.shape[0])
+    n = weight.shape[0]
+    out = _torch_linear(x.reshape(-1, x.shape[-1]), weight, bias, activation, _rows(residual, n), _rows(gate, n))
+    return out.reshape(*x.shape[:-1], n)
 
 
 @linear.register_fake
-def _linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
-                 table: str) -> torch.Tensor:
-    _check_linear(x, weight, bias, activation)
+def _linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
+                 residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    _check_linear(x, weight, bias, activation, residual, gate)
     registered_table(table)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _linear_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    x, weight, bias, activation, table = inputs
-    ctx.save_for_backward(x, weight, bias)
+    x, weight, bias, activation, table, *rest = inputs
+    residual, gate = (*rest, None, None)[:2]
     ctx.activation, ctx.table = Activation(activation), table
+    # A residual is needed again only to recompute an activation's input; a gate always is.
+    keep_residual = residual if ctx.activation is not Activation.NONE else None
+    ctx.save_for_backward(x, weight, bias, keep_residual, gate)
+    ctx.has_residual = residual is not None
 
 
 def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    x, weight, bias = ctx.saved_tensors
+    x, weight, bias, residual, gate = ctx.saved_tensors
     needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+    needs_residual, needs_gate = (*ctx.needs_input_grad[5:7], False, False)[:2]
     grad = grad.contiguous()
-    if ctx.activation is not Activation.NONE:
-        # The fused kernel kept no pre-activation: recompute it (see the module docstring).
+    grad_gate = None
+
+    def product() -> torch.Tensor:
+        # The fused kernel kept no x @ weight^T + bias: recompute it (see the module docstring).
         z = mm(x, weight.t(), ctx.table)
-        z = z if bias is None else z + bias
+        return z if bias is None else z + bias
+
+    if gate is not None:
+        act = ACTIVATION[ctx.activation]
+        if needs_gate:
+            up_grad = grad * product()
+            grad_gate = (up_grad if ctx.activation is Activation.NONE
+                         else ACTIVATION_GRAD[ctx.activation](up_grad, gate)).contiguous()
+        grad = (grad * act(gate)).contiguous()
+    elif ctx.activation is not Activation.NONE:
+        z = product()
+        z = z if residual is None else z + residual
         grad = ACTIVATION_GRAD[ctx.activation](grad, z).contiguous()
     grad_x = _grad_a(grad, weight.t(), False, ctx.table) if needs_x else None
     grad_weight = _grad_b(grad, x, True, ctx.table).t() if needs_weight else None
     grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if needs_bias and bias is not None else None
-    return grad_x, grad_weight, grad_bias, None, None
+    grad_residual = grad if needs_residual and ctx.has_residual else None
+    return grad_x, grad_weight, grad_bias, None, None, grad_residual, grad_gate
 
 
 linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)

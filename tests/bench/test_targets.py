@@ -46,6 +46,8 @@ def test_which_baseline_a_problem_gets():
     Epilogue(activation=Activation.RELU),
     Epilogue(residual=True),  # torch.addmm(c, a, w.t())
     Epilogue(bias=True, activation=Activation.GELU, residual=True),
+    Epilogue(bias=True, activation=Activation.SILU, gated=True),  # silu(c) * F.linear(a, w, bias)
+    Epilogue(activation=Activation.GELU, gated=True),
 ])
 def test_the_eager_function_computes_the_reference(epilogue):
     p = Problem(128, 96, 64, epilogue=epilogue)

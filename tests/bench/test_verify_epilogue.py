@@ -147,3 +147,37 @@ def test_a_wrong_row_scale_fails():
     ops.scale_a[7] *= 1.5  # one row of 2048 scaled wrong: under the Frobenius bound, not the element one
     verdict = compare(reference(ops).to(torch.bfloat16), ref, DType.BF16, fp8_inputs=True)
     assert verdict.status is Status.WRONG_RESULT and verdict.reason.startswith("element (7, ")
+
+
+@pytest.mark.parametrize("activation", list(Activation))
+@pytest.mark.parametrize("scaling", [Scaling.NONE, Scaling.ROWCOL])
+def test_the_gated_reference_is_the_activated_gate_times_the_product(activation, scaling):
+    epilogue = Epilogue(bias=True, activation=activation, gated=True)
+    p = _fp8(scaling, epilogue) if scaling is not Scaling.NONE else Problem(64, 48, 32, epilogue=epilogue)
+    ops = _ops(p, seed=4)
+    # C is the gate's pre-activation, M x N of D's type and D's scale, as a residual is.
+    assert ops.c.shape == (64, 48) and ops.c.dtype == torch.bfloat16 and 0.5 < ops.c.float().std() < 2
+    a, b = ops.a_mk.float(), ops.b_kn.float()
+    ref = reference(ops)
+    for i, j in [(0, 0), (5, 7), (63, 47)]:
+        acc = sum(a[i, k].item() * b[k, j].item() for k in range(p.k))
+        if scaling is Scaling.ROWCOL:
+            acc *= ops.scale_a[i, 0].item() * ops.scale_b[0, j].item()
+        expected = HAND[activation](ops.c[i, j].item()) * (acc + ops.bias[j].item())
+        assert ref[i, j].item() == pytest.approx(expected, rel=1e-4, abs=1e-5), (i, j)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda up, gate: up,  # the gate dropped
+    lambda up, gate: torch.nn.functional.silu(up * gate),  # the activation of the product, not of C
+    lambda up, gate: gate * torch.nn.functional.silu(up),  # the activation on the wrong operand
+    lambda up, gate: torch.nn.functional.silu(up + gate),  # C added as a residual
+])
+def test_a_wrong_gated_epilogue_fails(wrong):
+    p = Problem(1024, 512, 256, epilogue=Epilogue(bias=True, activation=Activation.SILU, gated=True))
+    ops = _ops(p)
+    ref = reference(ops)
+    assert compare(ref.to(torch.bfloat16), ref, DType.BF16).status is Status.OK
+    up = torch.matmul(ops.a_mk.float(), ops.b_kn.float()) + ops.bias.float()
+    verdict = compare(wrong(up, ops.c.float()).to(torch.bfloat16), ref, DType.BF16)
+    assert verdict.status is Status.WRONG_RESULT

@@ -1,6 +1,7 @@
-"""Real nvcc on fused epilogues: CUTLASS's fusion operations (bias, activations, residual) and
-the fp8 scale trees build on cooperative and ping-pong tiles without spills, the smem model
-holds with their bias and scale rows, and the host-side checks take the ABI's pointers.
+"""Real nvcc on fused epilogues: CUTLASS's fusion operations (bias, activations, residual), the
+fp8 scale trees and the gated trees (activation(C) * (s * acc + bias)) build on cooperative and
+ping-pong tiles without spills, the smem model holds with their bias and scale rows, and the
+host-side checks take the ABI's pointers.
 
 Runs without a GPU, like test_nvcc.py: the smem queries and `can_implement` are host code.
 """
@@ -35,10 +36,15 @@ FUSED = [
     KernelConfig(**E4M3, scaling=Scaling.ROWCOL, epilogue=P("bias+silu"), epilogue_source=False),
 ]
 
+# The up projection of a gated MLP: C (the gate's pre-activation) loaded by the TMA epilogue.
+GATED = [
+    KernelConfig(epilogue=P("bias+silu+gated")),
+    KernelConfig(**PINGPONG, epilogue=P("gelu_tanh+gated")),
+    KernelConfig(**E4M3, scaling=Scaling.ROWCOL, epilogue=P("silu+gated")),
+]
 
-@pytest.mark.nvcc
-def test_fused_epilogues_build_match_the_smem_model_and_take_their_arguments(tmp_path):
-    results = build_and_check_smem(FUSED, tmp_path)
+
+def _check_arguments(results):
     for r in results:
         cfg = r.config
         kernel = LoadedKernel(r.library, r.symbol)
@@ -50,3 +56,13 @@ def test_fused_epilogues_build_match_the_smem_model_and_take_their_arguments(tmp
         odd = make_args(Problem(4093, 4096, 4096, **cfg.operation_fields()), RuntimeArgs(), a=0, b=0, d=0,
                         device_id=0, sm_count=132)
         assert kernel.can_implement(odd) == 0, cfg.name
+
+
+@pytest.mark.nvcc
+def test_fused_epilogues_build_match_the_smem_model_and_take_their_arguments(tmp_path):
+    _check_arguments(build_and_check_smem(FUSED, tmp_path))
+
+
+@pytest.mark.nvcc
+def test_gated_epilogues_build_match_the_smem_model_and_take_their_arguments(tmp_path):
+    _check_arguments(build_and_check_smem(GATED, tmp_path))

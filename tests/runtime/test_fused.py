@@ -132,7 +132,7 @@ def test_torch_path_scales_fp8_as_scaled_mm_rowwise_and_per_tensor(scaling):
 # ---- the operator ------------------------------------------------------------------------------
 def test_the_linear_operator_is_registered_for_cpu_cuda_fake_and_autograd():
     assert str(LINEAR._schema) == ("cutlass_tune::linear(Tensor x, Tensor weight, Tensor? bias, str activation, "
-                                   "str table) -> Tensor")
+                                   "str table, Tensor? residual=None, Tensor? gate=None) -> Tensor")
     for dispatch_key in ("CPU", "CUDA", "Meta", "Autograd"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key("cutlass_tune::linear", dispatch_key), dispatch_key
 
