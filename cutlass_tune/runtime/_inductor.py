@@ -43,7 +43,7 @@ from .._torch import DTYPE_OF
 from ..space import Activation, DType, Epilogue
 from ._matmul import device_table
 from ._op import registered_table, table_key
-from ._patch import _Coverage
+from ._patch import _Coverage, operator_takes
 from ._table import BestTable
 
 _log = logging.getLogger(__name__)
@@ -58,12 +58,6 @@ _TRACED: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
     Activation.SILU: lambda z: F.silu(z),
 }
 _HALF = (DType.BF16, DType.F16)
-
-
-def operator_takes(argument: str) -> bool:
-    """Whether `torch.ops.cutlass_tune.linear` has the argument `argument` ("residual",
-    "gate") in this build."""
-    return any(a.name == argument for a in _LINEAR._schema.arguments)
 
 
 @functools.cache

@@ -9,7 +9,7 @@ from torch import nn
 
 import cutlass_tune
 from cutlass_tune.runtime import FusionPass, register_table
-from cutlass_tune.runtime._inductor import operator_takes
+from cutlass_tune.runtime._patch import operator_takes
 
 from .fusion_tables import fused_table
 
