@@ -98,7 +98,8 @@ class FusionDecision:
     reason: str
 
     def __str__(self) -> str:
-        return f"{'fused' if self.fused else 'left '}  {self.dtype} {self.epilogue} N={self.n} K={self.k}: {self.reason}"
+        state = "fused" if self.fused else "left "
+        return f"{state}  {self.dtype} {self.epilogue} N={self.n} K={self.k}: {self.reason}"
 
 
 def _val(node: Any) -> torch.Tensor | None:
@@ -120,21 +121,25 @@ def _linear_of(node: Any) -> _Linear | None:
     if not isinstance(node, torch.fx.Node):
         return None
     out, nodes = node, [node]
-    gemm = node
+    gemm: Any = node  # fx's Argument union: each use is checked with _is first
     if _is(node, _aten.reshape.default):
         gemm = node.args[0]
         if not isinstance(gemm, torch.fx.Node) or not _only_user(gemm, node):
             return None
         nodes.append(gemm)
+    bias: Any
+    x2: Any
+    wt: Any
     if _is(gemm, _aten.mm.default) and not gemm.kwargs:
-        bias, x2, wt = None, *gemm.args
+        bias, (x2, wt) = None, tuple(gemm.args)
     elif _is(gemm, _aten.addmm.default) and not gemm.kwargs and len(gemm.args) == 3:
         bias, x2, wt = gemm.args
     else:
         return None
     if not _is(wt, _aten.permute.default) or list(wt.args[1]) != [1, 0] or not _only_user(wt, gemm):
         return None
-    weight, x = wt.args[0], x2
+    weight: Any = wt.args[0]
+    x: Any = x2
     nodes.append(wt)
     if x2 is not node and _is(x2, _aten.reshape.default) and gemm is not node and _only_user(x2, gemm):
         x = x2.args[0]
@@ -201,7 +206,7 @@ class FusionPass(CustomGraphPass):
         digest = hashlib.sha256(f"{_VERSION} {self.key} {self.min_ratio} {self.cuda_only} "
                                 f"{_LINEAR._schema}".encode())
         frame = registered_table(self.key).frame
-        digest.update(pd.util.hash_pandas_object(frame.astype(str), index=False).values.tobytes())
+        digest.update(pd.util.hash_pandas_object(frame.astype(str), index=False).to_numpy().tobytes())
         return digest.digest()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
@@ -226,7 +231,8 @@ class FusionPass(CustomGraphPass):
                                                   tuple[torch.fx.Node, ...]] | None:
         """The fusion `node` ends, if any: (epilogue, the Linear, residual or gate, nodes replaced)."""
         if _is(node, _aten.mul.Tensor) and len(node.args) == 2 and not node.kwargs:
-            for gate_side, up_side in (node.args, node.args[::-1]):
+            pairs: Any = (node.args, node.args[::-1])
+            for gate_side, up_side in pairs:
                 found = _activation_of(gate_side)
                 up = _linear_of(up_side)
                 if found is None or up is None or not _only_user(up.out, node):
@@ -240,7 +246,8 @@ class FusionPass(CustomGraphPass):
                 epilogue = Epilogue(bias=up.bias is not None, activation=activation, gated=True)
                 return epilogue, up, {"gate": z}, (node, *act_nodes)
         if _is(node, _aten.add.Tensor) and len(node.args) == 2 and not node.kwargs:
-            for side, other in (node.args, node.args[::-1]):
+            sides: Any = (node.args, node.args[::-1])
+            for side, other in sides:
                 linear = _linear_of(side)
                 if linear is None or not _only_user(linear.out, node):
                     continue

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -96,6 +97,8 @@ class _Coverage:
     a compiled model's pass adds `torch_compile_ratio`, the bar a compiled model has to beat)."""
 
     def __init__(self, frame: pd.DataFrame, epilogue: Epilogue = Epilogue(), ratios: tuple[str, ...] = ("ratio",)):
+        self.frame = frame
+        """The rows it was built from, all epilogues: a fused coverage of the same device starts there."""
         self.epilogue = epilogue
         self.tuned: dict[tuple[str, int, int], list[tuple[int, float]]] = defaultdict(list)
         if frame.empty:
@@ -201,7 +204,7 @@ def activation_of_module(value: object) -> Activation | None:
         return Activation.SILU
     if isinstance(value, functools.partial) and value.func is F.gelu and not value.args:
         return Activation.GELU_TANH if value.keywords == {"approximate": "tanh"} else None
-    return _FUNCTIONS.get(value) if callable(value) else None  # type: ignore[call-overload]
+    return _FUNCTIONS.get(value) if callable(value) else None
 
 
 class GatedMLP(torch.nn.Module):
@@ -218,6 +221,11 @@ class GatedMLP(torch.nn.Module):
             setattr(self, attribute, getattr(mlp, attribute))
         self.activation, self.table_key = activation, key
         self.train(mlp.training)
+
+    gate_proj: torch.nn.Module
+    up_proj: torch.nn.Linear
+    down_proj: torch.nn.Module
+    act_fn: Callable[[torch.Tensor], torch.Tensor]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         up = self.up_proj
@@ -259,7 +267,8 @@ def _sites(model: torch.nn.Module) -> list[_Site]:
             for (a, first), (b, second) in zip(children, children[1:]):
                 if isinstance(first, torch.nn.Linear):
                     found.append(_Site(name, a, b, activation_of_module(second), False, _shown(second)))
-        elif all(isinstance(getattr(module, a, None), torch.nn.Linear) for a in _GATED[:3]) and hasattr(module, "act_fn"):
+        elif hasattr(module, "act_fn") and all(isinstance(getattr(module, a, None), torch.nn.Linear)
+                                               for a in _GATED[:3]):
             found.append(_Site(name, "up_proj", "act_fn", activation_of_module(module.act_fn), True,
                                _shown(module.act_fn)))
         else:
@@ -337,7 +346,6 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
         if device not in coverages:
             rows = tuned if device < 0 else device_table(tuned, device, "patch")
             coverages[device] = _Coverage(rows.frame)
-            coverages[device].frame = rows.frame
         return coverages[device]
 
     notes: dict[int, str] = {}
@@ -371,8 +379,8 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
             continue
         original = fused_from.get(id(module), module)
         if id(original) in fused:
-            epilogue, reason = fused[id(original)]
-            decisions.append(_decision(name, original, True, reason, epilogue))
+            fused_name, reason = fused[id(original)]
+            decisions.append(_decision(name, original, True, reason, fused_name))
             continue
         note = notes.get(id(module), "")
         if id(module) not in swaps:
@@ -394,7 +402,8 @@ def _decision(name: str, linear: torch.nn.Linear, swapped: bool, reason: str, fu
                          swapped, reason, fused, fusion)
 
 
-def _why_fused_not(name: str, linear: torch.nn.Linear, site: _Site, coverage_of: Any, cuda_only: bool,
+def _why_fused_not(name: str, linear: torch.nn.Linear, site: _Site,
+                   coverage_of: Callable[[torch.nn.Linear], _Coverage], cuda_only: bool,
                    min_ratio: float) -> str | None:
     """Why the Linear at `site` is not fused with what follows it; None where it is."""
     then = "gate_proj and act_fn" if site.gated else site.then
