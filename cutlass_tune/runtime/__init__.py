@@ -26,17 +26,19 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ..tables import BestTableError, BundledKernel, BundleError
     from ._grouped import GroupedGemm, grouped_mm, grouped_problem_of, torch_grouped_mm
     from ._grouped_op import grouped_mm_op
+    from ._inductor import FusionDecision, FusionPass, inductor_options
     from ._linear import Linear
     from ._matmul import Gemm, MatmulInputError, activation_of, matmul, operation_of, problem_of, torch_gemm
     from ._op import UnregisteredTableError, linear, mm, register_table
     from ._patch import LayerDecision, PatchReport, patch
     from ._table import BestTable, Match
 
-__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Gemm", "GemmArgs", "GemmInstance",
-           "GroupedGemm", "KernelLoadError", "KernelStatusError", "LayerDecision", "Linear", "LoadedKernel", "Match",
-           "MatmulInputError", "PatchReport", "UnregisteredTableError", "activation_of", "cutlass_status_name",
-           "grouped_mm", "grouped_mm_op", "grouped_problem_of", "linear", "make_args", "matmul", "mm", "operation_of",
-           "patch", "problem_of", "register_table", "torch_gemm", "torch_grouped_mm"]
+__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "FusionDecision", "FusionPass", "Gemm",
+           "GemmArgs", "GemmInstance", "GroupedGemm", "KernelLoadError", "KernelStatusError", "LayerDecision",
+           "Linear", "LoadedKernel", "Match", "MatmulInputError", "PatchReport", "UnregisteredTableError",
+           "activation_of", "cutlass_status_name", "grouped_mm", "grouped_mm_op", "grouped_problem_of",
+           "inductor_options", "linear", "make_args", "matmul", "mm", "operation_of", "patch", "problem_of",
+           "register_table", "torch_gemm", "torch_grouped_mm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match")
@@ -44,7 +46,8 @@ _MATMUL = ("Gemm", "MatmulInputError", "activation_of", "matmul", "operation_of"
 _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredTableError": "_op", "Linear": "_linear",
            "patch": "_patch", "PatchReport": "_patch", "LayerDecision": "_patch", "GroupedGemm": "_grouped",
            "grouped_mm": "_grouped", "grouped_problem_of": "_grouped", "torch_grouped_mm": "_grouped",
-           "grouped_mm_op": "_grouped_op"}
+           "grouped_mm_op": "_grouped_op", "inductor_options": "_inductor", "FusionPass": "_inductor",
+           "FusionDecision": "_inductor"}
 
 
 def __dir__() -> list[str]:

@@ -11,15 +11,18 @@ A covered layer is swapped where one of its entries beats cuBLAS by the table's 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from .._torch import TORCH_DTYPE
-from ..space import DType, Problem, check_problem
+from ..space import Activation, DType, Epilogue, Problem, check_problem
 from ._linear import Linear
 from ._matmul import device_table
 from ._op import registered_table, table_key
@@ -43,6 +46,12 @@ class LayerDecision:
     swapped: bool
     reason: str
     """For a swapped layer, the entries that cover it; for one left, what it lacks."""
+    fused: str = ""
+    """The epilogue the layer runs fused with what followed it ("bias+gelu", "silu+gated"); ""
+    where it runs its GEMM alone."""
+    fusion: str = ""
+    """Where the structure showed an activation or gate after the layer: what was fused with it,
+    or why not."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,69 +68,93 @@ class PatchReport:
         return tuple(d for d in self.layers if d.swapped)
 
     @property
+    def fused(self) -> tuple[LayerDecision, ...]:
+        return tuple(d for d in self.layers if d.fused)
+
+    @property
     def left(self) -> tuple[LayerDecision, ...]:
         return tuple(d for d in self.layers if not d.swapped)
 
     def __str__(self) -> str:
         head = (f"cutlass_tune.patch (table {self.table!r}): {len(self.swapped)} of {len(self.layers)} "
-                "Linear layers swapped")
+                "Linear layers swapped" + (f", {len(self.fused)} fused with what follows" if self.fused else ""))
         names = [d.name or "(model)" for d in self.layers]
         shapes = [f"{d.in_features}->{d.out_features} {str(d.dtype).removeprefix('torch.')}" for d in self.layers]
         wide = max(map(len, names), default=0), max(map(len, shapes), default=0)
-        lines = [f"  {'swapped' if d.swapped else 'left   '}  {name:<{wide[0]}}  {shape:<{wide[1]}}  {d.reason}"
+        lines = [f"  {'fused  ' if d.fused else 'swapped' if d.swapped else 'left   '}  {name:<{wide[0]}}  "
+                 f"{shape:<{wide[1]}}  {d.reason}" + (f"; {d.fusion}" if d.fusion and not d.fused else "")
                  for d, name, shape in zip(self.layers, names, shapes)]
         return "\n".join([head, *lines])
 
 
 class _Coverage:
-    """The plain tn entries of a table whose input and output types match, by (dtype, N, K)
-    (an entry of a fused epilogue or scaled fp8 computes another function than nn.Linear's GEMM)."""
+    """The tn entries of one epilogue in a table whose input and output types match, by
+    (dtype, N, K): plain ones (epilogue none, as nn.Linear's GEMM) by default, or those of a fused
+    epilogue (`epilogue`) for a Linear fused with what follows it. Scaled fp8 entries compute
+    another function and are never counted.
 
-    def __init__(self, frame: pd.DataFrame):
+    `ratios`: the columns whose smallest finite value is an entry's ratio (the table's `ratio`;
+    a compiled model's pass adds `torch_compile_ratio`, the bar a compiled model has to beat)."""
+
+    def __init__(self, frame: pd.DataFrame, epilogue: Epilogue = Epilogue(), ratios: tuple[str, ...] = ("ratio",)):
+        self.frame = frame
+        """The rows it was built from, all epilogues: a fused coverage of the same device starts there."""
+        self.epilogue = epilogue
         self.tuned: dict[tuple[str, int, int], list[tuple[int, float]]] = defaultdict(list)
         if frame.empty:
             return
-        rows = frame[(frame["layout"] == "tn") & (frame["dtype_a"] == frame["dtype_d"]) & (frame["epilogue"] == "none")
-                     & (frame["scaling"] == "none")]
-        ratios = rows["ratio"] if "ratio" in rows.columns else pd.Series(math.nan, index=rows.index)
-        for dtype, n, k, m, ratio in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratios):
-            self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(ratio)))
+        rows = frame[(frame["layout"] == "tn") & (frame["dtype_a"] == frame["dtype_d"])
+                     & (frame["epilogue"] == epilogue.name) & (frame["scaling"] == "none")]
+        columns = [rows[c] if c in rows.columns else pd.Series(math.nan, index=rows.index) for c in ratios]
+        ratio = pd.concat(columns, axis=1).astype(float).min(axis=1, skipna=True)
+        for dtype, n, k, m, r in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratio):
+            self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(r)))
+
+    def _named(self, dtype: DType) -> str:
+        """"bf16 tn", or "bf16 tn bias+gelu" for a fused epilogue."""
+        return f"{dtype.value} tn" + ("" if self.epilogue.is_plain else f" {self.epilogue.name}")
 
     def why_not(self, dtype: DType, n: int, k: int, min_ratio: float) -> str | None:
-        """None where the table covers N x K of `dtype` with an entry at `min_ratio` of cuBLAS
-        or faster, else what it has instead."""
+        """None where the table covers N x K of `dtype` with an entry at `min_ratio` of its
+        baseline or faster, else what it has instead."""
+        named = self._named(dtype)
+        baseline = "cuBLAS" if self.epilogue.is_plain else "torch"
         entries = self.tuned.get((dtype.value, n, k))
         if entries:
             best = max((r for _, r in entries if math.isfinite(r)), default=math.nan)
             if min_ratio <= 0 or best >= min_ratio:
                 return None
             if math.isnan(best):
-                return f"{dtype.value} tn N={n}, K={k}: the table has no ratio to cuBLAS to hold to min_ratio " \
-                       f"{min_ratio}"
-            return (f"{dtype.value} tn N={n}, K={k}: tuned at {best:.3f}x cuBLAS at best, below min_ratio "
-                    f"{min_ratio} (torch's GEMM is kept)")
+                return f"{named} N={n}, K={k}: the table has no ratio to {baseline} to hold to min_ratio {min_ratio}"
+            kept = "torch's GEMM is kept" if self.epilogue.is_plain else "torch's path is kept"
+            return (f"{named} N={n}, K={k}: tuned at {best:.3f}x {baseline} at best, below min_ratio "
+                    f"{min_ratio} ({kept})")
         shapes = sorted({(sn, sk) for d, sn, sk in self.tuned if d == dtype.value})
         if not shapes:
             has = sorted({d for d, _, _ in self.tuned})
-            return f"the table has no {dtype.value} tn entries (it has tn entries for: {', '.join(has) or 'none'})"
+            if not has and not self.epilogue.is_plain:
+                return f"the table has no {named.partition(' ')[2]} entries"
+            return (f"the table has no {named} entries (it has {named.partition(' ')[2]} entries for: "
+                    f"{', '.join(has) or 'none'})")
         listed = ", ".join(f"{sn}x{sk}" for sn, sk in shapes[:_LISTED])
         more = f" and {len(shapes) - _LISTED} more" if len(shapes) > _LISTED else ""
-        return f"no {dtype.value} tn entry for N={n}, K={k} (N x K tuned: {listed}{more})"
+        return f"no {named} entry for N={n}, K={k} (N x K tuned: {listed}{more})"
 
     def covering(self, dtype: DType, n: int, k: int) -> str:
         """The entries of N x K of `dtype`, in words."""
         entries = sorted(self.tuned[(dtype.value, n, k)])
-        text = f"{dtype.value} tn N={n}, K={k} tuned at M = {', '.join(str(m) for m, _ in entries)}"
+        text = f"{self._named(dtype)} N={n}, K={k} tuned at M = {', '.join(str(m) for m, _ in entries)}"
         ratios = [r for _, r in entries if math.isfinite(r)]
+        baseline = "cuBLAS" if self.epilogue.is_plain else "torch"
         if ratios:
             low, high = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
-            text += f" ({low}x cuBLAS)" if low == high else f" ({low}-{high}x cuBLAS)"
+            text += f" ({low}x {baseline})" if low == high else f" ({low}-{high}x {baseline})"
         return text
 
 
-def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage, cuda_only: bool,
+def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage | None, cuda_only: bool,
               min_ratio: float) -> str | None:
-    """Why `linear` stays as it is; None when it is swapped."""
+    """Why `linear` stays as it is; None when it is swapped (`coverage` None: whatever the table has)."""
     if isinstance(linear, Linear):
         return f"already a cutlass_tune.nn.Linear (table {linear.table_key!r})"
     if type(linear) is not torch.nn.Linear:
@@ -138,11 +171,131 @@ def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage, cuda_only
     refused = check_problem(Problem(1, n, k, dtype_a=dtype, dtype_b=dtype, dtype_d=dtype))
     if refused:
         return refused[0].reason
-    return coverage.why_not(dtype, n, k, min_ratio)
+    return None if coverage is None else coverage.why_not(dtype, n, k, min_ratio)
+
+
+_TANH_GELUS = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActivation", "GELUPytorchTanh")
+"""transformers' tanh-GELU modules (activations.py): the same function as F.gelu(approximate="tanh")."""
+_FUNCTIONS = {F.relu: Activation.RELU, torch.relu: Activation.RELU, F.gelu: Activation.GELU, F.silu: Activation.SILU}
+_PAIRS = (("dense", "intermediate_act_fn"), ("dense_h_to_4h", "act"), ("fc_in", "act"))
+"""(Linear, activation) attributes of modules whose forward applies the activation to the
+Linear's output and nothing else reads it: BERT's (and ViT's) Intermediate, GPT-NeoX's MLP, GPT-J's MLP."""
+_GATED = ("gate_proj", "up_proj", "down_proj", "act_fn")
+"""A gated MLP's attributes (LLaMA, Qwen, Mistral, Gemma): down_proj(act_fn(gate_proj(x)) * up_proj(x))."""
+
+
+def activation_of_module(value: object) -> Activation | None:
+    """The activation an activation module (or function) computes, where it is one the fused
+    kernels compute: nn.ReLU, nn.GELU (erf or tanh), nn.SiLU, transformers' GELUActivation (erf),
+    GELUTanh, NewGELUActivation, FastGELUActivation (tanh) and SiLUActivation, F.relu, F.gelu,
+    F.silu; None for anything else."""
+    if isinstance(value, torch.nn.GELU):
+        return Activation.GELU_TANH if value.approximate == "tanh" else Activation.GELU
+    if isinstance(value, torch.nn.ReLU) and not value.inplace:
+        return Activation.RELU
+    if isinstance(value, torch.nn.SiLU) and not value.inplace:
+        return Activation.SILU
+    name = type(value).__name__
+    if name == "GELUActivation":
+        return Activation.GELU  # F.gelu, or its Python erf form
+    if name in _TANH_GELUS:
+        return Activation.GELU_TANH
+    if name == "SiLUActivation":
+        return Activation.SILU
+    if isinstance(value, functools.partial) and value.func is F.gelu and not value.args:
+        return Activation.GELU_TANH if value.keywords == {"approximate": "tanh"} else None
+    return _FUNCTIONS.get(value) if callable(value) else None
+
+
+class GatedMLP(torch.nn.Module):
+    """A gated MLP whose up projection runs fused with the gate: down_proj(linear(x, up_proj's
+    weight and bias, activation, gate=gate_proj(x))), one kernel for act(gate) * (x Wu^T + b).
+
+    Holds the MLP's own gate_proj, up_proj, down_proj and act_fn (same parameters, same
+    state_dict keys). Where a gradient is needed it computes the MLP as it was (torch's
+    activation keeps what its backward needs; the fused kernel keeps nothing)."""
+
+    def __init__(self, mlp: torch.nn.Module, key: str, activation: Activation):
+        super().__init__()
+        for attribute in _GATED:
+            setattr(self, attribute, getattr(mlp, attribute))
+        self.activation, self.table_key = activation, key
+        self.train(mlp.training)
+
+    gate_proj: torch.nn.Module
+    up_proj: torch.nn.Linear
+    down_proj: torch.nn.Module
+    act_fn: Callable[[torch.Tensor], torch.Tensor]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = self.up_proj
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in up.parameters())):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * up(x))
+        fused = torch.ops.cutlass_tune.linear(x, up.weight, up.bias, self.activation.value, self.table_key,
+                                              gate=self.gate_proj(x).contiguous())
+        return self.down_proj(fused)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation.value!r}, table={self.table_key!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Site:
+    """A Linear followed by an activation (or gating one) in a module's structure."""
+
+    parent: str
+    linear: str
+    """The Linear's attribute in `parent`."""
+    then: str
+    """The activation's attribute in `parent` (for a gated MLP, act_fn)."""
+    activation: Activation | None
+    gated: bool
+    shown: str
+    """What follows, in words (its type's name)."""
+
+    def epilogue(self, linear: torch.nn.Linear) -> Epilogue:
+        assert self.activation is not None  # only sites with a known activation are fused
+        return Epilogue(bias=linear.bias is not None, activation=self.activation, gated=self.gated)
+
+
+def _sites(model: torch.nn.Module) -> list[_Site]:
+    """The fusable places the structure of `model` shows (see `_PAIRS`, `_GATED`, nn.Sequential)."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Sequential):
+            children = list(module._modules.items())
+            for (a, first), (b, second) in zip(children, children[1:]):
+                if isinstance(first, torch.nn.Linear):
+                    found.append(_Site(name, a, b, activation_of_module(second), False, _shown(second)))
+        elif hasattr(module, "act_fn") and all(isinstance(getattr(module, a, None), torch.nn.Linear)
+                                               for a in _GATED[:3]):
+            found.append(_Site(name, "up_proj", "act_fn", activation_of_module(module.act_fn), True,
+                               _shown(module.act_fn)))
+        else:
+            for linear, then in _PAIRS:
+                if isinstance(getattr(module, linear, None), torch.nn.Linear) and hasattr(module, then):
+                    after = getattr(module, then)
+                    found.append(_Site(name, linear, then, activation_of_module(after), False, _shown(after)))
+    return [s for s in found if s.activation is not None or not isinstance(
+        getattr(model.get_submodule(s.parent), s.then), (torch.nn.Dropout, torch.nn.Identity, torch.nn.Linear))]
+
+
+def _shown(value: object) -> str:
+    return getattr(value, "__name__", None) or type(value).__name__
+
+
+def operator_takes(argument: str) -> bool:
+    """Whether `torch.ops.cutlass_tune.linear` has the argument `argument` ("residual",
+    "gate") in this build."""
+    return any(a.name == argument for a in torch.ops.cutlass_tune.linear.default._schema.arguments)
+
+
+def _qualified(parent: str, attribute: str) -> str:
+    return f"{parent}.{attribute}" if parent else attribute
 
 
 def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: bool = True,
-          min_ratio: float = 1.0) -> PatchReport:
+          min_ratio: float = 1.0, fuse: bool = True) -> PatchReport:
     """Swap, in place, every torch.nn.Linear of `model` that `table` covers for a
     `cutlass_tune.nn.Linear` sharing its parameters (nothing is copied; state_dict keys stay).
 
@@ -166,8 +319,17 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
             tuned kernel beating cuBLAS, so patching does not make a model slower by the table's
             own figures. 0 swaps every covered layer.
 
+        fuse: also fuse a Linear with the activation that follows it where the structure shows
+            it: in an nn.Sequential (Linear, then nn.ReLU, nn.GELU, nn.SiLU or transformers'
+            GELU/SiLU modules), in modules of transformers' MLP attribute names (BERT's
+            Intermediate: dense + intermediate_act_fn; GPT-NeoX: dense_h_to_4h + act; GPT-J: fc_in +
+            act), and a gated MLP's up_proj with its gate (gate_proj, up_proj, down_proj, act_fn:
+            the module is replaced by a `GatedMLP` holding the same layers). Fused where the
+            table has an entry of that epilogue (bias+gelu, silu+gated, ...) for the layer's N and
+            K at `min_ratio` of torch or faster; the activation module becomes nn.Identity.
+
     Returns:
-        A `PatchReport`: each layer, swapped or left, and why.
+        A `PatchReport`: each layer, swapped or left, and why; fused or not, and why.
 
     Raises:
         BestTableError, BundleError, StoreError: a table path that cannot be read.
@@ -175,33 +337,86 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
     key = table_key(table)
     tuned = registered_table(key)
     coverages: dict[int, _Coverage] = {}
+    fused_from: dict[int, torch.nn.Linear] = {}  # a fused cutlass_tune.nn.Linear's id -> the layer it replaced
 
     def coverage_of(linear: torch.nn.Linear) -> _Coverage:
-        """The table's entries the layer's device may use: on CUDA, those of its GPU model."""
+        """The table's plain entries the layer's device may use: on CUDA, those of its GPU model
+        (`.frame`: all its rows there)."""
         device = linear.weight.get_device()
         if device not in coverages:
             rows = tuned if device < 0 else device_table(tuned, device, "patch")
             coverages[device] = _Coverage(rows.frame)
         return coverages[device]
 
+    notes: dict[int, str] = {}
+    fused: dict[int, tuple[str, str]] = {}
+    for site in _sites(model) if fuse else []:
+        parent = model.get_submodule(site.parent)
+        linear = getattr(parent, site.linear)
+        qualified = _qualified(site.parent, site.linear)
+        why = _why_fused_not(qualified, linear, site, coverage_of, cuda_only, min_ratio)
+        if why is not None:
+            notes[id(linear)] = why
+            continue
+        epilogue = site.epilogue(linear)
+        covering = _Coverage(coverage_of(linear).frame, epilogue).covering(_DTYPES[linear.weight.dtype],
+                                                                            linear.out_features, linear.in_features)
+        assert site.activation is not None  # _why_fused_not refuses sites without one
+        if site.gated:
+            holder, _, attribute = site.parent.rpartition(".")
+            setattr(model.get_submodule(holder), attribute, GatedMLP(parent, key, site.activation))
+            fused[id(linear)] = (epilogue.name, f"fused with gate_proj and act_fn: {covering}")
+        else:
+            setattr(parent, site.linear, Linear.from_linear(linear, key, activation=site.activation))
+            setattr(parent, site.then, torch.nn.Identity())
+            fused[id(linear)] = (epilogue.name, f"fused with {site.then}: {covering}")
+            fused_from[id(getattr(parent, site.linear))] = linear
+
     decisions: list[LayerDecision] = []
     swaps: dict[int, Linear] = {}
     for name, module in list(model.named_modules(remove_duplicate=False)):
         if not isinstance(module, torch.nn.Linear):
             continue
+        original = fused_from.get(id(module), module)
+        if id(original) in fused:
+            fused_name, reason = fused[id(original)]
+            decisions.append(_decision(name, original, True, reason, fused_name))
+            continue
+        note = notes.get(id(module), "")
         if id(module) not in swaps:
             why = _why_left(name, module, coverage_of(module), cuda_only, min_ratio)
             if why is not None:
-                decisions.append(_decision(name, module, False, why))
+                decisions.append(_decision(name, module, False, why, fusion=note))
                 continue
             swaps[id(module)] = Linear.from_linear(module, key)
         parent, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent), attribute, swaps[id(module)])
         covering = coverage_of(module).covering(_DTYPES[module.weight.dtype], module.out_features, module.in_features)
-        decisions.append(_decision(name, module, True, covering))
+        decisions.append(_decision(name, module, True, covering, fusion=note))
     return PatchReport(key, tuple(decisions))
 
 
-def _decision(name: str, linear: torch.nn.Linear, swapped: bool, reason: str) -> LayerDecision:
+def _decision(name: str, linear: torch.nn.Linear, swapped: bool, reason: str, fused: str = "",
+              fusion: str = "") -> LayerDecision:
     return LayerDecision(name, linear.in_features, linear.out_features, linear.weight.dtype, linear.weight.device,
-                         swapped, reason)
+                         swapped, reason, fused, fusion)
+
+
+def _why_fused_not(name: str, linear: torch.nn.Linear, site: _Site,
+                   coverage_of: Callable[[torch.nn.Linear], _Coverage], cuda_only: bool,
+                   min_ratio: float) -> str | None:
+    """Why the Linear at `site` is not fused with what follows it; None where it is."""
+    then = "gate_proj and act_fn" if site.gated else site.then
+    if site.activation is None:
+        return f"not fused with {then}: {site.shown}, not an activation the fused kernels compute (relu, gelu, " \
+               "gelu_tanh, silu)"
+    why = _why_left(name, linear, None, cuda_only, min_ratio)
+    if why is None:
+        epilogue = site.epilogue(linear)
+        if site.gated and not operator_takes("gate"):
+            why = "torch.ops.cutlass_tune.linear takes no gate argument in this build"
+        else:
+            why = _Coverage(coverage_of(linear).frame, epilogue).why_not(_DTYPES[linear.weight.dtype],
+                                                                         linear.out_features, linear.in_features,
+                                                                         min_ratio)
+    return None if why is None else f"not fused with {then}: {why}"

@@ -1,0 +1,17 @@
+"""Best tables of fused tn problems for the fusion tests (patch, the Inductor pass, capture):
+rows that name what `_Coverage` reads, without kernels to run (off CUDA the operators compute
+torch's math)."""
+
+from collections.abc import Iterable
+
+import pandas as pd
+
+from cutlass_tune.runtime import BestTable
+
+
+def fused_table(entries: Iterable[tuple[str, int, int, float]], dtype: str = "bf16", m: int = 128) -> BestTable:
+    """One tn row per (epilogue, N, K, ratio) of `dtype` at M = `m`."""
+    rows = [{"gpu": "", "problem": f"{m}x{n}x{k}_{dtype}{dtype}{dtype}_tn", "m": m, "n": n, "k": k,
+             "dtype_a": dtype, "dtype_b": dtype, "dtype_d": dtype, "layout": "tn", "epilogue": epilogue,
+             "scaling": "none", "ratio": ratio} for epilogue, n, k, ratio in entries]
+    return BestTable(pd.DataFrame(rows))
