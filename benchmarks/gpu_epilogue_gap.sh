@@ -43,7 +43,7 @@ ct() { python3 -m cutlass_tune.cli "$@"; }
 if [ ! -e "$state/swept" ]; then
   limit=$(( $(left) - 230 ))  # leave one confirm pass its time
   echo "== $(date -u +%FT%TZ) sweep with $limit s" >> "$state/sweep.txt"
-  timeout -k 20 "$limit" python3 -m cutlass_tune.cli sweep "$space" --strategy optuna --trials 30 --batch 30 \
+  timeout -k 20 "$limit" python3 -m cutlass_tune.cli sweep "$space" --strategy optuna --trials 15 --batch 15 \
     --method events --paired --timeout $((limit * 6 / 10)) --storage "$store" >> "$state/sweep.txt" 2>&1
   echo "sweep rc=$? (124: stopped by this call's time, resumes)"; tail -3 "$state/sweep.txt"
   if tail -1 "$state/sweep.txt" | grep -q "stopped: trial budget reached\|stopped: no new configs proposed"; then
