@@ -10,10 +10,12 @@
 #
 # The table: a sweep of both families' expert GEMMs (forward at both token counts, and the
 # training step's input gradients), then a bundle, from the repository root on the GPU host (the
-# grouped prior leads kernels: auto; 8 configs per file, about 3 min together):
-#   python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_e2e_bf16.yaml --trials 8 --batch 8 \
+# grouped prior leads kernels: auto; 4 configs per file, about 75 s together on an H200 with the
+# kernels compiled ahead). `--trials` counts the configs compiled for the whole store, earlier
+# sweeps included: the second sweep's is the running total (with 4 there, it compiles nothing).
+#   python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_e2e_bf16.yaml --trials 4 --batch 4 \
 #     --storage results/moe-e2e.sqlite
-#   python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_e2e_train_bf16.yaml --trials 8 --batch 8 \
+#   python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_e2e_train_bf16.yaml --trials 8 --batch 4 \
 #     --storage results/moe-e2e.sqlite
 #   python3 -m cutlass_tune.cli export --storage results/moe-e2e.sqlite -o results/moe-e2e-bundle
 #   benchmarks/gpu_moe_e2e.sh results/moe-e2e results/moe-e2e-bundle
