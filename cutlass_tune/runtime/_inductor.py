@@ -18,8 +18,9 @@ The pass runs on Inductor's post-grad graph (aten ops, normalized and functional
 
 Each only where the table has a winner for the fused problem: an entry of that epilogue, dtype
 (bf16 or f16 in and out), layout tn, N and K (M is the tokens of a call and may be dynamic: the
-operator runs the entry of the nearest tuned M) whose ratio to torch, and to torch.compile where
-the table has that figure, is at least `min_ratio`. A training graph keeps the pre-activation
+operator runs the entry of the nearest tuned M) whose ratio to torch eager, to the strongest
+torch path (eager, torch.compile or cuBLASLt's epilogue) and to torch.compile, where the table
+has those figures, is at least `min_ratio`. A training graph keeps the pre-activation
 for its backward, so its activations stay as they were; its residual adds are fused (their
 backward needs no value of the forward). Everything else stays as Inductor compiles it.
 `FusionPass.decisions` lists what each compiled graph had, fused or not and why.
@@ -320,7 +321,7 @@ class FusionPass(CustomGraphPass):
         if cached is None:
             tuned = registered_table(self.key)
             rows = tuned if index < 0 else device_table(tuned, index, "inductor_options")
-            cached = _Coverage(rows.frame, epilogue, ratios=("ratio", "torch_compile_ratio"))
+            cached = _Coverage(rows.frame, epilogue, ratios=("ratio", "strongest_ratio", "torch_compile_ratio"))
             self._coverage[(index, epilogue.name)] = cached
         return cached
 

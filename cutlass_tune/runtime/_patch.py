@@ -93,10 +93,12 @@ class _Coverage:
     epilogue (`epilogue`) for a Linear fused with what follows it. Scaled fp8 entries compute
     another function and are never counted.
 
-    `ratios`: the columns whose smallest finite value is an entry's ratio (the table's `ratio`;
-    a compiled model's pass adds `torch_compile_ratio`, the bar a compiled model has to beat)."""
+    `ratios`: the columns whose smallest finite value is an entry's ratio (the table's `ratio`
+    and `strongest_ratio`, its ratio to the fastest torch path of the same math: eager,
+    torch.compile or cuBLASLt's epilogue; a compiled model's pass adds `torch_compile_ratio`)."""
 
-    def __init__(self, frame: pd.DataFrame, epilogue: Epilogue = Epilogue(), ratios: tuple[str, ...] = ("ratio",)):
+    def __init__(self, frame: pd.DataFrame, epilogue: Epilogue = Epilogue(),
+                 ratios: tuple[str, ...] = ("ratio", "strongest_ratio")):
         self.frame = frame
         """The rows it was built from, all epilogues: a fused coverage of the same device starts there."""
         self.epilogue = epilogue

@@ -143,3 +143,14 @@ def test_transformers_mlps_if_installed():
     ids = torch.randint(0, 64, (1, 8))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, before(ids).logits, rtol=3e-2, atol=5e-2)
+
+
+def test_an_entry_that_beats_eager_but_not_cublaslts_epilogue_is_not_fused():
+    # Regression: coverage read the ratio to eager only, so a kernel 1.1x eager's F.gelu(F.linear)
+    # but 0.95x cuBLASLt's own bias+GELU epilogue (the strongest torch path) was fused.
+    table = fused_table([("bias+gelu_tanh", 64, 32, 1.1)])
+    table.frame["strongest_ratio"] = 0.95
+    report = cutlass_tune.patch(Model(), table, cuda_only=False)
+    assert {d.name: d.fused for d in report.layers}["neox.dense_h_to_4h"] == ""
+    assert "tuned at 0.950x torch at best, below min_ratio 1.0" in {d.name: d.fusion for d in report.layers}[
+        "neox.dense_h_to_4h"]
