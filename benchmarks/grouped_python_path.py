@@ -85,7 +85,7 @@ def doubles(table: BestTable) -> Iterator[None]:
     """The GPU's edges replaced (see the module docstring)."""
     config = KernelConfig(tile_m=128, tile_n=128, tile_k=64, kernel_schedule=KernelSchedule.COOPERATIVE,
                           tile_scheduler=TileScheduler.PERSISTENT, layout_b=Layout.COL, grouping=Grouping.GROUPED)
-    table.bundled = {"h": BundledKernel("unused.so", "k0")}
+    table.bundled = {"h": BundledKernel(Path("unused.so"), "k0")}
     cuda_kernel = _grouped_op.grouped_mm_op._backend_fns["cuda"]
     with contextlib.ExitStack() as stack:
         for target, name, value in [
