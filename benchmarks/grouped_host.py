@@ -11,7 +11,9 @@ waits on a full queue or on the GPU), median of `--reps` blocks:
 - cutlass_tune.grouped_mm (what the "cutlass_tune" experts call in eager inference: a dict
   lookup, a kept workspace, an instance initialized once for repeating addresses),
 - torch.ops.cutlass_tune.grouped_mm under no_grad (the operator: what training and
-  torch.compile call; a workspace from the allocator per call).
+  torch.compile call),
+- both compiled: a function of the one call under torch.compile (default mode, no CUDA graphs),
+  torch._grouped_mm's beside the operator's, as a compiled decoder layer calls them.
 
 Writes OUT_DIR/grouped_host.json; prints the table last.
 """
@@ -77,6 +79,9 @@ def main() -> int:
         a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         b = torch.randn(e, n, k, dtype=torch.bfloat16, device="cuda").transpose(-2, -1)
         offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * (m // e)
+        torch._dynamo.reset()  # each case compiles afresh: its shapes, no recompile limit
+        compiled_torch = torch.compile(lambda a, b, offs: torch._grouped_mm(a, b, offs))
+        compiled_op = torch.compile(lambda a, b, offs: torch.ops.cutlass_tune.grouped_mm(a, b, offs, key))
         with warnings.catch_warnings(record=True) as caught, torch.no_grad():
             warnings.simplefilter("always")
             want = torch._grouped_mm(a, b, offs)
@@ -88,6 +93,9 @@ def main() -> int:
                                                    args.calls, args.reps),
                 "torch.ops.cutlass_tune.grouped_mm": host_us(lambda: torch.ops.cutlass_tune.grouped_mm(a, b, offs, key),
                                                              args.calls, args.reps),
+                "compiled torch._grouped_mm": host_us(lambda: compiled_torch(a, b, offs), args.calls, args.reps),
+                "compiled torch.ops.cutlass_tune.grouped_mm": host_us(lambda: compiled_op(a, b, offs), args.calls,
+                                                                      args.reps),
             }
         fallbacks = [str(w.message) for w in caught if "cutlass_tune" in str(w.message)]
         rows.append({"case": name, "experts": e, "n": n, "k": k, "tokens": tokens, "rows": m, "host_us": us,
@@ -96,11 +104,13 @@ def main() -> int:
               "calls": args.calls, "reps": args.reps, "cases": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "grouped_host.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'case':<14} {'tokens':>6} {'torch us':>9} {'direct us':>10} {'operator us':>12} {'rel.err':>8} fallback")
+    print(f"{'case':<14} {'tokens':>6} {'torch us':>9} {'direct us':>10} {'operator us':>12} "
+          f"{'torch cmp us':>13} {'op cmp us':>10} {'rel.err':>8} fallback")
     for r in rows:
         us = r["host_us"]
         print(f"{r['case']:<14} {r['tokens']:>6} {us['torch._grouped_mm']:>9.1f} "
               f"{us['cutlass_tune.grouped_mm']:>10.1f} {us['torch.ops.cutlass_tune.grouped_mm']:>12.1f} "
+              f"{us['compiled torch._grouped_mm']:>13.1f} {us['compiled torch.ops.cutlass_tune.grouped_mm']:>10.1f} "
               f"{r['relative_error']:>8.1e} {len(r['fallbacks'])}")
     return 0
 

@@ -20,7 +20,10 @@ import collections
 import dataclasses
 import functools
 import json
+import math
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -132,6 +135,25 @@ repeats itself), and such a call launches with no initialization. 256: two proje
 deep model, forward and backward, without cycling an LRU smaller than one forward."""
 
 
+def _may_keep(device: int, stream: int) -> bool:
+    """Whether a workspace allocated now on `stream` may be kept past the call: not on the stream
+    on which torch.compile's CUDA graph trees warm up and record (`mode="reduce-overhead"`),
+    where the allocator hands out their graphs' private pool, whose live memory they check.
+    Asked only where no kept workspace fits yet: once per other stream, and on the trees' stream
+    only while they warm up or record (their replays run no Python)."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return True  # no CUDA graph tree exists in a process that never imported them
+    try:
+        if not (hasattr(trees.local, "tree_manager_containers") or torch._C._is_key_in_tls("tree_manager_containers")):
+            return True
+        container = trees.get_obj(trees.local, "tree_manager_containers").get(device)
+        manager = getattr(container, "tree_manager", None)
+        return manager is None or manager.stream.cuda_stream != stream
+    except (AttributeError, KeyError, RuntimeError, TypeError):
+        return False  # torch's internals moved: a workspace per call is right in every case
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class GroupedLaunch:
     """What every call of one grouped problem on one device shares, worked out on its first:
@@ -172,10 +194,11 @@ class GroupedGemm(Gemm):
         launch) is, with `keep_workspace` and outside CUDA graph capture, this thread's for the
         device and stream, kept: calls on one stream run one after another, so one workspace
         serves them all. Otherwise it comes from torch's caching allocator for this call
-        (released once the launch is enqueued): nothing is kept past a call, which the
-        operator needs under torch.compile's CUDA graphs (they refuse memory of their pool
-        held outside it). An instance initialized for the same problem, stream and addresses
-        (operands, result, offsets, workspace) this thread has seen lately launches at once:
+        (released once the launch is enqueued). None is kept on the stream of torch.compile's
+        CUDA graph trees either (`_may_keep`): what their warm-up allocates lands in their
+        graphs' pool, which refuses memory held past a run. An instance initialized for the
+        same problem, stream and addresses (operands, result, offsets, workspace) this thread
+        has seen lately launches at once:
         its parameters hold nothing else, and every launch rebuilds the arrays it reads.
 
         Raises:
@@ -191,8 +214,9 @@ class GroupedGemm(Gemm):
             kept = local.setdefault("workspaces", {})
             workspace = kept.get((device, stream))
             if workspace is None or workspace.numel() < plan.workspace_bytes:
-                workspace = kept[(device, stream)] = torch.empty(plan.workspace_bytes, dtype=torch.uint8,
-                                                                 device=a.device)
+                workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=a.device)
+                if _may_keep(device, stream):
+                    kept[(device, stream)] = workspace
         elif plan.workspace_bytes:
             workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=a.device)
         space = 0 if workspace is None else workspace.data_ptr()
@@ -228,15 +252,18 @@ _lock = threading.Lock()
 
 
 class _Resolved(NamedTuple):
-    """A `grouped_mm` call's shapes resolved: the kernel (None: torch's) and its launch plan."""
+    """A `grouped_mm` call's shapes resolved: the kernel (None: torch's), its launch plan and the
+    table's ratio of the kernel's row to torch's grouped GEMM (NaN: the row has none)."""
 
     gemm: GroupedGemm | None
     problem: Problem
     plan: GroupedLaunch | None
+    ratio: float = math.nan
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: BestTable | str | Path,
-               out_dtype: torch.dtype | None = None, keep_workspace: bool = True) -> torch.Tensor:
+               out_dtype: torch.dtype | None = None, keep_workspace: bool = True,
+               min_ratio: float = 1.0) -> torch.Tensor:
     """MoE experts' GEMMs in one launch: out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e]
     through the table's tuned grouped kernel for these experts (torch._grouped_mm's 2D x 3D
     case; see the module docstring for the operands).
@@ -244,11 +271,12 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
     The table's rows of the same operation (dtypes, b's layout) and the same experts E, N
     and K are looked up; among them the one whose routed rows are nearest M runs (every kernel
     is right for every routing; only its speed was measured at that one). Where the table has
-    none, or CUTLASS cannot run the problem, torch's grouped GEMM computes it (`torch_grouped_mm`)
-    and a warning says so once per cause. The first call for a shape looks it up and prepares
-    its launch; later calls with the same shapes, strides and dtypes take it from a dict and
-    go straight to the launch (no initialization where the addresses repeat:
-    `GroupedGemm.launch`).
+    none, where that row's ratio to torch's grouped GEMM is below `min_ratio` (torch kept where
+    it wins, as `patch` keeps cuBLAS), or where CUTLASS cannot run the problem, torch's grouped
+    GEMM computes it (`torch_grouped_mm`) and a warning says so once per cause. The first call
+    for a shape looks it up and prepares its launch; later calls with the same shapes, strides
+    and dtypes take it from a dict and go straight to the launch (no initialization where the
+    addresses repeat: `GroupedGemm.launch`).
 
     Args:
         a: M x K row-major, bfloat16 or float16, the rows sorted by expert.
@@ -258,8 +286,11 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
         table: a `BestTable`, or what `BestTable.load` reads (loaded once per path).
         out_dtype: the result's type (bfloat16, float16, float32); None: a's type.
         keep_workspace: keep one workspace per thread, device and stream (outside CUDA graph
-            capture) instead of one from torch's allocator per call; the operator
-            `torch.ops.cutlass_tune.grouped_mm` passes False (torch.compile's CUDA graphs).
+            capture and torch.compile's CUDA graph trees) instead of one from torch's allocator
+            per call.
+        min_ratio: run torch's grouped GEMM where the table's row measured the kernel at less
+            than this ratio to it (a row with no ratio counts as below); 0 runs every kernel
+            the table has.
 
     Returns:
         M x N of `out_dtype`, row-major.
@@ -270,18 +301,30 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
             misaligned or strided operands.
     """
     table = table if isinstance(table, BestTable) else _load_table(str(table))
+    return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio)
+
+
+def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None,
+                keep_workspace: bool, min_ratio: float, check: Callable[[], None] | None = None) -> torch.Tensor:
+    """`grouped_mm` on a loaded table, for its callers' hot path (the operator's): `check`, if
+    given, runs only where the call's shapes are not in the table's cache yet (a shape found there
+    passed it once; its checks are functions of the key alone)."""
     device = a.get_device()
     key = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape, offs.dtype,
            out_dtype)
-    resolved = table._kernels.get(key)
+    resolved: _Resolved | None = table._kernels.get(key)  # type: ignore[assignment]
     if resolved is None or not (device >= 0 and b.get_device() == device and offs.get_device() == device
                                 and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
+        if check is not None:
+            check()
         problem = grouped_problem_of(a, b, offs, out_dtype)
         resolved = _resolve(table, problem, key, device)
-    gemm, problem, plan = resolved
-    if gemm is None or plan is None:
+    gemm, problem, plan, ratio = resolved
+    if gemm is None or plan is None or (min_ratio > 0 and not ratio >= min_ratio):
         if problem.m == 0:
             return a.new_empty((0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
+        if gemm is not None:
+            _warn_slower(resolved, min_ratio)
         return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
     try:
         return gemm.launch(plan, a, b, offs, keep_workspace=keep_workspace)
@@ -292,11 +335,23 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
         return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
 
 
+def _warn_slower(resolved: _Resolved, min_ratio: float) -> None:
+    """Says once per table entry and `min_ratio` that torch's grouped GEMM is kept."""
+    gemm, problem = resolved.gemm, resolved.problem
+    assert gemm is not None
+    measured = "has no ratio to torch's grouped GEMM" if math.isnan(resolved.ratio) else \
+        f"was measured at {resolved.ratio:.3f}x torch's grouped GEMM"
+    _warn_once(f"grouped ratio {gemm.config.name} {problem.name} {min_ratio}",
+               f"cutlass_tune.grouped_mm: the table's {gemm.config.name} for {problem.name} {measured}, below "
+               f"min_ratio {min_ratio}; torch's grouped GEMM is kept")
+
+
 def _resolve(table: BestTable, problem: Problem, key: tuple, device: int) -> _Resolved:
-    """The kernel (None: torch's, and for no rows) for `problem` and its launch plan, kept in
-    the table's cache under `key`."""
+    """The kernel (None: torch's, and for no rows) for `problem`, its launch plan and ratio, kept
+    in the table's cache under `key`."""
     gemm: GroupedGemm | None = None
     plan: GroupedLaunch | None = None
+    ratio = math.nan
     if problem.m > 0:
         try:
             rows = device_table(table, device, "grouped_mm")
@@ -309,7 +364,16 @@ def _resolve(table: BestTable, problem: Problem, key: tuple, device: int) -> _Re
             bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
             gemm = _grouped_gemm(match.row["config"], match.runtime, bundled)
             plan = gemm.prepare(problem, device)
-    resolved = _Resolved(gemm, problem, plan)
+            ratio = _number(match.row.get("ratio"))
+    resolved = _Resolved(gemm, problem, plan, ratio)
     with _lock:
         table._kernels[key] = resolved
     return resolved
+
+
+def _number(value: object) -> float:
+    """A table cell as a float, NaN for an empty one."""
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan

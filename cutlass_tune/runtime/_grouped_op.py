@@ -8,8 +8,10 @@ sorted by expert, `b` E x K x N, `offs` E int32 row ends; the result M x N. `tab
 graph break.
 
 On CUDA it runs `grouped_mm` (the table's tuned grouped kernel for these experts, torch's
-grouped GEMM where it has none, or where the tensors are ones no kernel takes, with one warning
-per cause). Off CUDA torch computes it, so that registration, shapes and gradients can be
+grouped GEMM where it has none, where the table measured it slower than torch's (min_ratio 1.0),
+or where the tensors are ones no kernel takes, with one warning per cause), keeping a workspace
+per stream as `grouped_mm` does: none in CUDA graph capture nor on the stream of torch.compile's
+CUDA graph trees. Off CUDA torch computes it, so that registration, shapes and gradients can be
 checked on any machine.
 
 Backward (`register_autograd`):
@@ -27,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ._grouped import grouped_mm, torch_grouped_mm
+from ._grouped import run_grouped, torch_grouped_mm
 from ._matmul import _OUT_DTYPES, MatmulInputError, _warn_once
 from ._op import _TAGS, _on_device_of, registered_table
 
@@ -71,11 +73,11 @@ def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: s
         RuntimeError: shapes that do not multiply, offs of another length or dtype, mixed dtypes
             or devices.
     """
-    _check(a, b, offs, out_dtype)
     tuned = registered_table(table)
     with _on_device_of(a):
         try:
-            return grouped_mm(a, b, offs, table=tuned, out_dtype=out_dtype, keep_workspace=False)
+            # `_check` only for shapes not seen yet: torch._check costs more than the rest of a call.
+            return run_grouped(tuned, a, b, offs, out_dtype, True, 1.0, lambda: _check(a, b, offs, out_dtype))
         except MatmulInputError as err:
             _warn_once(str(err), f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
             return torch_grouped_mm(a, b, offs, out_dtype)

@@ -3,12 +3,18 @@
 addresses and workspace, kept or per call. The kernels themselves run in test_grouped_gpu.py."""
 
 import itertools
+import json
+import math
+import sys
+import types
+import warnings
 
+import pandas as pd
 import pytest
 import torch
 
 from cutlass_tune.kernel import KernelStatusError
-from cutlass_tune.runtime import _grouped, _matmul
+from cutlass_tune.runtime import BestTable, _grouped, _grouped_op, _matmul, register_table
 from cutlass_tune.space import DType, Grouping, KernelConfig, KernelSchedule, Layout, Problem, TileScheduler
 from cutlass_tune.tables import BundledKernel
 
@@ -136,8 +142,8 @@ def test_kept_workspace_grows_for_more_experts(gemm):
     assert FakeKernel.log.of("initialize")[1][3] == workspace.data_ptr()
 
 
-def test_no_workspace_is_kept_by_the_operator_or_in_a_capture(gemm, monkeypatch):
-    """Guards torch.compile's CUDA graphs: nothing allocated in a call outlives it there."""
+def test_no_workspace_is_kept_when_not_asked_or_in_a_capture(gemm, monkeypatch):
+    """Guards CUDA graph capture: nothing allocated in a captured call outlives it."""
     p, (a, b, offs) = plan(gemm), operands()
     gemm.launch(p, a, b, offs, keep_workspace=False)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
@@ -183,3 +189,84 @@ def test_another_workspace_initializes(gemm):
     gemm.launch(p, a, b, offs, out, keep_workspace=False)  # the kept one is still held: another address
     first, second = FakeKernel.log.of("initialize")
     assert first[3] == gemm._local.workspaces[(0, 7)].data_ptr() != second[3]
+
+
+def test_no_workspace_is_kept_on_the_stream_of_cuda_graph_trees(gemm, monkeypatch):
+    """Guards torch.compile's CUDA graph trees: their warm-up allocates in their graphs' pool,
+    which refuses memory held past a run."""
+    manager = types.SimpleNamespace(stream=types.SimpleNamespace(cuda_stream=7))
+    trees = types.SimpleNamespace(local=types.SimpleNamespace(tree_manager_containers={
+        0: types.SimpleNamespace(tree_manager=manager)}), get_obj=getattr)
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
+    p, (a, b, offs) = plan(gemm), operands()
+    gemm.launch(p, a, b, offs, keep_workspace=True)
+    assert not gemm._local.workspaces and FakeKernel.log.of("initialize")[0][3]
+    manager.stream.cuda_stream = 9  # another stream than the trees': kept
+    gemm.launch(p, a, b, offs, keep_workspace=True)
+    assert list(gemm._local.workspaces) == [(0, 7)]
+
+
+def test_may_keep_without_cuda_graph_trees(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
+    assert _grouped._may_keep(0, 7)
+    broken = types.SimpleNamespace(local=types.SimpleNamespace(tree_manager_containers=None), get_obj=getattr)
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", broken)
+    assert not _grouped._may_keep(0, 7)  # internals not as expected: a workspace per call
+
+
+class Rows:
+    """Stands for a device's rows of a table: one grouped row of `ratio` for every lookup."""
+
+    def __init__(self, config, ratio):
+        self.row = pd.Series({"config": json.dumps(config.to_dict()), "config_hash": "h", "ratio": ratio})
+        self.runtime = _grouped.RuntimeArgs()
+
+    def find(self, *args, **kwargs):
+        return self
+
+
+@pytest.fixture
+def table(gemm, monkeypatch):
+    """A registered table whose every grouped lookup answers with `gemm`'s config, at `table.ratio`;
+    CPU tensors pass for CUDA ones of device 0."""
+    t = BestTable(pd.DataFrame({"m": [], "n": [], "k": []}), bundled={"h": BundledKernel("unused.so", "k0")})
+    t.ratio = 1.2
+    monkeypatch.setattr(_grouped, "device_table", lambda table, device, caller: Rows(gemm.config, table.ratio))
+    monkeypatch.setattr(_grouped, "grouped_problem_of", lambda a, b, offs, out_dtype=None: Problem.experts(
+        b.shape[0], b.shape[2], b.shape[1], a.shape[0], dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_d=DType.BF16,
+        layout_b=Layout.COL))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(_grouped, "torch_grouped_mm", lambda a, b, offs, dtype=None: "torch")
+    monkeypatch.setattr(_matmul, "_warned", set())
+    _grouped._grouped_gemm.cache_clear()
+    yield t
+    _grouped._grouped_gemm.cache_clear()
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_operator_keeps_a_workspace_outside_capture_only(table, monkeypatch, capturing):
+    """Guards the operator's host time: outside capture no workspace is allocated per call."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+    key = register_table(table, key="grouped-launch")
+    a, b, offs = operands()
+    for _ in range(2):
+        _grouped_op.grouped_mm_op._init_fn(a, b, offs, key)
+    assert len(FakeKernel.log.of("run")) == 2
+    [resolved] = table._kernels.values()
+    workspaces = getattr(resolved.gemm._local, "workspaces", {})
+    assert (not workspaces) if capturing else list(workspaces) == [(0, 7)]
+
+
+@pytest.mark.parametrize(("ratio", "min_ratio", "runs"), [(1.2, 1.0, True), (0.9, 1.0, False), (0.9, 0.8, True),
+                                                          (math.nan, 1.0, False), (math.nan, 0.0, True)])
+def test_torch_is_kept_where_the_table_measured_it_faster(table, ratio, min_ratio, runs):
+    table.ratio = ratio
+    a, b, offs = operands()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = [_grouped.grouped_mm(a, b, offs, table=table, min_ratio=min_ratio) for _ in range(2)]
+    assert (results[0] == "torch") is not runs and len(FakeKernel.log.of("run")) == (2 if runs else 0)
+    said = [str(w.message) for w in caught if "min_ratio" in str(w.message)]
+    assert len(said) == (0 if runs else 1)  # once, not per call
+    if not runs:
+        assert "no ratio" in said[0] if math.isnan(ratio) else "0.900x" in said[0]
