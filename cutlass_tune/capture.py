@@ -16,6 +16,16 @@ to the GEMM's output, through views, as an MLP's Linear -> activation does), a r
 An activation is taken into the GEMM only when it is the next op on the output: a model that
 also reads the output before the activation is recorded as if it did not.
 
+The forward's fused operations are those `inductor_options`' pass and `patch(fuse=True)` would
+run (runtime/_inductor.py), so one sweep of the written files covers the model so run:
+- a gated product act(x Wg^T) * (x Wu^T) of two Linears of the same x (LLaMA's, Qwen's MLP):
+  the gate GEMM as it is (plain, or `bias`) and the up GEMM as `silu+gated` (`bias+silu+gated`
+  where up_proj has a bias), its C the gate's pre-activation;
+- a Linear's GEMM (mm, addmm with a bias, through views) whose output is next added to a tensor
+  of its shape and type (the residual stream after o_proj, down_proj, fc2): `residual`
+  (`bias+residual`).
+The backward's GEMMs are left plain of both (a training graph's are not fused).
+
 The operands are read as `Problem` and `cutlass_tune.matmul` read them: A is M x K, B is K x N,
 each row- or column-major contiguous (the rule of `runtime._matmul._layout`), so a recorded
 problem is the one `matmul` would look up for the same tensors. nn.Linear's `x @ w.t()` is "tn";
@@ -339,6 +349,9 @@ class _GemmRecorder(TorchDispatchMode):
 
         self._pending: dict[int, _Pending] = {}
         """Per thread, its last GEMM while the next op may be an activation of its output."""
+        self._activated: dict[int, _Activated] = {}
+        """Per thread, a GEMM taken with its activation while the activation's result may yet be
+        the gate of a gated product."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -346,15 +359,29 @@ class _GemmRecorder(TorchDispatchMode):
         op = func.overloadpacket.__name__
         thread = threading.get_ident()
         pending = self._pending.pop(thread, None)
+        activated = self._activated.get(thread)
+        if activated is not None:
+            if pending is not None and not self.backward and self._gated(op, args, activated, pending):
+                del self._activated[thread]
+                return result
+            if any(a is activated.output for a in _leaves(args, kwargs)):
+                del self._activated[thread]
+                self._record(activated.fused)
         if pending is not None:
             on_output = bool(args) and args[0] is pending.output
             activation = activation_of_op(op, kwargs.get("approximate", "none")) if on_output else None
             if on_output and op in _VIEWS and isinstance(result, torch.Tensor):
                 self._pending[thread] = dataclasses.replace(pending, output=result)
                 return result
-            if activation is not None and pending.epilogue.activation is Activation.NONE:
-                pending = dataclasses.replace(
-                    pending, epilogue=dataclasses.replace(pending.epilogue, activation=activation))
+            if activation is not None and pending.epilogue.activation is Activation.NONE \
+                    and isinstance(result, torch.Tensor):
+                held = self._activated.pop(thread, None)
+                if held is not None:
+                    self._record(held.fused)
+                self._activated[thread] = _Activated(pending, activation, result)
+                return result
+            if not self.backward and _residual_of(op, args, kwargs, result, pending):
+                pending = dataclasses.replace(pending, epilogue=dataclasses.replace(pending.epilogue, residual=True))
             self._record(pending)
         if op in _GROUPED_OPS and isinstance(result, torch.Tensor) and len(args) > 2:
             call, counts = _grouped_call(op, self.backward, args[0], args[1], args[2], result.dtype)
@@ -373,10 +400,30 @@ class _GemmRecorder(TorchDispatchMode):
         return result
 
     def __exit__(self, *exc):
+        for activated in self._activated.values():
+            self._record(activated.fused)
         for pending in self._pending.values():
             self._record(pending)
+        self._activated.clear()
         self._pending.clear()
         return super().__exit__(*exc)
+
+    def _gated(self, op: str, args: Sequence[Any], held: _Activated, up: _Pending) -> bool:
+        """Whether `op` multiplies the held activation's result by the output of `up` (a gated
+        MLP's act(x Wg^T) * (x Wu^T), both GEMMs of the same x); if so, records the gate GEMM
+        without its activation and the up GEMM as the gated problem, as the fusion pass and
+        `patch` run them."""
+        if op != "mul" or len(args) != 2 or {id(a) for a in args} != {id(held.output), id(up.output)}:
+            return False
+        gate = held.gemm
+        if up.output.shape != held.output.shape or up.output.dtype != held.output.dtype:
+            return False
+        if not (_linear_like(gate) and _linear_like(up) and _same_input(gate.a, up.a)):
+            return False
+        self._record(gate)
+        self._record(dataclasses.replace(up, epilogue=Epilogue(bias=up.epilogue.bias, activation=held.activation,
+                                                               gated=True)))
+        return True
 
     def _record(self, p: _Pending) -> None:
         call = _gemm_call(p.op, p.backward, p.a, p.b, p.output.dtype, p.epilogue, p.scaling, p.unsupported)
@@ -387,6 +434,49 @@ class _GemmRecorder(TorchDispatchMode):
 _VIEWS = {"view", "_unsafe_view", "reshape", "alias"}
 """Ops through which a GEMM's output is followed to an activation (a 3-D input's Linear runs
 view -> addmm -> view)."""
+_ADDS = {"add", "add_"}
+"""Ops through which a GEMM's output joins a residual stream."""
+_LINEAR_OPS = {"mm", "addmm", "linear"}
+"""The ops of a Linear's GEMM: the ones the fusion pass and `patch` give a residual or a gate."""
+
+
+def _leaves(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Iterator[Any]:
+    """An op's arguments, through one level of lists and tuples (torch.cat's tensors)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (list, tuple)):
+            yield from value
+        else:
+            yield value
+
+
+def _linear_like(p: _Pending) -> bool:
+    """A Linear's GEMM with at most a bias: one a residual or a gate can be fused into."""
+    return (p.op in _LINEAR_OPS and p.unsupported is None and p.scaling is Scaling.NONE
+            and p.epilogue in (Epilogue(), Epilogue(bias=True)))
+
+
+def _same_input(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two GEMMs read the same x: the same tensor, or views of one of the same shape
+    (each Linear of a 3-D x views it as M x K)."""
+    root_a = a if a._base is None else a._base
+    root_b = b if b._base is None else b._base
+    return root_a is root_b and a.shape == b.shape and a.stride() == b.stride()
+
+
+def _residual_of(op: str, args: Sequence[Any], kwargs: Mapping[str, Any], result: Any, p: _Pending) -> bool:
+    """Whether `op` adds the GEMM's output to a tensor of its shape and type (a residual stream:
+    o_proj, down_proj, fc2), as the fusion pass fuses it."""
+    if op not in _ADDS or len(args) != 2 or kwargs.get("alpha", 1) != 1 or not _linear_like(p):
+        return False
+    out = p.output
+    if args[0] is out:
+        other = args[1]
+    elif args[1] is out:  # x + gemm(x'), or x += gemm(x')
+        other = args[0]
+    else:
+        return False
+    return (isinstance(other, torch.Tensor) and isinstance(result, torch.Tensor) and other.shape == out.shape
+            and other.dtype == out.dtype and result.shape == out.shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,6 +491,23 @@ class _Pending:
     epilogue: Epilogue
     scaling: Scaling
     unsupported: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Activated:
+    """A GEMM whose output went through an activation: recorded with it (`fused`), unless the
+    activation's result turns out to gate another GEMM's output."""
+
+    gemm: _Pending
+    """The GEMM, its epilogue without the activation."""
+    activation: Activation
+    output: torch.Tensor
+    """The activation's result."""
+
+    @property
+    def fused(self) -> _Pending:
+        epilogue = dataclasses.replace(self.gemm.epilogue, activation=self.activation)
+        return dataclasses.replace(self.gemm, epilogue=epilogue)
 
 
 def _argument(args: Sequence[Any], kwargs: Mapping[str, Any], position: int, name: str, default: Any) -> Any:

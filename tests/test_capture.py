@@ -14,7 +14,7 @@ from torch import nn
 
 from cutlass_tune import cli
 from cutlass_tune.capture import Target, capture_gemms, load_target, space_files
-from cutlass_tune.space import Activation, DType, Epilogue, Layout, Problem, Scaling, load_space
+from cutlass_tune.space import Activation, DType, Epilogue, Layout, Problem, Scaling, layout_code, load_space
 
 REPO = Path(__file__).resolve().parents[1]
 ROW, COL = Layout.ROW, Layout.COL
@@ -171,11 +171,12 @@ def test_a_decoder_on_meta_gives_its_projections(tmp_path):
     captured = capture_gemms(load_target(f"{model_file(tmp_path, DECODER)}:build"))
     m = 2 * 16
     assert captured.problems() == {
-        tn(m, 256, 256): {"aten.mm": 4},  # q_proj and o_proj, two layers
+        tn(m, 256, 256): {"aten.mm": 2},  # q_proj, two layers
         tn(m, 128, 256): {"aten.mm": 4},  # k_proj and v_proj (2 KV heads of 64)
-        tn(m, 512, 256, epilogue="silu"): {"aten.mm": 2},  # gate_proj, its SiLU taken into the GEMM
-        tn(m, 512, 256): {"aten.mm": 2},  # up_proj
-        tn(m, 256, 512): {"aten.mm": 2},  # down_proj
+        tn(m, 256, 256, epilogue="residual"): {"aten.mm": 2},  # o_proj, added to the residual stream
+        tn(m, 512, 256): {"aten.mm": 2},  # gate_proj: its SiLU goes into up_proj's gated epilogue
+        tn(m, 512, 256, epilogue="silu+gated"): {"aten.mm": 2},  # up_proj, gated by silu(gate_proj(x))
+        tn(m, 256, 512, epilogue="residual"): {"aten.mm": 2},  # down_proj, added to the residual stream
         tn(m, 1024, 256): {"aten.mm": 1},  # lm_head
     }
     # attention's own products (scores and values) are batched over heads: listed, not written
@@ -187,7 +188,7 @@ def test_a_decoder_backward_has_a_dx_and_a_dw_for_every_projection(tmp_path):
     captured = capture_gemms(load_target(f"{model_file(tmp_path, DECODER)}:build"), backward=True)
     by_layout: dict[str, set] = {}
     for p in captured.problems():
-        by_layout.setdefault(p.name.rsplit("_", 1)[1], set()).add((p.m, p.n, p.k))
+        by_layout.setdefault(layout_code(p.layout_a, p.layout_b), set()).add((p.m, p.n, p.k))
     forward = by_layout["tn"]
     assert by_layout["tt"] == {(m, k, n) for m, n, k in forward}
     assert by_layout["nt"] == {(n, k, m) for m, n, k in forward}
@@ -274,13 +275,13 @@ def test_the_written_space_has_the_broad_kernels_and_counts_the_calls(tmp_path):
     written.path.write_text(written.text)
     space = load_space(written.path)
     broad = load_space(REPO / "configs" / "sm90_bf16.yaml")
-    assert "  - {m: 32, n: 512, k: 256, epilogue: silu}  # 2 calls: aten.mm\n" in written.text
+    assert "  - {m: 32, n: 512, k: 256, epilogue: silu+gated}  # 2 calls: aten.mm\n" in written.text
     assert space.problems == tuple(captured.problems())
-    # the broad kernels for each kind of problem: the plain GEMMs and the one with its SiLU
+    # the broad kernels for each kind of problem: the plain GEMMs, the gated and the residual ones
     plain = tuple(c for c in space.candidates if c.epilogue == Epilogue())
     assert plain == broad.candidates and space.runtime == broad.runtime
-    assert len(space.candidates) == 2 * len(plain)
-    assert {c.epilogue.name for c in space.candidates} == {"none", "silu"}
+    assert len(space.candidates) == 3 * len(plain)
+    assert {c.epilogue.name for c in space.candidates} == {"none", "silu+gated", "residual"}
 
 
 # The command, in this process: main() as the console script runs it (one line and exit 2 for
@@ -461,7 +462,7 @@ def test_written_space_gives_each_problem_its_epilogue(tmp_path):
     assert "  - {m: 64, n: 256, k: 128, epilogue: bias+silu}  # 1 call: aten.addmm\n" in written.text
     written.path.write_text(written.text)
     assert load_space(written.path).problems == (tn(64, 256, 128, epilogue="bias+silu"),
-                                                 tn(64, 256, 128, epilogue="bias"))
+                                                 tn(64, 256, 128, epilogue="bias+residual"))
     assert Activation.SILU is load_space(written.path).problems[0].epilogue.activation
 
 

@@ -1,0 +1,271 @@
+"""End-to-end fusion: transformers models with the tuned fused GEMMs against the same models plain.
+
+    python3 benchmarks/fusion_model.py TABLE OUT_DIR [--family bert|gpt_neox|llama]
+                                       [--mode infer|infer-compile|train] [--tokens N] [--layers N]
+                                       [--min-ratio R] [--blocks 8] [--block 5]
+    python3 benchmarks/fusion_model.py summary OUT_DIR      # the table of every run in OUT_DIR
+
+A model of one family (FAMILIES) cut to `--layers` layers, real widths, random bf16 weights built
+on the GPU, `--tokens` tokens (BERT: sequences of 512), dropout off. Two copies with the same
+weights:
+
+- infer: `cutlass_tune.patch(model, table, fuse=True)` (Linear + activation, gated MLPs) against
+  the plain model, forward under no_grad;
+- infer-compile: each layer through torch.compile with `options=cutlass_tune.inductor_options(table)`
+  (the post-grad pass: activations, residual adds, gated products, biases) against each layer
+  compiled plain;
+- train: one training step (forward, mean square of the last hidden state, backward), patched
+  against plain; every parameter's gradient compared.
+
+The decisions are recorded: the patch's layers (swapped, fused) or the pass's sites (fused or
+left, and why). Outputs are compared (relative error of the norm, bf16 tolerance). Sustained
+timing: blocks of `--block` steps of each copy in turn, each block timed by CUDA events, the
+median block per step reported. Writes OUT_DIR/<family>-<tokens>-<mode>.json; prints the table of
+OUT_DIR's runs last. transformers is imported only to build a model: `summary` and the argument
+parsing run without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB = 8192
+DEVICE = "cuda"
+MODES = ("infer", "infer-compile", "train")
+FAMILIES: dict[str, dict[str, Any]] = {
+    # BERT-large's widths: erf GELU with a bias (bias+gelu), the attention and MLP outputs added
+    # to their inputs before LayerNorm (bias+residual)
+    "bert": dict(config="BertConfig", layers=4, tokens=16 * 512, sequence=512, layer_list="encoder.layer",
+                 kwargs=dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, hidden_act="gelu",
+                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                             max_position_embeddings=512)),
+    # Pythia-6.9B's widths: tanh GELU with a bias (bias+gelu_tanh, cuBLASLt's own epilogue), the
+    # parallel residual mlp + attention + x (bias+residual)
+    "gpt_neox": dict(config="GPTNeoXConfig", layers=2, tokens=4096, sequence=4096, layer_list="layers",
+                     kwargs=dict(hidden_size=4096, intermediate_size=16384, num_attention_heads=32,
+                                 hidden_act="gelu_pytorch_tanh", use_parallel_residual=True, rotary_pct=0.25,
+                                 hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=4096)),
+    # Llama-3-8B / Mistral-7B's widths: a gated SiLU MLP (silu+gated), o_proj and down_proj added
+    # to the residual stream (residual)
+    "llama": dict(config="LlamaConfig", layers=2, tokens=4096, sequence=4096, layer_list="layers",
+                  kwargs=dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                              num_key_value_heads=8, hidden_act="silu", max_position_embeddings=8192)),
+}
+"""Each family's transformers config class and widths; the fused problems at these token counts
+are benchmarks/configs/fusion_e2e_bf16.yaml's."""
+TOLERANCE = 2e-2
+"""Largest relative error (norm) of an output or a gradient between the two copies: bf16
+products accumulated in another order, and the fused epilogue rounding once where torch rounds
+between the GEMM and its activation, differ by a few 1e-3 per layer."""
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments of one case; the family's layers and tokens where not given."""
+    parser = argparse.ArgumentParser(prog="fusion_model.py", description=__doc__.split("\n")[0])
+    parser.add_argument("table", help="best-config table, bundle or store with the models' fused problems")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="llama")
+    parser.add_argument("--mode", choices=MODES, default="infer")
+    parser.add_argument("--layers", type=int, default=None, help="decoder/encoder layers (default: the family's)")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens in all (default: the family's)")
+    parser.add_argument("--min-ratio", type=float, default=1.0,
+                        help="the table's ratio an entry needs to be used (patch and pass; 0: every entry)")
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--block", type=int, default=5)
+    args = parser.parse_args(argv)
+    spec = FAMILIES[args.family]
+    args.layers = spec["layers"] if args.layers is None else args.layers
+    args.tokens = spec["tokens"] if args.tokens is None else args.tokens
+    if args.layers < 1 or args.blocks < 1 or args.block < 1:
+        parser.error("--layers, --blocks and --block take a positive count")
+    if args.tokens < 1 or args.tokens % min(args.tokens, spec["sequence"]):
+        parser.error(f"--tokens {args.tokens}: give a multiple of the family's sequence of {spec['sequence']}")
+    return args
+
+
+def case_name(args: argparse.Namespace) -> str:
+    return f"{args.family}-{args.tokens}-{args.mode}"
+
+
+def _model(family: str, layers: int) -> torch.nn.Module:
+    import transformers
+
+    spec = FAMILIES[family]
+    config = getattr(transformers, spec["config"])(vocab_size=VOCAB, num_hidden_layers=layers, **spec["kwargs"])
+    torch.manual_seed(0)
+    with torch.device(DEVICE):  # built where it runs: a random init of these widths is slow on a CPU
+        return transformers.AutoModel.from_config(config, dtype=torch.bfloat16)
+
+
+def _layers(model: torch.nn.Module, family: str) -> torch.nn.ModuleList:
+    layers = model.get_submodule(FAMILIES[family]["layer_list"])
+    assert isinstance(layers, torch.nn.ModuleList)  # each family's own attribute
+    return layers
+
+
+def _block_ms(fn: Callable[[], object], count: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(count):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / count
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    want = want.float()
+    return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def fuse(model: torch.nn.Module, family: str, mode: str, table: Any, min_ratio: float) -> dict[str, Any]:
+    """Put the tuned kernels into `model` as `mode` runs them (module docstring); the decisions.
+
+    The eager modes patch in place; infer-compile compiles each layer with the pass (layers whose
+    graphs are alike share one compiled graph, so the sites are those of one layer's graph)."""
+    import cutlass_tune
+
+    if mode == "infer-compile":
+        options = cutlass_tune.inductor_options(table, min_ratio=min_ratio)
+        for layer in _layers(model, family):
+            layer.compile(options=options)
+        return {"kind": "inductor_options", "options": options}
+    report = cutlass_tune.patch(model, table, min_ratio=min_ratio, fuse=True)
+    return {"kind": "patch", "report": report}
+
+
+def decisions(fused: dict[str, Any]) -> dict[str, Any]:
+    """What the patch or the pass did, as JSON: counts and one line per layer or site."""
+    if fused["kind"] == "patch":
+        report = fused["report"]
+        return {"kind": "patch", "layers": len(report.layers), "swapped": len(report.swapped),
+                "fused": len(report.fused), "lines": str(report).splitlines()}
+    from cutlass_tune.runtime._inductor import fusion_decisions
+
+    made = list(fusion_decisions(fused["options"]))
+    return {"kind": "inductor_options", "sites": len(made), "fused": sum(d.fused for d in made),
+            "lines": [str(d) for d in made]}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One case: both copies checked against each other, then timed in alternating blocks."""
+    import transformers
+
+    import cutlass_tune
+
+    began = time.perf_counter()
+    table = cutlass_tune.BestTable.load(args.table)
+    train = args.mode == "train"
+    plain = _model(args.family, args.layers).train(train)
+    tuned = copy.deepcopy(plain)
+    fused = fuse(tuned, args.family, args.mode, table, args.min_ratio)
+    if args.mode == "infer-compile":
+        for layer in _layers(plain, args.family):
+            layer.compile()
+    sequence = min(args.tokens, FAMILIES[args.family]["sequence"])
+    ids = torch.randint(0, VOCAB, (args.tokens // sequence, sequence), device=DEVICE)
+    copies = {"plain": plain, "fused": tuned}
+
+    def step(model: torch.nn.Module) -> Callable[[], torch.Tensor]:
+        def once() -> torch.Tensor:
+            if train:
+                model.zero_grad(set_to_none=True)
+                out = model(input_ids=ids).last_hidden_state
+                out.float().pow(2).mean().backward()
+                return out.detach()
+            with torch.no_grad():
+                return model(input_ids=ids).last_hidden_state
+        return once
+
+    outputs, grads, first_s, fallbacks = {}, {}, {}, []
+    for name, model in copies.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            start = time.perf_counter()
+            outputs[name] = step(model)().float()
+            torch.cuda.synchronize()
+            first_s[name] = round(time.perf_counter() - start, 2)
+        fallbacks += [str(w.message) for w in caught if "cutlass_tune" in str(w.message)]
+        if train:
+            grads[name] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    error = relative(outputs["fused"], outputs["plain"])
+    outputs.clear()
+    grad_errors = {n: relative(grads["fused"][n], g) for n, g in grads.get("plain", {}).items()
+                   if n in grads["fused"] and g.norm() > 0}
+    grads.clear()
+    steps = {name: step(model) for name, model in copies.items()}
+    for fn in steps.values():  # warm up both
+        _block_ms(fn, 2)
+    blocks: dict[str, list[float]] = {name: [] for name in copies}
+    for _ in range(args.blocks):
+        for name, fn in steps.items():
+            blocks[name].append(_block_ms(fn, args.block))
+    ms = {name: statistics.median(times) for name, times in blocks.items()}
+    worst = max(grad_errors.items(), key=lambda kv: kv[1]) if grad_errors else None
+    return {
+        "family": args.family, "tokens": args.tokens, "layers": args.layers, "mode": args.mode,
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "table": str(args.table), "min_ratio": args.min_ratio, "decisions": decisions(fused),
+        "median_ms": ms, "blocks_ms": blocks, "speedup": ms["plain"] / ms["fused"],
+        "relative_error": error, "close": error < TOLERANCE, "first_call_s": first_s, "fallbacks": fallbacks,
+        "grad_max_relative_error": None if worst is None else {"parameter": worst[0], "error": worst[1]},
+        "grads_close": None if worst is None else worst[1] < TOLERANCE,
+        "wall_s": round(time.perf_counter() - began, 1),
+    }
+
+
+def summary(out_dir: Path) -> str:
+    """The table of every run's JSON in `out_dir`, one line each (files of other kinds skipped)."""
+    lines = [f"{'family':<9} {'tokens':>6} {'mode':<14} {'fused':>7} {'plain ms':>9} {'fused ms':>9} "
+             f"{'speedup':>7} {'rel.err':>8} {'close':>5} {'grads':>5} {'fallbacks':>9}"]
+    for path in sorted(out_dir.glob("*.json")):
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(r, dict) or "family" not in r or "median_ms" not in r:
+            continue
+        made = r.get("decisions") or {}
+        of = made.get("sites", made.get("layers", 0))
+        fused = f"{made.get('fused', 0)}/{of}"
+        grads = "-" if r.get("grads_close") is None else ("ok" if r["grads_close"] else "FAIL")
+        ms = r["median_ms"]
+        lines.append(f"{r['family']:<9} {r['tokens']:>6} {r['mode']:<14} {fused:>7} {ms['plain']:>9.3f} "
+                     f"{ms['fused']:>9.3f} {r['speedup']:>7.3f} {r['relative_error']:>8.1e} "
+                     f"{'ok' if r['close'] else 'FAIL':>5} {grads:>5} {len(r.get('fallbacks', [])):>9}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] == "summary":
+        print(summary(Path(argv[1])))
+        return 0
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fusion_model: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result = run(args)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"{case_name(args)}.json").write_text(json.dumps(result, indent=2) + "\n")
+    for line in result["decisions"]["lines"]:
+        print(line)
+    for message in result["fallbacks"]:
+        print(f"fallback: {message}")
+    print(summary(args.out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
