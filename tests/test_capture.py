@@ -388,13 +388,14 @@ def test_the_written_space_file_expands_with_the_space_command(tmp_path):
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["problem", "calls", "source"]
-    assert lines[1].split() == ["32x256x256_bf16bf16bf16_tn", "4", "aten.mm"]
+    assert lines[1].split() == ["32x256x256_bf16bf16bf16_tn", "2", "aten.mm"]
+    assert lines[3].split() == ["32x256x256_bf16bf16bf16_tn_residual", "2", "aten.mm"]  # o_proj into the residual
     assert any(line.startswith("skipped") for line in lines)
-    # gate_proj with its SiLU is a problem of its own, with the broad kernels again
-    assert lines[-1].startswith("wrote decoder.yaml: 6 bf16 tn problems, 1800 valid configs; tune them with "
+    # up_proj gated by gate_proj and the two residual adds are problems of their own, with the broad kernels again
+    assert lines[-1].startswith("wrote decoder.yaml: 7 bf16 tn problems, 2700 valid configs; tune them with "
                                 "`cutlass-tune sweep decoder.yaml`")
     r = run("space", "decoder.yaml", cwd=tmp_path)
-    assert r.returncode == 0 and r.stdout.startswith("decoder.yaml: 6 problems, 7776 configs: 1800 valid")
+    assert r.returncode == 0 and r.stdout.startswith("decoder.yaml: 7 problems, 11664 configs: 2700 valid")
 
 
 def test_a_failing_function_is_one_line_in_a_real_process(tmp_path):
