@@ -58,4 +58,4 @@ def test_an_installed_prior_reads_its_measurements_from_the_package(wheel, tmp_p
     module, data, count = done.stdout.split()
     assert Path(module).is_relative_to(site) and Path(data) == site / "cutlass_tune/results/measurements.csv.gz"
     assert int(count) > 1000
-    assert f"prior's committed measurements: {data}" in done.stderr
+    assert f"prior's committed measurements (GEMMs): {data}" in done.stderr

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import optuna
 
+from ..store import STUDY_CONSTRAINT, STUDY_METRIC
+
 SAMPLERS = ("tpe", "gp", "random", "grid")
-CONSTRAINT = "invalid"
-"""Constraint name: 1 for an invalid config (infeasible), 0 for a valid one."""
-METRIC = "TFLOP/s"
+CONSTRAINT = STUDY_CONSTRAINT
+"""Constraint name: 1 for an invalid config (infeasible), 0 for a valid one (the store's name)."""
+METRIC = STUDY_METRIC
 """What a study's value is: the config's best TFLOP/s over its run-time variants on the problem."""
 
 

@@ -1,12 +1,12 @@
 """Store stage: where measurements live (SQLite by default, PostgreSQL for several hosts)."""
 
 from ._errors import StoreError, StoreGpuMismatchError
-from ._migrate import SCHEMA_VERSION, TrialsConverted, convert_trials
+from ._migrate import SCHEMA_VERSION, STUDY_CONSTRAINT, STUDY_METRIC, TrialsConverted, convert_trials
 from ._open import default_store_url, local_file, open_store, resolve_storage, store_url_of
 from ._row import DamagedRowError, StoredRow
 from ._sql import CONFIRM_STUDY, LEGACY_TIMING, ResultStore, open_study_storage, shown_url, sqlite_url
 
-__all__ = ["CONFIRM_STUDY", "LEGACY_TIMING", "SCHEMA_VERSION", "DamagedRowError", "ResultStore", "StoreError",
-           "StoreGpuMismatchError", "StoredRow", "TrialsConverted", "convert_trials",
+__all__ = ["CONFIRM_STUDY", "LEGACY_TIMING", "SCHEMA_VERSION", "STUDY_CONSTRAINT", "STUDY_METRIC", "DamagedRowError",
+           "ResultStore", "StoreError", "StoreGpuMismatchError", "StoredRow", "TrialsConverted", "convert_trials",
            "default_store_url", "local_file", "open_store", "open_study_storage",
            "resolve_storage", "shown_url", "sqlite_url", "store_url_of"]

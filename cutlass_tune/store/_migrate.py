@@ -35,6 +35,11 @@ LOCK_KEY = 0x63745F6D69677261  # "ct_migra": the PostgreSQL advisory lock of a s
 LOCK_WAIT_MS = 120_000
 """How long an upgrade waits for another process's upgrade (or, on SQLite, any write) to end."""
 
+STUDY_METRIC = "TFLOP/s"
+"""The name of a study's value: a config's best TFLOP/s over its run-time variants on the problem."""
+STUDY_CONSTRAINT = "invalid"
+"""A study's constraint name: 1 for an invalid config (infeasible), 0 for a valid one."""
+
 _version = sa.table(VERSION_TABLE, sa.column("version_num", sa.String))
 _meta = sa.table("ct_meta", sa.column("key", sa.String), sa.column("value", sa.Text))
 
@@ -216,9 +221,6 @@ def convert_trials(engine: sa.Engine, shown: str) -> TrialsConverted:
         StoreError: the conversion failed (the store is left as it was), in one line.
         sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
     """
-    # The search stage's names (imported here: the store stage never needs the search stage otherwise).
-    from ..search._samplers import CONSTRAINT, METRIC
-
     if not set(_OPTUNA_TABLES) <= set(sa.inspect(engine).get_table_names()):
         return TrialsConverted()
     meta = sa.MetaData()
@@ -243,7 +245,7 @@ def convert_trials(engine: sa.Engine, shown: str) -> TrialsConverted:
             for trial_id in zero:
                 attrs = dict(conn.execute(sa.select(system.c.key, system.c.value_json)
                                           .where(system.c.trial_id == trial_id)).all())
-                invalid = _invalid(attrs, CONSTRAINT)
+                invalid = _invalid(attrs, STUDY_CONSTRAINT)
                 pruned, failed = pruned + invalid, failed + (not invalid)
                 conn.execute(trials.update().where(trials.c.trial_id == trial_id)
                              .values(state="PRUNED" if invalid else "FAIL"))
@@ -255,7 +257,7 @@ def convert_trials(engine: sa.Engine, shown: str) -> TrialsConverted:
             unnamed = [s for s in conn.execute(sa.select(t["studies"].c.study_id)).scalars() if s not in named_already]
             for study_id in unnamed:
                 conn.execute(study_attrs.insert().values(study_id=study_id, key=_METRIC_NAMES,
-                                                         value_json=json.dumps([METRIC])))
+                                                         value_json=json.dumps([STUDY_METRIC])))
     except StoreError:
         raise
     except Exception as err:  # SQLAlchemy's, or a damaged attribute's

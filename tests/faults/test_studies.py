@@ -2,6 +2,7 @@
 it is, after upgrading its tables."""
 
 import shutil
+import sqlite3
 from pathlib import Path
 
 import optuna
@@ -15,7 +16,20 @@ from ..search.fakes import FakeBench, FakeCompiler
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = REPO / "results" / "quick-nvidia-h200.sqlite"
-"""Swept before invalid trials were pruned: its 75 invalid proposals are complete trials of 0 TFLOP/s."""
+"""Swept before invalid trials were pruned (schema 1); its 75 invalid proposals, complete trials of 0
+TFLOP/s as written, were since converted to pruned ones (`store.convert_trials`)."""
+
+
+def _as_written(path: Path) -> None:
+    """Undo `convert_trials` on a copy of QUICK: its invalid proposals complete at 0 TFLOP/s again
+    and its study's metric unnamed, as the sweep of an earlier version left them."""
+    with sqlite3.connect(path) as db:
+        pruned = [row[0] for row in db.execute("SELECT trial_id FROM trials WHERE state = 'PRUNED'")]
+        for trial_id in pruned:
+            db.execute("UPDATE trials SET state = 'COMPLETE' WHERE trial_id = ?", (trial_id,))
+            db.execute("INSERT INTO trial_values (trial_id, objective, value, value_type) VALUES (?, 0, 0.0, 'FINITE')",
+                       (trial_id,))
+        db.execute("DELETE FROM study_system_attributes WHERE key = 'study:metric_names'")
 
 
 class H200(FakeBench):
@@ -32,6 +46,7 @@ def test_a_sweep_resumes_studies_written_before_as_they_are(tmp_path):
     # Guards against a resumed sweep refusing, or rewriting, what an earlier version's sweep wrote.
     path = tmp_path / "quick.sqlite"
     shutil.copy(QUICK, path)
+    _as_written(path)
     url = f"sqlite:///{path}"
     rows = ResultStore(url).rows()
     _, trials = _trials(url)
