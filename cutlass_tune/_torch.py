@@ -64,3 +64,51 @@ def activation_of_op(op: str, approximate: str = "none") -> Activation | None:
     if found is Activation.GELU and approximate == "tanh":
         return Activation.GELU_TANH
     return found
+
+
+BLOCKWISE_GROUP = 128
+"""Block-wise fp8 scaling's group: A's 1 x 128, B's 128 x 128 (`Scaling.BLOCKWISE`)."""
+
+
+@functools.cache
+def blockwise_scaled_mm(device: torch.device) -> bool:
+    """Whether this torch's `_scaled_mm` takes block-wise scales (1x128 A, 128x128 B) on
+    `device`: torch 2.9+ with cuBLAS 12.9+ on SM90. Found by one tiny call, once per device."""
+    a = torch.zeros((16, 2 * BLOCKWISE_GROUP), dtype=torch.float8_e4m3fn, device=device)
+    b = torch.zeros((2 * BLOCKWISE_GROUP, 2 * BLOCKWISE_GROUP), dtype=torch.float8_e4m3fn, device=device)
+    scale_a = torch.ones((2, 16), dtype=torch.float32, device=device).t()
+    scale_b = torch.ones((2, 2), dtype=torch.float32, device=device).t()
+    try:
+        torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=torch.bfloat16)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
+def _blocks(scale: torch.Tensor, rows_per_block: int, rows: int, cols: int) -> torch.Tensor:
+    return scale.repeat_interleave(rows_per_block, 0).repeat_interleave(BLOCKWISE_GROUP, 1)[:rows, :cols]
+
+
+def blockwise_dequantized_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                             out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b of block-wise scaled fp8 (`a` M x K, `b` K x N, the scales as `torch._scaled_mm`
+    takes them: (M, K/128) and (K/128, N/128)) where `_scaled_mm` has no block-wise path: both
+    operands dequantized to bf16, then torch.matmul, + bias."""
+    m, k = a.shape
+    n = b.shape[1]
+    a16 = (a.float() * _blocks(scale_a, 1, m, k)).to(torch.bfloat16)
+    b16 = (b.t().float() * _blocks(scale_b.t(), BLOCKWISE_GROUP, n, k)).to(torch.bfloat16).t()
+    y = torch.matmul(a16, b16)
+    if bias is not None:
+        y = y + bias
+    return y.to(out_dtype)
+
+
+def blockwise_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                 out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """torch's best path for block-wise scaled fp8: `_scaled_mm` where it takes the scales
+    (`blockwise_scaled_mm`), else `blockwise_dequantized_mm`."""
+    if not blockwise_scaled_mm(a.device):
+        return blockwise_dequantized_mm(a, b, scale_a, scale_b, out_dtype, bias)
+    y = torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype)
+    return y if bias is None else y + bias  # not every torch takes a bias with these scales

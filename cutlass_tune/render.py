@@ -30,7 +30,7 @@ from .space import (
     TileScheduler,
     check_config,
 )
-from .space._rules import epilogue_tile, fused, needs_extended_wgmma, operation_problem
+from .space._rules import BLOCKWISE_K, epilogue_tile, fused, needs_extended_wgmma, operation_problem
 
 _ELEMENT = {
     DType.BF16: "cutlass::bfloat16_t",
@@ -51,6 +51,13 @@ _KERNEL_SCHEDULE_FP8_FAST_ACCUM = {
     KernelSchedule.TMA_WS: "cutlass::gemm::KernelTmaWarpSpecializedFP8FastAccum",
     KernelSchedule.COOPERATIVE: "cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum",
     KernelSchedule.PINGPONG: "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum",
+}
+# Block-wise fp8 scaling: the mainloop multiplies each 128-deep K block's wgmma sums by A's and
+# B's scales and adds them to the fp32 accumulator (sm90_mma_tma_gmma_ss_warpspecialized_fp8_
+# blockwise_scaling.hpp); the rules leave these two schedules.
+_KERNEL_SCHEDULE_FP8_BLOCKWISE = {
+    KernelSchedule.COOPERATIVE: "cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise",
+    KernelSchedule.PINGPONG: "cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8Blockwise",
 }
 _EPILOGUE_SCHEDULE = {
     EpilogueSchedule.TMA: "cutlass::epilogue::TmaWarpSpecialized",
@@ -104,7 +111,7 @@ def _scaled_value(cfg: KernelConfig) -> _Visitor:
     acc = _Visitor(f"{_FUSION}Sm90AccFetch", "{}")
     scalar = f"{_FUSION}Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>"
     alpha = _Visitor(f"{scalar}>", "{{p->alpha}, {nullptr}, {}}")
-    if cfg.scaling is Scaling.NONE:
+    if cfg.scaling in (Scaling.NONE, Scaling.BLOCKWISE):  # block-wise: the mainloop scaled acc
         return _compute("cutlass::multiplies", "ElementCompute", alpha, acc)
     if cfg.scaling is Scaling.TENSOR:  # the three scalars' product, read once per tile
         scales = _Visitor(f"{scalar}, 3>",
@@ -155,7 +162,7 @@ def fusion(cfg: KernelConfig) -> tuple[str, list[str]] | None:
     the arguments). The config must be valid (`check_config`)."""
     if not fused(cfg):
         return None
-    if cfg.scaling is not Scaling.NONE or cfg.epilogue.gated:
+    if cfg.scaling in (Scaling.TENSOR, Scaling.ROWCOL) or cfg.epilogue.gated:
         tree = _tree(cfg)
         return tree.type, [f"args.epilogue.thread = {tree.arguments};"]
     act = _member(cfg.epilogue, "activation", _ACTIVATION)
@@ -259,7 +266,8 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
         "element_acc": _member(cfg, "dtype_acc", _ELEMENT),
         "layout_a": _member(cfg, "layout_a", _LAYOUT),
         "layout_b": _member(cfg, "layout_b", _LAYOUT),
-        "kernel_schedule": _member(cfg, "kernel_schedule", _KERNEL_SCHEDULE_FP8_FAST_ACCUM
+        "kernel_schedule": _member(cfg, "kernel_schedule", _KERNEL_SCHEDULE_FP8_BLOCKWISE
+                                   if cfg.scaling is Scaling.BLOCKWISE else _KERNEL_SCHEDULE_FP8_FAST_ACCUM
                                    if plain["fp8_fast_accum"] else _KERNEL_SCHEDULE),
         "epilogue_schedule": _member(cfg, "epilogue_schedule", _EPILOGUE_SCHEDULE),
     }
@@ -273,6 +281,8 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
     values["fusion"], values["fusion_arguments"] = fusion_op or ("", [])
     values["tile_scheduler"] = _tile_scheduler(cfg)
     values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K
+    values["blockwise"] = cfg.scaling is Scaling.BLOCKWISE
+    values["blockwise_k"] = BLOCKWISE_K
     values["symbol"] = kernel_symbol(cfg)
     values["template"] = template
     return values
@@ -324,6 +334,7 @@ def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
         extended_wgmma=any(needs_extended_wgmma(c) for c in configs),
         fused=any(fused(c) for c in configs),
         grouped=any(c.grouping is Grouping.GROUPED for c in configs),
+        blockwise=any(c.scaling is Scaling.BLOCKWISE for c in configs),
     )
     key = hashlib.sha256(source.encode()).hexdigest()
     return RenderedKernel(source=source, configs=tuple(configs), key=key)

@@ -25,12 +25,12 @@ import torch
 
 from ..kernel import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..measurement import SIDE_FIELDS, Baseline, Clocks, Measurement, TimingMethod
-from ..space import Problem, RuntimeArgs
+from ..space import Problem, RuntimeArgs, Scaling
 from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
 from ._race import coarse, contenders, entry, leader_of
-from ._targets import CublasTarget, baseline_target  # noqa: F401 - CublasTarget re-exported
+from ._targets import CublasTarget, baseline_target, blockwise_path  # noqa: F401 - CublasTarget re-exported
 from ._targets import Target as _Target
 from ._timing import L2Flush, TimingOptions, TimingStats, rotation_count, time_sides, time_sustained
 from ._verify import Operands, allocate, randomize, reference, verify_launch
@@ -278,6 +278,8 @@ class GpuRunner:
                 else:
                     side.close()
                     notes.append(f"{kind.value} not measured: {why}")
+            if job.problem.scaling is Scaling.BLOCKWISE:
+                notes.insert(0, f"torch eager is {blockwise_path(ops.d.device)}")
             self.side_note = "; ".join(notes)[:500]
             return out
         if not job.timing.paired:

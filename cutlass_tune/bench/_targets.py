@@ -54,7 +54,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .._torch import ACTIVATION, TORCH_DTYPE
+from .._torch import ACTIVATION, TORCH_DTYPE, blockwise_mm, blockwise_scaled_mm
 from ..measurement import Baseline
 from ..space import Activation, DType, Problem, RuntimeArgs, Scaling
 from ._verify import Operands, Verdict, compare, group_bounds, verify_launch
@@ -88,6 +88,12 @@ class Target:
     def check(self, ops: Operands, ref: torch.Tensor) -> Verdict:
         """Whether `once` computes the problem: D poisoned, one launch, compared with `ref`."""
         return verify_launch(self.once, ops, ref)
+
+
+def blockwise_path(device: torch.device) -> str:
+    """Which torch path computes a block-wise fp8 problem's baseline on `device` (its row's note)."""
+    return ("torch._scaled_mm block-wise" if blockwise_scaled_mm(device)
+            else "dequantize to bf16 + torch.matmul (this torch's _scaled_mm has no block-wise path)")
 
 
 def _fp8_baseline_gap(problem: Problem) -> str | None:
@@ -162,6 +168,16 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
     activation = ACTIVATION[epilogue.activation]
     last = (lambda y: y) if epilogue.activation is Activation.NONE else activation
     out_dtype = TORCH_DTYPE[problem.dtype_d]
+
+    if problem.scaling is Scaling.BLOCKWISE:
+        def blockwise(a, b, bias, c, scale_a, scale_b):
+            y = blockwise_mm(a, b, scale_a, scale_b, out_dtype, bias)
+            if epilogue.gated:
+                return last(c) * y
+            if c is not None:
+                y = y + c
+            return last(y)
+        return blockwise
 
     if problem.dtype_a.is_fp8:
         def fp8(a, b, bias, c, scale_a, scale_b):

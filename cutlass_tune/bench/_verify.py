@@ -37,6 +37,7 @@ import torch
 
 from .._torch import ACTIVATION, FP8_DTYPES, TORCH_DTYPE
 from ..space import Activation, DType, Layout, Problem, Scaling
+from ..space._rules import BLOCKWISE_K
 from ..status import Status
 
 TOLERANCE = {DType.BF16: 1e-2, DType.F16: 2e-3, DType.F32: 1e-4}
@@ -92,7 +93,10 @@ class Operands:
     The epilogue's operands are set where the problem reads them: `c` (M x N row-major, D's
     type) for a residual or a gated problem's gate pre-activation, `bias` (N values, D's type)
     for a bias, and fp32 `scale_a`/`scale_b` for scaled fp8 (shape () each for
-    `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as `torch._scaled_mm` takes them).
+    `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as `torch._scaled_mm` takes them; for
+    BLOCKWISE A's (M, K/128) with strides (1, M) and B's (K/128, N/128) with strides (1, K/128),
+    the transpose of the weight's contiguous (N/128, K/128), as `torch._scaled_mm` takes them on
+    SM90 and the kernel reads them).
     """
 
     problem: Problem
@@ -158,8 +162,10 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
     if p.grouped:
         b_shape = (p.groups, *b_shape)
     d_type = TORCH_DTYPE[p.dtype_d]
-    scale_shapes = {Scaling.NONE: None, Scaling.TENSOR: ((), ()), Scaling.ROWCOL: ((p.m, 1), (1, p.n))}
+    scale_shapes = {Scaling.NONE: None, Scaling.TENSOR: ((), ()), Scaling.ROWCOL: ((p.m, 1), (1, p.n)),
+                    Scaling.BLOCKWISE: None}
     scales = scale_shapes[p.scaling]
+    blockwise = blockwise_scales(p.m, p.n, p.k, device) if p.scaling is Scaling.BLOCKWISE else None
     return Operands(
         problem=p,
         a=torch.empty(a_shape, dtype=TORCH_DTYPE[p.dtype_a], device=device),
@@ -167,10 +173,23 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
         d=torch.empty((p.m, p.n), dtype=d_type, device=device),
         c=torch.empty((p.m, p.n), dtype=d_type, device=device) if p.epilogue.residual or p.epilogue.gated else None,
         bias=torch.empty(p.n, dtype=d_type, device=device) if p.epilogue.bias else None,
-        scale_a=None if scales is None else torch.empty(scales[0], dtype=torch.float32, device=device),
-        scale_b=None if scales is None else torch.empty(scales[1], dtype=torch.float32, device=device),
+        scale_a=blockwise[0] if blockwise else None if scales is None else torch.empty(
+            scales[0], dtype=torch.float32, device=device),
+        scale_b=blockwise[1] if blockwise else None if scales is None else torch.empty(
+            scales[1], dtype=torch.float32, device=device),
         offsets=group_offsets(p, device) if p.grouped else None,
     )
+
+
+def blockwise_scales(m: int, n: int, k: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialized block-wise scales as `torch._scaled_mm` takes them on SM90 and the kernel
+    reads them: A's (M, K/128) with strides (1, M), one per 1 x 128 group; B's (K/128, N/128)
+    with strides (1, K/128), one per 128 x 128 block (the transpose of the weight's contiguous
+    (N/128, K/128) scales)."""
+    groups = -(-k // BLOCKWISE_K)
+    scale_a = torch.empty((groups, m), dtype=torch.float32, device=device).t()
+    scale_b = torch.empty((-(-n // BLOCKWISE_K), groups), dtype=torch.float32, device=device).t()
+    return scale_a, scale_b
 
 
 def randomize(ops: Operands, generator: torch.Generator) -> None:
@@ -185,7 +204,11 @@ def randomize(ops: Operands, generator: torch.Generator) -> None:
     with D's scale.
     """
     p = ops.problem
-    if ops.scale_a is not None and ops.scale_b is not None:
+    if p.scaling is Scaling.BLOCKWISE:
+        assert ops.scale_a is not None and ops.scale_b is not None
+        _fill_blockwise(ops.a_mk, ops.scale_a, 1, generator)
+        _fill_blockwise(ops.b_kn.t(), ops.scale_b.t(), BLOCKWISE_K, generator)
+    elif ops.scale_a is not None and ops.scale_b is not None:
         _fill_scaled(ops.a_mk, ops.scale_a, generator)
         _fill_scaled(ops.b_kn.t(), ops.scale_b.view(-1, 1) if ops.scale_b.dim() else ops.scale_b, generator)
     else:
@@ -212,6 +235,39 @@ def _fill_scaled(q: torch.Tensor, scale: torch.Tensor, generator: torch.Generato
     q.copy_((x / scale).clamp_(-limit, limit))
 
 
+def _fill_blockwise(q: torch.Tensor, scale: torch.Tensor, rows_per_block: int, generator: torch.Generator) -> None:
+    # q: rows x K (a view into the fp8 storage); scale: (rows / rows_per_block, K / 128), one per
+    # block. Each block's values are normal with a size of its own (up to SCALE_SPREAD either
+    # way), so blocks' scales differ as an outlier channel's do, and a kernel applying one block's
+    # scale to another is wrong by up to SCALE_SPREAD^2.
+    rows, k = q.shape
+    blocks = scale.shape
+    spread = torch.rand(blocks, generator=generator, device=q.device).mul_(2).sub_(1)
+    sigma = _expand_blocks(SCALE_SPREAD ** spread * k ** -0.25, rows_per_block, rows, k)
+    x = torch.randn((rows, k), generator=generator, device=q.device).mul_(sigma)
+    padded = x.new_zeros((blocks[0] * rows_per_block, blocks[1] * BLOCKWISE_K))
+    padded[:rows, :k] = x.abs()
+    amax = padded.view(blocks[0], rows_per_block, blocks[1], BLOCKWISE_K).amax(dim=(1, 3))
+    limit = torch.finfo(q.dtype).max
+    scale.copy_(amax / limit)
+    q.copy_((x / _expand_blocks(scale, rows_per_block, rows, k)).clamp_(-limit, limit))
+
+
+def _expand_blocks(per_block: torch.Tensor, rows_per_block: int, rows: int, k: int) -> torch.Tensor:
+    """A (row blocks, K blocks) tensor as rows x K, each value over its block."""
+    return per_block.repeat_interleave(rows_per_block, 0).repeat_interleave(BLOCKWISE_K, 1)[:rows, :k]
+
+
+def dequantized(ops: Operands) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (M x K) and B (K x N) in fp32 with their block-wise scales applied: the math a
+    block-wise kernel computes, A's 1 x 128 groups and B's 128 x 128 blocks each times its scale."""
+    p = ops.problem
+    assert p.scaling is Scaling.BLOCKWISE and ops.scale_a is not None and ops.scale_b is not None
+    a = ops.a_mk.float().mul_(_expand_blocks(ops.scale_a, 1, p.m, p.k))
+    b = ops.b_kn.t().float().mul_(_expand_blocks(ops.scale_b.t(), BLOCKWISE_K, p.n, p.k))
+    return a, b.t()
+
+
 def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
     # Unit variance sits in the normal range of both fp8 formats (e4m3: 2^-6 .. 448), where
     # k^-0.25 scaling would push a tenth of the values into subnormals. The clamp keeps values
@@ -229,9 +285,12 @@ def reference(ops: Operands) -> torch.Tensor:
     problem's: each expert's rows times its weight (experts without rows add nothing)."""
     if ops.problem.grouped:
         return _grouped_reference(ops)
-    out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
-    if ops.scale_a is not None and ops.scale_b is not None:
-        out.mul_(ops.scale_a).mul_(ops.scale_b)
+    if ops.problem.scaling is Scaling.BLOCKWISE:
+        out = torch.matmul(*dequantized(ops))
+    else:
+        out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
+        if ops.scale_a is not None and ops.scale_b is not None:
+            out.mul_(ops.scale_a).mul_(ops.scale_b)
     epilogue = ops.problem.epilogue
     if ops.c is not None and not epilogue.gated:
         out.add_(ops.c.float())

@@ -22,8 +22,8 @@ DTYPE = typer.Option(None, "--dtype", help="with --shapes: IN or IN:OUT types (d
 LAYOUT = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, or the file's)")
 EPILOGUE = typer.Option(None, "--epilogue", help="with --shapes: what the GEMM's last pass computes, e.g. bias+silu, "
                         "gelu_tanh, residual (default none, or the file's; docs/epilogues.md)")
-SCALING = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor or rowcol scales, as "
-                       "torch._scaled_mm takes them (default none, or the file's)")
+SCALING = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor, rowcol or blockwise "
+                       "(1x128 A, 128x128 B) scales, as torch._scaled_mm takes them (default none, or the file's)")
 ROUTING = typer.Option(None, "--routing", help="with grouped --shapes (eE:ROWSxNxK): how the rows fall over the "
                        "experts: uniform, zipf, or both as uniform,zipf (default uniform)")
 JOBS = typer.Option(None, "--jobs", "-j", min=1, envvar="CUTLASS_TUNE_JOBS",

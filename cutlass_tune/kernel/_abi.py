@@ -74,7 +74,8 @@ def make_args(problem: Problem, runtime: RuntimeArgs, *, a: int, b: int, d: int,
     or K x N row-major (ROW); D is M x N row-major. The kernel's layout tags encode the same.
     `c` (M x N row-major, D's type) is read only by a residual epilogue; without one it aliases
     D and beta is 0. `bias` is N values of D's type; `scale_a`/`scale_b` are fp32 (one value
-    each for `Scaling.TENSOR`; M and N values for `Scaling.ROWCOL`). `beta` defaults to 1 with a
+    each for `Scaling.TENSOR`; M and N values for `Scaling.ROWCOL`; M x K/128 (strides 1, M) and N/128 x K/128
+    (row-major) for `Scaling.BLOCKWISE`). `beta` defaults to 1 with a
     residual, else 0.
 
     A grouped problem (`problem.grouped`): A is the M routed rows (M x K row-major), B the

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .._torch import ACTIVATION, FP8_DTYPES, TORCH_DTYPE
+from .._torch import ACTIVATION, BLOCKWISE_GROUP, FP8_DTYPES, TORCH_DTYPE, blockwise_mm
 from ..errors import CutlassTuneError
 from ..kernel import GemmArgs, KernelStatusError, LoadedKernel, bind_primary_context, make_args
 from ..space import (
@@ -103,6 +103,25 @@ def _check_operand(t: torch.Tensor, name: str, shape: tuple[int, ...], dtype: to
         raise MatmulInputError(f"{name} with strides {t.stride()} is not contiguous: call .contiguous() first")
 
 
+def _blockwise_shapes(a: torch.Tensor, n: int, scale_a: torch.Tensor, scale_b: torch.Tensor) -> bool:
+    """Whether the scales have torch._scaled_mm's block-wise shapes for a (M x K) times a K x N:
+    (M, K/128) and (K/128, N/128), rounded up, and are not (M, 1) and (1, N) (row-wise)."""
+    m, k = a.shape
+    groups = -(-k // BLOCKWISE_GROUP)
+    return (tuple(scale_a.shape) == (m, groups) and tuple(scale_b.shape) == (groups, -(-n // BLOCKWISE_GROUP))
+            and tuple(scale_b.shape) != (1, n))
+
+
+def _check_blockwise(t: torch.Tensor, name: str, strides: tuple[int, int], device: torch.device, what: str) -> None:
+    """A block-wise scale's type, device and strides (a dimension of size 1 takes any stride, as in torch)."""
+    if t.dtype != torch.float32:
+        raise MatmulInputError(f"{name} has dtype {t.dtype}; it must be torch.float32 ({what})")
+    if t.device != device:
+        raise MatmulInputError(f"{name} is on {t.device} and a on {device}")
+    if any(size > 1 and stride != want for size, stride, want in zip(t.shape, t.stride(), strides)):
+        raise MatmulInputError(f"{name} with strides {t.stride()} must have strides {strides} ({what})")
+
+
 def _scaling_of(a: torch.Tensor, m: int, n: int, scale_a: torch.Tensor | None,
                 scale_b: torch.Tensor | None) -> Scaling:
     """The scaling the scales pose (checked as torch._scaled_mm takes them)."""
@@ -117,6 +136,13 @@ def _scaling_of(a: torch.Tensor, m: int, n: int, scale_a: torch.Tensor | None,
         for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
             _check_operand(t, name, tuple(t.shape), torch.float32, a.device, "a per-tensor scale")
         return Scaling.TENSOR
+    if _blockwise_shapes(a, n, scale_a, scale_b):
+        groups = scale_b.shape[0]
+        _check_blockwise(scale_a, "scale_a", (1, m), a.device, "one per 1 x 128 group of a: (M, K/128) "
+                         "outer-dim-major, as torch._scaled_mm takes it (s.t().contiguous().t())")
+        _check_blockwise(scale_b, "scale_b", (1, groups), a.device, "one per 128 x 128 block of b: "
+                         "(K/128, N/128), the transpose of the weight's contiguous (N/128, K/128)")
+        return Scaling.BLOCKWISE
     _check_operand(scale_a, "scale_a", (m, 1), torch.float32, a.device,
                    "one value per row of a, or a single value with a single scale_b")
     _check_operand(scale_b, "scale_b", (1, n), torch.float32, a.device,
@@ -361,7 +387,10 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
         if c is not None:
             raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
         return activate(gate) * torch_gemm(a, b, out_dtype, bias=bias, alpha=alpha, scale_a=scale_a, scale_b=scale_b)
-    if a.dtype in FP8_DTYPES:
+    if scale_a is not None and scale_b is not None and _blockwise_shapes(a, b.shape[1], scale_a, scale_b):
+        y = blockwise_mm(a, b, scale_a * alpha if alpha != 1.0 else scale_a, scale_b, out_dtype, bias)
+        bias = None
+    elif a.dtype in FP8_DTYPES:
         one = torch.ones((), dtype=torch.float32, device=a.device)
         scale_a = one if scale_a is None else scale_a
         scale_a = scale_a * alpha if alpha != 1.0 else scale_a

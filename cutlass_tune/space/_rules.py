@@ -226,7 +226,23 @@ def fused(cfg: Operation) -> bool:
     fp8 scales, or a gated product (CUTLASS's fusion operations; a residual alone is its
     LinearCombination)."""
     e = cfg.epilogue
-    return e.bias or e.activation is not Activation.NONE or e.gated or cfg.scaling is not Scaling.NONE
+    return e.bias or e.activation is not Activation.NONE or e.gated or epilogue_scales(cfg)
+
+
+def epilogue_scales(cfg: Operation) -> bool:
+    """Whether the epilogue applies fp8 scales (tensor, rowcol). Block-wise scales are the
+    mainloop's: it multiplies each 128-deep K block's partial sums by them."""
+    return cfg.scaling in (Scaling.TENSOR, Scaling.ROWCOL)
+
+
+BLOCKWISE_K = 128
+"""Block-wise scaling's granularity along K (A's 1 x 128 groups, B's 128 x 128 blocks) and N."""
+
+
+def blockwise_scale_bytes(cfg: KernelConfig) -> int:
+    """The scales one mainloop stage holds: tile M of A's (one per row) and tile N / 128 of
+    B's, fp32 (compute_stage_count_with_blockwise_scale)."""
+    return 4 * (cfg.tile_m + cfg.tile_n // BLOCKWISE_K) if cfg.scaling is Scaling.BLOCKWISE else 0
 
 
 def broadcast_rows(cfg: KernelConfig) -> tuple[DType, ...]:
@@ -269,7 +285,7 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
     """Stage count (resolving auto the way StageCountAutoCarveout does) and byte counts."""
     a = cfg.tile_m * cfg.tile_k * cfg.dtype_a.bits // 8
     b = cfg.tile_n * cfg.tile_k * cfg.dtype_b.bits // 8
-    stage_bytes = _round_up(a + b, 128) + 16  # + full/empty barrier of PipelineTmaAsync
+    stage_bytes = _round_up(a + b + blockwise_scale_bytes(cfg), 128) + 16  # + full/empty barrier of PipelineTmaAsync
     epi = epilogue_smem_bytes(cfg)
     if cfg.grouping is Grouping.GROUPED:
         return _grouped_smem_usage(cfg, a + b, stage_bytes, epi)
@@ -356,7 +372,7 @@ def check_operands(cfg: KernelConfig) -> list[Rejection]:
     return out
 
 
-SCALING_INPUTS_REASON = ("fp8 scales (scaling tensor or rowcol) apply to fp8 inputs (e4m3, e5m2) "
+SCALING_INPUTS_REASON = ("fp8 scales (scaling tensor, rowcol or blockwise) apply to fp8 inputs (e4m3, e5m2) "
                          "only; a 16-bit GEMM scales by alpha")
 
 
@@ -396,6 +412,8 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
                f"{FP8_PROMOTION_INTERVAL} wgmma k-steps, which must be whole tiles; tile K "
                f"{cfg.tile_k} takes {cfg.tile_k // FP8_MMA_K} steps of {FP8_MMA_K} "
                f"(can_implement refuses it): use tile K 64 or 128, or fp8_fast_accum")
+    if cfg.scaling is Scaling.BLOCKWISE:
+        out.extend(_blockwise_rejections(cfg))
     if cfg.cluster_m * cfg.cluster_n > MAX_CLUSTER_CTAS:
         reject("cluster_size", f"cluster {cfg.cluster_m}x{cfg.cluster_n} has more than "
                f"{MAX_CLUSTER_CTAS} CTAs (the portable limit)")
@@ -426,7 +444,10 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
         reject("residual_source", "a residual epilogue reads C: it needs epilogue_source true")
     if cfg.epilogue.gated and not cfg.epilogue_source:
         reject("residual_source", "a gated epilogue reads the gate from C: it needs epilogue_source true")
-    if fused(cfg) and not tma_epilogue:
+    if cfg.scaling is Scaling.BLOCKWISE and not fused(cfg) and not tma_epilogue:
+        reject("fusion_schedule", "block-wise kernels are built with the TMA epilogues only (the no_smem "
+               "epilogue after the block-wise mainloop is not verified): use tma or tma_cooperative")
+    elif fused(cfg) and not tma_epilogue:
         reject("fusion_schedule", f"the {cfg.epilogue.name} epilogue"
                + (f" with {cfg.scaling.value} scaling" if cfg.scaling is not Scaling.NONE else "")
                + " is a fusion CUTLASS builds on the TMA epilogues only (no_smem takes a plain "
@@ -443,6 +464,23 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
         reject("smem_capacity", f"{usage.stages} stages x {usage.stage_bytes} bytes with a "
                f"{usage.epilogue_bytes}-byte epilogue need {usage.total_bytes} bytes of shared "
                f"memory (kernel allowance included); the SM has {SMEM_CAPACITY_BYTES}")
+    return out
+
+
+def _blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
+    """What CUTLASS 4.2's block-wise fp8 mainloop (KernelTmaWarpSpecialized{Cooperative,
+    Pingpong}FP8Blockwise) needs: its static_asserts on the tile, its two schedules."""
+    out = []
+    if cfg.tile_k != BLOCKWISE_K:
+        out.append(Rejection("blockwise_tile", f"block-wise scaling applies B's scales every {BLOCKWISE_K} K: "
+                             f"the mainloop needs tile K {BLOCKWISE_K} (promotes every 4 wgmma k-steps), "
+                             f"not {cfg.tile_k}"))
+    elif cfg.tile_n % BLOCKWISE_K:
+        out.append(Rejection("blockwise_tile", f"B's scales cover {BLOCKWISE_K} columns each: tile N must be "
+                             f"a multiple of {BLOCKWISE_K}, not {cfg.tile_n}"))
+    if cfg.kernel_schedule is KernelSchedule.TMA_WS or cfg.fp8_fast_accum:
+        out.append(Rejection("blockwise_schedule", "block-wise scaling has its own cooperative and ping-pong "
+                             "schedules (no tma_ws, and no fp8_fast_accum: it promotes every 128 K)"))
     return out
 
 
@@ -478,6 +516,8 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("fp8_layout", ("dtype_a", "dtype_b", "layout_a", "layout_b")),
     ("fp8_fast_accum", ("fp8_fast_accum", "dtype_a", "dtype_b")),
     ("fp8_promotion", ("fp8_fast_accum", "dtype_a", "dtype_b", "tile_k")),
+    ("blockwise_tile", ("scaling", "tile_k", "tile_n")),
+    ("blockwise_schedule", ("scaling", "kernel_schedule", "fp8_fast_accum")),
     ("cluster_size", ("cluster_m", "cluster_n")),
     ("cooperative_tile_m", ("kernel_schedule", "tile_m")),
     ("accumulator_registers", ("kernel_schedule", "tile_m", "tile_n")),
@@ -530,6 +570,10 @@ def check_problem(problem: Problem) -> list[Rejection]:
         out.append(Rejection("operation", operation))
     elif problem.scaling is not Scaling.NONE and not fp8:
         out.append(Rejection("scaling_inputs", SCALING_INPUTS_REASON))
+    elif problem.scaling is Scaling.BLOCKWISE and (problem.k % BLOCKWISE_K or problem.m % 4):
+        out.append(Rejection("blockwise_shape", f"block-wise scaling needs K a multiple of {BLOCKWISE_K} (whole "
+                             f"1 x {BLOCKWISE_K} groups) and M of 4 (A's scales, M x K/{BLOCKWISE_K} "
+                             f"with stride M, are loaded by TMA in 16 bytes): {problem.m} x {problem.k}"))
     out += _grouping_rejections(problem)
     if out:
         return out

@@ -552,7 +552,7 @@ def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | Non
     default uniform), each
     of type `dtype` (IN or IN:OUT; fp8 gives bf16 out unless told) and `layout` (tn, nt, nn,
     tt), computing `epilogue` (an `Epilogue.name`: bias+silu, ...) with fp8 `scaling` (none,
-    tensor, rowcol); with `config`, that file's knobs and run-time variants, its types,
+    tensor, rowcol, blockwise); with `config`, that file's knobs and run-time variants, its types,
     layouts, epilogue and scaling where not given; without, `kernels: auto` and
     `SHAPES_RUNTIME`, bf16, tn and the plain GEMM where not given.
 

@@ -88,12 +88,17 @@ class Scaling(str, enum.Enum):
     """How an fp8 GEMM's accumulator is scaled, as `torch._scaled_mm` takes scales.
 
     TENSOR: one fp32 scale for A and one for B. ROWCOL: an fp32 vector of M scales for A's
-    rows times one of N scales for B's columns (`scale_a` M x 1, `scale_b` 1 x N).
+    rows times one of N scales for B's columns (`scale_a` M x 1, `scale_b` 1 x N). BLOCKWISE
+    (DeepSeek-V3's recipe): one fp32 scale per 1 x 128 group of A (a row's 128 consecutive K) and
+    one per 128 x 128 block of B (N x K); `scale_a` M x K/128 with strides (1, M), `scale_b`
+    K/128 x N/128 with strides (1, K/128), the transpose of the weight's contiguous N/128 x K/128
+    scales. The mainloop applies them every 128 K, so the epilogue is the plain one's.
     """
 
     NONE = "none"
     TENSOR = "tensor"
     ROWCOL = "rowcol"
+    BLOCKWISE = "blockwise"
 
 
 class Grouping(str, enum.Enum):

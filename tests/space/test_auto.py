@@ -33,6 +33,7 @@ FP8_NT = dataclasses.replace(FP8, layout_a=Layout.COL, layout_b=Layout.ROW)
 # A fusion that needs a TMA epilogue and a residual that needs C; fp8 scales with their rows in smem.
 FUSED = Operation(epilogue=Epilogue.parse("bias+silu+residual"))
 FP8_ROWCOL = dataclasses.replace(FP8, epilogue=Epilogue.parse("bias+gelu"), scaling=Scaling.ROWCOL)
+FP8_BLOCKWISE = dataclasses.replace(FP8, scaling=Scaling.BLOCKWISE)
 # MoE experts: cooperative or ping-pong, persistent, TMA epilogues; fp8 grouped kernels are not built.
 GROUPED = Operation(grouping=Grouping.GROUPED)
 FP8_GROUPED = dataclasses.replace(FP8, grouping=Grouping.GROUPED)
@@ -60,9 +61,9 @@ def brute_force(auto):
     return counts, valid
 
 
-@pytest.mark.parametrize("operation", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL, GROUPED, FP8_GROUPED],
-                         ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol", "bf16-grouped",
-                              "e4m3-grouped"])
+@pytest.mark.parametrize("operation", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL, FP8_BLOCKWISE, GROUPED, FP8_GROUPED],
+                         ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol", "e4m3-blockwise",
+                              "bf16-grouped", "e4m3-grouped"])
 def test_the_count_is_the_count_of_the_listed_product(operation):
     auto = AutoKernels(operation, SMALL)
     counts, valid = brute_force(auto)
@@ -80,6 +81,8 @@ def test_every_rule_is_exercised_by_the_small_product():
     counts = collections.Counter()
     for operation in (BF16, FP8, FP8_NT, FUSED, GROUPED, FP8_GROUPED):
         counts.update(AutoKernels(operation, SMALL).census().invalid)
+    # block-wise needs tile N of 128s to reach the rules after blockwise_tile
+    counts.update(AutoKernels(FP8_BLOCKWISE, {**SMALL, "tile_n": (96, 128, 256)}).census().invalid)
     # the operand rules refuse a kind whole: their own tests cover them
     assert {rule for rule, _ in CONFIG_RULES} - set(counts) == {"arch", "dtype_inputs", "dtype_output",
                                                                "dtype_accumulator", "operation", "scaling_inputs"}

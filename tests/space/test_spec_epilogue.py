@@ -67,7 +67,7 @@ kernels: {tile_k: 128}
 @pytest.mark.parametrize("text,key,message", [
     ("problems: [{m: 256, n: 256, k: 64, epilogue: bias+swish}]", "problems.0.epilogue.0", "unknown or repeated part"),
     ("problems: [{m: 256, n: 256, k: 64}]\nepilogue: silu+bias", "epilogue.0", "write it as 'bias+silu'"),
-    ("problems: [{m: 256, n: 256, k: 64}]\nscaling: rows", "scaling.0", "'none', 'tensor' or 'rowcol'"),
+    ("problems: [{m: 256, n: 256, k: 64}]\nscaling: rows", "scaling.0", "'none', 'tensor', 'rowcol' or 'blockwise'"),
     ("problems: [{m: 256, n: 256, k: 64, scaling: rowcol}]", "problems", "scaling_inputs: fp8 scales"),
 ])
 def test_bad_epilogue_or_scaling_is_one_line(tmp_path, text, key, message):
@@ -114,8 +114,8 @@ def test_plain_problems_keep_their_configs(tmp_path):
      "error: --shapes: epilogue.0 = 'bias+tanh': epilogue 'bias+tanh': unknown or repeated part 'tanh' (parts: bias, "
      "relu, gelu, gelu_tanh, silu, residual, gated, joined by '+', or 'none')\n"),
     (["--shapes", "1024x1024x1024", "--scaling", "rowcol"],
-     "error: --shapes: problems = '1024x1024x1024 tn scaling rowcol': scaling_inputs: fp8 scales (scaling tensor or "
-     "rowcol) apply to fp8 inputs (e4m3, e5m2) only; a 16-bit GEMM scales by alpha\n"),
+     "error: --shapes: problems = '1024x1024x1024 tn scaling rowcol': scaling_inputs: fp8 scales (scaling tensor, "
+     "rowcol or blockwise) apply to fp8 inputs (e4m3, e5m2) only; a 16-bit GEMM scales by alpha\n"),
     (["--epilogue", "bias"],
      "error: --epilogue: goes with --shapes (a space file gives its own epilogue and scaling)\n"),
 ])
