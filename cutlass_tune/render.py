@@ -118,15 +118,17 @@ def _scaled_value(cfg: KernelConfig) -> _Visitor:
                           "{{p->alpha, 1.0f, 1.0f}, {nullptr, static_cast<const float*>(p->scale_a), "
                           "static_cast<const float*>(p->scale_b)}, {}}")
         return _compute("cutlass::multiplies", "ElementCompute", scales, acc)
-    # Columns: one fp32 per column of B, staged in shared memory per tile.
+    # A swapped kernel's rows are B's columns and its columns A's rows (`swap_ab`).
+    row_scales, col_scales = ("p->scale_b", "p->scale_a") if cfg.swap_ab else ("p->scale_a", "p->scale_b")
+    # Columns: one fp32 per column of the kernel's D, staged in shared memory per tile.
     scale_b = _Visitor(f"{_FUSION}Sm90RowBroadcast<0, TileShape, float, ElementCompute, "
                        "cute::Stride<cute::_0, cute::_1, int64_t>>",
-                       "{static_cast<const float*>(p->scale_b), 0.0f, {}}")
+                       f"{{static_cast<const float*>({col_scales}), 0.0f, {{}}}}")
     # Rows: read straight from global memory by the threads holding them, one element at a time
     # (M need not be a multiple of 4).
     scale_a = _Visitor(f"{_FUSION}Sm90ColBroadcast<0, TileShape, float, ElementCompute, "
                        "cute::Stride<cute::_1, cute::_0, int64_t>, 1>",
-                       "{static_cast<const float*>(p->scale_a), 0.0f, {}}")
+                       f"{{static_cast<const float*>({row_scales}), 0.0f, {{}}}}")
     return _compute("cutlass::multiplies", "ElementCompute", scale_a,
                     _compute("cutlass::multiplies", "ElementCompute", scale_b,
                              _compute("cutlass::multiplies", "ElementCompute", alpha, acc)))
@@ -138,7 +140,12 @@ def _tree(cfg: KernelConfig) -> _Visitor:
     the activation of C times it (D = activation(C) * (s * acc + bias)). Bias and C only where
     the epilogue has them."""
     value = _scaled_value(cfg)
-    if cfg.epilogue.bias:
+    if cfg.epilogue.bias and cfg.swap_ab:  # one per row of the swapped kernel's D
+        bias = _Visitor(f"{_FUSION}Sm90ColBroadcast<0, TileShape, ElementBias, ElementCompute, "
+                        "cute::Stride<cute::_1, cute::_0, int64_t>, 1>",
+                        "{static_cast<const ElementBias*>(p->bias), ElementBias(0), {}}")
+        value = _compute("cutlass::plus", "ElementCompute", value, bias)
+    elif cfg.epilogue.bias:
         bias = _Visitor(f"{_FUSION}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
                         "cute::Stride<cute::_0, cute::_1, int64_t>>",
                         "{static_cast<const ElementBias*>(p->bias), ElementBias(0), {}}")
@@ -258,9 +265,11 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
         return _grouped_values(cfg, template)
     plain = _plain_knobs(cfg)
     source = plain["epilogue_source"]
+    # A swapped kernel's A is the caller's B and its B the caller's A (both K-major: tn stays tn).
+    first, second = ("dtype_b", "dtype_a") if plain["swap_ab"] else ("dtype_a", "dtype_b")
     values: dict[str, object] = {
-        "element_a": _member(cfg, "dtype_a", _ELEMENT),
-        "element_b": _member(cfg, "dtype_b", _ELEMENT),
+        "element_a": _member(cfg, first, _ELEMENT),
+        "element_b": _member(cfg, second, _ELEMENT),
         "element_c": _member(cfg, "dtype_c", _ELEMENT) if source else "void",
         "element_d": _member(cfg, "dtype_d", _ELEMENT),
         "element_acc": _member(cfg, "dtype_acc", _ELEMENT),

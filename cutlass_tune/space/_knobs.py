@@ -180,6 +180,11 @@ class KernelConfig(Operation):
     """False builds a kernel with no C operand (ElementC void): D = alpha * A @ B only. Its
     epilogue keeps no shared-memory buffers for C and issues its TMA stores without waiting
     for C loads. Every launch cutlass-tune makes has beta = 0, so both kinds serve it."""
+    swap_ab: bool = False
+    """fp8 row-wise only: the kernel computes the transposed problem D^T = B^T A^T (B's rows
+    as its M, A's as its N, D written column-major: D's row-major memory), so that a small M
+    takes the tile's N side; tile M/N and cluster M/N then apply to N/M of the problem. The
+    caller passes the operands as for any kernel: the swap is inside the kernel's arguments."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (enum values as strings); inverse of `from_dict`.
@@ -296,6 +301,10 @@ def _fp8(cfg: KernelConfig) -> bool:
     return cfg.dtype_a.is_fp8 and cfg.dtype_b.is_fp8
 
 
+def _swappable(cfg: KernelConfig) -> bool:
+    return not _rules.swap_ab_operation_problem(cfg)
+
+
 def _stream_k(cfg: KernelConfig) -> bool:
     return cfg.tile_scheduler is TileScheduler.STREAM_K
 
@@ -330,6 +339,9 @@ _declare(
     Knob("epilogue_source", Flag(_rules.epilogue_source_problem),
          lambda c: "_nosrc" if c.epilogue_source is False else "", "C operand",
          added_later=True, parameter_at_default=False, auto_values=(True, False)),
+    Knob("swap_ab", Flag(_rules.swap_ab_problem), lambda c: "_swapab" if c.swap_ab is True else "",
+         "A/B swapped", applies_to=_swappable, added_later=True, parameter_at_default=False,
+         auto_values=(False, True)),
 )
 
 _declare(

@@ -143,6 +143,21 @@ def _flag_rule(name: str) -> Callable[[bool], str | None]:
 
 fp8_fast_accum_problem = _flag_rule("fp8_fast_accum")
 epilogue_source_problem = _flag_rule("epilogue_source")
+swap_ab_problem = _flag_rule("swap_ab")
+
+
+def swap_ab_operation_problem(cfg: Operation) -> str | None:
+    """Why an operation has no A/B-swapped kernel, or None: the swap is built for fp8 with
+    row-wise scales (A's row scales become the swapped problem's column scales and B's its
+    row scales) and an epilogue of a bias and an activation at most (the bias becomes a column
+    broadcast; a residual or gate would read C transposed, which is not verified), not grouped."""
+    if not (_fp8_inputs(cfg.dtype_a, cfg.dtype_b) and cfg.scaling is Scaling.ROWCOL):
+        return "swap_ab is built for fp8 inputs with rowcol scaling only"
+    if cfg.epilogue.residual or cfg.epilogue.gated:
+        return "swap_ab takes a bias and an activation at most (no residual or gated epilogue)"
+    if cfg.grouping is not Grouping.NONE:
+        return "swap_ab is not built for grouped kernels"
+    return None
 
 
 def epilogue_tile_n_problem(v: int) -> str | None:
@@ -414,6 +429,8 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
                f"(can_implement refuses it): use tile K 64 or 128, or fp8_fast_accum")
     if cfg.scaling is Scaling.BLOCKWISE:
         out.extend(_blockwise_rejections(cfg))
+    if cfg.swap_ab and (swap := swap_ab_operation_problem(cfg)):
+        reject("swap_ab", swap)
     if cfg.cluster_m * cfg.cluster_n > MAX_CLUSTER_CTAS:
         reject("cluster_size", f"cluster {cfg.cluster_m}x{cfg.cluster_n} has more than "
                f"{MAX_CLUSTER_CTAS} CTAs (the portable limit)")
@@ -518,6 +535,7 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("fp8_promotion", ("fp8_fast_accum", "dtype_a", "dtype_b", "tile_k")),
     ("blockwise_tile", ("scaling", "tile_k", "tile_n")),
     ("blockwise_schedule", ("scaling", "kernel_schedule", "fp8_fast_accum")),
+    ("swap_ab", ("swap_ab", "dtype_a", "dtype_b", "scaling", "epilogue", "grouping")),
     ("cluster_size", ("cluster_m", "cluster_n")),
     ("cooperative_tile_m", ("kernel_schedule", "tile_m")),
     ("accumulator_registers", ("kernel_schedule", "tile_m", "tile_n")),

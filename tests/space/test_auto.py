@@ -39,10 +39,10 @@ GROUPED = Operation(grouping=Grouping.GROUPED)
 FP8_GROUPED = dataclasses.replace(FP8, grouping=Grouping.GROUPED)
 # Values that make every rule of check_config refuse some configs: tile K 256 of a 16-bit type,
 # 4x4 clusters, ping-pong 128x224, only one stage of 256x208x128 beside its epilogue, fast
-# accumulation of 16-bit inputs, ...
+# accumulation of 16-bit inputs, an A/B swap outside fp8 row-wise, ...
 SMALL = dict(tile_m=(64, 128, 256), tile_n=(16, 96, 208, 224), tile_k=(32, 128, 256),
              cluster=((1, 1), (2, 1), (4, 4)), stages=(0, 2, 9, 16), epilogue_tile_n=(0, 32, 48),
-             fp8_fast_accum=(False, True))
+             fp8_fast_accum=(False, True), swap_ab=(False, True))
 
 
 def brute_force(auto):

@@ -94,19 +94,20 @@ def test_each_knob_reaches_every_stage(knob):
     assert (knob.name in KNOBS) == compile_time
     assert knob.label
     if compile_time:
-        assert knob.name in params_of(KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3))
+        assert knob.name in params_of(KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.ROWCOL))
 
 
 def test_knob_columns_and_kinds():
     assert columns(KernelConfig) == (
         "tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "kernel_schedule",
-        "epilogue_schedule", "tile_scheduler", "fp8_fast_accum", "epilogue_tile_n", "epilogue_source")
-    assert columns(KernelConfig, added_later=True) == ("fp8_fast_accum", "epilogue_tile_n", "epilogue_source")
+        "epilogue_schedule", "tile_scheduler", "fp8_fast_accum", "epilogue_tile_n", "epilogue_source", "swap_ab")
+    assert columns(KernelConfig, added_later=True) == (
+        "fp8_fast_accum", "epilogue_tile_n", "epilogue_source", "swap_ab")
     assert columns(RuntimeArgs) == ("raster", "swizzle", "splits", "decomposition")
     kinds = column_kinds(KernelConfig) | column_kinds(RuntimeArgs)
     assert {c for c, k in kinds.items() if k == "text"} == {
         "kernel_schedule", "epilogue_schedule", "tile_scheduler", "raster", "decomposition"}
-    assert {c for c, k in kinds.items() if k == "flag"} == {"fp8_fast_accum", "epilogue_source"}
+    assert {c for c, k in kinds.items() if k == "flag"} == {"fp8_fast_accum", "epilogue_source", "swap_ab"}
     assert cells(RuntimeArgs()) == RuntimeArgs().to_dict() == {
         "raster": "heuristic", "swizzle": 1, "splits": 1, "decomposition": "heuristic"}
 

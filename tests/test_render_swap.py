@@ -1,0 +1,81 @@
+"""The A/B swap (`swap_ab`) of fp8 row-wise kernels in the rendered source: the kernel's
+arguments swap the operands, the problem's M and N and the scales, and write D column-major;
+the caller's arguments (the ABI struct) are the unswapped kernel's."""
+
+import dataclasses
+
+import pytest
+
+from cutlass_tune import render
+from cutlass_tune.errors import RenderError
+from cutlass_tune.render import render_unit
+from cutlass_tune.space import DType, Epilogue, EpilogueSchedule, KernelConfig, KernelSchedule, Scaling
+
+ROWCOL = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_m=64, tile_n=16, tile_k=256, fp8_fast_accum=True,
+                      scaling=Scaling.ROWCOL, kernel_schedule=KernelSchedule.PINGPONG,
+                      epilogue_schedule=EpilogueSchedule.TMA, epilogue_source=False)
+SWAPPED = dataclasses.replace(ROWCOL, swap_ab=True)
+
+
+def _arguments(cfg: KernelConfig) -> str:
+    """The kernel's `make_arguments` body."""
+    source = render_unit([cfg]).source
+    start = source.index("static typename Gemm::Arguments make_arguments")
+    return source[start:source.index("return args;", start)]
+
+
+def test_swapped_kernel_passes_b_as_a_and_a_as_b_over_the_transposed_problem():
+    body = _arguments(SWAPPED)
+    assert "{n, m, k, 1}" in body and "{m, n, k, 1}" not in body
+    assert "static_cast<const ElementA*>(p->b), cutlass::make_cute_packed_stride(StrideA{}, make_shape(n, k, 1))" in body
+    assert "static_cast<const ElementB*>(p->a), cutlass::make_cute_packed_stride(StrideB{}, make_shape(m, k, 1))" in body
+    assert "static_cast<ElementD*>(p->d), cutlass::make_cute_packed_stride(StrideD{}, make_shape(n, m, 1))" in body
+    plain = _arguments(ROWCOL)
+    assert "{m, n, k, 1}" in plain and "static_cast<const ElementA*>(p->a)" in plain
+
+
+def test_swapped_kernel_writes_d_column_major():
+    source = render_unit([SWAPPED]).source
+    assert "using LayoutD = cutlass::layout::ColumnMajor;" in source
+    assert "using LayoutC = cutlass::layout::ColumnMajor;" in source
+    # the operands stay K-major: the caller's B (N x K) is row-major, its A (M x K) column-major K x M
+    assert "using LayoutA = cutlass::layout::RowMajor;" in source
+    assert "using LayoutB = cutlass::layout::ColumnMajor;" in source
+    assert "using LayoutD = cutlass::layout::RowMajor;" in render_unit([ROWCOL]).source
+
+
+def test_swapped_kernel_reads_a_scales_per_column_and_b_scales_per_row():
+    values = render.template_values(SWAPPED)
+    (statement,) = values["fusion_arguments"]
+    col = "Sm90ColBroadcast<0, TileShape, float"
+    row = "Sm90RowBroadcast<0, TileShape, float"
+    tree = values["fusion"]
+    # The tree's row broadcast comes after its column broadcast, and the arguments in the same order.
+    assert tree.index(col) < tree.index(row)
+    assert statement.index("p->scale_b") < statement.index("p->scale_a")
+    plain = render.template_values(ROWCOL)["fusion_arguments"][0]
+    assert plain.index("p->scale_a") < plain.index("p->scale_b")
+
+
+def test_swapped_bias_is_a_column_broadcast():
+    cfg = dataclasses.replace(SWAPPED, epilogue=Epilogue.parse("bias+silu"))
+    tree = render.template_values(cfg)["fusion"]
+    assert "Sm90ColBroadcast<0, TileShape, ElementBias, ElementCompute, cute::Stride<cute::_1, cute::_0, int64_t>, 1>" \
+        in tree
+    assert "Sm90RowBroadcast<0, TileShape, ElementBias" not in tree
+
+
+def test_swapped_mixed_fp8_kernel_swaps_the_element_types():
+    cfg = dataclasses.replace(SWAPPED, dtype_b=DType.E5M2)
+    values = render.template_values(cfg)
+    assert (values["element_a"], values["element_b"]) == ("cutlass::float_e5m2_t", "cutlass::float_e4m3_t")
+
+
+@pytest.mark.parametrize("change", [
+    dict(scaling=Scaling.TENSOR),
+    dict(epilogue=Epilogue.parse("bias+residual"), epilogue_source=True),
+    dict(dtype_a=DType.BF16, dtype_b=DType.BF16, scaling=Scaling.NONE, fp8_fast_accum=False, tile_k=64),
+])
+def test_swap_outside_fp8_rowcol_is_not_rendered(change):
+    with pytest.raises(RenderError, match="swap_ab"):
+        render_unit([dataclasses.replace(SWAPPED, **change)])
