@@ -59,7 +59,7 @@ def _resolve(cfg: KernelConfig, cache: dict[tuple, _Resolved]) -> _Resolved:
 
 _COLUMNS = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "stages_auto", "schedule",
             "stream_k", "no_smem", "sourceless", "epilogue_n", "epilogue_auto", "pipeline_bytes", "total_bytes",
-            "fast_accum", "in_bits", "out_bits")
+            "fast_accum", "in_bits", "out_bits", "swap_ab")
 
 
 def config_columns(configs: Iterable[KernelConfig]) -> dict[str, np.ndarray]:
@@ -72,7 +72,7 @@ def config_columns(configs: Iterable[KernelConfig]) -> dict[str, np.ndarray]:
                      _SCHEDULES.index(c.kernel_schedule), c.tile_scheduler is TileScheduler.STREAM_K,
                      c.epilogue_schedule.value == "no_smem", not c.epilogue_source, r.epilogue_n,
                      c.epilogue_tile_n == 0, r.pipeline_bytes, r.total_bytes, c.fp8_fast_accum,
-                     c.dtype_a.bits, c.dtype_d.bits))
+                     c.dtype_a.bits, c.dtype_d.bits, c.swap_ab))
     table = np.array(rows, dtype=np.float64).reshape(-1, len(_COLUMNS))
     return {name: table[:, i] for i, name in enumerate(_COLUMNS)}
 
@@ -93,6 +93,7 @@ def auto_columns(auto: AutoKernels) -> tuple[dict[str, np.ndarray], np.ndarray]:
     for name in ("tile_m", "tile_n", "tile_k"):
         out[name] = pick(name).astype(np.float64)
     out["cluster_m"], out["cluster_n"] = pick("cluster", 0).astype(np.float64), pick("cluster", 1).astype(np.float64)
+    out["swap_ab"] = pick("swap_ab").astype(np.float64)
     # The resolved columns: one config per distinct combination of the knobs they depend on.
     resolved_by = ("tile_m", "tile_n", "tile_k", "stages", "kernel_schedule", "epilogue_schedule",
                    "epilogue_tile_n", "epilogue_source", "tile_scheduler", "fp8_fast_accum")
@@ -116,8 +117,11 @@ def _usable_sms(sm_count: int, ctas: np.ndarray) -> np.ndarray:
 def features(problem: Problem, cols: Mapping[str, np.ndarray], sm_count: int) -> np.ndarray:
     """`FEATURES` of each config of `cols` (as `config_columns` gives them) on `problem`, on a
     GPU of `sm_count` SMs: an array of one row per config. A grouped problem's tiles along M
-    are its experts' (each expert's rows round up to whole tiles of its own)."""
+    are its experts' (each expert's rows round up to whole tiles of its own). An A/B-swapped
+    config's tiles run over the transposed problem: its tile M over N, its tile N over M."""
     m, n, k = float(problem.m), float(problem.n), float(problem.k)
+    swap = cols["swap_ab"].astype(bool)
+    rows_m, cols_n = np.where(swap, n, m), np.where(swap, m, n)  # the kernel's problem
     tm, tn, tk = cols["tile_m"], cols["tile_n"], cols["tile_k"]
     cm, cn = cols["cluster_m"], cols["cluster_n"]
     ctas = cm * cn
@@ -125,7 +129,7 @@ def features(problem: Problem, cols: Mapping[str, np.ndarray], sm_count: int) ->
     coop, pingpong, plain = schedule == 0, schedule == 1, schedule == 2
     stream_k = cols["stream_k"].astype(bool)
     in_bytes = cols["in_bits"] / 8
-    tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
+    tiles_m, tiles_n = np.ceil(rows_m / tm), np.ceil(cols_n / tn)
     if problem.grouped and problem.group_rows:
         rows_of = np.asarray(problem.group_rows, dtype=np.float64)[:, None]
         tiles_m = np.maximum(np.ceil(rows_of / np.asarray(tm, dtype=np.float64)[None, :]).sum(axis=0), 1.0)
@@ -141,7 +145,7 @@ def features(problem: Problem, cols: Mapping[str, np.ndarray], sm_count: int) ->
     units = tiles * k_iters
     stream_k_fill = np.where(stream_k, units / (np.ceil(units / slots) * slots), 0.0)
     best_fill = np.maximum(wave_fill, stream_k_fill)
-    pad_m, pad_n = m / (tiles_m * tm), n / (tiles_n * tn)
+    pad_m, pad_n = rows_m / (tiles_m * tm), cols_n / (tiles_n * tn)
     k_pad = k / (k_iters * tk)
     intensity = 2 * tm * tn / ((tm + tn) * in_bytes)
     multicast = 2 * tm * tn / ((tm / cn + tn / cm) * in_bytes)

@@ -79,7 +79,7 @@ def _config_of(row: Mapping[str, Any], problem: Problem) -> KernelConfig:
             continue
         fields[f] = int(v) if isinstance(v, float) else v
     fields.update(problem.operation.to_dict())
-    for flag in ("fp8_fast_accum", "epilogue_source"):
+    for flag in ("fp8_fast_accum", "epilogue_source", "swap_ab"):
         if isinstance(fields.get(flag), str):
             fields[flag] = fields[flag] == "True"
     return KernelConfig.from_dict(fields)

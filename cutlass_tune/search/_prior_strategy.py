@@ -15,6 +15,14 @@ Grouped problems (MoE experts) have a prior of their own, fitted only on grouped
 features alone); a plain GEMM's measurements say nothing of a grouped kernel's speed, which
 depends on the experts' rows. Their first picks are the hand-picked `GROUPED_DEFAULTS`, then the prior's.
 
+fp8 problems' first picks are the hand-picked `FP8_DEFAULTS` (swapped small-M kernels first up
+to `FP8_SMALL_M` rows): with no fp8 row committed, the prior fitted on 16-bit GEMMs led them with
+256-row tiles of K 64 (64 bytes of fp8), which ran at 0.11-0.32 of torch._scaled_mm on an H100.
+After them comes a prior of their own: fitted on the 16-bit and fp8 observations together (the
+features carry the input width) until fp8 results cover `FP8_OWN_PRIOR_PROBLEMS` problems, then on
+fp8 observations only. Not on fp8 rows alone from the start: with none, the features alone rank
+64x16 tiles first at 4096^3.
+
 The picks are configs of the space: of a `kernels: auto` space, any valid config, the
 hand-written spaces' or not; of a space of knob lists, only the space's. Everything proposed is
 a trial of the problem's Optuna study (queued, then asked), so a study holds every config
@@ -35,7 +43,7 @@ from ._features import Pool
 from ._ledger import Ledger
 from ._optuna_strategy import ASKS_PER_CONFIG
 from ._prior import Observation, Prior, StoreObservations
-from ._seeds import grouped_defaults, heuristic_configs
+from ._seeds import fp8_defaults, grouped_defaults, heuristic_configs
 from ._strategy import StrategyContext, register_strategy
 from ._studies import Study
 
@@ -44,6 +52,8 @@ HEURISTIC_AFTER = 2
 SAMPLER_EVERY = 4
 """Once a problem has results, one proposal in this many is the sampler's (TPE: exploration),
 the others the prior's best unmeasured config for the problem."""
+FP8_OWN_PRIOR_PROBLEMS = 4
+"""fp8 problems with results from which fp8 problems' prior is fitted on fp8 observations only."""
 REFIT_EVERY = 16
 """New (config, problem) results in the store after which the prior is fitted again."""
 PICKS_KEPT = 512
@@ -93,6 +103,8 @@ class PriorStrategy:
         self.prior = Prior(self.sm_count)
         self.grouped_prior = Prior(self.sm_count)
         """The prior of grouped problems, fitted on grouped observations only."""
+        self.fp8_prior = Prior(self.sm_count)
+        """The prior of fp8 (not grouped) problems (see the module's docstring)."""
         self.fits = 0
         self._results = -1  # store results at the last fit
         self._pools: dict[Operation, Pool] = {}
@@ -124,33 +136,42 @@ class PriorStrategy:
         if not force and len(own) < self._results + REFIT_EVERY:
             return False
         start = time.monotonic()
-        grouped = [o for o in self.committed + own if o.problem.grouped]
-        plain = [o for o in self.committed + own if not o.problem.grouped]
-        has_grouped = any(s.problem.grouped for s in self.studies)
-        has_plain = any(not s.problem.grouped for s in self.studies)
+        grouped = [o for o in self.committed + own if _family(o.problem) == "grouped"]
+        fp8 = [o for o in self.committed + own if _family(o.problem) == "fp8"]
+        plain = [o for o in self.committed + own if _family(o.problem) == "plain"]
+        has = {_family(s.problem) for s in self.studies}
+        has_grouped, has_plain = "grouped" in has, "plain" in has
         if has_plain:
             self.prior = Prior.fit(plain, self.sm_count)
         if has_grouped:
             self.grouped_prior = Prior.fit(grouped, self.sm_count)
+        if "fp8" in has:
+            own_fp8 = len({o.problem for o in fp8 if o.ratio}) >= FP8_OWN_PRIOR_PROBLEMS
+            self.fp8_prior = Prior.fit(fp8 if own_fp8 else plain + fp8, self.sm_count)
+        priors = {"plain": self.prior, "grouped": self.grouped_prior, "fp8": self.fp8_prior}
         self._results, self.fits = len(own), self.fits + 1
         self._answered = {o.problem for o in own}
         for s in self.studies:
             answered = s.problem in self._answered
             pool = self._pool(s.problem)
-            prior = self.grouped_prior if s.problem.grouped else self.prior
-            rows = prior.rank(s.problem, pool, diverse=not answered)[:PICKS_KEPT]
+            family = _family(s.problem)
+            rows = priors[family].rank(s.problem, pool, diverse=not answered)[:PICKS_KEPT]
             picks = [pool.config(r) for r in rows]
-            if not answered and s.problem.grouped:  # its first picks: the hand-picked grouped configs
-                first = grouped_defaults(s.problem, self.space)
+            if not answered and family != "plain":  # its first picks: the hand-picked configs of its family
+                first = (grouped_defaults if family == "grouped" else fp8_defaults)(s.problem, self.space)
                 picks = first + [c for c in picks if c not in first]
             elif not answered:  # its first picks: nvMatmulHeuristics' join the prior's, one by one
                 picks = _interleave(picks, self._heuristic.get(s.name, []), HEURISTIC_AFTER)
             self._ranked[s.name] = picks
         if has_plain:
             log.info("prior fitted on %d observations (%d of the store) and ranked in %.1f s",
-                     self.prior.rows, sum(not o.problem.grouped for o in own), time.monotonic() - start)
+                     self.prior.rows, sum(_family(o.problem) == "plain" for o in own), time.monotonic() - start)
         if has_grouped:
             log.info("%s", self.grouped_fit)
+        if "fp8" in has:
+            log.info("fp8 problems: prior fitted on %d observations (%s), after the hand-picked fp8 configs",
+                     self.fp8_prior.rows, "fp8 only" if own_fp8 else
+                     f"16-bit and fp8: fp8 results of fewer than {FP8_OWN_PRIOR_PROBLEMS} problems")
         return True
 
     @property
@@ -208,6 +229,13 @@ class PriorStrategy:
                 continue
             if self.studies.enqueue(s, cfg):
                 return
+
+
+def _family(problem: Problem) -> str:
+    """Which prior ranks `problem`'s configs: grouped, fp8 or plain (16-bit GEMMs)."""
+    if problem.grouped:
+        return "grouped"
+    return "fp8" if problem.dtype_a.is_fp8 else "plain"
 
 
 def _interleave(ours: list[KernelConfig], theirs: list[KernelConfig], after: int) -> list[KernelConfig]:

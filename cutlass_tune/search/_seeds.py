@@ -48,6 +48,29 @@ GROUPED_DEFAULTS = (
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
     dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
 )
+# fp8 (e4m3/e5m2) configs picked by hand from public figures, best first: vLLM's CUTLASS 3.x
+# row-wise kernels on an H100 (ping-pong FP8FastAccum 128x128x128 with a 2x1 cluster at about
+# 0.98 of torch._scaled_mm at 4096^3; 64x128x128 ping-pong for M up to 128; cooperative
+# 128x128 and 128x256 with fast accumulation), then the promoting (exact fp32) 128x128. K tile
+# 128: 128 bytes of fp8 per row, as the 16-bit kernels' 64. They, not the 16-bit defaults with
+# fp8's K, lead an fp8 problem before it has results: no fp8 measurement was committed.
+FP8_DEFAULTS = (
+    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1, fp8_fast_accum=True, **_PINGPONG),
+    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=1, cluster_n=2, fp8_fast_accum=True, **_COOPERATIVE),
+    dict(tile_m=128, tile_n=256, tile_k=128, cluster_m=2, cluster_n=1, fp8_fast_accum=True, **_COOPERATIVE),
+    dict(tile_m=64, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1, fp8_fast_accum=True, **_PINGPONG),
+    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1, fp8_fast_accum=False, **_COOPERATIVE),
+)
+# For M up to FP8_SMALL_M, vLLM's swapped kernels first: the kernel computes D^T = B^T A^T, so
+# the few rows of A fill a 16- or 64-wide tile N instead of a 64-row tile M (tile M runs over
+# N). Row-wise scaled problems only (`swap_ab`'s rule); others skip them.
+FP8_SMALL_M = 64
+FP8_SMALL_M_DEFAULTS = (
+    dict(tile_m=64, tile_n=16, tile_k=256, cluster_m=1, cluster_n=1, fp8_fast_accum=True, swap_ab=True, **_PINGPONG),
+    dict(tile_m=64, tile_n=64, tile_k=256, cluster_m=1, cluster_n=1, fp8_fast_accum=True, swap_ab=True, **_PINGPONG),
+    dict(tile_m=64, tile_n=16, tile_k=256, cluster_m=1, cluster_n=2, fp8_fast_accum=True, swap_ab=True, **_PINGPONG),
+    dict(tile_m=64, tile_n=64, tile_k=256, cluster_m=1, cluster_n=2, fp8_fast_accum=True, swap_ab=True, **_PINGPONG),
+)
 NEAREST_PROBLEMS = 3
 WAVE_FIT_MARGIN = 0.05
 """How much better a tile must fill the last wave than every large common default's tile before
@@ -110,9 +133,10 @@ def wave_fill(cfg: KernelConfig, problem: Problem, sm_count: int) -> float:
     """Share of the SM time a persistent data-parallel kernel spends on useful tile area: the
     problem's area over whole waves of tiles (a ping-pong SM works on two tiles at once, at half
     speed each). 1.0 when the tiles divide the problem and fill every wave."""
-    tiles = math.ceil(problem.m / cfg.tile_m) * math.ceil(problem.n / cfg.tile_n)
+    rows, cols = (problem.n, problem.m) if cfg.swap_ab else (problem.m, problem.n)  # the kernel's problem
+    tiles = math.ceil(rows / cfg.tile_m) * math.ceil(cols / cfg.tile_n)
     slots = sm_count * (2 if cfg.kernel_schedule is KernelSchedule.PINGPONG else 1)
-    return problem.m * problem.n / (math.ceil(tiles / slots) * slots * cfg.tile_m * cfg.tile_n)
+    return rows * cols / (math.ceil(tiles / slots) * slots * cfg.tile_m * cfg.tile_n)
 
 
 def _persistent(cfg: KernelConfig) -> bool:
@@ -171,11 +195,32 @@ def _wave_fit_pool(space: SearchSpace) -> list[KernelConfig]:
     return out
 
 
+def default_knobs(problem: Problem) -> tuple[dict, ...]:
+    """The hand-picked knobs that lead `problem`, best first: `GROUPED_DEFAULTS` for a grouped
+    problem; for fp8, `FP8_SMALL_M_DEFAULTS` (M up to `FP8_SMALL_M`) then `FP8_DEFAULTS`;
+    `COMMON_DEFAULTS` for the others."""
+    if problem.grouped:
+        return GROUPED_DEFAULTS
+    if problem.dtype_a.is_fp8:
+        return (FP8_SMALL_M_DEFAULTS if problem.m <= FP8_SMALL_M else ()) + FP8_DEFAULTS
+    return COMMON_DEFAULTS
+
+
 def grouped_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:
     """`GROUPED_DEFAULTS` of `problem`'s operation that `space` holds, in order (each without a
     C operand where the space has that variant, as `seed_configs` takes them)."""
+    return _held(GROUPED_DEFAULTS, problem, space)
+
+
+def fp8_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:
+    """The fp8 defaults of `problem` (`default_knobs`) that `space` holds, in order (each
+    without a C operand where the space has that variant); empty for a 16-bit problem."""
+    return _held(default_knobs(problem), problem, space) if problem.dtype_a.is_fp8 else []
+
+
+def _held(defaults: tuple[dict, ...], problem: Problem, space: SearchSpace) -> list[KernelConfig]:
     out = []
-    for knobs in GROUPED_DEFAULTS:
+    for knobs in defaults:
         for source in (False, True):
             cfg = KernelConfig.for_operation(problem, epilogue_source=source, **knobs)
             if space.holds(cfg):
@@ -187,8 +232,8 @@ def grouped_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]
 def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem],
                  gpu_name: str | None = None, sm_count: int | None = None) -> list[KernelConfig]:
     """Configs to enqueue before sampling, in order, each valid and in `space`. Without
-    `sm_count` (the GPU's SMs) no wave-fitting tiles are added. A grouped problem's defaults
-    are `GROUPED_DEFAULTS`."""
+    `sm_count` (the GPU's SMs) no wave-fitting tiles are added. A grouped or fp8 problem's
+    defaults are its own (`default_knobs`)."""
     out: dict[str, KernelConfig] = {}
     # The performance model's picks first, one problem at a time, so each problem gets its own.
     picks = [heuristic_configs(p, gpu_name) for p in problems]
@@ -198,9 +243,7 @@ def seed_configs(space: SearchSpace, store: ResultStore, problems: list[Problem]
                 out.setdefault(found[rank].hash, found[rank])
     defaults: list[KernelConfig] = []
     for p in problems:
-        for knobs in GROUPED_DEFAULTS if p.grouped else COMMON_DEFAULTS:
-            if p.dtype_a.is_fp8:  # the same shapes with fp8's 128-byte K rows, fast accumulation first
-                knobs = {**knobs, "tile_k": 128, "fp8_fast_accum": True}
+        for knobs in default_knobs(p):
             # Without a C operand where the space has it: every launch here has beta = 0, and
             # the sourceless epilogue measured as fast or faster (benchmarks/beat_cublas.md).
             for source in (False, True):

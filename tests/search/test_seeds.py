@@ -64,7 +64,7 @@ def test_performance_model_picks_lead_the_seeds(space, store):
     assert seeds[0] == first_in_space
 
 
-def test_fp8_seeds_use_128_wide_k_and_fast_accumulation(tmp_path, store, monkeypatch):
+def test_fp8_seeds_are_the_fp8_defaults_with_128_wide_k(tmp_path, store, monkeypatch):
     monkeypatch.setitem(sys.modules, "nvMatmulHeuristics", None)
     path = tmp_path / "fp8.yaml"
     path.write_text("problems: [{m: 4096, n: 4096, k: 4096}]\n"
@@ -73,8 +73,9 @@ def test_fp8_seeds_use_128_wide_k_and_fast_accumulation(tmp_path, store, monkeyp
                     "          kernel_schedule: [cooperative, pingpong], fp8_fast_accum: [true, false]}\n")
     fp8 = load_space(path)
     seeds = seed_configs(fp8, store, list(fp8.problems), "NVIDIA H200")
-    assert seeds and all(c.tile_k == 128 and c.fp8_fast_accum and not check_config(c) for c in seeds)
-    assert seeds[0].name == "e4m3_bf16bf16_tn_128x128x128_c1x2_sauto_pingpong_tma_persistent_fastaccum"
+    assert seeds and all(c.tile_k == 128 and not check_config(c) for c in seeds)
+    assert seeds[0].name == "e4m3_bf16bf16_tn_128x128x128_c2x1_sauto_pingpong_tma_persistent_fastaccum"
+    assert [c.fp8_fast_accum for c in seeds[:4]] == [True, True, True, False]  # the promoting one last
 
 
 def test_seeds_drop_the_c_operand_where_the_space_allows(space, tmp_path, store, monkeypatch):
