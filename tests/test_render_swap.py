@@ -27,9 +27,10 @@ def _arguments(cfg: KernelConfig) -> str:
 def test_swapped_kernel_passes_b_as_a_and_a_as_b_over_the_transposed_problem():
     body = _arguments(SWAPPED)
     assert "{n, m, k, 1}" in body and "{m, n, k, 1}" not in body
-    assert "static_cast<const ElementA*>(p->b), cutlass::make_cute_packed_stride(StrideA{}, make_shape(n, k, 1))" in body
-    assert "static_cast<const ElementB*>(p->a), cutlass::make_cute_packed_stride(StrideB{}, make_shape(m, k, 1))" in body
-    assert "static_cast<ElementD*>(p->d), cutlass::make_cute_packed_stride(StrideD{}, make_shape(n, m, 1))" in body
+    stride = "cutlass::make_cute_packed_stride"
+    assert f"static_cast<const ElementA*>(p->b), {stride}(StrideA{{}}, make_shape(n, k, 1))" in body
+    assert f"static_cast<const ElementB*>(p->a), {stride}(StrideB{{}}, make_shape(m, k, 1))" in body
+    assert f"static_cast<ElementD*>(p->d), {stride}(StrideD{{}}, make_shape(n, m, 1))" in body
     plain = _arguments(ROWCOL)
     assert "{m, n, k, 1}" in plain and "static_cast<const ElementA*>(p->a)" in plain
 
