@@ -216,3 +216,18 @@ def test_bad_shapes_are_one_line(shapes, dtype, layout, expected):
     with pytest.raises(ConfigFileError, match=expected.replace("(", r"\(")) as err:
         space_for_shapes(shapes, dtype=dtype, layout=layout)
     assert "\n" not in str(err.value)
+
+
+def test_an_fp8_rowcol_kind_holds_the_fp8_knobs_and_the_ab_swap():
+    from cutlass_tune.search._seeds import FP8_DEFAULTS, FP8_SMALL_M_DEFAULTS
+
+    auto = AutoKernels(FP8_ROWCOL)
+    for knobs in FP8_DEFAULTS + FP8_SMALL_M_DEFAULTS:
+        assert KernelConfig.for_operation(FP8_ROWCOL, epilogue_source=False, **knobs) in auto, knobs
+    seen = auto.values_in_valid()
+    assert set(seen["tile_k"]) >= {128, 256} and set(seen["swap_ab"]) == {False, True}
+    assert set(seen["cluster"]) >= {(2, 1), (1, 2)} and set(seen["fp8_fast_accum"]) == {False, True}
+    # the swap reads no knob another rule reads: it doubles the kind
+    assert auto.census().valid == 2 * AutoKernels(FP8_ROWCOL, {"swap_ab": (False,)}).census().valid
+    # an fp8 kind without row-wise scales has no swapped kernel
+    assert set(AutoKernels(FP8).values_in_valid()["swap_ab"]) == {False}
