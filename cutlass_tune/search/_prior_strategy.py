@@ -15,6 +15,9 @@ Grouped problems (MoE experts) have a prior of their own, fitted only on grouped
 features alone); a plain GEMM's measurements say nothing of a grouped kernel's speed, which
 depends on the experts' rows. Their first picks are the hand-picked `GROUPED_DEFAULTS`, then the prior's.
 
+A 16-bit problem whose epilogue applies an activation is led by `FUSED_DEFAULTS` (ping-pong
+128x128, which led every such problem of the epilogue-gap sweep), then as a plain one.
+
 fp8 problems' first picks are the hand-picked `FP8_DEFAULTS` (swapped small-M kernels first up
 to `FP8_SMALL_M` rows): with no fp8 row committed, the prior fitted on 16-bit GEMMs led them with
 256-row tiles of K 64 (64 bytes of fp8), which ran at 0.11-0.32 of torch._scaled_mm on an H100.
@@ -43,7 +46,7 @@ from ._features import Pool
 from ._ledger import Ledger
 from ._optuna_strategy import ASKS_PER_CONFIG
 from ._prior import Observation, Prior, StoreObservations
-from ._seeds import fp8_defaults, grouped_defaults, heuristic_configs
+from ._seeds import fp8_defaults, fused_defaults, grouped_defaults, heuristic_configs
 from ._strategy import StrategyContext, register_strategy
 from ._studies import Study
 
@@ -162,6 +165,8 @@ class PriorStrategy:
                 picks = first + [c for c in picks if c not in first]
             elif not answered:  # its first picks: nvMatmulHeuristics' join the prior's, one by one
                 picks = _interleave(picks, self._heuristic.get(s.name, []), HEURISTIC_AFTER)
+                first = fused_defaults(s.problem, self.space)  # an activation's epilogue: ping-pong first
+                picks = first + [c for c in picks if c not in first]
             self._ranked[s.name] = picks
         if has_plain:
             log.info("prior fitted on %d observations (%d of the store) and ranked in %.1f s",

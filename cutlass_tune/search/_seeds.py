@@ -9,7 +9,17 @@ import itertools
 import logging
 import math
 
-from ..space import PAIRED_EPILOGUE, DType, KernelConfig, KernelSchedule, Layout, Problem, SearchSpace, TileScheduler
+from ..space import (
+    PAIRED_EPILOGUE,
+    Activation,
+    DType,
+    KernelConfig,
+    KernelSchedule,
+    Layout,
+    Problem,
+    SearchSpace,
+    TileScheduler,
+)
 from ..status import Status
 from ..store import ResultStore
 
@@ -70,6 +80,13 @@ FP8_SMALL_M_DEFAULTS = (
     dict(tile_m=64, tile_n=64, tile_k=256, cluster_m=1, cluster_n=1, fp8_fast_accum=True, swap_ab=True, **_PINGPONG),
     dict(tile_m=64, tile_n=16, tile_k=256, cluster_m=1, cluster_n=2, fp8_fast_accum=True, swap_ab=True, **_PINGPONG),
     dict(tile_m=64, tile_n=64, tile_k=256, cluster_m=1, cluster_n=2, fp8_fast_accum=True, swap_ab=True, **_PINGPONG),
+)
+# 16-bit problems whose epilogue applies an activation: ping-pong 128x128 first. It led all 24
+# problems of the epilogue-gap sweep on an H200 (bias+relu, bias+gelu_tanh and bias+gelu on
+# eight LLM MLP shapes, K 1024-6144), 6-10% ahead of cooperative 128x256: one warp group's
+# epilogue, the activation included, runs under the other's mainloop (benchmarks/epilogue_gap.md).
+FUSED_DEFAULTS = (
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
 )
 NEAREST_PROBLEMS = 3
 WAVE_FIT_MARGIN = 0.05
@@ -198,12 +215,23 @@ def _wave_fit_pool(space: SearchSpace) -> list[KernelConfig]:
 def default_knobs(problem: Problem) -> tuple[dict, ...]:
     """The hand-picked knobs that lead `problem`, best first: `GROUPED_DEFAULTS` for a grouped
     problem; for fp8, `FP8_SMALL_M_DEFAULTS` (M up to `FP8_SMALL_M`) then `FP8_DEFAULTS`;
-    `COMMON_DEFAULTS` for the others."""
+    `FUSED_DEFAULTS` then `COMMON_DEFAULTS` for a 16-bit one with an activation; `COMMON_DEFAULTS`
+    for the others."""
     if problem.grouped:
         return GROUPED_DEFAULTS
     if problem.dtype_a.is_fp8:
         return (FP8_SMALL_M_DEFAULTS if problem.m <= FP8_SMALL_M else ()) + FP8_DEFAULTS
+    if problem.epilogue.activation is not Activation.NONE:
+        return FUSED_DEFAULTS + COMMON_DEFAULTS
     return COMMON_DEFAULTS
+
+
+def fused_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:
+    """`FUSED_DEFAULTS` of `problem`'s operation that `space` holds, in order, for a 16-bit
+    single GEMM with an activation in its epilogue; empty for any other problem."""
+    activated = problem.epilogue.activation is not Activation.NONE
+    return _held(FUSED_DEFAULTS, problem, space) if activated and not (problem.grouped or problem.dtype_a.is_fp8) \
+        else []
 
 
 def grouped_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:

@@ -277,3 +277,20 @@ def test_each_problem_of_an_auto_space_is_ranked_from_the_configs_of_its_own_ope
         first = pp.study.trials[0].user_attrs["config_hash"]
         study = next(s for s in run.studies if s.problem == pp.problem)
         assert first in {c.hash for c in strategy.picks(study, 4)}
+
+
+def test_an_activation_s_problem_is_led_by_the_ping_pong_tile_that_led_every_fused_shape(tmp_path, no_committed):
+    # Guards the epilogue-gap finding (benchmarks/epilogue_gap.md): ping-pong 128x128 led all 24
+    # bias+activation problems; a prior without that evidence (here, fitted on nothing) picked other
+    # tiles first and never reached it in 4 configs.
+    from cutlass_tune.search._seeds import fused_defaults
+
+    space = space_for_shapes("4096x14336x4096,4096x4096x4096", epilogue="bias+gelu")
+    space_plain = space_for_shapes("4096x4096x4096")
+    _, state, compiled, _ = sweep(space, tmp_path, trials=4, batch=4)
+    for pp in state.problems:
+        first = fused_defaults(pp.problem, space)
+        assert [(c.tile_m, c.tile_n, c.kernel_schedule.value) for c in first] == [(128, 128, "pingpong")]
+        assert first[0].hash in {t.user_attrs["config_hash"] for t in pp.study.trials}
+    assert compiled[0] == fused_defaults(state.problems[0].problem, space)[0]  # compiled first
+    assert fused_defaults(space_plain.problems[0], space_plain) == []
