@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _blocks import block_ms, relative  # beside this script
 
 VOCAB = 8192
 DEVICE = "cuda"
@@ -112,21 +113,6 @@ def _layers(model: torch.nn.Module, family: str) -> torch.nn.ModuleList:
     layers = model.get_submodule(FAMILIES[family]["layer_list"])
     assert isinstance(layers, torch.nn.ModuleList)  # each family's own attribute
     return layers
-
-
-def _block_ms(fn: Callable[[], object], count: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(count):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / count
-
-
-def relative(got: torch.Tensor, want: torch.Tensor) -> float:
-    want = want.float()
-    return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def fuse(model: torch.nn.Module, family: str, mode: str, table: Any, min_ratio: float) -> dict[str, Any]:
@@ -206,11 +192,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     grads.clear()
     steps = {name: step(model) for name, model in copies.items()}
     for fn in steps.values():  # warm up both
-        _block_ms(fn, 2)
+        block_ms(fn, 2)
     blocks: dict[str, list[float]] = {name: [] for name in copies}
     for _ in range(args.blocks):
         for name, fn in steps.items():
-            blocks[name].append(_block_ms(fn, args.block))
+            blocks[name].append(block_ms(fn, args.block))
     ms = {name: statistics.median(times) for name, times in blocks.items()}
     worst = max(grad_errors.items(), key=lambda kv: kv[1]) if grad_errors else None
     return {

@@ -28,10 +28,10 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _blocks import block_ms, relative  # beside this script
 
 VOCAB = 8192
 DEVICE = "cuda"
@@ -65,21 +65,6 @@ def _model(family: str, layers: int):
     with torch.device(DEVICE):
         return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
                                                              experts_implementation="grouped_mm")
-
-
-def _block_ms(fn: Callable[[], object], count: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(count):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / count
-
-
-def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
-    want = want.float()
-    return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def _graph_breaks() -> int:
@@ -130,18 +115,18 @@ def run(args: argparse.Namespace) -> dict:
             breaks[name] = _graph_breaks()
         if args.train:
             grads[name] = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
-    error = _relative(outputs[ct.NAME], outputs["grouped_mm"])
-    grad_errors = {n: _relative(grads[ct.NAME][n], g) for n, g in grads.get("grouped_mm", {}).items()
+    error = relative(outputs[ct.NAME], outputs["grouped_mm"])
+    grad_errors = {n: relative(grads[ct.NAME][n], g) for n, g in grads.get("grouped_mm", {}).items()
                    if n in grads[ct.NAME] and g.norm() > 0}
     grads.clear()
     blocks: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # warm up both
         model.set_experts_implementation(name)
-        _block_ms(step, 3)
+        block_ms(step, 3)
     for _ in range(args.blocks):
         for name in names:
             model.set_experts_implementation(name)
-            blocks[name].append(_block_ms(step, args.block))
+            blocks[name].append(block_ms(step, args.block))
     ms = {name: statistics.median(times) for name, times in blocks.items()}
     spec = FAMILIES[args.family]
     worst = max(grad_errors.items(), key=lambda kv: kv[1]) if grad_errors else None

@@ -13,12 +13,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fusion_model.py"
 
 @pytest.fixture(scope="module")
 def script():
+    sys.path.insert(0, str(SCRIPT.parent))  # its helpers beside it, as when it runs as a script
     spec = importlib.util.spec_from_file_location("fusion_model", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["fusion_model"] = module
     spec.loader.exec_module(module)
     yield module
     del sys.modules["fusion_model"]
+    sys.path.remove(str(SCRIPT.parent))
 
 
 def test_arguments_take_the_familys_widths_where_not_given(script, tmp_path):

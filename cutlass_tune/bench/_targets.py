@@ -169,39 +169,29 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
     last = (lambda y: y) if epilogue.activation is Activation.NONE else activation
     out_dtype = TORCH_DTYPE[problem.dtype_d]
 
+    def finish(y, c):
+        """The epilogue after the (biased) product: the gate's activation times it, or the
+        residual added and then the activation."""
+        if epilogue.gated:
+            return last(c) * y
+        return last(y if c is None else y + c)
+
     if problem.scaling is Scaling.BLOCKWISE:
         def blockwise(a, b, bias, c, scale_a, scale_b):
-            y = blockwise_mm(a, b, scale_a, scale_b, out_dtype, bias)
-            if epilogue.gated:
-                return last(c) * y
-            if c is not None:
-                y = y + c
-            return last(y)
+            return finish(blockwise_mm(a, b, scale_a, scale_b, out_dtype, bias), c)
         return blockwise
 
     if problem.dtype_a.is_fp8:
         def fp8(a, b, bias, c, scale_a, scale_b):
             y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=None if bias_after else bias,
                                  out_dtype=out_dtype, use_fast_accum=fast_accum)
-            if bias_after and bias is not None:
-                y = y + bias
-            if epilogue.gated:
-                return last(c) * y
-            if c is not None:
-                y = y + c
-            return last(y)
+            return finish(y if not bias_after or bias is None else y + bias, c)
         return fp8
 
     def linear(a, b, bias, c, scale_a, scale_b):
-        if epilogue.gated:
-            return last(c) * F.linear(a, b.t(), bias)
-        if c is not None and bias is None:
-            y = torch.addmm(c, a, b)
-        else:
-            y = F.linear(a, b.t(), bias)
-            if c is not None:
-                y = y + c
-        return last(y)
+        if c is not None and bias is None and not epilogue.gated:
+            return last(torch.addmm(c, a, b))  # the residual in cuBLAS's beta = 1
+        return finish(F.linear(a, b.t(), bias), c)
     return linear
 
 
