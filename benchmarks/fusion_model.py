@@ -85,6 +85,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=None, help="tokens in all (default: the family's)")
     parser.add_argument("--min-ratio", type=float, default=1.0,
                         help="the table's ratio an entry needs to be used (patch and pass; 0: every entry)")
+    parser.add_argument("--min-kernel-us", type=float, default=None,
+                        help="patch's and the pass's min_kernel_us (default: theirs)")
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--block", type=int, default=5)
     parser.add_argument("--profile", action="store_true",
@@ -121,19 +123,21 @@ def _layers(model: torch.nn.Module, family: str) -> torch.nn.ModuleList:
     return layers
 
 
-def fuse(model: torch.nn.Module, family: str, mode: str, table: Any, min_ratio: float) -> dict[str, Any]:
+def fuse(model: torch.nn.Module, family: str, mode: str, table: Any, min_ratio: float,
+         min_kernel_us: float | None = None) -> dict[str, Any]:
     """Put the tuned kernels into `model` as `mode` runs them (module docstring); the decisions.
 
     The eager modes patch in place; infer-compile compiles each layer with the pass (layers whose
     graphs are alike share one compiled graph, so the sites are those of one layer's graph)."""
     import cutlass_tune
 
+    extra = {} if min_kernel_us is None else {"min_kernel_us": min_kernel_us}
     if mode == "infer-compile":
-        options = cutlass_tune.inductor_options(table, min_ratio=min_ratio)
+        options = cutlass_tune.inductor_options(table, min_ratio=min_ratio, **extra)
         for layer in _layers(model, family):
             layer.compile(options=options)
         return {"kind": "inductor_options", "options": options}
-    report = cutlass_tune.patch(model, table, min_ratio=min_ratio, fuse=True)
+    report = cutlass_tune.patch(model, table, min_ratio=min_ratio, fuse=True, **extra)
     return {"kind": "patch", "report": report}
 
 
@@ -161,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     train = args.mode == "train"
     plain = _model(args.family, args.layers).train(train)
     tuned = copy.deepcopy(plain)
-    fused = fuse(tuned, args.family, args.mode, table, args.min_ratio)
+    fused = fuse(tuned, args.family, args.mode, table, args.min_ratio, args.min_kernel_us)
     if args.mode == "infer-compile":
         for layer in _layers(plain, args.family):
             layer.compile()
@@ -211,7 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "family": args.family, "tokens": args.tokens, "layers": args.layers, "mode": args.mode,
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "table": str(args.table), "min_ratio": args.min_ratio, "decisions": decisions(fused),
+        "table": str(args.table), "min_ratio": args.min_ratio, "min_kernel_us": args.min_kernel_us, "decisions": decisions(fused),
         "median_ms": ms, "blocks_ms": blocks, "speedup": ms["plain"] / ms["fused"],
         "relative_error": error, "close": error < TOLERANCE, "first_call_s": first_s, "fallbacks": fallbacks,
         "grad_max_relative_error": None if worst is None else {"parameter": worst[0], "error": worst[1]},

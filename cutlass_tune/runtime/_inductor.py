@@ -44,7 +44,7 @@ from .._torch import DTYPE_OF
 from ..space import Activation, DType, Epilogue
 from ._matmul import device_table
 from ._op import registered_table, table_key
-from ._patch import _Coverage, operator_takes
+from ._patch import MIN_KERNEL_US, _Coverage, operator_takes
 from ._table import BestTable
 
 _log = logging.getLogger(__name__)
@@ -190,11 +190,17 @@ class FusionPass(CustomGraphPass):
             entry must reach; 0 takes every entry.
         cuda_only: leave GEMMs that are not on CUDA (False: rewrite them too; off CUDA the
             operator computes torch's math, which is what the CPU tests run).
+        min_kernel_us: leave a site whose entries' kernels all take less than this many
+            microseconds a call: a compiled graph calls the operator through the dispatcher and
+            its Python path (`patch`'s argument of the same name); 0 where the graph runs under
+            CUDA graphs (mode="reduce-overhead").
     """
 
-    def __init__(self, table: BestTable | str | Path, *, min_ratio: float = 1.0, cuda_only: bool = True):
+    def __init__(self, table: BestTable | str | Path, *, min_ratio: float = 1.0, cuda_only: bool = True,
+                 min_kernel_us: float = MIN_KERNEL_US):
         self.key = table_key(table)
         self.min_ratio = float(min_ratio)
+        self.min_kernel_us = float(min_kernel_us)
         self.cuda_only = cuda_only
         self.decisions: list[FusionDecision] = []
         self._coverage: dict[tuple[int, str], _Coverage] = {}
@@ -204,7 +210,7 @@ class FusionPass(CustomGraphPass):
         operator's arguments (a graph compiled with another table is compiled again)."""
         import pandas as pd
 
-        digest = hashlib.sha256(f"{_VERSION} {self.key} {self.min_ratio} {self.cuda_only} "
+        digest = hashlib.sha256(f"{_VERSION} {self.key} {self.min_ratio} {self.min_kernel_us} {self.cuda_only} "
                                 f"{_LINEAR._schema}".encode())
         frame = registered_table(self.key).frame
         digest.update(pd.util.hash_pandas_object(frame.astype(str), index=False).to_numpy().tobytes())
@@ -311,7 +317,7 @@ class FusionPass(CustomGraphPass):
     def _why_not(self, device: torch.device, dtype: DType, epilogue: Epilogue, n: int, k: int) -> str | None:
         if self.cuda_only and device.type != "cuda":
             return f"on {device}: the tuned kernels run on CUDA"
-        return self._coverage_of(device, epilogue).why_not(dtype, n, k, self.min_ratio)
+        return self._coverage_of(device, epilogue).why_not(dtype, n, k, self.min_ratio, self.min_kernel_us)
 
     def _coverage_of(self, device: torch.device, epilogue: Epilogue) -> _Coverage:
         index = device.index if device.type == "cuda" and device.index is not None else -1
@@ -331,8 +337,8 @@ class FusionPass(CustomGraphPass):
         _log.info("cutlass_tune.inductor_options: %s", decision)
 
 
-def inductor_options(table: BestTable | str | Path, *, min_ratio: float = 1.0,
-                     cuda_only: bool = True) -> dict[str, Any]:
+def inductor_options(table: BestTable | str | Path, *, min_ratio: float = 1.0, cuda_only: bool = True,
+                     min_kernel_us: float = MIN_KERNEL_US) -> dict[str, Any]:
     """torch.compile options that rewrite fusable GEMMs into the table's fused kernels
     (module docstring): `torch.compile(model, options=inductor_options(table))`.
 
@@ -341,7 +347,7 @@ def inductor_options(table: BestTable | str | Path, *, min_ratio: float = 1.0,
 
     Args:
         table: a `BestTable`, a path `BestTable.load` reads, or a key from `register_table`.
-        min_ratio, cuda_only: as `FusionPass`.
+        min_ratio, cuda_only, min_kernel_us: as `FusionPass`.
 
     Returns:
         {"post_grad_custom_post_pass": FusionPass(...)}.
@@ -350,7 +356,8 @@ def inductor_options(table: BestTable | str | Path, *, min_ratio: float = 1.0,
         UnregisteredTableError: a string that is neither a registered key nor a readable table.
         BestTableError, BundleError, StoreError: a table path that cannot be read.
     """
-    return {"post_grad_custom_post_pass": FusionPass(table, min_ratio=min_ratio, cuda_only=cuda_only)}
+    return {"post_grad_custom_post_pass": FusionPass(table, min_ratio=min_ratio, cuda_only=cuda_only,
+                                                     min_kernel_us=min_kernel_us)}
 
 
 def fusion_decisions(options: dict[str, Any]) -> Iterable[FusionDecision]:

@@ -10,7 +10,7 @@ import torch
 from .._torch import ACTIVATION
 from ..space import Activation
 from ._matmul import activation_of
-from ._op import table_key
+from ._op import linear_direct, mm_direct, table_key
 from ._table import BestTable
 
 _MM = torch.ops.cutlass_tune.mm.default  # registered by importing ._op
@@ -71,11 +71,15 @@ class Linear(torch.nn.Linear):
         return module.train(linear.training)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.activation is not Activation.NONE and not (torch.is_grad_enabled() and (
-                input.requires_grad or self.weight.requires_grad
-                or (self.bias is not None and self.bias.requires_grad))):
-            return _LINEAR(input, self.weight, self.bias, self.activation.value, self.table_key)
-        out = _MM(input, self.weight.t(), self.table_key)
+        no_grad = not (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad
+                                                    or (self.bias is not None and self.bias.requires_grad)))
+        # Eager code that needs no gradient calls the operators' CUDA kernels directly: a small
+        # GEMM's kernel is shorter than the dispatcher's host path (benchmarks/linear_host.py).
+        direct = no_grad and input.is_cuda and not torch.compiler.is_compiling()
+        if self.activation is not Activation.NONE and no_grad:
+            call = linear_direct if direct else _LINEAR
+            return call(input, self.weight, self.bias, self.activation.value, self.table_key)
+        out = (mm_direct if direct else _MM)(input, self.weight.t(), self.table_key)
         out = out if self.bias is None else out + self.bias
         return out if self.activation is Activation.NONE else ACTIVATION[self.activation](out)
 

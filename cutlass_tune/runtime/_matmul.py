@@ -72,13 +72,17 @@ def _layout(t: torch.Tensor, name: str, rows_major: Layout, cols_major: Layout) 
                            "column-major contiguous: call .contiguous() first")
 
 
+_ACTIVATIONS = {a.value: a for a in Activation}
+
+
 def activation_of(value: object) -> Activation:
     """An `Activation` given as itself or its name ("silu", "gelu_tanh", ...). Raises
     MatmulInputError naming the known ones."""
     if isinstance(value, Activation):
         return value
-    if isinstance(value, str) and value in {a.value for a in Activation}:
-        return Activation(value)
+    found = _ACTIVATIONS.get(value) if isinstance(value, str) else None
+    if found is not None:
+        return found
     known = ", ".join(a.value for a in Activation)
     raise MatmulInputError(f"activation {str(value)[:40]!r} is not one of {known}")
 

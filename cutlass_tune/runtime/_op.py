@@ -155,7 +155,12 @@ def mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | No
         UnregisteredTableError: `table` is not a registered key.
         RuntimeError: shapes that do not multiply, mixed dtypes or devices (as torch's GEMM).
     """
-    _check(a, b, out_dtype)
+    return mm_direct(a, b, table, out_dtype)
+
+
+def mm_direct(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`mm`'s CUDA kernel called without the operator's dispatch (see `linear_direct`)."""
+    _check_once(_check, a, b, out_dtype)
     tuned = registered_table(table)
     dtype = result_dtype(a.dtype, out_dtype)
     a2 = a.reshape(-1, a.shape[-1])
@@ -245,6 +250,30 @@ mm.register_autograd(_backward, setup_context=_setup_context)
 _ACTIVATION_NAMES = tuple(a.value for a in Activation)
 
 
+def _meta(t: torch.Tensor | None) -> tuple | None:
+    """What a check of `t` reads: its shape, strides, dtype and device (None for None)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+
+
+_PASSED: set[tuple] = set()
+"""The calls (`_meta` of each tensor, the other arguments) whose checks passed. A model repeats a
+few shapes, and where the host is the bottleneck (a GEMM of 30 us behind a host path of 100)
+every microsecond of a call is the GPU's idle time, so a repeated call skips its checks."""
+_PASSED_MOST = 4096
+"""Calls remembered before the set starts over (a model of ever-changing batch shapes)."""
+
+
+def _check_once(check: Any, *args: Any) -> None:
+    """`check(*args)`, unless a call with the same tensor metadata and arguments passed it before."""
+    key = (check, *(_meta(a) if a is None or isinstance(a, torch.Tensor) else a for a in args))
+    if key in _PASSED:
+        return
+    check(*args)
+    if len(_PASSED) >= _PASSED_MOST:
+        _PASSED.clear()
+    _PASSED.add(key)
+
+
 def _check_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
                   residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> None:
     """What every implementation of `linear` (fake and real) refuses, with what to fix."""
@@ -331,7 +360,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
             unknown activation, a bias, residual or gate of another shape or dtype, both a
             residual and a gate.
     """
-    _check_linear(x, weight, bias, activation, residual, gate)
+    return linear_direct(x, weight, bias, activation, table, residual, gate)
+
+
+def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
+                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear`'s CUDA kernel called without the operator's dispatch, for eager code that needs no
+    gradient (`cutlass_tune.nn.Linear`): the dispatcher's autograd, backend and aliasing layers
+    cost more host time than a small GEMM's kernel takes. Same arguments and result."""
+    _check_once(_check_linear, x, weight, bias, activation, residual, gate)
     tuned = registered_table(table)
     n = weight.shape[0]
     x2, residual2, gate2 = x.reshape(-1, x.shape[-1]), _rows(residual, n), _rows(gate, n)

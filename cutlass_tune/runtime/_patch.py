@@ -25,7 +25,7 @@ from .._torch import TORCH_DTYPE
 from ..space import Activation, DType, Epilogue, Problem, check_problem
 from ._linear import Linear
 from ._matmul import device_table
-from ._op import registered_table, table_key
+from ._op import linear_direct, registered_table, table_key
 from ._table import BestTable
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
@@ -103,25 +103,38 @@ class _Coverage:
         """The rows it was built from, all epilogues: a fused coverage of the same device starts there."""
         self.epilogue = epilogue
         self.tuned: dict[tuple[str, int, int], list[tuple[int, float]]] = defaultdict(list)
+        self.kernel_us: dict[tuple[str, int, int], list[tuple[int, float]]] = defaultdict(list)
+        """Per (dtype, N, K): (M, the entry kernel's microseconds a call), NaN where unknown."""
         if frame.empty:
             return
         rows = frame[(frame["layout"] == "tn") & (frame["dtype_a"] == frame["dtype_d"])
                      & (frame["epilogue"] == epilogue.name) & (frame["scaling"] == "none")]
         columns = [rows[c] if c in rows.columns else pd.Series(math.nan, index=rows.index) for c in ratios]
         ratio = pd.concat(columns, axis=1).astype(float).min(axis=1, skipna=True)
-        for dtype, n, k, m, r in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratio):
+        ms = rows["median_ms"] if "median_ms" in rows.columns else pd.Series(math.nan, index=rows.index)
+        for dtype, n, k, m, r, t in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratio, ms.astype(float)):
             self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(r)))
+            self.kernel_us[(str(dtype), int(n), int(k))].append((int(m), float(t) * 1e3))
 
     def _named(self, dtype: DType) -> str:
         """"bf16 tn", or "bf16 tn bias+gelu" for a fused epilogue."""
         return f"{dtype.value} tn" + ("" if self.epilogue.is_plain else f" {self.epilogue.name}")
 
-    def why_not(self, dtype: DType, n: int, k: int, min_ratio: float) -> str | None:
+    def why_not(self, dtype: DType, n: int, k: int, min_ratio: float, min_kernel_us: float = 0.0) -> str | None:
         """None where the table covers N x K of `dtype` with an entry at `min_ratio` of its
-        baseline or faster, else what it has instead."""
+        baseline or faster whose kernel takes `min_kernel_us` or more (where the table knows its
+        time), else what it has instead."""
         named = self._named(dtype)
         baseline = "cuBLAS" if self.epilogue.is_plain else "torch"
         entries = self.tuned.get((dtype.value, n, k))
+        if entries and min_kernel_us > 0:
+            times = self.kernel_us[(dtype.value, n, k)]
+            if all(us < min_kernel_us for _, us in times):  # NaN (unknown) compares False: kept
+                m, us = max(times, key=lambda mu: mu[1])
+                kept = "torch's GEMM is kept" if self.epilogue.is_plain else "torch's path is kept"
+                return (f"{named} N={n}, K={k}: its kernel takes {us:.0f} us at M = {m}, under min_kernel_us "
+                        f"{min_kernel_us:g}, the host time of a call ({kept}; under CUDA graphs the host "
+                        "drops out: pass min_kernel_us=0)")
         if entries:
             best = max((r for _, r in entries if math.isfinite(r)), default=math.nan)
             if min_ratio <= 0 or best >= min_ratio:
@@ -155,7 +168,7 @@ class _Coverage:
 
 
 def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage | None, cuda_only: bool,
-              min_ratio: float) -> str | None:
+              min_ratio: float, min_kernel_us: float = 0.0) -> str | None:
     """Why `linear` stays as it is; None when it is swapped (`coverage` None: whatever the table has)."""
     if isinstance(linear, Linear):
         return f"already a cutlass_tune.nn.Linear (table {linear.table_key!r})"
@@ -173,8 +186,11 @@ def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage | None, cu
     refused = check_problem(Problem(1, n, k, dtype_a=dtype, dtype_b=dtype, dtype_d=dtype))
     if refused:
         return refused[0].reason
-    return None if coverage is None else coverage.why_not(dtype, n, k, min_ratio)
+    return None if coverage is None else coverage.why_not(dtype, n, k, min_ratio, min_kernel_us)
 
+
+MIN_KERNEL_US = 0.0
+"""`patch`'s and `inductor_options`' default `min_kernel_us`."""
 
 _TANH_GELUS = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActivation", "GELUPytorchTanh")
 """transformers' tanh-GELU modules (activations.py): the same function as F.gelu(approximate="tanh")."""
@@ -233,8 +249,8 @@ class GatedMLP(torch.nn.Module):
         up = self.up_proj
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in up.parameters())):
             return self.down_proj(self.act_fn(self.gate_proj(x)) * up(x))
-        fused = torch.ops.cutlass_tune.linear(x, up.weight, up.bias, self.activation.value, self.table_key,
-                                              gate=self.gate_proj(x).contiguous())
+        call = torch.ops.cutlass_tune.linear if torch.compiler.is_compiling() or not x.is_cuda else linear_direct
+        fused = call(x, up.weight, up.bias, self.activation.value, self.table_key, gate=self.gate_proj(x).contiguous())
         return self.down_proj(fused)
 
     def extra_repr(self) -> str:
@@ -297,7 +313,7 @@ def _qualified(parent: str, attribute: str) -> str:
 
 
 def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: bool = True,
-          min_ratio: float = 1.0, fuse: bool = True) -> PatchReport:
+          min_ratio: float = 1.0, fuse: bool = True, min_kernel_us: float = MIN_KERNEL_US) -> PatchReport:
     """Swap, in place, every torch.nn.Linear of `model` that `table` covers for a
     `cutlass_tune.nn.Linear` sharing its parameters (nothing is copied; state_dict keys stay).
 
@@ -320,6 +336,11 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
             ranking method): at the default 1.0 a layer is swapped only where the table shows its
             tuned kernel beating cuBLAS, so patching does not make a model slower by the table's
             own figures. 0 swaps every covered layer.
+        min_kernel_us: leave a layer (or a fusion) whose entries' kernels all take less than
+            this many microseconds a call (the table's median time): eager code calls the tuned
+            kernels through a Python path whose host time is about that, so a shorter kernel
+            would leave the GPU waiting where torch's C++ call would not (benchmarks/linear_host.py).
+            0 for a model run under CUDA graphs, where the host drops out.
 
         fuse: also fuse a Linear with the activation that follows it where the structure shows
             it: in an nn.Sequential (Linear, then nn.ReLU, nn.GELU, nn.SiLU or transformers'
@@ -356,7 +377,7 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
         parent = model.get_submodule(site.parent)
         linear = getattr(parent, site.linear)
         qualified = _qualified(site.parent, site.linear)
-        why = _why_fused_not(qualified, linear, site, coverage_of, cuda_only, min_ratio)
+        why = _why_fused_not(qualified, linear, site, coverage_of, cuda_only, min_ratio, min_kernel_us)
         if why is not None:
             notes[id(linear)] = why
             continue
@@ -386,7 +407,7 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
             continue
         note = notes.get(id(module), "")
         if id(module) not in swaps:
-            why = _why_left(name, module, coverage_of(module), cuda_only, min_ratio)
+            why = _why_left(name, module, coverage_of(module), cuda_only, min_ratio, min_kernel_us)
             if why is not None:
                 decisions.append(_decision(name, module, False, why, fusion=note))
                 continue
@@ -406,7 +427,7 @@ def _decision(name: str, linear: torch.nn.Linear, swapped: bool, reason: str, fu
 
 def _why_fused_not(name: str, linear: torch.nn.Linear, site: _Site,
                    coverage_of: Callable[[torch.nn.Linear], _Coverage], cuda_only: bool,
-                   min_ratio: float) -> str | None:
+                   min_ratio: float, min_kernel_us: float = 0.0) -> str | None:
     """Why the Linear at `site` is not fused with what follows it; None where it is."""
     then = "gate_proj and act_fn" if site.gated else site.then
     if site.activation is None:
@@ -420,5 +441,5 @@ def _why_fused_not(name: str, linear: torch.nn.Linear, site: _Site,
         else:
             why = _Coverage(coverage_of(linear).frame, epilogue).why_not(_DTYPES[linear.weight.dtype],
                                                                          linear.out_features, linear.in_features,
-                                                                         min_ratio)
+                                                                         min_ratio, min_kernel_us)
     return None if why is None else f"not fused with {then}: {why}"
