@@ -189,7 +189,7 @@ def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage | None, cu
     return None if coverage is None else coverage.why_not(dtype, n, k, min_ratio, min_kernel_us)
 
 
-MIN_KERNEL_US = 0.0
+MIN_KERNEL_US = 150.0
 """`patch`'s and `inductor_options`' default `min_kernel_us`."""
 
 _TANH_GELUS = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActivation", "GELUPytorchTanh")

@@ -80,6 +80,24 @@ def test_dynamic_tokens_still_match_and_the_rest_is_left_with_its_reason(calls):
     torch.testing.assert_close(out, want, rtol=1.6e-2, atol=2e-2)
 
 
+def test_a_kernel_shorter_than_a_calls_host_time_is_left_unless_asked(calls):
+    # Guards against the pass slowing a host-bound graph (BERT-large, 8192 tokens: 0.57x with
+    # its 29-140 us GEMMs fused): the operator's dispatch and Python path cost about that much.
+    table = register_table(fused_table([("bias+gelu", 64, 32, 1.2)], median_ms=0.12))
+    model = nn.Sequential(nn.Linear(32, 64, dtype=torch.bfloat16), nn.GELU())
+    x = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    out, want, fusion = _compiled(model, table, x)
+    assert calls == []
+    assert [str(d) for d in fusion.decisions if d.epilogue == "bias+gelu"] == [
+        "left   bf16 bias+gelu N=64 K=32: bf16 tn bias+gelu N=64, K=32: its kernel takes 120 us at M = 128, under "
+        "min_kernel_us 150, the host time of a call (torch's path is kept; under CUDA graphs the host drops out: "
+        "pass min_kernel_us=0)"]
+    torch._dynamo.reset()
+    out, want, fusion = _compiled(model, table, x, min_kernel_us=0)
+    assert calls == ["gelu"]
+    torch.testing.assert_close(out, want, rtol=1.6e-2, atol=2e-2)
+
+
 def test_an_activation_whose_input_is_also_read_is_not_fused(calls):
     table = register_table(fused_table([("silu", 64, 32, 1.2)]))
     lin = nn.Linear(32, 64, bias=False, dtype=torch.bfloat16)

@@ -305,3 +305,28 @@ def test_inputs_no_kernel_takes_are_computed_by_torch_with_one_warning(key):
     assert sum("cutlass_tune.mm" in str(c.message) and "float32" in str(c.message) for c in caught) == 1
     empty = torch.empty(0, 32, dtype=torch.bfloat16, device="cuda")
     assert OP(empty, torch.randn(32, 64, dtype=torch.bfloat16, device="cuda"), key).shape == (0, 64)
+
+
+def test_checks_run_once_per_call_signature_and_every_new_one_is_checked():
+    # Guards the operators' host fast path: a repeated call skips its checks, and a call whose
+    # tensors differ in any way a check reads (shape, strides, dtype, device) is checked again.
+    from cutlass_tune.runtime import _op
+
+    seen = []
+
+    def check(x, weight, activation):
+        seen.append((tuple(x.shape), activation))
+        _op._check_linear(x, weight, None, activation)
+
+    x, w = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(16, 8, dtype=torch.bfloat16)
+    for _ in range(3):
+        _op._check_once(check, x, w, "relu")
+    assert seen == [((4, 8), "relu")]
+    _op._check_once(check, x.t().contiguous().t(), w, "relu")  # same shape, other strides
+    assert len(seen) == 2
+    with pytest.raises(RuntimeError, match="do not multiply"):
+        _op._check_once(check, torch.randn(4, 9, dtype=torch.bfloat16), w, "relu")
+    with pytest.raises(RuntimeError, match="activation 'tanh' is not one of"):
+        _op._check_once(check, x, w, "tanh")
+    with pytest.raises(RuntimeError, match="activation 'tanh' is not one of"):  # a failed check is not remembered
+        _op._check_once(check, x, w, "tanh")

@@ -151,3 +151,25 @@ def test_fused_entries_do_not_cover_a_plain_layer(tmp_path):
     report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
     assert not report.swapped
     assert report.layers[0].reason == "the table has no bf16 tn entries (it has tn entries for: none)"
+
+
+def test_a_layer_whose_kernels_are_shorter_than_a_calls_host_time_keeps_torchs_gemm(tmp_path):
+    # Guards against a patch slowing a host-bound model: BERT-large at 8192 tokens ran 0.53x
+    # with its 29 us projections swapped, the Python call path costing more than the kernel.
+    path = tmp_path / "short.csv"
+    csv_table(path, [("bf16", "tn", 128, 64, 32), ("bf16", "tn", 4096, 64, 32)])
+    frame = pd.read_csv(path, dtype=str)
+    frame["ratio"], frame["median_ms"] = "1.2", ["0.004", "0.029"]
+    frame.to_csv(path, index=False)
+    model = Block()
+    report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
+    decided = {d.name: (d.swapped, d.reason) for d in report.layers}
+    assert decided["q"] == (False, "bf16 tn N=64, K=32: its kernel takes 29 us at M = 4096, under min_kernel_us 150, "
+                                   "the host time of a call (torch's GEMM is kept; under CUDA graphs the host drops "
+                                   "out: pass min_kernel_us=0)")
+    assert type(model.q) is nn.Linear
+    assert [d.name for d in cutlass_tune.patch(model, BestTable.load(path), cuda_only=False,
+                                                 min_kernel_us=0).swapped] == ["q", "tied"]
+    frame["median_ms"] = ["0.004", "0.2"]  # one entry long enough: its M is the model's, the layer is swapped
+    frame.to_csv(path, index=False)
+    assert [d.name for d in cutlass_tune.patch(Block(), BestTable.load(path), cuda_only=False).swapped] == ["q", "tied"]
