@@ -4,7 +4,8 @@
 table file, or a store through the tuner); `matmul` and `Gemm` run the tuned kernels on torch
 tensors, fused epilogues (bias, activation, residual) and fp8 scales included; `mm` and `linear`
 are the operators `torch.ops.cutlass_tune.mm`, `.linear` and `.grouped_mm` (a table bound
-to a key by `register_table`), for models and torch.compile; `Linear` and `patch` put them into models;
+to a key by `register_table`), for models and torch.compile; `Linear` and `patch` put them into models,
+`Fp8Linear` an fp8 e4m3 weight with row-wise or block-wise scales;
 `LoadedKernel` and the ABI's names come from `cutlass_tune.kernel`. Importing this package, and
 loading a bundle, imports none of the compiler, the store, the search, the dashboard or their
 dependencies (SQLAlchemy, Optuna, plotly); a kernel no bundle holds is compiled on first use.
@@ -24,6 +25,7 @@ from ..kernel import (
 
 if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ..tables import BestTableError, BundledKernel, BundleError
+    from ._fp8_linear import Fp8Linear
     from ._grouped import GroupedGemm, grouped_mm, grouped_problem_of, torch_grouped_mm
     from ._grouped_op import grouped_mm_op
     from ._inductor import FusionDecision, FusionPass, inductor_options
@@ -33,8 +35,8 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ._patch import LayerDecision, PatchReport, patch
     from ._table import BestTable, Match
 
-__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "FusionDecision", "FusionPass", "Gemm",
-           "GemmArgs", "GemmInstance", "GroupedGemm", "KernelLoadError", "KernelStatusError", "LayerDecision",
+__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Fp8Linear", "FusionDecision", "FusionPass",
+           "Gemm", "GemmArgs", "GemmInstance", "GroupedGemm", "KernelLoadError", "KernelStatusError", "LayerDecision",
            "Linear", "LoadedKernel", "Match", "MatmulInputError", "PatchReport", "UnregisteredTableError",
            "activation_of", "cutlass_status_name", "grouped_mm", "grouped_mm_op", "grouped_problem_of",
            "inductor_options", "linear", "make_args", "matmul", "mm", "operation_of", "patch", "problem_of",
@@ -44,6 +46,7 @@ _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match")
 _MATMUL = ("Gemm", "MatmulInputError", "activation_of", "matmul", "operation_of", "problem_of", "torch_gemm")
 _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredTableError": "_op", "Linear": "_linear",
+           "Fp8Linear": "_fp8_linear",
            "patch": "_patch", "PatchReport": "_patch", "LayerDecision": "_patch", "GroupedGemm": "_grouped",
            "grouped_mm": "_grouped", "grouped_problem_of": "_grouped", "torch_grouped_mm": "_grouped",
            "grouped_mm_op": "_grouped_op", "inductor_options": "_inductor", "FusionPass": "_inductor",
