@@ -215,7 +215,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "family": args.family, "tokens": args.tokens, "layers": args.layers, "mode": args.mode,
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "table": str(args.table), "min_ratio": args.min_ratio, "min_kernel_us": args.min_kernel_us, "decisions": decisions(fused),
+        "table": str(args.table), "min_ratio": args.min_ratio, "min_kernel_us": args.min_kernel_us,
+        "decisions": decisions(fused),
         "median_ms": ms, "blocks_ms": blocks, "speedup": ms["plain"] / ms["fused"],
         "relative_error": error, "close": error < TOLERANCE, "first_call_s": first_s, "fallbacks": fallbacks,
         "grad_max_relative_error": None if worst is None else {"parameter": worst[0], "error": worst[1]},

@@ -11,12 +11,24 @@ copies past L2, settled clocks, alternating blocks):
 - ``graph``: the same calls captured in a CUDA graph, as compiled or graph-captured models run
   them (host time drops out).
 
+Every dense operation is called as a model calls it: a fused entry with its epilogue's
+operands (`bias`, the residual `c` or the `gate`, the activation), a scaled fp8 entry with its
+scales, each as `matmul` takes them. torch's side is the entry's own baseline (`Baseline.of`:
+cuBLAS for a plain GEMM, the eager PyTorch code of the same math otherwise, with fast
+accumulation where the entry's kernel accumulates fast, as the sweep pairs them), and for a fused
+or scaled entry also the other torch paths of the same math (`Baseline.sides`: torch.compile of
+that code, cuBLASLt's own epilogue where it computes it), all timed in the same alternating
+blocks; `Delivered.strongest_ratio` is the ratio to the fastest of them. Grouped entries have
+their own call site (`cutlass_tune.grouped_mm`; benchmarks/grouped_call_site.py) and are reported
+as not checked here.
+
 Each entry's output is checked against an fp32 reference before it is timed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,11 +36,12 @@ from typing import Any
 import torch
 
 from .._torch import TORCH_DTYPE
-from ..measurement import TimingMethod
+from ..measurement import Baseline, TimingMethod
 from ..runtime import BestTable, matmul, torch_gemm
-from ..space import Operation, Problem
+from ..space import Operation, Problem, Scaling
 from ..status import Status
 from ._env import ClockMonitor
+from ._targets import TorchFunction, compiled_function, eager_function, lt_function
 from ._timing import TimingOptions, TimingStats, rotation_count, time_sustained
 from ._verify import Operands, allocate, compare, randomize, reference
 
@@ -40,11 +53,18 @@ MODES = ("loop", "graph")
 
 @dataclasses.dataclass(frozen=True)
 class Delivered:
-    """One calling mode of one entry: `matmul` and torch's call, timed alternately."""
+    """One calling mode of one entry: `matmul` and torch's call (the entry's baseline), timed
+    alternately with the other torch paths of the same math (`others`, by `Baseline` name)."""
 
     mode: str
     tuned: TimingStats
     torch: TimingStats
+    others: dict[str, TimingStats] = dataclasses.field(default_factory=dict)
+
+    @property
+    def strongest_ratio(self) -> float:
+        """The fastest torch path's median / `matmul`'s median: the baseline and `others`."""
+        return min(t.median_ms for t in (self.torch, *self.others.values())) / self.tuned.median_ms
 
     @property
     def ratio(self) -> float:
@@ -88,7 +108,9 @@ class EntryCheck:
         """Plain JSON-able dict: the problem by name, each mode's ratio and both sides' figures."""
         return {"problem": self.problem.name, "kernel": self.kernel, "claimed": self.claimed, "error": self.error,
                 "delivered": {d.mode: {"ratio": d.ratio, "ratio_low": d.ratio_low, "ratio_high": d.ratio_high,
-                                       "tuned": dataclasses.asdict(d.tuned), "torch": dataclasses.asdict(d.torch)}
+                                       "strongest_ratio": d.strongest_ratio,
+                                       "tuned": dataclasses.asdict(d.tuned), "torch": dataclasses.asdict(d.torch),
+                                       "others": {k: dataclasses.asdict(v) for k, v in d.others.items()}}
                               for d in self.delivered}}
 
 
@@ -119,34 +141,86 @@ def check_table(table: BestTable, *, device: int = 0, options: TimingOptions | N
         problem = problem_of_row(row)
         claimed = row.get("ratio")
         claimed = float(claimed) if claimed is not None and math.isfinite(float(claimed)) else None
+        if problem.grouped:
+            yield EntryCheck(problem, str(row["kernel"]), claimed, error="a grouped entry: its call site is "
+                             "cutlass_tune.grouped_mm (benchmarks/grouped_call_site.py)")
+            continue
+        fast_accum = str(row.get("fp8_fast_accum", "")).lower() in ("true", "1", "1.0")
         try:
             yield _check_entry(table, problem, str(row["kernel"]), claimed, device, options, modes, generator,
-                               monitor, l2)
+                               monitor, l2, fast_accum)
         except (RuntimeError, ValueError) as err:  # torch's CUDA errors, a kernel CUTLASS refuses
             yield EntryCheck(problem, str(row["kernel"]), claimed, error=f"{type(err).__name__}: {err}"[:300])
 
 
 def _check_entry(table: BestTable, problem: Problem, kernel: str, claimed: float | None, device: int,
                  options: TimingOptions, modes: tuple[str, ...], generator: torch.Generator,
-                 monitor: ClockMonitor, l2: int) -> EntryCheck:
+                 monitor: ClockMonitor, l2: int, fast_accum: bool = False) -> EntryCheck:
     first = allocate(problem, f"cuda:{device}")
     randomize(first, generator)
-    out_dtype = TORCH_DTYPE[problem.dtype_d]
-    verdict = compare(matmul(first.a_mk, first.b_kn, table=table, out_dtype=out_dtype), reference(first),
-                      problem.dtype_d, fp8_inputs=problem.dtype_a.is_fp8)
+    tuned_call = tuned_function(table, problem)
+    verdict = compare(tuned_call(first), reference(first), problem.dtype_d, fp8_inputs=problem.dtype_a.is_fp8)
     if verdict.status is not Status.OK:
         return EntryCheck(problem, kernel, claimed, error=f"matmul's result is wrong: {verdict.reason}")
+    paths = torch_functions(problem, first, fast_accum=fast_accum)
     free, _total = torch.cuda.mem_get_info(device)
     copies = [first] + [first.copy() for _ in range(rotation_count(first.nbytes, l2, memory_bytes=free) - 1)]
-    tuned = [_call(lambda a, b: matmul(a, b, table=table, out_dtype=out_dtype), c) for c in copies]
-    theirs = [_call(lambda a, b: torch_gemm(a, b, out_dtype), c) for c in copies]
+    sides = [[functools.partial(fn, c) for c in copies] for fn in (tuned_call, *paths.values())]
+    names = list(paths)
     delivered = []
     for mode in modes:
-        found = time_sustained([tuned, theirs], options=options, probe=monitor.reading, capture=mode == "graph")
-        delivered.append(Delivered(mode, found[0], found[1]))
+        found = time_sustained(sides, options=options, probe=monitor.reading, capture=mode == "graph")
+        delivered.append(Delivered(mode, found[0], found[1], dict(zip(names[1:], found[2:], strict=True))))
     return EntryCheck(problem, kernel, claimed, tuple(delivered))
 
 
-def _call(gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ops: Operands) -> Callable[[], object]:
-    a, b = ops.a_mk, ops.b_kn
-    return lambda: gemm(a, b)
+OperandsCall = Callable[[Operands], torch.Tensor]
+"""A call of one side on one copy of the operands, returning a new tensor as the caller's code does."""
+
+
+def tuned_function(table: BestTable, problem: Problem) -> OperandsCall:
+    """`matmul` as a model calls it for `problem`: the epilogue's operands (the bias, the residual
+    or the gate, both held in `Operands.c`), its activation and, for a scaled fp8 problem, the
+    scales."""
+    out_dtype = TORCH_DTYPE[problem.dtype_d]
+    epilogue, scaled = problem.epilogue, problem.scaling is not Scaling.NONE
+
+    def call(ops: Operands) -> torch.Tensor:
+        return matmul(ops.a_mk, ops.b_kn, table=table, out_dtype=out_dtype, bias=ops.bias,
+                      activation=epilogue.activation, c=None if epilogue.gated else ops.c,
+                      gate=ops.c if epilogue.gated else None, scale_a=ops.scale_a if scaled else None,
+                      scale_b=ops.scale_b if scaled else None)
+    return call
+
+
+def torch_functions(problem: Problem, ops: Operands, *, fast_accum: bool = False) -> dict[str, OperandsCall]:
+    """torch's paths for `problem`'s math, by `Baseline` name, the entry's own baseline first
+    (`Baseline.of`), each made once on `ops` (for torch.compile, its compile): cuBLAS as torch
+    calls it for a plain GEMM (`torch_gemm`); otherwise the eager code (bench's `eager_function`,
+    with fast accumulation where the entry's kernel has it, as the sweep paired them), then each of
+    `Baseline.sides` that computes the same function. A side torch cannot make is left out."""
+    own = Baseline.of(problem)
+    if own is Baseline.CUBLAS:
+        out_dtype = TORCH_DTYPE[problem.dtype_d]
+        return {own.value: lambda o: torch_gemm(o.a_mk, o.b_kn, out_dtype)}
+    unit = torch.ones((), dtype=torch.float32, device=ops.a.device)
+    makers = {Baseline.EAGER: eager_function, Baseline.COMPILE: compiled_function, Baseline.CUBLASLT: lt_function}
+    paths: dict[str, OperandsCall] = {}
+    for kind in (own, *own.sides):
+        if not kind.applies(problem) or (kind is Baseline.CUBLASLT and not ops.d.is_cuda):
+            continue
+        fn = makers[kind](problem, fast_accum=fast_accum)
+
+        def call(o: Operands, fn: TorchFunction = fn) -> torch.Tensor:
+            # unscaled fp8 runs torch._scaled_mm with unit scales, as the sweep's baseline does
+            own_scales = problem.scaling is not Scaling.NONE or not problem.dtype_a.is_fp8
+            return fn(o.a_mk, o.b_kn, o.bias, o.c, o.scale_a if own_scales else unit,
+                      o.scale_b if own_scales else unit)
+        try:
+            call(ops)
+        except Exception:  # noqa: BLE001 - the entry's own baseline must run; a side torch refuses is left out
+            if kind is own:
+                raise
+            continue
+        paths[kind.value] = call
+    return paths
