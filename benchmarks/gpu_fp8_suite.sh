@@ -42,7 +42,12 @@ if [ ! -e "$store.swept" ]; then
   timeout -k 20 "$limit" python3 -m cutlass_tune.cli sweep "$config" --trials "$trials" \
     --timeout $((limit * 6 / 10)) --storage "sqlite:///$store" >> "$log-sweep.txt" 2>&1
   echo "sweep rc=$?"; tail -2 "$log-sweep.txt"
-  if tail -1 "$log-sweep.txt" | grep -q "stopped: trial budget reached\|stopped: no new configs proposed"; then
+  # Swept: the budget or the space ran out, or the sweep's own timeout stopped it after the
+  # budget's last config was compiled (pairs it had not measured stay so: on a fresh machine a new
+  # sweep would first compile every config again to measure them).
+  compiled=$(grep -o "compiled [0-9]* configs, compiling 0 more" "$log-sweep.txt" | tail -1 | grep -o "[0-9]*" | head -1)
+  if tail -1 "$log-sweep.txt" | grep -q "stopped: trial budget reached\|stopped: no new configs proposed" \
+      || { tail -1 "$log-sweep.txt" | grep -q "stopped: timeout" && [ "${compiled:-0}" -ge "$trials" ]; }; then
     touch "$store.swept"
   fi
 fi
