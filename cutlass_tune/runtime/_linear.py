@@ -49,6 +49,9 @@ class Linear(torch.nn.Linear):
 
     activation: Activation = Activation.NONE
     """The activation that follows (a class default for modules pickled before it existed)."""
+    fused_bias: bool = False
+    """Whether the bias is added in the kernel's epilogue (the table's `bias` entries, one call of
+    `torch.ops.cutlass_tune.linear`) rather than after the GEMM by torch (`from_linear`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None, *, table: BestTable | str | Path,
@@ -59,12 +62,15 @@ class Linear(torch.nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, table: BestTable | str | Path, *,
-                    activation: Activation | str = Activation.NONE) -> Linear:
+                    activation: Activation | str = Activation.NONE, fuse_bias: bool = False) -> Linear:
         """A Linear sharing `linear`'s parameters (the same Parameter objects: an optimizer
         holding them keeps working, nothing is copied) and its training mode, followed by
-        `activation` (the activation module that followed `linear` in its model, fused)."""
+        `activation` (the activation module that followed `linear` in its model, fused).
+        `fuse_bias`: without an activation, add the bias in the kernel's epilogue (the table's
+        `bias` entries, as F.linear adds it in cuBLASLt's), forward and backward."""
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, device="meta",
                      dtype=linear.weight.dtype, table=table, activation=activation)
+        module.fused_bias = fuse_bias and linear.bias is not None
         module.weight = linear.weight
         if linear.bias is not None:
             module.bias = linear.bias
@@ -76,7 +82,8 @@ class Linear(torch.nn.Linear):
         # Eager code that needs no gradient calls the operators' CUDA kernels directly: a small
         # GEMM's kernel is shorter than the dispatcher's host path (benchmarks/linear_host.py).
         direct = no_grad and input.is_cuda and not torch.compiler.is_compiling()
-        if self.activation is not Activation.NONE and no_grad:
+        if (self.activation is not Activation.NONE and no_grad) or (
+                self.fused_bias and self.bias is not None and self.activation is Activation.NONE):
             call = linear_direct if direct else _LINEAR
             return call(input, self.weight, self.bias, self.activation.value, self.table_key)
         out = (mm_direct if direct else _MM)(input, self.weight.t(), self.table_key)
@@ -85,5 +92,6 @@ class Linear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         shown = "" if self.activation is Activation.NONE else f", activation={self.activation.value!r}"
+        shown += ", fused_bias=True" if self.fused_bias else ""
         return f"{super().extra_repr()}{shown}, table={self.table_key!r}"
 

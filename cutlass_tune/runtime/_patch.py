@@ -6,6 +6,11 @@ row-major: nn.Linear's), and N = out_features, K = in_features. M (the tokens of
 varies from call to call, so it plays no part: `matmul` runs the entry of the nearest tuned M.
 A covered layer is swapped where one of its entries beats cuBLAS by the table's own figure
 (`min_ratio`), so a patch never trades torch's GEMM for one the table measured slower.
+
+A layer with a bias is covered by the table's `bias` entries (the GEMM with the bias added in its
+epilogue), measured against what torch runs for it, F.linear, whose cuBLASLt call adds the bias in
+its own epilogue: the tuned GEMM then a separate bias add would be a pass over the output more
+than torch makes. The swapped layer runs the fused-bias kernel (`Linear.fused_bias`).
 """
 
 from __future__ import annotations
@@ -371,6 +376,19 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
             coverages[device] = _Coverage(rows.frame)
         return coverages[device]
 
+    layer_coverages: dict[int, _Coverage] = {}
+
+    def layer_coverage(linear: torch.nn.Linear) -> _Coverage:
+        """The entries a plain swap of `linear` needs: plain ones, or for a layer with a bias the
+        `bias` ones (module docstring)."""
+        plain = coverage_of(linear)
+        if linear.bias is None:
+            return plain
+        device = linear.weight.get_device()
+        if device not in layer_coverages:
+            layer_coverages[device] = _Coverage(plain.frame, Epilogue(bias=True))
+        return layer_coverages[device]
+
     notes: dict[int, str] = {}
     fused: dict[int, tuple[str, str]] = {}
     for site in _sites(model) if fuse else []:
@@ -407,14 +425,19 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
             continue
         note = notes.get(id(module), "")
         if id(module) not in swaps:
-            why = _why_left(name, module, coverage_of(module), cuda_only, min_ratio, min_kernel_us)
+            why = _why_left(name, module, layer_coverage(module), cuda_only, min_ratio, min_kernel_us)
+            if why is not None and module.bias is not None \
+                    and _why_left(name, module, coverage_of(module), cuda_only, min_ratio, min_kernel_us) is None:
+                why += ("; its plain entries do not count for a Linear with a bias, which F.linear adds in "
+                        "cuBLASLt's epilogue (tune the bias problems `cutlass-tune shapes` records)")
             if why is not None:
                 decisions.append(_decision(name, module, False, why, fusion=note))
                 continue
-            swaps[id(module)] = Linear.from_linear(module, key)
+            swaps[id(module)] = Linear.from_linear(module, key, fuse_bias=module.bias is not None)
         parent, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent), attribute, swaps[id(module)])
-        covering = coverage_of(module).covering(_DTYPES[module.weight.dtype], module.out_features, module.in_features)
+        covering = layer_coverage(module).covering(_DTYPES[module.weight.dtype], module.out_features,
+                                                   module.in_features)
         decisions.append(_decision(name, module, True, covering, fusion=note))
     return PatchReport(key, tuple(decisions))
 

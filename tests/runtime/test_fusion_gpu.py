@@ -127,7 +127,7 @@ def _run(fn):
 @pytest.mark.parametrize("cls, fused", [(LlamaBlock, ["silu+gated"]), (BertBlock, ["bias+gelu"])])
 def test_patch_fuses_the_blocks_and_matches_torch(cls, fused, calls):
     tuned, x, want = _models(cls)
-    report = cutlass_tune.patch(tuned, _table(TABLE), min_ratio=0)
+    report = cutlass_tune.patch(tuned, _table(TABLE), min_ratio=0, min_kernel_us=0)
     assert [d.fused for d in report.fused] == fused, str(report)
     out = _run(lambda: tuned(x))
     assert calls == fused  # the eager patch fuses activations and gates, not residual adds
@@ -138,7 +138,7 @@ def test_patch_fuses_the_blocks_and_matches_torch(cls, fused, calls):
                                         (BertBlock, {"bias+gelu", "bias+residual"})])
 def test_the_pass_fuses_the_blocks_and_matches_torch(cls, fused, calls):
     tuned, x, want = _models(cls)
-    options = cutlass_tune.inductor_options(_table(TABLE), min_ratio=0)
+    options = cutlass_tune.inductor_options(_table(TABLE), min_ratio=0, min_kernel_us=0)
     compiled = torch.compile(tuned, options=options)
     out = _run(lambda: compiled(x))
     made = options["post_grad_custom_post_pass"].decisions

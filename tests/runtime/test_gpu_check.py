@@ -57,7 +57,7 @@ def test_rows_of_this_gpu_and_rows_naming_none_are_used(on_gpu, h200_table):
 
 def test_patch_leaves_the_layers_of_a_gpu_the_table_was_not_tuned_on(on_gpu, h200_table, monkeypatch):
     on_gpu[0] = H100
-    model = nn.Sequential(nn.Linear(32, 64, dtype=torch.bfloat16))
+    model = nn.Sequential(nn.Linear(32, 64, bias=False, dtype=torch.bfloat16))
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)  # the weight "on cuda:0"
     with pytest.warns(RuntimeWarning, match=f"cutlass_tune.patch: the table was tuned on {H200}"):
         report = cutlass_tune.patch(model, h200_table, cuda_only=False)

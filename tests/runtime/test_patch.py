@@ -27,13 +27,15 @@ def table(tmp_path_factory):
 
 
 class Block(nn.Module):
+    """Linear layers without a bias (a plain table covers them), one of each case."""
+
     def __init__(self):
         super().__init__()
-        self.q = nn.Linear(32, 64, dtype=torch.bfloat16)
-        self.k = nn.Linear(32, 48, dtype=torch.bfloat16)
-        self.odd = nn.Linear(36, 64, dtype=torch.bfloat16)
-        self.f32 = nn.Linear(32, 64)
-        self.half = nn.Linear(32, 64, dtype=torch.float16)
+        self.q = nn.Linear(32, 64, bias=False, dtype=torch.bfloat16)
+        self.k = nn.Linear(32, 48, bias=False, dtype=torch.bfloat16)
+        self.odd = nn.Linear(36, 64, bias=False, dtype=torch.bfloat16)
+        self.f32 = nn.Linear(32, 64, bias=False)
+        self.half = nn.Linear(32, 64, bias=False, dtype=torch.float16)
         self.attn = nn.MultiheadAttention(64, 4, dtype=torch.bfloat16)
         self.tied = self.q
 
@@ -68,9 +70,7 @@ def test_a_patched_model_keeps_its_parameters_state_dict_and_results(table):
     assert type(model.k) is nn.Linear and type(model.attn.out_proj) is not Linear
     assert list(model.state_dict()) == list(before.state_dict())
     x = torch.randn(3, 32, dtype=torch.bfloat16)
-    # The bias is added after the GEMM's rounding to bf16 (addmm adds it before): equal to that,
-    # close to nn.Linear.
-    assert torch.equal(model.q(x), torch.matmul(x, before.q.weight.t()) + before.q.bias)
+    assert torch.equal(model.q(x), torch.matmul(x, before.q.weight.t()))
     torch.testing.assert_close(model.q(x), before.q(x), rtol=1.6e-2, atol=1e-2)
 
 
@@ -102,9 +102,12 @@ def test_the_model_itself_and_a_table_path(table, tmp_path):
 @pytest.mark.nvcc
 def test_a_patched_model_on_cuda_matches_the_original_forward_backward_and_compiled():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1000)).to("cuda", torch.bfloat16)
+    # no bias on the swapped layer: the table's plain entries cover it (a biased one needs bias entries)
+    model = nn.Sequential(nn.Linear(1024, 1024, bias=False), nn.GELU(), nn.Linear(1024, 1000)).to("cuda",
+                                                                                                 torch.bfloat16)
     original = copy.deepcopy(model)
-    report = cutlass_tune.patch(model, tuned_table(), min_ratio=0)  # numerics: swap what the table covers
+    # numerics: swap what the table covers, however short its kernels
+    report = cutlass_tune.patch(model, tuned_table(), min_ratio=0, min_kernel_us=0)
     assert [(d.name, d.swapped) for d in report.layers] == [("0", True), ("2", False)]
     x = torch.randn(4, 256, 1024, device="cuda", dtype=torch.bfloat16)
     for patched in (model, torch.compile(model, fullgraph=True)):
@@ -147,7 +150,7 @@ def test_fused_entries_do_not_cover_a_plain_layer(tmp_path):
     frame["config"] = config
     frame["config_hash"] = KernelConfig.from_dict(json.loads(config)).hash
     frame.to_csv(path, index=False)
-    model = nn.Sequential(nn.Linear(32, 64, dtype=torch.bfloat16))
+    model = nn.Sequential(nn.Linear(32, 64, bias=False, dtype=torch.bfloat16))
     report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
     assert not report.swapped
     assert report.layers[0].reason == "the table has no bf16 tn entries (it has tn entries for: none)"
@@ -173,3 +176,40 @@ def test_a_layer_whose_kernels_are_shorter_than_a_calls_host_time_keeps_torchs_g
     frame["median_ms"] = ["0.004", "0.2"]  # one entry long enough: its M is the model's, the layer is swapped
     frame.to_csv(path, index=False)
     assert [d.name for d in cutlass_tune.patch(Block(), BestTable.load(path), cuda_only=False).swapped] == ["q", "tied"]
+
+
+def _bias_table(path, ratio="1.05"):
+    """bf16 tn `bias` entries (the GEMM with the bias in its epilogue) for N=64, K=32."""
+    csv_table(path, [("bf16", "tn", 128, 64, 32)])
+    frame = pd.read_csv(path, dtype=str)
+    frame["epilogue"], frame["scaling"], frame["ratio"] = "bias", "none", ratio
+    config = frame.loc[0, "config"].replace('"dtype_a"', '"epilogue": "bias", "dtype_a"')
+    frame["config"], frame["config_hash"] = config, KernelConfig.from_dict(json.loads(config)).hash
+    frame.to_csv(path, index=False)
+    return BestTable.load(path)
+
+
+def test_a_layer_with_a_bias_needs_bias_entries_and_runs_the_fused_bias(table, tmp_path):
+    # Guards against a swap that runs the tuned GEMM and then torch's bias add, a pass over the
+    # output more than F.linear (whose cuBLASLt call adds the bias in its epilogue) makes, on the
+    # strength of a plain entry measured against a plain cuBLAS GEMM.
+    plain = nn.Sequential(nn.Linear(32, 64, dtype=torch.bfloat16))
+    report = cutlass_tune.patch(plain, table, cuda_only=False)
+    assert not report.swapped
+    assert report.layers[0].reason == (
+        "the table has no tn bias entries; its plain entries do not count for a Linear with a bias, which F.linear "
+        "adds in cuBLASLt's epilogue (tune the bias problems `cutlass-tune shapes` records)")
+    model = nn.Sequential(nn.Linear(32, 64, dtype=torch.bfloat16))
+    before = copy.deepcopy(model)
+    report = cutlass_tune.patch(model, _bias_table(tmp_path / "bias.csv"), cuda_only=False)
+    assert [d.name for d in report.swapped] == ["0"]
+    assert report.layers[0].reason == "bf16 tn bias N=64, K=32 tuned at M = 128 (1.05x torch)"
+    assert type(model[0]) is Linear and model[0].fused_bias and "fused_bias=True" in repr(model[0])
+    x = torch.randn(3, 32, dtype=torch.bfloat16, requires_grad=True)
+    torch.testing.assert_close(model(x), before(x), rtol=1.6e-2, atol=1e-2)
+    model(x).float().sum().backward()  # the operator's backward: the bias's gradient is the rows' sum
+    torch.testing.assert_close(model[0].bias.grad.float(), torch.full((64,), 3.0))
+    slow = cutlass_tune.patch(nn.Sequential(nn.Linear(32, 64, dtype=torch.bfloat16)),
+                              _bias_table(tmp_path / "slow.csv", "0.98"), cuda_only=False)
+    assert slow.layers[0].reason == ("bf16 tn bias N=64, K=32: tuned at 0.980x torch at best, below min_ratio 1.0 "
+                                     "(torch's path is kept)")

@@ -77,7 +77,7 @@ class Model(nn.Module):
 
 
 TABLE = [("bias+gelu", 64, 32, 1.2), ("bias+gelu_tanh", 64, 32, 1.1), ("silu+gated", 64, 32, 1.3),
-         ("bias+relu", 64, 32, 0.9), ("none", 32, 64, 1.05)]
+         ("bias+relu", 64, 32, 0.9), ("bias", 32, 64, 1.05)]  # a plain swap of a Linear with a bias needs "bias"
 
 
 @pytest.mark.parametrize(("module", "expected"), [
@@ -103,6 +103,7 @@ def test_the_report_names_each_fusion_and_why_the_rest_was_not_fused():
     assert by["seq.2"].fusion == "not fused with 3: Tanh, not an activation the fused kernels compute (relu, gelu, " \
                                  "gelu_tanh, silu)"
     assert by["neox.dense_4h_to_h"].swapped and not by["neox.dense_4h_to_h"].fused
+    assert model.neox.dense_4h_to_h.fused_bias
     assert "fused with what follows" in str(report).splitlines()[0]
     if operator_takes("gate"):
         assert by["mlp.up_proj"].fused == "silu+gated" and type(model.mlp) is GatedMLP
