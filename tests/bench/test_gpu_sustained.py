@@ -68,3 +68,25 @@ def test_check_calls_matmul_and_torch_for_every_entry(gpu_kernels):
     print("\n" + str(found.to_dict()))
     assert not found.error and [d.mode for d in found.delivered] == ["loop", "graph"]
     assert all(0.5 < d.ratio < 2 for d in found.delivered)
+
+
+@pytest.mark.nvcc
+def test_check_calls_a_fused_entry_with_its_operands_against_every_torch_path():
+    # Guards check on fused tables: the entry is called with its bias and activation (a plain
+    # call would find no kernel and read "wrong"), and timed against eager, torch.compile and
+    # cuBLASLt's own epilogue, the strongest of which it reports.
+    from cutlass_tune.space import Activation, Epilogue, KernelConfig
+
+    epilogue = Epilogue(bias=True, activation=Activation.GELU_TANH)
+    config = KernelConfig(epilogue=epilogue)
+    problem = Problem(2048, 4096, 1024, epilogue=epilogue)
+    row = dict(gpu="any", problem=problem.name, m=2048, n=4096, k=1024, dtype_a="bf16", dtype_b="bf16",
+               dtype_d="bf16", layout="tn", kernel=config.name, config_hash=config.hash,
+               config=json.dumps(config.to_dict(), sort_keys=True), raster="along_n", swizzle=1, splits=1,
+               decomposition="heuristic", epilogue=epilogue.name, scaling="none", ratio=1.0)
+    found, = check_table(BestTable(pd.DataFrame([row])), options=TimingOptions(budget_ms=300, min_samples=3))
+    print("\n" + json.dumps(found.to_dict()["delivered"].get("graph", {}).get("strongest_ratio")))
+    assert not found.error, found.error
+    for delivered in found.delivered:
+        assert set(delivered.others) == {"torch.compile", "cuBLASLt epilogue"}
+        assert 0.3 < delivered.strongest_ratio <= delivered.ratio * 1.001
