@@ -1,5 +1,5 @@
-"""What the end-to-end model scripts (moe_model.py, fusion_model.py) share: a block of calls timed
-by CUDA events, and the relative error of one output against another."""
+"""What the end-to-end scripts (moe_model.py, fusion_model.py, model_e2e.py, grouped_call_site.py)
+share: a block of calls timed by CUDA events, and the relative error of one output against another."""
 
 from __future__ import annotations
 

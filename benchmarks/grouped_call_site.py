@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _blocks import block_ms as _block_ms  # beside this script
 
 import cutlass_tune
 from cutlass_tune.runtime import BestTable
@@ -57,16 +58,6 @@ def _operands(p: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b = torch.randn(p.groups, p.k, p.n, device="cuda", dtype=dtype) * 0.5
     offs = torch.tensor(p.group_rows, device="cuda", dtype=torch.int64).cumsum(0).to(torch.int32)
     return a, b, offs
-
-
-def _block_ms(fn, calls: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
 
 
 def measure(table: BestTable, row: dict, blocks: int, block_ms: float) -> dict:

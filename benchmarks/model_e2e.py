@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from _blocks import block_ms as _block  # beside this script
 
 import cutlass_tune
 
@@ -39,16 +40,6 @@ def _models(name: str, layers: int):
 def _quantiles(values: list[float]) -> dict[str, float]:
     q = statistics.quantiles(values, n=10)
     return {"median_ms": statistics.median(values), "p20_ms": q[1], "p80_ms": q[7]}
-
-
-def _block(call, calls: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
 
 
 def paired(plain, patched, blocks: int, calls: int, warm_s: float = 2.0) -> dict:

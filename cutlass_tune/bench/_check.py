@@ -204,6 +204,8 @@ def torch_functions(problem: Problem, ops: Operands, *, fast_accum: bool = False
         out_dtype = TORCH_DTYPE[problem.dtype_d]
         return {own.value: lambda o: torch_gemm(o.a_mk, o.b_kn, out_dtype)}
     unit = torch.ones((), dtype=torch.float32, device=ops.a.device)
+    # unscaled fp8 runs torch._scaled_mm with unit scales, as the sweep's baseline does
+    own_scales = problem.scaling is not Scaling.NONE or not problem.dtype_a.is_fp8
     makers = {Baseline.EAGER: eager_function, Baseline.COMPILE: compiled_function, Baseline.CUBLASLT: lt_function}
     paths: dict[str, OperandsCall] = {}
     for kind in (own, *own.sides):
@@ -212,8 +214,6 @@ def torch_functions(problem: Problem, ops: Operands, *, fast_accum: bool = False
         fn = makers[kind](problem, fast_accum=fast_accum)
 
         def call(o: Operands, fn: TorchFunction = fn) -> torch.Tensor:
-            # unscaled fp8 runs torch._scaled_mm with unit scales, as the sweep's baseline does
-            own_scales = problem.scaling is not Scaling.NONE or not problem.dtype_a.is_fp8
             return fn(o.a_mk, o.b_kn, o.bias, o.c, o.scale_a if own_scales else unit,
                       o.scale_b if own_scales else unit)
         try:

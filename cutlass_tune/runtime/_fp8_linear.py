@@ -23,14 +23,13 @@ import torch.nn.functional as F
 from .._torch import BLOCKWISE_GROUP
 from ..space import Scaling
 from ._fp8 import E4M3, quantize_blockwise_activations, quantize_blockwise_weight, quantize_rowwise
-from ._matmul import MatmulInputError, matmul, torch_gemm
+from ._matmul import _OUT_DTYPES, MatmulInputError, matmul, torch_gemm
 from ._op import registered_table, table_key
 from ._table import BestTable
 
 _SCALINGS = {"rowwise": Scaling.ROWCOL, Scaling.ROWCOL.value: Scaling.ROWCOL,
              Scaling.BLOCKWISE.value: Scaling.BLOCKWISE}
 _NAMES = {Scaling.ROWCOL: "rowwise", Scaling.BLOCKWISE: "blockwise"}
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _ALIGNMENT = {Scaling.ROWCOL: 16, Scaling.BLOCKWISE: BLOCKWISE_GROUP}
 _WHY = {Scaling.ROWCOL: "16 bytes of e4m3, the fp8 GEMMs' alignment",
         Scaling.BLOCKWISE: f"whole {BLOCKWISE_GROUP} x {BLOCKWISE_GROUP} scale blocks"}
