@@ -189,7 +189,7 @@ def tuned_function(table: BestTable, problem: Problem) -> OperandsCall:
         return matmul(ops.a_mk, ops.b_kn, table=table, out_dtype=out_dtype, bias=ops.bias,
                       activation=epilogue.activation, c=None if epilogue.gated else ops.c,
                       gate=ops.c if epilogue.gated else None, scale_a=ops.scale_a if scaled else None,
-                      scale_b=ops.scale_b if scaled else None)
+                      scale_b=ops.scale_b if scaled else None, min_ratio=0.0)
     return call
 
 

@@ -364,16 +364,8 @@ def _resolve(table: BestTable, problem: Problem, key: tuple, device: int) -> _Re
             bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
             gemm = _grouped_gemm(match.row["config"], match.runtime, bundled)
             plan = gemm.prepare(problem, device)
-            ratio = _number(match.row.get("ratio"))
+            ratio = match.ratio
     resolved = _Resolved(gemm, problem, plan, ratio)
     with _lock:
         table._kernels[key] = resolved
     return resolved
-
-
-def _number(value: object) -> float:
-    """A table cell as a float, NaN for an empty one."""
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan

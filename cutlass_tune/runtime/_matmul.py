@@ -24,9 +24,11 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import math
 import threading
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -376,21 +378,24 @@ def _product(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.
 def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias: torch.Tensor | None = None,
                activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
                beta: float = 0.0, scale_a: torch.Tensor | None = None,
-               scale_b: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
-    """What `matmul` runs where no tuned kernel can: torch's own path for the same math
+               scale_b: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+               fast_accum: bool = False) -> torch.Tensor:
+    """What `matmul` runs where no tuned kernel can or should: torch's own path for the same math
     (activation(s * (a @ b) + beta * c + bias), or with a `gate` activation(gate) * (s * (a @ b)
     + bias)), inputs and output type, on any device.
 
     fp8: torch._scaled_mm with the scales (unit scales where none are given; alpha folded into
-    scale_a) and the bias. 16-bit: a bias alone is F.linear's call (torch.addmm: cuBLASLt's bias
-    epilogue), a residual torch.addmm's beta, then the activation as torch computes it; gated,
-    the activation of the gate times that product.
+    scale_a) and the bias, with `fast_accum` its fast accumulation (per-tensor and row-wise
+    scales; the block-wise path has none). 16-bit: a bias alone is F.linear's call (torch.addmm:
+    cuBLASLt's bias epilogue), a residual torch.addmm's beta, then the activation as torch
+    computes it; gated, the activation of the gate times that product.
     """
     activate = ACTIVATION[activation_of(activation)]
     if gate is not None:
         if c is not None:
             raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
-        return activate(gate) * torch_gemm(a, b, out_dtype, bias=bias, alpha=alpha, scale_a=scale_a, scale_b=scale_b)
+        return activate(gate) * torch_gemm(a, b, out_dtype, bias=bias, alpha=alpha, scale_a=scale_a, scale_b=scale_b,
+                                           fast_accum=fast_accum)
     if scale_a is not None and scale_b is not None and _blockwise_shapes(a, b.shape[1], scale_a, scale_b):
         y = blockwise_mm(a, b, scale_a * alpha if alpha != 1.0 else scale_a, scale_b, out_dtype, bias)
         bias = None
@@ -399,7 +404,7 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
         scale_a = one if scale_a is None else scale_a
         scale_a = scale_a * alpha if alpha != 1.0 else scale_a
         y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=one if scale_b is None else scale_b, bias=bias,
-                             out_dtype=out_dtype)
+                             out_dtype=out_dtype, use_fast_accum=fast_accum)
         bias = None
     elif c is None and bias is not None and alpha == 1.0 and out_dtype == a.dtype:
         y, bias = torch.addmm(bias, a, b), None
@@ -449,7 +454,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
            out_dtype: torch.dtype | None = None, *, bias: torch.Tensor | None = None,
            activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
            beta: float | None = None, scale_a: torch.Tensor | None = None,
-           scale_b: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+           scale_b: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+           min_ratio: float = 1.0) -> torch.Tensor:
     """activation(s * (a @ b) + beta * c + bias), or with a `gate` activation(gate) * (s * (a @
     b) + bias), through the best kernel the table has for this problem, its epilogue and
     scaling; plainly a @ b.
@@ -465,7 +471,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     every aligned shape; only its speed was measured elsewhere). Where the table has nothing for
     them, or CUTLASS cannot implement the problem, torch computes the same math (`torch_gemm`:
     torch.matmul, F.linear with the bias, torch._scaled_mm with the scales, then the
-    activation) and a warning says so once per cause.
+    activation) and a warning says so once per cause. So it does, with a warning once per entry,
+    where the table measured its kernel for the problem (or the nearest one) slower than torch:
+    below `min_ratio` of torch's time there (torch kept where it wins); for an fp8 kernel with
+    fast accumulation, torch._scaled_mm's fast accumulation, the path the kernel was measured
+    against.
 
     Args:
         bias: N values of the result's dtype, one per output column (nn.Linear's bias).
@@ -477,6 +487,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
             result is that times s * (a @ b) + bias (the up projection, fused).
         scale_a, scale_b: fp8 inputs only, both or neither, float32 as torch._scaled_mm takes them:
             one value each (per tensor), or M x 1 (per row of a) and 1 x N (per column of b).
+        min_ratio: run torch's path where the table's row measured its kernel at less than this
+            ratio to torch (its `ratio`; 0 runs the table's kernel whatever it measured, as
+            `cutlass-tune check` does to check the entry's claim).
 
     Raises:
         MatmulInputError: operands that are not tensors, CPU tensors, unsupported dtypes,
@@ -489,27 +502,27 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     operands = (_tensor(bias, "bias"), _tensor(c, "c"), _tensor(scale_a, "scale_a"), _tensor(scale_b, "scale_b"),
                 _tensor(gate, "gate"))
     table = table if isinstance(table, BestTable) else _load_table(str(table))
-    key = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype, act,
+    key = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype, act, min_ratio,
            *(None if t is None else (t.shape, t.stride(), t.dtype) for t in operands))
-    cached = table._kernels.get(key)
+    cached: _Dispatch | None = table._kernels.get(key)  # type: ignore[assignment]
     if cached is not None and a.device.type == "cuda" and b.device == a.device \
             and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0 \
             and all(t is None or (t.device == a.device and t.data_ptr() % 16 == 0) for t in operands):
-        gemm, problem = cached
+        gemm, problem, fast_accum = cached
         beta = _beta(c, beta)
         if gemm is None:
             return torch_gemm(a, b, TORCH_DTYPE[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
-                              beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate)
+                              beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate, fast_accum=fast_accum)
         return gemm.run(problem, a, b, bias=bias, c=c if gate is None else gate, scale_a=scale_a, scale_b=scale_b,
                         alpha=alpha, beta=beta)
     problem = problem_of(a, b, out_dtype, bias=bias, activation=act, c=c, scale_a=scale_a, scale_b=scale_b,
                          gate=gate)
     beta = _beta(c, beta)
 
-    def untuned() -> torch.Tensor:
-        table._kernels[key] = (None, problem)
+    def on_torch(fast_accum: bool = False) -> torch.Tensor:
+        table._kernels[key] = _Dispatch(None, problem, fast_accum)
         return torch_gemm(a, b, TORCH_DTYPE[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
-                          beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate)
+                          beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate, fast_accum=fast_accum)
 
     asked = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} {problem.words}"
     try:
@@ -517,7 +530,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
                                                                    problem.operation)
     except BestTableError as err:
         _warn_once(asked, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
-        return untuned()
+        return on_torch()
+    ratio = match.ratio
+    if min_ratio > 0 and not ratio >= min_ratio:
+        fast_accum = match.config.fp8_fast_accum and problem.scaling is not Scaling.BLOCKWISE
+        measured = "has no ratio to torch" if math.isnan(ratio) else f"was measured at {ratio:.3f}x torch"
+        where = problem.name if match.exact else f"{problem.name} (its nearest tuned problem)"
+        _warn_once(f"ratio {match.row['kernel']} {problem.name} {min_ratio}",
+                   f"cutlass_tune.matmul: the table's {match.row['kernel']} for {where} {measured}, below "
+                   f"min_ratio {min_ratio}; using {_untuned_name(problem)}"
+                   f"{' with fast accumulation' if fast_accum else ''}")
+        return on_torch(fast_accum)
     bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
     gemm = _gemm(match.row["config"], match.runtime, bundled)
     try:
@@ -526,9 +549,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     except KernelStatusError as err:
         _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
                    f"{problem.name} ({err}); using {_untuned_name(problem)}")
-        return untuned()
-    table._kernels[key] = (gemm, problem)
+        return on_torch()
+    table._kernels[key] = _Dispatch(gemm, problem, False)
     return result
+
+
+class _Dispatch(NamedTuple):
+    """What `matmul` decided for one call signature: the kernel (None: torch's path), the
+    problem, and whether torch's fp8 path runs with fast accumulation."""
+
+    gemm: Gemm | None
+    problem: Problem
+    fast_accum: bool
 
 
 @functools.lru_cache(maxsize=8)

@@ -169,7 +169,7 @@ def mm_direct(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dty
             product = torch_gemm(a2, b, dtype)
         else:
             try:
-                product = matmul(a2, b, tuned, out_dtype)
+                product = matmul(a2, b, tuned, out_dtype, min_ratio=0.0)  # patch held the table to its min_ratio
             except MatmulInputError as err:
                 _warn_once(str(err), f"cutlass_tune.mm: {err}; using torch's GEMM")
                 product = torch_gemm(a2, b, dtype)
@@ -377,7 +377,8 @@ def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             out = _torch_linear(x2, weight, bias, activation, residual2, gate2)
         else:
             try:
-                out = matmul(x2, weight.t(), tuned, bias=bias, activation=activation, c=residual2, gate=gate2)
+                out = matmul(x2, weight.t(), tuned, bias=bias, activation=activation, c=residual2, gate=gate2,
+                             min_ratio=0.0)  # the layer was swapped for entries at patch's min_ratio
             except MatmulInputError as err:
                 _warn_once(str(err), f"cutlass_tune.linear: {err}; using {_untuned_words(activation, residual, gate)}")
                 out = _torch_linear(x2, weight, bias, activation, residual2, gate2)

@@ -99,6 +99,15 @@ class Match:
         return KernelConfig.from_dict(json.loads(self.row["config"]))
 
     @property
+    def ratio(self) -> float:
+        """The row's speed relative to its torch baseline (>1: the kernel is faster), NaN where
+        the row has none."""
+        try:
+            return float(self.row.get("ratio"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return math.nan
+
+    @property
     def runtime(self) -> RuntimeArgs:
         return RuntimeArgs(raster=RasterOrder[self.row["raster"].upper()], swizzle=int(self.row["swizzle"]),
                            splits=int(self.row["splits"]),

@@ -1,18 +1,20 @@
 """The sweep's Optuna studies, one per problem, which every strategy asks and tells.
 
-Each study (named from the problem, its operation, arch and GPU) searches the compile-time knobs
-of its problem; a trial's value is the config's best TFLOP/s over its run-time variants. Whatever
-a strategy proposes is a trial of the problem's study (queued, then asked), so a study holds
-every config measured for it. A proposal that is invalid, or already measured, is answered at
-once without a compile; one already awaiting results (measured here or by another sweep on the
-store) waits with it. A compiled kernel's result is added to every study of its operation, so
-one compile informs all shapes.
+Each study (named from the problem, its operation, arch and GPU, and the space's choices where
+another space's study holds that name) searches the compile-time knobs of its problem; a trial's
+value is the config's best TFLOP/s over its run-time variants. Whatever a strategy proposes is a
+trial of the problem's study (queued, then asked), so a study holds every config measured for it.
+A proposal that is invalid, or already measured, is answered at once without a compile; one
+already awaiting results (measured here or by another sweep on the store) waits with it. A
+compiled kernel's result is added to every study of its operation, so one compile informs all
+shapes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import random
 import warnings
 from collections.abc import Iterator, Sequence
@@ -33,6 +35,31 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 def study_name(problem: Problem, arch: str, gpu: str) -> str:
     return f"{problem.name}_{arch}_{gpu.replace(' ', '-')}"
+
+
+def _space_study_name(storage: optuna.storages.BaseStorage, name: str,
+                      distributions: dict[str, optuna.distributions.BaseDistribution]) -> str:
+    """`name`, or where the store's study of that name searched other choices of a knob (a
+    second space file swept over the same problem: Optuna refuses to widen or narrow a
+    parameter's choices), `name` and a digest of these choices: a study of its own, found again
+    by the next sweep of the same space. The measurements stay the problem's, whatever study
+    asked for them: tables rank them all."""
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return name
+    seen: dict[str, optuna.distributions.BaseDistribution] = {}
+    for trial in storage.get_all_trials(study_id, deepcopy=False):
+        for param, dist in trial.distributions.items():
+            seen.setdefault(param, dist)
+    try:
+        for param, dist in distributions.items():
+            if param in seen:
+                optuna.distributions.check_distribution_compatibility(seen[param], dist)
+    except ValueError:
+        text = repr(sorted((k, optuna.distributions.distribution_to_json(v)) for k, v in distributions.items()))
+        return f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +103,8 @@ class Studies(Sequence[Study]):
         self.studies: list[Study] = []
         for p in space.problems:
             params = ParamSpace.from_space(space, p)
-            study = optuna.create_study(study_name=study_name(p, arch, gpu), storage=self.storage,
+            name = _space_study_name(self.storage, study_name(p, arch, gpu), params.distributions())
+            study = optuna.create_study(study_name=name, storage=self.storage,
                                         sampler=make_sampler(sampler, seed=seed, grid=params.grid()),
                                         direction="maximize", load_if_exists=True)
             with warnings.catch_warnings():  # experimental since Optuna 3.2, kept through 5

@@ -220,6 +220,7 @@ class Rows:
     def __init__(self, config, ratio):
         self.row = pd.Series({"config": json.dumps(config.to_dict()), "config_hash": "h", "ratio": ratio})
         self.runtime = _grouped.RuntimeArgs()
+        self.ratio = ratio
 
     def find(self, *args, **kwargs):
         return self

@@ -1,4 +1,5 @@
 import json
+import math
 import subprocess
 import sys
 import warnings
@@ -9,10 +10,12 @@ import pytest
 import torch
 
 import cutlass_tune
+from cutlass_tune.bench._check import problem_of_row
 from cutlass_tune.runtime import BestTable, MatmulInputError, _matmul, problem_of
-from cutlass_tune.space import Activation, DType, KernelConfig, Layout
+from cutlass_tune.space import DType, EpilogueSchedule, KernelConfig, KernelSchedule, Layout, Scaling
 
 STORE = Path(__file__).resolve().parents[2] / "results" / "sweep-nvidia-h200.sqlite"
+TEMPLATE = Path(__file__).resolve().parents[1] / "report" / "data" / "best-v2.csv"
 
 
 def test_cpu_tensors_are_refused_with_a_reason():
@@ -44,16 +47,16 @@ def test_layouts_dtypes_and_alignment_are_checked():
 
 
 def _matches_torch(table, row):
-    """matmul of a row's problem (bf16, a @ w.t()) against an fp32 reference; returns the
-    resolved (Gemm, Problem) the table keeps for those tensors."""
+    """matmul of a row's problem (bf16, a @ w.t()) against an fp32 reference, the table's kernel
+    whatever its ratio (min_ratio 0); returns what the table keeps for those tensors."""
     a = torch.randn(row.m, row.k, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(row.n, row.k, dtype=torch.bfloat16, device="cuda")
-    got = cutlass_tune.matmul(a, w.t(), table=table)
+    got = cutlass_tune.matmul(a, w.t(), table=table, min_ratio=0.0)
     ref = a.float() @ w.float().t()
     assert torch.isfinite(got).all()
     assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
-    return table._kernels[(a.shape, w.t().shape, a.stride(), w.t().stride(), a.dtype, w.dtype, None, Activation.NONE,
-                           None, None, None, None)]
+    [kept] = [v for k, v in table._kernels.items() if k[1:3] == (a.shape, w.t().shape) and k[9] == 0.0]
+    return kept
 
 
 @pytest.mark.gpu
@@ -79,7 +82,7 @@ def test_a_bundle_runs_its_kernels_where_nothing_can_compile(tmp_path, monkeypat
     monkeypatch.setenv("CUTLASS_TUNE_NVCC", str(tmp_path / "no-nvcc"))
     table = BestTable.load(out)
     for row in table.frame.itertuples():
-        gemm, _ = _matches_torch(table, row)
+        gemm, *_ = _matches_torch(table, row)
         assert gemm.kernel.library.parent == out / "kernels" and gemm.config.hash == row.config_hash
         print(f"bundle {row.problem}: {gemm.kernel.library.name} {gemm.kernel.symbol} ok")
 
@@ -147,7 +150,7 @@ def test_untuned_fp8_falls_back_to_scaled_mm_with_a_bf16_result():
 def _fp8_table(config_json):
     row = dict(gpu="any", problem="4096x4096x4096_e4m3e4m3bf16_tn", m=4096, n=4096, k=4096, dtype_a="e4m3",
                dtype_b="e4m3", dtype_d="bf16", layout="tn", kernel="fp8", config=config_json,
-               raster="along_n", swizzle=4, splits=1, decomposition="heuristic")
+               raster="along_n", swizzle=4, splits=1, decomposition="heuristic", ratio=1.0)
     return BestTable(pd.DataFrame([row]))
 
 
@@ -186,3 +189,51 @@ def test_fp8_inputs_are_checked_and_fall_back_to_scaled_mm():
     assert any("using torch._scaled_mm" in str(x.message) for x in caught)
     one = torch.ones((), device="cuda")
     assert torch.equal(got, torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize(("ratio", "min_ratio", "kernel_runs"), [(1.02, 1.0, True), (0.94, 1.0, False),
+                                                                 (0.94, 0.9, True), (0.94, 0.0, True)])
+def test_torch_is_kept_where_the_table_measured_its_kernel_slower(ratio, min_ratio, kernel_runs):
+    """An fp8 row-wise entry measured below `min_ratio` runs torch._scaled_mm with fast
+    accumulation (what its fast-accumulation kernel was measured against), bit for bit, with
+    one warning naming the ratio; at or above it, the kernel."""
+    cfg = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_m=128, tile_n=128, tile_k=128, cluster_m=2,
+                       kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=EpilogueSchedule.TMA,
+                       fp8_fast_accum=True, scaling=Scaling.ROWCOL)  # the row-wise leader at 1024x4096x4096
+    row = _fp8_table(json.dumps(cfg.to_dict())).frame.iloc[0].to_dict()
+    row.update(problem="4096x4096x4096_e4m3e4m3bf16_tn_scale-rowcol", scaling="rowcol", ratio=ratio,
+               fp8_fast_accum=True)
+    table = BestTable(pd.DataFrame([row]))
+    a = torch.randn(4096, 4096, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(4096, 4096, device="cuda").to(torch.float8_e4m3fn)
+    scale_a = torch.rand(4096, 1, device="cuda") + 0.5
+    scale_b = torch.rand(1, 4096, device="cuda") + 0.5
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [cutlass_tune.matmul(a, w.t(), table, scale_a=scale_a, scale_b=scale_b, min_ratio=min_ratio)
+               for _ in range(2)]
+    said = [str(x.message) for x in caught if "min_ratio" in str(x.message)]
+    fast = torch._scaled_mm(a, w.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=True)
+    assert torch.equal(got[0], got[1])
+    if kernel_runs:
+        assert not said
+        ref = (a.float() @ w.float().t()) * scale_a * scale_b
+        assert ((got[0].float() - ref).norm() / ref.norm()).item() < 2e-2
+    else:
+        assert len(said) == 1 and f"measured at {ratio:.3f}x torch" in said[0] and "fast accumulation" in said[0]
+        assert torch.equal(got[0], fast)
+
+
+@pytest.mark.parametrize(("cells", "ratio"), [({"ratio": "0.94"}, 0.94), ({"ratio": 1.2}, 1.2),
+                                              ({"ratio": ""}, math.nan)])
+def test_a_match_reads_its_row_s_ratio(tmp_path, cells, ratio):
+    """What matmul's min_ratio reads of the row it found, as a table file gives it (a string, a
+    number, an empty cell): NaN where the row has no ratio."""
+    row = pd.read_csv(TEMPLATE, dtype=str).iloc[0].to_dict()
+    row = {k: v for k, v in row.items() if k != "ratio"} | cells
+    pd.DataFrame([row]).to_csv(tmp_path / "t.csv", index=False)
+    match = BestTable.load(tmp_path / "t.csv").find(int(row["m"]), int(row["n"]), int(row["k"]),
+                                                    problem_of_row(row).operation)
+    assert match.ratio == ratio or math.isnan(ratio) and math.isnan(match.ratio)

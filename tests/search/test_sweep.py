@@ -5,7 +5,7 @@ import optuna
 import pytest
 
 from cutlass_tune.errors import GpuUnusableError
-from cutlass_tune.search import Sweep, SweepSettings
+from cutlass_tune.search import Studies, Sweep, SweepSettings
 from cutlass_tune.space import check_config, load_space
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore, StoreGpuMismatchError
@@ -558,3 +558,27 @@ def test_a_sweep_of_grouped_problems_measures_the_kernels_it_compiles(tmp_path, 
     # each grouped problem is measured on every grouped kernel compiled, and on no plain one
     for pp in grouped:
         assert {h for h, p, _ in bench.measured if p == pp.problem.name} == {c.hash for c in compiled if c.grouped}
+
+
+def _study_names(space, url):
+    return {s.name for s in Studies(space, url, sampler="tpe", seed=0, arch=SweepSettings().arch,
+                                    gpu=FakeBench.gpu_name, run_id="look")}
+
+
+def test_a_second_space_over_the_same_problems_sweeps_into_the_same_store(tmp_path):
+    """Another space file's knobs over problems a store's studies already searched (Optuna
+    refuses new choices in a study) get studies of their own; each space finds its own again, and
+    the problems' measurements from both are in the store."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = space_of(tmp_path / "a", SPACE)
+    second = space_of(tmp_path / "b", SPACE.replace("tile_m: [64, 128, 256]", "tile_m: [192]"))
+    sweep, store = make(first, tmp_path, trials=4)
+    sweep.run()
+    named = _study_names(first, store.url)
+    sweep, _ = make(second, tmp_path, trials=8)
+    sweep.run()
+    assert _study_names(second, store.url).isdisjoint(named)
+    assert {r.m for r in kernel_rows(store) if "192x" in r.kernel} == {1024, 4096}
+    assert len({r.kernel for r in kernel_rows(store) if "192x" not in r.kernel}) >= 4
+    assert _study_names(first, store.url) == named
