@@ -64,6 +64,10 @@ class OptunaStrategy:
                 break
             s = self.studies[self._turn % len(self.studies)]
             self._turn += 1
+            if self.studies.exhausted(s, ledger, claims):
+                if all(self.studies.exhausted(t, ledger, claims) for t in self.studies):
+                    break
+                continue
             cfg = self.studies.ask_in(s, ledger, claims)
             if cfg is not None:
                 batch.append(cfg)

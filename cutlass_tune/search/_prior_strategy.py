@@ -212,6 +212,10 @@ class PriorStrategy:
                 break
             s = self.studies[self._turn % len(self.studies)]
             self._turn += 1
+            if self.studies.exhausted(s, ledger, claims):
+                if all(self.studies.exhausted(t, ledger, claims) for t in self.studies):
+                    break
+                continue
             explore = s.problem in self._answered and self._proposals % SAMPLER_EVERY == SAMPLER_EVERY - 1
             self._proposals += 1
             if not explore:

@@ -27,7 +27,7 @@ from ..space import KernelConfig, Problem, SearchSpace, check_config
 from ..store import open_study_storage
 from ._claims import Claims
 from ._ledger import Ledger
-from ._params import ParamSpace, config_of
+from ._params import ParamSpace, config_of, params_of
 from ._samplers import CONSTRAINT, METRIC, make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -115,6 +115,7 @@ class Studies(Sequence[Study]):
         """Proposals answered as invalid."""
         self._known: dict[str, set[str]] = {s.name: set() for s in self.studies}  # config hashes in each study
         self._waiting: dict[str, _Waiting] = {}  # config hash -> trials awaiting its results
+        self._valid: dict[str, list[KernelConfig]] = {}  # study name -> a listed space's valid configs
 
     def __len__(self) -> int:
         return len(self.studies)
@@ -195,6 +196,21 @@ class Studies(Sequence[Study]):
             return None
         self._waiting[cfg.hash] = [(s, trial)]
         return cfg if claims.claim(cfg) else None
+
+    def exhausted(self, s: Study, ledger: Ledger, claims: Claims) -> bool:
+        """Whether asking `s` can only answer configs already known: in a listed space, every
+        valid config of its problem is awaited here, held by another sweep, or compiled and
+        measured whole. Asking such a study again only piles waiting trials onto it (each ask
+        slower than the last, as Optuna reads them all). A `kernels: auto` space never is."""
+        if self.space.auto:
+            return False
+        valid = self._valid.get(s.name)
+        if valid is None:
+            mapped = {c.hash: c for c in (config_of(params_of(c), s.problem) for c in self.space.candidates
+                                          if s.params.has(c))}
+            valid = self._valid[s.name] = [c for c in mapped.values() if not check_config(c)]
+        return all(c.hash in self._waiting or c.hash in claims or (c.hash in ledger.compiled and ledger.complete(c))
+                   for c in valid)
 
     def unproposed(self, want: int, ledger: Ledger, claims: Claims) -> list[KernelConfig]:
         """Up to `want` valid configs of the space never compiled, awaited or held by another

@@ -582,3 +582,30 @@ def test_a_second_space_over_the_same_problems_sweeps_into_the_same_store(tmp_pa
     assert {r.m for r in kernel_rows(store) if "192x" in r.kernel} == {1024, 4096}
     assert len({r.kernel for r in kernel_rows(store) if "192x" not in r.kernel}) >= 4
     assert _study_names(first, store.url) == named
+
+
+def test_new_run_time_variants_of_measured_configs_are_measured_without_piling_trials(tmp_path):
+    """A listed space whose configs the store holds (another space's sweep measured them with
+    fewer run-time variants): the sweep measures the missing variants and stops, asking its
+    studies no more once each config is awaited or measured whole (it once asked them hundreds
+    of times a batch, each ask slower than the last: a sweep that seemed hung)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = space_of(tmp_path / "a", SPACE)
+    sweep, store = make(first, tmp_path, trials=48, sampler="grid")
+    sweep.run()
+    splits = space_of(tmp_path / "b", """
+problems: [{m: [1024, 4096], n: 4096, k: 4096}]
+kernels:
+  - {tile_m: 128, tile_n: 128, cluster: [1x1, 1x2], kernel_schedule: cooperative, tile_scheduler: stream_k}
+runtime: {raster: [along_n], swizzle: [1], splits: [1, 2, 4], decomposition: [heuristic, split_k, stream_k]}
+""")
+    before = len(kernel_rows(store))
+    sweep, _ = make(splits, tmp_path, trials=100)
+    state = sweep.run()
+    assert state.stop_reason == "no new configs proposed"
+    added = {r.runtime for r in kernel_rows(store)[before:]}
+    assert added >= {"ralong_n_sw1_sp2_split_k", "ralong_n_sw1_sp4_heuristic"}
+    assert all(len(s.study.trials) <= 4 for s in Studies(splits, store.url, sampler="tpe", seed=0,
+                                                          arch=SweepSettings().arch, gpu=FakeBench.gpu_name,
+                                                          run_id="look"))
