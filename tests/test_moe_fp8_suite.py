@@ -1,0 +1,30 @@
+"""benchmarks/configs/moe_fp8_blockwise.yaml without a GPU: the fp8 MoE experts' space file as a
+sweep loads it (benchmarks/gpu_fp8_grouped.sh sweeps it on the GPU)."""
+
+from pathlib import Path
+
+from cutlass_tune.space import DType, Layout, Scaling, check_config, check_pair, check_problem, load_space
+
+SPACE = Path(__file__).resolve().parents[1] / "benchmarks" / "configs" / "moe_fp8_blockwise.yaml"
+
+
+def test_the_fp8_moe_space_holds_qwen3_and_deepseek_experts_and_a_handful_of_blockwise_kernels():
+    space = load_space(SPACE)
+    problems = space.problems
+    assert len(problems) >= 4
+    for p in problems:
+        assert p.grouped and check_problem(p) == [], p.name
+        assert (p.dtype_a, p.dtype_b, p.dtype_d, p.layout_b) == (DType.E4M3, DType.E4M3, DType.BF16, Layout.COL)
+        assert p.scaling is Scaling.BLOCKWISE
+    # gate_up (N = 2 x the expert width, K = hidden) and down (K = the expert width) of each family
+    shapes = {(p.groups, p.n, p.k) for p in problems}
+    assert {(128, 1536, 2048), (128, 2048, 768), (128, 3072, 4096), (128, 4096, 1536)} <= shapes
+    assert {(256, 512, 7168), (32, 7168, 2048)} <= shapes
+    rows = [p.m for p in problems]  # tokens x top-8: 256 tokens to 4096 (16k over 8 expert-parallel ranks)
+    assert min(rows) == 256 * 8 and max(rows) == 4096 * 8
+    kernels = list(space.valid)
+    assert 4 <= len(kernels) <= 8
+    for cfg in kernels:
+        assert check_config(cfg) == [] and cfg.tile_k == 128 and not cfg.epilogue_source
+        assert all(check_pair(cfg, p) == [] for p in problems)
+    assert space.census().invalid == {}
