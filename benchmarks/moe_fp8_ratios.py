@@ -6,7 +6,7 @@ torch._grouped_mm (the baseline kernels are paired with), a per-expert loop of t
 block-wise, and one dense torch._scaled_mm of all rows (the ceiling, not the same function).
 The best kernel's paired ratio to the first is the sweep's; its ratio to the loop is that over the
 loop's factor in the baseline row (as the sweep reports torch.compile), and "vs strongest" is
-against the faster of the two paths that compute the problem.
+against the faster of the two paths that compute the problem (`Measurement.to_strongest`).
 
     python3 benchmarks/moe_fp8_ratios.py OUT/store.sqlite
 """
@@ -44,7 +44,7 @@ def main(source: str) -> None:
         notes.add(row.reason)
         loop = row.side_ratio(Baseline.EXPERT_LOOP)  # > 1: the loop is faster than dequant + grouped_mm
         to_loop = best.paired_ratio / loop if loop else math.nan
-        to_strongest = min(best.paired_ratio, to_loop) if loop else best.paired_ratio
+        side, to_strongest = row.to_strongest(best.paired_ratio) or (Baseline.GROUPED_MM, best.paired_ratio)
         strongest.append(to_strongest)
 
         def tflops(kind: Baseline) -> str:
@@ -52,7 +52,7 @@ def main(source: str) -> None:
             return f"{value:.0f}" if value else "-"
 
         print(f"| {p.name} | {row.tflops:.0f} | {tflops(Baseline.EXPERT_LOOP)} | {tflops(Baseline.DENSE)} | "
-              f"{best.tflops:.0f} | {best.paired_ratio:.3f} | {to_loop:.3f} | {to_strongest:.3f} | "
+              f"{best.tflops:.0f} | {best.paired_ratio:.3f} | {to_loop:.3f} | {to_strongest:.3f} ({side.value}) | "
               f"{best.kernel_name}, raster {best.runtime.raster.name.lower()} |")
     print(f"geomean vs strongest torch path: {_geomean(strongest):.3f} over {len(strongest)} problems")
     for note in sorted(n for n in notes if n):

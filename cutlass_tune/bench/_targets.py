@@ -44,7 +44,9 @@ A block-wise fp8 grouped problem has no grouped GEMM in torch on SM90 (torch._sc
 takes row-wise scales there), so each is the torch path a MoE layer of that recipe runs today
 (`grouped_blockwise_paths`): GROUPED_MM dequantizes A and the weights to bf16 (fp32 products
 rounded once) and calls torch's grouped GEMM; EXPERT_LOOP calls `torch._scaled_mm` block-wise per
-expert; DENSE one `torch._scaled_mm` block-wise of all M rows.
+expert (the dequantized product for an expert whose rows cuBLAS refuses); DENSE one
+`torch._scaled_mm` block-wise of all M rows. The faster of the first two is the one to beat
+(`measurement.contenders`).
 
 Each target writes D only when verified (`once` outside a CUDA graph capture); what is timed
 (`launch`, or `once` captured in a graph) returns a new tensor from torch's caching allocator, as
@@ -464,12 +466,18 @@ def _blockwise_call(a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, sca
     """One block-wise fp8 GEMM into `out` as torch runs it: `a` rows x K, `w` K x N (a view of an
     N x K weight), `scale_a` rows x K/128 row-major, `scale_w` the weight's N/128 x K/128.
     torch._scaled_mm takes A's scales outer-dim-major: they are laid out so here, once, outside
-    what is timed (a model would quantize into that layout); without its block-wise path, the
-    dequantized product, copied into `out`."""
+    what is timed (a model would quantize into that layout). Where torch has no block-wise
+    _scaled_mm, or its cuBLAS call refuses these rows (tried once, here), the dequantized product
+    (`blockwise_dequantized_mm`), copied into `out`."""
     scale_a = scale_a.t().contiguous().t()
-    if not blockwise_scaled_mm(a.device):
-        return lambda: out.copy_(blockwise_dequantized_mm(a, w, scale_a, scale_w.t(), out.dtype))
-    return functools.partial(torch._scaled_mm, a, w, scale_a, scale_w.t(), out_dtype=out.dtype, out=out)
+    scaled = functools.partial(torch._scaled_mm, a, w, scale_a, scale_w.t(), out_dtype=out.dtype, out=out)
+    if blockwise_scaled_mm(a.device):
+        try:
+            scaled()
+            return scaled
+        except (RuntimeError, ValueError):  # e.g. a row count cuBLAS's block-wise GEMM does not take
+            pass
+    return lambda: out.copy_(blockwise_dequantized_mm(a, w, scale_a, scale_w.t(), out.dtype))
 
 
 def _first_call_fails(calls: list[Callable[[], object]], kind: Baseline) -> str | None:

@@ -332,17 +332,17 @@ def _grouped_reference(ops: Operands) -> torch.Tensor:
     # One expert at a time: its weight in fp32 is N x K x 4 bytes (470 MB for Mixtral's), all of
     # them at once several GB.
     p = ops.problem
-    blockwise = p.scaling is Scaling.BLOCKWISE
     a = ops.a_mk.float()
-    if blockwise:
-        assert ops.scale_a is not None and ops.scale_b is not None
+    scale_b = ops.scale_b if p.scaling is Scaling.BLOCKWISE else None
+    if scale_b is not None:
+        assert ops.scale_a is not None
         a.mul_(_expand_blocks(ops.scale_a, 1, p.m, p.k))
     out = torch.empty(ops.d.shape, dtype=torch.float32, device=ops.d.device)
     for expert, (lo, hi) in enumerate(group_bounds(p)):
         if hi > lo:
             weight = ops.b_kn[expert].t().float()  # N x K
-            if blockwise:
-                weight.mul_(_expand_blocks(ops.scale_b[expert], BLOCKWISE_K, p.n, p.k))
+            if scale_b is not None:
+                weight.mul_(_expand_blocks(scale_b[expert], BLOCKWISE_K, p.n, p.k))
             torch.matmul(a[lo:hi], weight.t(), out=out[lo:hi])
     return out
 

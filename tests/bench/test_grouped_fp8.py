@@ -67,3 +67,16 @@ def test_the_baseline_row_names_torchs_paths():
     note = grouped_blockwise_paths(torch.device("cpu"))
     assert note.startswith("torch._grouped_mm is dequantize A and the weights to bf16 + torch's grouped GEMM")
     assert "the expert loop is" in note
+
+
+def test_the_expert_loop_contends_on_a_blockwise_row_only():
+    """Guards ratios against dequantize + torch._grouped_mm alone where torch's expert loop is faster."""
+    from cutlass_tune.bench import Job
+
+    row = Job.baseline(UNEVEN).measurement(RuntimeArgs(), Status.OK, median_ms=2.0, loop_median_ms=1.6,
+                                           dense_median_ms=0.5)
+    assert row.strongest() == (Baseline.EXPERT_LOOP, pytest.approx(1.25))  # the dense GEMM never contends
+    assert row.to_strongest(1.5) == (Baseline.EXPERT_LOOP, pytest.approx(1.2))
+    bf16 = Problem.experts(4, 192, 256, 40, routing=Routing.HISTOGRAM, group_rows=(25, 0, 1, 14))
+    plain = Job.baseline(bf16).measurement(RuntimeArgs(), Status.OK, median_ms=2.0, loop_median_ms=1.6)
+    assert plain.strongest() == (Baseline.GROUPED_MM, 1.0)
