@@ -7,7 +7,8 @@
 # of benchmarks/configs/moe_fp8_blockwise.yaml (seven Qwen3-FP8 / DeepSeek-V3 expert GEMMs, its six
 # kernels, events timing paired with dequantize + torch._grouped_mm, the expert loop of
 # torch._scaled_mm block-wise and the dense ceiling in the baseline rows) and its ratios.
-#   benchmarks/gpu_fp8_grouped.sh [OUTDIR]       (default results/fp8-grouped)
+#   benchmarks/gpu_fp8_grouped.sh [OUTDIR]       (default results/fp8-grouped; FP8G_SWEEP_SECONDS caps
+#                                                 the sweep, default 200)
 # Wheels brought along in .whlmin/ are installed to /tmp/site when optuna is missing.
 set -uo pipefail
 out=${1:-results/fp8-grouped}
@@ -38,7 +39,8 @@ python3 -m pytest tests/runtime/test_grouped_fp8_gpu.py -m gpu -p no:cacheprovid
 echo "GPU tests rc=$? in $((SECONDS - start)) s"; grep -E "relative error|swept:|passed|failed|Error" "$out/tests.txt" | tail -12
 start=$SECONDS
 rm -f "$out/store.sqlite"
-timeout -k 20 300 python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_fp8_blockwise.yaml --strategy optuna \
+# Capped so that the whole call stays under 6 minutes; a sweep stopped there reports what it measured.
+timeout -k 20 "${FP8G_SWEEP_SECONDS:-200}" python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_fp8_blockwise.yaml --strategy optuna \
   --trials 6 --batch 6 --storage "$out/store.sqlite" > "$out/sweep.txt" 2>&1
 echo "sweep rc=$? in $((SECONDS - start)) s (compile included)"; tail -3 "$out/sweep.txt"
 python3 benchmarks/moe_fp8_ratios.py "$out/store.sqlite" | tee "$out/ratios.md"
