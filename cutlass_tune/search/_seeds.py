@@ -59,15 +59,15 @@ GROUPED_DEFAULTS = (
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
     dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
 )
-# Block-wise fp8 grouped (fp8 MoE experts) configs picked by hand, not yet measured: the grouped
-# winners' shapes with the block-wise mainloop's tile K 128 and tile N a multiple of 128 (the 192-wide
-# ping-pong that led bf16 is not one), cluster 1x1 as for the fine-grained bf16 experts.
+# Block-wise fp8 grouped (fp8 MoE experts) configs picked by hand, not yet measured: the two tiles
+# CUTLASS 4.2's ptr-array FP8Blockwise mainloop builds without spills (space/_rules.py), cluster
+# 1x1 first as for the fine-grained bf16 experts, then the multicast clusters for coarse ones.
 GROUPED_BLOCKWISE_DEFAULTS = (
     dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=1, cluster_n=1, **_COOPERATIVE),
     dict(tile_m=64, tile_n=128, tile_k=128, cluster_m=1, cluster_n=1, **_PINGPONG),
-    dict(tile_m=128, tile_n=256, tile_k=128, cluster_m=1, cluster_n=1, **_COOPERATIVE),
-    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=1, cluster_n=1, **_PINGPONG),
-    dict(tile_m=256, tile_n=128, tile_k=128, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=64, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1, **_PINGPONG),
+    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=1, cluster_n=2, **_COOPERATIVE),
 )
 # fp8 (e4m3/e5m2) configs picked by hand from public figures, best first: vLLM's CUTLASS 3.x
 # row-wise kernels on an H100 (ping-pong FP8FastAccum 128x128x128 with a 2x1 cluster at about

@@ -86,6 +86,7 @@ def test_every_rule_is_exercised_by_the_small_product():
         counts.update(AutoKernels(operation, SMALL).census().invalid)
     # block-wise needs tile N of 128s to reach the rules after blockwise_tile
     counts.update(AutoKernels(FP8_BLOCKWISE, {**SMALL, "tile_n": (96, 128, 256)}).census().invalid)
+    counts.update(AutoKernels(FP8_GROUPED_BLOCKWISE, {**SMALL, "tile_n": (96, 128, 256)}).census().invalid)
     # the operand rules refuse a kind whole: their own tests cover them
     assert {rule for rule, _ in CONFIG_RULES} - set(counts) == {"arch", "dtype_inputs", "dtype_output",
                                                                "dtype_accumulator", "operation", "scaling_inputs"}

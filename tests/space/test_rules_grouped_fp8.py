@@ -1,5 +1,6 @@
 """Rules of the fp8 grouped operation: e4m3 with block-wise scales and a bf16 D is built (the
-ptr-array FP8Blockwise mainloop); every other fp8 grouping is refused with a reason."""
+ptr-array FP8Blockwise mainloop, in the two tiles it builds without spills); every other fp8
+grouping is refused with a reason."""
 
 import dataclasses
 
@@ -32,7 +33,8 @@ def rules(cfg):
 def test_blockwise_e4m3_grouped_kernels_are_valid():
     assert check_config(COOP) == []
     assert check_config(PING) == []
-    assert check_config(dataclasses.replace(COOP, tile_n=256, tile_m=128, cluster_m=2)) == []
+    assert check_config(dataclasses.replace(COOP, cluster_m=2)) == []
+    assert check_config(dataclasses.replace(PING, cluster_n=2, stages=4)) == []
 
 
 @pytest.mark.parametrize("change", [
@@ -54,9 +56,18 @@ def test_every_other_fp8_grouping_is_refused_with_a_reason(change):
     (dict(tile_k=64), "blockwise_tile"),        # the scales apply every 128 K
     (dict(tile_n=192), "blockwise_tile"),       # B's scales cover 128 columns
     (dict(fp8_fast_accum=True), "blockwise_schedule"),
+    # nvcc: static_assert "Accumulator and scaleB must have same shape"
+    (dict(tile_n=256), "grouped_blockwise_tile"),
+    # nvcc: ptxas spilled 1280 bytes (the second accumulator: 2 x 128 registers a thread)
+    (dict(tile_m=256), "grouped_blockwise_registers"),
 ])
 def test_blockwise_grouped_kernels_keep_the_blockwise_mainloops_limits(change, rule):
     assert rule in rules(dataclasses.replace(COOP, **change))
+
+
+def test_pingpong_128x128_spills_its_second_accumulator():
+    """Guards against building a kernel ptxas spilled 1360 bytes in (2 x 128 accumulators a thread)."""
+    assert rules(dataclasses.replace(PING, tile_m=128)) == ["grouped_blockwise_registers"]
 
 
 def test_the_smem_model_counts_the_scales_each_stage_keeps():
