@@ -112,3 +112,17 @@ def blockwise_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_
         return blockwise_dequantized_mm(a, b, scale_a, scale_b, out_dtype, bias)
     y = torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype)
     return y if bias is None else y + bias  # not every torch takes a bias with these scales
+
+
+def dequantize_blockwise(q: torch.Tensor, scale: torch.Tensor, rows_per_block: int) -> torch.Tensor:
+    """Block-wise scaled fp8 as bfloat16: `q` (..., rows, K) times one scale per `rows_per_block`
+    x 128 block (`scale` (..., rows / rows_per_block, K / 128), rounded up), in fp32, rounded to
+    bf16 once: what fp8 MoE code without a block-wise grouped GEMM feeds a bf16 grouped GEMM
+    (A's 1 x 128 groups with `rows_per_block` 1, B's 128 x 128 blocks with 128)."""
+    *lead, rows, k = q.shape
+    row_blocks, k_blocks = scale.shape[-2:]
+    if rows == row_blocks * rows_per_block and k == k_blocks * BLOCKWISE_GROUP:  # broadcast, no expanded copy
+        blocks = q.float().reshape(*lead, row_blocks, rows_per_block, k_blocks, BLOCKWISE_GROUP)
+        return blocks.mul_(scale[..., :, None, :, None]).to(torch.bfloat16).reshape(q.shape)
+    expanded = scale.repeat_interleave(rows_per_block, -2).repeat_interleave(BLOCKWISE_GROUP, -1)[..., :rows, :k]
+    return (q.float() * expanded).to(torch.bfloat16)

@@ -250,7 +250,18 @@ LT_ACTIVATIONS = frozenset({Activation.RELU, Activation.GELU_TANH})
 CONTENDERS = {Baseline.EAGER: (Baseline.EAGER, Baseline.COMPILE, Baseline.CUBLASLT)}
 """The torch paths that compute a baseline row's function, of which the fastest is the one a kernel
 must beat (`Measurement.strongest`); a baseline not named here is its own only contender (the
-dense GEMM beside torch._grouped_mm is a ceiling, not a path of the same function)."""
+dense GEMM beside torch._grouped_mm is a ceiling, not a path of the same function), but for
+`contenders`' one exception."""
+
+
+def contenders(own: Baseline, problem: Operation) -> tuple[Baseline, ...]:
+    """The torch paths of `problem`'s baseline row `own` that compute its function (`CONTENDERS`).
+    A block-wise fp8 grouped problem has no one torch path (torch has no block-wise grouped GEMM
+    on SM90): torch._grouped_mm after dequantizing and the per-expert loop of torch._scaled_mm
+    both contend. A 16-bit grouped problem's expert loop does not: torch._grouped_mm is its path."""
+    if own is Baseline.GROUPED_MM and problem.grouped and problem.scaling is Scaling.BLOCKWISE:
+        return (Baseline.GROUPED_MM, Baseline.EXPERT_LOOP)
+    return CONTENDERS.get(own, ())
 
 SIDE_FIELDS = {Baseline.COMPILE: "compile", Baseline.CUBLASLT: "lt", Baseline.EXPERT_LOOP: "loop",
                Baseline.DENSE: "dense"}
@@ -375,14 +386,14 @@ class Measurement:
 
     def strongest(self) -> tuple[Baseline, float] | None:
         """On a baseline row: the fastest torch path of the same function timed in its loop
-        (`CONTENDERS`: eager, torch.compile and cuBLASLt's epilogue on an eager row; the row's own
-        baseline elsewhere), and this row's median over its median (>= 1). None where the row
-        was not timed."""
+        (`contenders`: eager, torch.compile and cuBLASLt's epilogue on an eager row; with the expert
+        loop on a block-wise fp8 grouped row; the row's own baseline elsewhere), and this row's
+        median over its median (>= 1). None where the row was not timed."""
         if not self.is_baseline or self.status is not Status.OK or not self.median_ms:
             return None
         own = Baseline(self.kernel_name) if self.kernel_name in BASELINE_NAMES else Baseline.CUBLAS
         best, best_ms = own, self.median_ms
-        for side in CONTENDERS.get(own, ()):
+        for side in contenders(own, self.problem):
             median = self.median_ms if side is own else getattr(self, f"{SIDE_FIELDS[side]}_median_ms")
             if median and median < best_ms:
                 best, best_ms = side, median

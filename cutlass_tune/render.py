@@ -70,6 +70,12 @@ _GROUPED_KERNEL_SCHEDULE = {
     KernelSchedule.COOPERATIVE: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative",
     KernelSchedule.PINGPONG: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong",
 }
+# fp8 grouped kernels with block-wise scales: the ptr-array FP8Blockwise mainloop reads one scale
+# pointer of A and one of B per group (sm90_mma_array_tma_gmma_ss_warpspecialized_fp8_blockwise_scaling.hpp).
+_GROUPED_KERNEL_SCHEDULE_FP8_BLOCKWISE = {
+    KernelSchedule.COOPERATIVE: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise",
+    KernelSchedule.PINGPONG: "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise",
+}
 _GROUPED_EPILOGUE_SCHEDULE = {
     EpilogueSchedule.TMA: "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong",
     EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
@@ -298,12 +304,14 @@ def template_values(cfg: KernelConfig) -> dict[str, object]:
 
 
 def _grouped_values(cfg: KernelConfig, template: str) -> dict[str, object]:
-    """A grouped kernel's values: the ptr-array schedules, the plain epilogue, the group
-    scheduler (no Stream-K, no fusion; `check_config` holds the config to that)."""
+    """A grouped kernel's values: the ptr-array schedules (the FP8Blockwise ones for block-wise
+    fp8), the plain epilogue, the group scheduler (no Stream-K, no fusion; `check_config` holds
+    the config to that)."""
     rejections = check_config(cfg)
     if rejections:
         raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
     plain = _plain_knobs(cfg)
+    blockwise = cfg.scaling is Scaling.BLOCKWISE
     values: dict[str, object] = {
         "element_a": _member(cfg, "dtype_a", _ELEMENT),
         "element_b": _member(cfg, "dtype_b", _ELEMENT),
@@ -312,11 +320,14 @@ def _grouped_values(cfg: KernelConfig, template: str) -> dict[str, object]:
         "element_acc": _member(cfg, "dtype_acc", _ELEMENT),
         "layout_a": _member(cfg, "layout_a", _LAYOUT),
         "layout_b": _member(cfg, "layout_b", _LAYOUT),
-        "kernel_schedule": _member(cfg, "kernel_schedule", _GROUPED_KERNEL_SCHEDULE),
+        "kernel_schedule": _member(cfg, "kernel_schedule", _GROUPED_KERNEL_SCHEDULE_FP8_BLOCKWISE
+                                   if blockwise else _GROUPED_KERNEL_SCHEDULE),
         "epilogue_schedule": _member(cfg, "epilogue_schedule", _GROUPED_EPILOGUE_SCHEDULE),
         **plain,
         "epilogue_tile_m": epilogue_tile(cfg)[0],
         "max_groups": MAX_GROUPS,
+        "blockwise": blockwise,
+        "blockwise_k": BLOCKWISE_K,
         "symbol": kernel_symbol(cfg),
         "template": template,
     }

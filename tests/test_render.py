@@ -317,3 +317,43 @@ PLAIN_UNITS = [
 def test_plain_units_render_byte_for_byte_as_before_grouped_kernels(configs, digest):
     """Guards against the grouped template changing plain kernels' source (and so their cache keys)."""
     assert render_unit(configs).key == digest
+
+
+GROUPED_FP8 = KernelConfig(grouping=Grouping.GROUPED, dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128,
+                           scaling=Scaling.BLOCKWISE)
+GROUPED_FP8_PINGPONG = dataclasses.replace(GROUPED_FP8, tile_m=64, kernel_schedule=KernelSchedule.PINGPONG,
+                                           epilogue_schedule=EpilogueSchedule.TMA, epilogue_source=False)
+
+
+def test_blockwise_grouped_configs_render_the_ptr_array_fp8_blockwise_kernels():
+    src = render_unit([GROUPED_FP8, GROUPED_FP8_PINGPONG]).source
+    assert src.count("using ElementA = cutlass::float_e4m3_t;") == 2
+    assert src.count("using ElementD = cutlass::bfloat16_t;") == 2
+    assert "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>" in src
+    assert "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise>" in src
+    # both scales K-major, so that each expert's are a pointer into the caller's tensors
+    assert src.count("Sm90BlockwiseScaleConfig<1, 128, 128,\n    cute::GMMA::Major::K, cute::GMMA::Major::K>") == 2
+    assert src.count("ElementA, cute::tuple<LayoutA*, LayoutSFA*>, AlignmentA") == 2
+    assert src.count("p.arrays.scale_a[e] = p.scale_a + begin * k_blocks;") == 2
+    assert src.count("p.arrays.scale_b[e] = p.scale_b + static_cast<int64_t>(e) * n_blocks * k_blocks;") == 2
+    assert src.count("arrays.scale_a, nullptr, arrays.scale_b, nullptr}") == 2
+    assert src.count("p->k % kScaleBlock == 0") == 2
+    assert '#include "cutlass/detail/blockwise_scale_layout.hpp"' in src
+
+
+def test_hostile_scaling_of_a_grouped_kernel_never_reaches_the_source():
+    for value in ("blockwise", "blockwise>; evil<int", None):
+        with pytest.raises(RenderError):
+            render_unit([dataclasses.replace(GROUPED_FP8, scaling=value)])
+    with pytest.raises(RenderError, match="grouped"):  # valid values, not a built grouping
+        render_unit([dataclasses.replace(GROUPED_FP8, scaling=Scaling.ROWCOL)])
+
+
+@pytest.mark.parametrize("configs, digest", [
+    ([GROUPED, GROUPED_PINGPONG], "8b49ca0644b289d7b82cc2b6f388f122b77d9027fa4b898fab46ddd90cc83aec"),
+    ([dataclasses.replace(GROUPED, epilogue_source=False)],
+     "70fb7a97ef4a2679cd496a75b9ca4f4c586861ee73d41d99bfb42d0414f23427"),
+])
+def test_16_bit_grouped_units_render_byte_for_byte_as_before_fp8_grouped_kernels(configs, digest):
+    """Guards against the block-wise parts of the grouped template changing bf16 kernels' cache keys."""
+    assert render_unit(configs).key == digest

@@ -30,7 +30,12 @@ from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
 from ._race import coarse, contenders, entry, leader_of
-from ._targets import CublasTarget, baseline_target, blockwise_path  # noqa: F401 - CublasTarget re-exported
+from ._targets import (  # noqa: F401 - CublasTarget re-exported
+    CublasTarget,
+    baseline_target,
+    blockwise_path,
+    grouped_blockwise_paths,
+)
 from ._targets import Target as _Target
 from ._timing import L2Flush, TimingOptions, TimingStats, rotation_count, time_sides, time_sustained
 from ._verify import Operands, allocate, randomize, reference, verify_launch
@@ -278,7 +283,9 @@ class GpuRunner:
                 else:
                     side.close()
                     notes.append(f"{kind.value} not measured: {why}")
-            if job.problem.scaling is Scaling.BLOCKWISE:
+            if job.problem.scaling is Scaling.BLOCKWISE and job.problem.grouped:
+                notes.insert(0, grouped_blockwise_paths(ops.d.device))
+            elif job.problem.scaling is Scaling.BLOCKWISE:
                 notes.insert(0, f"torch eager is {blockwise_path(ops.d.device)}")
             self.side_note = "; ".join(notes)[:500]
             return out

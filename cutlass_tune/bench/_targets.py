@@ -40,6 +40,13 @@ A grouped problem's baseline is GROUPED_MM, torch's grouped GEMM on the same ope
 A M x K, the weights as the E x K x N view, the int32 offsets), timed with two sides in its loop:
 EXPERT_LOOP (`ExpertLoopTarget`), torch.matmul of each expert's rows into its rows of D, and
 DENSE (`DenseTarget`), one torch.matmul of all M rows by one expert's weight, the same FLOPs.
+A block-wise fp8 grouped problem has no grouped GEMM in torch on SM90 (torch._scaled_grouped_mm
+takes row-wise scales there), so each is the torch path a MoE layer of that recipe runs today
+(`grouped_blockwise_paths`): GROUPED_MM dequantizes A and the weights to bf16 (fp32 products
+rounded once) and calls torch's grouped GEMM; EXPERT_LOOP calls `torch._scaled_mm` block-wise per
+expert (the dequantized product for an expert whose rows cuBLAS refuses); DENSE one
+`torch._scaled_mm` block-wise of all M rows. The faster of the first two is the one to beat
+(`measurement.contenders`).
 
 Each target writes D only when verified (`once` outside a CUDA graph capture); what is timed
 (`launch`, or `once` captured in a graph) returns a new tensor from torch's caching allocator, as
@@ -54,9 +61,17 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .._torch import ACTIVATION, TORCH_DTYPE, blockwise_mm, blockwise_scaled_mm
+from .._torch import (
+    ACTIVATION,
+    TORCH_DTYPE,
+    blockwise_dequantized_mm,
+    blockwise_mm,
+    blockwise_scaled_mm,
+    dequantize_blockwise,
+)
 from ..measurement import Baseline
 from ..space import Activation, DType, Problem, RuntimeArgs, Scaling
+from ..space._rules import BLOCKWISE_K
 from ._verify import Operands, Verdict, compare, group_bounds, verify_launch
 
 
@@ -94,6 +109,13 @@ def blockwise_path(device: torch.device) -> str:
     """Which torch path computes a block-wise fp8 problem's baseline on `device` (its row's note)."""
     return ("torch._scaled_mm block-wise" if blockwise_scaled_mm(device)
             else "dequantize to bf16 + torch.matmul (this torch's _scaled_mm has no block-wise path)")
+
+
+def grouped_blockwise_paths(device: torch.device) -> str:
+    """Which torch paths a block-wise fp8 grouped problem's baseline row times (its note)."""
+    loop = "torch._scaled_mm block-wise" if blockwise_scaled_mm(device) else "dequantize to bf16 + torch.matmul"
+    return (f"{Baseline.GROUPED_MM.value} is dequantize A and the weights to bf16 + torch's grouped GEMM (torch "
+            f"has no block-wise grouped GEMM on SM90); the expert loop is {loop} per expert")
 
 
 def _fp8_baseline_gap(problem: Problem) -> str | None:
@@ -339,18 +361,30 @@ class GroupedMmTarget(_TorchCall):
         fn = grouped_mm()
         if fn is None:
             return f"torch {torch.__version__} has no grouped GEMM (torch._grouped_mm)"
-        a, b, offsets = ops.a_mk, ops.b_kn, ops.offsets
+        call = _grouped_call(fn, ops)
         try:
-            fn(a, b, offs=offsets)
+            call()
         except (RuntimeError, NotImplementedError, ValueError) as err:
             text = str(err).strip().splitlines()
             return f"{Baseline.GROUPED_MM.value}: {type(err).__name__}: {text[0] if text else ''}"[:500]
-        self._call = lambda: fn(a, b, offs=offsets)
+        self._call = call
         self._ops = ops
         return None
 
     def sibling(self) -> GroupedMmTarget:
         return GroupedMmTarget(self._problem)
+
+
+def _grouped_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[], torch.Tensor]:
+    """torch's grouped GEMM `fn` on the operands, as a MoE layer calls it; block-wise fp8 ones
+    dequantized to bf16 first, in the same call (a layer keeps its fp8 weights and scales)."""
+    a, b, offsets = ops.a_mk, ops.b_kn, ops.offsets
+    if ops.problem.scaling is not Scaling.BLOCKWISE:
+        return lambda: fn(a, b, offs=offsets)
+    scale_a, scale_b, weights = ops.scale_a, ops.scale_b, b.transpose(-2, -1)  # weights E x N x K
+    assert scale_a is not None and scale_b is not None
+    return lambda: fn(dequantize_blockwise(a, scale_a, 1),
+                      dequantize_blockwise(weights, scale_b, BLOCKWISE_K).transpose(-2, -1), offs=offsets)
 
 
 class ExpertLoopTarget(Target):
@@ -365,9 +399,14 @@ class ExpertLoopTarget(Target):
 
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         a, b, d = ops.a_mk, ops.b_kn, ops.d
-        self._calls = [functools.partial(torch.matmul, a[lo:hi], b[e], out=d[lo:hi])
-                       for e, (lo, hi) in enumerate(group_bounds(self._problem)) if hi > lo]
-        return None
+        bounds = [(e, lo, hi) for e, (lo, hi) in enumerate(group_bounds(self._problem)) if hi > lo]
+        if self._problem.scaling is not Scaling.BLOCKWISE:
+            self._calls = [functools.partial(torch.matmul, a[lo:hi], b[e], out=d[lo:hi]) for e, lo, hi in bounds]
+            return None
+        assert ops.scale_a is not None and ops.scale_b is not None
+        self._calls = [_blockwise_call(a[lo:hi], b[e], ops.scale_a[lo:hi], ops.scale_b[e], d[lo:hi])
+                       for e, lo, hi in bounds]
+        return _first_call_fails(self._calls, Baseline.EXPERT_LOOP)
 
     def launch(self) -> None:
         for call in self._calls:
@@ -395,8 +434,12 @@ class DenseTarget(Target):
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         a, w, out = ops.a_mk, ops.b_kn[self._expert], torch.empty_like(ops.d)
         self._out = out
-        self._call = functools.partial(torch.matmul, a, w, out=out)
-        return None
+        if self._problem.scaling is not Scaling.BLOCKWISE:
+            self._call = functools.partial(torch.matmul, a, w, out=out)
+            return None
+        assert ops.scale_a is not None and ops.scale_b is not None
+        self._call = _blockwise_call(a, w, ops.scale_a, ops.scale_b[self._expert], out)
+        return _first_call_fails([self._call], Baseline.DENSE)
 
     def launch(self) -> None:
         assert self._call is not None, "launched before setup"
@@ -409,13 +452,43 @@ class DenseTarget(Target):
         self.once()
         if self._out.is_cuda:
             torch.cuda.synchronize(self._out.device)
-        return compare(self._out[lo:hi], ref[lo:hi], self._problem.dtype_d)
+        return compare(self._out[lo:hi], ref[lo:hi], self._problem.dtype_d, fp8_inputs=self._problem.dtype_a.is_fp8)
 
     def close(self) -> None:
         self._call = self._out = None
 
     def sibling(self) -> DenseTarget:
         return DenseTarget(self._problem)
+
+
+def _blockwise_call(a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_w: torch.Tensor,
+                    out: torch.Tensor) -> Callable[[], object]:
+    """One block-wise fp8 GEMM into `out` as torch runs it: `a` rows x K, `w` K x N (a view of an
+    N x K weight), `scale_a` rows x K/128 row-major, `scale_w` the weight's N/128 x K/128.
+    torch._scaled_mm takes A's scales outer-dim-major: they are laid out so here, once, outside
+    what is timed (a model would quantize into that layout). Where torch has no block-wise
+    _scaled_mm, or its cuBLAS call refuses these rows (tried once, here), the dequantized product
+    (`blockwise_dequantized_mm`), copied into `out`."""
+    scale_a = scale_a.t().contiguous().t()
+    scaled = functools.partial(torch._scaled_mm, a, w, scale_a, scale_w.t(), out_dtype=out.dtype, out=out)
+    if blockwise_scaled_mm(a.device):
+        try:
+            scaled()
+            return scaled
+        except (RuntimeError, ValueError):  # e.g. a row count cuBLAS's block-wise GEMM does not take
+            pass
+    return lambda: out.copy_(blockwise_dequantized_mm(a, w, scale_a, scale_w.t(), out.dtype))
+
+
+def _first_call_fails(calls: list[Callable[[], object]], kind: Baseline) -> str | None:
+    """Each call once: why one fails (torch refuses its operands), or None."""
+    try:
+        for call in calls:
+            call()
+    except (RuntimeError, NotImplementedError, ValueError) as err:
+        text = str(err).strip().splitlines()
+        return f"{kind.value}: {type(err).__name__}: {text[0] if text else ''}"[:500]
+    return None
 
 
 _GROUPED_TARGETS: dict[Baseline, Callable[[Problem], Target]] = {

@@ -26,6 +26,9 @@ A grouped problem's operands are the routed rows A (M x K), the experts' weights
 or E x K x N) and the int32 row offsets; its reference multiplies each expert's rows by that
 expert's weight, and each expert's rows are checked on their own (`compare_groups`), against
 the same bounds relative to that expert's reference: a wrong expert cannot hide among right ones.
+A block-wise fp8 grouped problem's scales are those of fp8 MoE code: A's M x K/128 row-major
+(each routed row's groups together), B's E x N/128 x K/128 (each expert's weight's blocks); its
+reference multiplies the dequantized rows by each expert's dequantized weight.
 """
 
 from __future__ import annotations
@@ -96,7 +99,9 @@ class Operands:
     `Scaling.TENSOR`; (M, 1) and (1, N) for ROWCOL, as `torch._scaled_mm` takes them; for
     BLOCKWISE A's (M, K/128) with strides (1, M) and B's (K/128, N/128) with strides (1, K/128),
     the transpose of the weight's contiguous (N/128, K/128), as `torch._scaled_mm` takes them on
-    SM90 and the kernel reads them).
+    SM90 and the kernel reads them). A grouped BLOCKWISE problem's are K-major instead, as MoE
+    code quantizes them and the grouped kernel reads them: A's (M, K/128) row-major, B's (E,
+    N/128, K/128) contiguous (`grouped_blockwise_scales`).
     """
 
     problem: Problem
@@ -165,7 +170,10 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
     scale_shapes = {Scaling.NONE: None, Scaling.TENSOR: ((), ()), Scaling.ROWCOL: ((p.m, 1), (1, p.n)),
                     Scaling.BLOCKWISE: None}
     scales = scale_shapes[p.scaling]
-    blockwise = blockwise_scales(p.m, p.n, p.k, device) if p.scaling is Scaling.BLOCKWISE else None
+    blockwise = None
+    if p.scaling is Scaling.BLOCKWISE:
+        blockwise = (grouped_blockwise_scales(p.m, p.n, p.k, p.groups, device) if p.grouped
+                     else blockwise_scales(p.m, p.n, p.k, device))
     return Operands(
         problem=p,
         a=torch.empty(a_shape, dtype=TORCH_DTYPE[p.dtype_a], device=device),
@@ -192,6 +200,17 @@ def blockwise_scales(m: int, n: int, k: int, device: torch.device | str) -> tupl
     return scale_a, scale_b
 
 
+def grouped_blockwise_scales(m: int, n: int, k: int, groups: int,
+                             device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialized block-wise scales of a grouped problem, both K-major as fp8 MoE code keeps
+    them and the grouped kernel reads them: A's (M, K/128) row-major, one per 1 x 128 group of a
+    routed row; B's (E, N/128, K/128) contiguous, one per 128 x 128 block of each expert's N x K
+    weight."""
+    k_blocks, n_blocks = -(-k // BLOCKWISE_K), -(-n // BLOCKWISE_K)
+    return (torch.empty((m, k_blocks), dtype=torch.float32, device=device),
+            torch.empty((groups, n_blocks, k_blocks), dtype=torch.float32, device=device))
+
+
 def randomize(ops: Operands, generator: torch.Generator) -> None:
     """Fill the inputs with random values.
 
@@ -204,7 +223,12 @@ def randomize(ops: Operands, generator: torch.Generator) -> None:
     with D's scale.
     """
     p = ops.problem
-    if p.scaling is Scaling.BLOCKWISE:
+    if p.scaling is Scaling.BLOCKWISE and p.grouped:
+        assert ops.scale_a is not None and ops.scale_b is not None
+        _fill_blockwise(ops.a_mk, ops.scale_a, 1, generator)
+        for weight, scale in zip(ops.b_kn.transpose(-2, -1), ops.scale_b):
+            _fill_blockwise(weight, scale, BLOCKWISE_K, generator)
+    elif p.scaling is Scaling.BLOCKWISE:
         assert ops.scale_a is not None and ops.scale_b is not None
         _fill_blockwise(ops.a_mk, ops.scale_a, 1, generator)
         _fill_blockwise(ops.b_kn.t(), ops.scale_b.t(), BLOCKWISE_K, generator)
@@ -307,11 +331,19 @@ def reference(ops: Operands) -> torch.Tensor:
 def _grouped_reference(ops: Operands) -> torch.Tensor:
     # One expert at a time: its weight in fp32 is N x K x 4 bytes (470 MB for Mixtral's), all of
     # them at once several GB.
-    a, b_kn = ops.a_mk, ops.b_kn
+    p = ops.problem
+    a = ops.a_mk.float()
+    scale_b = ops.scale_b if p.scaling is Scaling.BLOCKWISE else None
+    if scale_b is not None:
+        assert ops.scale_a is not None
+        a.mul_(_expand_blocks(ops.scale_a, 1, p.m, p.k))
     out = torch.empty(ops.d.shape, dtype=torch.float32, device=ops.d.device)
-    for expert, (lo, hi) in enumerate(group_bounds(ops.problem)):
+    for expert, (lo, hi) in enumerate(group_bounds(p)):
         if hi > lo:
-            torch.matmul(a[lo:hi].float(), b_kn[expert].float(), out=out[lo:hi])
+            weight = ops.b_kn[expert].t().float()  # N x K
+            if scale_b is not None:
+                weight.mul_(_expand_blocks(scale_b[expert], BLOCKWISE_K, p.n, p.k))
+            torch.matmul(a[lo:hi], weight.t(), out=out[lo:hi])
     return out
 
 
@@ -355,12 +387,13 @@ def compare_groups(out: torch.Tensor, ref: torch.Tensor, problem: Problem) -> Ve
     """`compare` of each expert's rows of a grouped problem's output, then of the whole: the
     first expert whose rows fail names the verdict ("expert 5 (rows 640:768): ..."). The figures
     of a right output are the whole's."""
+    fp8 = problem.dtype_a.is_fp8 or problem.dtype_b.is_fp8
     for expert, (lo, hi) in enumerate(group_bounds(problem)):
         if hi > lo:
-            verdict = compare(out[lo:hi], ref[lo:hi], problem.dtype_d)
+            verdict = compare(out[lo:hi], ref[lo:hi], problem.dtype_d, fp8_inputs=fp8)
             if verdict.status is not Status.OK:
                 return dataclasses.replace(verdict, reason=f"expert {expert} (rows {lo}:{hi}): {verdict.reason}")
-    return compare(out, ref, problem.dtype_d)
+    return compare(out, ref, problem.dtype_d, fp8_inputs=fp8)
 
 
 def verify_launch(launch: Callable[[], None], ops: Operands, ref: torch.Tensor) -> Verdict:

@@ -7,6 +7,13 @@ on torch tensors, with torch._grouped_mm's 2D x 3D semantics.
     offs: E int32 cumulative row ends on a's device (expert e has rows offs[e-1]:offs[e])
     D: M x N row-major; rows past offs[-1] are left as the kernel finds them (as torch's)
 
+fp8 experts (DeepSeek-V3's and Qwen3-FP8's recipe): a and b float8_e4m3fn with block-wise scales,
+D bfloat16. `scale_a` is M x K/128 float32 row-major, one per 1 x 128 group of a routed row, as
+MoE code quantizes the routed activations (and as the grouped kernel reads them: expert e's are
+rows offs[e-1]:offs[e], a pointer into the tensor, no copy); `scale_b` the experts' weight scales,
+E x N/128 x K/128 contiguous, one per 128 x 128 block of each N x K weight (or its
+transpose(-2, -1) view, E x K/128 x N/128, matching b's).
+
 The kernel reads `offs` on the device (no host sync): its `run` rebuilds the per-group
 arrays from them before each launch, so a CUDA graph replayed with other counts in the same
 `offs` tensor computes the new routing. Those arrays live in the kernel's workspace: one kept per
@@ -30,9 +37,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .._torch import TORCH_DTYPE
+from .._torch import BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockwise
 from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
-from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, check_problem
+from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, Scaling, check_problem
 from ..tables import BestTableError, BundledKernel
 from ._matmul import (
     _OUT_DTYPES,
@@ -47,6 +54,7 @@ from ._matmul import (
 from ._table import BestTable
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
+_FP8 = TORCH_DTYPE[DType.E4M3]
 ALIGNMENT = 8
 """N and K of a grouped call are multiples of this (16 bytes of a 16-bit type: TMA's rows)."""
 
@@ -63,10 +71,52 @@ def _b_layout(b: torch.Tensor) -> Layout:
                            "nor the transpose(-2, -1) of a contiguous E x N x K one")
 
 
+def grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | None,
+                   scale_b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A `grouped_mm` call's block-wise scales, checked against a (M x K) and b (E x K x N): None
+    for 16-bit inputs without scales, else `scale_a` (M x K/128 row-major) and `scale_b` as the
+    kernel reads it, E x N/128 x K/128 contiguous (given so, or as its transpose(-2, -1) view).
+    Raises MatmulInputError with what to fix."""
+    fp8 = a.dtype == _FP8
+    if scale_a is None and scale_b is None and not fp8:
+        return None
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise MatmulInputError(f"{name} must be a torch.Tensor or None, not {type(t).__name__}")
+    if not fp8:
+        raise MatmulInputError(f"scale_a and scale_b scale float8_e4m3fn inputs; a and b are {a.dtype}")
+    if scale_a is None or scale_b is None:
+        raise MatmulInputError("fp8 grouped_mm needs block-wise scale_a (M x K/128) and scale_b (E x N/128 x K/128)")
+    (m, k), (e, _, n) = a.shape, b.shape
+    k_blocks, n_blocks = -(-k // BLOCKWISE_GROUP), -(-n // BLOCKWISE_GROUP)
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if t.dtype != torch.float32:
+            raise MatmulInputError(f"{name} has dtype {t.dtype}; block-wise scales are torch.float32")
+        if t.device != a.device:
+            raise MatmulInputError(f"{name} is on {t.device} and a on {a.device}")
+    if tuple(scale_a.shape) != (m, k_blocks):
+        raise MatmulInputError(f"scale_a has shape {tuple(scale_a.shape)}; it must be ({m}, {k_blocks}): one per 1 x "
+                               f"{BLOCKWISE_GROUP} group of each row of a")
+    if scale_a.stride() != (k_blocks, 1) and m > 1 and k_blocks > 1:
+        raise MatmulInputError(f"scale_a with strides {scale_a.stride()} must be row-major (each row's groups "
+                               "together, as MoE code quantizes them): call .contiguous() first")
+    weight_major = (e, n_blocks, k_blocks)
+    if tuple(scale_b.shape) == weight_major and scale_b.is_contiguous():
+        return scale_a, scale_b
+    view = scale_b.transpose(-2, -1)
+    if tuple(view.shape) == weight_major and view.is_contiguous():
+        return scale_a, view
+    raise MatmulInputError(f"scale_b has shape {tuple(scale_b.shape)} and strides {scale_b.stride()}; it must be "
+                           f"the experts' weight scales, {weight_major} contiguous (one per {BLOCKWISE_GROUP} x "
+                           f"{BLOCKWISE_GROUP} block of each N x K weight), or their transpose(-2, -1)")
+
+
 def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
-                       out_dtype: torch.dtype | None = None) -> Problem:
+                       out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
+                       scale_b: torch.Tensor | None = None) -> Problem:
     """The grouped `Problem` the tensors of a `grouped_mm` call pose (its routing uniform: the
-    real counts are on the device). Raises MatmulInputError with what to fix."""
+    real counts are on the device); fp8 inputs with block-wise scales (`grouped_scales`) pose the
+    block-wise operation. Raises MatmulInputError with what to fix."""
     for name, t in (("a", a), ("b", b), ("offs", offs)):
         if not isinstance(t, torch.Tensor):
             raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
@@ -75,8 +125,9 @@ def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     if a.dim() != 2 or b.dim() != 3:
         raise MatmulInputError(f"a must be 2-D (M x K) and b 3-D (E x K x N), not {a.dim()}-D and {b.dim()}-D")
     for name, t in (("a", a), ("b", b)):
-        if t.dtype not in _DTYPES:
-            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned grouped kernels take bfloat16 or float16")
+        if t.dtype not in _DTYPES and t.dtype != _FP8:
+            raise MatmulInputError(f"{name} has dtype {t.dtype}; the tuned grouped kernels take bfloat16, float16 "
+                                   "or float8_e4m3fn (with block-wise scales)")
         if t.data_ptr() % 16:
             raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (TMA needs it)")
     if a.dtype != b.dtype:
@@ -89,17 +140,23 @@ def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     if offs.dtype != torch.int32 or offs.dim() != 1 or offs.shape[0] != e:
         raise MatmulInputError(f"offs must be {e} int32 values (one row end per expert), not {offs.dtype} of shape "
                                f"{tuple(offs.shape)}")
-    if n % ALIGNMENT or k % ALIGNMENT:
-        raise MatmulInputError(f"N {n} and K {k} must be multiples of {ALIGNMENT} (each expert's rows are read "
+    fp8 = a.dtype == _FP8
+    align = 16 if fp8 else ALIGNMENT
+    if n % align or k % align:
+        raise MatmulInputError(f"N {n} and K {k} must be multiples of {align} (each expert's rows are read "
                                "by TMA in 16-byte units)")
     if a.stride() != (k, 1) and m > 1:
         raise MatmulInputError(f"a {tuple(a.shape)} with strides {a.stride()} is not row-major contiguous: "
                                "call .contiguous() first")
-    dtype = _DTYPES[a.dtype]
-    out = _OUT_DTYPES.get(out_dtype) if out_dtype is not None else dtype
+    scales = grouped_scales(a, b, scale_a, scale_b)
+    if fp8 and out_dtype not in (None, torch.bfloat16):
+        raise MatmulInputError(f"out_dtype {out_dtype}: fp8 grouped_mm gives bfloat16")
+    dtype = DType.E4M3 if fp8 else _DTYPES[a.dtype]
+    out = DType.BF16 if fp8 else _OUT_DTYPES.get(out_dtype) if out_dtype is not None else dtype
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
-    problem = Problem.experts(e, n, k, m, dtype_a=dtype, dtype_b=dtype, dtype_d=out, layout_b=_b_layout(b))
+    problem = Problem.experts(e, n, k, m, dtype_a=dtype, dtype_b=dtype, dtype_d=out, layout_b=_b_layout(b),
+                              scaling=Scaling.NONE if scales is None else Scaling.BLOCKWISE)
     why = check_problem(problem)
     if why:
         raise MatmulInputError(f"{e} experts of {n}x{k} with {m} rows: {why[0].reason}")
@@ -126,6 +183,16 @@ def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
         out[start:end] = (a[start:end].float() @ b[e].float()).to(dtype)
         start = end
     return out
+
+
+def torch_blockwise_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, scale_a: torch.Tensor,
+                               scale_b: torch.Tensor) -> torch.Tensor:
+    """What `grouped_mm` runs for block-wise fp8 experts where no tuned kernel can (torch has no
+    block-wise grouped GEMM on SM90): a and the weights dequantized to bfloat16
+    (`dequantize_blockwise`), then torch's grouped GEMM (`torch_grouped_mm`). `scale_b` is E x
+    N/128 x K/128 (`grouped_scales`)."""
+    weights = dequantize_blockwise(b.transpose(-2, -1), scale_b, BLOCKWISE_GROUP)
+    return torch_grouped_mm(dequantize_blockwise(a, scale_a, 1), weights.transpose(-2, -1), offs, torch.bfloat16)
 
 
 READY_GROUPED = 256
@@ -180,15 +247,18 @@ class GroupedGemm(Gemm):
                              self._dtype_d)
 
     def run_grouped(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, *, scale_a: torch.Tensor | None = None,
+                    scale_b: torch.Tensor | None = None) -> torch.Tensor:
         """Launch on tensors already checked to pose `problem` (`grouped_problem_of`), with a
         workspace of this call (see `launch`). Raises KernelStatusError."""
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        return self.launch(self.prepare(problem, device), a, b, offs, out)
+        return self.launch(self.prepare(problem, device), a, b, offs, out, scale_a=scale_a, scale_b=scale_b)
 
     def launch(self, plan: GroupedLaunch, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
-               out: torch.Tensor | None = None, *, keep_workspace: bool = False) -> torch.Tensor:
-        """Launch `plan` on its tensors (checked to pose its problem) on the current stream.
+               out: torch.Tensor | None = None, *, keep_workspace: bool = False,
+               scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
+        """Launch `plan` on its tensors (checked to pose its problem; block-wise fp8 ones with
+        their scales, `grouped_scales`) on the current stream.
 
         The workspace (the per-group arrays, rebuilt from `offs` on the device by every
         launch) is, with `keep_workspace` and outside CUDA graph capture, this thread's for the
@@ -220,7 +290,8 @@ class GroupedGemm(Gemm):
         elif plan.workspace_bytes:
             workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=a.device)
         space = 0 if workspace is None else workspace.data_ptr()
-        key = (plan, stream, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), space)
+        key = (plan, stream, a.data_ptr(), b.data_ptr(), out.data_ptr(), offs.data_ptr(), space,
+               0 if scale_a is None else scale_a.data_ptr(), 0 if scale_b is None else scale_b.data_ptr())
         ready: collections.OrderedDict | None = local.get("ready")
         if ready is None:
             ready = local["ready"] = collections.OrderedDict()
@@ -229,6 +300,7 @@ class GroupedGemm(Gemm):
             bind_primary_context(device)
             args = GemmArgs.from_buffer_copy(plan.args)
             args.a, args.b, args.d, args.c, args.offsets = key[2], key[3], key[4], key[4], key[5]
+            args.scale_a, args.scale_b = key[7] or None, key[8] or None
             # The least recently used instance is re-initialized rather than a new one made.
             instance = ready.popitem(last=False)[1] if len(ready) >= READY_GROUPED else self.kernel.create()
             try:
@@ -262,7 +334,8 @@ class _Resolved(NamedTuple):
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: BestTable | str | Path,
-               out_dtype: torch.dtype | None = None, keep_workspace: bool = True,
+               out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
+               scale_b: torch.Tensor | None = None, keep_workspace: bool = True,
                min_ratio: float = 1.0) -> torch.Tensor:
     """MoE experts' GEMMs in one launch: out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e]
     through the table's tuned grouped kernel for these experts (torch._grouped_mm's 2D x 3D
@@ -273,18 +346,24 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
     is right for every routing; only its speed was measured at that one). Where the table has
     none, where that row's ratio to torch's grouped GEMM is below `min_ratio` (torch kept where
     it wins, as `patch` keeps cuBLAS), or where CUTLASS cannot run the problem, torch's grouped
-    GEMM computes it (`torch_grouped_mm`) and a warning says so once per cause. The first call
+    GEMM computes it (`torch_grouped_mm`; for block-wise fp8, `torch_blockwise_grouped_mm`) and a
+    warning says so once per cause. The first call
     for a shape looks it up and prepares its launch; later calls with the same shapes, strides
     and dtypes take it from a dict and go straight to the launch (no initialization where the
     addresses repeat: `GroupedGemm.launch`).
 
     Args:
-        a: M x K row-major, bfloat16 or float16, the rows sorted by expert.
+        a: M x K row-major, bfloat16, float16 or float8_e4m3fn (with scales), the rows sorted by
+            expert.
         b: E x K x N of a's dtype: `w.transpose(-2, -1)` of an E x N x K weight stack, or
-            contiguous. N and K multiples of 8.
+            contiguous (16-bit only). N and K multiples of 8 (16 for fp8; K of 128 with scales).
         offs: E int32 cumulative row ends, on a's device.
         table: a `BestTable`, or what `BestTable.load` reads (loaded once per path).
-        out_dtype: the result's type (bfloat16, float16, float32); None: a's type.
+        out_dtype: the result's type (bfloat16, float16, float32); None: a's type (bfloat16 for
+            fp8, its only one).
+        scale_a: fp8 only: float32 M x K/128 row-major, one per 1 x 128 group of a's rows.
+        scale_b: fp8 only: float32 E x N/128 x K/128 contiguous, one per 128 x 128 block of each
+            expert's N x K weight (or its transpose(-2, -1) view).
         keep_workspace: keep one workspace per thread, device and stream (outside CUDA graph
             capture and torch.compile's CUDA graph trees) instead of one from torch's allocator
             per call.
@@ -298,26 +377,33 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
     Raises:
         MatmulInputError: operands that are not CUDA tensors, unsupported dtypes, shapes that
             do not multiply, offs that are not E int32 values, N or K not multiples of 8,
-            misaligned or strided operands.
+            misaligned or strided operands; fp8 without both scales, scales of 16-bit inputs,
+            scales of the wrong shape, dtype, device or layout.
     """
     table = table if isinstance(table, BestTable) else _load_table(str(table))
-    return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio)
+    return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio, scale_a=scale_a, scale_b=scale_b)
+
+
+def _scale_key(t: object) -> object:
+    """A scale's part of a call's cache key: what `grouped_scales` checks of it."""
+    return (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else t
 
 
 def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None,
-                keep_workspace: bool, min_ratio: float, check: Callable[[], None] | None = None) -> torch.Tensor:
+                keep_workspace: bool, min_ratio: float, check: Callable[[], None] | None = None, *,
+                scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
     """`grouped_mm` on a loaded table, for its callers' hot path (the operator's): `check`, if
     given, runs only where the call's shapes are not in the table's cache yet (a shape found there
     passed it once; its checks are functions of the key alone)."""
     device = a.get_device()
     key = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape, offs.dtype,
-           out_dtype)
+           out_dtype, _scale_key(scale_a), _scale_key(scale_b))
     resolved: _Resolved | None = table._kernels.get(key)  # type: ignore[assignment]
     if resolved is None or not (device >= 0 and b.get_device() == device and offs.get_device() == device
                                 and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
         if check is not None:
             check()
-        problem = grouped_problem_of(a, b, offs, out_dtype)
+        problem = grouped_problem_of(a, b, offs, out_dtype, scale_a, scale_b)
         resolved = _resolve(table, problem, key, device)
     gemm, problem, plan, ratio = resolved
     if gemm is None or plan is None or (min_ratio > 0 and not ratio >= min_ratio):
@@ -325,14 +411,24 @@ def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.
             return a.new_empty((0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
         if gemm is not None:
             _warn_slower(resolved, min_ratio)
-        return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
+        return _torch_path(problem, a, b, offs, scale_a, scale_b)
     try:
-        return gemm.launch(plan, a, b, offs, keep_workspace=keep_workspace)
+        return gemm.launch(plan, a, b, offs, keep_workspace=keep_workspace, scale_a=scale_a, scale_b=scale_b)
     except KernelStatusError as err:
         _warn_once(f"grouped {gemm.config.name}", f"cutlass_tune.grouped_mm: {gemm.config.name} cannot run "
                    f"{problem.name} ({err}); using torch's grouped GEMM")
         table._kernels[key] = _Resolved(None, problem, None)
-        return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
+        return _torch_path(problem, a, b, offs, scale_a, scale_b)
+
+
+def _torch_path(problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+                scale_a: torch.Tensor | None, scale_b: torch.Tensor | None) -> torch.Tensor:
+    """torch's computation of a checked call: its grouped GEMM, after dequantizing block-wise fp8."""
+    if problem.scaling is Scaling.BLOCKWISE:
+        scales = grouped_scales(a, b, scale_a, scale_b)
+        assert scales is not None, "a block-wise problem was posed by its scales"
+        return torch_blockwise_grouped_mm(a, b, offs, *scales)
+    return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
 
 
 def _warn_slower(resolved: _Resolved, min_ratio: float) -> None:

@@ -45,6 +45,9 @@ def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torc
                  f"shape {tuple(offs.shape)}")
     torch._check(a.dtype == b.dtype,
                  lambda: f"cutlass_tune.grouped_mm: a is {a.dtype} and b is {b.dtype}: they must match")
+    torch._check(not a.dtype.is_floating_point or a.element_size() > 1,
+                 lambda: f"cutlass_tune.grouped_mm: the operator takes no fp8 scales ({a.dtype}): call "
+                 "cutlass_tune.grouped_mm(a, b, offs, table=, scale_a=, scale_b=)")
     torch._check(a.device == b.device == offs.device,
                  lambda: f"cutlass_tune.grouped_mm: a, b and offs are on {a.device}, {b.device} and {offs.device}")
     torch._check(out_dtype is None or out_dtype in _OUT_DTYPES,
@@ -71,7 +74,7 @@ def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: s
     Raises:
         UnregisteredTableError: `table` is not a registered key.
         RuntimeError: shapes that do not multiply, offs of another length or dtype, mixed dtypes
-            or devices.
+            or devices, fp8 inputs (their block-wise scales go through `cutlass_tune.grouped_mm`).
     """
     tuned = registered_table(table)
     with _on_device_of(a):

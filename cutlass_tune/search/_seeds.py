@@ -17,6 +17,7 @@ from ..space import (
     KernelSchedule,
     Layout,
     Problem,
+    Scaling,
     SearchSpace,
     TileScheduler,
 )
@@ -57,6 +58,16 @@ GROUPED_DEFAULTS = (
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
     dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
     dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+)
+# Block-wise fp8 grouped (fp8 MoE experts) configs picked by hand, not yet measured: the two tiles
+# CUTLASS 4.2's ptr-array FP8Blockwise mainloop builds without spills (space/_rules.py), cluster
+# 1x1 first as for the fine-grained bf16 experts, then the multicast clusters for coarse ones.
+GROUPED_BLOCKWISE_DEFAULTS = (
+    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=64, tile_n=128, tile_k=128, cluster_m=1, cluster_n=1, **_PINGPONG),
+    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=64, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1, **_PINGPONG),
+    dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=1, cluster_n=2, **_COOPERATIVE),
 )
 # fp8 (e4m3/e5m2) configs picked by hand from public figures, best first: vLLM's CUTLASS 3.x
 # row-wise kernels on an H100 (ping-pong FP8FastAccum 128x128x128 with a 2x1 cluster at about
@@ -214,11 +225,11 @@ def _wave_fit_pool(space: SearchSpace) -> list[KernelConfig]:
 
 def default_knobs(problem: Problem) -> tuple[dict, ...]:
     """The hand-picked knobs that lead `problem`, best first: `GROUPED_DEFAULTS` for a grouped
-    problem; for fp8, `FP8_SMALL_M_DEFAULTS` (M up to `FP8_SMALL_M`) then `FP8_DEFAULTS`;
-    `FUSED_DEFAULTS` then `COMMON_DEFAULTS` for a 16-bit one with an activation; `COMMON_DEFAULTS`
-    for the others."""
+    problem (`GROUPED_BLOCKWISE_DEFAULTS` for a block-wise fp8 one); for fp8,
+    `FP8_SMALL_M_DEFAULTS` (M up to `FP8_SMALL_M`) then `FP8_DEFAULTS`; `FUSED_DEFAULTS` then
+    `COMMON_DEFAULTS` for a 16-bit one with an activation; `COMMON_DEFAULTS` for the others."""
     if problem.grouped:
-        return GROUPED_DEFAULTS
+        return GROUPED_BLOCKWISE_DEFAULTS if problem.scaling is Scaling.BLOCKWISE else GROUPED_DEFAULTS
     if problem.dtype_a.is_fp8:
         return (FP8_SMALL_M_DEFAULTS if problem.m <= FP8_SMALL_M else ()) + FP8_DEFAULTS
     if problem.epilogue.activation is not Activation.NONE:
@@ -235,9 +246,10 @@ def fused_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:
 
 
 def grouped_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:
-    """`GROUPED_DEFAULTS` of `problem`'s operation that `space` holds, in order (each without a
-    C operand where the space has that variant, as `seed_configs` takes them)."""
-    return _held(GROUPED_DEFAULTS, problem, space)
+    """The grouped defaults of `problem`'s operation (`default_knobs`) that `space` holds, in
+    order (each without a C operand where the space has that variant, as `seed_configs` takes
+    them)."""
+    return _held(default_knobs(problem), problem, space)
 
 
 def fp8_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:

@@ -303,7 +303,7 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
     stage_bytes = _round_up(a + b + blockwise_scale_bytes(cfg), 128) + 16  # + full/empty barrier of PipelineTmaAsync
     epi = epilogue_smem_bytes(cfg)
     if cfg.grouping is Grouping.GROUPED:
-        return _grouped_smem_usage(cfg, a + b, stage_bytes, epi)
+        return _grouped_smem_usage(cfg, stage_bytes, epi)
     if cfg.stages == AUTO_STAGES:
         capacity = SMEM_CAPACITY_BYTES // 128 * 128
         stages = (capacity - _round_up(epi, 128)) // stage_bytes
@@ -313,13 +313,23 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
                      epilogue_reuses_mainloop=cfg.kernel_schedule is KernelSchedule.TMA_WS)
 
 
-def _grouped_smem_usage(cfg: KernelConfig, tiles: int, stage_bytes: int, epi: int) -> SmemUsage:
+def _mainloop_tensor_bytes(cfg: KernelConfig, stages: int) -> int:
+    """The mainloop's TensorStorage: A's and B's tiles of every stage and, block-wise, the scale
+    arrays after them (each 16-byte aligned; the block-wise collectives' smem_SFA, smem_SFB)."""
+    tiles = stages * (cfg.tile_m * cfg.dtype_a.bits + cfg.tile_n * cfg.dtype_b.bits) * cfg.tile_k // 8
+    if cfg.scaling is not Scaling.BLOCKWISE:
+        return tiles
+    return tiles + _round_up(4 * stages * cfg.tile_m, 16) + _round_up(4 * stages * (cfg.tile_n // BLOCKWISE_K), 16)
+
+
+def _grouped_smem_usage(cfg: KernelConfig, stage_bytes: int, epi: int) -> SmemUsage:
     """A ptr-array kernel's shared memory (sm90_gemm_array_tma_warpspecialized_*.hpp): besides
     the dense kernel's it keeps TMA descriptors (A, B, C and one D per consumer warpgroup) that
     it rewrites per group, and the group scheduler's pipeline of 8 work-tile responses. The
     builder carves the A/B descriptors and the scheduler's barriers out of the capacity and
     counts the epilogue's three in the epilogue's SharedStorage. Exact (stages and bytes) for
-    the 13 grouped kernels measured with CUTLASS 4.2 (tests/compile/test_nvcc_grouped.py)."""
+    the 13 grouped kernels measured with CUTLASS 4.2 (tests/compile/test_nvcc_grouped.py) and
+    the block-wise fp8 ones of tests/compile/test_nvcc_grouped_blockwise.py."""
     epi_tensors = epi // 1024 * 1024  # epilogue_smem_bytes: D (and C) buffers, then barriers (no fusion)
     epi_barriers = epi - epi_tensors
     # The buffers align to their swizzle (8 rows of the swizzle's width), and the empty
@@ -338,8 +348,10 @@ def _grouped_smem_usage(cfg: KernelConfig, tiles: int, stage_bytes: int, epi: in
     order_barriers = 16 + (32 if cfg.kernel_schedule is KernelSchedule.PINGPONG else 0)
     pipelines = scheduler_barriers + 16 * stages + epi_barriers + order_barriers
     responses = 16 * _GROUP_SCHEDULER_STAGES
-    front = _round_up(stages * tiles + epi_storage + pipelines + responses, 128)
-    # The epilogue's buffers have the largest alignment of the kernel's storage.
+    # The epilogue's buffers follow the mainloop's at their alignment, the largest of the kernel's
+    # storage (16-bit tiles fill whole units of it; block-wise scales leave a remainder).
+    mainloop = _round_up(_mainloop_tensor_bytes(cfg, stages), max(8 * swizzle, 128))
+    front = _round_up(mainloop + epi_storage + pipelines + responses, 128)
     total = _round_up(front + 2 * _TMA_DESCRIPTOR_BYTES + epi_descriptors, max(8 * swizzle, 128))
     return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=epi, epilogue_reuses_mainloop=False,
                      kernel_bytes=total - stages * stage_bytes - epi)
@@ -501,6 +513,27 @@ def _blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
     return out
 
 
+def grouped_operation_problem(op: Operation) -> str | None:
+    """Why no grouped kernel computes `op`, or None. Two are built: bf16 or f16 in and the same
+    type out, and fp8 e4m3 in with block-wise scales and bf16 out (the forward of fp8 MoE experts,
+    DeepSeek-V3's recipe: CUTLASS 4.2's ptr-array FP8Blockwise mainloop, one scale pointer of A
+    and one of B per expert). Both with the plain epilogue; every other fp8 grouping is refused."""
+    if not op.epilogue.is_plain:
+        return "a grouped GEMM takes the plain epilogue (fused grouped kernels are not built yet)"
+    if _fp8_inputs(op.dtype_a, op.dtype_b):
+        if (op.dtype_a, op.dtype_b, op.scaling) != (DType.E4M3, DType.E4M3, Scaling.BLOCKWISE):
+            return ("an fp8 grouped GEMM is built for e4m3 inputs with block-wise scales only (no "
+                    f"e5m2, no tensor or rowcol scales, no unscaled fp8), not {op.dtype_a.value} x "
+                    f"{op.dtype_b.value} with scaling {op.scaling.value}")
+        if op.dtype_d is not DType.BF16:
+            return f"an fp8 grouped GEMM gives a bf16 D (the fp8 MoE recipe's), not {op.dtype_d.value}"
+        return None
+    if op.scaling is not Scaling.NONE or op.dtype_d is not op.dtype_a:
+        return ("a 16-bit grouped GEMM takes bf16 or f16 inputs and gives D of the same type, "
+                "unscaled")
+    return None
+
+
 def _grouped_rejections(cfg: KernelConfig) -> list[Rejection]:
     """What a grouped (ptr-array) kernel cannot be: CUTLASS 4.2 has the ptr-array mainloop for the
     cooperative and ping-pong schedules only, with its own persistent group scheduler."""
@@ -509,12 +542,33 @@ def _grouped_rejections(cfg: KernelConfig) -> list[Rejection]:
         out.append(Rejection("grouped_schedule", "a grouped kernel runs the ptr-array cooperative or "
                              "ping-pong schedule with the persistent group scheduler (no tma_ws, no "
                              "Stream-K)"))
-    if _fp8_inputs(cfg.dtype_a, cfg.dtype_b) or not cfg.epilogue.is_plain or cfg.scaling is not Scaling.NONE:
-        out.append(Rejection("grouped_operation", "grouped kernels are built for bf16 and f16 inputs "
-                             "with the plain epilogue (fp8 and fused grouped kernels are not built yet)"))
+    why = grouped_operation_problem(cfg)
+    if why:
+        out.append(Rejection("grouped_operation", why))
     if cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:
         out.append(Rejection("grouped_epilogue", "a grouped kernel takes the ptr-array TMA epilogue "
                              "(tma with ping-pong, tma_cooperative with cooperative)"))
+    if cfg.scaling is Scaling.BLOCKWISE:
+        out.extend(_grouped_blockwise_rejections(cfg))
+    return out
+
+
+def _grouped_blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
+    """What CUTLASS 4.2's ptr-array FP8Blockwise mainloop builds, measured with nvcc
+    (tests/compile/test_nvcc_grouped_blockwise.py): one scale block of B per tile, and room for
+    its second accumulator. Beside the dense block-wise rules (`_blockwise_rejections`)."""
+    out = []
+    if cfg.tile_n != BLOCKWISE_K:
+        out.append(Rejection("grouped_blockwise_tile", f"the grouped block-wise mainloop takes one B scale block per "
+                             f"tile: tile N {BLOCKWISE_K}, not {cfg.tile_n} (tile N 256 fails its static_assert "
+                             f"\"Accumulator and scaleB must have same shape\")"))
+    elif (registers := 2 * accumulator_registers(cfg)) > MAX_ACCUMULATOR_REGISTERS:
+        out.append(Rejection("grouped_blockwise_registers", f"the block-wise mainloop keeps a second fp32 "
+                             f"accumulator of the tile (it adds each 128-deep K block's scaled sums to the "
+                             f"first): a {cfg.tile_m}x{cfg.tile_n} {cfg.kernel_schedule.value} tile holds "
+                             f"{registers} per consumer thread, above {MAX_ACCUMULATOR_REGISTERS}, and ptxas "
+                             f"spills them (ping-pong 128x128 and cooperative 256x128 did): use cooperative "
+                             f"128x128 or ping-pong 64x128"))
     return out
 
 
@@ -546,8 +600,10 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("residual_source", ("epilogue", "epilogue_source")),
     ("fusion_schedule", ("epilogue", "scaling", "epilogue_schedule")),
     ("grouped_schedule", ("grouping", "kernel_schedule", "tile_scheduler")),
-    ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "epilogue", "scaling")),
+    ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "dtype_d", "epilogue", "scaling")),
     ("grouped_epilogue", ("grouping", "epilogue_schedule")),
+    ("grouped_blockwise_tile", ("grouping", "scaling", "tile_n")),
+    ("grouped_blockwise_registers", ("grouping", "scaling", "tile_n", "tile_m", "kernel_schedule")),
     ("smem_stages", _SMEM_READS),
     ("smem_capacity", _SMEM_READS),
 ))
@@ -588,7 +644,12 @@ def check_problem(problem: Problem) -> list[Rejection]:
         out.append(Rejection("operation", operation))
     elif problem.scaling is not Scaling.NONE and not fp8:
         out.append(Rejection("scaling_inputs", SCALING_INPUTS_REASON))
-    elif problem.scaling is Scaling.BLOCKWISE and (problem.k % BLOCKWISE_K or problem.m % 4):
+    elif problem.scaling is Scaling.BLOCKWISE and problem.grouped and problem.k % BLOCKWISE_K:
+        # A grouped kernel reads A's scales K-major (a row's K/128 in a row): M is free.
+        out.append(Rejection("blockwise_shape", f"block-wise scaling needs K a multiple of {BLOCKWISE_K} (whole "
+                             f"1 x {BLOCKWISE_K} groups), not {problem.k}"))
+    elif problem.scaling is Scaling.BLOCKWISE and not problem.grouped and (problem.k % BLOCKWISE_K
+                                                                           or problem.m % 4):
         out.append(Rejection("blockwise_shape", f"block-wise scaling needs K a multiple of {BLOCKWISE_K} (whole "
                              f"1 x {BLOCKWISE_K} groups) and M of 4 (A's scales, M x K/{BLOCKWISE_K} "
                              f"with stride M, are loaded by TMA in 16 bytes): {problem.m} x {problem.k}"))
@@ -632,12 +693,9 @@ def _grouping_rejections(problem: Problem) -> list[Rejection]:
         return [Rejection("groups", f"routed rows must be {groups} whole counts >= 0 (one per expert) "
                           f"summing to M={problem.m}")]
     out = []
-    if _fp8_inputs(problem.dtype_a, problem.dtype_b) or problem.dtype_d is not problem.dtype_a:
-        out.append(Rejection("grouped_operation", "a grouped GEMM takes bf16 or f16 inputs and gives D "
-                             "of the same type (fp8 grouped kernels are not built yet)"))
-    if not problem.epilogue.is_plain or problem.scaling is not Scaling.NONE:
-        out.append(Rejection("grouped_operation", "a grouped GEMM takes the plain epilogue (fused grouped "
-                             "kernels are not built yet)"))
+    why = grouped_operation_problem(problem)
+    if why:
+        out.append(Rejection("grouped_operation", why))
     if problem.layout_a is not Layout.ROW:
         out.append(Rejection("grouped_layout", "a grouped GEMM's A is the routed rows, row-major (layout tn "
                              "or tt)"))

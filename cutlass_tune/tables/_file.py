@@ -166,7 +166,8 @@ _LAYOUTS = ("tn", "nt", "nn", "tt")
 _SCALINGS = tuple(s.value for s in Scaling)
 _GROUPINGS = tuple(g.value for g in Grouping)
 _ROUTINGS = (NO_ROUTING, *(r.value for r in Routing))
-_STRONGEST = tuple(b.value for b in (Baseline.CUBLAS, *CONTENDERS[Baseline.EAGER], Baseline.GROUPED_MM))
+_STRONGEST = tuple(b.value for b in (Baseline.CUBLAS, *CONTENDERS[Baseline.EAGER], Baseline.GROUPED_MM,
+                                      Baseline.EXPERT_LOOP))
 
 
 def _epilogue_name(v: Any) -> bool:

@@ -87,6 +87,7 @@ def test_fake_tensors_give_the_shape_and_dtype(key):
     (lambda a, b, o: (a[:, :16], b, o), "do not multiply"),
     (lambda a, b, o: (a.half(), b, o), "they must match"),
     (lambda a, b, o: (a, b[0], o), "b must be 3-D"),
+    (lambda a, b, o: (a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn), o), "the operator takes no fp8 scales"),
 ])
 def test_bad_operands_are_one_line_errors(key, change, message):
     a, _, b, offs = operands()

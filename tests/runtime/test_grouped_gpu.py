@@ -94,7 +94,7 @@ def test_fallback_for_untuned_experts_warns_once_and_equals_torch():
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (lambda a, b, o: (a.float(), b.float(), o), "the tuned grouped kernels take bfloat16 or float16"),
+    (lambda a, b, o: (a.float(), b.float(), o), "the tuned grouped kernels take bfloat16, float16 or float8_e4m3fn"),
     (lambda a, b, o: (a[:, :1020], b[:, :1020], o), "must be multiples of 8"),
     (lambda a, b, o: (a, b, o.long()), "offs must be 8 int32 values"),
     (lambda a, b, o: (a, b, o.cpu()), "offs is on cpu: the tuned kernels run on a CUDA device"),

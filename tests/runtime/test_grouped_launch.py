@@ -233,7 +233,7 @@ def table(gemm, monkeypatch):
     t = BestTable(pd.DataFrame({"m": [], "n": [], "k": []}), bundled={"h": BundledKernel("unused.so", "k0")})
     t.ratio = 1.2
     monkeypatch.setattr(_grouped, "device_table", lambda table, device, caller: Rows(gemm.config, table.ratio))
-    monkeypatch.setattr(_grouped, "grouped_problem_of", lambda a, b, offs, out_dtype=None: Problem.experts(
+    monkeypatch.setattr(_grouped, "grouped_problem_of", lambda a, b, offs, out_dtype=None, *scales: Problem.experts(
         b.shape[0], b.shape[2], b.shape[1], a.shape[0], dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_d=DType.BF16,
         layout_b=Layout.COL))
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)

@@ -78,3 +78,15 @@ def test_a_sweep_fits_its_grouped_prior_on_the_committed_grouped_rows(tmp_path, 
     committed = sum(o.problem.grouped for o in strategy.committed)
     assert committed > 0 and strategy.grouped_prior.rows >= committed
     assert f"({committed} committed" in caplog.text
+
+
+def test_blockwise_fp8_grouped_seeds_are_their_own_and_valid():
+    """Guards a block-wise fp8 grouped sweep starting with no seed (the bf16 grouped ones have tile K 64)."""
+    from cutlass_tune.search._seeds import GROUPED_BLOCKWISE_DEFAULTS
+
+    space = space_for_shapes("e128:4096x1536x2048", dtype="e4m3:bf16", scaling="blockwise")
+    problem = space.problems[0]
+    defaults = grouped_defaults(problem, space)
+    assert len(defaults) == len(GROUPED_BLOCKWISE_DEFAULTS)
+    assert all(c.grouped and (c.tile_n, c.tile_k) == (128, 128) and space.holds(c) for c in defaults)
+    assert not defaults[0].epilogue_source  # every launch has beta = 0

@@ -34,9 +34,11 @@ FP8_NT = dataclasses.replace(FP8, layout_a=Layout.COL, layout_b=Layout.ROW)
 FUSED = Operation(epilogue=Epilogue.parse("bias+silu+residual"))
 FP8_ROWCOL = dataclasses.replace(FP8, epilogue=Epilogue.parse("bias+gelu"), scaling=Scaling.ROWCOL)
 FP8_BLOCKWISE = dataclasses.replace(FP8, scaling=Scaling.BLOCKWISE)
-# MoE experts: cooperative or ping-pong, persistent, TMA epilogues; fp8 grouped kernels are not built.
+# MoE experts: cooperative or ping-pong, persistent, TMA epilogues; fp8 grouped kernels only with
+# block-wise scales (tile K 128, tile N a multiple of 128, the FP8Blockwise schedules).
 GROUPED = Operation(grouping=Grouping.GROUPED)
 FP8_GROUPED = dataclasses.replace(FP8, grouping=Grouping.GROUPED)
+FP8_GROUPED_BLOCKWISE = dataclasses.replace(FP8_BLOCKWISE, grouping=Grouping.GROUPED)
 # Values that make every rule of check_config refuse some configs: tile K 256 of a 16-bit type,
 # 4x4 clusters, ping-pong 128x224, only one stage of 256x208x128 beside its epilogue, fast
 # accumulation of 16-bit inputs, an A/B swap outside fp8 row-wise, ...
@@ -61,9 +63,10 @@ def brute_force(auto):
     return counts, valid
 
 
-@pytest.mark.parametrize("operation", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL, FP8_BLOCKWISE, GROUPED, FP8_GROUPED],
+@pytest.mark.parametrize("operation", [BF16, FP8, FP8_NT, FUSED, FP8_ROWCOL, FP8_BLOCKWISE, GROUPED, FP8_GROUPED,
+                                       FP8_GROUPED_BLOCKWISE],
                          ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol", "e4m3-blockwise",
-                              "bf16-grouped", "e4m3-grouped"])
+                              "bf16-grouped", "e4m3-grouped", "e4m3-grouped-blockwise"])
 def test_the_count_is_the_count_of_the_listed_product(operation):
     auto = AutoKernels(operation, SMALL)
     counts, valid = brute_force(auto)
@@ -83,6 +86,7 @@ def test_every_rule_is_exercised_by_the_small_product():
         counts.update(AutoKernels(operation, SMALL).census().invalid)
     # block-wise needs tile N of 128s to reach the rules after blockwise_tile
     counts.update(AutoKernels(FP8_BLOCKWISE, {**SMALL, "tile_n": (96, 128, 256)}).census().invalid)
+    counts.update(AutoKernels(FP8_GROUPED_BLOCKWISE, {**SMALL, "tile_n": (96, 128, 256)}).census().invalid)
     # the operand rules refuse a kind whole: their own tests cover them
     assert {rule for rule, _ in CONFIG_RULES} - set(counts) == {"arch", "dtype_inputs", "dtype_output",
                                                                "dtype_accumulator", "operation", "scaling_inputs"}
