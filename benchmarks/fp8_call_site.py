@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 import cutlass_tune
-from cutlass_tune._torch import blockwise_dequantized_mm, blockwise_scaled_mm
+from cutlass_tune._torch import blockwise_dequantized_mm, blockwise_scaled_mm_for
 from cutlass_tune.bench import ClockMonitor, TimingOptions, compare
 from cutlass_tune.bench._check import problem_of_row
 from cutlass_tune.bench._timing import rotation_count, time_sustained
@@ -96,8 +96,9 @@ def fast_accum_path(o: Operands) -> torch.Tensor:
     return torch._scaled_mm(o.a_mk, o.b_kn, *_scales(o), out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
-def torch_path(scaling: Scaling, device: torch.device) -> tuple[str, TorchCall]:
-    """torch's call for the same math as a `scaling` entry of the table on `device`, and its name."""
+def torch_path(scaling: Scaling, device: torch.device, k: int) -> tuple[str, TorchCall]:
+    """torch's call for the same math as a `scaling` entry of inner size `k` on `device`, and its
+    name (block-wise: `_scaled_mm` where it computes that K right, `blockwise_scaled_mm_for`)."""
     def scaled_mm(o: Operands) -> torch.Tensor:
         return torch._scaled_mm(o.a_mk, o.b_kn, *_scales(o), out_dtype=torch.bfloat16)
 
@@ -106,7 +107,7 @@ def torch_path(scaling: Scaling, device: torch.device) -> tuple[str, TorchCall]:
 
     if scaling is Scaling.ROWCOL:
         return "torch._scaled_mm rowwise", scaled_mm
-    if blockwise_scaled_mm(device):
+    if blockwise_scaled_mm_for(device, k):
         return "torch._scaled_mm blockwise", scaled_mm
     return "blockwise_dequantized_mm", dequantized
 
@@ -137,7 +138,7 @@ def main(source: str, outdir: Path, budget_ms: float, min_ratio: float) -> None:
         problem = problem_of_row(row)
         if problem.name in done:
             continue
-        baseline, theirs_call = torch_path(problem.scaling, torch.device("cuda", device))
+        baseline, theirs_call = torch_path(problem.scaling, torch.device("cuda", device), problem.k)
         first = allocate(problem, f"cuda:{device}")
         randomize(first, generator)
         record: dict = {"problem": problem.name, "scaling": problem.scaling.value, "m": problem.m, "n": problem.n,

@@ -85,6 +85,19 @@ def blockwise_scaled_mm(device: torch.device) -> bool:
     return True
 
 
+SCALED_MM_K_BLOCKS = 4
+"""torch's block-wise `_scaled_mm` computes right only where K/128 is a multiple of this."""
+
+
+def blockwise_scaled_mm_for(device: torch.device, k: int) -> bool:
+    """Whether torch's block-wise `_scaled_mm` computes a GEMM of inner size `k` on `device`: it
+    takes block-wise scales there (`blockwise_scaled_mm`) and K/128 is a multiple of
+    `SCALED_MM_K_BLOCKS`. Otherwise torch 2.11 (cuBLAS of CUDA 13.0) on an H200 returns wrong
+    results without an error: relative error 0.42-0.53 at K 640, 768, 1152 and 1.4e3 at
+    2048x2048x768, against 3e-3 at K 1024 and 2048 (benchmarks/fp8.md)."""
+    return blockwise_scaled_mm(device) and (k // BLOCKWISE_GROUP) % SCALED_MM_K_BLOCKS == 0
+
+
 def _blocks(scale: torch.Tensor, rows_per_block: int, rows: int, cols: int) -> torch.Tensor:
     return scale.repeat_interleave(rows_per_block, 0).repeat_interleave(BLOCKWISE_GROUP, 1)[:rows, :cols]
 
@@ -106,9 +119,9 @@ def blockwise_dequantized_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Te
 
 def blockwise_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                  out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """torch's best path for block-wise scaled fp8: `_scaled_mm` where it takes the scales
-    (`blockwise_scaled_mm`), else `blockwise_dequantized_mm`."""
-    if not blockwise_scaled_mm(a.device):
+    """torch's best path for block-wise scaled fp8: `_scaled_mm` where it computes these
+    (`blockwise_scaled_mm_for`), else `blockwise_dequantized_mm`."""
+    if not blockwise_scaled_mm_for(a.device, a.shape[1]):
         return blockwise_dequantized_mm(a, b, scale_a, scale_b, out_dtype, bias)
     y = torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype)
     return y if bias is None else y + bias  # not every torch takes a bias with these scales

@@ -81,7 +81,7 @@ def _ops(scaling):
 @pytest.mark.parametrize(("scaling", "path"), [(Scaling.ROWCOL, "torch._scaled_mm rowwise"),
                                                (Scaling.BLOCKWISE, "blockwise_dequantized_mm")])
 def test_torchs_path_computes_the_scaled_product(call_site, scaling, path):
-    name, call = call_site.torch_path(scaling, torch.device("cpu"))  # the CPU has no block-wise _scaled_mm
+    name, call = call_site.torch_path(scaling, torch.device("cpu"), 512)  # the CPU has no block-wise _scaled_mm
     ops = _ops(scaling)
     ref = reference(ops)
     assert name == path

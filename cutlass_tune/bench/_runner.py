@@ -284,9 +284,9 @@ class GpuRunner:
                     side.close()
                     notes.append(f"{kind.value} not measured: {why}")
             if job.problem.scaling is Scaling.BLOCKWISE and job.problem.grouped:
-                notes.insert(0, grouped_blockwise_paths(ops.d.device))
+                notes.insert(0, grouped_blockwise_paths(ops.d.device, job.problem.k))
             elif job.problem.scaling is Scaling.BLOCKWISE:
-                notes.insert(0, f"torch eager is {blockwise_path(ops.d.device)}")
+                notes.insert(0, f"torch eager is {blockwise_path(ops.d.device, job.problem.k)}")
             self.side_note = "; ".join(notes)[:500]
             return out
         if not job.timing.paired:

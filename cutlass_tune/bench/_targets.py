@@ -63,10 +63,12 @@ import torch.nn.functional as F
 
 from .._torch import (
     ACTIVATION,
+    SCALED_MM_K_BLOCKS,
     TORCH_DTYPE,
     blockwise_dequantized_mm,
     blockwise_mm,
     blockwise_scaled_mm,
+    blockwise_scaled_mm_for,
     dequantize_blockwise,
 )
 from ..measurement import Baseline
@@ -105,15 +107,21 @@ class Target:
         return verify_launch(self.once, ops, ref)
 
 
-def blockwise_path(device: torch.device) -> str:
-    """Which torch path computes a block-wise fp8 problem's baseline on `device` (its row's note)."""
-    return ("torch._scaled_mm block-wise" if blockwise_scaled_mm(device)
-            else "dequantize to bf16 + torch.matmul (this torch's _scaled_mm has no block-wise path)")
+def blockwise_path(device: torch.device, k: int) -> str:
+    """Which torch path computes a block-wise fp8 problem of inner size `k`'s baseline on
+    `device` (its row's note)."""
+    if blockwise_scaled_mm_for(device, k):
+        return "torch._scaled_mm block-wise"
+    if blockwise_scaled_mm(device):
+        return (f"dequantize to bf16 + torch.matmul (this torch's block-wise _scaled_mm is wrong where K/128 is "
+                f"not a multiple of {SCALED_MM_K_BLOCKS})")
+    return "dequantize to bf16 + torch.matmul (this torch's _scaled_mm has no block-wise path)"
 
 
-def grouped_blockwise_paths(device: torch.device) -> str:
-    """Which torch paths a block-wise fp8 grouped problem's baseline row times (its note)."""
-    loop = "torch._scaled_mm block-wise" if blockwise_scaled_mm(device) else "dequantize to bf16 + torch.matmul"
+def grouped_blockwise_paths(device: torch.device, k: int) -> str:
+    """Which torch paths a block-wise fp8 grouped problem of inner size `k`'s baseline row times
+    (its note)."""
+    loop = "torch._scaled_mm block-wise" if blockwise_scaled_mm_for(device, k) else "dequantize to bf16 + torch.matmul"
     return (f"{Baseline.GROUPED_MM.value} is dequantize A and the weights to bf16 + torch's grouped GEMM (torch "
             f"has no block-wise grouped GEMM on SM90); the expert loop is {loop} per expert")
 
@@ -471,7 +479,7 @@ def _blockwise_call(a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, sca
     (`blockwise_dequantized_mm`), copied into `out`."""
     scale_a = scale_a.t().contiguous().t()
     scaled = functools.partial(torch._scaled_mm, a, w, scale_a, scale_w.t(), out_dtype=out.dtype, out=out)
-    if blockwise_scaled_mm(a.device):
+    if blockwise_scaled_mm_for(a.device, a.shape[1]):
         try:
             scaled()
             return scaled

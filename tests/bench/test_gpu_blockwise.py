@@ -9,7 +9,7 @@ builds the two kernels into the kernel cache first, about a minute).
 import pytest
 import torch
 
-from cutlass_tune._torch import blockwise_scaled_mm
+from cutlass_tune._torch import blockwise_scaled_mm_for
 from cutlass_tune.bench import GpuRunner, Job, TimingOptions, compare
 from cutlass_tune.bench._verify import allocate, randomize, reference
 from cutlass_tune.compile import compile_kernels
@@ -60,7 +60,7 @@ def test_blockwise_kernel_matches_the_reference_and_scaled_mm(kernels, which, pr
     ref = reference(ops)
     verdict = compare(ops.d, ref, DType.BF16, fp8_inputs=True)
     line = f"\n{kernels[which].config.name} {problem.name}: rel error {verdict.rel_error}"
-    if blockwise_scaled_mm(ops.d.device):
+    if blockwise_scaled_mm_for(ops.d.device, problem.k):
         scaled = torch._scaled_mm(ops.a_mk, ops.b_kn, ops.scale_a, ops.scale_b, out_dtype=torch.bfloat16)
         between = (torch.linalg.vector_norm(ops.d.float() - scaled.float()) / torch.linalg.vector_norm(ref)).item()
         line += f", to torch._scaled_mm {between:.2e}"
@@ -74,7 +74,7 @@ def test_the_eager_row_names_its_torch_path_and_the_kernel_is_paired_with_it(ker
     runner = GpuRunner(0)
     [base] = runner(Job.baseline(problem, timing=timing))
     assert base.status is Status.OK, base.reason
-    path = "torch._scaled_mm block-wise" if blockwise_scaled_mm(torch.device("cuda:0")) else "dequantize"
+    path = "torch._scaled_mm block-wise" if blockwise_scaled_mm_for(torch.device("cuda:0"), problem.k) else "dequantize"
     assert path in base.reason or base.reason.startswith("unstable"), base.reason
     [row] = runner(Job.for_kernel(kernels[0], problem, [RuntimeArgs()], timing=timing))
     assert row.status is Status.OK, row.reason

@@ -64,7 +64,7 @@ def test_torchs_paths_compute_the_dequantized_math(kind):
 
 
 def test_the_baseline_row_names_torchs_paths():
-    note = grouped_blockwise_paths(torch.device("cpu"))
+    note = grouped_blockwise_paths(torch.device("cpu"), 1024)
     assert note.startswith("torch._grouped_mm is dequantize A and the weights to bf16 + torch's grouped GEMM")
     assert "the expert loop is" in note
 
