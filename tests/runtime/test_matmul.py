@@ -237,3 +237,20 @@ def test_a_match_reads_its_row_s_ratio(tmp_path, cells, ratio):
     match = BestTable.load(tmp_path / "t.csv").find(int(row["m"]), int(row["n"]), int(row["k"]),
                                                     problem_of_row(row).operation)
     assert match.ratio == ratio or math.isnan(ratio) and math.isnan(match.ratio)
+
+
+def test_torchs_fp8_path_makes_no_tensor_beside_the_gemm(monkeypatch):
+    """With both scales given, torch's fp8 path is the one torch._scaled_mm call (a unit scale
+    made per call was a fill kernel launched before each); without, the unit scale is made once."""
+    a = torch.randn(32, 64).to(torch.float8_e4m3fn)
+    w = torch.randn(48, 64).to(torch.float8_e4m3fn)
+    sa, sb = torch.rand(32, 1) + 0.5, torch.rand(1, 48) + 0.5
+    _matmul.torch_gemm(a, w.t(), torch.bfloat16)  # the unit scale of this device, made here
+    made = []
+    real_ones = torch.ones
+    monkeypatch.setattr(torch, "ones", lambda *args, **kw: made.append(args) or real_ones(*args, **kw))
+    scaled = _matmul.torch_gemm(a, w.t(), torch.bfloat16, scale_a=sa, scale_b=sb)
+    unit = _matmul.torch_gemm(a, w.t(), torch.bfloat16)
+    assert made == []
+    torch.testing.assert_close(scaled.float(), (a.float() @ w.float().t()) * sa * sb, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(unit.float(), a.float() @ w.float().t(), rtol=2e-2, atol=2e-2)
