@@ -62,6 +62,16 @@ partial tile or residue) can hide in it; this bound does not let one. Rounding t
 moves an element by at most 2^-8 (2^-11) of its size, and over millions of normal values the
 largest sits near 5.5 RMS: 0.022 (0.003) of the RMS at most, 4-7x below the bound."""
 
+ROUNDINGS = 4
+"""Roundings to the output type an element off by more than `ELEMENT_TOLERANCE` of the RMS may
+carry beyond that bound, each of at most half an ulp of its own value: torch's eager path of a
+fused epilogue rounds the GEMM's output, the activation and the product (or the bias and residual
+adds) one by one. A gated output is a product of two normal-like values, whose largest elements
+sit near 20 RMS: three bf16 roundings move such an element by 0.12-0.14 RMS (measured), past the
+bound that a single rounding keeps within 0.05. Scaled by the element's own size, this allowance
+is 1.6% of the RMS at an RMS-sized element (bf16): a wrong tile, off by about the RMS
+everywhere, still fails."""
+
 FP8_ELEMENT_TOLERANCE = 0.25
 """The same bound for fp8 inputs (any output type): their reduced-precision accumulation
 leaves single elements off by up to about 2% of their size (about 0.1 RMS at 5 RMS)."""
@@ -359,7 +369,8 @@ class Verdict:
 def compare(out: torch.Tensor, ref: torch.Tensor, dtype: DType, *, fp8_inputs: bool = False) -> Verdict:
     """Check `out` against `ref`: any NaN or infinity, a relative Frobenius error above
     `tolerance(dtype, fp8_inputs)`, or one element off by more than
-    `element_tolerance(dtype, fp8_inputs)` of the reference's RMS, is a wrong result."""
+    `element_tolerance(dtype, fp8_inputs)` of the reference's RMS beyond `ROUNDINGS` roundings
+    of its own value, is a wrong result."""
     bad = out.numel() - int(torch.isfinite(out).sum())
     if bad:
         return Verdict(Status.WRONG_RESULT, None, f"{bad} of {out.numel()} output elements are "
@@ -367,19 +378,24 @@ def compare(out: torch.Tensor, ref: torch.Tensor, dtype: DType, *, fp8_inputs: b
     diff = out.float() - ref
     ref_norm = torch.linalg.vector_norm(ref)
     err = float(torch.linalg.vector_norm(diff) / ref_norm)
+    rms = ref_norm / ref.numel() ** 0.5
     diff.abs_()
-    flat = int(diff.argmax())  # in row-major order, whatever the strides
-    worst = float(diff.max() / (ref_norm / ref.numel() ** 0.5))
+    worst = float(diff.max() / rms)
     kind = f"a {dtype.value} output" + (" from fp8 inputs" if fp8_inputs else "")
     tol = tolerance(dtype, fp8_inputs)
     if not err <= tol:
         return Verdict(Status.WRONG_RESULT, err, f"relative error {err:.3g} exceeds {tol:g} allowed for {kind}",
                        worst)
     element_tol = element_tolerance(dtype, fp8_inputs)
-    if not worst <= element_tol:
-        row, col = divmod(flat, out.shape[1])
-        return Verdict(Status.WRONG_RESULT, err, f"element ({row}, {col}) is off by {worst:.3g} of the "
-                       f"reference's RMS, more than the {element_tol:g} allowed for {kind}", worst)
+    if not worst <= element_tol:  # beyond the bound itself: is it beyond its own roundings too?
+        excess = diff.sub_(ref.abs(), alpha=ROUNDINGS * torch.finfo(TORCH_DTYPE[dtype]).eps / 2)
+        flat = int(excess.argmax())  # in row-major order, whatever the strides
+        beyond = float(excess.reshape(-1)[flat] / rms)
+        if not beyond <= element_tol:
+            row, col = divmod(flat, out.shape[1])
+            return Verdict(Status.WRONG_RESULT, err, f"element ({row}, {col}) is off by {beyond:.3g} of the "
+                           f"reference's RMS, more than the {element_tol:g} allowed for {kind} (beyond "
+                           f"{ROUNDINGS} roundings of its value)", worst)
     return Verdict(Status.OK, err, worst_error=worst)
 
 
