@@ -135,6 +135,7 @@ def _from_store(url: str) -> pd.DataFrame:
     sweep_best = sweep.groupby(variant)["ratio"].max().rename("sweep_ratio")
     picked = []
     for _, group in frame.groupby(["gpu", "problem"], sort=False):
+        group = _fully_compared(group)
         confirmed = group[group["_confirm"] & group["ratio"].notna()]
         if not confirmed.empty:
             method = next(m for m in (*RANKING, *confirmed["method"]) if (confirmed["method"] == m).any())
@@ -162,6 +163,22 @@ def _from_store(url: str) -> pd.DataFrame:
     best["confirm_passes"] = best["confirm_passes"].astype(int)
     best = best.sort_values(["gpu", "m", "n", "k", "problem"], kind="stable")
     return best[[*COLUMNS, *(c for c in GROUPED_COLUMNS if c not in COLUMNS)]].reset_index(drop=True)
+
+
+_SIDE_RATIOS = ("torch_compile_ratio", "cublaslt_ratio")
+"""A row's ratios to the torch paths timed beside its baseline (NaN where its pass timed none)."""
+
+
+def _fully_compared(group: pd.DataFrame) -> pd.DataFrame:
+    """A problem's rows, less those whose pass timed fewer of its torch paths than another pass
+    did: a side its pass could not time (not built then, or its baseline failed its own check)
+    leaves that row's strongest the fastest of the others, so such rows would rank and median
+    with a ratio to a weaker baseline than the problem has."""
+    for column in _SIDE_RATIOS:
+        timed = group[column].notna()
+        if timed.any():
+            group = group[timed]
+    return group
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,3 +106,21 @@ def test_a_plain_row_s_strongest_is_cublas(tmp_path):
     row = load_best(url).iloc[0]
     assert row.strongest == "cuBLAS" and row.strongest_ratio == pytest.approx(row.ratio)
     assert row.strongest_tflops == pytest.approx(row.cublas_tflops) and math.isnan(row.cublaslt_ratio)
+
+
+def test_passes_that_timed_a_torch_path_supersede_those_that_could_not(tmp_path):
+    """A confirm pass whose baseline could not time torch.compile (it failed its own check)
+    named eager the strongest; a later pass timed both. The table's strongest ratio is the later
+    pass's, not a median over both."""
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    store = ResultStore(url)
+    store.bind_gpu("NVIDIA H200")
+    early = dataclasses.replace(_eager(SILU, 0.30, None), status=Status.OK)
+    store.add(early, gpu="NVIDIA H200", run_id="c1", study="confirm")
+    store.add(_kernel(SILU, 0.25, 0.30), gpu="NVIDIA H200", run_id="c1", study="confirm")
+    store.add(_eager(SILU, 0.30, 0.26, repeat=0), gpu="NVIDIA H200", run_id="c2", study="confirm")
+    store.add(_kernel(SILU, 0.25, 0.30), gpu="NVIDIA H200", run_id="c2", study="confirm")
+    row = load_best(url).iloc[0]
+    assert row.strongest == "torch.compile"
+    assert row.strongest_ratio == pytest.approx(0.26 / 0.25) == row.torch_compile_ratio
+    assert row.confirm_passes == 1
