@@ -498,15 +498,26 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
 
 def _blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
     """What CUTLASS 4.2's block-wise fp8 mainloop (KernelTmaWarpSpecialized{Cooperative,
-    Pingpong}FP8Blockwise) needs: its static_asserts on the tile, its two schedules."""
+    Pingpong}FP8Blockwise, and its ptr-array form for grouped kernels) builds, measured with nvcc
+    (tests/compile/test_nvcc_grouped_blockwise.py; the dense suite's store holds the same compile
+    errors and spills): its static_asserts on the tile, room for its second accumulator, its two
+    schedules."""
     out = []
     if cfg.tile_k != BLOCKWISE_K:
         out.append(Rejection("blockwise_tile", f"block-wise scaling applies B's scales every {BLOCKWISE_K} K: "
                              f"the mainloop needs tile K {BLOCKWISE_K} (promotes every 4 wgmma k-steps), "
                              f"not {cfg.tile_k}"))
-    elif cfg.tile_n % BLOCKWISE_K:
-        out.append(Rejection("blockwise_tile", f"B's scales cover {BLOCKWISE_K} columns each: tile N must be "
-                             f"a multiple of {BLOCKWISE_K}, not {cfg.tile_n}"))
+    elif cfg.tile_n != BLOCKWISE_K:
+        out.append(Rejection("blockwise_tile", f"the block-wise mainloop takes one B scale block per tile: tile "
+                             f"N {BLOCKWISE_K}, not {cfg.tile_n} (tile N 256 fails its static_assert \"Accumulator "
+                             f"and scaleB must have same shape\")"))
+    elif (registers := 2 * accumulator_registers(cfg)) > MAX_ACCUMULATOR_REGISTERS:
+        out.append(Rejection("blockwise_registers", f"the block-wise mainloop keeps a second fp32 accumulator "
+                             f"of the tile (it adds each 128-deep K block's scaled sums to the first): a "
+                             f"{cfg.tile_m}x{cfg.tile_n} {cfg.kernel_schedule.value} tile holds {registers} per "
+                             f"consumer thread, above {MAX_ACCUMULATOR_REGISTERS}, and ptxas spills them "
+                             f"(ping-pong 128x128 and cooperative 256x128 did): use cooperative 128x128 or "
+                             f"ping-pong 64x128"))
     if cfg.kernel_schedule is KernelSchedule.TMA_WS or cfg.fp8_fast_accum:
         out.append(Rejection("blockwise_schedule", "block-wise scaling has its own cooperative and ping-pong "
                              "schedules (no tma_ws, and no fp8_fast_accum: it promotes every 128 K)"))
@@ -548,27 +559,6 @@ def _grouped_rejections(cfg: KernelConfig) -> list[Rejection]:
     if cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:
         out.append(Rejection("grouped_epilogue", "a grouped kernel takes the ptr-array TMA epilogue "
                              "(tma with ping-pong, tma_cooperative with cooperative)"))
-    if cfg.scaling is Scaling.BLOCKWISE:
-        out.extend(_grouped_blockwise_rejections(cfg))
-    return out
-
-
-def _grouped_blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
-    """What CUTLASS 4.2's ptr-array FP8Blockwise mainloop builds, measured with nvcc
-    (tests/compile/test_nvcc_grouped_blockwise.py): one scale block of B per tile, and room for
-    its second accumulator. Beside the dense block-wise rules (`_blockwise_rejections`)."""
-    out = []
-    if cfg.tile_n != BLOCKWISE_K:
-        out.append(Rejection("grouped_blockwise_tile", f"the grouped block-wise mainloop takes one B scale block per "
-                             f"tile: tile N {BLOCKWISE_K}, not {cfg.tile_n} (tile N 256 fails its static_assert "
-                             f"\"Accumulator and scaleB must have same shape\")"))
-    elif (registers := 2 * accumulator_registers(cfg)) > MAX_ACCUMULATOR_REGISTERS:
-        out.append(Rejection("grouped_blockwise_registers", f"the block-wise mainloop keeps a second fp32 "
-                             f"accumulator of the tile (it adds each 128-deep K block's scaled sums to the "
-                             f"first): a {cfg.tile_m}x{cfg.tile_n} {cfg.kernel_schedule.value} tile holds "
-                             f"{registers} per consumer thread, above {MAX_ACCUMULATOR_REGISTERS}, and ptxas "
-                             f"spills them (ping-pong 128x128 and cooperative 256x128 did): use cooperative "
-                             f"128x128 or ping-pong 64x128"))
     return out
 
 
@@ -602,8 +592,7 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("grouped_schedule", ("grouping", "kernel_schedule", "tile_scheduler")),
     ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "dtype_d", "epilogue", "scaling")),
     ("grouped_epilogue", ("grouping", "epilogue_schedule")),
-    ("grouped_blockwise_tile", ("grouping", "scaling", "tile_n")),
-    ("grouped_blockwise_registers", ("grouping", "scaling", "tile_n", "tile_m", "kernel_schedule")),
+    ("blockwise_registers", ("scaling", "tile_n", "tile_m", "kernel_schedule")),
     ("smem_stages", _SMEM_READS),
     ("smem_capacity", _SMEM_READS),
 ))

@@ -57,9 +57,9 @@ def test_every_other_fp8_grouping_is_refused_with_a_reason(change):
     (dict(tile_n=192), "blockwise_tile"),       # B's scales cover 128 columns
     (dict(fp8_fast_accum=True), "blockwise_schedule"),
     # nvcc: static_assert "Accumulator and scaleB must have same shape"
-    (dict(tile_n=256), "grouped_blockwise_tile"),
+    (dict(tile_n=256), "blockwise_tile"),
     # nvcc: ptxas spilled 1280 bytes (the second accumulator: 2 x 128 registers a thread)
-    (dict(tile_m=256), "grouped_blockwise_registers"),
+    (dict(tile_m=256), "blockwise_registers"),
 ])
 def test_blockwise_grouped_kernels_keep_the_blockwise_mainloops_limits(change, rule):
     assert rule in rules(dataclasses.replace(COOP, **change))
@@ -67,7 +67,7 @@ def test_blockwise_grouped_kernels_keep_the_blockwise_mainloops_limits(change, r
 
 def test_pingpong_128x128_spills_its_second_accumulator():
     """Guards against building a kernel ptxas spilled 1360 bytes in (2 x 128 accumulators a thread)."""
-    assert rules(dataclasses.replace(PING, tile_m=128)) == ["grouped_blockwise_registers"]
+    assert rules(dataclasses.replace(PING, tile_m=128)) == ["blockwise_registers"]
 
 
 def test_the_smem_model_counts_the_scales_each_stage_keeps():
