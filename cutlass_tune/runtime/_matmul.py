@@ -419,11 +419,20 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
     return activate(y)
 
 
-@functools.cache
+_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
+
+
 def _unit_scale(device: torch.device) -> torch.Tensor:
     """The scale 1.0 of an fp8 operand given none, made once per device: a new one per call
-    was a fill kernel before every torch._scaled_mm (1.4-1.6 us a call in CUDA graphs, H200)."""
-    return torch.ones((), dtype=torch.float32, device=device)
+    was a fill kernel before every torch._scaled_mm (1.4-1.6 us a call in CUDA graphs, H200).
+    One first made while a CUDA graph is captured is not kept: its memory is the graph's pool's
+    and its fill runs only when the graph replays."""
+    one = _UNIT_SCALES.get(device)
+    if one is None:
+        one = torch.ones((), dtype=torch.float32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _UNIT_SCALES[device] = one
+    return one
 
 
 @functools.cache

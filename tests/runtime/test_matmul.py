@@ -254,3 +254,23 @@ def test_torchs_fp8_path_makes_no_tensor_beside_the_gemm(monkeypatch):
     assert made == []
     torch.testing.assert_close(scaled.float(), (a.float() @ w.float().t()) * sa * sb, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(unit.float(), a.float() @ w.float().t(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_unit_scale_first_made_under_graph_capture_is_not_kept():
+    """torch's fp8 path first reached inside a CUDA graph's capture makes its unit scale there
+    (filled only when the graph replays, in the graph's memory) and does not keep it: a later
+    eager call is right."""
+    _matmul._UNIT_SCALES.clear()
+    a = torch.randn(256, 128, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(512, 128, device="cuda").to(torch.float8_e4m3fn)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _matmul.torch_gemm(a, w.t(), torch.bfloat16)
+    assert not _matmul._UNIT_SCALES
+    graph.replay()
+    eager = _matmul.torch_gemm(a, w.t(), torch.bfloat16)
+    want = (a.float() @ w.float().t()).to(torch.bfloat16)
+    torch.testing.assert_close(captured, want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(eager, want, rtol=2e-2, atol=2e-2)
+    assert list(_matmul._UNIT_SCALES) == [a.device]
