@@ -35,6 +35,7 @@ import torch
 from .._torch import ACTIVATION, BLOCKWISE_GROUP, FP8_DTYPES, TORCH_DTYPE, blockwise_mm
 from ..errors import CutlassTuneError
 from ..kernel import GemmArgs, KernelStatusError, LoadedKernel, bind_primary_context, make_args
+from ..measurement import LT_ACTIVATIONS
 from ..space import (
     Activation,
     DType,
@@ -49,7 +50,7 @@ from ..space import (
 )
 from ..status import Status
 from ..tables import BestTableError, BundledKernel
-from ._table import BestTable
+from ._table import BestTable, Match
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16, DType.E4M3)}
 # Not e5m2: with both inputs e5m2, torch._scaled_mm (the fallback where no kernel applies) has no GEMM.
@@ -387,10 +388,12 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
     fp8: torch._scaled_mm with the scales (unit scales where none are given; alpha folded into
     scale_a) and the bias, with `fast_accum` its fast accumulation (per-tensor and row-wise
     scales; the block-wise path has none). 16-bit: a bias alone is F.linear's call (torch.addmm:
-    cuBLASLt's bias epilogue), a residual torch.addmm's beta, then the activation as torch
-    computes it; gated, the activation of the gate times that product.
+    cuBLASLt's bias epilogue), with ReLU or tanh GELU on CUDA cuBLASLt's own epilogue
+    (torch._addmm_activation, what Inductor makes of it), a residual torch.addmm's beta, then
+    the activation as torch computes it; gated, the activation of the gate times that product.
     """
-    activate = ACTIVATION[activation_of(activation)]
+    act = activation_of(activation)
+    activate = ACTIVATION[act]
     if gate is not None:
         if c is not None:
             raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
@@ -406,6 +409,8 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
                              bias=bias, out_dtype=out_dtype, use_fast_accum=fast_accum)
         bias = None
     elif c is None and bias is not None and alpha == 1.0 and out_dtype == a.dtype:
+        if act in LT_ACTIVATIONS and a.device.type == "cuda":
+            return torch._addmm_activation(bias, a, b, use_gelu=act is Activation.GELU_TANH)
         y, bias = torch.addmm(bias, a, b), None
     elif c is not None and out_dtype == a.dtype:
         y, c = torch.addmm(c, a, b, beta=beta, alpha=alpha), None
@@ -546,7 +551,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     except BestTableError as err:
         _warn_once(asked, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
         return on_torch()
-    ratio = match.ratio
+    ratio = _ratio_to_torch_gemm(match, problem)
     if min_ratio > 0 and not ratio >= min_ratio:
         fast_accum = match.config.fp8_fast_accum and problem.scaling is not Scaling.BLOCKWISE
         measured = "has no ratio to torch" if math.isnan(ratio) else f"was measured at {ratio:.3f}x torch"
@@ -567,6 +572,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
         return on_torch()
     table._kernels[key] = _Dispatch(gemm, problem, False)
     return result
+
+
+def _ratio_to_torch_gemm(match: Match, problem: Problem) -> float:
+    """The row's ratio to the path `torch_gemm` runs for `problem` in its place: cuBLASLt's
+    epilogue for a bias with ReLU or tanh GELU (the row's `cublaslt_ratio`, where it has one),
+    else the row's baseline (`ratio`)."""
+    e = problem.epilogue
+    if e.bias and e.activation in LT_ACTIVATIONS and not (e.residual or e.gated) and not problem.dtype_a.is_fp8:
+        lt = float(match.row.get("cublaslt_ratio", math.nan))
+        if not math.isnan(lt):
+            return lt
+    return match.ratio
 
 
 class _Dispatch(NamedTuple):

@@ -12,7 +12,8 @@ import torch
 import cutlass_tune
 from cutlass_tune.bench._check import problem_of_row
 from cutlass_tune.runtime import BestTable, MatmulInputError, _matmul, problem_of
-from cutlass_tune.space import DType, EpilogueSchedule, KernelConfig, KernelSchedule, Layout, Scaling
+from cutlass_tune.runtime._table import Match
+from cutlass_tune.space import DType, Epilogue, EpilogueSchedule, KernelConfig, KernelSchedule, Layout, Problem, Scaling
 
 STORE = Path(__file__).resolve().parents[2] / "results" / "sweep-nvidia-h200.sqlite"
 TEMPLATE = Path(__file__).resolve().parents[1] / "report" / "data" / "best-v2.csv"
@@ -274,3 +275,31 @@ def test_a_unit_scale_first_made_under_graph_capture_is_not_kept():
     torch.testing.assert_close(captured, want, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(eager, want, rtol=2e-2, atol=2e-2)
     assert list(_matmul._UNIT_SCALES) == [a.device]
+
+
+@pytest.mark.parametrize(("epilogue", "cells", "expected"), [
+    ("bias+gelu_tanh", {"ratio": 1.10, "cublaslt_ratio": 0.95}, 0.95),  # torch_gemm runs cuBLASLt's epilogue
+    ("bias+relu", {"ratio": 1.10, "cublaslt_ratio": math.nan}, 1.10),  # no cuBLASLt figure: the baseline's
+    ("bias+gelu", {"ratio": 1.10, "cublaslt_ratio": 0.95}, 1.10),  # erf GELU: no cuBLASLt path computes it
+    ("silu+gated", {"ratio": 1.10}, 1.10),
+])
+def test_min_ratio_reads_the_ratio_to_the_path_torch_would_run(epilogue, cells, expected):
+    """Where matmul keeps torch, it runs `torch_gemm`: for a bias with ReLU or tanh GELU, cuBLASLt's
+    epilogue, so the kernel must beat that to run; otherwise the row's own baseline."""
+    problem = Problem(4096, 4096, 4096, epilogue=Epilogue.parse(epilogue))
+    match = Match(pd.Series(cells), exact=True, distance=0.0)
+    assert _matmul._ratio_to_torch_gemm(match, problem) == pytest.approx(expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+def test_torchs_path_for_a_bias_with_relu_or_tanh_gelu_is_cublaslt_s_epilogue(activation):
+    x = torch.randn(512, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(2048, 1024, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(2048, dtype=torch.bfloat16, device="cuda")
+    got = _matmul.torch_gemm(x, w.t(), torch.bfloat16, bias=bias, activation=activation)
+    lt = torch._addmm_activation(bias, x, w.t(), use_gelu=activation == "gelu_tanh")
+    assert torch.equal(got, lt)
+    act = torch.relu if activation == "relu" else (lambda y: torch.nn.functional.gelu(y, approximate="tanh"))
+    ref = act(x.float() @ w.float().t() + bias.float())
+    assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
