@@ -545,6 +545,10 @@ def _blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
     if cfg.kernel_schedule is KernelSchedule.TMA_WS or cfg.fp8_fast_accum:
         out.append(Rejection("blockwise_schedule", "block-wise scaling has its own cooperative and ping-pong "
                              "schedules (no tma_ws, and no fp8_fast_accum: it promotes every 128 K)"))
+    if cfg.stages != AUTO_STAGES:
+        out.append(Rejection("blockwise_stages", f"the block-wise builder counts its own stages: stages auto, not "
+                             f"{cfg.stages} (compute_stage_count_with_blockwise_scale takes no StageCount; nvcc "
+                             f"here, and the suite's 64x128x128 4x2 s2 in its store, failed to compile)"))
     return out
 
 
@@ -603,6 +607,7 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("fp8_promotion", ("fp8_fast_accum", "dtype_a", "dtype_b", "tile_k")),
     ("blockwise_tile", ("scaling", "tile_k", "tile_n", "scale_n")),
     ("blockwise_schedule", ("scaling", "kernel_schedule", "fp8_fast_accum")),
+    ("blockwise_stages", ("scaling", "stages")),
     ("blockwise_scale_n", ("scale_n", "scaling", "grouping")),
     ("swap_ab", ("swap_ab", "dtype_a", "dtype_b", "scaling", "epilogue", "grouping")),
     ("cluster_size", ("cluster_m", "cluster_n")),
