@@ -139,3 +139,17 @@ def dequantize_blockwise(q: torch.Tensor, scale: torch.Tensor, rows_per_block: i
         return blocks.mul_(scale[..., :, None, :, None]).to(torch.bfloat16).reshape(q.shape)
     expanded = scale.repeat_interleave(rows_per_block, -2).repeat_interleave(BLOCKWISE_GROUP, -1)[..., :rows, :k]
     return (q.float() * expanded).to(torch.bfloat16)
+
+
+def expand_blockwise_scale_b(scale_b: torch.Tensor, n: int, scale_n: int) -> torch.Tensor:
+    """B's block-wise scales at granularity `scale_n` along N, as a kernel of that `scale_n`
+    (`KernelConfig.scale_n`) reads them: `scale_b` as `torch._scaled_mm` takes it, (K/128,
+    N/128) with strides (1, K/128), each scale repeated 128 / `scale_n` times along N, then cut
+    to N/`scale_n` (both rounded up), in the same layout: (K/128, N/`scale_n`) with strides
+    (1, K/128). The same scale multiplies every element it did, so the products are unchanged.
+    `scale_b` itself is returned at 128. A new tensor otherwise: the caller keeps it alive while
+    a kernel reads it."""
+    if scale_n == BLOCKWISE_GROUP:
+        return scale_b
+    columns = -(-n // scale_n)
+    return scale_b.t().repeat_interleave(BLOCKWISE_GROUP // scale_n, 0)[:columns].contiguous().t()

@@ -1,6 +1,6 @@
 """The fp8 suites of benchmarks/ without a GPU: their space files (benchmarks/configs/fp8_suite.yaml,
-fp8_blockwise_suite.yaml) as a sweep loads them, and benchmarks/fp8_call_site.py's torch paths,
-table and goals (its timing runs on the GPU, benchmarks/gpu_fp8_suite.sh)."""
+fp8_blockwise_suite.yaml, fp8_blockwise_narrow_n.yaml) as a sweep loads them, and
+benchmarks/fp8_call_site.py's torch paths, table and goals (its timing runs on the GPU, benchmarks/gpu_fp8_suite.sh)."""
 
 import importlib.util
 import math
@@ -50,6 +50,15 @@ def test_each_suite_holds_llm_shapes_from_decode_to_prefill_each_with_valid_conf
         assert (p.layout_a, p.layout_b) == (Layout.ROW, Layout.COL)
         assert check_problem(p) == [], p.name
         assert len(space.auto_for(p)) > 0, p.name
+
+
+def test_the_narrow_n_space_holds_the_suites_small_m_shapes_with_tiles_as_narrow_as_their_scales():
+    narrow = load_space(BENCHMARKS / "configs" / "fp8_blockwise_narrow_n.yaml")
+    suite = load_space(BENCHMARKS / "configs" / "fp8_blockwise_suite.yaml")
+    assert list(narrow.problems) == [p for p in suite.problems if p.m <= 256]
+    assert narrow.census().valid == len(narrow.valid) == 6
+    assert {(c.tile_m, c.tile_n, c.scale_n) for c in narrow.valid} == {(64, 64, 64), (64, 32, 32), (128, 64, 64)}
+    assert all(c.stages == 0 for c in narrow.valid)  # the block-wise builder counts its own stages
 
 
 def test_the_blockwise_suite_searches_both_schedules_and_small_clusters_of_128_wide_tiles():

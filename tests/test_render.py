@@ -357,3 +357,13 @@ def test_hostile_scaling_of_a_grouped_kernel_never_reaches_the_source():
 def test_16_bit_grouped_units_render_byte_for_byte_as_before_fp8_grouped_kernels(configs, digest):
     """Guards against the block-wise parts of the grouped template changing bf16 kernels' cache keys."""
     assert render_unit(configs).key == digest
+
+
+def test_a_narrow_n_blockwise_kernel_reads_b_scales_per_scale_n_columns():
+    narrow = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128, tile_m=64, tile_n=64, scale_n=64,
+                          scaling=Scaling.BLOCKWISE, kernel_schedule=KernelSchedule.PINGPONG,
+                          epilogue_schedule=EpilogueSchedule.TMA, epilogue_source=False)
+    src = render_unit([narrow, dataclasses.replace(narrow, tile_n=128, scale_n=128)]).source
+    assert src.count("Sm90BlockwiseScaleConfig<1, 64, 128,\n    cute::GMMA::Major::MN, cute::GMMA::Major::K>") == 1
+    assert src.count("Sm90BlockwiseScaleConfig<1, 128, 128,\n    cute::GMMA::Major::MN, cute::GMMA::Major::K>") == 1
+    assert src.count("using TileShape = Shape<_64, _64, _128>;") == 1

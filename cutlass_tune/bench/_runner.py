@@ -23,9 +23,11 @@ from collections.abc import Iterator
 
 import torch
 
+from .._torch import expand_blockwise_scale_b
 from ..kernel import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..measurement import SIDE_FIELDS, Baseline, Clocks, Measurement, TimingMethod
 from ..space import Problem, RuntimeArgs, Scaling
+from ..space._rules import BLOCKWISE_K
 from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
@@ -61,19 +63,28 @@ def _stream() -> int:
 
 
 class CutlassTarget(_Target):
-    """A compiled kernel, initialized once per variant, then launched (S_run) alone."""
+    """A compiled kernel, initialized once per variant, then launched (S_run) alone.
 
-    def __init__(self, kernel: LoadedKernel, device: int, sm_count: int):
-        self._kernel, self._device, self._sm_count = kernel, device, sm_count
+    `scale_n` is the kernel's `KernelConfig.scale_n`: below 128 it reads the operands' block-wise
+    B scales expanded to that granularity, a copy `setup` makes from the operands it is given
+    (untimed) and keeps while the kernel may read it; D is still checked against the reference
+    of the operands' own scales."""
+
+    def __init__(self, kernel: LoadedKernel, device: int, sm_count: int, scale_n: int = BLOCKWISE_K):
+        self._kernel, self._device, self._sm_count, self._scale_n = kernel, device, sm_count, scale_n
         self._gemm: GemmInstance = kernel.create()
         self._workspace: torch.Tensor | None = None
+        self._scale_b: torch.Tensor | None = None
 
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         """can_implement, workspace, initialize. Returns why the kernel cannot run the
         problem, or None. Raises KernelStatusError when initialize fails."""
+        pointers = {name: t.data_ptr() for name, t in ops.inputs.items() if name not in ("a", "b")}
+        if ops.scale_b is not None and self._scale_n != BLOCKWISE_K:
+            self._scale_b = expand_blockwise_scale_b(ops.scale_b, ops.problem.n, self._scale_n)
+            pointers["scale_b"] = self._scale_b.data_ptr()
         args = make_args(ops.problem, variant, a=ops.a.data_ptr(), b=ops.b.data_ptr(),
-                         d=ops.d.data_ptr(), device_id=self._device, sm_count=self._sm_count,
-                         **{name: t.data_ptr() for name, t in ops.inputs.items() if name not in ("a", "b")})
+                         d=ops.d.data_ptr(), device_id=self._device, sm_count=self._sm_count, **pointers)
         code = self._kernel.can_implement(args)
         if code != 0:
             return f"can_implement returned {cutlass_status_name(code)}"
@@ -91,11 +102,12 @@ class CutlassTarget(_Target):
         self._gemm.run(_stream())
 
     def sibling(self) -> CutlassTarget:
-        return CutlassTarget(self._kernel, self._device, self._sm_count)
+        return CutlassTarget(self._kernel, self._device, self._sm_count, self._scale_n)
 
     def close(self) -> None:
         self._gemm.close()
         self._workspace = None
+        self._scale_b = None
 
 
 class GpuRunner:
@@ -161,7 +173,8 @@ class GpuRunner:
         key = (str(job.library), job.symbol)
         if key not in self._kernels:
             self._kernels[key] = LoadedKernel(job.library, job.symbol)
-        return CutlassTarget(self._kernels[key], self.device, self.env.sm_count)
+        scale_n = job.config.scale_n if job.config is not None else BLOCKWISE_K
+        return CutlassTarget(self._kernels[key], self.device, self.env.sm_count, scale_n)
 
     def _operands(self, problem: Problem) -> Operands:
         if self._ops is None or self._ops.problem != problem:

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-from .._torch import ACTIVATION, BLOCKWISE_GROUP, FP8_DTYPES, TORCH_DTYPE, blockwise_mm
+from .._torch import ACTIVATION, BLOCKWISE_GROUP, FP8_DTYPES, TORCH_DTYPE, blockwise_mm, expand_blockwise_scale_b
 from ..errors import CutlassTuneError
 from ..kernel import GemmArgs, KernelStatusError, LoadedKernel, bind_primary_context, make_args
 from ..measurement import LT_ACTIVATIONS
@@ -288,6 +289,7 @@ class Gemm:
             raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {self._dtype_d} tensor")
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         stream = _current_stream(device)
+        scale_b = self.kernel_scale_b(scale_b, problem.n)
         operands = tuple(0 if t is None else t.data_ptr() for t in (c, bias, scale_a, scale_b))
         key = (problem, device, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream, operands, alpha, beta)
         ready: collections.OrderedDict = self._local.__dict__.setdefault("ready", collections.OrderedDict())
@@ -312,6 +314,34 @@ class Gemm:
             instance.initialize(args, 0 if workspace is None else workspace.data_ptr(), stream)
         instance.run(stream)  # after the launch is enqueued a temporary workspace may go back to torch
         return out
+
+    def kernel_scale_b(self, scale_b: torch.Tensor | None, n: int) -> torch.Tensor | None:
+        """`scale_b` as this kernel reads it: itself, or, for a block-wise kernel of `scale_n`
+        below 128, its expansion to that granularity (`expand_blockwise_scale_b`, N = `n`).
+
+        The expansion is kept per scale tensor (a weight's, reused every call) and per thread,
+        weakly: it lives as long as the tensor. It is made again when the tensor was written in
+        place (its version counter moved). It is made per call, and not kept, for a tensor with
+        no version counter (made under torch.inference_mode: a write could not be seen).
+
+        During CUDA graph capture a kept, current expansion is what the graph reads (no copy
+        kernel in it; a call before the capture, as graph warm-up makes, keeps one): scales
+        written in place after the capture reach its replays only once captured again. Without
+        one, the expansion is captured with the kernel and not kept (kept, it would sit in the
+        graph's memory pool untracked)."""
+        if scale_b is None or self.config.scale_n == BLOCKWISE_GROUP:
+            return scale_b
+        scale_n = self.config.scale_n
+        if scale_b.is_inference():
+            return expand_blockwise_scale_b(scale_b, n, scale_n)
+        kept = self._local.__dict__.setdefault("scale_b", WeakIdKeyDictionary())
+        entry = kept.get(scale_b)
+        if entry is not None and entry[0] == (scale_b._version, n):
+            return entry[1]
+        expanded = expand_blockwise_scale_b(scale_b, n, scale_n)
+        if not (scale_b.is_cuda and torch.cuda.is_current_stream_capturing()):
+            kept[scale_b] = ((scale_b._version, n), expanded)
+        return expanded
 
     def _workspace(self, problem: Problem, device: int, args: GemmArgs) -> torch.Tensor | None:
         """The workspace of a launch for `problem` on `device`: none where the kernel needs none;

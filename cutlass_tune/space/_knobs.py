@@ -48,6 +48,7 @@ from ._types import (
     EpilogueSchedule,
     KernelSchedule,
     RasterOrder,
+    Scaling,
     TileScheduler,
 )
 
@@ -185,6 +186,11 @@ class KernelConfig(Operation):
     as its M, A's as its N, D written column-major: D's row-major memory), so that a small M
     takes the tile's N side; tile M/N and cluster M/N then apply to N/M of the problem. The
     caller passes the operands as for any kernel: the swap is inside the kernel's arguments."""
+    scale_n: int = _rules.BLOCKWISE_K
+    """Block-wise only: the columns of B (N) one of the scales the kernel reads covers, and its
+    tile N. Below 128 the kernel reads the caller's 128 x 128 block scales repeated along N
+    (`expand_blockwise_scale_b`; the bench and `runtime.Gemm` pass them so): the same
+    products, in tiles narrow enough to give a small-M GEMM more CTAs."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (enum values as strings); inverse of `from_dict`.
@@ -305,6 +311,10 @@ def _swappable(cfg: KernelConfig) -> bool:
     return not _rules.swap_ab_operation_problem(cfg)
 
 
+def _blockwise(cfg: KernelConfig) -> bool:
+    return cfg.scaling is Scaling.BLOCKWISE
+
+
 def _stream_k(cfg: KernelConfig) -> bool:
     return cfg.tile_scheduler is TileScheduler.STREAM_K
 
@@ -342,6 +352,9 @@ _declare(
     Knob("swap_ab", Flag(_rules.swap_ab_problem), lambda c: "_swapab" if c.swap_ab is True else "",
          "A/B swapped", applies_to=_swappable, added_later=True, parameter_at_default=False,
          auto_values=(False, True)),
+    Knob("scale_n", Number(_rules.scale_n_problem),
+         lambda c: f"_sn{c.scale_n}" if c.scale_n != _rules.BLOCKWISE_K else "", "B scale granularity N",
+         applies_to=_blockwise, added_later=True, parameter_at_default=False),
 )
 
 _declare(

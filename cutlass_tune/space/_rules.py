@@ -251,13 +251,26 @@ def epilogue_scales(cfg: Operation) -> bool:
 
 
 BLOCKWISE_K = 128
-"""Block-wise scaling's granularity along K (A's 1 x 128 groups, B's 128 x 128 blocks) and N."""
+"""Block-wise scaling's granularity along K (A's 1 x 128 groups, B's 128 x 128 blocks) and, as
+torch gives B's scales, along N (a kernel may read them finer: `BLOCKWISE_SCALE_N`)."""
+
+BLOCKWISE_SCALE_N = (128, 64, 32)
+"""The B scale granularities along N a block-wise kernel may read (`KernelConfig.scale_n`):
+torch's 128, or 64 and 32, where the caller's 128 x 128 block scales, each repeated 2 or 4
+times along N, make the same scales at a finer granularity, so that tiles 64 or 32 wide can
+divide a narrow-M GEMM's N among more CTAs."""
+
+
+def scale_n_problem(v: int) -> str | None:
+    if not isinstance(v, int) or isinstance(v, bool) or v not in BLOCKWISE_SCALE_N:
+        return "scale_n (B's block-wise scale granularity along N) must be 128, 64 or 32"
+    return None
 
 
 def blockwise_scale_bytes(cfg: KernelConfig) -> int:
-    """The scales one mainloop stage holds: tile M of A's (one per row) and tile N / 128 of
-    B's, fp32 (compute_stage_count_with_blockwise_scale)."""
-    return 4 * (cfg.tile_m + cfg.tile_n // BLOCKWISE_K) if cfg.scaling is Scaling.BLOCKWISE else 0
+    """The scales one mainloop stage holds: tile M of A's (one per row) and tile N / scale_n
+    of B's, fp32 (compute_stage_count_with_blockwise_scale)."""
+    return 4 * (cfg.tile_m + cfg.tile_n // cfg.scale_n) if cfg.scaling is Scaling.BLOCKWISE else 0
 
 
 def broadcast_rows(cfg: KernelConfig) -> tuple[DType, ...]:
@@ -309,8 +322,14 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
         stages = (capacity - _round_up(epi, 128)) // stage_bytes
     else:
         stages = cfg.stages
+    kernel_bytes = KERNEL_SMEM_ALLOWANCE_BYTES
+    if cfg.scaling is Scaling.BLOCKWISE:
+        # The stage count rounds each stage's tiles and scales up to 128 bytes; the storage holds
+        # the scales of all stages in two arrays after the tiles: up to 124 bytes a stage less
+        # (13 stages of ping-pong 64x64 at scale_n 64 measured 2,672 below the per-stage count).
+        kernel_bytes += _mainloop_tensor_bytes(cfg, stages) + 16 * stages - stages * stage_bytes
     return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=epi,
-                     epilogue_reuses_mainloop=cfg.kernel_schedule is KernelSchedule.TMA_WS)
+                     epilogue_reuses_mainloop=cfg.kernel_schedule is KernelSchedule.TMA_WS, kernel_bytes=kernel_bytes)
 
 
 def _mainloop_tensor_bytes(cfg: KernelConfig, stages: int) -> int:
@@ -319,7 +338,7 @@ def _mainloop_tensor_bytes(cfg: KernelConfig, stages: int) -> int:
     tiles = stages * (cfg.tile_m * cfg.dtype_a.bits + cfg.tile_n * cfg.dtype_b.bits) * cfg.tile_k // 8
     if cfg.scaling is not Scaling.BLOCKWISE:
         return tiles
-    return tiles + _round_up(4 * stages * cfg.tile_m, 16) + _round_up(4 * stages * (cfg.tile_n // BLOCKWISE_K), 16)
+    return tiles + _round_up(4 * stages * cfg.tile_m, 16) + _round_up(4 * stages * (cfg.tile_n // cfg.scale_n), 16)
 
 
 def _grouped_smem_usage(cfg: KernelConfig, stage_bytes: int, epi: int) -> SmemUsage:
@@ -441,6 +460,10 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
                f"(can_implement refuses it): use tile K 64 or 128, or fp8_fast_accum")
     if cfg.scaling is Scaling.BLOCKWISE:
         out.extend(_blockwise_rejections(cfg))
+    if cfg.scale_n != BLOCKWISE_K and (cfg.scaling is not Scaling.BLOCKWISE or cfg.grouping is Grouping.GROUPED):
+        reject("blockwise_scale_n", f"scale_n {cfg.scale_n} (B's scale granularity along N) applies to dense "
+               f"block-wise kernels only: leave it at {BLOCKWISE_K} (grouped kernels read the MoE code's "
+               f"128 x 128 block scales as they are)")
     if cfg.swap_ab and (swap := swap_ab_operation_problem(cfg)):
         reject("swap_ab", swap)
     if cfg.cluster_m * cfg.cluster_n > MAX_CLUSTER_CTAS:
@@ -507,10 +530,11 @@ def _blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
         out.append(Rejection("blockwise_tile", f"block-wise scaling applies B's scales every {BLOCKWISE_K} K: "
                              f"the mainloop needs tile K {BLOCKWISE_K} (promotes every 4 wgmma k-steps), "
                              f"not {cfg.tile_k}"))
-    elif cfg.tile_n != BLOCKWISE_K:
+    elif cfg.tile_n != cfg.scale_n:
         out.append(Rejection("blockwise_tile", f"the block-wise mainloop takes one B scale block per tile: tile "
-                             f"N {BLOCKWISE_K}, not {cfg.tile_n} (tile N 256 fails its static_assert \"Accumulator "
-                             f"and scaleB must have same shape\")"))
+                             f"N {cfg.scale_n} (scale_n), not {cfg.tile_n} (tile N 256 with scale_n 128 fails its "
+                             f"static_assert \"Accumulator and scaleB must have same shape\"); tile N 64 or 32 "
+                             f"takes scale_n of the same"))
     elif (registers := 2 * accumulator_registers(cfg)) > MAX_ACCUMULATOR_REGISTERS:
         out.append(Rejection("blockwise_registers", f"the block-wise mainloop keeps a second fp32 accumulator "
                              f"of the tile (it adds each 128-deep K block's scaled sums to the first): a "
@@ -521,6 +545,10 @@ def _blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
     if cfg.kernel_schedule is KernelSchedule.TMA_WS or cfg.fp8_fast_accum:
         out.append(Rejection("blockwise_schedule", "block-wise scaling has its own cooperative and ping-pong "
                              "schedules (no tma_ws, and no fp8_fast_accum: it promotes every 128 K)"))
+    if cfg.stages != AUTO_STAGES:
+        out.append(Rejection("blockwise_stages", f"the block-wise builder counts its own stages: stages auto, not "
+                             f"{cfg.stages} (compute_stage_count_with_blockwise_scale takes no StageCount; nvcc "
+                             f"here, and the suite's 64x128x128 4x2 s2 in its store, failed to compile)"))
     return out
 
 
@@ -577,8 +605,10 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("fp8_layout", ("dtype_a", "dtype_b", "layout_a", "layout_b")),
     ("fp8_fast_accum", ("fp8_fast_accum", "dtype_a", "dtype_b")),
     ("fp8_promotion", ("fp8_fast_accum", "dtype_a", "dtype_b", "tile_k")),
-    ("blockwise_tile", ("scaling", "tile_k", "tile_n")),
+    ("blockwise_tile", ("scaling", "tile_k", "tile_n", "scale_n")),
     ("blockwise_schedule", ("scaling", "kernel_schedule", "fp8_fast_accum")),
+    ("blockwise_stages", ("scaling", "stages")),
+    ("blockwise_scale_n", ("scale_n", "scaling", "grouping")),
     ("swap_ab", ("swap_ab", "dtype_a", "dtype_b", "scaling", "epilogue", "grouping")),
     ("cluster_size", ("cluster_m", "cluster_n")),
     ("cooperative_tile_m", ("kernel_schedule", "tile_m")),

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from cutlass_tune._torch import expand_blockwise_scale_b
 from cutlass_tune.bench import Job, TimingOptions, _runner, _targets
 from cutlass_tune.bench._runner import CublasTarget, CutlassTarget
 from cutlass_tune.bench._targets import TorchTarget, baseline_target, compiled_function, eager_function
@@ -262,6 +263,22 @@ def test_the_kernel_gets_the_epilogue_operands(monkeypatch):
     plain = _ops(Problem(64, 48, 32))
     CutlassTarget(kernel, 0, 132).setup(RuntimeArgs(), plain)
     assert kernel.args.c == plain.d.data_ptr() and kernel.args.beta == 0.0 and not kernel.args.bias
+
+
+def test_a_narrow_n_blockwise_kernel_gets_b_scales_at_its_granularity(monkeypatch):
+    monkeypatch.setattr(_runner, "_stream", lambda: 0)
+    ops = _ops(Problem(64, 320, 256, dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.BLOCKWISE))
+    kernel = _Kernel()
+    target = CutlassTarget(kernel, 0, 132, scale_n=64)
+    assert target.setup(RuntimeArgs(), ops) is None
+    assert kernel.args.scale_a == ops.scale_a.data_ptr() and kernel.args.scale_b != ops.scale_b.data_ptr()
+    kept = target._scale_b  # alive while the kernel may read it
+    assert kernel.args.scale_b == kept.data_ptr()
+    assert torch.equal(kept, expand_blockwise_scale_b(ops.scale_b, 320, 64))
+    target.sibling().setup(RuntimeArgs(), ops)
+    assert kernel.args.scale_b != ops.scale_b.data_ptr()  # the sibling reads them expanded too
+    CutlassTarget(kernel, 0, 132).setup(RuntimeArgs(), ops)
+    assert kernel.args.scale_b == ops.scale_b.data_ptr()
 
 
 RELU = Problem(64, 48, 32, epilogue=Epilogue(bias=True, activation=Activation.RELU))

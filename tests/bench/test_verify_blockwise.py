@@ -4,6 +4,7 @@ fp32 reference of the dequantized math; a kernel that skips or misplaces a scale
 import pytest
 import torch
 
+from cutlass_tune._torch import expand_blockwise_scale_b
 from cutlass_tune.bench import compare
 from cutlass_tune.bench._verify import allocate, dequantized, randomize, reference
 from cutlass_tune.space import DType, Problem, Scaling
@@ -81,3 +82,15 @@ def test_b_scales_read_transposed_fail():
     transposed = ops.scale_b.t().clone()
     out = _kernel_output(ops, ops.scale_a, transposed)
     assert compare(out, ref, DType.BF16, fp8_inputs=True).status is Status.WRONG_RESULT
+
+
+@pytest.mark.parametrize("scale_n", [64, 32])
+def test_b_scales_expanded_along_n_give_the_same_operand(scale_n):
+    """What a kernel of scale_n 64 or 32 reads (one scale per 128 x scale_n block of the weight)
+    dequantizes B exactly as the 128 x 128 scales do, N 320 ending in half a block included."""
+    ops = _ops(m=64, n=320, k=384, seed=5)
+    expanded = expand_blockwise_scale_b(ops.scale_b, 320, scale_n)
+    assert expanded.shape == (3, -(-320 // scale_n)) and expanded.stride() == (1, 3)
+    per_element = expanded.t().repeat_interleave(scale_n, 0)[:320].repeat_interleave(128, 1)
+    assert torch.equal(ops.b_kn.t().float() * per_element, dequantized(ops)[1].t())
+    assert expand_blockwise_scale_b(ops.scale_b, 320, 128) is ops.scale_b

@@ -82,6 +82,8 @@ def _config(row: pd.Series) -> KernelConfig:
     for name, kind in kinds.items():
         v = row.get(name, "none")  # a table from before fused epilogues (epilogue, scaling) holds plain GEMMs
         v = "none" if pd.isna(v) else v  # so do its rows after columns for them were added
+        if v == "none" and kind is int:  # a knob added after the table (scale_n): its default
+            continue
         values[name] = (v in (True, "True")) if kind is bool else int(v) if kind is int else str(v)
     return KernelConfig.from_dict(values)
 

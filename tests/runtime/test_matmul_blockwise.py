@@ -1,14 +1,18 @@
 """matmul's block-wise fp8 scales (torch._scaled_mm's shapes and strides) and torch's path for them
 where no kernel runs: _scaled_mm's block-wise GEMM, else dequantize + bf16 matmul (the CPU's)."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from cutlass_tune._torch import blockwise_scaled_mm, blockwise_scaled_mm_for
+from cutlass_tune._torch import blockwise_scaled_mm, blockwise_scaled_mm_for, expand_blockwise_scale_b
 from cutlass_tune.bench._targets import blockwise_path, eager_function
 from cutlass_tune.bench._verify import allocate, randomize, reference
-from cutlass_tune.runtime._matmul import MatmulInputError, operation_of, torch_gemm
-from cutlass_tune.space import DType, Epilogue, Problem, Scaling
+from cutlass_tune.runtime import _matmul
+from cutlass_tune.runtime._matmul import Gemm, MatmulInputError, operation_of, torch_gemm
+from cutlass_tune.space import DType, Epilogue, EpilogueSchedule, KernelConfig, KernelSchedule, Problem, Scaling
+from cutlass_tune.tables import BundledKernel
 
 P = Problem(64, 256, 512, dtype_a=DType.E4M3, dtype_b=DType.E4M3, dtype_d=DType.BF16, scaling=Scaling.BLOCKWISE)
 
@@ -64,3 +68,92 @@ def test_torchs_block_wise_path_is_right_for_every_k(k):
         error = (torch.linalg.vector_norm(raw.float() - ref) / torch.linalg.vector_norm(ref)).item()
         used = "_scaled_mm" if blockwise_scaled_mm_for(ops.d.device, k) else "dequantized"
         print(f"\nK {k}: torch._scaled_mm block-wise relative error {error:.2e}; torch's path: {used}")
+
+
+class _Instance:
+    def __init__(self, log):
+        self.log = log
+
+    def initialize(self, args, workspace, stream):
+        self.log.append(args.scale_b)
+
+    def run(self, stream):
+        pass
+
+    def close(self):
+        pass
+
+
+class _Kernel:
+    """Stands for `LoadedKernel`: records the scale_b address each initialize gets."""
+
+    log: list = []
+
+    def __init__(self, library, symbol):
+        pass
+
+    def create(self):
+        return _Instance(self.log)
+
+    def workspace_size(self, args):
+        return 0
+
+
+NARROW = KernelConfig.for_operation(P, tile_m=64, tile_n=64, tile_k=128, scale_n=64,
+                                    kernel_schedule=KernelSchedule.PINGPONG, epilogue_schedule=EpilogueSchedule.TMA)
+
+
+@pytest.fixture
+def narrow_gemm(monkeypatch):
+    _Kernel.log = []
+    monkeypatch.setattr(_matmul, "LoadedKernel", _Kernel)
+    monkeypatch.setattr(_matmul, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(_matmul, "bind_primary_context", lambda device: None)
+    monkeypatch.setattr(_matmul, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    return Gemm(NARROW, bundled=BundledKernel("unused.so", "k0"))
+
+
+def test_a_narrow_n_kernel_reads_the_expanded_b_scales_kept_per_scale_tensor(narrow_gemm):
+    ops = _ops()
+    expanded = narrow_gemm.kernel_scale_b(ops.scale_b, P.n)
+    assert torch.equal(expanded, expand_blockwise_scale_b(ops.scale_b, P.n, 64))
+    assert narrow_gemm.kernel_scale_b(ops.scale_b, P.n) is expanded  # a weight's: made once
+    for _ in range(2):
+        narrow_gemm.run(P, ops.a_mk, ops.b_kn, ops.d, scale_a=ops.scale_a, scale_b=ops.scale_b)
+    assert _Kernel.log == [expanded.data_ptr()]  # the kernel reads the expansion, initialized once
+
+
+def test_b_scales_written_in_place_are_expanded_again(narrow_gemm):
+    """Guards the kept expansion against a weight's scales reloaded in place (stale scales)."""
+    ops = _ops()
+    first = narrow_gemm.kernel_scale_b(ops.scale_b, P.n)
+    ops.scale_b.mul_(2.0)
+    again = narrow_gemm.kernel_scale_b(ops.scale_b, P.n)
+    assert again is not first and torch.equal(again, expand_blockwise_scale_b(ops.scale_b, P.n, 64))
+
+
+def test_scales_without_a_version_counter_are_expanded_per_call(narrow_gemm):
+    with torch.inference_mode():
+        scale_b = _ops().scale_b.clone()
+    assert narrow_gemm.kernel_scale_b(scale_b, P.n) is not narrow_gemm.kernel_scale_b(scale_b, P.n)
+
+
+def test_a_kernel_of_128_column_scales_reads_them_as_given(monkeypatch):
+    monkeypatch.setattr(_matmul, "LoadedKernel", _Kernel)
+    gemm = Gemm(dataclasses.replace(NARROW, tile_n=128, scale_n=128), bundled=BundledKernel("unused.so", "k0"))
+    scale_b = _ops().scale_b
+    assert gemm.kernel_scale_b(scale_b, P.n) is scale_b
+
+
+def test_a_graph_capture_reads_the_kept_expansion_and_keeps_none_it_makes(narrow_gemm, monkeypatch):
+    """Guards against a copy kernel in every replay of a captured decode step, and against an
+    expansion made in the graph's memory pool kept past the capture."""
+    ops = _ops()
+    before = narrow_gemm.kernel_scale_b(ops.scale_b, P.n)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert narrow_gemm.kernel_scale_b(ops.scale_b, P.n) is before
+    other = _ops().scale_b.clone()
+    captured = narrow_gemm.kernel_scale_b(other, P.n)
+    assert narrow_gemm.kernel_scale_b(other, P.n) is not captured

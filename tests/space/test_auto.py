@@ -80,13 +80,25 @@ def test_the_count_is_the_count_of_the_listed_product(operation):
     assert all(c in auto for c in valid[:: max(1, len(valid) // 200)])
 
 
+def test_the_valid_configs_hold_with_narrow_b_scale_granularities():
+    # Valid configs only: the census names another rule than check_config for some block-wise
+    # configs of tile N 128 that two rules refuse, as it did before scale_n (same counts on main).
+    auto = AutoKernels(FP8_BLOCKWISE, {**SMALL, "tile_n": (32, 64, 128), "scale_n": (32, 64, 128)})
+    counts, valid = brute_force(auto)
+    census = auto.census()
+    assert census.valid == len(auto) == counts["valid"] and census.total == auto.total == sum(counts.values())
+    assert sorted(c.hash for c in auto) == sorted(c.hash for c in valid)
+    assert {c.scale_n for c in valid} == {32, 64, 128} and all(c.tile_n == c.scale_n for c in valid)
+
+
 def test_every_rule_is_exercised_by_the_small_product():
     counts = collections.Counter()
     for operation in (BF16, FP8, FP8_NT, FUSED, GROUPED, FP8_GROUPED):
         counts.update(AutoKernels(operation, SMALL).census().invalid)
-    # block-wise needs tile N of 128s to reach the rules after blockwise_tile
+    # block-wise needs tile N of 128s (or scale_n's) to reach the rules after blockwise_tile
     counts.update(AutoKernels(FP8_BLOCKWISE, {**SMALL, "tile_n": (96, 128, 256)}).census().invalid)
-    counts.update(AutoKernels(FP8_GROUPED_BLOCKWISE, {**SMALL, "tile_n": (96, 128, 256)}).census().invalid)
+    counts.update(AutoKernels(FP8_GROUPED_BLOCKWISE, {**SMALL, "tile_n": (64, 96, 128, 256),
+                                                      "scale_n": (64, 128)}).census().invalid)
     # the operand rules refuse a kind whole: their own tests cover them
     assert {rule for rule, _ in CONFIG_RULES} - set(counts) == {"arch", "dtype_inputs", "dtype_output",
                                                                "dtype_accumulator", "operation", "scaling_inputs"}

@@ -93,16 +93,19 @@ def test_each_knob_reaches_every_stage(knob):
     assert set(knob.fields) <= set(columns(owner))
     assert (knob.name in KNOBS) == compile_time
     assert knob.label
-    if compile_time:
-        assert knob.name in params_of(KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, scaling=Scaling.ROWCOL))
+    if compile_time:  # each in the study of a kind of kernel it applies to (scale_n: block-wise)
+        fp8 = dict(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128)
+        assert any(knob.name in params_of(KernelConfig(**fp8, scaling=scaling))
+                   for scaling in (Scaling.ROWCOL, Scaling.BLOCKWISE))
 
 
 def test_knob_columns_and_kinds():
     assert columns(KernelConfig) == (
         "tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "stages", "kernel_schedule",
-        "epilogue_schedule", "tile_scheduler", "fp8_fast_accum", "epilogue_tile_n", "epilogue_source", "swap_ab")
+        "epilogue_schedule", "tile_scheduler", "fp8_fast_accum", "epilogue_tile_n", "epilogue_source", "swap_ab",
+        "scale_n")
     assert columns(KernelConfig, added_later=True) == (
-        "fp8_fast_accum", "epilogue_tile_n", "epilogue_source", "swap_ab")
+        "fp8_fast_accum", "epilogue_tile_n", "epilogue_source", "swap_ab", "scale_n")
     assert columns(RuntimeArgs) == ("raster", "swizzle", "splits", "decomposition")
     kinds = column_kinds(KernelConfig) | column_kinds(RuntimeArgs)
     assert {c for c, k in kinds.items() if k == "text"} == {
