@@ -36,7 +36,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .._torch import ACTIVATION, BLOCKWISE_GROUP, FP8_DTYPES, TORCH_DTYPE, blockwise_mm, expand_blockwise_scale_b
 from ..errors import CutlassTuneError
 from ..kernel import GemmArgs, KernelStatusError, LoadedKernel, bind_primary_context, make_args
-from ..measurement import LT_ACTIVATIONS
+from ..measurement import LT_ACTIVATIONS, Baseline
 from ..space import (
     Activation,
     DType,
@@ -608,8 +608,7 @@ def _ratio_to_torch_gemm(match: Match, problem: Problem) -> float:
     """The row's ratio to the path `torch_gemm` runs for `problem` in its place: cuBLASLt's
     epilogue for a bias with ReLU or tanh GELU (the row's `cublaslt_ratio`, where it has one),
     else the row's baseline (`ratio`)."""
-    e = problem.epilogue
-    if e.bias and e.activation in LT_ACTIVATIONS and not (e.residual or e.gated) and not problem.dtype_a.is_fp8:
+    if Baseline.CUBLASLT.applies(problem):
         lt = float(match.row.get("cublaslt_ratio", math.nan))
         if not math.isnan(lt):
             return lt

@@ -59,18 +59,21 @@ class OptunaStrategy:
         `ASKS_PER_CONFIG` asks per config wanted, takes configs never proposed
         (`Studies.unproposed`)."""
         batch: list[KernelConfig] = []
+        closed = {s.name for s in self.studies if self.studies.exhausted(s, ledger, claims)}
         for _ in range(ASKS_PER_CONFIG * (max(want, 1) + 2)):
             if len(batch) >= want:
                 break
             s = self.studies[self._turn % len(self.studies)]
             self._turn += 1
-            if self.studies.exhausted(s, ledger, claims):
-                if all(self.studies.exhausted(t, ledger, claims) for t in self.studies):
+            if s.name in closed:
+                if len(closed) == len(self.studies):
                     break
                 continue
             cfg = self.studies.ask_in(s, ledger, claims)
             if cfg is not None:
                 batch.append(cfg)
+            if self.studies.exhausted(s, ledger, claims):
+                closed.add(s.name)
         if len(batch) < want:
             batch += self.studies.unproposed(want - len(batch), ledger, claims)
         return batch

@@ -207,13 +207,14 @@ class PriorStrategy:
         in `SAMPLER_EVERY` the sampler's instead)."""
         self.refit()
         batch: list[KernelConfig] = []
+        closed = {s.name for s in self.studies if self.studies.exhausted(s, ledger, claims)}
         for _ in range(ASKS_PER_CONFIG * (max(want, 1) + 2)):
             if len(batch) >= want:
                 break
             s = self.studies[self._turn % len(self.studies)]
             self._turn += 1
-            if self.studies.exhausted(s, ledger, claims):
-                if all(self.studies.exhausted(t, ledger, claims) for t in self.studies):
+            if s.name in closed:
+                if len(closed) == len(self.studies):
                     break
                 continue
             explore = s.problem in self._answered and self._proposals % SAMPLER_EVERY == SAMPLER_EVERY - 1
@@ -223,6 +224,8 @@ class PriorStrategy:
             cfg = self.studies.ask_in(s, ledger, claims)
             if cfg is not None:
                 batch.append(cfg)
+            if self.studies.exhausted(s, ledger, claims):
+                closed.add(s.name)
         if len(batch) < want:
             batch += self.studies.unproposed(want - len(batch), ledger, claims)
         return batch
