@@ -123,13 +123,17 @@ def _entries(table: cutlass_tune.BestTable) -> list[dict]:
 
 
 def main(source: str, outdir: Path, budget_ms: float, min_ratio: float) -> None:
-    table = cutlass_tune.BestTable.load(source)
+    device = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(device)
+    loaded = cutlass_tune.BestTable.load(source)
+    table = loaded.for_gpu(props.name)  # matmul runs only the kernels measured on this GPU model
+    if not _entries(table):
+        raise SystemExit(f"{source}: no fp8 entries measured on {props.name} (the table's GPUs: "
+                         f"{', '.join(loaded.gpus) or 'none'})")
     outdir.mkdir(parents=True, exist_ok=True)
     path = outdir / "fp8_call_site.jsonl"
     done = {json.loads(line)["problem"]: json.loads(line) for line in path.read_text().splitlines()} \
         if path.exists() else {}
-    device = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(device)
     options = TimingOptions(budget_ms=budget_ms, min_samples=5, method=TimingMethod.SUSTAINED, paired=True)
     monitor = ClockMonitor(device)
     generator = torch.Generator(device=f"cuda:{device}").manual_seed(0)

@@ -100,10 +100,12 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=12)
     parser.add_argument("--block-ms", type=float, default=150.0)
     args = parser.parse_args()
-    table = BestTable.load(args.table)
+    loaded = BestTable.load(args.table)
+    table = loaded.for_gpu(torch.cuda.get_device_name())  # grouped_mm runs only this GPU model's kernels
     rows = _grouped_rows(table)
     if not rows:
-        sys.exit(f"{args.table}: no grouped rows")
+        sys.exit(f"{args.table}: no grouped rows measured on {torch.cuda.get_device_name()} (the table's GPUs: "
+                 f"{', '.join(loaded.gpus) or 'none'})")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for row in rows:

@@ -265,6 +265,12 @@ def test_a_unit_scale_first_made_under_graph_capture_is_not_kept():
     _matmul._UNIT_SCALES.clear()
     a = torch.randn(256, 128, device="cuda").to(torch.float8_e4m3fn)
     w = torch.randn(512, 128, device="cuda").to(torch.float8_e4m3fn)
+    # cuBLAS makes its handle on first use, which a capture forbids: warm it up outside the capture,
+    # with scales of the test's own, so that no unit scale is made (as a caller's warm-up would).
+    own = torch.ones((), device="cuda")
+    torch._scaled_mm(a, w.t(), own, own, out_dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    assert not _matmul._UNIT_SCALES
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = _matmul.torch_gemm(a, w.t(), torch.bfloat16)
