@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import fnmatch
 from pathlib import Path
 
 import typer
@@ -26,6 +27,9 @@ def confirm(
     jobs: int | None = JOBS,
     cache_dir: Path | None = CACHE_DIR,
     method: TimingMethod = CONFIRM_METHOD,
+    problem: list[str] = typer.Option(
+        [], "--problem", help="confirm only the problems whose name matches this shell pattern (repeatable), "
+        "e.g. '16x*' or '*scale-blockwise'"),
 ) -> None:
     """Re-measure each problem's leading kernels in several passes, into the same store;
     `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
@@ -39,6 +43,7 @@ def confirm(
     chosen = candidates(store, top)
     if not chosen:
         raise CutlassTuneError(f"store {store.shown} has no successful kernel measurement to confirm")
+    chosen = _matching(chosen, problem, store.shown)
     bench = WorkerBenchmarker(gpu)
     try:
         bench.timing = timing_options(method, None, store.timing())  # paired like the store's ratios
@@ -56,6 +61,20 @@ def confirm(
     failed = collections.Counter(m.status.value for m, _ in result.rows if m.status is not Status.OK)
     out.print(f"run {result.run_id}: {len(result.rows)} measurements added to {store.shown}"
               + (f"; not ok: {dict(failed)}" if failed else ""))
+
+
+def _matching(chosen: list, patterns: list[str], shown: str) -> list:
+    """The candidates whose problem name matches one of `patterns` (all of them where none is
+    given); an error naming a few of the store's problems where none matches."""
+    if not patterns:
+        return chosen
+    kept = [c for c in chosen if any(fnmatch.fnmatchcase(c.problem.name, p) for p in patterns)]
+    if not kept:
+        names = sorted({c.problem.name for c in chosen})
+        given = ", ".join(repr(p[:60]) for p in patterns[:4])
+        raise CutlassTuneError(f"no problem of {shown} matches --problem {given} (its problems: "
+                               f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''})")
+    return kept
 
 
 def _show(chosen: list, result) -> None:

@@ -323,3 +323,45 @@ def test_confirm_carries_each_pass_s_ratio_to_the_strongest_torch_path(tmp_path)
     assert result.strongest_medians()[key] == pytest.approx((1.04 + 1.3) / 2)
     best = load_best(s.url).iloc[0]
     assert best["strongest_ratio"] == pytest.approx((1.04 + 1.3) / 2) and best["ratio"] == pytest.approx(1.3)
+
+
+def test_confirm_measures_only_the_problems_its_patterns_name(store, monkeypatch):
+    """`--problem PATTERN` (repeatable) keeps the candidates whose problem name matches; a pattern
+    that matches none is a one-line error naming the store's problems, with nothing measured."""
+    from typer.testing import CliRunner
+
+    import cutlass_tune.bench
+    import cutlass_tune.compile
+    from cutlass_tune.cli import app
+
+    measured = []
+
+    class Gpu(ScriptedBench):
+        def __init__(self, gpu):
+            super().__init__({})
+            self.timing = cutlass_tune.bench.TimingOptions()
+
+        @property
+        def scheme(self):
+            return self.timing.scheme
+
+        def measure(self, compiled, problem, variants, bar=None):
+            measured.append(problem)
+            yield from super().measure(compiled, problem, variants)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cutlass_tune.bench, "WorkerBenchmarker", Gpu)
+    monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", lambda cfgs, **kw: FakeCompiler()(cfgs))
+    monkeypatch.setenv("CUTLASS_TUNE_NVCC", "/nonexistent/nvcc")
+    runner = CliRunner()
+    r = runner.invoke(app, ["confirm", "--storage", store.url, "--passes", "1", "--problem", "1024x*"],
+                      terminal_width=250)
+    assert r.exit_code == 0, r.output
+    assert set(measured) == {SMALL}
+    before = len(store.rows())
+    r = _cli("confirm", "--storage", store.url, "--problem", "16x*", "--problem", "*fp8*")
+    assert (r.returncode, r.stdout, len(store.rows())) == (2, "", before)
+    assert r.stderr.startswith(f"error: no problem of {store.url} matches --problem '16x*', '*fp8*' (its problems: ")
+    assert BIG.name in r.stderr and len(r.stderr.splitlines()) == 1
