@@ -88,7 +88,11 @@ def test_the_valid_configs_hold_with_narrow_b_scale_granularities():
     census = auto.census()
     assert census.valid == len(auto) == counts["valid"] and census.total == auto.total == sum(counts.values())
     assert sorted(c.hash for c in auto) == sorted(c.hash for c in valid)
-    assert {c.scale_n for c in valid} == {32, 64, 128} and all(c.tile_n == c.scale_n for c in valid)
+    assert {c.scale_n for c in valid} == {32, 64, 128}
+    assert all(c.tile_n == c.scale_n for c in valid if not c.swap_ab)
+    # swapped, the scale block runs along the kernel's M (the weights' N): tile M takes it
+    swapped = [c for c in valid if c.swap_ab]
+    assert swapped and all(c.tile_m == c.scale_n and c.tile_n in (32, 64, 128) for c in swapped)
 
 
 def test_every_rule_is_exercised_by_the_small_product():
