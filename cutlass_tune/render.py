@@ -175,7 +175,8 @@ def fusion(cfg: KernelConfig) -> tuple[str, list[str]] | None:
     the arguments). The config must be valid (`check_config`)."""
     if not fused(cfg):
         return None
-    if cfg.scaling in (Scaling.TENSOR, Scaling.ROWCOL) or cfg.epilogue.gated:
+    # A swapped kernel's bias is one per row of its D: a column broadcast, which only the tree has.
+    if cfg.scaling in (Scaling.TENSOR, Scaling.ROWCOL) or cfg.epilogue.gated or (cfg.swap_ab and cfg.epilogue.bias):
         tree = _tree(cfg)
         return tree.type, [f"args.epilogue.thread = {tree.arguments};"]
     act = _member(cfg.epilogue, "activation", _ACTIVATION)

@@ -137,3 +137,12 @@ def test_a_scaling_without_graph_ratios_prints_no_verdict(call_site):
     lines = call_site.table_lines([only_failed])
     assert lines[0] == "\nblockwise, against torch._scaled_mm blockwise"
     assert not any(line.startswith("graph") for line in lines)
+
+
+def test_the_swap_space_holds_the_narrow_spaces_shapes_with_weight_tiles_as_tall_as_their_scales():
+    swap = load_space(BENCHMARKS / "configs" / "fp8_blockwise_swap.yaml")
+    narrow = load_space(BENCHMARKS / "configs" / "fp8_blockwise_narrow_n.yaml")
+    assert list(swap.problems) == list(narrow.problems)
+    assert swap.census().valid == len(swap.valid) == 14
+    assert all(c.swap_ab and c.tile_m == c.scale_n and c.stages == 0 for c in swap.valid)
+    assert {(c.tile_m, c.tile_n) for c in swap.valid} == {(m, n) for m in (64, 128) for n in (16, 32, 64, 128)}

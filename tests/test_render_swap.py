@@ -80,3 +80,32 @@ def test_swapped_mixed_fp8_kernel_swaps_the_element_types():
 def test_swap_outside_fp8_rowcol_is_not_rendered(change):
     with pytest.raises(RenderError, match="swap_ab"):
         render_unit([dataclasses.replace(SWAPPED, **change)])
+
+
+BLOCKWISE = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_m=64, tile_n=32, tile_k=128, scale_n=64,
+                         scaling=Scaling.BLOCKWISE, swap_ab=True, kernel_schedule=KernelSchedule.PINGPONG,
+                         epilogue_schedule=EpilogueSchedule.TMA, epilogue_source=False)
+
+
+def test_swapped_blockwise_kernel_reads_the_weights_scales_as_its_a_scales():
+    body = _arguments(BLOCKWISE)
+    assert "{n, m, k, 1}" in body
+    # The caller's B scales (the weights', K-major) are the swapped mainloop's SFA, its A scales SFB,
+    # both laid over the swapped problem.
+    sfa = "static_cast<const float*>(p->scale_b), ScaleConfig::tile_atom_to_shape_SFA(make_shape(n, m, k, 1))"
+    sfb = "static_cast<const float*>(p->scale_a), ScaleConfig::tile_atom_to_shape_SFB(make_shape(n, m, k, 1))"
+    assert body.index("static_cast<const ElementB*>(p->a)") < body.index(sfa) < body.index(sfb)
+    assert "{p->alpha, p->beta}" in body  # the plain epilogue: the mainloop applied the scales
+    source = render_unit([BLOCKWISE]).source
+    assert "Sm90BlockwiseScaleConfig<64, 1, 128,\n    cute::GMMA::Major::K, cute::GMMA::Major::MN>" in source
+    unswapped = render_unit([dataclasses.replace(BLOCKWISE, swap_ab=False, tile_n=64)]).source
+    assert "Sm90BlockwiseScaleConfig<1, 64, 128,\n    cute::GMMA::Major::MN, cute::GMMA::Major::K>" in unswapped
+    assert "tile_atom_to_shape_SFA(make_shape(m, n, k, 1))" in unswapped
+
+
+def test_swapped_blockwise_bias_is_a_column_broadcast():
+    """Guards against the 16-bit per-column bias fusion, which would add N's bias along M."""
+    tree = render.template_values(dataclasses.replace(BLOCKWISE, epilogue=Epilogue.parse("bias+silu")))["fusion"]
+    assert "Sm90ColBroadcast<0, TileShape, ElementBias" in tree and "LinCombPerColBiasEltAct" not in tree
+    unswapped = dataclasses.replace(BLOCKWISE, swap_ab=False, tile_n=64, epilogue=Epilogue.parse("bias+silu"))
+    assert "LinCombPerColBiasEltAct" in render.template_values(unswapped)["fusion"]

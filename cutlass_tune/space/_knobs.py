@@ -182,15 +182,17 @@ class KernelConfig(Operation):
     epilogue keeps no shared-memory buffers for C and issues its TMA stores without waiting
     for C loads. Every launch cutlass-tune makes has beta = 0, so both kinds serve it."""
     swap_ab: bool = False
-    """fp8 row-wise only: the kernel computes the transposed problem D^T = B^T A^T (B's rows
-    as its M, A's as its N, D written column-major: D's row-major memory), so that a small M
-    takes the tile's N side; tile M/N and cluster M/N then apply to N/M of the problem. The
-    caller passes the operands as for any kernel: the swap is inside the kernel's arguments."""
+    """fp8 row-wise or dense block-wise only: the kernel computes the transposed problem
+    D^T = B^T A^T (B's rows as its M, A's as its N, D written column-major: D's row-major
+    memory), so that a small M takes the tile's N side; tile M/N and cluster M/N then apply to
+    N/M of the problem. The caller passes the operands and scales as for any kernel: the swap
+    is inside the kernel's arguments."""
     scale_n: int = _rules.BLOCKWISE_K
     """Block-wise only: the columns of B (N) one of the scales the kernel reads covers, and its
-    tile N. Below 128 the kernel reads the caller's 128 x 128 block scales repeated along N
-    (`expand_blockwise_scale_b`; the bench and `runtime.Gemm` pass them so): the same
-    products, in tiles narrow enough to give a small-M GEMM more CTAs."""
+    tile N (swapped, its tile M: B's N is the kernel's M). Below 128 the kernel reads the
+    caller's 128 x 128 block scales repeated along N (`expand_blockwise_scale_b`; the bench and
+    `runtime.Gemm` pass them so): the same products, in tiles narrow enough to give a small-M
+    GEMM more CTAs."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (enum values as strings); inverse of `from_dict`.

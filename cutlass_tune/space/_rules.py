@@ -149,10 +149,12 @@ swap_ab_problem = _flag_rule("swap_ab")
 def swap_ab_operation_problem(cfg: Operation) -> str | None:
     """Why an operation has no A/B-swapped kernel, or None: the swap is built for fp8 with
     row-wise scales (A's row scales become the swapped problem's column scales and B's its
-    row scales) and an epilogue of a bias and an activation at most (the bias becomes a column
-    broadcast; a residual or gate would read C transposed, which is not verified), not grouped."""
-    if not (_fp8_inputs(cfg.dtype_a, cfg.dtype_b) and cfg.scaling is Scaling.ROWCOL):
-        return "swap_ab is built for fp8 inputs with rowcol scaling only"
+    row scales) or block-wise scales (B's block scales become the swapped mainloop's A scales,
+    one per tile M, and A's 1 x 128 group scales its B scales, one per column), and an epilogue
+    of a bias and an activation at most (the bias becomes a column broadcast; a residual or gate
+    would read C transposed, which is not verified), not grouped."""
+    if not (_fp8_inputs(cfg.dtype_a, cfg.dtype_b) and cfg.scaling in (Scaling.ROWCOL, Scaling.BLOCKWISE)):
+        return "swap_ab is built for fp8 inputs with rowcol or blockwise scaling only"
     if cfg.epilogue.residual or cfg.epilogue.gated:
         return "swap_ab takes a bias and an activation at most (no residual or gated epilogue)"
     if cfg.grouping is not Grouping.NONE:
@@ -267,16 +269,31 @@ def scale_n_problem(v: int) -> str | None:
     return None
 
 
+BLOCKWISE_SWAP_TILE_N = (16, 32, 64, 128)
+"""The tile N (tokens, the caller's M) of an A/B-swapped block-wise kernel: the widths nvcc built
+here without spills (tests/compile/test_nvcc_blockwise_swap.py)."""
+
+
+def blockwise_scales_per_tile(cfg: KernelConfig) -> tuple[int, int]:
+    """The fp32 scales of the kernel's A and B that one mainloop stage holds (the mainloop's
+    ScaleMsPerTile, ScaleNsPerTile): one per row of A's tile and one per scale_n columns of B's;
+    swapped (`swap_ab`), one per scale_n rows of its A (the weights, the caller's B) and one per
+    column of its B (the tokens, whose scales are per row of the caller's A)."""
+    if cfg.swap_ab:
+        return cfg.tile_m // cfg.scale_n, cfg.tile_n
+    return cfg.tile_m, cfg.tile_n // cfg.scale_n
+
+
 def blockwise_scale_bytes(cfg: KernelConfig) -> int:
-    """The scales one mainloop stage holds: tile M of A's (one per row) and tile N / scale_n
-    of B's, fp32 (compute_stage_count_with_blockwise_scale)."""
-    return 4 * (cfg.tile_m + cfg.tile_n // cfg.scale_n) if cfg.scaling is Scaling.BLOCKWISE else 0
+    """The scales one mainloop stage holds, fp32 (compute_stage_count_with_blockwise_scale)."""
+    return 4 * sum(blockwise_scales_per_tile(cfg)) if cfg.scaling is Scaling.BLOCKWISE else 0
 
 
 def broadcast_rows(cfg: KernelConfig) -> tuple[DType, ...]:
     """The per-column vectors the fused epilogue stages in shared memory, one tile-N row each
-    (Sm90RowBroadcast): the bias (of D's type) and, for per-column fp8 scales, B's (fp32)."""
-    rows = (cfg.dtype_d,) if cfg.epilogue.bias else ()
+    (Sm90RowBroadcast): the bias (of D's type; a swapped kernel reads it per row, from global
+    memory) and, for per-column fp8 scales, B's (fp32)."""
+    rows = (cfg.dtype_d,) if cfg.epilogue.bias and not cfg.swap_ab else ()
     return rows + ((DType.F32,) if cfg.scaling is Scaling.ROWCOL else ())
 
 
@@ -301,6 +318,14 @@ def epilogue_smem_bytes(cfg: KernelConfig) -> int:
     # 128x128 bias kernel's and a rowcol fp8 kernel's stages and sizes (tests/compile).
     fusion = sum(_round_up(cfg.tile_n * dtype.bits // 8, 16) for dtype in broadcast_rows(cfg))
     barriers = 2 * 8 * stages_c
+    if cfg.swap_ab and cfg.scaling is Scaling.BLOCKWISE:
+        # Column-major D: the buffers' swizzle atom spans the subtile's 64 or 128 rows (128 bytes,
+        # aligned to 1024), and the fusion's storage after them (a byte where it is empty) and the
+        # barriers each round the storage up to that alignment. Measured: ping-pong 64x16 block-wise
+        # takes 21 stages, not 22 (tests/compile/test_nvcc_blockwise_swap.py). The row-wise swapped
+        # kernels' stages and sizes hold without it (tests/compile/test_nvcc_swap.py), and their
+        # kernel allowance would not: their mainloop storage is counted per stage, not per array.
+        return _round_up(_round_up(tensors + max(fusion, 1), 1024) + barriers, 1024)
     return _round_up(tensors, 1024) + fusion + barriers
 
 
@@ -338,7 +363,8 @@ def _mainloop_tensor_bytes(cfg: KernelConfig, stages: int) -> int:
     tiles = stages * (cfg.tile_m * cfg.dtype_a.bits + cfg.tile_n * cfg.dtype_b.bits) * cfg.tile_k // 8
     if cfg.scaling is not Scaling.BLOCKWISE:
         return tiles
-    return tiles + _round_up(4 * stages * cfg.tile_m, 16) + _round_up(4 * stages * (cfg.tile_n // cfg.scale_n), 16)
+    scales_a, scales_b = blockwise_scales_per_tile(cfg)
+    return tiles + _round_up(4 * stages * scales_a, 16) + _round_up(4 * stages * scales_b, 16)
 
 
 def _grouped_smem_usage(cfg: KernelConfig, stage_bytes: int, epi: int) -> SmemUsage:
@@ -530,7 +556,15 @@ def _blockwise_rejections(cfg: KernelConfig) -> list[Rejection]:
         out.append(Rejection("blockwise_tile", f"block-wise scaling applies B's scales every {BLOCKWISE_K} K: "
                              f"the mainloop needs tile K {BLOCKWISE_K} (promotes every 4 wgmma k-steps), "
                              f"not {cfg.tile_k}"))
-    elif cfg.tile_n != cfg.scale_n:
+    elif cfg.swap_ab and cfg.tile_m != cfg.scale_n:
+        out.append(Rejection("blockwise_tile", f"a swapped block-wise kernel's tile M runs over the weights' N "
+                             f"and takes one of their scale blocks: tile M {cfg.scale_n} (scale_n), not "
+                             f"{cfg.tile_m} (ping-pong 64 with scale_n 64, cooperative 128 with scale_n 128)"))
+    elif cfg.swap_ab and cfg.tile_n not in BLOCKWISE_SWAP_TILE_N:
+        out.append(Rejection("blockwise_tile", f"a swapped block-wise kernel's tile N runs over the tokens, one "
+                             f"scale per column: {', '.join(map(str, BLOCKWISE_SWAP_TILE_N))} (built with nvcc "
+                             f"here), not {cfg.tile_n}"))
+    elif not cfg.swap_ab and cfg.tile_n != cfg.scale_n:
         out.append(Rejection("blockwise_tile", f"the block-wise mainloop takes one B scale block per tile: tile "
                              f"N {cfg.scale_n} (scale_n), not {cfg.tile_n} (tile N 256 with scale_n 128 fails its "
                              f"static_assert \"Accumulator and scaleB must have same shape\"); tile N 64 or 32 "
@@ -592,7 +626,7 @@ def _grouped_rejections(cfg: KernelConfig) -> list[Rejection]:
 
 _SMEM_READS = ("dtype_a", "dtype_b", "dtype_c", "dtype_d", "tile_m", "tile_n", "tile_k", "stages",
                "kernel_schedule", "epilogue_schedule", "epilogue_tile_n", "epilogue_source", "epilogue",
-               "scaling")
+               "scaling", "scale_n", "swap_ab")
 
 CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(reads)) for rule, reads in (
     ("arch", ("arch",)),
@@ -605,7 +639,7 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("fp8_layout", ("dtype_a", "dtype_b", "layout_a", "layout_b")),
     ("fp8_fast_accum", ("fp8_fast_accum", "dtype_a", "dtype_b")),
     ("fp8_promotion", ("fp8_fast_accum", "dtype_a", "dtype_b", "tile_k")),
-    ("blockwise_tile", ("scaling", "tile_k", "tile_n", "scale_n")),
+    ("blockwise_tile", ("scaling", "tile_k", "tile_n", "scale_n", "tile_m", "swap_ab")),
     ("blockwise_schedule", ("scaling", "kernel_schedule", "fp8_fast_accum")),
     ("blockwise_stages", ("scaling", "stages")),
     ("blockwise_scale_n", ("scale_n", "scaling", "grouping")),
