@@ -69,12 +69,14 @@ class _Rows:
         self.row = pd.Series({"config": json.dumps(config.to_dict()), "config_hash": "h", "ratio": ratio,
                               "ratio_low": ratio})
         self.runtime = _grouped.RuntimeArgs()
+        self.ratio = ratio
 
     def find(self, *args: object, **kwargs: object) -> _Rows:
         return self
 
 
-def _problem(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None = None) -> Problem:
+def _problem(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None = None,
+             scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> Problem:
     e, k, n = b.shape
     return Problem.experts(e, n, k, a.shape[0], dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_d=DType.BF16,
                            layout_b=Layout.COL)
