@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from grouped_python_path import doubles, per_call_us  # beside this script
 
-from cutlass_tune.runtime import BestTable, _grouped, _grouped_op, _op, register_table
+from cutlass_tune.runtime import BestTable, _grouped, _op, register_table
+from cutlass_tune.runtime._registration import KERNELS
 
 M, N, K, E = 8, 32, 32, 4
 
@@ -53,8 +54,8 @@ def _result_of_matmul(a: torch.Tensor, b: torch.Tensor, table: object, out_dtype
 def cuda_kernels_on_cpu() -> Iterator[None]:
     """Each operator's CPU kernel replaced by its CUDA kernel."""
     with contextlib.ExitStack() as stack:
-        for op in (_op.mm, _op.linear, _grouped_op.grouped_mm_op):
-            stack.enter_context(mock.patch.dict(op._backend_fns, {"cpu": op._backend_fns["cuda"]}))
+        for kernels in KERNELS.values():
+            stack.enter_context(mock.patch.dict(kernels, {"cpu": kernels["cuda"]}))
         yield
 
 
