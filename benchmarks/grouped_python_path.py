@@ -31,7 +31,8 @@ from unittest import mock
 import pandas as pd
 import torch
 
-from cutlass_tune.runtime import BestTable, _grouped, _grouped_op, _matmul, register_table
+from cutlass_tune.runtime import BestTable, _grouped, _matmul, register_table
+from cutlass_tune.runtime._registration import KERNELS
 from cutlass_tune.space import DType, Grouping, KernelConfig, KernelSchedule, Layout, Problem, TileScheduler
 from cutlass_tune.tables import BundledKernel
 
@@ -69,12 +70,14 @@ class _Rows:
         self.row = pd.Series({"config": json.dumps(config.to_dict()), "config_hash": "h", "ratio": ratio,
                               "ratio_low": ratio})
         self.runtime = _grouped.RuntimeArgs()
+        self.ratio = ratio
 
     def find(self, *args: object, **kwargs: object) -> _Rows:
         return self
 
 
-def _problem(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None = None) -> Problem:
+def _problem(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None = None,
+             scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> Problem:
     e, k, n = b.shape
     return Problem.experts(e, n, k, a.shape[0], dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_d=DType.BF16,
                            layout_b=Layout.COL)
@@ -86,7 +89,7 @@ def doubles(table: BestTable) -> Iterator[None]:
     config = KernelConfig(tile_m=128, tile_n=128, tile_k=64, kernel_schedule=KernelSchedule.COOPERATIVE,
                           tile_scheduler=TileScheduler.PERSISTENT, layout_b=Layout.COL, grouping=Grouping.GROUPED)
     table.bundled = {"h": BundledKernel(Path("unused.so"), "k0")}
-    cuda_kernel = _grouped_op.grouped_mm_op._backend_fns["cuda"]
+    kernels = KERNELS["grouped_mm"]
     with contextlib.ExitStack() as stack:
         for target, name, value in [
             (_matmul, "LoadedKernel", _Kernel), (_grouped, "_current_stream", lambda device: 7),
@@ -95,7 +98,7 @@ def doubles(table: BestTable) -> Iterator[None]:
             (_grouped, "grouped_problem_of", _problem),
             (torch.cuda, "is_current_stream_capturing", lambda: False),
             (torch.Tensor, "get_device", lambda self: 0),
-            (_grouped_op.grouped_mm_op._backend_fns, "cpu", cuda_kernel),
+            (kernels, "cpu", kernels["cuda"]),
         ]:
             if isinstance(target, dict):
                 stack.enter_context(mock.patch.dict(target, {name: value}))

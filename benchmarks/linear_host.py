@@ -11,7 +11,9 @@ meanwhile (`grouped_host.host_us`: the host only enqueues), median of `--reps` b
 - cutlass_tune.matmul with the epilogue's operands (the public call);
 - torch.ops.cutlass_tune.linear under no_grad (the operator: what the fusion pass and a fused
   nn.Linear call);
-- a patched nn.Linear (`cutlass_tune.nn.Linear` with the activation) under no_grad.
+- a patched nn.Linear (`cutlass_tune.nn.Linear` with the activation) under no_grad;
+- torch's calls and the operator compiled: a function of the one layer under torch.compile
+  (default mode, no CUDA graphs), as a compiled model calls them.
 
 A model whose GEMMs take less GPU time than these host times waits on the host: the BERT-large
 layers at 8192 tokens take 29-140 us each on an H200. Writes OUT_DIR/linear_host[-LABEL].json
@@ -66,6 +68,9 @@ def main() -> int:
             y = F.linear(x, w, bias)
             return act(y if c is None else y + c)
 
+        torch._dynamo.reset()  # each case compiles afresh: its shapes, no recompile limit
+        compiled_torch = torch.compile(eager)
+        compiled_op = torch.compile(lambda: torch.ops.cutlass_tune.linear(x, w, bias, activation, key, c))
         with torch.no_grad():
             want = eager()
             got = cutlass_tune.matmul(x, w.t(), table, bias=bias, activation=activation, c=c)
@@ -80,18 +85,21 @@ def main() -> int:
             }
             if c is None:
                 us["cutlass_tune.nn.Linear"] = host_us(lambda: fused(x), args.calls, args.reps)
+            us["compiled torch"] = host_us(compiled_torch, args.calls, args.reps)
+            us["compiled torch.ops.cutlass_tune.linear"] = host_us(compiled_op, args.calls, args.reps)
         rows.append({"case": name, "m": m, "n": n, "k": k, "host_us": us, "relative_error": error})
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "label": args.label,
               "table": str(args.table), "calls": args.calls, "reps": args.reps, "cases": rows}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     suffix = f"-{args.label}" if args.label else ""
     (args.out_dir / f"linear_host{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'case':<28} {'torch us':>9} {'matmul us':>10} {'operator us':>12} {'nn.Linear us':>13} {'rel.err':>8}"
-          + (f"  ({args.label})" if args.label else ""))
+    print(f"{'case':<28} {'torch us':>9} {'matmul us':>10} {'operator us':>12} {'nn.Linear us':>13} "
+          f"{'torch cmp us':>13} {'op cmp us':>10} {'rel.err':>8}" + (f"  ({args.label})" if args.label else ""))
     for r in rows:
         us = r["host_us"]
         print(f"{r['case']:<28} {us['torch']:>9.1f} {us['cutlass_tune.matmul']:>10.1f} "
               f"{us['torch.ops.cutlass_tune.linear']:>12.1f} {us.get('cutlass_tune.nn.Linear', float('nan')):>13.1f} "
+              f"{us['compiled torch']:>13.1f} {us['compiled torch.ops.cutlass_tune.linear']:>10.1f} "
               f"{r['relative_error']:>8.1e}")
     return 0
 
