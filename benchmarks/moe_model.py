@@ -14,6 +14,9 @@ of `--tokens` tokens (FAMILIES: Qwen3-30B-A3B, 128 experts of 768, top 8, hidden
   implementations; the graph breaks of each are counted (torch._dynamo's counters) and recorded.
 - `--train`: one training step (forward with labels, the loss, backward): loss and every
   parameter's gradient of both compared (bf16 tolerance), time per step.
+- `--profile`: after the timing, one step of each implementation under torch.profiler: the
+  step's host time against its GPU kernels' time and the 25 operators of most host time, to
+  OUT_DIR/<family>-<tokens>-<mode>-profile-<implementation>.txt (where a model waits on the host).
 
 Sustained timing: blocks of `--block` steps of each implementation in turn, each block timed by
 CUDA events, the median block per step reported (alternating keeps clocks and heat alike for
@@ -128,6 +131,11 @@ def run(args: argparse.Namespace) -> dict:
             model.set_experts_implementation(name)
             blocks[name].append(block_ms(step, args.block))
     ms = {name: statistics.median(times) for name, times in blocks.items()}
+    if args.profile:
+        for name in names:
+            model.set_experts_implementation(name)
+            path = args.out_dir / f"{args.family}-{args.tokens}-{_mode(args)}-profile-{name}.txt"
+            _profile(step, path)
     spec = FAMILIES[args.family]
     worst = max(grad_errors.items(), key=lambda kv: kv[1]) if grad_errors else None
     return {
@@ -140,6 +148,25 @@ def run(args: argparse.Namespace) -> dict:
         "grads_close": None if worst is None else worst[1] < GRAD_TOLERANCE,
         "wall_s": round(time.perf_counter() - began, 1),
     }
+
+
+def _profile(step, path: Path) -> None:
+    """One warm step under torch.profiler: its wall time, its GPU kernels' summed time and the
+    operators of most host time, written to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) * 1e3
+    events = prof.key_averages()
+    gpu_ms = sum(e.self_device_time_total for e in events) / 1e3
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"step {wall_ms:.3f} ms wall under the profiler; GPU kernels {gpu_ms:.3f} ms\n"
+                    + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70) + "\n")
 
 
 def _mode(args: argparse.Namespace) -> str:
@@ -177,6 +204,7 @@ def main() -> int:
     parser.add_argument("--train", action="store_true", help="time a training step (forward, loss, backward)")
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--block", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="profile one step of each implementation")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("moe_model: needs a CUDA GPU", file=sys.stderr)
