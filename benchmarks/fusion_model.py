@@ -1,7 +1,7 @@
 """End-to-end fusion: transformers models with the tuned fused GEMMs against the same models plain.
 
     python3 benchmarks/fusion_model.py TABLE OUT_DIR [--family bert|gpt_neox|llama]
-                                       [--mode infer|infer-compile|train] [--tokens N] [--layers N]
+                                       [--mode infer|infer-compile|infer-graphs|train] [--tokens N] [--layers N]
                                        [--min-ratio R] [--blocks 8] [--block 5]
     python3 benchmarks/fusion_model.py summary OUT_DIR      # the table of every run in OUT_DIR
 
@@ -14,6 +14,9 @@ weights:
 - infer-compile: each layer through torch.compile with `options=cutlass_tune.inductor_options(table)`
   (the post-grad pass: activations, residual adds, gated products, biases) against each layer
   compiled plain;
+- infer-graphs: as infer-compile, with Inductor's CUDA graphs (what `mode="reduce-overhead"`
+  turns on) on both sides, as a serving loop replays a step: no host time per call is left, so
+  the pass fuses every site the table wins (`min_kernel_us=0`);
 - train: one training step (forward, mean square of the last hidden state, backward), patched
   against plain; every parameter's gradient compared.
 
@@ -43,7 +46,9 @@ from _blocks import block_ms, relative  # beside this script
 
 VOCAB = 8192
 DEVICE = "cuda"
-MODES = ("infer", "infer-compile", "train")
+MODES = ("infer", "infer-compile", "infer-graphs", "train")
+GRAPHS = {"triton.cudagraphs": True}
+"""Inductor's CUDA graphs: the option `mode="reduce-overhead"` sets (a mode and options do not mix)."""
 FAMILIES: dict[str, dict[str, Any]] = {
     # BERT-large's widths: erf GELU with a bias (bias+gelu), the attention and MLP outputs added
     # to their inputs before LayerNorm (bias+residual)
@@ -132,10 +137,12 @@ def fuse(model: torch.nn.Module, family: str, mode: str, table: Any, min_ratio: 
     import cutlass_tune
 
     extra = {} if min_kernel_us is None else {"min_kernel_us": min_kernel_us}
-    if mode == "infer-compile":
+    if mode == "infer-graphs":
+        extra.setdefault("min_kernel_us", 0.0)
+    if mode in ("infer-compile", "infer-graphs"):
         options = cutlass_tune.inductor_options(table, min_ratio=min_ratio, **extra)
         for layer in _layers(model, family):
-            layer.compile(options=options)
+            layer.compile(options={**options, **GRAPHS} if mode == "infer-graphs" else options)
         return {"kind": "inductor_options", "options": options}
     report = cutlass_tune.patch(model, table, min_ratio=min_ratio, fuse=True, **extra)
     return {"kind": "patch", "report": report}
@@ -166,9 +173,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plain = _model(args.family, args.layers).train(train)
     tuned = copy.deepcopy(plain)
     fused = fuse(tuned, args.family, args.mode, table, args.min_ratio, args.min_kernel_us)
-    if args.mode == "infer-compile":
+    if args.mode in ("infer-compile", "infer-graphs"):
         for layer in _layers(plain, args.family):
-            layer.compile()
+            layer.compile(options=GRAPHS if args.mode == "infer-graphs" else None)
     sequence = min(args.tokens, FAMILIES[args.family]["sequence"])
     ids = torch.randint(0, VOCAB, (args.tokens // sequence, sequence), device=DEVICE)
     copies = {"plain": plain, "fused": tuned}
@@ -180,6 +187,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 out = model(input_ids=ids).last_hidden_state
                 out.float().pow(2).mean().backward()
                 return out.detach()
+            if args.mode == "infer-graphs":
+                torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs may go
             with torch.no_grad():
                 return model(input_ids=ids).last_hidden_state
         return once

@@ -1,7 +1,7 @@
 """End-to-end MoE model: transformers' "grouped_mm" experts vs the tuned "cutlass_tune" ones.
 
     python3 benchmarks/moe_model.py TABLE OUT_DIR [--family qwen3_moe|olmoe] [--tokens 4096] [--layers 4]
-                                    [--compile] [--train] [--blocks 10] [--block 10]
+                                    [--compile [--graphs]] [--train] [--blocks 10] [--block 10] [--profile]
     python3 benchmarks/moe_model.py summary OUT_DIR      # the table of every run in OUT_DIR
 
 A model of one family cut to `--layers` layers, real widths, random bf16 weights, one sequence
@@ -12,6 +12,8 @@ of `--tokens` tokens (FAMILIES: Qwen3-30B-A3B, 128 experts of 768, top 8, hidden
 - `--compile`: each decoder layer through torch.compile (default mode; the layers are alike, so
   one compiled graph serves them all and compiling stays within seconds), for both
   implementations; the graph breaks of each are counted (torch._dynamo's counters) and recorded.
+  With `--graphs`, Inductor's CUDA graphs too (what `mode="reduce-overhead"` turns on), as a
+  serving loop replays a small batch's step: no host time per call is left in the step.
 - `--train`: one training step (forward with labels, the loss, backward): loss and every
   parameter's gradient of both compared (bf16 tolerance), time per step.
 - `--profile`: after the timing, one step of each implementation under torch.profiler: the
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> dict:
     model.train(args.train)
     if args.compile:
         for layer in model.model.layers:
-            layer.compile()
+            layer.compile(options={"triton.cudagraphs": True} if args.graphs else None)
     ids = torch.randint(0, VOCAB, (1, args.tokens), device=DEVICE)
     names = ("grouped_mm", ct.NAME)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -99,6 +101,8 @@ def run(args: argparse.Namespace) -> dict:
             loss = model(ids, labels=ids).loss
             loss.backward()
             return loss.detach()
+        if args.graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs may go
         with torch.no_grad():
             return model(ids).logits
 
@@ -170,7 +174,7 @@ def _profile(step, path: Path) -> None:
 
 
 def _mode(args: argparse.Namespace) -> str:
-    return ("train" if args.train else "infer") + ("-compile" if args.compile else "")
+    return ("train" if args.train else "infer") + ("-graphs" if args.graphs else "-compile" if args.compile else "")
 
 
 def summary(out_dir: Path) -> str:
@@ -201,11 +205,14 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (default mode)")
+    parser.add_argument("--graphs", action="store_true", help="with --compile: Inductor's CUDA graphs too")
     parser.add_argument("--train", action="store_true", help="time a training step (forward, loss, backward)")
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="profile one step of each implementation")
     args = parser.parse_args()
+    if args.graphs and (args.train or not args.compile):
+        parser.error("--graphs goes with --compile, for inference")
     if not torch.cuda.is_available():
         print("moe_model: needs a CUDA GPU", file=sys.stderr)
         return 2
