@@ -31,8 +31,7 @@ from unittest import mock
 import pandas as pd
 import torch
 
-from cutlass_tune.runtime import BestTable, _grouped, _matmul, register_table
-from cutlass_tune.runtime._registration import KERNELS
+from cutlass_tune.runtime import BestTable, _grouped, _grouped_op, _matmul, register_table
 from cutlass_tune.space import DType, Grouping, KernelConfig, KernelSchedule, Layout, Problem, TileScheduler
 from cutlass_tune.tables import BundledKernel
 
@@ -89,7 +88,7 @@ def doubles(table: BestTable) -> Iterator[None]:
     config = KernelConfig(tile_m=128, tile_n=128, tile_k=64, kernel_schedule=KernelSchedule.COOPERATIVE,
                           tile_scheduler=TileScheduler.PERSISTENT, layout_b=Layout.COL, grouping=Grouping.GROUPED)
     table.bundled = {"h": BundledKernel(Path("unused.so"), "k0")}
-    kernels = KERNELS["grouped_mm"]
+    cuda_kernel = _grouped_op.grouped_mm_op._backend_fns["cuda"]
     with contextlib.ExitStack() as stack:
         for target, name, value in [
             (_matmul, "LoadedKernel", _Kernel), (_grouped, "_current_stream", lambda device: 7),
@@ -98,7 +97,7 @@ def doubles(table: BestTable) -> Iterator[None]:
             (_grouped, "grouped_problem_of", _problem),
             (torch.cuda, "is_current_stream_capturing", lambda: False),
             (torch.Tensor, "get_device", lambda self: 0),
-            (kernels, "cpu", kernels["cuda"]),
+            (_grouped_op.grouped_mm_op._backend_fns, "cpu", cuda_kernel),
         ]:
             if isinstance(target, dict):
                 stack.enter_context(mock.patch.dict(target, {name: value}))

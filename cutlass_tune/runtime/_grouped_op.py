@@ -14,7 +14,7 @@ per stream as `grouped_mm` does: none in CUDA graph capture nor on the stream of
 CUDA graph trees. Off CUDA torch computes it, so that registration, shapes and gradients can be
 checked on any machine.
 
-Backward (`_registration.define`'s autograd kernel):
+Backward (`register_autograd`):
 - dA = dY @ B_e^T per group: the same operator on `b.transpose(-2, -1)`, a grouped problem
   with N and K swapped and the other layout of B (the E x N x K weight stack of a "tn" call is
   a contiguous "tt" operand), so a table with those grouped kernels serves it.
@@ -32,7 +32,6 @@ import torch
 from ._grouped import run_grouped, torch_grouped_mm
 from ._matmul import _OUT_DTYPES, MatmulInputError, _warn_once
 from ._op import _TAGS, _on_device_of, registered_table
-from ._registration import define
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None) -> None:
@@ -56,10 +55,11 @@ def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torc
                  "float32)")
 
 
-def _grouped_mm_cuda(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
-                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
+@torch.library.custom_op("cutlass_tune::grouped_mm", mutates_args=(), device_types="cuda", tags=_TAGS)
+def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e] by the tuned grouped kernels of the
-    table registered under `table` (CUDA tensors): the operator's CUDA kernel.
+    table registered under `table` (CUDA tensors).
 
     Args:
         a: M x K, bfloat16 or float16 for a tuned kernel, rows sorted by expert.
@@ -86,6 +86,7 @@ def _grouped_mm_cuda(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table
             return torch_grouped_mm(a, b, offs, out_dtype)
 
 
+@grouped_mm_op.register_kernel("cpu")
 def _grouped_mm_cpu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     # torch's grouped GEMM alone: no tuned kernel runs off CUDA. The key is still checked, so a
@@ -95,6 +96,7 @@ def _grouped_mm_cpu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table:
     return torch_grouped_mm(a, b, offs, out_dtype)
 
 
+@grouped_mm_op.register_fake
 def _grouped_mm_fake(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
     _check(a, b, offs, out_dtype)
@@ -138,8 +140,4 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.
     return grad_a, grad_b_, None, None, None
 
 
-grouped_mm_op = define("grouped_mm(Tensor a, Tensor b, Tensor offs, str table, ScalarType? out_dtype=None) -> Tensor",
-                       kernels={"cuda": _grouped_mm_cuda, "cpu": _grouped_mm_cpu}, fake=_grouped_mm_fake,
-                       backward=_backward, setup_context=_setup_context, tags=_TAGS)
-"""`torch.ops.cutlass_tune.grouped_mm`: `_grouped_mm_cuda` on CUDA tensors, torch's grouped GEMM on
-CPU ones."""
+grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)

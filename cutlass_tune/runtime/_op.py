@@ -18,7 +18,7 @@ empty batch) are computed by torch's GEMM too, with one warning per cause: insid
 operator always gives a @ b. Off CUDA it computes with torch alone (tuned kernels run on CUDA);
 that path exists so that registration, shapes and gradients can be checked on any machine.
 
-Backward (`_registration.define`'s autograd kernel) runs the same operator on the layouts it needs: dA = dY @ B^T and
+Backward (`register_autograd`) runs the same operator on the layouts it needs: dA = dY @ B^T and
 dB = A^T @ dY, each computed in its operand's layout (for nn.Linear's weight, dW = dY^T @ X lands
 N x K row-major like the weight), so a table with tuned tt and nt kernels serves a Linear's
 backward too, and torch's GEMM does where it has none.
@@ -52,7 +52,6 @@ from .._torch import ACTIVATION, ACTIVATION_GRAD, FP8_DTYPES
 from ..errors import CutlassTuneError
 from ..space import Activation
 from ._matmul import _OUT_DTYPES, MatmulInputError, _load_table, _warn_once, matmul, torch_gemm
-from ._registration import define
 from ._table import BestTable
 
 
@@ -138,9 +137,9 @@ _TAGS: Sequence[torch.Tag] = (torch.Tag.needs_exact_strides,) if hasattr(torch.T
 picked by layout (row- or column-major), so a copy into another layout would pick another."""
 
 
-def mm_direct(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """a @ b by the tuned kernels of the table registered under `table` (CUDA tensors): `mm`'s
-    CUDA kernel, which eager code that needs no gradient may call as it is (see `linear_direct`).
+@torch.library.custom_op("cutlass_tune::mm", mutates_args=(), device_types="cuda", tags=_TAGS)
+def mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """a @ b by the tuned kernels of the table registered under `table` (CUDA tensors).
 
     Args:
         a: [..., K], bfloat16, float16 or float8_e4m3fn for a tuned kernel (other dtypes, and
@@ -156,6 +155,11 @@ def mm_direct(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dty
         UnregisteredTableError: `table` is not a registered key.
         RuntimeError: shapes that do not multiply, mixed dtypes or devices (as torch's GEMM).
     """
+    return mm_direct(a, b, table, out_dtype)
+
+
+def mm_direct(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`mm`'s CUDA kernel called without the operator's dispatch (see `linear_direct`)."""
     _check_once(_check, a, b, out_dtype)
     tuned = registered_table(table)
     dtype = result_dtype(a.dtype, out_dtype)
@@ -181,6 +185,7 @@ def _on_device_of(t: torch.Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(index)
 
 
+@mm.register_kernel("cpu")
 def _mm_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     # torch's GEMM alone: no tuned kernel runs off CUDA. The table key is still checked, so a
     # model that runs here finds a missing registration before it reaches a GPU.
@@ -190,6 +195,7 @@ def _mm_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype
     return product.reshape(*a.shape[:-1], b.shape[1])
 
 
+@mm.register_fake
 def _mm_fake(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     _check(a, b, out_dtype)
     registered_table(table)  # a missing key fails when the graph is traced, not when it first runs
@@ -238,10 +244,7 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.
     return grad_a, grad_b, None, None
 
 
-mm = define("mm(Tensor a, Tensor b, str table, ScalarType? out_dtype=None) -> Tensor",
-            kernels={"cuda": mm_direct, "cpu": _mm_cpu}, fake=_mm_fake, backward=_backward,
-            setup_context=_setup_context, tags=_TAGS)
-"""`torch.ops.cutlass_tune.mm`: `mm_direct` on CUDA tensors, torch's GEMM on CPU ones."""
+mm.register_autograd(_backward, setup_context=_setup_context)
 
 
 _ACTIVATION_NAMES = tuple(a.value for a in Activation)
@@ -329,13 +332,12 @@ def _untuned_words(activation: str, residual: torch.Tensor | None, gate: torch.T
     return "torch's F.linear" + (", residual add" if residual is not None else "") + f" and {activation}"
 
 
-def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
-                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+@torch.library.custom_op("cutlass_tune::linear", mutates_args=(), device_types="cuda", tags=_TAGS)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
+           residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     """activation(x @ weight^T + bias + residual), or activation(gate) * (x @ weight^T + bias),
     by the tuned fused kernels of the table registered under `table` (CUDA tensors): nn.Linear
-    followed by its activation, a residual add or a gated MLP's product, in one kernel. `linear`'s
-    CUDA kernel, which eager code that needs no gradient (`cutlass_tune.nn.Linear`) calls as it
-    is: the dispatcher's layers cost more host time than a small GEMM's kernel takes.
+    followed by its activation, a residual add or a gated MLP's product, in one kernel.
 
     Args:
         x: [..., K], bfloat16 or float16 for a tuned kernel (other dtypes, operands a kernel
@@ -358,6 +360,14 @@ def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             unknown activation, a bias, residual or gate of another shape or dtype, both a
             residual and a gate.
     """
+    return linear_direct(x, weight, bias, activation, table, residual, gate)
+
+
+def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
+                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear`'s CUDA kernel called without the operator's dispatch, for eager code that needs no
+    gradient (`cutlass_tune.nn.Linear`): the dispatcher's autograd, backend and aliasing layers
+    cost more host time than a small GEMM's kernel takes. Same arguments and result."""
     _check_once(_check_linear, x, weight, bias, activation, residual, gate)
     tuned = registered_table(table)
     n = weight.shape[0]
@@ -375,6 +385,7 @@ def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.reshape(*x.shape[:-1], n)
 
 
+@linear.register_kernel("cpu")
 def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
                 residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     _check_linear(x, weight, bias, activation, residual, gate)
@@ -384,6 +395,7 @@ def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out.reshape(*x.shape[:-1], n)
 
 
+@linear.register_fake
 def _linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     _check_linear(x, weight, bias, activation, residual, gate)
@@ -431,8 +443,4 @@ def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None,
     return grad_x, grad_weight, grad_bias, None, None, grad_residual, grad_gate
 
 
-linear = define("linear(Tensor x, Tensor weight, Tensor? bias, str activation, str table, Tensor? residual=None, "
-                "Tensor? gate=None) -> Tensor", kernels={"cuda": linear_direct, "cpu": _linear_cpu},
-                fake=_linear_fake, backward=_linear_backward, setup_context=_linear_setup_context, tags=_TAGS)
-"""`torch.ops.cutlass_tune.linear`: `linear_direct` on CUDA tensors, torch's F.linear, add and
-activation on CPU ones."""
+linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)

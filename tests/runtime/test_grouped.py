@@ -58,13 +58,6 @@ def test_backward_equals_torch(key, layout):
     assert not got[1][1].any()  # the expert of no rows gets no gradient
 
 
-@pytest.mark.parametrize("layout", ["tn", "tt"])
-def test_opcheck_schema_fake_autograd_and_aot_dispatch(key, layout):
-    # bfloat16: the backward's dB is torch's grouped GEMM, whose fake kernel takes bfloat16 only.
-    a, _, b, offs = operands(layout, grad=True)
-    torch.library.opcheck(torch.ops.cutlass_tune.grouped_mm.default, (a, b, offs, key))
-
-
 def test_weight_gradient_keeps_the_weights_layout(key):
     """Guards dW of an E x N x K weight stack landing E x N x K row-major (no transposed copy)."""
     a, w, b, offs = operands("tn", dtype=torch.float32, grad=True)

@@ -251,7 +251,7 @@ def test_operator_keeps_a_workspace_outside_capture_only(table, monkeypatch, cap
     key = register_table(table, key="grouped-launch")
     a, b, offs = operands()
     for _ in range(2):
-        _grouped_op._grouped_mm_cuda(a, b, offs, key)
+        _grouped_op.grouped_mm_op._init_fn(a, b, offs, key)
     assert len(FakeKernel.log.of("run")) == 2
     [resolved] = table._kernels.values()
     workspaces = getattr(resolved.gemm._local, "workspaces", {})

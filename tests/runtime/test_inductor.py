@@ -10,7 +10,6 @@ from torch import nn
 import cutlass_tune
 from cutlass_tune.runtime import FusionPass, register_table
 from cutlass_tune.runtime._patch import operator_takes
-from cutlass_tune.runtime._registration import KERNELS
 
 from .fusion_tables import fused_table
 
@@ -33,14 +32,18 @@ def _fresh_compile():
 def calls(monkeypatch):
     """The cutlass_tune.linear calls compiled code makes, by activation (the CPU kernel counted)."""
     seen: list[str] = []
-    cpu = KERNELS["linear"]["cpu"]
+    from cutlass_tune.runtime import _op
+
+    cpu = _op._linear_cpu
 
     def counted(x, weight, bias, activation, table, *args, **kwargs):
         seen.append(activation)
         return cpu(x, weight, bias, activation, table, *args, **kwargs)
 
-    monkeypatch.setitem(KERNELS["linear"], "cpu", counted)
-    return seen
+    monkeypatch.setattr(_op, "_linear_cpu", counted)
+    torch.library.register_kernel("cutlass_tune::linear", "cpu", counted)
+    yield seen
+    torch.library.register_kernel("cutlass_tune::linear", "cpu", cpu)
 
 
 def _compiled(model, table, x, **options):
