@@ -278,14 +278,26 @@ class Studies(Sequence[Study]):
     def _tell(self, s: Study, trial: optuna.trial.Trial, cfg: KernelConfig, value: float | None,
               reason: str = "", invalid: bool = False) -> None:
         self._known[s.name].add(cfg.hash)
-        if self.storage.get_trial(trial._trial_id).state.is_finished():
-            # Another sweep that started on this store meanwhile took this one for dead and failed
-            # it as left over (`fail_left_over`): keep the result as a trial of its own.
+        try:
+            self._finish(s, trial, cfg, value, reason, invalid)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+            if not self.storage.get_trial(trial._trial_id).state.is_finished():
+                raise
+            # Another sweep on this store finished the trial first: it took this one for dead
+            # and failed it as left over (`fail_left_over`), or it popped the same queued seed
+            # (SQLite takes no row lock, so two sweeps can both start one WAITING trial), and
+            # it may do so between any two of the calls above. Keep the result as a trial of
+            # its own.
             self._add_trial(s, trial.params, cfg, value, reason, invalid)
-            return
+
+    @staticmethod
+    def _finish(s: Study, trial: optuna.trial.Trial, cfg: KernelConfig, value: float | None,
+                reason: str, invalid: bool) -> None:
         trial.set_user_attr("config_hash", cfg.hash)
         trial.set_user_attr("config", cfg.name)
-        trial.set_constraint(CONSTRAINT, 1.0 if invalid else 0.0)
+        with warnings.catch_warnings():  # the other sweep set it first: raised on by the tell below
+            warnings.simplefilter("ignore", UserWarning)
+            trial.set_constraint(CONSTRAINT, 1.0 if invalid else 0.0)
         if reason:
             trial.set_user_attr("reason", reason)
         if invalid:

@@ -440,6 +440,31 @@ def test_a_sweep_started_on_the_store_meanwhile_neither_breaks_the_first_nor_rep
         assert {r.config_hash for r in rows} <= told
 
 
+def test_a_trial_another_sweep_finishes_while_this_one_tells_it_keeps_both_results(space, tmp_path, monkeypatch):
+    """Two sweeps on one SQLite file can both start the same queued seed (no row lock), and the
+    other may tell it between this sweep's calls that tell it: this sweep must not stop, and its
+    result must reach its study as a trial of its own."""
+    sweep, store = make(space, tmp_path)
+    finished_by_other = []
+    set_user_attr = optuna.trial.Trial.set_user_attr
+
+    def racing_set_user_attr(trial, key, value):
+        if key == "config" and not finished_by_other:
+            other = sweep.state.problems[0].study._storage
+            other.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.COMPLETE, [1.0])
+            finished_by_other.append(trial._trial_id)
+        return set_user_attr(trial, key, value)
+
+    monkeypatch.setattr(optuna.trial.Trial, "set_user_attr", racing_set_user_attr)
+    state = sweep.run()
+    assert finished_by_other and state.compiled == 6
+    rows = kernel_rows(store)
+    for pp in state.problems:
+        told = {t.user_attrs.get("config_hash") for t in pp.study.trials
+                if t.state is optuna.trial.TrialState.COMPLETE and t.value != 1.0}
+        assert {r.config_hash for r in rows} <= told
+
+
 @pytest.mark.parametrize("interrupt_after", [2, 5])  # within the first kernel, within the second
 def test_a_kernel_an_interrupt_left_part_measured_is_finished_on_resume(tmp_path, interrupt_after):
     """With one problem, its study holds the interrupted trial of that kernel, and Optuna skips
