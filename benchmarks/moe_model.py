@@ -17,7 +17,8 @@ of `--tokens` tokens (FAMILIES: Qwen3-30B-A3B, 128 experts of 768, top 8, hidden
 - `--train`: one training step (forward with labels, the loss, backward): loss and every
   parameter's gradient of both compared (bf16 tolerance), time per step.
 - `--profile`: after the timing, one step of each implementation under torch.profiler: the
-  step's host time against its GPU kernels' time and the 25 operators of most host time, to
+  step's host time against its GPU kernels' time and the 25 operators of most host time, then
+  five steps under cProfile (the Python functions of most own and most cumulative time), to
   OUT_DIR/<family>-<tokens>-<mode>-profile-<implementation>.txt (where a model waits on the host).
 
 Sustained timing: blocks of `--block` steps of each implementation in turn, each block timed by
@@ -156,7 +157,13 @@ def run(args: argparse.Namespace) -> dict:
 
 def _profile(step, path: Path) -> None:
     """One warm step under torch.profiler: its wall time, its GPU kernels' summed time and the
-    operators of most host time, written to `path`."""
+    operators of most host time; then five steps under cProfile: the Python functions of most
+    own time and of most cumulative time (what a tuned call spends on the host, line by line).
+    Written to `path`."""
+    import cProfile
+    import io
+    import pstats
+
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -168,9 +175,23 @@ def _profile(step, path: Path) -> None:
         wall_ms = (time.perf_counter() - start) * 1e3
     events = prof.key_averages()
     gpu_ms = sum(e.self_device_time_total for e in events) / 1e3
+    host = cProfile.Profile()
+    start = time.perf_counter()
+    host.enable()
+    for _ in range(5):
+        step()
+    host.disable()
+    enqueued_ms = (time.perf_counter() - start) * 1e3 / 5
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(host, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(45)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"step {wall_ms:.3f} ms wall under the profiler; GPU kernels {gpu_ms:.3f} ms\n"
-                    + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70) + "\n")
+                    + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70) + "\n"
+                    + f"\n== cProfile of 5 steps: {enqueued_ms:.3f} ms per step to enqueue under it\n"
+                    + text.getvalue())
 
 
 def _mode(args: argparse.Namespace) -> str:
