@@ -304,7 +304,10 @@ from cutlass_tune.compile._toolchain import cutlass_source_root
 from cutlass_tune.space import KernelConfig
 def interrupt(number, frame):
     raise KeyboardInterrupt
-signal.signal(signal.SIGTERM, interrupt)  # as the CLI does
+# As the CLI does, for both: a parent that started this in the background (a CI job run from a
+# script with `&`) may have left SIGINT ignored, and the child inherits that.
+signal.signal(signal.SIGTERM, interrupt)
+signal.signal(signal.SIGINT, interrupt)
 toolchain = Toolchain(nvcc=sys.argv[1], nvcc_version="99.0.1", cutlass_root=cutlass_source_root(),
                       cutlass_version="4.2.0")
 print("ready", flush=True)
