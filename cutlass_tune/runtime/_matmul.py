@@ -419,7 +419,7 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
     scale_a) and the bias, with `fast_accum` its fast accumulation (per-tensor and row-wise
     scales; the block-wise path has none). 16-bit: a bias alone is F.linear's call (torch.addmm:
     cuBLASLt's bias epilogue), with ReLU or tanh GELU on CUDA cuBLASLt's own epilogue
-    (torch._addmm_activation, what Inductor makes of it), a residual torch.addmm's beta, then
+    (torch._addmm_activation: the fastest torch path for them), a residual torch.addmm's beta, then
     the activation as torch computes it; gated, the activation of the gate times that product.
     """
     act = activation_of(activation)
