@@ -36,19 +36,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from cutlass_tune.store import ResultStore
+from cutlass_tune.store import ResultStore, open_store
 
 
-def _url(source: str, scratch: Path) -> str:
-    if "://" in source:
-        return source
+def _store(source: str, scratch: Path) -> ResultStore:
+    """The store `source` names (`open_store`'s URL or SQLite file), a gzipped file unpacked into
+    `scratch` first."""
     path = Path(source)
-    if path.suffix == ".gz":
+    if "://" not in source and path.suffix == ".gz":
         plain = scratch / path.stem
         with gzip.open(path, "rb") as src, plain.open("wb") as dst:
             shutil.copyfileobj(src, dst)
-        path = plain
-    return f"sqlite:///{path}"
+        source = str(plain)
+    return open_store(source)
 
 
 def _median(values: list[float]) -> float:
@@ -146,7 +146,7 @@ def main() -> int:
     args = parser.parse_args()
     bandwidth = args.bandwidth_tbs * 1e12
     with tempfile.TemporaryDirectory() as scratch:
-        measurements = ResultStore(_url(args.store, Path(scratch))).measurements()
+        measurements = _store(args.store, Path(scratch)).measurements()
     table = pd.read_csv(args.table) if args.table else None
     print(render(roofline(measurements, table, bandwidth, args.tile_m), bandwidth))
     return 0
