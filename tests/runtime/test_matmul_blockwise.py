@@ -107,9 +107,9 @@ NARROW = KernelConfig.for_operation(P, tile_m=64, tile_n=64, tile_k=128, scale_n
 def narrow_gemm(monkeypatch):
     _Kernel.log = []
     monkeypatch.setattr(_matmul, "LoadedKernel", _Kernel)
-    monkeypatch.setattr(_matmul, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(_matmul, "current_stream", lambda device: 7)
     monkeypatch.setattr(_matmul, "bind_primary_context", lambda device: None)
-    monkeypatch.setattr(_matmul, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(_matmul, "sm_count", lambda device: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return Gemm(NARROW, bundled=BundledKernel("unused.so", "k0"))
 
