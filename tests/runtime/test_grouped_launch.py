@@ -15,7 +15,16 @@ import torch
 
 from cutlass_tune.kernel import KernelStatusError
 from cutlass_tune.runtime import BestTable, _dispatch, _grouped, _grouped_op, _matmul, register_table
-from cutlass_tune.space import DType, Grouping, KernelConfig, KernelSchedule, Layout, Problem, RuntimeArgs, TileScheduler
+from cutlass_tune.space import (
+    DType,
+    Grouping,
+    KernelConfig,
+    KernelSchedule,
+    Layout,
+    Problem,
+    RuntimeArgs,
+    TileScheduler,
+)
 from cutlass_tune.tables import BundledKernel
 
 E, N, K, M = 4, 16, 32, 24
@@ -273,3 +282,14 @@ def test_torch_is_kept_where_the_table_measured_it_faster(table, ratio, min_rati
     assert len(said) == (0 if runs else 1)  # once, not per call
     if not runs:
         assert "no ratio" in said[0] if math.isnan(ratio) else "0.900x" in said[0]
+
+
+def test_no_routed_rows_give_an_empty_result_directly_and_through_the_operator(table):
+    """Guards an expert-parallel rank given no tokens: M = 0 was refused where torch returns (0, N)."""
+    a, b, offs = operands(m=0)
+    direct = _grouped.grouped_mm(a, b, offs, table=table)
+    key = register_table(table, key="grouped-empty")
+    through_operator = _grouped_op.grouped_mm_op._init_fn(a, b, offs, key)
+    for out in (direct, through_operator):
+        assert out.shape == (0, N) and out.dtype == torch.bfloat16
+    assert not FakeKernel.log.of("run") and not FakeKernel.log.of("initialize")
