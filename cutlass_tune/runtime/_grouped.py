@@ -384,9 +384,9 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
             misaligned or strided operands; fp8 without both scales, scales of 16-bit inputs,
             scales of the wrong shape, dtype, device or layout.
     """
-    for name, t in (("a", a), ("offs", offs)):
-        if not isinstance(t, torch.Tensor):
-            raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    if not (isinstance(a, torch.Tensor) and isinstance(offs, torch.Tensor)):
+        name, t = ("a", a) if not isinstance(a, torch.Tensor) else ("offs", offs)
+        raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
     table = table if isinstance(table, BestTable) else load_table(str(table))
     return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio, scale_a=scale_a, scale_b=scale_b)
 
