@@ -1,12 +1,14 @@
 """Host time per call of the tuned GEMM's doors, on the CPU, no GPU: the package's Python path
 from the call to the (no-op) kernel launch, per door.
 
-    PYTHONPATH=. python3 benchmarks/host_path_cpu.py [--calls 5000] [--reps 3] [--json OUT.json]
+    python3 benchmarks/host_path_cpu.py [--against OTHER_CHECKOUT] [--calls 2000] [--reps 15] [--json OUT]
 
-(PYTHONPATH: the package of the current directory, not an installed one; the script also prints
-which it timed.)
+It times the package of the current directory (not an installed one) and, with `--against`, the
+one of another checkout: one server process per package, their blocks of `--calls` calls
+alternating door by door, the fastest of `--reps` blocks kept (on a shared host, blocks adjacent
+in time meet the same load; a run of one package after the other does not).
 
-Doors (microseconds per call, the fastest of `--reps` blocks of `--calls` calls, under no_grad):
+Doors (microseconds per call, under no_grad):
 
 - dense: `cutlass_tune.matmul`; a patched `cutlass_tune.nn.Linear` without bias (eager, its direct path);
   `torch.ops.cutlass_tune.mm` and `.linear` (bias + GELU) called eagerly;
@@ -28,6 +30,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
+import subprocess
 import sys
 import time
 import types
@@ -119,20 +124,17 @@ def doubles(on_cuda: bool) -> Iterator[None]:
         yield
 
 
-def per_call_us(fn: Callable[[], object], calls: int, reps: int) -> float:
-    for _ in range(100):
+def block_us(fn: Callable[[], object], calls: int) -> float:
+    """Microseconds per call over one block of `calls` calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
         fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return min(times)  # the least disturbed block: this host's other processes only add time
+    return (time.perf_counter() - start) / calls * 1e6
 
 
-def measure(calls: int, reps: int) -> dict[str, float]:
-    """Microseconds per call by door (see the module docstring)."""
+def doors() -> dict[str, tuple[bool, Callable[[], object]]]:
+    """The calls timed by door: (whether tensors report CUDA while it runs, the call). Each has
+    run 100 times (its plan resolved) when this returns."""
     table = BestTable(pd.DataFrame({"m": [M], "n": [N], "k": [K]}),
                       bundled={c.hash: BundledKernel(Path("unused.so"), "k0") for c in (DENSE, GROUPED)})
     key = register_table(table, key="host-path-cpu")
@@ -144,39 +146,80 @@ def measure(calls: int, reps: int) -> dict[str, float]:
     offs = torch.arange(1, E + 1, dtype=torch.int32) * (M // E)
     layer = cutlass_tune.nn.Linear.from_linear(torch.nn.Linear(K, N, bias=False, dtype=torch.bfloat16), table)
     ops = torch.ops.cutlass_tune
-    eager = {
-        "matmul": lambda: cutlass_tune.matmul(x, w.t(), table),
-        "nn.Linear (direct)": lambda: layer(x),
-        "op mm": lambda: ops.mm(x, w.t(), key),
-        "op linear bias+gelu": lambda: ops.linear(x, w, bias, "gelu", key),
-        "grouped_mm": lambda: cutlass_tune.grouped_mm(x, b3, offs, table=table),
-        "op grouped_mm": lambda: ops.grouped_mm(x, b3, offs, key),
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, b, offs: ops.grouped_mm(x, b, offs, key))
+    found: dict[str, tuple[bool, Callable[[], object]]] = {
+        "matmul": (True, lambda: cutlass_tune.matmul(x, w.t(), table)),
+        "nn.Linear (direct)": (True, lambda: layer(x)),
+        "op mm": (True, lambda: ops.mm(x, w.t(), key)),
+        "op linear bias+gelu": (True, lambda: ops.linear(x, w, bias, "gelu", key)),
+        "grouped_mm": (True, lambda: cutlass_tune.grouped_mm(x, b3, offs, table=table)),
+        "op grouped_mm": (True, lambda: ops.grouped_mm(x, b3, offs, key)),
+        # its plan is resolved by the eager calls before it; its fast path reads get_device only
+        "op grouped_mm compiled": (False, lambda: compiled(x, b3, offs)),
     }
-    us = {}
+    for on_cuda, fn in found.values():
+        with doubles(on_cuda):
+            block_us(fn, 100)
+    return found
+
+
+def serve() -> None:
+    """Answers lines "door calls" on stdin with one block's microseconds per call (`--serve`)."""
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("error", RuntimeWarning)  # a fallback to torch would time torch, not this path
-        with doubles(on_cuda=True):
-            for name, fn in eager.items():
-                us[name] = per_call_us(fn, calls, reps)
-        torch._dynamo.reset()
-        compiled = torch.compile(lambda x, b, offs: ops.grouped_mm(x, b, offs, key))
-        with doubles(on_cuda=False):  # its plan was resolved above; the fast path reads get_device only
-            us["op grouped_mm compiled"] = per_call_us(lambda: compiled(x, b3, offs), calls, reps)
-    return us
+        timed = doors()
+        print(json.dumps({"package": str(Path(cutlass_tune.__file__).parent), "doors": list(timed)}), flush=True)
+        for line in sys.stdin:
+            name, calls = line.rsplit(" ", 1)
+            on_cuda, fn = timed[name]
+            with doubles(on_cuda):
+                print(block_us(fn, int(calls)), flush=True)
+
+
+def compare(packages: list[str], calls: int, reps: int) -> dict[str, dict[str, float]]:
+    """The fastest block per door of each package's `--serve` process, their blocks alternating
+    (each door's blocks adjacent in time, the order flipped every round): load on the host
+    reaches both alike."""
+    workers = [subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, cwd=package, env={**os.environ, "PYTHONPATH": package})
+               for package in packages]
+    heads = [json.loads(w.stdout.readline()) for w in workers]  # type: ignore[union-attr]
+    best: dict[str, dict[str, float]] = {p: {} for p in packages}
+    for rep in range(reps):
+        for name in heads[0]["doors"]:
+            order = list(zip(packages, workers))
+            for package, worker in order if rep % 2 == 0 else order[::-1]:
+                worker.stdin.write(f"{name} {calls}\n")  # type: ignore[union-attr]
+                worker.stdin.flush()  # type: ignore[union-attr]
+                us = float(worker.stdout.readline())  # type: ignore[union-attr]
+                best[package][name] = min(us, best[package].get(name, math.inf))
+    for worker in workers:
+        worker.stdin.close()  # type: ignore[union-attr]
+        worker.wait()
+    return best
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=5_000)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=2_000)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--against", metavar="DIR", help="also time the package of this checkout, alternating")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    us = measure(args.calls, args.reps)
+    if args.serve:
+        serve()
+        return 0
+    here = os.getcwd()
+    packages = [args.against, here] if args.against else [here]
+    best = compare(packages, args.calls, args.reps)
     if args.json:
-        args.json.write_text(json.dumps({"torch": torch.__version__, "calls": args.calls, "us": us}, indent=2) + "\n")
-    print(f"package: {Path(cutlass_tune.__file__).parent}")
-    for name, value in us.items():
-        print(f"{name:<26}{value:>10.2f} us")
+        args.json.write_text(json.dumps({"torch": torch.__version__, "calls": args.calls, "reps": args.reps,
+                                         "us": best}, indent=2) + "\n")
+    print(f"{'door':<26}" + "".join(f"{Path(p).name:>16}" for p in packages))
+    for name in best[here]:
+        print(f"{name:<26}" + "".join(f"{best[p][name]:>13.2f} us" for p in packages))
     return 0
 
 
