@@ -237,3 +237,20 @@ def test_plans_and_calls_are_frozen_values():
     with pytest.raises(AttributeError):
         plan.device = 1  # type: ignore[misc]
     assert plan == Plan(Problem(128, 64, 32), 0) and plan.kernel is None and plan.args == b""
+
+
+def test_the_workspace_policy_is_the_kernels(gpu):
+    """Stream-K takes a workspace per launch (zeroed barriers; each captured launch its own),
+    other kernels keep one; a grouped call asked for none kept takes one per call."""
+    from cutlass_tune.runtime import Gemm, GroupedGemm
+    from cutlass_tune.space import Grouping, KernelSchedule, TileScheduler
+
+    bundled = BundledKernel("/bundle/k.so", "k0")
+    stream_k = Gemm(KernelConfig(tile_scheduler=TileScheduler.STREAM_K), bundled=bundled)
+    persistent = Gemm(KernelConfig(), bundled=bundled)
+    grouped = GroupedGemm(KernelConfig(kernel_schedule=KernelSchedule.COOPERATIVE, layout_b=Layout.COL,
+                                       grouping=Grouping.GROUPED), bundled=bundled)
+    assert stream_k.workspace_policy(256) is Workspace.PER_CALL and stream_k.workspace_policy(0) is Workspace.NONE
+    assert persistent.workspace_policy(256) is Workspace.KEPT
+    assert grouped.workspace_policy(256, keep=True) is Workspace.KEPT
+    assert grouped.workspace_policy(256, keep=False) is Workspace.PER_CALL
