@@ -28,7 +28,7 @@ import torch
 
 from .errors import CutlassTuneError
 from .runtime import BestTable, register_table
-from .runtime._dispatch import eager_direct_allowed, warn_once
+from .runtime._dispatch import eager_direct_allowed, input_not_taken
 from .runtime._grouped import grouped_mm, torch_grouped_mm
 from .runtime._grouped_op import grouped_mm_op
 from .runtime._matmul import MatmulInputError
@@ -81,7 +81,7 @@ def _direct_grouped_mm(x: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> 
     try:
         return grouped_mm(x, b, offs, table=registered_table(TABLE_KEY))
     except MatmulInputError as err:
-        warn_once(str(err), f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
+        input_not_taken("grouped_mm", err, "torch's grouped GEMM")
         return torch_grouped_mm(x, b, offs)
 
 

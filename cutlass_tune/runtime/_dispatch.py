@@ -357,6 +357,13 @@ def resolve(table: BestTable, call: Call) -> Plan:
                 exact=match.exact, ratio=ratio)
 
 
+def input_not_taken(door: str, err: Exception, path: str) -> Fallback:
+    """The fallback of a call whose tensors no tuned kernel takes (`err`, a MatmulInputError
+    from the checks that pose its problem): torch's `path`, said once per cause."""
+    warn_once(str(err), f"cutlass_tune.{door}: {err}; using {path}")
+    return Fallback(path, FallbackReason.INPUT_NOT_TAKEN, str(err))
+
+
 def cannot_implement(table: BestTable, call: Call, ready: Ready, err: Exception) -> Ready:
     """The plan of `call` once CUTLASS refused its kernel (`err`): torch's path, said once, kept."""
     kernel = ready.plan.kernel

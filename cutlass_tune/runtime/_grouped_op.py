@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ._dispatch import OUT_DTYPES, warn_once
+from ._dispatch import OUT_DTYPES, input_not_taken
 from ._grouped import run_grouped, torch_grouped_mm
 from ._matmul import MatmulInputError
 from ._op import _TAGS, _on_device_of, registered_table
@@ -83,7 +83,7 @@ def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: s
             # `_check` only for shapes not seen yet: torch._check costs more than the rest of a call.
             return run_grouped(tuned, a, b, offs, out_dtype, True, 1.0, lambda: _check(a, b, offs, out_dtype))
         except MatmulInputError as err:
-            warn_once(str(err), f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
+            input_not_taken("grouped_mm", err, "torch's grouped GEMM")
             return torch_grouped_mm(a, b, offs, out_dtype)
 
 

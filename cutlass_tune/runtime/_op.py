@@ -51,7 +51,7 @@ import torch
 from .._torch import ACTIVATION, ACTIVATION_GRAD, FP8_DTYPES
 from ..errors import CutlassTuneError
 from ..space import Activation
-from ._dispatch import OUT_DTYPES, load_table, warn_once
+from ._dispatch import OUT_DTYPES, input_not_taken, load_table
 from ._matmul import MatmulInputError, matmul, torch_gemm
 from ._table import BestTable
 
@@ -172,7 +172,7 @@ def mm_direct(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dty
             try:
                 product = matmul(a2, b, tuned, out_dtype, min_ratio=0.0)  # patch held the table to its min_ratio
             except MatmulInputError as err:
-                warn_once(str(err), f"cutlass_tune.mm: {err}; using torch's GEMM")
+                input_not_taken("mm", err, "torch's GEMM")
                 product = torch_gemm(a2, b, dtype)
     return product.reshape(*a.shape[:-1], b.shape[1])
 
@@ -381,7 +381,7 @@ def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                 out = matmul(x2, weight.t(), tuned, bias=bias, activation=activation, c=residual2, gate=gate2,
                              min_ratio=0.0)  # the layer was swapped for entries at patch's min_ratio
             except MatmulInputError as err:
-                warn_once(str(err), f"cutlass_tune.linear: {err}; using {_untuned_words(activation, residual, gate)}")
+                input_not_taken("linear", err, _untuned_words(activation, residual, gate))
                 out = _torch_linear(x2, weight, bias, activation, residual2, gate2)
     return out.reshape(*x.shape[:-1], n)
 

@@ -254,3 +254,14 @@ def test_the_workspace_policy_is_the_kernels(gpu):
     assert persistent.workspace_policy(256) is Workspace.KEPT
     assert grouped.workspace_policy(256, keep=True) is Workspace.KEPT
     assert grouped.workspace_policy(256, keep=False) is Workspace.PER_CALL
+
+
+def test_tensors_no_kernel_takes_fall_back_once_with_the_reason(monkeypatch):
+    monkeypatch.setattr(_dispatch, "_warned", set())
+    err = cutlass_tune.runtime.MatmulInputError("a has dtype torch.float32")
+    with pytest.warns(RuntimeWarning, match=r"^cutlass_tune.mm: a has dtype torch.float32; using torch's GEMM$"):
+        fallback = _dispatch.input_not_taken("mm", err, "torch's GEMM")
+    assert fallback.reason is FallbackReason.INPUT_NOT_TAKEN and fallback.detail == str(err)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per cause
+        _dispatch.input_not_taken("mm", err, "torch's GEMM")
