@@ -31,8 +31,17 @@ from unittest import mock
 import pandas as pd
 import torch
 
-from cutlass_tune.runtime import BestTable, _grouped, _grouped_op, _matmul, register_table
-from cutlass_tune.space import DType, Grouping, KernelConfig, KernelSchedule, Layout, Problem, TileScheduler
+from cutlass_tune.runtime import BestTable, _dispatch, _grouped, _grouped_op, _matmul, register_table
+from cutlass_tune.space import (
+    DType,
+    Grouping,
+    KernelConfig,
+    KernelSchedule,
+    Layout,
+    Problem,
+    RuntimeArgs,
+    TileScheduler,
+)
 from cutlass_tune.tables import BundledKernel
 
 E, N, K, M = 128, 1536, 2048, 64  # qwen3 gate_up's experts, few rows (the operands are CPU tensors)
@@ -52,8 +61,8 @@ class _Instance:
 class _Kernel:
     """Stands for `LoadedKernel`: the ctypes entry points, each a no-op."""
 
-    def __init__(self, library: object, symbol: object):
-        pass
+    def __init__(self, library: object, symbol: str):
+        self.library, self.symbol = library, symbol
 
     def workspace_size(self, args: object) -> int:
         return 64 * E
@@ -67,8 +76,9 @@ class _Rows:
 
     def __init__(self, config: KernelConfig, ratio: float):
         self.row = pd.Series({"config": json.dumps(config.to_dict()), "config_hash": "h", "ratio": ratio,
-                              "ratio_low": ratio})
-        self.runtime = _grouped.RuntimeArgs()
+                              "ratio_low": ratio, "kernel": config.name})
+        self.runtime = RuntimeArgs()
+        self.exact = False
         self.ratio = ratio
 
     def find(self, *args: object, **kwargs: object) -> _Rows:
@@ -91,9 +101,9 @@ def doubles(table: BestTable) -> Iterator[None]:
     cuda_kernel = _grouped_op.grouped_mm_op._backend_fns["cuda"]
     with contextlib.ExitStack() as stack:
         for target, name, value in [
-            (_matmul, "LoadedKernel", _Kernel), (_grouped, "_current_stream", lambda device: 7),
-            (_grouped, "bind_primary_context", lambda device: None), (_grouped, "_sm_count", lambda device: 132),
-            (_grouped, "device_table", lambda table, device, caller: _Rows(config, 1.2)),
+            (_matmul, "LoadedKernel", _Kernel), (_grouped, "current_stream", lambda device: 7),
+            (_grouped, "bind_primary_context", lambda device: None), (_grouped, "sm_count", lambda device: 132),
+            (_dispatch, "_device_rows", lambda table, device: (_Rows(config, 1.2), None)),
             (_grouped, "grouped_problem_of", _problem),
             (torch.cuda, "is_current_stream_capturing", lambda: False),
             (torch.Tensor, "get_device", lambda self: 0),
@@ -104,7 +114,7 @@ def doubles(table: BestTable) -> Iterator[None]:
             else:
                 stack.enter_context(mock.patch.object(target, name, value))
         yield
-    _grouped._grouped_gemm.cache_clear()
+    _dispatch.clear_loaded()
 
 
 def per_call_us(fn: Callable[[], object], calls: int, reps: int) -> float:

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .errors import CutlassTuneError
 from .runtime import BestTable, register_table
+from .runtime._dispatch import eager_direct_allowed, input_not_taken
 from .runtime._grouped import grouped_mm, torch_grouped_mm
 from .runtime._grouped_op import grouped_mm_op
-from .runtime._matmul import MatmulInputError, _warn_once
+from .runtime._matmul import MatmulInputError
 from .runtime._op import registered_table
 
 try:
@@ -74,13 +74,6 @@ def use_table(table: BestTable | str | Path) -> str:
     return key
 
 
-def _eager_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a call may skip the operator: nothing needs its autograd, no graph is traced
-    (torch.compile, export) and no dispatch mode (fake tensors, `cutlass-tune shapes`) must see it."""
-    return (not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
-
-
 def _direct_grouped_mm(x: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """The operator's CUDA implementation without its dispatch: the table's kernel, this
     thread's workspace kept (no CUDA graph pool can be involved outside the operator), torch's
@@ -88,7 +81,7 @@ def _direct_grouped_mm(x: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> 
     try:
         return grouped_mm(x, b, offs, table=registered_table(TABLE_KEY))
     except MatmulInputError as err:
-        _warn_once(str(err), f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
+        input_not_taken("grouped_mm", err, "torch's grouped GEMM")
         return torch_grouped_mm(x, b, offs)
 
 
@@ -96,10 +89,10 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, b
                     is_transposed: bool) -> torch.Tensor:
     """x's rows through their experts' weights: E x N x K weights (nn.Linear's, the "tn"
     problem), or E x K x N ones with `is_transposed` ("tt"). Eager inference calls the kernel
-    directly (`_eager_inference`); training, torch.compile and tracing go through the operator."""
+    directly (`eager_direct_allowed`); training, torch.compile and tracing go through the operator."""
     b = weight if is_transposed else weight.transpose(-2, -1)
     x = x.to(weight.dtype)
-    direct = x.is_cuda and _eager_inference(x, weight)
+    direct = eager_direct_allowed(x, weight)
     out = _direct_grouped_mm(x, b, offs) if direct else grouped_mm_op(x, b, offs, TABLE_KEY)
     return out if bias is None else out + bias
 

@@ -77,24 +77,17 @@ def test_no_table_is_one_line_error(monkeypatch):
         model(torch.randint(0, 128, (1, 4)))
 
 
-def test_only_eager_inference_skips_the_operator():
-    """Guards autograd, torch.compile and dispatch modes keeping the operator on the direct path."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+def test_the_experts_take_the_runtimes_one_eager_direct_decision(monkeypatch):
+    """Guards the experts deciding eager-direct versus the operator by a rule of their own."""
+    asked = []
 
-    x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(2, 8, 8))
-    assert not ct._eager_inference(x, w)  # w needs a gradient
-    with torch.no_grad():
-        assert ct._eager_inference(x, w)
-    with torch.inference_mode():
-        assert ct._eager_inference(x, w)
-    assert ct._eager_inference(x, w.detach())
+    def decide(*tensors):
+        asked.append(tensors)
+        return False
 
-    class Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    with torch.no_grad(), Watch():
-        assert not ct._eager_inference(x, w)
-    traced = torch.compile(lambda x: x + 1 if ct._eager_inference(x, x) else x - 1, backend="eager", fullgraph=True)
-    with torch.no_grad():
-        torch.testing.assert_close(traced(x), x - 1)
+    monkeypatch.setattr(ct, "eager_direct_allowed", decide)
+    monkeypatch.setattr(ct, "_direct_grouped_mm", lambda *args: pytest.fail("the direct path ran"))
+    monkeypatch.setattr(ct, "grouped_mm_op", lambda x, b, offs, key: x.new_zeros((x.shape[0], b.shape[2])))
+    x, w = torch.randn(4, 8), torch.randn(2, 6, 8)
+    out = ct._grouped_linear(x, w, torch.tensor([2, 4], dtype=torch.int32), None, False)
+    assert out.shape == (4, 6) and asked and asked[0][1] is w

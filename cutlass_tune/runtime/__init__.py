@@ -6,7 +6,9 @@ tensors, fused epilogues (bias, activation, residual) and fp8 scales included; `
 are the operators `torch.ops.cutlass_tune.mm`, `.linear` and `.grouped_mm` (a table bound
 to a key by `register_table`), for models and torch.compile; `Linear` and `patch` put them into models,
 `Fp8Linear` an fp8 e4m3 weight with row-wise or block-wise scales;
-`LoadedKernel` and the ABI's names come from `cutlass_tune.kernel`. Importing this package, and
+`LoadedKernel` and the ABI's names come from `cutlass_tune.kernel`. Every one of them dispatches
+through `resolve(table, call) -> Plan` (`_dispatch`: the plan of a call signature, kept per table
+in a `PlanCache`). Importing this package, and
 loading a bundle, imports none of the compiler, the store, the search, the dashboard or their
 dependencies (SQLAlchemy, Optuna, plotly); a kernel no bundle holds is compiled on first use.
 """
@@ -25,6 +27,19 @@ from ..kernel import (
 
 if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ..tables import BestTableError, BundledKernel, BundleError
+    from ._dispatch import (
+        Call,
+        Fallback,
+        FallbackReason,
+        KernelRef,
+        Kind,
+        Plan,
+        PlanCache,
+        Ready,
+        Workspace,
+        eager_direct_allowed,
+        resolve,
+    )
     from ._fp8_linear import Fp8Linear
     from ._grouped import GroupedGemm, grouped_mm, grouped_problem_of, torch_grouped_mm
     from ._grouped_op import grouped_mm_op
@@ -35,15 +50,18 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ._patch import LayerDecision, PatchReport, patch
     from ._table import BestTable, Match
 
-__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Fp8Linear", "FusionDecision", "FusionPass",
-           "Gemm", "GemmArgs", "GemmInstance", "GroupedGemm", "KernelLoadError", "KernelStatusError", "LayerDecision",
-           "Linear", "LoadedKernel", "Match", "MatmulInputError", "PatchReport", "UnregisteredTableError",
-           "activation_of", "cutlass_status_name", "grouped_mm", "grouped_mm_op", "grouped_problem_of",
-           "inductor_options", "linear", "make_args", "matmul", "mm", "operation_of", "patch", "problem_of",
-           "register_table", "torch_gemm", "torch_grouped_mm"]
+__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call", "Fallback", "FallbackReason",
+           "Fp8Linear", "FusionDecision", "FusionPass", "Gemm", "GemmArgs", "GemmInstance", "GroupedGemm",
+           "KernelLoadError", "KernelRef", "KernelStatusError", "Kind", "LayerDecision", "Linear", "LoadedKernel",
+           "Match", "MatmulInputError", "PatchReport", "Plan", "PlanCache", "Ready", "UnregisteredTableError",
+           "Workspace", "activation_of", "cutlass_status_name", "eager_direct_allowed", "grouped_mm", "grouped_mm_op",
+           "grouped_problem_of", "inductor_options", "linear", "make_args", "matmul", "mm", "operation_of", "patch",
+           "problem_of", "register_table", "resolve", "torch_gemm", "torch_grouped_mm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match")
+_DISPATCH = ("Call", "Fallback", "FallbackReason", "KernelRef", "Kind", "Plan", "PlanCache", "Ready", "Workspace",
+             "eager_direct_allowed", "resolve")
 _MATMUL = ("Gemm", "MatmulInputError", "activation_of", "matmul", "operation_of", "problem_of", "torch_gemm")
 _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredTableError": "_op", "Linear": "_linear",
            "Fp8Linear": "_fp8_linear",
@@ -68,6 +86,10 @@ def __getattr__(name: str) -> Any:
         from . import _table
 
         return getattr(_table, name)
+    if name in _DISPATCH:
+        from . import _dispatch
+
+        return getattr(_dispatch, name)
     if name in _MATMUL:
         from . import _matmul
 

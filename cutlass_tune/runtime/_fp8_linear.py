@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 from .._torch import BLOCKWISE_GROUP
 from ..space import Scaling
+from ._dispatch import OUT_DTYPES
 from ._fp8 import E4M3, quantize_blockwise_activations, quantize_blockwise_weight, quantize_rowwise
-from ._matmul import _OUT_DTYPES, MatmulInputError, matmul, torch_gemm
+from ._matmul import MatmulInputError, matmul, torch_gemm
 from ._op import registered_table, table_key
 from ._table import BestTable
 
@@ -111,7 +112,7 @@ class Fp8Linear(torch.nn.Module):
         super().__init__()
         self.scaling = scaling_of(scaling)
         _check_features(in_features, out_features, self.scaling)
-        if out_dtype not in _OUT_DTYPES:
+        if out_dtype not in OUT_DTYPES:
             raise MatmulInputError(f"Fp8Linear out_dtype {out_dtype} is not torch.bfloat16, torch.float16 or "
                                    "torch.float32")
         self.in_features, self.out_features, self.out_dtype = in_features, out_features, out_dtype

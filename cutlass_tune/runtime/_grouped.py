@@ -25,32 +25,30 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
-import json
-import math
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
 from .._torch import BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockwise
 from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
-from ..space import DType, KernelConfig, Layout, Problem, RuntimeArgs, Scaling, check_problem
-from ..tables import BestTableError, BundledKernel
-from ._matmul import (
-    _OUT_DTYPES,
-    Gemm,
-    MatmulInputError,
-    _current_stream,
-    _load_table,
-    _sm_count,
-    _warn_once,
-    device_table,
+from ..space import DType, Layout, Problem, Scaling, check_problem
+from ._dispatch import (
+    OUT_DTYPES,
+    Call,
+    Kind,
+    Plan,
+    Workspace,
+    cannot_implement,
+    current_stream,
+    load_table,
+    prepare,
+    sm_count,
 )
+from ._matmul import Gemm, MatmulInputError
 from ._table import BestTable
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
@@ -94,9 +92,11 @@ def grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | Non
             raise MatmulInputError(f"{name} has dtype {t.dtype}; block-wise scales are torch.float32")
         if t.device != a.device:
             raise MatmulInputError(f"{name} is on {t.device} and a on {a.device}")
+    whole = "" if k % BLOCKWISE_GROUP == 0 else (f"; K {k} is not a multiple of {BLOCKWISE_GROUP}: block-wise "
+                                                 f"scaling needs K a multiple of {BLOCKWISE_GROUP}")
     if tuple(scale_a.shape) != (m, k_blocks):
-        raise MatmulInputError(f"scale_a has shape {tuple(scale_a.shape)}; it must be ({m}, {k_blocks}): one per 1 x "
-                               f"{BLOCKWISE_GROUP} group of each row of a")
+        raise MatmulInputError(f"scale_a has shape {tuple(scale_a.shape)}; block-wise it must be ({m}, {k_blocks}): "
+                               f"one per 1 x {BLOCKWISE_GROUP} group of each row of a{whole}")
     if scale_a.stride() != (k_blocks, 1) and m > 1 and k_blocks > 1:
         raise MatmulInputError(f"scale_a with strides {scale_a.stride()} must be row-major (each row's groups "
                                "together, as MoE code quantizes them): call .contiguous() first")
@@ -106,9 +106,9 @@ def grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | Non
     view = scale_b.transpose(-2, -1)
     if tuple(view.shape) == weight_major and view.is_contiguous():
         return scale_a, view
-    raise MatmulInputError(f"scale_b has shape {tuple(scale_b.shape)} and strides {scale_b.stride()}; it must be "
-                           f"the experts' weight scales, {weight_major} contiguous (one per {BLOCKWISE_GROUP} x "
-                           f"{BLOCKWISE_GROUP} block of each N x K weight), or their transpose(-2, -1)")
+    raise MatmulInputError(f"scale_b has shape {tuple(scale_b.shape)} and strides {scale_b.stride()}; block-wise it "
+                           f"must be the experts' weight scales, {weight_major} contiguous (one per {BLOCKWISE_GROUP} "
+                           f"x {BLOCKWISE_GROUP} block of each N x K weight), or their transpose(-2, -1){whole}")
 
 
 def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
@@ -152,12 +152,17 @@ def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     if fp8 and out_dtype not in (None, torch.bfloat16):
         raise MatmulInputError(f"out_dtype {out_dtype}: fp8 grouped_mm gives bfloat16")
     dtype = DType.E4M3 if fp8 else _DTYPES[a.dtype]
-    out = DType.BF16 if fp8 else _OUT_DTYPES.get(out_dtype) if out_dtype is not None else dtype
+    out = DType.BF16 if fp8 else OUT_DTYPES.get(out_dtype) if out_dtype is not None else dtype
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
-    problem = Problem.experts(e, n, k, m, dtype_a=dtype, dtype_b=dtype, dtype_d=out, layout_b=_b_layout(b),
-                              scaling=Scaling.NONE if scales is None else Scaling.BLOCKWISE)
-    why = check_problem(problem)
+    def posed(rows: int) -> Problem:
+        return Problem.experts(e, n, k, rows, dtype_a=dtype, dtype_b=dtype, dtype_d=out, layout_b=_b_layout(b),
+                               scaling=Scaling.NONE if scales is None else Scaling.BLOCKWISE)
+
+    problem = posed(m)
+    # No routed rows (an expert-parallel rank given no tokens) pose an empty result, as torch's:
+    # the rules are checked for one row per expert.
+    why = check_problem(problem if m else posed(e))
     if why:
         raise MatmulInputError(f"{e} experts of {n}x{k} with {m} rows: {why[0].reason}")
     return problem
@@ -241,10 +246,27 @@ class GroupedGemm(Gemm):
 
     def prepare(self, problem: Problem, device: int) -> GroupedLaunch:
         """The per-problem part of a launch on CUDA device `device` (host calls only)."""
-        args = make_args(problem, self.runtime, a=0, b=0, d=0, device_id=device, sm_count=_sm_count(device),
+        args = make_args(problem, self.runtime, a=0, b=0, d=0, device_id=device, sm_count=sm_count(device),
                          offsets=0)
         return GroupedLaunch(problem, device, args, self.kernel.workspace_size(args), (problem.m, problem.n),
                              self._dtype_d)
+
+    def template(self, problem: Problem, device: int) -> tuple[GemmArgs, int]:
+        """The launch arguments of `problem` on CUDA device `device` with every address zero (a
+        `Plan`'s), and the workspace the kernel needs for them in bytes."""
+        launch = self.prepare(problem, device)
+        return launch.args, launch.workspace_bytes
+
+    def workspace_policy(self, size: int, keep: bool = True) -> Workspace:
+        """Where a launch's workspace comes from (see `launch`)."""
+        if size == 0:
+            return Workspace.NONE
+        return Workspace.KEPT if keep else Workspace.PER_CALL
+
+    def launch_of(self, plan: Plan) -> GroupedLaunch:
+        """The `GroupedLaunch` of `plan` (its arguments and workspace size, worked out once)."""
+        return GroupedLaunch(plan.problem, plan.device, GemmArgs.from_buffer_copy(plan.args), plan.workspace_bytes,
+                             (plan.problem.m, plan.problem.n), self._dtype_d)
 
     def run_grouped(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                     out: torch.Tensor | None = None, *, scale_a: torch.Tensor | None = None,
@@ -277,7 +299,7 @@ class GroupedGemm(Gemm):
         device = plan.device
         if out is None:
             out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=a.device)
-        stream = _current_stream(device)
+        stream = current_stream(device)
         local = self._local.__dict__
         workspace = None
         if keep_workspace and not torch.cuda.is_current_stream_capturing():
@@ -313,24 +335,6 @@ class GroupedGemm(Gemm):
             ready.move_to_end(key)
         instance.run(stream)
         return out
-
-
-@functools.cache
-def _grouped_gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None) -> GroupedGemm:
-    return GroupedGemm(KernelConfig.from_dict(json.loads(config_json)), runtime, bundled=bundled)
-
-
-_lock = threading.Lock()
-
-
-class _Resolved(NamedTuple):
-    """A `grouped_mm` call's shapes resolved: the kernel (None: torch's), its launch plan and the
-    table's ratio of the kernel's row to torch's grouped GEMM (NaN: the row has none)."""
-
-    gemm: GroupedGemm | None
-    problem: Problem
-    plan: GroupedLaunch | None
-    ratio: float = math.nan
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: BestTable | str | Path,
@@ -380,7 +384,10 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
             misaligned or strided operands; fp8 without both scales, scales of 16-bit inputs,
             scales of the wrong shape, dtype, device or layout.
     """
-    table = table if isinstance(table, BestTable) else _load_table(str(table))
+    if not (isinstance(a, torch.Tensor) and isinstance(offs, torch.Tensor)):
+        name, t = ("a", a) if not isinstance(a, torch.Tensor) else ("offs", offs)
+        raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    table = table if isinstance(table, BestTable) else load_table(str(table))
     return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio, scale_a=scale_a, scale_b=scale_b)
 
 
@@ -393,32 +400,31 @@ def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.
                 keep_workspace: bool, min_ratio: float, check: Callable[[], None] | None = None, *,
                 scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
     """`grouped_mm` on a loaded table, for its callers' hot path (the operator's): `check`, if
-    given, runs only where the call's shapes are not in the table's cache yet (a shape found there
-    passed it once; its checks are functions of the key alone)."""
+    given, runs only where the call's signature has no plan yet (a signature found there passed
+    it once; its checks are functions of the signature alone)."""
     device = a.get_device()
-    key = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape, offs.dtype,
-           out_dtype, _scale_key(scale_a), _scale_key(scale_b))
-    resolved: _Resolved | None = table._kernels.get(key)  # type: ignore[assignment]
-    if resolved is None or not (device >= 0 and b.get_device() == device and offs.get_device() == device
-                                and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
+    signature = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
+                 offs.dtype, out_dtype, _scale_key(scale_a), _scale_key(scale_b), min_ratio, keep_workspace)
+    ready = table.plans.get(signature)
+    call = None
+    if ready is None or not (device >= 0 and b.get_device() == device and offs.get_device() == device
+                             and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
         if check is not None:
             check()
         problem = grouped_problem_of(a, b, offs, out_dtype, scale_a, scale_b)
-        resolved = _resolve(table, problem, key, device)
-    gemm, problem, plan, ratio = resolved
-    if gemm is None or plan is None or (min_ratio > 0 and not ratio >= min_ratio):
-        if problem.m == 0:
-            return a.new_empty((0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
-        if gemm is not None:
-            _warn_slower(resolved, min_ratio)
-        return _torch_path(problem, a, b, offs, scale_a, scale_b)
-    try:
-        return gemm.launch(plan, a, b, offs, keep_workspace=keep_workspace, scale_a=scale_a, scale_b=scale_b)
-    except KernelStatusError as err:
-        _warn_once(f"grouped {gemm.config.name}", f"cutlass_tune.grouped_mm: {gemm.config.name} cannot run "
-                   f"{problem.name} ({err}); using torch's grouped GEMM")
-        table._kernels[key] = _Resolved(None, problem, None)
-        return _torch_path(problem, a, b, offs, scale_a, scale_b)
+        call = Call(Kind.GROUPED, problem, device, min_ratio, signature, keep_workspace)
+        ready = prepare(table, call)
+    plan, gemm, launch = ready
+    if launch is not None:
+        try:
+            return cast(GroupedGemm, gemm).launch(launch, a, b, offs, keep_workspace=keep_workspace, scale_a=scale_a,
+                                                  scale_b=scale_b)
+        except KernelStatusError as err:
+            call = call or Call(Kind.GROUPED, plan.problem, plan.device, min_ratio, signature, keep_workspace)
+            plan = cannot_implement(table, call, ready, err).plan
+    if plan.problem.m == 0:
+        return a.new_empty((0, plan.problem.n), dtype=TORCH_DTYPE[plan.problem.dtype_d])
+    return _torch_path(plan.problem, a, b, offs, scale_a, scale_b)
 
 
 def _torch_path(problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
@@ -429,39 +435,3 @@ def _torch_path(problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.
         assert scales is not None, "a block-wise problem was posed by its scales"
         return torch_blockwise_grouped_mm(a, b, offs, *scales)
     return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
-
-
-def _warn_slower(resolved: _Resolved, min_ratio: float) -> None:
-    """Says once per table entry and `min_ratio` that torch's grouped GEMM is kept."""
-    gemm, problem = resolved.gemm, resolved.problem
-    assert gemm is not None
-    measured = "has no ratio to torch's grouped GEMM" if math.isnan(resolved.ratio) else \
-        f"was measured at {resolved.ratio:.3f}x torch's grouped GEMM"
-    _warn_once(f"grouped ratio {gemm.config.name} {problem.name} {min_ratio}",
-               f"cutlass_tune.grouped_mm: the table's {gemm.config.name} for {problem.name} {measured}, below "
-               f"min_ratio {min_ratio}; torch's grouped GEMM is kept")
-
-
-def _resolve(table: BestTable, problem: Problem, key: tuple, device: int) -> _Resolved:
-    """The kernel (None: torch's, and for no rows) for `problem`, its launch plan and ratio, kept
-    in the table's cache under `key`."""
-    gemm: GroupedGemm | None = None
-    plan: GroupedLaunch | None = None
-    ratio = math.nan
-    if problem.m > 0:
-        try:
-            rows = device_table(table, device, "grouped_mm")
-            match = rows.find(problem.m, problem.n, problem.k, problem.operation, groups=problem.groups)
-        except BestTableError as err:
-            asked = f"grouped {problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} " \
-                    f"e{problem.groups} {problem.n}x{problem.k}"
-            _warn_once(asked, f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
-        else:
-            bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
-            gemm = _grouped_gemm(match.row["config"], match.runtime, bundled)
-            plan = gemm.prepare(problem, device)
-            ratio = match.ratio
-    resolved = _Resolved(gemm, problem, plan, ratio)
-    with _lock:
-        table._kernels[key] = resolved
-    return resolved

@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
+from ._dispatch import OUT_DTYPES, input_not_taken
 from ._grouped import run_grouped, torch_grouped_mm
-from ._matmul import _OUT_DTYPES, MatmulInputError, _warn_once
+from ._matmul import MatmulInputError
 from ._op import _TAGS, _on_device_of, registered_table
 
 
@@ -50,7 +51,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torc
                  "cutlass_tune.grouped_mm(a, b, offs, table=, scale_a=, scale_b=)")
     torch._check(a.device == b.device == offs.device,
                  lambda: f"cutlass_tune.grouped_mm: a, b and offs are on {a.device}, {b.device} and {offs.device}")
-    torch._check(out_dtype is None or out_dtype in _OUT_DTYPES,
+    torch._check(out_dtype is None or out_dtype in OUT_DTYPES,
                  lambda: f"cutlass_tune.grouped_mm: out_dtype {out_dtype} is not supported (bfloat16, float16, "
                  "float32)")
 
@@ -82,7 +83,7 @@ def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: s
             # `_check` only for shapes not seen yet: torch._check costs more than the rest of a call.
             return run_grouped(tuned, a, b, offs, out_dtype, True, 1.0, lambda: _check(a, b, offs, out_dtype))
         except MatmulInputError as err:
-            _warn_once(str(err), f"cutlass_tune.grouped_mm: {err}; using torch's grouped GEMM")
+            input_not_taken("grouped_mm", err, "torch's grouped GEMM")
             return torch_grouped_mm(a, b, offs, out_dtype)
 
 

@@ -42,7 +42,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from .._torch import DTYPE_OF
 from ..space import Activation, DType, Epilogue
-from ._matmul import device_table
+from ._dispatch import device_table
 from ._op import registered_table, table_key
 from ._patch import MIN_KERNEL_US, _Coverage, operator_takes
 from ._table import BestTable

@@ -9,6 +9,7 @@ import torch
 
 from .._torch import ACTIVATION
 from ..space import Activation
+from ._dispatch import eager_direct_allowed
 from ._matmul import activation_of
 from ._op import linear_direct, mm_direct, table_key
 from ._table import BestTable
@@ -81,7 +82,7 @@ class Linear(torch.nn.Linear):
                                                     or (self.bias is not None and self.bias.requires_grad)))
         # Eager code that needs no gradient calls the operators' CUDA kernels directly: a small
         # GEMM's kernel is shorter than the dispatcher's host path (benchmarks/linear_host.py).
-        direct = no_grad and input.is_cuda and not torch.compiler.is_compiling()
+        direct = no_grad and eager_direct_allowed(input, self.weight, self.bias)
         if (self.activation is not Activation.NONE and no_grad) or (
                 self.fused_bias and self.bias is not None and self.activation is Activation.NONE):
             call = linear_direct if direct else _LINEAR

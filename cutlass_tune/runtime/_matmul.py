@@ -22,13 +22,9 @@ them, torch._scaled_mm does.
 from __future__ import annotations
 
 import collections
-import functools
-import json
-import math
 import threading
-import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -36,7 +32,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .._torch import ACTIVATION, BLOCKWISE_GROUP, FP8_DTYPES, TORCH_DTYPE, blockwise_mm, expand_blockwise_scale_b
 from ..errors import CutlassTuneError
 from ..kernel import GemmArgs, KernelStatusError, LoadedKernel, bind_primary_context, make_args
-from ..measurement import LT_ACTIVATIONS, Baseline
+from ..measurement import LT_ACTIVATIONS
 from ..space import (
     Activation,
     DType,
@@ -50,12 +46,26 @@ from ..space import (
     check_problem,
 )
 from ..status import Status
-from ..tables import BestTableError, BundledKernel
-from ._table import BestTable, Match
+from ..tables import BundledKernel
+from ._dispatch import (
+    OUT_DTYPES,
+    Call,
+    Kind,
+    Plan,
+    Workspace,
+    cannot_implement,
+    current_stream,
+    load_table,
+    prepare,
+    sm_count,
+)
+from ._table import BestTable
+
+if TYPE_CHECKING:
+    from ._grouped import GroupedLaunch
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16, DType.E4M3)}
 # Not e5m2: with both inputs e5m2, torch._scaled_mm (the fallback where no kernel applies) has no GEMM.
-_OUT_DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16, DType.F32)}
 _FP8_OUT = DType.BF16
 READY_INSTANCES = 32
 """Initialized kernel instances a `Gemm` keeps per thread, by problem and addresses: a model's
@@ -130,6 +140,30 @@ def _check_blockwise(t: torch.Tensor, name: str, strides: tuple[int, int], devic
         raise MatmulInputError(f"{name} with strides {t.stride()} must have strides {strides} ({what})")
 
 
+def _looks_blockwise(m: int, n: int, scale_a: torch.Tensor, scale_b: torch.Tensor) -> bool:
+    """Whether scales that are neither shaped block-wise nor row-wise were meant block-wise:
+    a scale_a of more than one column, a scale_b of more than one row (row-wise ones are (M, 1)
+    and (1, N)), or a scale_b of one row of N/128 blocks (K taken as one group)."""
+    n_blocks = -(-n // BLOCKWISE_GROUP)
+    return ((scale_a.dim() == 2 and scale_a.shape[1] != 1) or (scale_b.dim() == 2 and scale_b.shape[0] != 1)
+            or (tuple(scale_b.shape) == (1, n_blocks) and n_blocks != n))
+
+
+def _refuse_blockwise_shapes(a: torch.Tensor, n: int, scale_a: torch.Tensor, scale_b: torch.Tensor) -> None:
+    """A MatmulInputError naming the block-wise scale of the wrong shape, and K where it is
+    not a multiple of 128 (K/128 is then where the shapes went wrong)."""
+    m, k = a.shape
+    groups, n_blocks = -(-k // BLOCKWISE_GROUP), -(-n // BLOCKWISE_GROUP)
+    whole = "" if k % BLOCKWISE_GROUP == 0 else (f"; K {k} is not a multiple of {BLOCKWISE_GROUP}: block-wise "
+                                                 f"scaling needs K a multiple of {BLOCKWISE_GROUP}")
+    if tuple(scale_a.shape) != (m, groups):
+        raise MatmulInputError(f"scale_a has shape {tuple(scale_a.shape)}; block-wise it must be ({m}, {groups}): "
+                               f"(M, K/128 rounded up), one per 1 x {BLOCKWISE_GROUP} group of a{whole}")
+    raise MatmulInputError(f"scale_b has shape {tuple(scale_b.shape)}; block-wise it must be ({groups}, {n_blocks}): "
+                           f"(K/128, N/128 rounded up), one per {BLOCKWISE_GROUP} x {BLOCKWISE_GROUP} block of b"
+                           f"{whole}")
+
+
 def _scaling_of(a: torch.Tensor, m: int, n: int, scale_a: torch.Tensor | None,
                 scale_b: torch.Tensor | None) -> Scaling:
     """The scaling the scales pose (checked as torch._scaled_mm takes them)."""
@@ -144,6 +178,8 @@ def _scaling_of(a: torch.Tensor, m: int, n: int, scale_a: torch.Tensor | None,
         for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
             _check_operand(t, name, tuple(t.shape), torch.float32, a.device, "a per-tensor scale")
         return Scaling.TENSOR
+    if not _blockwise_shapes(a, n, scale_a, scale_b) and _looks_blockwise(m, n, scale_a, scale_b):
+        _refuse_blockwise_shapes(a, n, scale_a, scale_b)
     if _blockwise_shapes(a, n, scale_a, scale_b):
         groups = scale_b.shape[0]
         _check_blockwise(scale_a, "scale_a", (1, m), a.device, "one per 1 x 128 group of a: (M, K/128) "
@@ -213,7 +249,7 @@ def problem_of(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None =
         raise MatmulInputError(f"a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
     dtype = _DTYPES[a.dtype]
     default = _FP8_OUT if dtype.is_fp8 else dtype
-    out = _OUT_DTYPES.get(out_dtype) if out_dtype is not None else default
+    out = OUT_DTYPES.get(out_dtype) if out_dtype is not None else default
     if out is None:
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
     epilogue, scaling = operation_of(a, b, TORCH_DTYPE[out], bias=bias, activation=activation, c=c, scale_a=scale_a,
@@ -262,6 +298,22 @@ class Gemm:
         self._stream_k = config.tile_scheduler is TileScheduler.STREAM_K
         self._dtype_d = TORCH_DTYPE[config.dtype_d]
 
+    def template(self, problem: Problem, device: int) -> tuple[GemmArgs, int]:
+        """The launch arguments of `problem` on CUDA device `device` with every address zero and
+        alpha 1 (a `Plan`'s), and the workspace the kernel needs for them in bytes."""
+        args = make_args(problem, self.runtime, a=0, b=0, d=0, device_id=device, sm_count=sm_count(device))
+        return args, self.kernel.workspace_size(args)
+
+    def workspace_policy(self, size: int, keep: bool = True) -> Workspace:
+        """Where a launch's workspace of `size` bytes comes from (see `Gemm.run`)."""
+        if size == 0:
+            return Workspace.NONE
+        return Workspace.PER_CALL if self._stream_k else Workspace.KEPT
+
+    def launch_of(self, plan: Plan) -> GroupedLaunch | None:
+        """What a launch of `plan` keeps beside the plan (a grouped kernel's `GroupedLaunch`)."""
+        return None
+
     def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
                  bias: torch.Tensor | None = None, c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
                  scale_b: torch.Tensor | None = None, alpha: float = 1.0, beta: float | None = None,
@@ -276,7 +328,7 @@ class Gemm:
         if problem.operation != self.config.operation:
             raise MatmulInputError(f"this kernel computes {self.config.words}; the call asks for {problem.words}")
         return self.run(problem, a, b, out, bias=bias, c=c if gate is None else gate, scale_a=scale_a,
-                        scale_b=scale_b, alpha=alpha, beta=_beta(c, beta))
+                        scale_b=scale_b, alpha=alpha, beta=beta_of(c, beta))
 
     def run(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
             bias: torch.Tensor | None = None, c: torch.Tensor | None = None, scale_a: torch.Tensor | None = None,
@@ -288,7 +340,7 @@ class Gemm:
         elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != self._dtype_d:
             raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {self._dtype_d} tensor")
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        stream = _current_stream(device)
+        stream = current_stream(device)
         scale_b = self.kernel_scale_b(scale_b, problem.n)
         operands = tuple(0 if t is None else t.data_ptr() for t in (c, bias, scale_a, scale_b))
         key = (problem, device, a.data_ptr(), b.data_ptr(), out.data_ptr(), stream, operands, alpha, beta)
@@ -303,7 +355,7 @@ class Gemm:
             # workspace barriers must start at zero).
             bind_primary_context(device)
             args = make_args(problem, self.runtime, a=key[2], b=key[3], d=key[4], device_id=device,
-                             sm_count=_sm_count(device), c=operands[0] or None, bias=operands[1] or None,
+                             sm_count=sm_count(device), c=operands[0] or None, bias=operands[1] or None,
                              scale_a=operands[2] or None, scale_b=operands[3] or None, alpha=alpha, beta=beta)
             if instance is None:
                 instance = self.kernel.create()
@@ -368,26 +420,7 @@ class Gemm:
         return found
 
 
-def _current_stream(device: int) -> int:
-    """The handle of the current CUDA stream of `device`: torch's raw accessor where the build
-    has it (no Stream object per call), else the public one."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
-def _untuned_name(problem: Problem) -> str:
-    gemm = "torch._scaled_mm" if problem.dtype_a.is_fp8 else "torch.matmul"
-    if problem.epilogue.is_plain:
-        return gemm
-    if problem.epilogue.bias and not problem.dtype_a.is_fp8 and not problem.epilogue.residual:
-        gemm = "F.linear"
-    act = problem.epilogue.activation
-    if problem.epilogue.gated:
-        return f"{gemm} times the gate" if act is Activation.NONE else f"{gemm} times torch's {act.value} of the gate"
-    return gemm if act is Activation.NONE else f"{gemm} and torch's {act.value}"
-
-
-def _beta(c: torch.Tensor | None, beta: float | None) -> float:
+def beta_of(c: torch.Tensor | None, beta: float | None) -> float:
     """beta as the kernel takes it: 1 with a residual unless given, 0 without one."""
     if c is None:
         if beta is not None and beta != 0:
@@ -470,36 +503,6 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
     return one
 
 
-@functools.cache
-def _sm_count(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
-def _gemm(config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None) -> Gemm:
-    return Gemm(KernelConfig.from_dict(json.loads(config_json)), runtime, bundled=bundled)
-
-
-_warned: set[str] = set()
-
-
-def device_table(table: BestTable, device: int, caller: str) -> BestTable:
-    """The rows of `table` that CUDA device `device` may use: those tuned on its GPU model
-    (`BestTable.for_gpu`), kept per device. Where the table has rows but none of this model (an
-    H100 table on an H200), a warning names both GPUs once and the caller falls back to torch."""
-    rows = table._devices.get(device)
-    if rows is None:
-        name = torch.cuda.get_device_name(device)
-        rows = table.for_gpu(name)
-        if rows.frame.empty and not table.frame.empty:
-            _warn_once(f"gpu {id(table)} {device}",
-                       f"cutlass_tune.{caller}: the table was tuned on {', '.join(table.gpus)}, not on this GPU "
-                       f"(cuda:{device}, {name}): its kernels are not used here and torch computes instead "
-                       "(tune on this GPU, or load the table of this GPU)")
-        table._devices[device] = rows
-    return rows
-
-
 def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
            out_dtype: torch.dtype | None = None, *, bias: torch.Tensor | None = None,
            activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
@@ -551,85 +554,30 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     act = activation_of(activation)
     operands = (_tensor(bias, "bias"), _tensor(c, "c"), _tensor(scale_a, "scale_a"), _tensor(scale_b, "scale_b"),
                 _tensor(gate, "gate"))
-    table = table if isinstance(table, BestTable) else _load_table(str(table))
-    key = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype, act, min_ratio,
-           *(None if t is None else (t.shape, t.stride(), t.dtype) for t in operands))
-    cached: _Dispatch | None = table._kernels.get(key)  # type: ignore[assignment]
-    if cached is not None and a.device.type == "cuda" and b.device == a.device \
-            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0 \
-            and all(t is None or (t.device == a.device and t.data_ptr() % 16 == 0) for t in operands):
-        gemm, problem, fast_accum = cached
-        beta = _beta(c, beta)
-        if gemm is None:
-            return torch_gemm(a, b, TORCH_DTYPE[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
-                              beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate, fast_accum=fast_accum)
-        return gemm.run(problem, a, b, bias=bias, c=c if gate is None else gate, scale_a=scale_a, scale_b=scale_b,
-                        alpha=alpha, beta=beta)
-    problem = problem_of(a, b, out_dtype, bias=bias, activation=act, c=c, scale_a=scale_a, scale_b=scale_b,
-                         gate=gate)
-    beta = _beta(c, beta)
-
-    def on_torch(fast_accum: bool = False) -> torch.Tensor:
-        table._kernels[key] = _Dispatch(None, problem, fast_accum)
-        return torch_gemm(a, b, TORCH_DTYPE[problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
-                          beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate, fast_accum=fast_accum)
-
-    asked = f"{problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} {problem.words}"
-    try:
-        match = device_table(table, a.get_device(), "matmul").find(problem.m, problem.n, problem.k,
-                                                                   problem.operation)
-    except BestTableError as err:
-        _warn_once(asked, f"cutlass_tune.matmul: {err}; using {_untuned_name(problem)}")
-        return on_torch()
-    ratio = _ratio_to_torch_gemm(match, problem)
-    if min_ratio > 0 and not ratio >= min_ratio:
-        fast_accum = match.config.fp8_fast_accum and problem.scaling is not Scaling.BLOCKWISE
-        measured = "has no ratio to torch" if math.isnan(ratio) else f"was measured at {ratio:.3f}x torch"
-        where = problem.name if match.exact else f"{problem.name} (its nearest tuned problem)"
-        _warn_once(f"ratio {match.row['kernel']} {problem.name} {min_ratio}",
-                   f"cutlass_tune.matmul: the table's {match.row['kernel']} for {where} {measured}, below "
-                   f"min_ratio {min_ratio}; using {_untuned_name(problem)}"
-                   f"{' with fast accumulation' if fast_accum else ''}")
-        return on_torch(fast_accum)
-    bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
-    gemm = _gemm(match.row["config"], match.runtime, bundled)
-    try:
-        result = gemm.run(problem, a, b, bias=bias, c=c if gate is None else gate, scale_a=scale_a, scale_b=scale_b,
-                          alpha=alpha, beta=beta)
-    except KernelStatusError as err:
-        _warn_once(match.row["kernel"], f"cutlass_tune.matmul: {match.row['kernel']} cannot run "
-                   f"{problem.name} ({err}); using {_untuned_name(problem)}")
-        return on_torch()
-    table._kernels[key] = _Dispatch(gemm, problem, False)
-    return result
-
-
-def _ratio_to_torch_gemm(match: Match, problem: Problem) -> float:
-    """The row's ratio to the path `torch_gemm` runs for `problem` in its place: cuBLASLt's
-    epilogue for a bias with ReLU or tanh GELU (the row's `cublaslt_ratio`, where it has one),
-    else the row's baseline (`ratio`)."""
-    if Baseline.CUBLASLT.applies(problem):
-        lt = float(match.row.get("cublaslt_ratio", math.nan))
-        if not math.isnan(lt):
-            return lt
-    return match.ratio
-
-
-class _Dispatch(NamedTuple):
-    """What `matmul` decided for one call signature: the kernel (None: torch's path), the
-    problem, and whether torch's fp8 path runs with fast accumulation."""
-
-    gemm: Gemm | None
-    problem: Problem
-    fast_accum: bool
-
-
-@functools.lru_cache(maxsize=8)
-def _load_table(source: str) -> BestTable:
-    return BestTable.load(source)
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    table = table if isinstance(table, BestTable) else load_table(str(table))
+    # The call's signature: a tuple, built in a few hundred nanoseconds (a `Call` per call costs more).
+    signature = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype, act,
+                 min_ratio, *(None if t is None else (t.shape, t.stride(), t.dtype) for t in operands))
+    ready = table.plans.get(signature)
+    if ready is None or not (a.device.type == "cuda" and b.device == a.device
+                             and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+                             and all(t is None or (t.device == a.device and t.data_ptr() % 16 == 0)
+                                     for t in operands)):
+        problem = problem_of(a, b, out_dtype, bias=bias, activation=act, c=c, scale_a=scale_a, scale_b=scale_b,
+                             gate=gate)
+        call = Call(Kind.DENSE, problem, a.get_device(), min_ratio, signature)
+        ready = prepare(table, call)
+    else:
+        call = None
+    plan, gemm, _ = ready
+    beta = beta_of(c, beta)
+    if gemm is not None:
+        try:
+            return gemm.run(plan.problem, a, b, bias=bias, c=c if gate is None else gate, scale_a=scale_a,
+                            scale_b=scale_b, alpha=alpha, beta=beta)
+        except KernelStatusError as err:
+            call = call or Call(Kind.DENSE, plan.problem, plan.device, min_ratio, signature)
+            plan = cannot_implement(table, call, ready, err).plan
+    fast_accum = plan.fallback is not None and plan.fallback.fast_accum
+    return torch_gemm(a, b, TORCH_DTYPE[plan.problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
+                      beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate, fast_accum=fast_accum)

@@ -51,7 +51,8 @@ import torch
 from .._torch import ACTIVATION, ACTIVATION_GRAD, FP8_DTYPES
 from ..errors import CutlassTuneError
 from ..space import Activation
-from ._matmul import _OUT_DTYPES, MatmulInputError, _load_table, _warn_once, matmul, torch_gemm
+from ._dispatch import OUT_DTYPES, input_not_taken, load_table
+from ._matmul import MatmulInputError, matmul, torch_gemm
 from ._table import BestTable
 
 
@@ -85,7 +86,7 @@ def register_table(table: BestTable | str | Path, key: str | None = None) -> str
     """
     if key is not None and (not isinstance(key, str) or not key):
         raise ValueError(f"a table key must be a non-empty string, not {key!r}")
-    loaded = table if isinstance(table, BestTable) else _load_table(str(table))
+    loaded = table if isinstance(table, BestTable) else load_table(str(table))
     with _lock:
         if key is None:
             key = next((k for k, t in _tables.items() if t is loaded), None)
@@ -128,7 +129,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None) -> N
                  lambda: f"cutlass_tune.mm: a {tuple(a.shape)} and b {tuple(b.shape)} do not multiply")
     torch._check(a.dtype == b.dtype, lambda: f"cutlass_tune.mm: a is {a.dtype} and b is {b.dtype}: they must match")
     torch._check(a.device == b.device, lambda: f"cutlass_tune.mm: a is on {a.device} and b on {b.device}")
-    torch._check(out_dtype is None or out_dtype in _OUT_DTYPES,
+    torch._check(out_dtype is None or out_dtype in OUT_DTYPES,
                  lambda: f"cutlass_tune.mm: out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
 
 
@@ -171,7 +172,7 @@ def mm_direct(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dty
             try:
                 product = matmul(a2, b, tuned, out_dtype, min_ratio=0.0)  # patch held the table to its min_ratio
             except MatmulInputError as err:
-                _warn_once(str(err), f"cutlass_tune.mm: {err}; using torch's GEMM")
+                input_not_taken("mm", err, "torch's GEMM")
                 product = torch_gemm(a2, b, dtype)
     return product.reshape(*a.shape[:-1], b.shape[1])
 
@@ -380,7 +381,7 @@ def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                 out = matmul(x2, weight.t(), tuned, bias=bias, activation=activation, c=residual2, gate=gate2,
                              min_ratio=0.0)  # the layer was swapped for entries at patch's min_ratio
             except MatmulInputError as err:
-                _warn_once(str(err), f"cutlass_tune.linear: {err}; using {_untuned_words(activation, residual, gate)}")
+                input_not_taken("linear", err, _untuned_words(activation, residual, gate))
                 out = _torch_linear(x2, weight, bias, activation, residual2, gate2)
     return out.reshape(*x.shape[:-1], n)
 

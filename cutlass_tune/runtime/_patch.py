@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 from .._torch import TORCH_DTYPE
 from ..space import Activation, DType, Epilogue, Problem, check_problem
+from ._dispatch import device_table, eager_direct_allowed
 from ._linear import Linear
-from ._matmul import device_table
 from ._op import linear_direct, registered_table, table_key
 from ._table import BestTable
 
@@ -254,7 +254,7 @@ class GatedMLP(torch.nn.Module):
         up = self.up_proj
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in up.parameters())):
             return self.down_proj(self.act_fn(self.gate_proj(x)) * up(x))
-        call = torch.ops.cutlass_tune.linear if torch.compiler.is_compiling() or not x.is_cuda else linear_direct
+        call = linear_direct if eager_direct_allowed(x, up.weight, up.bias) else torch.ops.cutlass_tune.linear
         fused = call(x, up.weight, up.bias, self.activation.value, self.table_key, gate=self.gate_proj(x).contiguous())
         return self.down_proj(fused)
 

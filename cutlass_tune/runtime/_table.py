@@ -131,7 +131,10 @@ class BestTable:
         frame = frame if "routing" in frame.columns else frame.assign(routing=NO_ROUTING)
         self.frame = frame.reset_index(drop=True)
         self.bundled = dict(bundled or {})
-        self._kernels: dict[tuple, tuple] = {}  # matmul's resolved (kernel, problem) per tensor shape
+        from ._dispatch import PlanCache  # the runtime's dispatcher imports this module
+
+        self.plans: PlanCache = PlanCache()
+        """The plans of the calls run on this table, by call signature (`cutlass_tune.runtime._dispatch`)."""
         self._devices: dict[int, BestTable] = {}  # the rows each CUDA device may use (runtime's device_table)
 
     @property

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cutlass_tune
 from cutlass_tune.nn import Linear
 from cutlass_tune.runtime import MatmulInputError, activation_of, operation_of, register_table, torch_gemm
-from cutlass_tune.runtime._matmul import _beta
+from cutlass_tune.runtime._matmul import beta_of
 from cutlass_tune.space import Activation, Epilogue, Scaling
 
 from .tables import csv_table
@@ -83,9 +83,9 @@ def test_bad_scales_are_one_line_errors(scales, message):
 
 
 def test_beta_goes_with_c_and_matmul_names_bad_operands_before_the_device():
-    assert _beta(None, None) == 0.0 and _beta(torch.ones(1), None) == 1.0 and _beta(torch.ones(1), 0.5) == 0.5
+    assert beta_of(None, None) == 0.0 and beta_of(torch.ones(1), None) == 1.0 and beta_of(torch.ones(1), 0.5) == 0.5
     with pytest.raises(MatmulInputError, match="beta 0.5 scales c, and no c was given"):
-        _beta(None, 0.5)
+        beta_of(None, 0.5)
     a, b = _ab()
     with pytest.raises(MatmulInputError, match="bias must be a torch.Tensor or None, not str"):
         cutlass_tune.matmul(a, b, cutlass_tune.BestTable.__new__(cutlass_tune.BestTable), bias="b")

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import cutlass_tune
-from cutlass_tune.runtime import BestTable, _matmul
+from cutlass_tune.runtime import BestTable, _dispatch
 from cutlass_tune.tables import BestTableError
 
 from .tables import csv_table
@@ -22,7 +22,7 @@ def on_gpu(monkeypatch):
     """Pretend CUDA device names: set `names[index]`."""
     names: dict[int, str] = {}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: names[device])
-    monkeypatch.setattr(_matmul, "_warned", set())
+    monkeypatch.setattr(_dispatch, "_warned", set())
     return names
 
 
@@ -35,13 +35,13 @@ def h200_table(tmp_path):
 def test_an_h200_table_is_not_used_on_an_h100_and_a_warning_names_both(on_gpu, h200_table):
     on_gpu[0] = H100
     with pytest.warns(RuntimeWarning, match=f"tuned on {H200}, not on this GPU \\(cuda:0, {H100}\\)"):
-        rows = _matmul.device_table(h200_table, 0, "matmul")
+        rows = _dispatch.device_table(h200_table, 0, "matmul")
     assert rows.frame.empty
     with pytest.raises(BestTableError):
         rows.lookup(128, 64, 32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per table and device
-        assert _matmul.device_table(h200_table, 0, "matmul") is rows
+        assert _dispatch.device_table(h200_table, 0, "matmul") is rows
 
 
 def test_rows_of_this_gpu_and_rows_naming_none_are_used(on_gpu, h200_table):
@@ -49,10 +49,10 @@ def test_rows_of_this_gpu_and_rows_naming_none_are_used(on_gpu, h200_table):
     mixed = BestTable(pd.concat([h200_table.frame, h200_table.frame.assign(gpu=H100, m=4096)], ignore_index=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a table with rows of this GPU warns of nothing
-        assert list(_matmul.device_table(mixed, 0, "matmul").frame["m"]) == [128]
-        assert list(_matmul.device_table(mixed, 1, "matmul").frame["m"]) == [4096]
+        assert list(_dispatch.device_table(mixed, 0, "matmul").frame["m"]) == [128]
+        assert list(_dispatch.device_table(mixed, 1, "matmul").frame["m"]) == [4096]
         unnamed = BestTable(h200_table.frame.assign(gpu=""))
-        assert len(_matmul.device_table(unnamed, 0, "matmul").frame) == 1
+        assert len(_dispatch.device_table(unnamed, 0, "matmul").frame) == 1
 
 
 def test_patch_leaves_the_layers_of_a_gpu_the_table_was_not_tuned_on(on_gpu, h200_table, monkeypatch):

@@ -106,3 +106,46 @@ def test_grouped_mm_needs_cuda_tensors():
     a, _, b, offs = operands()
     with pytest.raises(MatmulInputError, match="a is on cpu: the tuned kernels run on a CUDA device"):
         cutlass_tune.grouped_mm(a, b, offs, table=BestTable(pd.DataFrame({"m": [], "n": [], "k": []})))
+
+
+@pytest.mark.parametrize("which", ["a", "offs"])
+def test_a_list_for_a_or_offs_is_a_one_line_error(which):
+    """Guards grouped_mm given a Python list raising AttributeError (it read .get_device() first)."""
+    a, _, b, offs = operands()
+    given = {"a": a, "offs": offs, which: [1, 2]}
+    with pytest.raises(MatmulInputError, match=f"^{which} must be a torch.Tensor, not list$"):
+        cutlass_tune.grouped_mm(given["a"], b, given["offs"],
+                                table=BestTable(pd.DataFrame({"m": [], "n": [], "k": []})))
+
+
+def test_block_wise_grouped_scales_say_k_must_be_a_multiple_of_128():
+    """Guards a K that is not whole 128-groups being reported only as a shape mismatch."""
+    from cutlass_tune.runtime._grouped import grouped_scales
+
+    m, k, e, n = 8, 208, 2, 128
+    a = torch.zeros(m, k).to(torch.float8_e4m3fn)
+    b = torch.zeros(e, n, k).to(torch.float8_e4m3fn).transpose(-2, -1)
+    with pytest.raises(MatmulInputError, match=r"scale_a has shape \(8, 1\); block-wise it must be \(8, 2\).*"
+                                               r"K 208 is not a multiple of 128"):
+        grouped_scales(a, b, torch.ones(m, k // 128), torch.ones(e, 1, k // 128))
+    with pytest.raises(MatmulInputError, match=r"^scale_b has shape \(2, 3, 2\).*block-wise.*not a multiple of 128"):
+        grouped_scales(a, b, torch.ones(m, 2), torch.ones(e, 3, 2))
+
+
+class OnCuda(torch.Tensor):
+    """A CPU tensor that says it is on cuda:0 (grouped_problem_of reads `device`)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def test_no_routed_rows_pose_a_problem_of_m_0():
+    """Guards grouped_problem_of refusing M = 0 (an expert-parallel rank given no tokens) where torch
+    returns an empty (0, N) result."""
+    from cutlass_tune.runtime._grouped import grouped_problem_of
+
+    a, _, b, offs = operands()
+    empty = a[:0].contiguous().as_subclass(OnCuda)
+    problem = grouped_problem_of(empty, b.as_subclass(OnCuda), torch.zeros_like(offs).as_subclass(OnCuda))
+    assert (problem.m, problem.n, problem.k, problem.groups) == (0, b.shape[2], b.shape[1], b.shape[0])

@@ -40,7 +40,7 @@ def test_scales_in_either_form_give_the_weight_major_scales():
     (lambda a, sa, sb: (a.bfloat16(), sa, sb), "scale float8_e4m3fn inputs; a and b are torch.bfloat16"),
     (lambda a, sa, sb: (a, sa.half(), sb), "scale_a has dtype torch.float16"),
     (lambda a, sa, sb: (a, sa.double(), sb), "scale_a has dtype torch.float64"),
-    (lambda a, sa, sb: (a, sa[:, :2], sb), r"scale_a has shape \(24, 2\); it must be \(24, 3\)"),
+    (lambda a, sa, sb: (a, sa[:, :2], sb), r"scale_a has shape \(24, 2\); block-wise it must be \(24, 3\)"),
     (lambda a, sa, sb: (a, sa.t().contiguous().t(), sb), "must be row-major"),
     (lambda a, sa, sb: (a, sa, sb[:, :1]), "scale_b has shape"),
     (lambda a, sa, sb: (a, sa, sb.float().half()), "scale_b has dtype torch.float16"),

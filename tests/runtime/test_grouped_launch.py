@@ -14,8 +14,17 @@ import pytest
 import torch
 
 from cutlass_tune.kernel import KernelStatusError
-from cutlass_tune.runtime import BestTable, _grouped, _grouped_op, _matmul, register_table
-from cutlass_tune.space import DType, Grouping, KernelConfig, KernelSchedule, Layout, Problem, TileScheduler
+from cutlass_tune.runtime import BestTable, _dispatch, _grouped, _grouped_op, _matmul, register_table
+from cutlass_tune.space import (
+    DType,
+    Grouping,
+    KernelConfig,
+    KernelSchedule,
+    Layout,
+    Problem,
+    RuntimeArgs,
+    TileScheduler,
+)
 from cutlass_tune.tables import BundledKernel
 
 E, N, K, M = 4, 16, 32, 24
@@ -54,7 +63,7 @@ class FakeKernel:
     workspace_bytes = WORKSPACE
 
     def __init__(self, library, symbol):
-        self.creates = 0
+        self.library, self.symbol, self.creates = library, symbol, 0
 
     def workspace_size(self, args):
         return self.workspace_bytes * args.groups // E
@@ -69,14 +78,14 @@ def gemm(monkeypatch):
     FakeKernel.log = Log()
     monkeypatch.setattr(_matmul, "LoadedKernel", FakeKernel)
     streams = itertools.repeat(7)
-    monkeypatch.setattr(_grouped, "_current_stream", lambda device: next(streams))
+    monkeypatch.setattr(_grouped, "current_stream", lambda device: next(streams))
     monkeypatch.setattr(_grouped, "bind_primary_context", lambda device: None)
-    monkeypatch.setattr(_grouped, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(_grouped, "sm_count", lambda device: 132)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     cfg = KernelConfig(tile_m=128, tile_n=128, tile_k=64, kernel_schedule=KernelSchedule.COOPERATIVE,
                        tile_scheduler=TileScheduler.PERSISTENT, layout_b=Layout.COL, grouping=Grouping.GROUPED)
     g = _grouped.GroupedGemm(cfg, bundled=BundledKernel("unused.so", "k0"))
-    g.set_streams = lambda *values: monkeypatch.setattr(_grouped, "_current_stream",
+    g.set_streams = lambda *values: monkeypatch.setattr(_grouped, "current_stream",
                                                         lambda device, it=iter(values): next(it))
     return g
 
@@ -218,8 +227,10 @@ class Rows:
     """Stands for a device's rows of a table: one grouped row of `ratio` for every lookup."""
 
     def __init__(self, config, ratio):
-        self.row = pd.Series({"config": json.dumps(config.to_dict()), "config_hash": "h", "ratio": ratio})
-        self.runtime = _grouped.RuntimeArgs()
+        self.row = pd.Series({"config": json.dumps(config.to_dict()), "config_hash": "h", "ratio": ratio,
+                              "kernel": config.name})
+        self.exact = False
+        self.runtime = RuntimeArgs()
         self.ratio = ratio
 
     def find(self, *args, **kwargs):
@@ -232,16 +243,16 @@ def table(gemm, monkeypatch):
     CPU tensors pass for CUDA ones of device 0."""
     t = BestTable(pd.DataFrame({"m": [], "n": [], "k": []}), bundled={"h": BundledKernel("unused.so", "k0")})
     t.ratio = 1.2
-    monkeypatch.setattr(_grouped, "device_table", lambda table, device, caller: Rows(gemm.config, table.ratio))
+    monkeypatch.setattr(_dispatch, "_device_rows", lambda table, device: (Rows(gemm.config, table.ratio), None))
     monkeypatch.setattr(_grouped, "grouped_problem_of", lambda a, b, offs, out_dtype=None, *scales: Problem.experts(
         b.shape[0], b.shape[2], b.shape[1], a.shape[0], dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_d=DType.BF16,
         layout_b=Layout.COL))
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(_grouped, "torch_grouped_mm", lambda a, b, offs, dtype=None: "torch")
-    monkeypatch.setattr(_matmul, "_warned", set())
-    _grouped._grouped_gemm.cache_clear()
+    monkeypatch.setattr(_dispatch, "_warned", set())
+    _dispatch.clear_loaded()
     yield t
-    _grouped._grouped_gemm.cache_clear()
+    _dispatch.clear_loaded()
 
 
 @pytest.mark.parametrize("capturing", [False, True])
@@ -253,7 +264,7 @@ def test_operator_keeps_a_workspace_outside_capture_only(table, monkeypatch, cap
     for _ in range(2):
         _grouped_op.grouped_mm_op._init_fn(a, b, offs, key)
     assert len(FakeKernel.log.of("run")) == 2
-    [resolved] = table._kernels.values()
+    [resolved] = table.plans.entries()
     workspaces = getattr(resolved.gemm._local, "workspaces", {})
     assert (not workspaces) if capturing else list(workspaces) == [(0, 7)]
 
@@ -271,3 +282,14 @@ def test_torch_is_kept_where_the_table_measured_it_faster(table, ratio, min_rati
     assert len(said) == (0 if runs else 1)  # once, not per call
     if not runs:
         assert "no ratio" in said[0] if math.isnan(ratio) else "0.900x" in said[0]
+
+
+def test_no_routed_rows_give_an_empty_result_directly_and_through_the_operator(table):
+    """Guards an expert-parallel rank given no tokens: M = 0 was refused where torch returns (0, N)."""
+    a, b, offs = operands(m=0)
+    direct = _grouped.grouped_mm(a, b, offs, table=table)
+    key = register_table(table, key="grouped-empty")
+    through_operator = _grouped_op.grouped_mm_op._init_fn(a, b, offs, key)
+    for out in (direct, through_operator):
+        assert out.shape == (0, N) and out.dtype == torch.bfloat16
+    assert not FakeKernel.log.of("run") and not FakeKernel.log.of("initialize")

@@ -11,7 +11,7 @@ import torch
 
 import cutlass_tune
 from cutlass_tune.bench._check import problem_of_row
-from cutlass_tune.runtime import BestTable, MatmulInputError, _matmul, problem_of
+from cutlass_tune.runtime import BestTable, MatmulInputError, _dispatch, _matmul, problem_of
 from cutlass_tune.runtime._table import Match
 from cutlass_tune.space import DType, Epilogue, EpilogueSchedule, KernelConfig, KernelSchedule, Layout, Problem, Scaling
 
@@ -56,7 +56,7 @@ def _matches_torch(table, row):
     ref = a.float() @ w.float().t()
     assert torch.isfinite(got).all()
     assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2, row.problem
-    [kept] = [v for k, v in table._kernels.items() if k[1:3] == (a.shape, w.t().shape) and k[9] == 0.0]
+    [kept] = [table.plans.get(k) for k in table.plans if k[1:3] == (a.shape, w.t().shape) and k[9] == 0.0]
     return kept
 
 
@@ -79,11 +79,11 @@ def test_a_bundle_runs_its_kernels_where_nothing_can_compile(tmp_path, monkeypat
     def no_compiler(*args, **kwargs):
         raise AssertionError("a bundle's kernels must not be compiled")
 
-    monkeypatch.setattr(_matmul, "compile_kernels", no_compiler)
+    monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", no_compiler)
     monkeypatch.setenv("CUTLASS_TUNE_NVCC", str(tmp_path / "no-nvcc"))
     table = BestTable.load(out)
     for row in table.frame.itertuples():
-        gemm, *_ = _matches_torch(table, row)
+        _, gemm, _ = _matches_torch(table, row)
         assert gemm.kernel.library.parent == out / "kernels" and gemm.config.hash == row.config_hash
         print(f"bundle {row.problem}: {gemm.kernel.library.name} {gemm.kernel.symbol} ok")
 
@@ -294,7 +294,7 @@ def test_min_ratio_reads_the_ratio_to_the_path_torch_would_run(epilogue, cells, 
     epilogue, so the kernel must beat that to run; otherwise the row's own baseline."""
     problem = Problem(4096, 4096, 4096, epilogue=Epilogue.parse(epilogue))
     match = Match(pd.Series(cells), exact=True, distance=0.0)
-    assert _matmul._ratio_to_torch_gemm(match, problem) == pytest.approx(expected)
+    assert _dispatch.ratio_to_torch(match, problem) == pytest.approx(expected)
 
 
 @pytest.mark.gpu

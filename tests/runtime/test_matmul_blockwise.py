@@ -33,6 +33,37 @@ def test_blockwise_scales_are_recognised_and_their_strides_checked():
         operation_of(ops.a_mk, ops.b_kn, torch.bfloat16, scale_a=ops.scale_a, scale_b=ops.scale_b.contiguous())
 
 
+def _blockwise_error(m, k, n, scale_a, scale_b):
+    a = torch.zeros(m, k).to(torch.float8_e4m3fn)
+    b = torch.zeros(n, k).to(torch.float8_e4m3fn).t()
+    with pytest.raises(MatmulInputError) as caught:
+        operation_of(a, b, torch.bfloat16, scale_a=scale_a, scale_b=scale_b)
+    return str(caught.value)
+
+
+def test_block_wise_scale_errors_name_the_wrong_operand_in_block_wise_words():
+    """Guards a wrong block-wise scale_b being reported as scale_a's row-wise shape."""
+    m, k, n = 64, 512, 256
+    scale_a = torch.ones(k // 128, m).t()
+    said = _blockwise_error(m, k, n, scale_a, torch.ones(n // 128, k // 128))  # the weight's, not transposed
+    assert said.startswith("scale_b has shape (2, 4); block-wise it must be (4, 2)") and "K" not in said.split(":")[0]
+    said = _blockwise_error(m, k, n, torch.ones(m, 3), torch.ones(n // 128, k // 128).t())
+    assert said.startswith("scale_a has shape (64, 3); block-wise it must be (64, 4)")
+    assert "multiple of 128" not in said
+
+
+def test_block_wise_scales_of_a_k_of_partial_groups_say_k_must_be_a_multiple_of_128():
+    """Guards K = 200 with K // 128 groups being reported as a row-wise scale_b of the wrong shape."""
+    said = _blockwise_error(64, 200, 256, torch.ones(1, 64).t(), torch.ones(2, 1).t())
+    assert said.startswith("scale_a has shape (64, 1); block-wise it must be (64, 2)")
+    assert said.endswith("K 200 is not a multiple of 128: block-wise scaling needs K a multiple of 128")
+
+
+def test_row_wise_scales_keep_their_row_wise_words():
+    said = _blockwise_error(64, 512, 256, torch.ones(64, 1), torch.ones(1, 257))
+    assert said.startswith("scale_b has shape (1, 257); it must be (1, 256) (one value per column of b")
+
+
 def test_torchs_path_computes_the_dequantized_product():
     ops = _ops()
     ref = reference(ops)
@@ -107,9 +138,9 @@ NARROW = KernelConfig.for_operation(P, tile_m=64, tile_n=64, tile_k=128, scale_n
 def narrow_gemm(monkeypatch):
     _Kernel.log = []
     monkeypatch.setattr(_matmul, "LoadedKernel", _Kernel)
-    monkeypatch.setattr(_matmul, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(_matmul, "current_stream", lambda device: 7)
     monkeypatch.setattr(_matmul, "bind_primary_context", lambda device: None)
-    monkeypatch.setattr(_matmul, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(_matmul, "sm_count", lambda device: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return Gemm(NARROW, bundled=BundledKernel("unused.so", "k0"))
 

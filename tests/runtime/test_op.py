@@ -178,7 +178,8 @@ def tuned():
 
 def _tuned_layouts(table):
     """The layouts of the problems the table's matmul ran through a tuned kernel."""
-    return {layout_code(p.layout_a, p.layout_b) for gemm, p, *_ in table._kernels.values() if gemm is not None}
+    return {layout_code(p.problem.layout_a, p.problem.layout_b) for p, gemm, _ in table.plans.entries()
+            if gemm is not None}
 
 
 @pytest.mark.gpu
@@ -247,8 +248,8 @@ Stream-K (a workspace zeroed before every launch)."""
 
 
 def _runs_scheduler(table, size, scheduler):
-    return any(g is not None and p.m == size and g.config.tile_scheduler.value == scheduler
-               for g, p, *_ in table._kernels.values())
+    return any(g is not None and p.problem.m == size and g.config.tile_scheduler.value == scheduler
+               for p, g, _ in table.plans.entries())
 
 
 @pytest.mark.gpu
