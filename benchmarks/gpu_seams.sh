@@ -6,7 +6,7 @@
 #            against torch._grouped_mm, sustained; committed geomean 1.210)
 #   fp8:     benchmarks/results/session_20261127c/h200_fp8_final (block-wise matmul against
 #            torch._scaled_mm, CUDA graphs and Python loop; committed graph geomean 1.232 at M <= 256)
-# and, with TESTS=1, the runtime's and the bench's GPU tests (pytest -m gpu, xdist).
+# and, with TESTS=1, the GPU tests of TEST_PATHS (default tests/runtime tests/bench; pytest -m gpu, xdist).
 #
 #   benchmarks/gpu_seams.sh OUTDIR        (state in SEAMS_DIR, default /tmp/seams; resumable)
 # Wheels carried in .whl/ are installed to /tmp/site when optuna or CUTLASS's headers are missing.
@@ -55,6 +55,6 @@ if [ "$(left)" -gt 100 ]; then
 fi
 if [ "${TESTS:-0}" = 1 ] && [ "$(left)" -gt 120 ]; then
   timeout -k 10 $(( $(left) - 10 )) python3 -m pytest -m gpu -n "${JOBS:-8}" -q -p no:cacheprovider \
-    tests/runtime tests/bench ${EXTRA_TESTS:-} > "$out/gpu_tests.txt" 2>&1
+    ${TEST_PATHS:-tests/runtime tests/bench} > "$out/gpu_tests.txt" 2>&1
   echo "gpu tests rc=$?"; tail -30 "$out/gpu_tests.txt"
 fi
