@@ -26,8 +26,7 @@ import torch
 from .._torch import expand_blockwise_scale_b
 from ..kernel import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..measurement import SIDE_FIELDS, Baseline, Clocks, Measurement, TimingMethod
-from ..space import Problem, RuntimeArgs, Scaling
-from ..space._rules import BLOCKWISE_K
+from ..space import BLOCKWISE_K, Problem, RuntimeArgs, Scaling
 from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job

@@ -72,8 +72,7 @@ from .._torch import (
     dequantize_blockwise,
 )
 from ..measurement import Baseline
-from ..space import Activation, DType, Problem, RuntimeArgs, Scaling
-from ..space._rules import BLOCKWISE_K
+from ..space import BLOCKWISE_K, Activation, DType, Problem, RuntimeArgs, Scaling
 from ._verify import Operands, Verdict, compare, group_bounds, verify_launch
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..space import AutoKernels, KernelConfig, KernelSchedule, Layout, Problem, TileScheduler, smem_usage
-from ..space._rules import WGMMA_N_DEFAULT, epilogue_tile
+from ..space.cutlass import WGMMA_N_DEFAULT, epilogue_tile
 
 SMEM_PER_SM = 233472
 """Shared memory of one SM (228 KiB), which the plain kernel's CTAs share."""
