@@ -130,7 +130,7 @@ def features(problem: Problem, cols: Mapping[str, np.ndarray], sm_count: int) ->
     stream_k = cols["stream_k"].astype(bool)
     in_bytes = cols["in_bits"] / 8
     tiles_m, tiles_n = np.ceil(rows_m / tm), np.ceil(cols_n / tn)
-    if problem.grouped and problem.group_rows:
+    if problem.group_rows:  # a grouped problem's experts
         rows_of = np.asarray(problem.group_rows, dtype=np.float64)[:, None]
         tiles_m = np.maximum(np.ceil(rows_of / np.asarray(tm, dtype=np.float64)[None, :]).sum(axis=0), 1.0)
     tiles = tiles_m * tiles_n
