@@ -206,23 +206,57 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
             return last(c) * y
         return last(y if c is None else y + c)
 
-    if problem.scaling is Scaling.BLOCKWISE:
-        def blockwise(a, b, bias, c, scale_a, scale_b):
-            return finish(blockwise_mm(a, b, scale_a, scale_b, out_dtype, bias), c)
-        return blockwise
+    return EAGER_FUNCTIONS[problem.kind](EagerParts(problem, finish, last, out_dtype, fast_accum, bias_after))
 
-    if problem.dtype_a.is_fp8:
-        def fp8(a, b, bias, c, scale_a, scale_b):
-            y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=None if bias_after else bias,
-                                 out_dtype=out_dtype, use_fast_accum=fast_accum)
-            return finish(y if not bias_after or bias is None else y + bias, c)
-        return fp8
+
+@dataclasses.dataclass(frozen=True)
+class EagerParts:
+    """What a kind's eager function is made of (`EAGER_FUNCTIONS`): the problem, the epilogue
+    after the (biased) product (`finish(y, c)`), the activation alone (`last`), D's torch type
+    and `eager_function`'s options."""
+
+    problem: Problem
+    finish: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+    last: Callable[[torch.Tensor], torch.Tensor]
+    out_dtype: torch.dtype
+    fast_accum: bool
+    bias_after: bool
+
+
+EAGER_FUNCTIONS: KindRegistry[Callable[[EagerParts], TorchFunction]] = KindRegistry("eager baseline")
+"""The PyTorch code of each kind's EAGER baseline (see the module's docstring), by what the
+mainloop multiplies: `F.linear` (16-bit), `torch._scaled_mm` (fp8), `blockwise_mm` (block-wise fp8)."""
+
+
+@EAGER_FUNCTIONS.register()
+def _eager_linear(parts: EagerParts) -> TorchFunction:
+    finish, last, epilogue = parts.finish, parts.last, parts.problem.epilogue
 
     def linear(a, b, bias, c, scale_a, scale_b):
         if c is not None and bias is None and not epilogue.gated:
             return last(torch.addmm(c, a, b))  # the residual in cuBLAS's beta = 1
         return finish(F.linear(a, b.t(), bias), c)
     return linear
+
+
+@EAGER_FUNCTIONS.register(inputs=Inputs.FP8)
+def _eager_scaled_mm(parts: EagerParts) -> TorchFunction:
+    finish, out_dtype, fast_accum, bias_after = parts.finish, parts.out_dtype, parts.fast_accum, parts.bias_after
+
+    def fp8(a, b, bias, c, scale_a, scale_b):
+        y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=None if bias_after else bias,
+                             out_dtype=out_dtype, use_fast_accum=fast_accum)
+        return finish(y if not bias_after or bias is None else y + bias, c)
+    return fp8
+
+
+@EAGER_FUNCTIONS.register(inputs=Inputs.FP8_BLOCKWISE)
+def _eager_blockwise(parts: EagerParts) -> TorchFunction:
+    finish, out_dtype = parts.finish, parts.out_dtype
+
+    def blockwise(a, b, bias, c, scale_a, scale_b):
+        return finish(blockwise_mm(a, b, scale_a, scale_b, out_dtype, bias), c)
+    return blockwise
 
 
 def lt_function(problem: Problem, *, fast_accum: bool = False, bias_after: bool = False) -> TorchFunction:
