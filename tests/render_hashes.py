@@ -15,6 +15,7 @@ from pathlib import Path
 from cutlass_tune.render import render_unit
 from cutlass_tune.space import (
     Activation,
+    AutoKernels,
     DType,
     Epilogue,
     Grouping,
@@ -22,7 +23,6 @@ from cutlass_tune.space import (
     Operation,
     Scaling,
 )
-from cutlass_tune.space._auto import AutoKernels
 
 FP8 = {"dtype_a": DType.E4M3, "dtype_b": DType.E4M3}
 GROUPED = {"grouping": Grouping.GROUPED}
