@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from .space import Activation, KernelConfig, Operation, Problem, RuntimeArgs, Scaling
+from .space import Activation, Grouping, Inputs, KernelConfig, KindRegistry, Operation, Problem, RuntimeArgs, Scaling
 from .status import Status
 
 # nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
@@ -216,10 +216,9 @@ class Baseline(str, enum.Enum):
 
     @classmethod
     def of(cls, problem: Operation) -> Baseline:
-        """The baseline a problem's (or an operation's) kernels are paired with and ranked against."""
-        if problem.grouped:
-            return cls.GROUPED_MM
-        return cls.CUBLAS if problem.is_plain else cls.EAGER
+        """The baseline a problem's (or an operation's) kernels are paired with and ranked against,
+        as its kind's entry of `BASELINES` says."""
+        return BASELINES[problem.kind](problem)
 
     @property
     def sides(self) -> tuple[Baseline, ...]:
@@ -243,6 +242,13 @@ class Baseline(str, enum.Enum):
 _SIDES = {Baseline.EAGER: (Baseline.COMPILE, Baseline.CUBLASLT),
           Baseline.GROUPED_MM: (Baseline.EXPERT_LOOP, Baseline.DENSE)}
 
+BASELINES: KindRegistry[Callable[[Operation], Baseline]] = KindRegistry("baseline")
+"""Each kind's baseline (`Baseline.of`), by its grouping: a single GEMM's is cuBLAS where the
+operation is plain, torch eager where it has a fused epilogue or fp8 scales; a grouped one's
+torch._grouped_mm."""
+BASELINES.add(lambda op: Baseline.CUBLAS if op.is_plain else Baseline.EAGER, grouping=Grouping.NONE)
+BASELINES.add(lambda op: Baseline.GROUPED_MM, grouping=Grouping.GROUPED)
+
 LT_ACTIVATIONS = frozenset({Activation.RELU, Activation.GELU_TANH})
 """The activations cuBLASLt's epilogue computes as torch defines them (`_addmm_activation`'s
 `use_gelu` is the tanh form on CUDA)."""
@@ -258,10 +264,16 @@ def contenders(own: Baseline, problem: Operation) -> tuple[Baseline, ...]:
     """The torch paths of `problem`'s baseline row `own` that compute its function (`CONTENDERS`).
     A block-wise fp8 grouped problem has no one torch path (torch has no block-wise grouped GEMM
     on SM90): torch._grouped_mm after dequantizing and the per-expert loop of torch._scaled_mm
-    both contend. A 16-bit grouped problem's expert loop does not: torch._grouped_mm is its path."""
-    if own is Baseline.GROUPED_MM and problem.grouped and problem.scaling is Scaling.BLOCKWISE:
-        return (Baseline.GROUPED_MM, Baseline.EXPERT_LOOP)
-    return CONTENDERS.get(own, ())
+    both contend. A 16-bit grouped problem's expert loop does not: torch._grouped_mm is its path.
+    Each kind's are `KIND_CONTENDERS`'."""
+    return KIND_CONTENDERS[problem.kind].get(own, ())
+
+
+KIND_CONTENDERS: KindRegistry[Mapping[Baseline, tuple[Baseline, ...]]] = KindRegistry("contenders")
+"""`CONTENDERS` by kind: the same for every kind but block-wise fp8 grouped (`contenders`)."""
+KIND_CONTENDERS.add(CONTENDERS)
+KIND_CONTENDERS.add({**CONTENDERS, Baseline.GROUPED_MM: (Baseline.GROUPED_MM, Baseline.EXPERT_LOOP)},
+                    grouping=Grouping.GROUPED, inputs=Inputs.FP8_BLOCKWISE)
 
 SIDE_FIELDS = {Baseline.COMPILE: "compile", Baseline.CUBLASLT: "lt", Baseline.EXPERT_LOOP: "loop",
                Baseline.DENSE: "dense"}

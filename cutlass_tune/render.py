@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jinja2
 
@@ -23,14 +23,17 @@ from .space import (
     DType,
     EpilogueSchedule,
     Grouping,
+    Inputs,
     KernelConfig,
     KernelSchedule,
+    KindRegistry,
     Layout,
     Scaling,
     TileScheduler,
     check_config,
+    operation_problem,
 )
-from .space._rules import BLOCKWISE_K, epilogue_tile, fused, needs_extended_wgmma, operation_problem
+from .space.cutlass import BLOCKWISE_K, epilogue_tile, fused, needs_extended_wgmma
 
 _ELEMENT = {
     DType.BF16: "cutlass::bfloat16_t",
@@ -80,8 +83,6 @@ _GROUPED_EPILOGUE_SCHEDULE = {
     EpilogueSchedule.TMA: "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong",
     EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
 }
-_TEMPLATE = {Grouping.NONE: "gemm_sm90_kernel.cu.j2", Grouping.GROUPED: "gemm_sm90_grouped_kernel.cu.j2"}
-
 
 _ACTIVATION = {
     Activation.NONE: "cutlass::epilogue::thread::Identity",
@@ -233,7 +234,7 @@ def _int(cfg: KernelConfig, field: str) -> int:
     return v
 
 
-def _member(cfg: object, field: str, table: dict) -> str:
+def _member(cfg: object, field: str, table: Mapping) -> str:
     v = getattr(cfg, field)
     if not isinstance(v, enum.Enum) or v not in table:
         raise RenderError(f"{field} must be one of {[m.value for m in table]}, got {v!r}")
@@ -260,79 +261,103 @@ def _check_operation(cfg: KernelConfig) -> None:
     operation = operation_problem(cfg.epilogue, cfg.scaling)
     if operation:
         raise RenderError(operation)
-    _member(cfg, "grouping", _TEMPLATE)
+    _member(cfg, "grouping", {g: g.value for g in Grouping})
+
+
+@dataclasses.dataclass(frozen=True)
+class KindRender:
+    """How one kind of operation is rendered (`RENDERERS`): its kernel template, CUTLASS's kernel
+    schedules by what the mainloop multiplies (`Inputs`), its epilogue schedules, and the builder
+    of its values (given the config and this entry)."""
+
+    template: str
+    kernel_schedules: Mapping[Inputs, Mapping[KernelSchedule, str]]
+    epilogue_schedules: Mapping[EpilogueSchedule, str]
+    values: Callable[[KernelConfig, KindRender], dict[str, object]]
+
+
+RENDERERS: KindRegistry[KindRender] = KindRegistry("render builder")
+"""The render builder of each kind of operation (`OperationKind`), by its grouping."""
 
 
 def template_values(cfg: KernelConfig) -> dict[str, object]:
     """The values one kernel block substitutes: the number and flag knobs as they are, the
-    others through fixed tables. Raises RenderError for an invalid config."""
+    others through fixed tables, as its kind's builder (`RENDERERS`) gives them. Raises
+    RenderError for an invalid config."""
     _check_operation(cfg)
-    template = _TEMPLATE[cfg.grouping]
-    if cfg.grouping is Grouping.GROUPED:
-        return _grouped_values(cfg, template)
-    plain = _plain_knobs(cfg)
-    source = plain["epilogue_source"]
-    # A swapped kernel's A is the caller's B and its B the caller's A (both K-major: tn stays tn).
+    render = RENDERERS[cfg.kind]
+    return render.values(cfg, render)
+
+
+def _operand_values(cfg: KernelConfig, render: KindRender, plain: Mapping[str, object],
+                    kernel_schedules: Mapping[KernelSchedule, str]) -> dict[str, object]:
+    """The element types, layouts and schedules, each through its fixed table. A swapped
+    kernel's A is the caller's B and its B the caller's A (both K-major: tn stays tn)."""
     first, second = ("dtype_b", "dtype_a") if plain["swap_ab"] else ("dtype_a", "dtype_b")
-    values: dict[str, object] = {
+    return {
         "element_a": _member(cfg, first, _ELEMENT),
         "element_b": _member(cfg, second, _ELEMENT),
-        "element_c": _member(cfg, "dtype_c", _ELEMENT) if source else "void",
-        "element_d": _member(cfg, "dtype_d", _ELEMENT),
-        "element_acc": _member(cfg, "dtype_acc", _ELEMENT),
-        "layout_a": _member(cfg, "layout_a", _LAYOUT),
-        "layout_b": _member(cfg, "layout_b", _LAYOUT),
-        "kernel_schedule": _member(cfg, "kernel_schedule", _KERNEL_SCHEDULE_FP8_BLOCKWISE
-                                   if cfg.scaling is Scaling.BLOCKWISE else _KERNEL_SCHEDULE_FP8_FAST_ACCUM
-                                   if plain["fp8_fast_accum"] else _KERNEL_SCHEDULE),
-        "epilogue_schedule": _member(cfg, "epilogue_schedule", _EPILOGUE_SCHEDULE),
-    }
-    _member(cfg, "tile_scheduler", {t: t.value for t in TileScheduler})
-    rejections = check_config(cfg)
-    if rejections:
-        raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
-    values.update(plain)
-    values["epilogue_tile_m"] = epilogue_tile(cfg)[0]
-    fusion_op = fusion(cfg)
-    values["fusion"], values["fusion_arguments"] = fusion_op or ("", [])
-    values["tile_scheduler"] = _tile_scheduler(cfg)
-    values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K
-    values["blockwise"] = cfg.scaling is Scaling.BLOCKWISE
-    values["blockwise_k"] = BLOCKWISE_K
-    values["symbol"] = kernel_symbol(cfg)
-    values["template"] = template
-    return values
-
-
-def _grouped_values(cfg: KernelConfig, template: str) -> dict[str, object]:
-    """A grouped kernel's values: the ptr-array schedules (the FP8Blockwise ones for block-wise
-    fp8), the plain epilogue, the group scheduler (no Stream-K, no fusion; `check_config` holds
-    the config to that)."""
-    rejections = check_config(cfg)
-    if rejections:
-        raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
-    plain = _plain_knobs(cfg)
-    blockwise = cfg.scaling is Scaling.BLOCKWISE
-    values: dict[str, object] = {
-        "element_a": _member(cfg, "dtype_a", _ELEMENT),
-        "element_b": _member(cfg, "dtype_b", _ELEMENT),
         "element_c": _member(cfg, "dtype_c", _ELEMENT) if plain["epilogue_source"] else "void",
         "element_d": _member(cfg, "dtype_d", _ELEMENT),
         "element_acc": _member(cfg, "dtype_acc", _ELEMENT),
         "layout_a": _member(cfg, "layout_a", _LAYOUT),
         "layout_b": _member(cfg, "layout_b", _LAYOUT),
-        "kernel_schedule": _member(cfg, "kernel_schedule", _GROUPED_KERNEL_SCHEDULE_FP8_BLOCKWISE
-                                   if blockwise else _GROUPED_KERNEL_SCHEDULE),
-        "epilogue_schedule": _member(cfg, "epilogue_schedule", _GROUPED_EPILOGUE_SCHEDULE),
-        **plain,
+        "kernel_schedule": _member(cfg, "kernel_schedule", kernel_schedules),
+        "epilogue_schedule": _member(cfg, "epilogue_schedule", render.epilogue_schedules),
+    }
+
+
+def _kind_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
+    """What every kind's block substitutes after the knobs."""
+    return {
         "epilogue_tile_m": epilogue_tile(cfg)[0],
-        "max_groups": MAX_GROUPS,
-        "blockwise": blockwise,
+        "blockwise": cfg.kind.blockwise,
         "blockwise_k": BLOCKWISE_K,
         "symbol": kernel_symbol(cfg),
-        "template": template,
+        "template": render.template,
     }
-    return values
+
+
+def _check(cfg: KernelConfig) -> None:
+    rejections = check_config(cfg)
+    if rejections:
+        raise RenderError(f"{cfg.name}: not renderable: " + "; ".join(map(str, rejections)))
+
+
+def _dense_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
+    """A single GEMM's values: its schedules (fp8 fast accumulation's where the knob asks), the
+    epilogue's fusion, the tile scheduler."""
+    plain = _plain_knobs(cfg)
+    kernel_schedules = render.kernel_schedules[cfg.kind.inputs]
+    if plain["fp8_fast_accum"] and kernel_schedules is _KERNEL_SCHEDULE:
+        kernel_schedules = _KERNEL_SCHEDULE_FP8_FAST_ACCUM
+    values = _operand_values(cfg, render, plain, kernel_schedules)
+    _member(cfg, "tile_scheduler", {t: t.value for t in TileScheduler})
+    _check(cfg)
+    values.update(plain)
+    fusion_op = fusion(cfg)
+    values["fusion"], values["fusion_arguments"] = fusion_op or ("", [])
+    values["tile_scheduler"] = _tile_scheduler(cfg)
+    values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K
+    return {**values, **_kind_values(cfg, render)}
+
+
+def _grouped_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
+    """A grouped kernel's values: the ptr-array schedules (the FP8Blockwise ones for block-wise
+    fp8), the plain epilogue, the group scheduler (no Stream-K, no fusion; `check_config` holds
+    the config to that)."""
+    _check(cfg)
+    plain = _plain_knobs(cfg)
+    values = _operand_values(cfg, render, plain, render.kernel_schedules.get(cfg.kind.inputs, {}))
+    return {**values, **plain, "max_groups": MAX_GROUPS, **_kind_values(cfg, render)}
+
+
+RENDERERS.add(KindRender("gemm_sm90_kernel.cu.j2", {
+    Inputs.WIDE: _KERNEL_SCHEDULE, Inputs.FP8: _KERNEL_SCHEDULE, Inputs.FP8_BLOCKWISE: _KERNEL_SCHEDULE_FP8_BLOCKWISE,
+}, _EPILOGUE_SCHEDULE, _dense_values), grouping=Grouping.NONE)
+RENDERERS.add(KindRender("gemm_sm90_grouped_kernel.cu.j2", {
+    Inputs.WIDE: _GROUPED_KERNEL_SCHEDULE, Inputs.FP8_BLOCKWISE: _GROUPED_KERNEL_SCHEDULE_FP8_BLOCKWISE,
+}, _GROUPED_EPILOGUE_SCHEDULE, _grouped_values), grouping=Grouping.GROUPED)
 
 
 def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
@@ -354,8 +379,8 @@ def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
         # either way, and their units stay on CUTLASS's default path.
         extended_wgmma=any(needs_extended_wgmma(c) for c in configs),
         fused=any(fused(c) for c in configs),
-        grouped=any(c.grouping is Grouping.GROUPED for c in configs),
-        blockwise=any(c.scaling is Scaling.BLOCKWISE for c in configs),
+        grouped=any(c.kind.grouped for c in configs),
+        blockwise=any(c.kind.blockwise for c in configs),
     )
     key = hashlib.sha256(source.encode()).hexdigest()
     return RenderedKernel(source=source, configs=tuple(configs), key=key)

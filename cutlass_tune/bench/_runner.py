@@ -26,17 +26,15 @@ import torch
 from .._torch import expand_blockwise_scale_b
 from ..kernel import GemmInstance, KernelLoadError, LoadedKernel, cutlass_status_name, make_args
 from ..measurement import SIDE_FIELDS, Baseline, Clocks, Measurement, TimingMethod
-from ..space import Problem, RuntimeArgs, Scaling
-from ..space._rules import BLOCKWISE_K
+from ..space import BLOCKWISE_K, Problem, RuntimeArgs
 from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
 from ._race import coarse, contenders, entry, leader_of
 from ._targets import (  # noqa: F401 - CublasTarget re-exported
     CublasTarget,
+    baseline_note,
     baseline_target,
-    blockwise_path,
-    grouped_blockwise_paths,
 )
 from ._targets import Target as _Target
 from ._timing import L2Flush, TimingOptions, TimingStats, rotation_count, time_sides, time_sustained
@@ -296,10 +294,8 @@ class GpuRunner:
                 else:
                     side.close()
                     notes.append(f"{kind.value} not measured: {why}")
-            if job.problem.scaling is Scaling.BLOCKWISE and job.problem.grouped:
-                notes.insert(0, grouped_blockwise_paths(ops.d.device, job.problem.k))
-            elif job.problem.scaling is Scaling.BLOCKWISE:
-                notes.insert(0, f"torch eager is {blockwise_path(ops.d.device, job.problem.k)}")
+            if (note := baseline_note(job.problem, ops.d.device)) is not None:
+                notes.insert(0, note)
             self.side_note = "; ".join(notes)[:500]
             return out
         if not job.timing.paired:

@@ -55,6 +55,7 @@ the user's code does, and copies nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -72,8 +73,7 @@ from .._torch import (
     dequantize_blockwise,
 )
 from ..measurement import Baseline
-from ..space import Activation, DType, Problem, RuntimeArgs, Scaling
-from ..space._rules import BLOCKWISE_K
+from ..space import BLOCKWISE_K, Activation, DType, Grouping, Inputs, KindRegistry, Problem, RuntimeArgs, Scaling
 from ._verify import Operands, Verdict, compare, group_bounds, verify_launch
 
 
@@ -206,23 +206,57 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
             return last(c) * y
         return last(y if c is None else y + c)
 
-    if problem.scaling is Scaling.BLOCKWISE:
-        def blockwise(a, b, bias, c, scale_a, scale_b):
-            return finish(blockwise_mm(a, b, scale_a, scale_b, out_dtype, bias), c)
-        return blockwise
+    return EAGER_FUNCTIONS[problem.kind](EagerParts(problem, finish, last, out_dtype, fast_accum, bias_after))
 
-    if problem.dtype_a.is_fp8:
-        def fp8(a, b, bias, c, scale_a, scale_b):
-            y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=None if bias_after else bias,
-                                 out_dtype=out_dtype, use_fast_accum=fast_accum)
-            return finish(y if not bias_after or bias is None else y + bias, c)
-        return fp8
+
+@dataclasses.dataclass(frozen=True)
+class EagerParts:
+    """What a kind's eager function is made of (`EAGER_FUNCTIONS`): the problem, the epilogue
+    after the (biased) product (`finish(y, c)`), the activation alone (`last`), D's torch type
+    and `eager_function`'s options."""
+
+    problem: Problem
+    finish: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+    last: Callable[[torch.Tensor], torch.Tensor]
+    out_dtype: torch.dtype
+    fast_accum: bool
+    bias_after: bool
+
+
+EAGER_FUNCTIONS: KindRegistry[Callable[[EagerParts], TorchFunction]] = KindRegistry("eager baseline")
+"""The PyTorch code of each kind's EAGER baseline (see the module's docstring), by what the
+mainloop multiplies: `F.linear` (16-bit), `torch._scaled_mm` (fp8), `blockwise_mm` (block-wise fp8)."""
+
+
+@EAGER_FUNCTIONS.register()
+def _eager_linear(parts: EagerParts) -> TorchFunction:
+    finish, last, epilogue = parts.finish, parts.last, parts.problem.epilogue
 
     def linear(a, b, bias, c, scale_a, scale_b):
         if c is not None and bias is None and not epilogue.gated:
             return last(torch.addmm(c, a, b))  # the residual in cuBLAS's beta = 1
         return finish(F.linear(a, b.t(), bias), c)
     return linear
+
+
+@EAGER_FUNCTIONS.register(inputs=Inputs.FP8)
+def _eager_scaled_mm(parts: EagerParts) -> TorchFunction:
+    finish, out_dtype, fast_accum, bias_after = parts.finish, parts.out_dtype, parts.fast_accum, parts.bias_after
+
+    def fp8(a, b, bias, c, scale_a, scale_b):
+        y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, bias=None if bias_after else bias,
+                             out_dtype=out_dtype, use_fast_accum=fast_accum)
+        return finish(y if not bias_after or bias is None else y + bias, c)
+    return fp8
+
+
+@EAGER_FUNCTIONS.register(inputs=Inputs.FP8_BLOCKWISE)
+def _eager_blockwise(parts: EagerParts) -> TorchFunction:
+    finish, out_dtype = parts.finish, parts.out_dtype
+
+    def blockwise(a, b, bias, c, scale_a, scale_b):
+        return finish(blockwise_mm(a, b, scale_a, scale_b, out_dtype, bias), c)
+    return blockwise
 
 
 def lt_function(problem: Problem, *, fast_accum: bool = False, bias_after: bool = False) -> TorchFunction:
@@ -384,15 +418,56 @@ class GroupedMmTarget(_TorchCall):
 
 
 def _grouped_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[], torch.Tensor]:
-    """torch's grouped GEMM `fn` on the operands, as a MoE layer calls it; block-wise fp8 ones
-    dequantized to bf16 first, in the same call (a layer keeps its fp8 weights and scales)."""
+    """torch's grouped GEMM `fn` on the operands, as a MoE layer of the problem's kind calls it
+    (`GROUPED_MM_CALLS`)."""
+    return GROUPED_MM_CALLS[ops.problem.kind](fn, ops)
+
+
+GROUPED_MM_CALLS: KindRegistry[Callable[[Callable[..., torch.Tensor], Operands], Callable[[], torch.Tensor]]] = \
+    KindRegistry("grouped GEMM call")
+"""How each grouped kind calls torch's grouped GEMM (GROUPED_MM), by what the mainloop multiplies."""
+
+
+@GROUPED_MM_CALLS.register(grouping=Grouping.GROUPED)
+def _grouped_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[], torch.Tensor]:
     a, b, offsets = ops.a_mk, ops.b_kn, ops.offsets
-    if ops.problem.scaling is not Scaling.BLOCKWISE:
-        return lambda: fn(a, b, offs=offsets)
-    scale_a, scale_b, weights = ops.scale_a, ops.scale_b, b.transpose(-2, -1)  # weights E x N x K
+    return lambda: fn(a, b, offs=offsets)
+
+
+@GROUPED_MM_CALLS.register(grouping=Grouping.GROUPED, inputs=Inputs.FP8_BLOCKWISE)
+def _grouped_blockwise_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[], torch.Tensor]:
+    """Block-wise fp8 operands dequantized to bf16 first, in the same call (a layer keeps its fp8
+    weights and scales)."""
+    a, offsets = ops.a_mk, ops.offsets
+    scale_a, scale_b, weights = ops.scale_a, ops.scale_b, ops.b_kn.transpose(-2, -1)  # weights E x N x K
     assert scale_a is not None and scale_b is not None
     return lambda: fn(dequantize_blockwise(a, scale_a, 1),
                       dequantize_blockwise(weights, scale_b, BLOCKWISE_K).transpose(-2, -1), offs=offsets)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertGemm:
+    """One GEMM of routed rows by one expert's weight as torch runs it for a grouped kind
+    (`EXPERT_GEMMS`): `bind(ops, expert, rows, out)` gives the call writing `out`; `tried`: the
+    baseline runs its calls once in `setup`, since torch may refuse the operands."""
+
+    bind: Callable[[Operands, int, slice, torch.Tensor], Callable[[], object]]
+    tried: bool = False
+
+
+def _expert_matmul(ops: Operands, expert: int, rows: slice, out: torch.Tensor) -> Callable[[], object]:
+    return functools.partial(torch.matmul, ops.a_mk[rows], ops.b_kn[expert], out=out)
+
+
+def _expert_blockwise(ops: Operands, expert: int, rows: slice, out: torch.Tensor) -> Callable[[], object]:
+    assert ops.scale_a is not None and ops.scale_b is not None
+    return _blockwise_call(ops.a_mk[rows], ops.b_kn[expert], ops.scale_a[rows], ops.scale_b[expert], out)
+
+
+EXPERT_GEMMS: KindRegistry[ExpertGemm] = KindRegistry("expert GEMM")
+"""The per-expert GEMM of each grouped kind's EXPERT_LOOP and DENSE baselines."""
+EXPERT_GEMMS.add(ExpertGemm(_expert_matmul), grouping=Grouping.GROUPED)
+EXPERT_GEMMS.add(ExpertGemm(_expert_blockwise, tried=True), grouping=Grouping.GROUPED, inputs=Inputs.FP8_BLOCKWISE)
 
 
 class ExpertLoopTarget(Target):
@@ -406,15 +481,10 @@ class ExpertLoopTarget(Target):
         self._calls: list[Callable[[], object]] = []
 
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
-        a, b, d = ops.a_mk, ops.b_kn, ops.d
+        gemm = EXPERT_GEMMS[self._problem.kind]
         bounds = [(e, lo, hi) for e, (lo, hi) in enumerate(group_bounds(self._problem)) if hi > lo]
-        if self._problem.scaling is not Scaling.BLOCKWISE:
-            self._calls = [functools.partial(torch.matmul, a[lo:hi], b[e], out=d[lo:hi]) for e, lo, hi in bounds]
-            return None
-        assert ops.scale_a is not None and ops.scale_b is not None
-        self._calls = [_blockwise_call(a[lo:hi], b[e], ops.scale_a[lo:hi], ops.scale_b[e], d[lo:hi])
-                       for e, lo, hi in bounds]
-        return _first_call_fails(self._calls, Baseline.EXPERT_LOOP)
+        self._calls = [gemm.bind(ops, e, slice(lo, hi), ops.d[lo:hi]) for e, lo, hi in bounds]
+        return _first_call_fails(self._calls, Baseline.EXPERT_LOOP) if gemm.tried else None
 
     def launch(self) -> None:
         for call in self._calls:
@@ -440,14 +510,10 @@ class DenseTarget(Target):
         self._out: torch.Tensor | None = None
 
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
-        a, w, out = ops.a_mk, ops.b_kn[self._expert], torch.empty_like(ops.d)
-        self._out = out
-        if self._problem.scaling is not Scaling.BLOCKWISE:
-            self._call = functools.partial(torch.matmul, a, w, out=out)
-            return None
-        assert ops.scale_a is not None and ops.scale_b is not None
-        self._call = _blockwise_call(a, w, ops.scale_a, ops.scale_b[self._expert], out)
-        return _first_call_fails([self._call], Baseline.DENSE)
+        gemm = EXPERT_GEMMS[self._problem.kind]
+        self._out = out = torch.empty_like(ops.d)
+        self._call = gemm.bind(ops, self._expert, slice(None), out)
+        return _first_call_fails([self._call], Baseline.DENSE) if gemm.tried else None
 
     def launch(self) -> None:
         assert self._call is not None, "launched before setup"
@@ -502,6 +568,21 @@ def _first_call_fails(calls: list[Callable[[], object]], kind: Baseline) -> str 
 _GROUPED_TARGETS: dict[Baseline, Callable[[Problem], Target]] = {
     Baseline.GROUPED_MM: GroupedMmTarget, Baseline.EXPERT_LOOP: ExpertLoopTarget, Baseline.DENSE: DenseTarget,
 }
+
+
+BASELINE_NOTES: KindRegistry[Callable[[torch.device, int], str] | None] = KindRegistry("baseline note")
+"""What a kind's baseline row notes of the torch paths it times (given the device and K), by
+kind: which path computes a block-wise fp8 problem's baseline; nothing for the others."""
+BASELINE_NOTES.add(None)
+BASELINE_NOTES.add(lambda device, k: f"torch eager is {blockwise_path(device, k)}", grouping=Grouping.NONE,
+                   inputs=Inputs.FP8_BLOCKWISE)
+BASELINE_NOTES.add(grouped_blockwise_paths, grouping=Grouping.GROUPED, inputs=Inputs.FP8_BLOCKWISE)
+
+
+def baseline_note(problem: Problem, device: torch.device) -> str | None:
+    """The note of `problem`'s baseline row on the paths it times (`BASELINE_NOTES`), or None."""
+    note = BASELINE_NOTES[problem.kind]
+    return None if note is None else note(device, problem.k)
 
 
 def baseline_target(problem: Problem, kind: Baseline, fast_accum: bool = False) -> Target:

@@ -39,8 +39,7 @@ from collections.abc import Callable
 import torch
 
 from .._torch import ACTIVATION, FP8_DTYPES, TORCH_DTYPE
-from ..space import Activation, DType, Layout, Problem, Scaling
-from ..space._rules import BLOCKWISE_K
+from ..space import BLOCKWISE_K, Activation, DType, Grouping, Inputs, KindRegistry, Layout, Problem, Scaling
 from ..status import Status
 
 TOLERANCE = {DType.BF16: 1e-2, DType.F16: 2e-3, DType.F32: 1e-4}
@@ -169,34 +168,64 @@ def group_offsets(problem: Problem, device: torch.device | str) -> torch.Tensor:
     return torch.tensor([end for _, end in group_bounds(problem)], dtype=torch.int32, device=device)
 
 
+@dataclasses.dataclass(frozen=True)
+class Grouped:
+    """How a grouping lays out and checks its operands (`GROUPINGS`): the weights' shape from
+    one weight's, the row offsets on the device (None for a single GEMM), and the comparison
+    of an output with its reference."""
+
+    weights: Callable[[Problem, tuple[int, ...]], tuple[int, ...]]
+    offsets: Callable[[Problem, torch.device | str], torch.Tensor | None]
+    compare: Callable[[torch.Tensor, torch.Tensor, Problem], Verdict]
+
+
+GROUPINGS: KindRegistry[Grouped] = KindRegistry("operand layout")
+"""Each grouping's operands and check, by the kind's grouping."""
+
+SCALES: KindRegistry[Callable[[Problem, torch.device | str], tuple[torch.Tensor, torch.Tensor] | None]] = \
+    KindRegistry("scale operands")
+"""Uninitialized fp32 scales of A and B for each kind (None where it has none)."""
+
+FILLS: KindRegistry[Callable[[Operands, torch.Generator], None]] = KindRegistry("input fill")
+"""How each kind's A, B (and scales) are filled with random values (`randomize`)."""
+
+
 def allocate(problem: Problem, device: torch.device | str) -> Operands:
     """Uninitialized operands for `problem` on `device`."""
     p = problem
     a_shape = (p.m, p.k) if p.layout_a is Layout.ROW else (p.k, p.m)
     b_shape: tuple[int, ...] = (p.n, p.k) if p.layout_b is Layout.COL else (p.k, p.n)
-    if p.grouped:
-        b_shape = (p.groups, *b_shape)
+    grouped = GROUPINGS[p.kind]
     d_type = TORCH_DTYPE[p.dtype_d]
-    scale_shapes = {Scaling.NONE: None, Scaling.TENSOR: ((), ()), Scaling.ROWCOL: ((p.m, 1), (1, p.n)),
-                    Scaling.BLOCKWISE: None}
-    scales = scale_shapes[p.scaling]
-    blockwise = None
-    if p.scaling is Scaling.BLOCKWISE:
-        blockwise = (grouped_blockwise_scales(p.m, p.n, p.k, p.groups, device) if p.grouped
-                     else blockwise_scales(p.m, p.n, p.k, device))
+    scales = SCALES[p.kind](p, device)
     return Operands(
         problem=p,
         a=torch.empty(a_shape, dtype=TORCH_DTYPE[p.dtype_a], device=device),
-        b=torch.empty(b_shape, dtype=TORCH_DTYPE[p.dtype_b], device=device),
+        b=torch.empty(grouped.weights(p, b_shape), dtype=TORCH_DTYPE[p.dtype_b], device=device),
         d=torch.empty((p.m, p.n), dtype=d_type, device=device),
         c=torch.empty((p.m, p.n), dtype=d_type, device=device) if p.epilogue.residual or p.epilogue.gated else None,
         bias=torch.empty(p.n, dtype=d_type, device=device) if p.epilogue.bias else None,
-        scale_a=blockwise[0] if blockwise else None if scales is None else torch.empty(
-            scales[0], dtype=torch.float32, device=device),
-        scale_b=blockwise[1] if blockwise else None if scales is None else torch.empty(
-            scales[1], dtype=torch.float32, device=device),
-        offsets=group_offsets(p, device) if p.grouped else None,
+        scale_a=scales[0] if scales else None,
+        scale_b=scales[1] if scales else None,
+        offsets=grouped.offsets(p, device),
     )
+
+
+@SCALES.register()
+def _epilogue_scales(p: Problem, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The scales an epilogue applies: one fp32 each (TENSOR), or (M, 1) and (1, N) (ROWCOL), as
+    `torch._scaled_mm` takes them; None unscaled."""
+    shapes = {Scaling.TENSOR: ((), ()), Scaling.ROWCOL: ((p.m, 1), (1, p.n))}.get(p.scaling)
+    if shapes is None:
+        return None
+    return (torch.empty(shapes[0], dtype=torch.float32, device=device),
+            torch.empty(shapes[1], dtype=torch.float32, device=device))
+
+
+SCALES.add(lambda p, device: blockwise_scales(p.m, p.n, p.k, device), grouping=Grouping.NONE,
+           inputs=Inputs.FP8_BLOCKWISE)
+SCALES.add(lambda p, device: grouped_blockwise_scales(p.m, p.n, p.k, p.groups, device), grouping=Grouping.GROUPED,
+           inputs=Inputs.FP8_BLOCKWISE)
 
 
 def blockwise_scales(m: int, n: int, k: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,16 +262,18 @@ def randomize(ops: Operands, generator: torch.Generator) -> None:
     with D's scale.
     """
     p = ops.problem
-    if p.scaling is Scaling.BLOCKWISE and p.grouped:
-        assert ops.scale_a is not None and ops.scale_b is not None
-        _fill_blockwise(ops.a_mk, ops.scale_a, 1, generator)
-        for weight, scale in zip(ops.b_kn.transpose(-2, -1), ops.scale_b):
-            _fill_blockwise(weight, scale, BLOCKWISE_K, generator)
-    elif p.scaling is Scaling.BLOCKWISE:
-        assert ops.scale_a is not None and ops.scale_b is not None
-        _fill_blockwise(ops.a_mk, ops.scale_a, 1, generator)
-        _fill_blockwise(ops.b_kn.t(), ops.scale_b.t(), BLOCKWISE_K, generator)
-    elif ops.scale_a is not None and ops.scale_b is not None:
+    FILLS[p.kind](ops, generator)
+    d_scale = float(p.k) ** 0.5 if p.dtype_a.is_fp8 and p.scaling is Scaling.NONE else 1.0
+    for extra in (ops.c, ops.bias):
+        if extra is not None:
+            extra.normal_(0.0, d_scale, generator=generator)
+
+
+@FILLS.register()
+def _fill_inputs(ops: Operands, generator: torch.Generator) -> None:
+    """A and B, quantized by their scales where the epilogue applies them (TENSOR, ROWCOL)."""
+    p = ops.problem
+    if ops.scale_a is not None and ops.scale_b is not None:
         _fill_scaled(ops.a_mk, ops.scale_a, generator)
         _fill_scaled(ops.b_kn.t(), ops.scale_b.view(-1, 1) if ops.scale_b.dim() else ops.scale_b, generator)
     else:
@@ -251,10 +282,21 @@ def randomize(ops: Operands, generator: torch.Generator) -> None:
                 _fill_fp8(t, generator)
             else:
                 t.normal_(0.0, p.k ** -0.25, generator=generator)
-    d_scale = float(p.k) ** 0.5 if p.dtype_a.is_fp8 and p.scaling is Scaling.NONE else 1.0
-    for extra in (ops.c, ops.bias):
-        if extra is not None:
-            extra.normal_(0.0, d_scale, generator=generator)
+
+
+@FILLS.register(grouping=Grouping.NONE, inputs=Inputs.FP8_BLOCKWISE)
+def _fill_blockwise_inputs(ops: Operands, generator: torch.Generator) -> None:
+    assert ops.scale_a is not None and ops.scale_b is not None
+    _fill_blockwise(ops.a_mk, ops.scale_a, 1, generator)
+    _fill_blockwise(ops.b_kn.t(), ops.scale_b.t(), BLOCKWISE_K, generator)
+
+
+@FILLS.register(grouping=Grouping.GROUPED, inputs=Inputs.FP8_BLOCKWISE)
+def _fill_grouped_blockwise_inputs(ops: Operands, generator: torch.Generator) -> None:
+    assert ops.scale_a is not None and ops.scale_b is not None
+    _fill_blockwise(ops.a_mk, ops.scale_a, 1, generator)
+    for weight, scale in zip(ops.b_kn.transpose(-2, -1), ops.scale_b):
+        _fill_blockwise(weight, scale, BLOCKWISE_K, generator)
 
 
 def _fill_scaled(q: torch.Tensor, scale: torch.Tensor, generator: torch.Generator) -> None:
@@ -316,15 +358,34 @@ def reference(ops: Operands) -> torch.Tensor:
     tensor: activation(s * (A @ B) + C + bias), where s is scale_a * scale_b (1 unscaled), C
     and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s; gated,
     activation(C) * (s * (A @ B) + bias). A grouped
-    problem's: each expert's rows times its weight (experts without rows add nothing)."""
-    if ops.problem.grouped:
-        return _grouped_reference(ops)
-    if ops.problem.scaling is Scaling.BLOCKWISE:
-        out = torch.matmul(*dequantized(ops))
-    else:
-        out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
-        if ops.scale_a is not None and ops.scale_b is not None:
-            out.mul_(ops.scale_a).mul_(ops.scale_b)
+    problem's: each expert's rows times its weight (experts without rows add nothing). Each
+    kind's is `REFERENCES`'."""
+    return REFERENCES[ops.problem.kind](ops)
+
+
+REFERENCES: KindRegistry[Callable[[Operands], torch.Tensor]] = KindRegistry("fp32 reference")
+"""The fp32 reference of each kind (`reference`), by its grouping."""
+
+PRODUCTS: KindRegistry[Callable[[Operands], torch.Tensor]] = KindRegistry("fp32 product")
+"""A single GEMM's s * (A @ B) in fp32, before its epilogue, by what the mainloop multiplies."""
+
+
+@PRODUCTS.register()
+def _product(ops: Operands) -> torch.Tensor:
+    out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
+    if ops.scale_a is not None and ops.scale_b is not None:
+        out.mul_(ops.scale_a).mul_(ops.scale_b)
+    return out
+
+
+@PRODUCTS.register(inputs=Inputs.FP8_BLOCKWISE)
+def _blockwise_product(ops: Operands) -> torch.Tensor:
+    return torch.matmul(*dequantized(ops))
+
+
+@REFERENCES.register(grouping=Grouping.NONE)
+def _dense_reference(ops: Operands) -> torch.Tensor:
+    out = PRODUCTS[ops.problem.kind](ops)
     epilogue = ops.problem.epilogue
     if ops.c is not None and not epilogue.gated:
         out.add_(ops.c.float())
@@ -338,6 +399,7 @@ def reference(ops: Operands) -> torch.Tensor:
     return out if activation is None else activation(out)
 
 
+@REFERENCES.register(grouping=Grouping.GROUPED)
 def _grouped_reference(ops: Operands) -> torch.Tensor:
     # One expert at a time: its weight in fp32 is N x K x 4 bytes (470 MB for Mixtral's), all of
     # them at once several GB.
@@ -423,7 +485,14 @@ def verify_launch(launch: Callable[[], None], ops: Operands, ref: torch.Tensor) 
     launch()
     if ops.d.is_cuda:
         torch.cuda.synchronize(ops.d.device)
-    p = ops.problem
-    if p.grouped:
-        return compare_groups(ops.d, ref, p)
-    return compare(ops.d, ref, p.dtype_d, fp8_inputs=p.dtype_a.is_fp8 or p.dtype_b.is_fp8)
+    return GROUPINGS[ops.problem.kind].compare(ops.d, ref, ops.problem)
+
+
+def _compare_whole(out: torch.Tensor, ref: torch.Tensor, problem: Problem) -> Verdict:
+    return compare(out, ref, problem.dtype_d, fp8_inputs=problem.dtype_a.is_fp8 or problem.dtype_b.is_fp8)
+
+
+GROUPINGS.add(Grouped(weights=lambda p, shape: shape, offsets=lambda p, device: None, compare=_compare_whole),
+              grouping=Grouping.NONE)
+GROUPINGS.add(Grouped(weights=lambda p, shape: (p.groups, *shape), offsets=group_offsets, compare=compare_groups),
+              grouping=Grouping.GROUPED)

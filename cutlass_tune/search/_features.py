@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..space import AutoKernels, KernelConfig, KernelSchedule, Layout, Problem, TileScheduler, smem_usage
-from ..space._rules import WGMMA_N_DEFAULT, epilogue_tile
+from ..space.cutlass import WGMMA_N_DEFAULT, epilogue_tile
 
 SMEM_PER_SM = 233472
 """Shared memory of one SM (228 KiB), which the plain kernel's CTAs share."""
@@ -130,7 +130,7 @@ def features(problem: Problem, cols: Mapping[str, np.ndarray], sm_count: int) ->
     stream_k = cols["stream_k"].astype(bool)
     in_bytes = cols["in_bits"] / 8
     tiles_m, tiles_n = np.ceil(rows_m / tm), np.ceil(cols_n / tn)
-    if problem.grouped and problem.group_rows:
+    if problem.group_rows:  # a grouped problem's experts
         rows_of = np.asarray(problem.group_rows, dtype=np.float64)[:, None]
         tiles_m = np.maximum(np.ceil(rows_of / np.asarray(tm, dtype=np.float64)[None, :]).sum(axis=0), 1.0)
     tiles = tiles_m * tiles_n

@@ -34,12 +34,13 @@ measured for it, whoever proposed it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..measurement import TimingMethod
-from ..space import KernelConfig, Operation, Problem
+from ..space import Grouping, Inputs, KernelConfig, KindRegistry, Operation, Problem, SearchSpace
 from . import _prior
 from ._claims import Claims
 from ._features import Pool
@@ -160,8 +161,9 @@ class PriorStrategy:
             family = _family(s.problem)
             rows = priors[family].rank(s.problem, pool, diverse=not answered)[:PICKS_KEPT]
             picks = [pool.config(r) for r in rows]
-            if not answered and family != "plain":  # its first picks: the hand-picked configs of its family
-                first = (grouped_defaults if family == "grouped" else fp8_defaults)(s.problem, self.space)
+            lead = FAMILIES[s.problem.kind].first_picks
+            if not answered and lead is not None:  # its first picks: the hand-picked configs of its family
+                first = lead(s.problem, self.space)
                 picks = first + [c for c in picks if c not in first]
             elif not answered:  # its first picks: nvMatmulHeuristics' join the prior's, one by one
                 picks = _interleave(picks, self._heuristic.get(s.name, []), HEURISTIC_AFTER)
@@ -185,7 +187,7 @@ class PriorStrategy:
         if self.grouped_prior.model is None:
             return ("grouped problems: prior fitted on no grouped measurement (neither the committed table nor "
                     "the store has one); first picks are the hand-picked grouped configs, then the features alone")
-        committed = sum(o.problem.grouped for o in self.committed)
+        committed = sum(_family(o.problem) == "grouped" for o in self.committed)
         return (f"grouped problems: prior fitted on {self.grouped_prior.rows} grouped observations ({committed} "
                 "committed, the rest of the store; no plain GEMM's), after the hand-picked grouped configs")
 
@@ -243,11 +245,29 @@ class PriorStrategy:
                 return
 
 
+@dataclasses.dataclass(frozen=True)
+class PriorFamily:
+    """The prior that ranks a kind's problems (`FAMILIES`), by name ("plain", "fp8", "grouped":
+    each is fitted on its own observations, see the module's docstring), and what leads a problem
+    of it before it has results: its hand-picked configs, or, where None, nvMatmulHeuristics'
+    picks among the prior's and the fused defaults first (16-bit GEMMs)."""
+
+    name: str
+    first_picks: Callable[[Problem, SearchSpace], list[KernelConfig]] | None = None
+
+
+FAMILIES: KindRegistry[PriorFamily] = KindRegistry("prior family")
+"""The prior family of each kind: 16-bit GEMMs "plain", fp8 ones (scaled in the epilogue or
+block-wise) "fp8", grouped GEMMs "grouped"."""
+FAMILIES.add(PriorFamily("plain"))
+FAMILIES.add(PriorFamily("fp8", fp8_defaults), grouping=Grouping.NONE, inputs=Inputs.FP8)
+FAMILIES.add(PriorFamily("fp8", fp8_defaults), grouping=Grouping.NONE, inputs=Inputs.FP8_BLOCKWISE)
+FAMILIES.add(PriorFamily("grouped", grouped_defaults), grouping=Grouping.GROUPED)
+
+
 def _family(problem: Problem) -> str:
-    """Which prior ranks `problem`'s configs: grouped, fp8 or plain (16-bit GEMMs)."""
-    if problem.grouped:
-        return "grouped"
-    return "fp8" if problem.dtype_a.is_fp8 else "plain"
+    """Which prior ranks `problem`'s configs (`FAMILIES`): grouped, fp8 or plain (16-bit GEMMs)."""
+    return FAMILIES[problem.kind].name
 
 
 def _interleave(ours: list[KernelConfig], theirs: list[KernelConfig], after: int) -> list[KernelConfig]:

@@ -8,16 +8,20 @@ import dataclasses
 import itertools
 import logging
 import math
+from collections.abc import Callable
 
 from ..space import (
     PAIRED_EPILOGUE,
     Activation,
     DType,
+    Grouping,
+    Inputs,
     KernelConfig,
     KernelSchedule,
+    KindRegistry,
     Layout,
+    OperationKind,
     Problem,
-    Scaling,
     SearchSpace,
     TileScheduler,
 )
@@ -227,22 +231,36 @@ def default_knobs(problem: Problem) -> tuple[dict, ...]:
     """The hand-picked knobs that lead `problem`, best first: `GROUPED_DEFAULTS` for a grouped
     problem (`GROUPED_BLOCKWISE_DEFAULTS` for a block-wise fp8 one); for fp8,
     `FP8_SMALL_M_DEFAULTS` (M up to `FP8_SMALL_M`) then `FP8_DEFAULTS`; `FUSED_DEFAULTS` then
-    `COMMON_DEFAULTS` for a 16-bit one with an activation; `COMMON_DEFAULTS` for the others."""
-    if problem.grouped:
-        return GROUPED_BLOCKWISE_DEFAULTS if problem.scaling is Scaling.BLOCKWISE else GROUPED_DEFAULTS
-    if problem.dtype_a.is_fp8:
-        return (FP8_SMALL_M_DEFAULTS if problem.m <= FP8_SMALL_M else ()) + FP8_DEFAULTS
+    `COMMON_DEFAULTS` for a 16-bit one with an activation; `COMMON_DEFAULTS` for the others.
+    Each kind's are `DEFAULT_KNOBS`'."""
+    return DEFAULT_KNOBS[problem.kind](problem)
+
+
+def _fp8_knobs(problem: Problem) -> tuple[dict, ...]:
+    return (FP8_SMALL_M_DEFAULTS if problem.m <= FP8_SMALL_M else ()) + FP8_DEFAULTS
+
+
+def _wide_knobs(problem: Problem) -> tuple[dict, ...]:
     if problem.epilogue.activation is not Activation.NONE:
         return FUSED_DEFAULTS + COMMON_DEFAULTS
     return COMMON_DEFAULTS
+
+
+DEFAULT_KNOBS: KindRegistry[Callable[[Problem], tuple[dict, ...]]] = KindRegistry("hand-picked seeds")
+"""The hand-picked knobs that lead each kind's problems (`default_knobs`)."""
+DEFAULT_KNOBS.add(_wide_knobs)
+DEFAULT_KNOBS.add(_fp8_knobs, grouping=Grouping.NONE, inputs=Inputs.FP8)
+DEFAULT_KNOBS.add(_fp8_knobs, grouping=Grouping.NONE, inputs=Inputs.FP8_BLOCKWISE)
+DEFAULT_KNOBS.add(lambda problem: GROUPED_DEFAULTS, grouping=Grouping.GROUPED)
+DEFAULT_KNOBS.add(lambda problem: GROUPED_BLOCKWISE_DEFAULTS, grouping=Grouping.GROUPED,
+                  inputs=Inputs.FP8_BLOCKWISE)
 
 
 def fused_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:
     """`FUSED_DEFAULTS` of `problem`'s operation that `space` holds, in order, for a 16-bit
     single GEMM with an activation in its epilogue; empty for any other problem."""
     activated = problem.epilogue.activation is not Activation.NONE
-    return _held(FUSED_DEFAULTS, problem, space) if activated and not (problem.grouped or problem.dtype_a.is_fp8) \
-        else []
+    return _held(FUSED_DEFAULTS, problem, space) if activated and problem.kind == OperationKind() else []
 
 
 def grouped_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:

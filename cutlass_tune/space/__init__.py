@@ -1,18 +1,17 @@
-"""Config space: which kernels and problems exist, which are valid, and why not."""
+"""Config space: which kernels and problems exist, which are valid, and why not; what CUTLASS
+makes of a config (`cutlass_tune.space.cutlass`, its names re-exported here)."""
 
 from ._auto import AutoKernels, Census
 from ._knobs import KernelConfig, Knob, RuntimeArgs, cells, column_kinds, columns, texts
-from ._operation import MAX_GROUPS, Operation, Problem, routed_rows
+from ._operation import MAX_GROUPS, Inputs, KindRegistry, Operation, OperationKind, Problem, routed_rows
 from ._rules import (
-    SMEM_CAPACITY_BYTES,
     Rejection,
-    SmemUsage,
     check_config,
     check_pair,
     check_problem,
     check_runtime,
+    operation_problem,
     problem_dim_problem,
-    smem_usage,
 )
 from ._spec import SearchSpace, load_space, space_for_shapes, sweep_space
 from ._types import (
@@ -33,12 +32,32 @@ from ._types import (
     TileScheduler,
     layout_code,
 )
+from .cutlass import (
+    BLOCKWISE_K,
+    BLOCKWISE_SCALE_N,
+    KERNEL_SMEM_ALLOWANCE_BYTES,
+    SMEM_CAPACITY_BYTES,
+    WGMMA_N_DEFAULT,
+    SmemUsage,
+    accumulator_registers,
+    blockwise_scales_per_tile,
+    epilogue_scales,
+    epilogue_smem_bytes,
+    epilogue_tile,
+    fused,
+    needs_extended_wgmma,
+    smem_usage,
+    wgmma_n,
+)
 
 __all__ = [
-    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "Activation", "AutoKernels",
-    "Census", "DType", "Decomposition", "Epilogue", "EpilogueSchedule", "Grouping", "MAX_GROUPS", "KernelConfig",
-    "KernelSchedule", "Knob", "Layout", "Operation", "Problem", "RasterOrder", "Rejection", "Routing", "RuntimeArgs",
-    "Scaling", "SearchSpace", "SmemUsage", "TileScheduler", "cells", "check_config", "check_pair", "check_problem",
-    "check_runtime", "column_kinds", "columns", "layout_code", "load_space", "problem_dim_problem", "routed_rows",
-    "smem_usage", "space_for_shapes", "sweep_space", "texts",
+    "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "BLOCKWISE_K", "BLOCKWISE_SCALE_N", "KERNEL_SMEM_ALLOWANCE_BYTES",
+    "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "WGMMA_N_DEFAULT", "Activation", "AutoKernels", "Census", "DType",
+    "Decomposition", "Epilogue", "EpilogueSchedule", "Grouping", "Inputs", "KindRegistry", "MAX_GROUPS",
+    "KernelConfig", "KernelSchedule", "Knob", "Layout", "Operation", "OperationKind", "Problem", "RasterOrder",
+    "Rejection", "Routing", "RuntimeArgs", "Scaling", "SearchSpace", "SmemUsage", "TileScheduler",
+    "accumulator_registers", "blockwise_scales_per_tile", "cells", "check_config", "check_pair", "check_problem",
+    "check_runtime", "column_kinds", "columns", "epilogue_scales", "epilogue_smem_bytes", "epilogue_tile", "fused",
+    "layout_code", "load_space", "needs_extended_wgmma", "operation_problem", "problem_dim_problem", "routed_rows",
+    "smem_usage", "space_for_shapes", "sweep_space", "texts", "wgmma_n",
 ]

@@ -18,8 +18,8 @@ import dataclasses
 import enum
 import hashlib
 import re
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
 
 from ._types import DType, Epilogue, Grouping, Layout, Routing, Scaling, layout_code
 
@@ -81,6 +81,12 @@ class Operation:
     def grouped(self) -> bool:
         """A group of GEMMs, one per expert (`Grouping.GROUPED`)."""
         return self.grouping is Grouping.GROUPED
+
+    @property
+    def kind(self) -> OperationKind:
+        """What the stages dispatch on (`OperationKind`): grouped or not, and what the mainloop
+        multiplies."""
+        return _kind(self)
 
     @property
     def fused(self) -> str:
@@ -152,6 +158,108 @@ class Operation:
 
 
 Operation.FIELDS = tuple(f.name for f in dataclasses.fields(Operation))
+
+
+class Inputs(str, enum.Enum):
+    """What the mainloop multiplies, where it changes what a stage does: 16-bit inputs, fp8 ones
+    (unscaled, or scaled in the epilogue: tensor, rowcol), or fp8 with block-wise scales, which
+    the mainloop applies to each 128-deep K block (its own schedules, operands and references)."""
+
+    WIDE = "16-bit"
+    FP8 = "fp8"
+    FP8_BLOCKWISE = "fp8-blockwise"
+
+
+@dataclasses.dataclass(frozen=True)
+class OperationKind:
+    """The kind of an operation (`Operation.kind`): what the stages dispatch on, each through a
+    `KindRegistry` of its own (the render builder, the reference and operands, the baselines,
+    the prior's family, the hand-picked seeds). A single GEMM or a group of them, by what its
+    mainloop multiplies."""
+
+    grouping: Grouping = Grouping.NONE
+    inputs: Inputs = Inputs.WIDE
+
+    @property
+    def grouped(self) -> bool:
+        return self.grouping is Grouping.GROUPED
+
+    @property
+    def blockwise(self) -> bool:
+        """fp8 with block-wise scales: the mainloop scales (`Inputs.FP8_BLOCKWISE`)."""
+        return self.inputs is Inputs.FP8_BLOCKWISE
+
+    @property
+    def name(self) -> str:
+        """E.g. "dense 16-bit", "grouped fp8-blockwise"."""
+        return f"{'grouped' if self.grouped else 'dense'} {self.inputs.value}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _kind(op: Operation) -> OperationKind:
+    fp8 = isinstance(op.dtype_a, DType) and op.dtype_a.is_fp8
+    inputs = Inputs.FP8_BLOCKWISE if op.scaling is Scaling.BLOCKWISE else Inputs.FP8 if fp8 else Inputs.WIDE
+    return OperationKind(op.grouping if isinstance(op.grouping, Grouping) else Grouping.NONE, inputs)
+
+
+T = TypeVar("T")
+
+
+class KindRegistry(Generic[T]):
+    """One stage's implementations by kind of operation, the shape of the strategy registry
+    (search/_strategy.py) keyed by `OperationKind`: an entry is registered for a grouping, an
+    inputs kind, both, or neither (the stage's default), and a kind takes the most specific entry
+    that matches it (both; its grouping alone; its inputs alone; the default). A new kind is then
+    an entry in the registries where it differs, not a branch in each stage.
+
+    Args:
+        stage: what the entries are, for the error of a kind without one ("render builder").
+    """
+
+    def __init__(self, stage: str):
+        self.stage = stage
+        self._entries: dict[tuple[Grouping | None, Inputs | None], T] = {}
+
+    def add(self, value: T, *, grouping: Grouping | None = None, inputs: Inputs | None = None) -> T:
+        """Register `value` for the kinds of `grouping` and `inputs` (None: any); returns it.
+        Raises ValueError if that key has an entry already."""
+        key = (grouping, inputs)
+        if key in self._entries:
+            raise ValueError(f"{self.stage}: {_key_name(key)} is registered already")
+        self._entries[key] = value
+        return value
+
+    def register(self, *, grouping: Grouping | None = None,
+                 inputs: Inputs | None = None) -> Callable[[T], T]:
+        """`add` as a decorator."""
+        def decorate(value: T) -> T:
+            return self.add(value, grouping=grouping, inputs=inputs)
+        return decorate
+
+    def __getitem__(self, kind: OperationKind) -> T:
+        """The most specific entry for `kind`. Raises LookupError where none matches."""
+        for key in ((kind.grouping, kind.inputs), (kind.grouping, None), (None, kind.inputs), (None, None)):
+            if key in self._entries:
+                return self._entries[key]
+        raise LookupError(f"no {self.stage} for {kind.name} operations")
+
+    def __contains__(self, kind: object) -> bool:
+        return isinstance(kind, OperationKind) and any(
+            key in self._entries for key in ((kind.grouping, kind.inputs), (kind.grouping, None),
+                                             (None, kind.inputs), (None, None)))
+
+    def __repr__(self) -> str:
+        return f"KindRegistry({self.stage}: {', '.join(_key_name(k) for k in self._entries)})"
+
+
+def _key_name(key: tuple[Grouping | None, Inputs | None]) -> str:
+    grouping, inputs = key
+    if key == (None, None):
+        return "the default"
+    return " ".join([{None: "any", Grouping.NONE: "dense", Grouping.GROUPED: "grouped"}[grouping],
+                     inputs.value if inputs else "inputs"])
 _DEFAULTS = Operation().operation_fields()
 
 

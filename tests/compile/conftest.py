@@ -7,7 +7,7 @@ from cutlass_tune.compile import KernelCache, Toolchain, compile_kernels, find_t
 from cutlass_tune.compile._toolchain import cutlass_source_root
 from cutlass_tune.kernel import ABI_VERSION
 from cutlass_tune.space import check_config, smem_usage
-from cutlass_tune.space._rules import KERNEL_SMEM_ALLOWANCE_BYTES, SMEM_CAPACITY_BYTES
+from cutlass_tune.space.cutlass import KERNEL_SMEM_ALLOWANCE_BYTES, SMEM_CAPACITY_BYTES
 from cutlass_tune.status import Status
 
 FAKE_NVCC = Path(__file__).with_name("fake_nvcc.py")

@@ -25,7 +25,7 @@ from cutlass_tune.space import (
     check_config,
     smem_usage,
 )
-from cutlass_tune.space._rules import KERNEL_SMEM_ALLOWANCE_BYTES
+from cutlass_tune.space.cutlass import KERNEL_SMEM_ALLOWANCE_BYTES
 from cutlass_tune.status import Status
 
 F16 = dict(dtype_a=DType.F16, dtype_b=DType.F16, dtype_c=DType.F16, dtype_d=DType.F16)

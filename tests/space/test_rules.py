@@ -16,12 +16,14 @@ from cutlass_tune.space import (
     RasterOrder,
     RuntimeArgs,
     TileScheduler,
-    _rules,
+    accumulator_registers,
     check_config,
     check_pair,
     check_problem,
     check_runtime,
+    needs_extended_wgmma,
     smem_usage,
+    wgmma_n,
 )
 
 COOP = KernelConfig()
@@ -276,9 +278,9 @@ def test_epilogue_smem_follows_subtile_and_source():
 ])
 def test_wgmma_n_follows_the_builders_selector(tile_n, default_n):
     cfg = KernelConfig(tile_n=tile_n)
-    assert _rules.wgmma_n(cfg, extended=False) == default_n
-    assert _rules.wgmma_n(cfg, extended=True) == tile_n
-    assert _rules.needs_extended_wgmma(cfg) is (default_n != tile_n)
+    assert wgmma_n(cfg, extended=False) == default_n
+    assert wgmma_n(cfg, extended=True) == tile_n
+    assert needs_extended_wgmma(cfg) is (default_n != tile_n)
 
 
 @pytest.mark.parametrize("tile_m, tile_n, schedule, regs", [
@@ -295,7 +297,7 @@ def test_accumulators_beyond_208_registers_per_thread_are_rejected(tile_m, tile_
     epilogue = EpilogueSchedule.TMA_COOPERATIVE if schedule is KernelSchedule.COOPERATIVE else EpilogueSchedule.TMA
     cfg = KernelConfig(tile_m=tile_m, tile_n=tile_n, kernel_schedule=schedule, epilogue_schedule=epilogue,
                        stages=3)
-    assert _rules.accumulator_registers(cfg) == regs
+    assert accumulator_registers(cfg) == regs
     assert ("accumulator_registers" in rules(cfg)) is (regs > 208)
 
 

@@ -14,7 +14,8 @@ from cutlass_tune.space import (
     check_problem,
     smem_usage,
 )
-from cutlass_tune.space._rules import _round_up, scale_n_problem
+from cutlass_tune.space._rules import scale_n_problem
+from cutlass_tune.space.cutlass import _round_up
 
 BW = dict(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128, scaling=Scaling.BLOCKWISE)
 

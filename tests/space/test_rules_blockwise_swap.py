@@ -15,7 +15,7 @@ from cutlass_tune.space import (
     check_config,
     smem_usage,
 )
-from cutlass_tune.space._rules import _round_up
+from cutlass_tune.space.cutlass import _round_up
 
 SWAP = dict(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128, scaling=Scaling.BLOCKWISE, swap_ab=True,
             epilogue_source=False)
