@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from .space import Activation, KernelConfig, Operation, Problem, RuntimeArgs, Scaling
+from .space import ACTIVATIONS, KernelConfig, NodeKind, Operation, Problem, RuntimeArgs, Scaling
 from .status import Status
 
 # nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
@@ -235,15 +235,17 @@ class Baseline(str, enum.Enum):
         if self is not Baseline.CUBLASLT:
             return True
         e = problem.epilogue
-        return (not problem.grouped and e.bias and e.activation in LT_ACTIVATIONS and not e.residual
-                and not e.gated and problem.scaling is Scaling.NONE
+        return (not problem.grouped and e.tree().kinds == _LT_NODES and e.activation in LT_ACTIVATIONS
+                and problem.scaling is Scaling.NONE
                 and not problem.dtype_a.is_fp8 and problem.dtype_d is problem.dtype_a is problem.dtype_b)
 
 
 _SIDES = {Baseline.EAGER: (Baseline.COMPILE, Baseline.CUBLASLT),
           Baseline.GROUPED_MM: (Baseline.EXPERT_LOOP, Baseline.DENSE)}
 
-LT_ACTIVATIONS = frozenset({Activation.RELU, Activation.GELU_TANH})
+LT_ACTIVATIONS = frozenset(a for a, facets in ACTIVATIONS.items() if facets.cublaslt)
+_LT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.BIAS, NodeKind.ACTIVATION)
+"""cuBLASLt's epilogue: alpha * acc + bias by column, then the activation, nothing else."""
 """The activations cuBLASLt's epilogue computes as torch defines them (`_addmm_activation`'s
 `use_gelu` is the tanh form on CUDA)."""
 

@@ -387,6 +387,10 @@ def _grouped_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[]
     """torch's grouped GEMM `fn` on the operands, as a MoE layer calls it; block-wise fp8 ones
     dequantized to bf16 first, in the same call (a layer keeps its fp8 weights and scales)."""
     a, b, offsets = ops.a_mk, ops.b_kn, ops.offsets
+    activation = ops.problem.epilogue.activation
+    if activation is not Activation.NONE:  # a fused grouped problem: torch's activation after its GEMM
+        act = ACTIVATION[activation]
+        return lambda: act(fn(a, b, offs=offsets))
     if ops.problem.scaling is not Scaling.BLOCKWISE:
         return lambda: fn(a, b, offs=offsets)
     scale_a, scale_b, weights = ops.scale_a, ops.scale_b, b.transpose(-2, -1)  # weights E x N x K
@@ -410,6 +414,9 @@ class ExpertLoopTarget(Target):
         bounds = [(e, lo, hi) for e, (lo, hi) in enumerate(group_bounds(self._problem)) if hi > lo]
         if self._problem.scaling is not Scaling.BLOCKWISE:
             self._calls = [functools.partial(torch.matmul, a[lo:hi], b[e], out=d[lo:hi]) for e, lo, hi in bounds]
+            if self._problem.epilogue.activation is not Activation.NONE:
+                act = ACTIVATION[self._problem.epilogue.activation]
+                self._calls.append(lambda: d.copy_(act(d)))
             return None
         assert ops.scale_a is not None and ops.scale_b is not None
         self._calls = [_blockwise_call(a[lo:hi], b[e], ops.scale_a[lo:hi], ops.scale_b[e], d[lo:hi])
@@ -443,7 +450,9 @@ class DenseTarget(Target):
         a, w, out = ops.a_mk, ops.b_kn[self._expert], torch.empty_like(ops.d)
         self._out = out
         if self._problem.scaling is not Scaling.BLOCKWISE:
-            self._call = functools.partial(torch.matmul, a, w, out=out)
+            act = ACTIVATION[self._problem.epilogue.activation]
+            self._call = (functools.partial(torch.matmul, a, w, out=out) if self._problem.epilogue.is_plain
+                          else lambda: out.copy_(act(torch.matmul(a, w))))
             return None
         assert ops.scale_a is not None and ops.scale_b is not None
         self._call = _blockwise_call(a, w, ops.scale_a, ops.scale_b[self._expert], out)

@@ -38,8 +38,8 @@ from collections.abc import Callable
 
 import torch
 
-from .._torch import ACTIVATION, FP8_DTYPES, TORCH_DTYPE
-from ..space import Activation, DType, Layout, Problem, Scaling
+from .._torch import FP8_DTYPES, TORCH_DTYPE, apply_nodes
+from ..space import DType, Layout, NodeKind, Problem, Role, Scaling
 from ..space._rules import BLOCKWISE_K
 from ..status import Status
 
@@ -180,6 +180,8 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
     scale_shapes = {Scaling.NONE: None, Scaling.TENSOR: ((), ()), Scaling.ROWCOL: ((p.m, 1), (1, p.n)),
                     Scaling.BLOCKWISE: None}
     scales = scale_shapes[p.scaling]
+    extra = {o.name: torch.empty(o.shape, dtype=d_type if o.role is Role.D else torch.float32, device=device)
+             for o in p.epilogue.operands(p.m, p.n)}
     blockwise = None
     if p.scaling is Scaling.BLOCKWISE:
         blockwise = (grouped_blockwise_scales(p.m, p.n, p.k, p.groups, device) if p.grouped
@@ -188,9 +190,9 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
         problem=p,
         a=torch.empty(a_shape, dtype=TORCH_DTYPE[p.dtype_a], device=device),
         b=torch.empty(b_shape, dtype=TORCH_DTYPE[p.dtype_b], device=device),
-        d=torch.empty((p.m, p.n), dtype=d_type, device=device),
-        c=torch.empty((p.m, p.n), dtype=d_type, device=device) if p.epilogue.residual or p.epilogue.gated else None,
-        bias=torch.empty(p.n, dtype=d_type, device=device) if p.epilogue.bias else None,
+        d=torch.empty(p.epilogue.output_shape(p.m, p.n), dtype=d_type, device=device),
+        c=extra.get("c"),
+        bias=extra.get("bias"),
         scale_a=blockwise[0] if blockwise else None if scales is None else torch.empty(
             scales[0], dtype=torch.float32, device=device),
         scale_b=blockwise[1] if blockwise else None if scales is None else torch.empty(
@@ -312,30 +314,27 @@ def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
 
 
 def reference(ops: Operands) -> torch.Tensor:
-    """The problem's result in fp32 (IEEE, no TF32) from the stored inputs, as an M x N fp32
-    tensor: activation(s * (A @ B) + C + bias), where s is scale_a * scale_b (1 unscaled), C
-    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s; gated,
-    activation(C) * (s * (A @ B) + bias). A grouped
-    problem's: each expert's rows times its weight (experts without rows add nothing)."""
+    """The problem's result in fp32 (IEEE, no TF32) from the stored inputs, as a float32 tensor
+    of D's shape: s * (A @ B), s being scale_a * scale_b (1 unscaled), then the epilogue's
+    other nodes as torch computes them (`_torch.NODE_TORCH` on float32 operands, C entering with
+    beta 1): activation(s * (A @ B) + bias + C) or, gated, activation(C) * (s * (A @ B) + bias).
+    A grouped problem's product: each expert's rows times its weight (experts without rows add
+    nothing)."""
     if ops.problem.grouped:
-        return _grouped_reference(ops)
-    if ops.problem.scaling is Scaling.BLOCKWISE:
+        out = _grouped_reference(ops)
+    elif ops.problem.scaling is Scaling.BLOCKWISE:
         out = torch.matmul(*dequantized(ops))
     else:
         out = torch.matmul(ops.a_mk.float(), ops.b_kn.float())
         if ops.scale_a is not None and ops.scale_b is not None:
             out.mul_(ops.scale_a).mul_(ops.scale_b)
-    epilogue = ops.problem.epilogue
-    if ops.c is not None and not epilogue.gated:
-        out.add_(ops.c.float())
-    if ops.bias is not None:
-        out.add_(ops.bias.float())
-    activation = ACTIVATION[epilogue.activation] if epilogue.activation is not Activation.NONE else None
-    if epilogue.gated:
-        assert ops.c is not None
-        gate = ops.c.float()
-        return out.mul_(gate if activation is None else activation(gate))
-    return out if activation is None else activation(out)
+    nodes = [node for node in ops.problem.epilogue.tree().walk() if node.kind not in _PRODUCT_NODES]
+    inputs = {"c": None if ops.c is None else ops.c.float(), "bias": None if ops.bias is None else ops.bias.float()}
+    return apply_nodes(nodes, out, inputs)
+
+
+_PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE)
+"""The nodes `reference` computes with its GEMM (the scales multiplied in)."""
 
 
 def _grouped_reference(ops: Operands) -> torch.Tensor:

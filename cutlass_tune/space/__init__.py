@@ -1,6 +1,21 @@
 """Config space: which kernels and problems exist, which are valid, and why not."""
 
 from ._auto import AutoKernels, Census
+from ._epilogue import (
+    ACTIVATIONS,
+    GLU_BLOCK,
+    NODES,
+    Activation,
+    ActivationFacets,
+    Broadcast,
+    Epilogue,
+    Node,
+    NodeFacets,
+    NodeKind,
+    Operand,
+    Pair,
+    Role,
+)
 from ._knobs import KernelConfig, Knob, RuntimeArgs, cells, column_kinds, columns, texts
 from ._operation import MAX_GROUPS, Operation, Problem, routed_rows
 from ._rules import (
@@ -19,10 +34,8 @@ from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
     PAIRED_EPILOGUE,
-    Activation,
     Decomposition,
     DType,
-    Epilogue,
     EpilogueSchedule,
     Grouping,
     KernelSchedule,
@@ -35,6 +48,8 @@ from ._types import (
 )
 
 __all__ = [
+    "ACTIVATIONS", "GLU_BLOCK", "NODES", "ActivationFacets", "Broadcast", "Node", "NodeFacets", "NodeKind", "Operand",
+    "Pair", "Role",
     "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "Activation", "AutoKernels",
     "Census", "DType", "Decomposition", "Epilogue", "EpilogueSchedule", "Grouping", "MAX_GROUPS", "KernelConfig",
     "KernelSchedule", "Knob", "Layout", "Operation", "Problem", "RasterOrder", "Rejection", "Routing", "RuntimeArgs",
