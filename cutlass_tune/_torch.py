@@ -25,8 +25,8 @@ from .space import (
     Node,
     NodeKind,
     Pair,
+    activation_of_aten,
 )
-from .space._epilogue import activation_of_aten
 
 TORCH_DTYPE: Mapping[DType, torch.dtype] = {
     DType.BF16: torch.bfloat16,

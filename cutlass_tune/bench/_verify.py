@@ -123,6 +123,9 @@ class Operands:
     scale_a: torch.Tensor | None = None
     scale_b: torch.Tensor | None = None
     offsets: torch.Tensor | None = None
+    row_scale: torch.Tensor | None = None
+    """M fp32 values in [0, 1), one per row of D (routing weights), for the declared `row_scale`
+    node; not among `inputs` until the ABI passes it to a kernel."""
 
     @property
     def a_mk(self) -> torch.Tensor:
@@ -149,7 +152,7 @@ class Operands:
             return None if t is None else t.clone()
         return Operands(problem=self.problem, a=self.a.clone(), b=self.b.clone(), d=torch.empty_like(self.d),
                         c=clone(self.c), bias=clone(self.bias), scale_a=clone(self.scale_a),
-                        scale_b=clone(self.scale_b), offsets=clone(self.offsets))
+                        scale_b=clone(self.scale_b), offsets=clone(self.offsets), row_scale=clone(self.row_scale))
 
 
 _INPUTS = ("a", "b", "c", "bias", "scale_a", "scale_b", "offsets")
@@ -198,6 +201,7 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
         scale_b=blockwise[1] if blockwise else None if scales is None else torch.empty(
             scales[1], dtype=torch.float32, device=device),
         offsets=group_offsets(p, device) if p.grouped else None,
+        row_scale=extra.get("row_scale"),
     )
 
 
@@ -257,6 +261,8 @@ def randomize(ops: Operands, generator: torch.Generator) -> None:
     for extra in (ops.c, ops.bias):
         if extra is not None:
             extra.normal_(0.0, d_scale, generator=generator)
+    if ops.row_scale is not None:
+        ops.row_scale.uniform_(0.0, 1.0, generator=generator)
 
 
 def _fill_scaled(q: torch.Tensor, scale: torch.Tensor, generator: torch.Generator) -> None:
@@ -329,7 +335,8 @@ def reference(ops: Operands) -> torch.Tensor:
         if ops.scale_a is not None and ops.scale_b is not None:
             out.mul_(ops.scale_a).mul_(ops.scale_b)
     nodes = [node for node in ops.problem.epilogue.tree().walk() if node.kind not in _PRODUCT_NODES]
-    inputs = {"c": None if ops.c is None else ops.c.float(), "bias": None if ops.bias is None else ops.bias.float()}
+    inputs = {"c": None if ops.c is None else ops.c.float(), "bias": None if ops.bias is None else ops.bias.float(),
+              "row_scale": ops.row_scale}
     return apply_nodes(nodes, out, inputs)
 
 

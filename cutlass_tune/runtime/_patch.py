@@ -27,8 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .._torch import TORCH_DTYPE
-from ..space import ACTIVATIONS, Activation, DType, Epilogue, Problem, check_problem
-from ..space._epilogue import activation_of_module_class
+from ..space import ACTIVATIONS, Activation, DType, Epilogue, Problem, activation_of_module_class, check_problem
 from ._linear import Linear
 from ._matmul import device_table
 from ._op import linear_direct, registered_table, table_key

@@ -15,6 +15,8 @@ from ._epilogue import (
     Operand,
     Pair,
     Role,
+    activation_of_aten,
+    activation_of_module_class,
 )
 from ._knobs import KernelConfig, Knob, RuntimeArgs, cells, column_kinds, columns, texts
 from ._operation import MAX_GROUPS, Operation, Problem, routed_rows
@@ -49,7 +51,7 @@ from ._types import (
 
 __all__ = [
     "ACTIVATIONS", "GLU_BLOCK", "NODES", "ActivationFacets", "Broadcast", "Node", "NodeFacets", "NodeKind", "Operand",
-    "Pair", "Role",
+    "Pair", "Role", "activation_of_aten", "activation_of_module_class",
     "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "Activation", "AutoKernels",
     "Census", "DType", "Decomposition", "Epilogue", "EpilogueSchedule", "Grouping", "MAX_GROUPS", "KernelConfig",
     "KernelSchedule", "Knob", "Layout", "Operation", "Problem", "RasterOrder", "Rejection", "Routing", "RuntimeArgs",
