@@ -65,6 +65,7 @@ from .._torch import (
     ACTIVATION,
     SCALED_MM_K_BLOCKS,
     TORCH_DTYPE,
+    apply_nodes,
     blockwise_dequantized_mm,
     blockwise_mm,
     blockwise_scaled_mm,
@@ -72,7 +73,7 @@ from .._torch import (
     dequantize_blockwise,
 )
 from ..measurement import Baseline
-from ..space import Activation, DType, Problem, RuntimeArgs, Scaling
+from ..space import Activation, DType, NodeKind, Problem, RuntimeArgs, Scaling
 from ..space._rules import BLOCKWISE_K
 from ._verify import Operands, Verdict, compare, group_bounds, verify_launch
 
@@ -195,16 +196,15 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
     `bias_after`: add an fp8 problem's bias after `torch._scaled_mm` instead of passing it in.
     """
     epilogue = problem.epilogue
-    activation = ACTIVATION[epilogue.activation]
-    last = (lambda y: y) if epilogue.activation is Activation.NONE else activation
     out_dtype = TORCH_DTYPE[problem.dtype_d]
+    # The epilogue's nodes after the (biased) product, as torch computes them (`NODE_TORCH`): the
+    # gate's activation times it, or the residual added and then the activation.
+    after = [node for node in epilogue.tree().walk()
+             if node.kind not in (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.BIAS)]
+    after_residual = [node for node in after if node.kind is not NodeKind.RESIDUAL]
 
     def finish(y, c):
-        """The epilogue after the (biased) product: the gate's activation times it, or the
-        residual added and then the activation."""
-        if epilogue.gated:
-            return last(c) * y
-        return last(y if c is None else y + c)
+        return apply_nodes(after, y, {"c": c})
 
     if problem.scaling is Scaling.BLOCKWISE:
         def blockwise(a, b, bias, c, scale_a, scale_b):
@@ -220,7 +220,7 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
 
     def linear(a, b, bias, c, scale_a, scale_b):
         if c is not None and bias is None and not epilogue.gated:
-            return last(torch.addmm(c, a, b))  # the residual in cuBLAS's beta = 1
+            return apply_nodes(after_residual, torch.addmm(c, a, b), {})  # the residual in cuBLAS's beta = 1
         return finish(F.linear(a, b.t(), bias), c)
     return linear
 
