@@ -122,3 +122,16 @@ def test_the_recognisers_read_the_table():
 def test_facets_are_frozen_values():
     with pytest.raises(dataclasses.FrozenInstanceError):
         ACTIVATIONS[Activation.RELU].cutlass = "x"  # type: ignore[misc]
+
+
+def test_a_space_file_s_experts_block_takes_an_activation(tmp_path):
+    from cutlass_tune.space import check_pair, load_space
+
+    path = tmp_path / "space.yaml"
+    path.write_text("problems:\n  - {experts: 8, n: 1536, k: 2048, rows: 4096, epilogue: silu}\nkernels: auto\n")
+    [problem] = load_space(path).problems
+    assert problem.name == "4096x1536x2048_bf16bf16bf16_tn_grouped_silu_e8-uniform"
+    auto = load_space(path).auto_for(problem)
+    assert auto is not None
+    configs = auto[:20]
+    assert configs and all(check_pair(c, problem) == [] and c.epilogue == problem.epilogue for c in configs)
