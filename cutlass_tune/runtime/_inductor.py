@@ -51,8 +51,14 @@ _aten = torch.ops.aten
 _LINEAR = torch.ops.cutlass_tune.linear.default
 _VERSION = "cutlass_tune.inductor 1"
 """Part of the pass's cache key: change it when the rewrite changes."""
+
+
+def _of_z(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda z: fn(z)  # one argument: tracing counts a partial's bound keywords as inputs
+
+
 _TRACED: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
-    a: fn for a, fn in ACTIVATION.items() if a is not Activation.NONE}
+    a: _of_z(fn) for a, fn in ACTIVATION.items() if a is not Activation.NONE}
 """The activations the pass fuses: every one but NONE, as torch computes it (`_torch.ACTIVATION`)."""
 _HALF = (DType.BF16, DType.F16)
 
