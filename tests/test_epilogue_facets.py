@@ -114,3 +114,57 @@ def test_each_node_s_gradient_is_its_torch_meaning_s(epilogue):
 def test_grouped_kernels_render_only_what_their_nodes_say():
     grouped = {kind for kind, facets in NODES.items() if Grouping.GROUPED in facets.rendered}
     assert grouped == {NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.ACTIVATION}
+
+
+_NEW_ACTIVATION = '''
+import os
+
+import torch
+import torch.nn.functional as F
+
+from cutlass_tune import _torch, render
+from cutlass_tune.measurement import LT_ACTIVATIONS
+from cutlass_tune.runtime._inductor import _TRACED
+from cutlass_tune.runtime._patch import activation_of_module
+from cutlass_tune.space import Activation, Epilogue, KernelConfig, Problem, check_problem
+
+assert render.__file__.startswith(os.getcwd())  # the patched copy
+a = Activation("hardswish")
+assert Epilogue.parse("bias+hardswish").activation is a
+assert check_problem(Problem(256, 256, 256, epilogue=Epilogue(bias=True, activation=a))) == []
+assert "thread::HardSwish" in render.fusion(KernelConfig(epilogue=Epilogue(bias=True, activation=a)))[0]
+z = torch.randn(64, dtype=torch.float64, requires_grad=True)
+assert torch.equal(_torch.ACTIVATION[a](z), F.hardswish(z))
+grad = torch.randn_like(z)
+(want,) = torch.autograd.grad(F.hardswish(z), z, grad)
+torch.testing.assert_close(_torch.ACTIVATION_GRAD[a](grad, z.detach()), want)
+assert _torch.activation_of_op("hardswish_") is a
+assert activation_of_module(torch.nn.Hardswish()) is a and activation_of_module(F.hardswish) is a
+assert a in _TRACED and a not in LT_ACTIVATIONS
+print("ok")
+'''
+
+
+def test_a_new_activation_is_its_enum_member_and_one_entry(tmp_path):
+    """A copy of the package whose space/_epilogue.py alone gains Hardswish: render, torch, its
+    gradient, the recognisers and the Inductor pass all know it."""
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+
+    root = pathlib.Path(render.__file__).resolve().parent.parent
+    shutil.copytree(root / "cutlass_tune", tmp_path / "cutlass_tune", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "templates", tmp_path / "templates")
+    module = tmp_path / "cutlass_tune" / "space" / "_epilogue.py"
+    text = module.read_text()
+    member, entry = '    SILU = "silu"\n', "    Activation.SILU: ActivationFacets("
+    assert member in text and entry in text
+    module.write_text(text.replace(member, member + '    HARDSWISH = "hardswish"\n').replace(entry, (
+        '    Activation.HARDSWISH: ActivationFacets(\n'
+        '        cutlass="cutlass::epilogue::thread::HardSwish", torch="hardswish", backward="hardswish_backward",\n'
+        '        aten=("hardswish",), modules=("Hardswish",), functions=("torch.nn.functional.hardswish",)),\n'
+        + entry)))
+    done = subprocess.run([sys.executable, "-c", _NEW_ACTIVATION], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
