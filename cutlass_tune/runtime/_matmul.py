@@ -423,6 +423,8 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
     cuBLASLt's bias epilogue), with ReLU or tanh GELU on CUDA cuBLASLt's own epilogue
     (torch._addmm_activation: the fastest torch path for them), a residual torch.addmm's beta, then
     the activation as torch computes it; gated, the activation of the gate times that product.
+    What the GEMM call does not fold in, the epilogue tree's remaining nodes apply as their
+    facets say (`_torch.NODE_TORCH`).
     """
     if gate is not None and c is not None:
         raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
