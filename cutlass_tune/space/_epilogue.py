@@ -15,7 +15,7 @@ writing it again:
   column or by row, C as residual, activation, gate; declared for the MoE layer: the GLU pair
   that halves N and the per-row scale), and `NODES`: per node kind, the operands it adds (their
   shapes at a GEMM's M and N), what it makes of D's shape, and the kernels that render it. The
-  C++ visitor of each kind is render_epilogue.py's `VISITORS`, its torch meaning (fp32 reference
+  C++ visitor of each kind is render.py's `VISITORS`, its torch meaning (fp32 reference
   and fallback) and gradient `_torch.NODE_TORCH`; tests check that each covers every kind.
 
 Torch-free: the tables hold names, and the torch side resolves them.
@@ -237,7 +237,7 @@ class NodeFacets:
     Attributes:
         operands: the operands a node adds, at the GEMM's M and N (D's shape before this node).
         output: D's shape after the node, from the shape before it.
-        rendered: the groupings whose kernels render it (render_epilogue.py builds its visitor).
+        rendered: the groupings whose kernels render it (render.py's `VISITORS` builds its visitor).
     """
 
     operands: Callable[[Node, int, int], tuple[Operand, ...]]
@@ -372,11 +372,6 @@ class Epilogue:
         """The operands the epilogue reads besides A and B (fp8 scales are the scaling's: see
         `Node.walk` of `tree(scaling)`), each once, at a GEMM of M x N."""
         return tree_operands(self.tree(), m, n)
-
-    @property
-    def reads_c(self) -> bool:
-        """Whether a node reads C (a residual, or a gate's pre-activation)."""
-        return any(o.name == "c" for o in self.operands(1, 2 * GLU_BLOCK))
 
 
 def tree_operands(tree: Node, m: int, n: int) -> tuple[Operand, ...]:
