@@ -1,5 +1,6 @@
-"""The enums' torch counterparts, declared once: dtypes both ways, and each activation as torch
-computes it, differentiates it and names its op.
+"""The enums' torch counterparts, declared once: dtypes both ways, each activation as torch
+computes it, differentiates it and names its op (all from `space.ACTIVATIONS`), and each
+epilogue node as torch computes and differentiates it (`NODE_TORCH`, `NODE_GRAD`).
 
 The bench stage (operands, references, baselines), the runtime (matmul, its operators, patch)
 and capture (a model's aten ops read back as problems) all translate through here, so a new
@@ -9,12 +10,23 @@ and capture (a model's aten ops read back as problems) all translate through her
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .space import Activation, DType
+from .space import (
+    ACTIVATIONS,
+    GLU_BLOCK,
+    Activation,
+    ActivationFacets,
+    Broadcast,
+    DType,
+    Node,
+    NodeKind,
+    Pair,
+    activation_of_aten,
+)
 
 TORCH_DTYPE: Mapping[DType, torch.dtype] = {
     DType.BF16: torch.bfloat16,
@@ -36,34 +48,219 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _function(facets: ActivationFacets) -> Callable[[torch.Tensor], torch.Tensor]:
+    if not facets.torch:
+        return _identity
+    fn = getattr(F, facets.torch)
+    return functools.partial(fn, **dict(facets.kwargs)) if facets.kwargs else fn
+
+
+def _gradient(facets: ActivationFacets) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    op = getattr(torch.ops.aten, facets.backward)
+    args, kwargs = facets.backward_args, dict(facets.backward_kwargs)
+    return lambda grad, z: op(grad, z, *args, **kwargs)
+
+
 ACTIVATION: Mapping[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
-    Activation.NONE: _identity,
-    Activation.RELU: F.relu,
-    Activation.GELU: F.gelu,
-    Activation.GELU_TANH: functools.partial(F.gelu, approximate="tanh"),
-    Activation.SILU: F.silu,
-}
-"""Each activation as torch computes it: what the fused kernels are verified against, what the
-torch baselines apply, and what the runtime runs where no kernel fuses it."""
+    activation: _function(facets) for activation, facets in ACTIVATIONS.items()}
+"""Each activation as torch computes it (`ActivationFacets.torch`): what the fused kernels are
+verified against, what the torch baselines apply, and what the runtime runs where no kernel fuses it."""
 
 ACTIVATION_GRAD: Mapping[Activation, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    Activation.RELU: lambda grad, z: torch.ops.aten.threshold_backward(grad, z, 0),
-    Activation.GELU: lambda grad, z: torch.ops.aten.gelu_backward(grad, z, approximate="none"),
-    Activation.GELU_TANH: lambda grad, z: torch.ops.aten.gelu_backward(grad, z, approximate="tanh"),
-    Activation.SILU: lambda grad, z: torch.ops.aten.silu_backward(grad, z),
-}
-"""d activation(z) / dz times the incoming gradient, as torch's own backward computes it."""
-
-_OPS = {"relu": Activation.RELU, "gelu": Activation.GELU, "silu": Activation.SILU}
+    activation: _gradient(facets) for activation, facets in ACTIVATIONS.items() if facets.backward}
+"""d activation(z) / dz times the incoming gradient, as torch's own backward computes it
+(`ActivationFacets.backward`); every activation but NONE."""
 
 
 def activation_of_op(op: str, approximate: str = "none") -> Activation | None:
     """The activation the aten op named `op` ("relu", "gelu_", ...; in place or not) applies
     to its first argument, `approximate` being gelu's argument; None for any other op."""
-    found = _OPS.get(op.removesuffix("_"))
-    if found is Activation.GELU and approximate == "tanh":
-        return Activation.GELU_TANH
-    return found
+    return activation_of_aten(op, {"approximate": approximate})
+
+
+EpilogueInputs = Mapping[str, "torch.Tensor | float | None"]
+"""An epilogue's operands by name (`space.Operand.name`: "bias", "c", "row_scale", fp8's "scale_a"
+and "scale_b") and its scalars ("alpha", "beta"); one it lacks is None or absent."""
+
+
+def _pass(node: Node, value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    return value
+
+
+def _scale(node: Node, value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    for name in ("alpha", "scale_a", "scale_b"):
+        s = inputs.get(name)
+        if s is not None and not (isinstance(s, float) and s == 1.0):
+            value = value * s
+    return value
+
+
+def _bias(node: Node, value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    bias = inputs["bias"]
+    assert isinstance(bias, torch.Tensor)
+    return value + (bias if node.broadcast is Broadcast.COLUMN else bias[:, None])
+
+
+def _residual(node: Node, value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    c, beta = inputs["c"], inputs.get("beta")
+    assert isinstance(c, torch.Tensor) and not isinstance(beta, torch.Tensor)
+    return torch.add(value, c, alpha=1.0 if beta is None else beta)
+
+
+def _activation(node: Node, value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    return ACTIVATION[node.activation](value)
+
+
+def _gate(node: Node, value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    gate = inputs["c"]
+    assert isinstance(gate, torch.Tensor)
+    return ACTIVATION[node.activation](gate) * value
+
+
+def glu_halves(value: torch.Tensor, pair: Pair) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GLU pair's gate and up columns of `value` (M x N), each M x N/2 (`space.Pair`)."""
+    m, n = value.shape
+    if pair is Pair.SPLIT:
+        return value[:, : n // 2], value[:, n // 2:]
+    blocks = value.reshape(m, n // (2 * GLU_BLOCK), 2, GLU_BLOCK)
+    return blocks[:, :, 0].reshape(m, n // 2), blocks[:, :, 1].reshape(m, n // 2)
+
+
+def _glu(node: Node, value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    gate, up = glu_halves(value, node.pair)
+    return ACTIVATION[node.activation](gate) * up
+
+
+def _row_scale(node: Node, value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    scale = inputs["row_scale"]
+    assert isinstance(scale, torch.Tensor)
+    return value * scale[:, None]
+
+
+NODE_TORCH: Mapping[NodeKind, Callable[[Node, torch.Tensor, EpilogueInputs], torch.Tensor]] = {
+    NodeKind.ACCUMULATOR: _pass,
+    NodeKind.SCALE: _scale,
+    NodeKind.BIAS: _bias,
+    NodeKind.RESIDUAL: _residual,
+    NodeKind.ACTIVATION: _activation,
+    NodeKind.GATE: _gate,
+    NodeKind.GLU: _glu,
+    NodeKind.ROW_SCALE: _row_scale,
+}
+"""Each node kind as torch computes it, from its input's value and the epilogue's operands:
+in float32 on float32 operands it is the fp32 reference (bench), in the output type torch's
+fallback (`runtime.torch_gemm`)."""
+
+
+def apply_nodes(nodes: Sequence[Node], value: torch.Tensor, inputs: EpilogueInputs) -> torch.Tensor:
+    """`nodes` (a part of an epilogue's tree, in its order) applied to `value`, the value of the
+    node before them (`NODE_TORCH`)."""
+    for node in nodes:
+        value = NODE_TORCH[node.kind](node, value, inputs)
+    return value
+
+
+Grads = dict[str, torch.Tensor]
+_NodeGrad = Callable[[Node, torch.Tensor, Callable[[], torch.Tensor], EpilogueInputs, Collection[str]],
+                     tuple[torch.Tensor, Grads]]
+
+
+def _pass_grad(node: Node, grad: torch.Tensor, value: Callable[[], torch.Tensor], inputs: EpilogueInputs,
+               needs: Collection[str]) -> tuple[torch.Tensor, Grads]:
+    return grad, {}
+
+
+def _scale_grad(node: Node, grad: torch.Tensor, value: Callable[[], torch.Tensor], inputs: EpilogueInputs,
+                needs: Collection[str]) -> tuple[torch.Tensor, Grads]:
+    return _scale(node, grad, inputs), {}
+
+
+def _bias_grad(node: Node, grad: torch.Tensor, value: Callable[[], torch.Tensor], inputs: EpilogueInputs,
+               needs: Collection[str]) -> tuple[torch.Tensor, Grads]:
+    if "bias" not in needs:
+        return grad, {}
+    return grad, {"bias": grad.sum(0) if node.broadcast is Broadcast.COLUMN else grad.sum(1)}
+
+
+def _residual_grad(node: Node, grad: torch.Tensor, value: Callable[[], torch.Tensor], inputs: EpilogueInputs,
+                   needs: Collection[str]) -> tuple[torch.Tensor, Grads]:
+    beta = inputs.get("beta")
+    return grad, ({"c": grad if beta is None or beta == 1.0 else grad * beta} if "c" in needs else {})
+
+
+def _activation_grad(node: Node, grad: torch.Tensor, value: Callable[[], torch.Tensor], inputs: EpilogueInputs,
+                     needs: Collection[str]) -> tuple[torch.Tensor, Grads]:
+    return ACTIVATION_GRAD[node.activation](grad, value()), {}
+
+
+def _act_grad(activation: Activation, grad: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return grad if activation is Activation.NONE else ACTIVATION_GRAD[activation](grad, z)
+
+
+def _gate_grad(node: Node, grad: torch.Tensor, value: Callable[[], torch.Tensor], inputs: EpilogueInputs,
+               needs: Collection[str]) -> tuple[torch.Tensor, Grads]:
+    gate = inputs["c"]
+    assert isinstance(gate, torch.Tensor)
+    grads = {"c": _act_grad(node.activation, grad * value(), gate)} if "c" in needs else {}
+    return grad * ACTIVATION[node.activation](gate), grads
+
+
+def _glu_grad(node: Node, grad: torch.Tensor, value: Callable[[], torch.Tensor], inputs: EpilogueInputs,
+              needs: Collection[str]) -> tuple[torch.Tensor, Grads]:
+    z = value()
+    gate, up = glu_halves(z, node.pair)
+    out = torch.empty_like(z)
+    grad_gate, grad_up = glu_halves(out, node.pair)
+    if node.pair is Pair.SPLIT:  # views of `out`: written in place
+        grad_gate.copy_(_act_grad(node.activation, grad * up, gate))
+        grad_up.copy_(grad * ACTIVATION[node.activation](gate))
+        return out, {}
+    blocks = out.reshape(z.shape[0], -1, 2, GLU_BLOCK)
+    blocks[:, :, 0] = _act_grad(node.activation, grad * up, gate).reshape(z.shape[0], -1, GLU_BLOCK)
+    blocks[:, :, 1] = (grad * ACTIVATION[node.activation](gate)).reshape(z.shape[0], -1, GLU_BLOCK)
+    return out, {}
+
+
+def _row_scale_grad(node: Node, grad: torch.Tensor, value: Callable[[], torch.Tensor], inputs: EpilogueInputs,
+                    needs: Collection[str]) -> tuple[torch.Tensor, Grads]:
+    scale = inputs["row_scale"]
+    assert isinstance(scale, torch.Tensor)
+    grads = {"row_scale": (grad * value()).sum(1)} if "row_scale" in needs else {}
+    return grad * scale[:, None], grads
+
+
+NODE_GRAD: Mapping[NodeKind, _NodeGrad] = {
+    NodeKind.ACCUMULATOR: _pass_grad,
+    NodeKind.SCALE: _scale_grad,
+    NodeKind.BIAS: _bias_grad,
+    NodeKind.RESIDUAL: _residual_grad,
+    NodeKind.ACTIVATION: _activation_grad,
+    NodeKind.GATE: _gate_grad,
+    NodeKind.GLU: _glu_grad,
+    NodeKind.ROW_SCALE: _row_scale_grad,
+}
+"""Each node kind's backward: from the gradient of its output, its input's value (a function:
+recomputed only where needed) and the operands, the gradient of its input and of the operands
+named in `needs`."""
+
+
+def backward_nodes(nodes: Sequence[Node], grad: torch.Tensor, first: Callable[[], torch.Tensor],
+                   inputs: EpilogueInputs, needs: Collection[str] = ()) -> tuple[torch.Tensor, Grads]:
+    """The gradient through `nodes` (a part of an epilogue's tree, in its order, applied to the
+    value `first()`, computed only where a node needs its input's value) of the gradient `grad`
+    of their output: the gradient of `first()`'s value and of the operands named in `needs`."""
+    values: dict[int, torch.Tensor] = {}
+
+    def value(i: int) -> torch.Tensor:
+        if i not in values:
+            values[i] = first() if i == 0 else NODE_TORCH[nodes[i - 1].kind](nodes[i - 1], value(i - 1), inputs)
+        return values[i]
+
+    grads: Grads = {}
+    for i in reversed(range(len(nodes))):
+        grad, found = NODE_GRAD[nodes[i].kind](nodes[i], grad, functools.partial(value, i), inputs, needs)
+        grads.update(found)
+    return grad, grads
 
 
 BLOCKWISE_GROUP = 128

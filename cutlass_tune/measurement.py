@@ -17,7 +17,18 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from .space import Activation, Grouping, Inputs, KernelConfig, KindRegistry, Operation, Problem, RuntimeArgs, Scaling
+from .space import (
+    ACTIVATIONS,
+    Grouping,
+    Inputs,
+    KernelConfig,
+    KindRegistry,
+    NodeKind,
+    Operation,
+    Problem,
+    RuntimeArgs,
+    Scaling,
+)
 from .status import Status
 
 # nvmlClocksEventReason* bits (formerly nvmlClocksThrottleReason*), fixed by the NVML ABI.
@@ -234,8 +245,8 @@ class Baseline(str, enum.Enum):
         if self is not Baseline.CUBLASLT:
             return True
         e = problem.epilogue
-        return (not problem.grouped and e.bias and e.activation in LT_ACTIVATIONS and not e.residual
-                and not e.gated and problem.scaling is Scaling.NONE
+        return (not problem.grouped and e.tree().kinds == _LT_NODES and e.activation in LT_ACTIVATIONS
+                and problem.scaling is Scaling.NONE
                 and not problem.dtype_a.is_fp8 and problem.dtype_d is problem.dtype_a is problem.dtype_b)
 
 
@@ -249,9 +260,11 @@ torch._grouped_mm."""
 BASELINES.add(lambda op: Baseline.CUBLAS if op.is_plain else Baseline.EAGER, grouping=Grouping.NONE)
 BASELINES.add(lambda op: Baseline.GROUPED_MM, grouping=Grouping.GROUPED)
 
-LT_ACTIVATIONS = frozenset({Activation.RELU, Activation.GELU_TANH})
+LT_ACTIVATIONS = frozenset(a for a, facets in ACTIVATIONS.items() if facets.cublaslt)
 """The activations cuBLASLt's epilogue computes as torch defines them (`_addmm_activation`'s
 `use_gelu` is the tanh form on CUDA)."""
+_LT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.BIAS, NodeKind.ACTIVATION)
+"""cuBLASLt's epilogue: alpha * acc + bias by column, then the activation, nothing else."""
 
 CONTENDERS = {Baseline.EAGER: (Baseline.EAGER, Baseline.COMPILE, Baseline.CUBLASLT)}
 """The torch paths that compute a baseline row's function, of which the fastest is the one a kernel

@@ -18,8 +18,10 @@ from ._files import shipped
 from .errors import RenderError
 from .kernel import ABI_VERSION
 from .space import (
+    ACTIVATIONS,
     MAX_GROUPS,
     Activation,
+    Broadcast,
     DType,
     EpilogueSchedule,
     Grouping,
@@ -28,6 +30,8 @@ from .space import (
     KernelSchedule,
     KindRegistry,
     Layout,
+    Node,
+    NodeKind,
     Scaling,
     TileScheduler,
     check_config,
@@ -84,13 +88,7 @@ _GROUPED_EPILOGUE_SCHEDULE = {
     EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
 }
 
-_ACTIVATION = {
-    Activation.NONE: "cutlass::epilogue::thread::Identity",
-    Activation.RELU: "cutlass::epilogue::thread::ReLu",
-    Activation.GELU: "cutlass::epilogue::thread::GELU",  # erf form, as F.gelu
-    Activation.GELU_TANH: "cutlass::epilogue::thread::GELU_taylor",  # 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
-    Activation.SILU: "cutlass::epilogue::thread::SiLu",
-}
+_ACTIVATION = {activation: facets.cutlass for activation, facets in ACTIVATIONS.items()}
 _FUSION = "cutlass::epilogue::fusion::"
 _ROUND = "cutlass::FloatRoundStyle::round_to_nearest"
 
@@ -111,20 +109,24 @@ def _compute(fn: str, output: str, *children: _Visitor) -> _Visitor:
         "{" + ", ".join(c.arguments for c in children) + ", {}}")
 
 
-def _scaled_value(cfg: KernelConfig) -> _Visitor:
+def _accumulator(node: Node, value: _Visitor | None, cfg: KernelConfig, output: str) -> _Visitor:
+    return _Visitor(f"{_FUSION}Sm90AccFetch", "{}")
+
+
+def _scaled_value(node: Node, acc: _Visitor | None, cfg: KernelConfig, output: str) -> _Visitor:
     """s * acc: alpha for 16-bit inputs; for fp8 with scales alpha * scale_a * scale_b, read on
     the device from the arguments' pointers: one fp32 each (tensor), or M values of A's rows and
     N of B's columns (rowcol)."""
-    acc = _Visitor(f"{_FUSION}Sm90AccFetch", "{}")
+    assert acc is not None
     scalar = f"{_FUSION}Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>"
     alpha = _Visitor(f"{scalar}>", "{{p->alpha}, {nullptr}, {}}")
-    if cfg.scaling in (Scaling.NONE, Scaling.BLOCKWISE):  # block-wise: the mainloop scaled acc
-        return _compute("cutlass::multiplies", "ElementCompute", alpha, acc)
-    if cfg.scaling is Scaling.TENSOR:  # the three scalars' product, read once per tile
+    if node.scaling is Scaling.NONE:  # also block-wise: the mainloop scaled acc
+        return _compute("cutlass::multiplies", output, alpha, acc)
+    if node.scaling is Scaling.TENSOR:  # the three scalars' product, read once per tile
         scales = _Visitor(f"{scalar}, 3>",
                           "{{p->alpha, 1.0f, 1.0f}, {nullptr, static_cast<const float*>(p->scale_a), "
                           "static_cast<const float*>(p->scale_b)}, {}}")
-        return _compute("cutlass::multiplies", "ElementCompute", scales, acc)
+        return _compute("cutlass::multiplies", output, scales, acc)
     # A swapped kernel's rows are B's columns and its columns A's rows (`swap_ab`).
     row_scales, col_scales = ("p->scale_b", "p->scale_a") if cfg.swap_ab else ("p->scale_a", "p->scale_b")
     # Columns: one fp32 per column of the kernel's D, staged in shared memory per tile.
@@ -136,44 +138,91 @@ def _scaled_value(cfg: KernelConfig) -> _Visitor:
     scale_a = _Visitor(f"{_FUSION}Sm90ColBroadcast<0, TileShape, float, ElementCompute, "
                        "cute::Stride<cute::_1, cute::_0, int64_t>, 1>",
                        f"{{static_cast<const float*>({row_scales}), 0.0f, {{}}}}")
-    return _compute("cutlass::multiplies", "ElementCompute", scale_a,
+    return _compute("cutlass::multiplies", output, scale_a,
                     _compute("cutlass::multiplies", "ElementCompute", scale_b,
                              _compute("cutlass::multiplies", "ElementCompute", alpha, acc)))
 
 
-def _tree(cfg: KernelConfig) -> _Visitor:
-    """The visitor tree of fp8 scales or a gated product: s * acc (`_scaled_value`) + bias, then
-    either + beta * C and the activation (D = activation(s * acc + beta * C + bias)) or, gated,
-    the activation of C times it (D = activation(C) * (s * acc + bias)). Bias and C only where
-    the epilogue has them."""
-    value = _scaled_value(cfg)
-    if cfg.epilogue.bias and cfg.swap_ab:  # one per row of the swapped kernel's D
+def _bias(node: Node, value: _Visitor | None, cfg: KernelConfig, output: str) -> _Visitor:
+    """value + bias: one per column of D (a row broadcast, staged per tile), or per row of a
+    swapped kernel's D (a column broadcast, read from global memory)."""
+    assert value is not None
+    if node.broadcast is Broadcast.ROW:
         bias = _Visitor(f"{_FUSION}Sm90ColBroadcast<0, TileShape, ElementBias, ElementCompute, "
                         "cute::Stride<cute::_1, cute::_0, int64_t>, 1>",
                         "{static_cast<const ElementBias*>(p->bias), ElementBias(0), {}}")
-        value = _compute("cutlass::plus", "ElementCompute", value, bias)
-    elif cfg.epilogue.bias:
+    else:
         bias = _Visitor(f"{_FUSION}Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, "
                         "cute::Stride<cute::_0, cute::_1, int64_t>>",
                         "{static_cast<const ElementBias*>(p->bias), ElementBias(0), {}}")
-        value = _compute("cutlass::plus", "ElementCompute", value, bias)
-    act = _member(cfg.epilogue, "activation", _ACTIVATION)
-    source = _Visitor(f"{_FUSION}Sm90SrcFetch<ElementC>", "{}")
-    if cfg.epilogue.gated:  # C is loaded by the TMA epilogue as a residual's source is
-        return _compute("cutlass::multiplies", "ElementD", _compute(act, "ElementCompute", source), value)
-    if cfg.epilogue.residual:
-        beta = _Visitor(f"{_FUSION}Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>>",
-                        "{{p->beta}, {nullptr}, {}}")
-        value = _compute("cutlass::homogeneous_multiply_add", "ElementCompute", beta, source, value)
-    # The last node converts to D: the activation, or an identity where there is none.
-    return _compute(act, "ElementD", value)
+    return _compute("cutlass::plus", output, value, bias)
+
+
+_SOURCE = _Visitor(f"{_FUSION}Sm90SrcFetch<ElementC>", "{}")  # C, loaded by the TMA epilogue
+
+
+def _residual(node: Node, value: _Visitor | None, cfg: KernelConfig, output: str) -> _Visitor:
+    assert value is not None
+    beta = _Visitor(f"{_FUSION}Sm90ScalarBroadcast<float, cute::Stride<cute::_0, cute::_0, int64_t>>",
+                    "{{p->beta}, {nullptr}, {}}")
+    return _compute("cutlass::homogeneous_multiply_add", output, beta, _SOURCE, value)
+
+
+def _activation(node: Node, value: _Visitor | None, cfg: KernelConfig, output: str) -> _Visitor:
+    assert value is not None
+    return _compute(_member(node, "activation", _ACTIVATION), output, value)
+
+
+def _gate(node: Node, value: _Visitor | None, cfg: KernelConfig, output: str) -> _Visitor:
+    assert value is not None
+    act = _member(node, "activation", _ACTIVATION)
+    return _compute("cutlass::multiplies", output, _compute(act, "ElementCompute", _SOURCE), value)
+
+
+_Builder = Callable[[Node, "_Visitor | None", KernelConfig, str], _Visitor]
+VISITORS: Mapping[NodeKind, _Builder | None] = {
+    NodeKind.ACCUMULATOR: _accumulator,
+    NodeKind.SCALE: _scaled_value,
+    NodeKind.BIAS: _bias,
+    NodeKind.RESIDUAL: _residual,
+    NodeKind.ACTIVATION: _activation,
+    NodeKind.GATE: _gate,
+    NodeKind.GLU: None,  # declared (space.NODES), not rendered yet
+    NodeKind.ROW_SCALE: None,
+}
+"""Each node kind's C++ visitor: built from the node, the visitor of its input and the kernel's
+config, giving `output` (ElementD for the last node, which converts to D)."""
+
+_CONVERTS = (NodeKind.ACTIVATION, NodeKind.GATE)
+"""The kinds whose visitor can be the last (an Sm90Compute giving ElementD); after any other an
+identity converts."""
+
+
+def _tree(cfg: KernelConfig) -> _Visitor:
+    """The epilogue's tree (`Epilogue.tree`) as a CUTLASS visitor tree, each node from its
+    `VISITORS` builder: s * acc, + bias, then either + beta * C and the activation (D =
+    activation(s * acc + beta * C + bias)) or, gated, the activation of C times it (D =
+    activation(C) * (s * acc + bias))."""
+    nodes = list(cfg.epilogue.tree(cfg.scaling, cfg.swap_ab).walk())
+    value: _Visitor | None = None
+    for i, node in enumerate(nodes):
+        builder = VISITORS[node.kind]
+        if builder is None:
+            raise RenderError(f"{cfg.epilogue.name}: no kernel renders its {node.kind.value} node yet")
+        last = i == len(nodes) - 1 and node.kind in _CONVERTS
+        value = builder(node, value, cfg, "ElementD" if last else "ElementCompute")
+    assert value is not None
+    if nodes[-1].kind not in _CONVERTS:
+        value = _compute(_ACTIVATION[Activation.NONE], "ElementD", value)
+    return value
 
 
 def fusion(cfg: KernelConfig) -> tuple[str, list[str]] | None:
     """The epilogue's fusion for the CollectiveBuilder (a CUTLASS fusion operation or a visitor
     tree) and the statements that fill `args.epilogue.thread` from the kernel arguments `p`;
     None for the plain linear combination (a residual alone is one: beta * C with beta from
-    the arguments). The config must be valid (`check_config`)."""
+    the arguments). The config must be valid (`check_config`). A grouped kernel's is a fusion
+    operation of the ptr-array epilogue (LinCombEltAct: an activation)."""
     if not fused(cfg):
         return None
     # A swapped kernel's bias is one per row of its D: a column broadcast, which only the tree has.
@@ -311,6 +360,7 @@ def _kind_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
     """What every kind's block substitutes after the knobs."""
     return {
         "epilogue_tile_m": epilogue_tile(cfg)[0],
+        **dict(zip(("fusion", "fusion_arguments"), fusion(cfg) or ("", []))),
         "blockwise": cfg.kind.blockwise,
         "blockwise_k": BLOCKWISE_K,
         "symbol": kernel_symbol(cfg),
@@ -326,7 +376,7 @@ def _check(cfg: KernelConfig) -> None:
 
 def _dense_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
     """A single GEMM's values: its schedules (fp8 fast accumulation's where the knob asks), the
-    epilogue's fusion, the tile scheduler."""
+    tile scheduler (the epilogue's fusion is every kind's, `_kind_values`)."""
     plain = _plain_knobs(cfg)
     kernel_schedules = render.kernel_schedules[cfg.kind.inputs]
     if plain["fp8_fast_accum"] and kernel_schedules is _KERNEL_SCHEDULE:
@@ -335,8 +385,6 @@ def _dense_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
     _member(cfg, "tile_scheduler", {t: t.value for t in TileScheduler})
     _check(cfg)
     values.update(plain)
-    fusion_op = fusion(cfg)
-    values["fusion"], values["fusion_arguments"] = fusion_op or ("", [])
     values["tile_scheduler"] = _tile_scheduler(cfg)
     values["stream_k"] = cfg.tile_scheduler is TileScheduler.STREAM_K
     return {**values, **_kind_values(cfg, render)}
@@ -344,8 +392,8 @@ def _dense_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
 
 def _grouped_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
     """A grouped kernel's values: the ptr-array schedules (the FP8Blockwise ones for block-wise
-    fp8), the plain epilogue, the group scheduler (no Stream-K, no fusion; `check_config` holds
-    the config to that)."""
+    fp8), the epilogue's fusion (an activation at most), the group scheduler (no Stream-K;
+    `check_config` holds the config to that)."""
     _check(cfg)
     plain = _plain_knobs(cfg)
     values = _operand_values(cfg, render, plain, render.kernel_schedules.get(cfg.kind.inputs, {}))

@@ -66,6 +66,7 @@ from .._torch import (
     ACTIVATION,
     SCALED_MM_K_BLOCKS,
     TORCH_DTYPE,
+    apply_nodes,
     blockwise_dequantized_mm,
     blockwise_mm,
     blockwise_scaled_mm,
@@ -73,7 +74,19 @@ from .._torch import (
     dequantize_blockwise,
 )
 from ..measurement import Baseline
-from ..space import BLOCKWISE_K, Activation, DType, Grouping, Inputs, KindRegistry, Problem, RuntimeArgs, Scaling
+from ..space import (
+    BLOCKWISE_K,
+    Activation,
+    DType,
+    Grouping,
+    Inputs,
+    KindRegistry,
+    Node,
+    NodeKind,
+    Problem,
+    RuntimeArgs,
+    Scaling,
+)
 from ._verify import Operands, Verdict, compare, group_bounds, verify_launch
 
 
@@ -195,29 +208,29 @@ def eager_function(problem: Problem, *, fast_accum: bool = False, bias_after: bo
     `bias_after`: add an fp8 problem's bias after `torch._scaled_mm` instead of passing it in.
     """
     epilogue = problem.epilogue
-    activation = ACTIVATION[epilogue.activation]
-    last = (lambda y: y) if epilogue.activation is Activation.NONE else activation
     out_dtype = TORCH_DTYPE[problem.dtype_d]
+    # The epilogue's nodes after the (biased) product, as torch computes them (`NODE_TORCH`): the
+    # gate's activation times it, or the residual added and then the activation.
+    after = [node for node in epilogue.tree().walk()
+             if node.kind not in (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.BIAS)]
+    after_residual = [node for node in after if node.kind is not NodeKind.RESIDUAL]
 
     def finish(y, c):
-        """The epilogue after the (biased) product: the gate's activation times it, or the
-        residual added and then the activation."""
-        if epilogue.gated:
-            return last(c) * y
-        return last(y if c is None else y + c)
+        return apply_nodes(after, y, {"c": c})
 
-    return EAGER_FUNCTIONS[problem.kind](EagerParts(problem, finish, last, out_dtype, fast_accum, bias_after))
+    return EAGER_FUNCTIONS[problem.kind](EagerParts(problem, finish, after_residual, out_dtype, fast_accum,
+                                                    bias_after))
 
 
 @dataclasses.dataclass(frozen=True)
 class EagerParts:
     """What a kind's eager function is made of (`EAGER_FUNCTIONS`): the problem, the epilogue
-    after the (biased) product (`finish(y, c)`), the activation alone (`last`), D's torch type
-    and `eager_function`'s options."""
+    after the (biased) product (`finish(y, c)`), its nodes after a residual (`after_residual`: what
+    follows cuBLAS's beta = 1), D's torch type and `eager_function`'s options."""
 
     problem: Problem
     finish: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
-    last: Callable[[torch.Tensor], torch.Tensor]
+    after_residual: list[Node]
     out_dtype: torch.dtype
     fast_accum: bool
     bias_after: bool
@@ -230,11 +243,11 @@ mainloop multiplies: `F.linear` (16-bit), `torch._scaled_mm` (fp8), `blockwise_m
 
 @EAGER_FUNCTIONS.register()
 def _eager_linear(parts: EagerParts) -> TorchFunction:
-    finish, last, epilogue = parts.finish, parts.last, parts.problem.epilogue
+    finish, after_residual, epilogue = parts.finish, parts.after_residual, parts.problem.epilogue
 
     def linear(a, b, bias, c, scale_a, scale_b):
         if c is not None and bias is None and not epilogue.gated:
-            return last(torch.addmm(c, a, b))  # the residual in cuBLAS's beta = 1
+            return apply_nodes(after_residual, torch.addmm(c, a, b), {})  # the residual in cuBLAS's beta = 1
         return finish(F.linear(a, b.t(), bias), c)
     return linear
 
@@ -431,6 +444,10 @@ GROUPED_MM_CALLS: KindRegistry[Callable[[Callable[..., torch.Tensor], Operands],
 @GROUPED_MM_CALLS.register(grouping=Grouping.GROUPED)
 def _grouped_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[], torch.Tensor]:
     a, b, offsets = ops.a_mk, ops.b_kn, ops.offsets
+    activation = ops.problem.epilogue.activation
+    if activation is not Activation.NONE:  # a fused grouped problem: torch's activation after its GEMM
+        act = ACTIVATION[activation]
+        return lambda: act(fn(a, b, offs=offsets))
     return lambda: fn(a, b, offs=offsets)
 
 
@@ -484,6 +501,10 @@ class ExpertLoopTarget(Target):
         gemm = EXPERT_GEMMS[self._problem.kind]
         bounds = [(e, lo, hi) for e, (lo, hi) in enumerate(group_bounds(self._problem)) if hi > lo]
         self._calls = [gemm.bind(ops, e, slice(lo, hi), ops.d[lo:hi]) for e, lo, hi in bounds]
+        activation = self._problem.epilogue.activation
+        if activation is not Activation.NONE:  # a fused grouped problem: torch's activation after its GEMMs
+            act, d = ACTIVATION[activation], ops.d
+            self._calls.append(lambda: d.copy_(act(d)))
         return _first_call_fails(self._calls, Baseline.EXPERT_LOOP) if gemm.tried else None
 
     def launch(self) -> None:
@@ -512,7 +533,17 @@ class DenseTarget(Target):
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         gemm = EXPERT_GEMMS[self._problem.kind]
         self._out = out = torch.empty_like(ops.d)
-        self._call = gemm.bind(ops, self._expert, slice(None), out)
+        call = gemm.bind(ops, self._expert, slice(None), out)
+        activation = self._problem.epilogue.activation
+        if activation is not Activation.NONE:  # a fused grouped problem: torch's activation after its GEMM
+            act = ACTIVATION[activation]
+
+            def gemm_then_activation() -> object:
+                call()
+                return out.copy_(act(out))
+            self._call = gemm_then_activation
+        else:
+            self._call = call
         return _first_call_fails([self._call], Baseline.DENSE) if gemm.tried else None
 
     def launch(self) -> None:

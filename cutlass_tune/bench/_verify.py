@@ -38,8 +38,8 @@ from collections.abc import Callable
 
 import torch
 
-from .._torch import ACTIVATION, FP8_DTYPES, TORCH_DTYPE
-from ..space import BLOCKWISE_K, Activation, DType, Grouping, Inputs, KindRegistry, Layout, Problem, Scaling
+from .._torch import FP8_DTYPES, TORCH_DTYPE, apply_nodes
+from ..space import BLOCKWISE_K, DType, Grouping, Inputs, KindRegistry, Layout, NodeKind, Problem, Role, Scaling
 from ..status import Status
 
 TOLERANCE = {DType.BF16: 1e-2, DType.F16: 2e-3, DType.F32: 1e-4}
@@ -122,6 +122,9 @@ class Operands:
     scale_a: torch.Tensor | None = None
     scale_b: torch.Tensor | None = None
     offsets: torch.Tensor | None = None
+    row_scale: torch.Tensor | None = None
+    """M fp32 values in [0, 1), one per row of D (routing weights), for the declared `row_scale`
+    node; not among `inputs` until the ABI passes it to a kernel."""
 
     @property
     def a_mk(self) -> torch.Tensor:
@@ -148,7 +151,7 @@ class Operands:
             return None if t is None else t.clone()
         return Operands(problem=self.problem, a=self.a.clone(), b=self.b.clone(), d=torch.empty_like(self.d),
                         c=clone(self.c), bias=clone(self.bias), scale_a=clone(self.scale_a),
-                        scale_b=clone(self.scale_b), offsets=clone(self.offsets))
+                        scale_b=clone(self.scale_b), offsets=clone(self.offsets), row_scale=clone(self.row_scale))
 
 
 _INPUTS = ("a", "b", "c", "bias", "scale_a", "scale_b", "offsets")
@@ -198,16 +201,19 @@ def allocate(problem: Problem, device: torch.device | str) -> Operands:
     grouped = GROUPINGS[p.kind]
     d_type = TORCH_DTYPE[p.dtype_d]
     scales = SCALES[p.kind](p, device)
+    extra = {o.name: torch.empty(o.shape, dtype=d_type if o.role is Role.D else torch.float32, device=device)
+             for o in p.epilogue.operands(p.m, p.n)}
     return Operands(
         problem=p,
         a=torch.empty(a_shape, dtype=TORCH_DTYPE[p.dtype_a], device=device),
         b=torch.empty(grouped.weights(p, b_shape), dtype=TORCH_DTYPE[p.dtype_b], device=device),
-        d=torch.empty((p.m, p.n), dtype=d_type, device=device),
-        c=torch.empty((p.m, p.n), dtype=d_type, device=device) if p.epilogue.residual or p.epilogue.gated else None,
-        bias=torch.empty(p.n, dtype=d_type, device=device) if p.epilogue.bias else None,
+        d=torch.empty(p.epilogue.output_shape(p.m, p.n), dtype=d_type, device=device),
+        c=extra.get("c"),
+        bias=extra.get("bias"),
         scale_a=scales[0] if scales else None,
         scale_b=scales[1] if scales else None,
         offsets=grouped.offsets(p, device),
+        row_scale=extra.get("row_scale"),
     )
 
 
@@ -267,6 +273,8 @@ def randomize(ops: Operands, generator: torch.Generator) -> None:
     for extra in (ops.c, ops.bias):
         if extra is not None:
             extra.normal_(0.0, d_scale, generator=generator)
+    if ops.row_scale is not None:
+        ops.row_scale.uniform_(0.0, 1.0, generator=generator)
 
 
 @FILLS.register()
@@ -354,17 +362,24 @@ def _fill_fp8(t: torch.Tensor, generator: torch.Generator) -> None:
 
 
 def reference(ops: Operands) -> torch.Tensor:
-    """The problem's result in fp32 (IEEE, no TF32) from the stored inputs, as an M x N fp32
-    tensor: activation(s * (A @ B) + C + bias), where s is scale_a * scale_b (1 unscaled), C
-    and bias enter where the epilogue has them, and the activation is `ACTIVATION`'s; gated,
-    activation(C) * (s * (A @ B) + bias). A grouped
-    problem's: each expert's rows times its weight (experts without rows add nothing). Each
-    kind's is `REFERENCES`'."""
-    return REFERENCES[ops.problem.kind](ops)
+    """The problem's result in fp32 (IEEE, no TF32) from the stored inputs, as a float32 tensor
+    of D's shape: s * (A @ B), s being scale_a * scale_b (1 unscaled), as its kind computes it
+    (`REFERENCES`: a grouped problem's, each expert's rows times its weight; experts without rows
+    add nothing), then the epilogue's other nodes as torch computes them (`_torch.NODE_TORCH` on
+    float32 operands, C entering with beta 1): activation(s * (A @ B) + bias + C) or, gated,
+    activation(C) * (s * (A @ B) + bias)."""
+    out = REFERENCES[ops.problem.kind](ops)
+    nodes = [node for node in ops.problem.epilogue.tree().walk() if node.kind not in _PRODUCT_NODES]
+    inputs = {"c": None if ops.c is None else ops.c.float(), "bias": None if ops.bias is None else ops.bias.float(),
+              "row_scale": ops.row_scale}
+    return apply_nodes(nodes, out, inputs)
 
 
-REFERENCES: KindRegistry[Callable[[Operands], torch.Tensor]] = KindRegistry("fp32 reference")
-"""The fp32 reference of each kind (`reference`), by its grouping."""
+_PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE)
+"""The nodes `reference` computes with its GEMM (the scales multiplied in)."""
+
+REFERENCES: KindRegistry[Callable[[Operands], torch.Tensor]] = KindRegistry("fp32 product")
+"""The fp32 product s * (A @ B) of each kind, before its epilogue (`reference`), by its grouping."""
 
 PRODUCTS: KindRegistry[Callable[[Operands], torch.Tensor]] = KindRegistry("fp32 product")
 """A single GEMM's s * (A @ B) in fp32, before its epilogue, by what the mainloop multiplies."""
@@ -385,18 +400,7 @@ def _blockwise_product(ops: Operands) -> torch.Tensor:
 
 @REFERENCES.register(grouping=Grouping.NONE)
 def _dense_reference(ops: Operands) -> torch.Tensor:
-    out = PRODUCTS[ops.problem.kind](ops)
-    epilogue = ops.problem.epilogue
-    if ops.c is not None and not epilogue.gated:
-        out.add_(ops.c.float())
-    if ops.bias is not None:
-        out.add_(ops.bias.float())
-    activation = ACTIVATION[epilogue.activation] if epilogue.activation is not Activation.NONE else None
-    if epilogue.gated:
-        assert ops.c is not None
-        gate = ops.c.float()
-        return out.mul_(gate if activation is None else activation(gate))
-    return out if activation is None else activation(out)
+    return PRODUCTS[ops.problem.kind](ops)
 
 
 @REFERENCES.register(grouping=Grouping.GROUPED)

@@ -33,9 +33,9 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 
-from .._torch import BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockwise
+from .._torch import ACTIVATION, BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockwise
 from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
-from ..space import DType, Layout, Problem, Scaling, check_problem
+from ..space import Activation, DType, Epilogue, Layout, Problem, Scaling, check_problem
 from ._dispatch import (
     OUT_DTYPES,
     Call,
@@ -48,7 +48,7 @@ from ._dispatch import (
     prepare,
     sm_count,
 )
-from ._matmul import Gemm, MatmulInputError
+from ._matmul import Gemm, MatmulInputError, activation_of
 from ._table import BestTable
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
@@ -113,7 +113,7 @@ def grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | Non
 
 def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                        out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
-                       scale_b: torch.Tensor | None = None) -> Problem:
+                       scale_b: torch.Tensor | None = None, activation: Activation = Activation.NONE) -> Problem:
     """The grouped `Problem` the tensors of a `grouped_mm` call pose (its routing uniform: the
     real counts are on the device); fp8 inputs with block-wise scales (`grouped_scales`) pose the
     block-wise operation. Raises MatmulInputError with what to fix."""
@@ -157,7 +157,8 @@ def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
         raise MatmulInputError(f"out_dtype {out_dtype} is not supported (bfloat16, float16, float32)")
     def posed(rows: int) -> Problem:
         return Problem.experts(e, n, k, rows, dtype_a=dtype, dtype_b=dtype, dtype_d=out, layout_b=_b_layout(b),
-                               scaling=Scaling.NONE if scales is None else Scaling.BLOCKWISE)
+                               scaling=Scaling.NONE if scales is None else Scaling.BLOCKWISE,
+                               epilogue=Epilogue(activation=activation))
 
     problem = posed(m)
     # No routed rows (an expert-parallel rank given no tokens) pose an empty result, as torch's:
@@ -340,7 +341,7 @@ class GroupedGemm(Gemm):
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: BestTable | str | Path,
                out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
                scale_b: torch.Tensor | None = None, keep_workspace: bool = True,
-               min_ratio: float = 1.0) -> torch.Tensor:
+               min_ratio: float = 1.0, activation: Activation | str = Activation.NONE) -> torch.Tensor:
     """MoE experts' GEMMs in one launch: out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e]
     through the table's tuned grouped kernel for these experts (torch._grouped_mm's 2D x 3D
     case; see the module docstring for the operands).
@@ -374,6 +375,8 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
         min_ratio: run torch's grouped GEMM where the table's row measured the kernel at less
             than this ratio to it (a row with no ratio counts as below); 0 runs every kernel
             the table has.
+        activation: applied to every output element in the kernel's epilogue (an `Activation`
+            or its name; 16-bit inputs only); torch's path applies it after its grouped GEMM.
 
     Returns:
         M x N of `out_dtype`, row-major.
@@ -388,7 +391,8 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
         name, t = ("a", a) if not isinstance(a, torch.Tensor) else ("offs", offs)
         raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
     table = table if isinstance(table, BestTable) else load_table(str(table))
-    return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio, scale_a=scale_a, scale_b=scale_b)
+    return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio, scale_a=scale_a, scale_b=scale_b,
+                       activation=activation)
 
 
 def _scale_key(t: object) -> object:
@@ -398,20 +402,21 @@ def _scale_key(t: object) -> object:
 
 def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None,
                 keep_workspace: bool, min_ratio: float, check: Callable[[], None] | None = None, *,
-                scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
+                scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+                activation: Activation | str = Activation.NONE) -> torch.Tensor:
     """`grouped_mm` on a loaded table, for its callers' hot path (the operator's): `check`, if
     given, runs only where the call's signature has no plan yet (a signature found there passed
     it once; its checks are functions of the signature alone)."""
     device = a.get_device()
     signature = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
-                 offs.dtype, out_dtype, _scale_key(scale_a), _scale_key(scale_b), min_ratio, keep_workspace)
+                 offs.dtype, out_dtype, _scale_key(scale_a), _scale_key(scale_b), min_ratio, keep_workspace, activation)
     ready = table.plans.get(signature)
     call = None
     if ready is None or not (device >= 0 and b.get_device() == device and offs.get_device() == device
                              and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
         if check is not None:
             check()
-        problem = grouped_problem_of(a, b, offs, out_dtype, scale_a, scale_b)
+        problem = grouped_problem_of(a, b, offs, out_dtype, scale_a, scale_b, activation_of(activation))
         call = Call(Kind.GROUPED, problem, device, min_ratio, signature, keep_workspace)
         ready = prepare(table, call)
     plan, gemm, launch = ready
@@ -430,8 +435,9 @@ def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.
 def _torch_path(problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                 scale_a: torch.Tensor | None, scale_b: torch.Tensor | None) -> torch.Tensor:
     """torch's computation of a checked call: its grouped GEMM, after dequantizing block-wise fp8."""
+    activate = ACTIVATION[problem.epilogue.activation]
     if problem.scaling is Scaling.BLOCKWISE:
         scales = grouped_scales(a, b, scale_a, scale_b)
         assert scales is not None, "a block-wise problem was posed by its scales"
-        return torch_blockwise_grouped_mm(a, b, offs, *scales)
-    return torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d])
+        return activate(torch_blockwise_grouped_mm(a, b, offs, *scales))
+    return activate(torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d]))

@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-from .._torch import DTYPE_OF
+from .._torch import ACTIVATION, DTYPE_OF
 from ..space import Activation, DType, Epilogue
 from ._dispatch import device_table
 from ._op import registered_table, table_key
@@ -52,12 +51,15 @@ _aten = torch.ops.aten
 _LINEAR = torch.ops.cutlass_tune.linear.default
 _VERSION = "cutlass_tune.inductor 1"
 """Part of the pass's cache key: change it when the rewrite changes."""
+
+
+def _of_z(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda z: fn(z)  # one argument: tracing counts a partial's bound keywords as inputs
+
+
 _TRACED: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
-    Activation.RELU: lambda z: F.relu(z),
-    Activation.GELU: lambda z: F.gelu(z),
-    Activation.GELU_TANH: lambda z: F.gelu(z, approximate="tanh"),
-    Activation.SILU: lambda z: F.silu(z),
-}
+    a: _of_z(fn) for a, fn in ACTIVATION.items() if a is not Activation.NONE}
+"""The activations the pass fuses: every one but NONE, as torch computes it (`_torch.ACTIVATION`)."""
 _HALF = (DType.BF16, DType.F16)
 
 

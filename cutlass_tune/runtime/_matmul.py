@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._torch import ACTIVATION, BLOCKWISE_GROUP, FP8_DTYPES, TORCH_DTYPE, blockwise_mm, expand_blockwise_scale_b
+from .._torch import BLOCKWISE_GROUP, FP8_DTYPES, TORCH_DTYPE, apply_nodes, blockwise_mm, expand_blockwise_scale_b
 from ..errors import CutlassTuneError
 from ..kernel import GemmArgs, KernelStatusError, LoadedKernel, bind_primary_context, make_args
 from ..measurement import LT_ACTIVATIONS
@@ -39,6 +39,8 @@ from ..space import (
     Epilogue,
     KernelConfig,
     Layout,
+    Node,
+    NodeKind,
     Problem,
     RuntimeArgs,
     Scaling,
@@ -454,37 +456,46 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
     cuBLASLt's bias epilogue), with ReLU or tanh GELU on CUDA cuBLASLt's own epilogue
     (torch._addmm_activation: the fastest torch path for them), a residual torch.addmm's beta, then
     the activation as torch computes it; gated, the activation of the gate times that product.
+    What the GEMM call does not fold in, the epilogue tree's remaining nodes apply as their
+    facets say (`_torch.NODE_TORCH`).
     """
-    act = activation_of(activation)
-    activate = ACTIVATION[act]
-    if gate is not None:
-        if c is not None:
-            raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
-        return activate(gate) * torch_gemm(a, b, out_dtype, bias=bias, alpha=alpha, scale_a=scale_a, scale_b=scale_b,
-                                           fast_accum=fast_accum)
+    if gate is not None and c is not None:
+        raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
+    epilogue = Epilogue(bias=bias is not None, activation=activation_of(activation), residual=c is not None,
+                        gated=gate is not None)
+    nodes = tuple(epilogue.tree().walk())
+    y, done = _torch_product(a, b, out_dtype, nodes, bias, c, alpha, beta, scale_a, scale_b, fast_accum)
+    rest = [node for node in nodes if node.kind not in done]
+    return apply_nodes(rest, y, {"bias": bias, "c": c if gate is None else gate, "beta": beta})
+
+
+def _torch_product(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, nodes: tuple[Node, ...],
+                   bias: torch.Tensor | None, c: torch.Tensor | None, alpha: float, beta: float,
+                   scale_a: torch.Tensor | None, scale_b: torch.Tensor | None,
+                   fast_accum: bool) -> tuple[torch.Tensor, frozenset[NodeKind]]:
+    """torch's strongest GEMM call for the first nodes of an epilogue's tree: the product and
+    its scales always, with what that call folds in (a bias, a residual, cuBLASLt's activation);
+    the kinds of node it computed (`torch_gemm` applies the rest from `NODE_TORCH`)."""
+    product = frozenset({NodeKind.ACCUMULATOR, NodeKind.SCALE})
     if scale_a is not None and scale_b is not None and _blockwise_shapes(a, b.shape[1], scale_a, scale_b):
-        y = blockwise_mm(a, b, scale_a * alpha if alpha != 1.0 else scale_a, scale_b, out_dtype, bias)
-        bias = None
-    elif a.dtype in FP8_DTYPES:
+        return blockwise_mm(a, b, scale_a * alpha if alpha != 1.0 else scale_a, scale_b, out_dtype, bias), \
+            product | {NodeKind.BIAS}
+    if a.dtype in FP8_DTYPES:
         scale_a = _unit_scale(a.device) if scale_a is None else scale_a
         scale_a = scale_a * alpha if alpha != 1.0 else scale_a
-        y = torch._scaled_mm(a, b, scale_a=scale_a, scale_b=_unit_scale(a.device) if scale_b is None else scale_b,
-                             bias=bias, out_dtype=out_dtype, use_fast_accum=fast_accum)
-        bias = None
-    elif c is None and bias is not None and alpha == 1.0 and out_dtype == a.dtype:
-        if act in LT_ACTIVATIONS and a.device.type == "cuda":
-            return torch._addmm_activation(bias, a, b, use_gelu=act is Activation.GELU_TANH)
-        y, bias = torch.addmm(bias, a, b), None
-    elif c is not None and out_dtype == a.dtype:
-        y, c = torch.addmm(c, a, b, beta=beta, alpha=alpha), None
-    else:
-        y = _product(a, b, out_dtype)
-        y = y * alpha if alpha != 1.0 else y
-    if c is not None:
-        y = torch.add(y, c, alpha=beta)
-    if bias is not None:
-        y = y + bias
-    return activate(y)
+        return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=_unit_scale(a.device) if scale_b is None else scale_b,
+                                bias=bias, out_dtype=out_dtype, use_fast_accum=fast_accum), product | {NodeKind.BIAS}
+    if c is None and bias is not None and alpha == 1.0 and out_dtype == a.dtype:
+        last = nodes[-1]
+        if (last.kind is NodeKind.ACTIVATION and last.activation in LT_ACTIVATIONS and a.device.type == "cuda"
+                and tuple(n.kind for n in nodes[:-1]) == (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.BIAS)):
+            return torch._addmm_activation(bias, a, b, use_gelu=last.activation is Activation.GELU_TANH), \
+                product | {NodeKind.BIAS, NodeKind.ACTIVATION}
+        return torch.addmm(bias, a, b), product | {NodeKind.BIAS}
+    if c is not None and out_dtype == a.dtype:
+        return torch.addmm(c, a, b, beta=beta, alpha=alpha), product | {NodeKind.RESIDUAL}
+    y = _product(a, b, out_dtype)
+    return (y * alpha if alpha != 1.0 else y), product
 
 
 _UNIT_SCALES: dict[torch.device, torch.Tensor] = {}

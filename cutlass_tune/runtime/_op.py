@@ -48,9 +48,9 @@ from typing import Any
 
 import torch
 
-from .._torch import ACTIVATION, ACTIVATION_GRAD, FP8_DTYPES
+from .._torch import FP8_DTYPES, backward_nodes
 from ..errors import CutlassTuneError
-from ..space import Activation
+from ..space import Activation, Epilogue, NodeKind
 from ._dispatch import OUT_DTYPES, input_not_taken, load_table
 from ._matmul import MatmulInputError, matmul, torch_gemm
 from ._table import BestTable
@@ -419,29 +419,27 @@ def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None,
     needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
     needs_residual, needs_gate = (*ctx.needs_input_grad[5:7], False, False)[:2]
     grad = grad.contiguous()
-    grad_gate = None
 
     def product() -> torch.Tensor:
         # The fused kernel kept no x @ weight^T + bias: recompute it (see the module docstring).
         z = mm(x, weight.t(), ctx.table)
         return z if bias is None else z + bias
 
-    if gate is not None:
-        act = ACTIVATION[ctx.activation]
-        if needs_gate:
-            up_grad = grad * product()
-            grad_gate = (up_grad if ctx.activation is Activation.NONE
-                         else ACTIVATION_GRAD[ctx.activation](up_grad, gate)).contiguous()
-        grad = (grad * act(gate)).contiguous()
-    elif ctx.activation is not Activation.NONE:
-        z = product()
-        z = z if residual is None else z + residual
-        grad = ACTIVATION_GRAD[ctx.activation](grad, z).contiguous()
+    # The epilogue's nodes after the bias, each differentiated by its facet (`_torch.NODE_GRAD`).
+    epilogue = Epilogue(activation=ctx.activation, residual=residual is not None, gated=gate is not None)
+    tail = [node for node in epilogue.tree().walk() if node.kind not in _PRODUCT_NODES]
+    grad, grads = backward_nodes(tail, grad, product, {"c": gate if gate is not None else residual},
+                                 ("c",) if needs_gate and gate is not None else ())
+    grad = grad.contiguous()
+    grad_gate = grads["c"].contiguous() if "c" in grads else None
     grad_x = _grad_a(grad, weight.t(), False, ctx.table) if needs_x else None
     grad_weight = _grad_b(grad, x, True, ctx.table).t() if needs_weight else None
     grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0) if needs_bias and bias is not None else None
     grad_residual = grad if needs_residual and ctx.has_residual else None
     return grad_x, grad_weight, grad_bias, None, None, grad_residual, grad_gate
 
+
+_PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.BIAS)
+"""The nodes `_linear_backward`'s `product` recomputes: x @ weight^T + bias."""
 
 linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)

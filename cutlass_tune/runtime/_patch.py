@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .._torch import TORCH_DTYPE
-from ..space import Activation, DType, Epilogue, Problem, check_problem
+from ..space import ACTIVATIONS, Activation, DType, Epilogue, Problem, activation_of_module_class, check_problem
 from ._dispatch import device_table, eager_direct_allowed
 from ._linear import Linear
 from ._op import linear_direct, registered_table, table_key
@@ -197,9 +197,17 @@ def _why_left(name: str, linear: torch.nn.Linear, coverage: _Coverage | None, cu
 MIN_KERNEL_US = 150.0
 """`patch`'s and `inductor_options`' default `min_kernel_us`."""
 
-_TANH_GELUS = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActivation", "GELUPytorchTanh")
-"""transformers' tanh-GELU modules (activations.py): the same function as F.gelu(approximate="tanh")."""
-_FUNCTIONS = {F.relu: Activation.RELU, torch.relu: Activation.RELU, F.gelu: Activation.GELU, F.silu: Activation.SILU}
+
+
+def _resolve(dotted: str) -> object:
+    found: object = torch
+    for part in dotted.split(".")[1:]:
+        found = getattr(found, part)
+    return found
+
+
+_FUNCTIONS = {_resolve(name): activation for activation, facets in ACTIVATIONS.items() for name in facets.functions}
+"""The functions computing each activation (`ActivationFacets.functions`)."""
 _PAIRS = (("dense", "intermediate_act_fn"), ("dense_h_to_4h", "act"), ("fc_in", "act"))
 """(Linear, activation) attributes of modules whose forward applies the activation to the
 Linear's output and nothing else reads it: BERT's (and ViT's) Intermediate, GPT-NeoX's MLP, GPT-J's MLP."""
@@ -209,24 +217,20 @@ _GATED = ("gate_proj", "up_proj", "down_proj", "act_fn")
 
 def activation_of_module(value: object) -> Activation | None:
     """The activation an activation module (or function) computes, where it is one the fused
-    kernels compute: nn.ReLU, nn.GELU (erf or tanh), nn.SiLU, transformers' GELUActivation (erf),
-    GELUTanh, NewGELUActivation, FastGELUActivation (tanh) and SiLUActivation, F.relu, F.gelu,
-    F.silu; None for anything else."""
-    if isinstance(value, torch.nn.GELU):
-        return Activation.GELU_TANH if value.approximate == "tanh" else Activation.GELU
-    if isinstance(value, torch.nn.ReLU) and not value.inplace:
-        return Activation.RELU
-    if isinstance(value, torch.nn.SiLU) and not value.inplace:
-        return Activation.SILU
-    name = type(value).__name__
-    if name == "GELUActivation":
-        return Activation.GELU  # F.gelu, or its Python erf form
-    if name in _TANH_GELUS:
-        return Activation.GELU_TANH
-    if name == "SiLUActivation":
-        return Activation.SILU
-    if isinstance(value, functools.partial) and value.func is F.gelu and not value.args:
-        return Activation.GELU_TANH if value.keywords == {"approximate": "tanh"} else None
+    kernels compute (`ActivationFacets.modules` and `functions`: nn.ReLU, nn.GELU (erf or
+    tanh), nn.SiLU, transformers' GELUActivation (erf), GELUTanh, NewGELUActivation,
+    FastGELUActivation (tanh) and SiLUActivation, F.relu, F.gelu, F.silu, and F.gelu with its
+    keywords bound); None for anything else, and for a module working in place."""
+    if getattr(value, "inplace", False) is True:
+        return None
+    if isinstance(value, functools.partial) and not value.args:
+        if not value.keywords:
+            return _FUNCTIONS.get(value.func)
+        return next((a for a, facets in ACTIVATIONS.items() if facets.torch
+                     and getattr(F, facets.torch) is value.func and dict(facets.kwargs) == value.keywords), None)
+    if isinstance(value, torch.nn.Module):
+        return activation_of_module_class(tuple(c.__name__ for c in type(value).__mro__),
+                                          lambda name, default: getattr(value, name, default))
     return _FUNCTIONS.get(value) if callable(value) else None
 
 

@@ -2,6 +2,23 @@
 makes of a config (`cutlass_tune.space.cutlass`, its names re-exported here)."""
 
 from ._auto import AutoKernels, Census
+from ._epilogue import (
+    ACTIVATIONS,
+    GLU_BLOCK,
+    NODES,
+    Activation,
+    ActivationFacets,
+    Broadcast,
+    Epilogue,
+    Node,
+    NodeFacets,
+    NodeKind,
+    Operand,
+    Pair,
+    Role,
+    activation_of_aten,
+    activation_of_module_class,
+)
 from ._knobs import KernelConfig, Knob, RuntimeArgs, cells, column_kinds, columns, texts
 from ._operation import MAX_GROUPS, Inputs, KindRegistry, Operation, OperationKind, Problem, routed_rows
 from ._rules import (
@@ -18,10 +35,8 @@ from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
     PAIRED_EPILOGUE,
-    Activation,
     Decomposition,
     DType,
-    Epilogue,
     EpilogueSchedule,
     Grouping,
     KernelSchedule,
@@ -51,6 +66,8 @@ from .cutlass import (
 )
 
 __all__ = [
+    "ACTIVATIONS", "GLU_BLOCK", "NODES", "ActivationFacets", "Broadcast", "Node", "NodeFacets", "NodeKind", "Operand",
+    "Pair", "Role", "activation_of_aten", "activation_of_module_class",
     "AUTO_EPILOGUE_TILE", "AUTO_STAGES", "BLOCKWISE_K", "BLOCKWISE_SCALE_N", "KERNEL_SMEM_ALLOWANCE_BYTES",
     "PAIRED_EPILOGUE", "SMEM_CAPACITY_BYTES", "WGMMA_N_DEFAULT", "Activation", "AutoKernels", "Census", "DType",
     "Decomposition", "Epilogue", "EpilogueSchedule", "Grouping", "Inputs", "KindRegistry", "MAX_GROUPS",

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from . import _rules
+from ._epilogue import Epilogue
 from ._kinds import Choice, Cluster, Flag, Kind, Number, NumberOrAuto, member, spelling
 from ._operation import Operation
 from ._types import (
@@ -44,7 +45,6 @@ from ._types import (
     PAIRED_EPILOGUE,
     Decomposition,
     DType,
-    Epilogue,
     EpilogueSchedule,
     KernelSchedule,
     RasterOrder,

@@ -21,7 +21,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ._types import DType, Epilogue, Grouping, Layout, Routing, Scaling, layout_code
+from ._epilogue import Epilogue
+from ._types import DType, Grouping, Layout, Routing, Scaling, layout_code
 
 _LAYOUTS = {layout_code(a, b): (a, b) for a in Layout for b in Layout}
 _NAME = re.compile(r"(?P<dtypes>[a-z0-9]+)_(?P<layout>[tn]{2})(?P<grouped>_grouped)?(?P<rest>(?:_.+)?)")

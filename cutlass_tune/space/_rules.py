@@ -12,15 +12,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ._epilogue import Activation, Epilogue, Pair, unrendered
 from ._operation import MAX_GROUPS, Operation, Problem
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
     PAIRED_EPILOGUE,
-    Activation,
     Decomposition,
     DType,
-    Epilogue,
     EpilogueSchedule,
     Grouping,
     KernelSchedule,
@@ -236,10 +235,17 @@ SCALING_INPUTS_REASON = ("fp8 scales (scaling tensor, rowcol or blockwise) apply
 def operation_problem(epilogue: object, scaling: object) -> str | None:
     """Whether an epilogue and a scaling are values of their types (they reach the C++)."""
     if not (isinstance(epilogue, Epilogue) and type(epilogue.bias) is bool and type(epilogue.residual) is bool
-            and type(epilogue.gated) is bool and isinstance(epilogue.activation, Activation)):
-        return f"epilogue must be an Epilogue of bias, activation, residual and gated, not {epilogue!r:.60}"
-    if epilogue.residual and epilogue.gated:
-        return "epilogue: residual and gated both read C; take one"
+            and type(epilogue.gated) is bool and isinstance(epilogue.activation, Activation)
+            and isinstance(epilogue.pair, Pair) and type(epilogue.row_scale) is bool):
+        return (f"epilogue must be an Epilogue of bias, activation, residual, gated, pair and row_scale, "
+                f"not {epilogue!r:.60}")
+    why = epilogue.problem()
+    if why:
+        return f"epilogue: {why}"
+    missing = unrendered(epilogue.tree(), Grouping.NONE)
+    if missing:
+        return (f"epilogue {epilogue.name}: its {', '.join(k.value for k in missing)} node is declared but no "
+                "kernel renders it yet")
     if not isinstance(scaling, Scaling):
         return f"scaling must be one of {', '.join(s.value for s in Scaling)}, not {scaling!r:.60}"
     return None
@@ -375,9 +381,15 @@ def grouped_operation_problem(op: Operation) -> str | None:
     """Why no grouped kernel computes `op`, or None. Two are built: bf16 or f16 in and the same
     type out, and fp8 e4m3 in with block-wise scales and bf16 out (the forward of fp8 MoE experts,
     DeepSeek-V3's recipe: CUTLASS 4.2's ptr-array FP8Blockwise mainloop, one scale pointer of A
-    and one of B per expert). Both with the plain epilogue; every other fp8 grouping is refused."""
-    if not op.epilogue.is_plain:
-        return "a grouped GEMM takes the plain epilogue (fused grouped kernels are not built yet)"
+    and one of B per expert), every other fp8 grouping refused. The epilogue's nodes are those a
+    grouped kernel renders (`NODES`: an activation, through the ptr-array LinCombEltAct), on
+    16-bit inputs; the fp8 one takes the plain epilogue."""
+    missing = unrendered(op.epilogue.tree(), Grouping.GROUPED)
+    if missing:
+        return (f"a grouped GEMM's epilogue takes an activation at most: its {', '.join(k.value for k in missing)} "
+                "node is not built for grouped kernels")
+    if not op.epilogue.is_plain and _fp8_inputs(op.dtype_a, op.dtype_b):
+        return "an fp8 grouped GEMM takes the plain epilogue (fused fp8 grouped kernels are not built)"
     if _fp8_inputs(op.dtype_a, op.dtype_b):
         if (op.dtype_a, op.dtype_b, op.scaling) != (DType.E4M3, DType.E4M3, Scaling.BLOCKWISE):
             return ("an fp8 grouped GEMM is built for e4m3 inputs with block-wise scales only (no "

@@ -32,10 +32,11 @@ from .._files import MAX_INPUT_BYTES, InputTooLargeError, read_input
 from ..errors import ConfigFileError
 from . import _rules
 from ._auto import AutoConfigs, AutoKernels, Census
+from ._epilogue import Epilogue
 from ._kinds import Int, checked
 from ._knobs import KernelConfig, Knob, RuntimeArgs
 from ._operation import MAX_GROUPS, Operation, Problem
-from ._types import DType, Epilogue, Grouping, Layout, Routing, Scaling
+from ._types import DType, Grouping, Layout, Routing, Scaling
 
 _LAYOUT_CODES = {
     "tn": (Layout.ROW, Layout.COL),

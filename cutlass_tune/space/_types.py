@@ -1,12 +1,12 @@
-"""The values that describe a GEMM and a CUTLASS kernel for it: element types, layouts, the
-epilogue, schedules and the other enums of the knobs. What a GEMM computes (`Operation`) and
+"""The values that describe a GEMM and a CUTLASS kernel for it: element types, layouts, scaling,
+schedules and the other enums of the knobs. The epilogue and its activations are
+space/_epilogue.py's. What a GEMM computes (`Operation`) and
 `Problem` are in space/_operation.py; the knobs, and the `KernelConfig` and `RuntimeArgs` that
 carry them, in space/_knobs.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 
 
@@ -73,17 +73,6 @@ class Decomposition(enum.IntEnum):
     STREAM_K = 3
 
 
-class Activation(str, enum.Enum):
-    """Element-wise function applied last in a fused epilogue. GELU is the erf form
-    (`F.gelu`), GELU_TANH its tanh approximation (`F.gelu(approximate="tanh")`)."""
-
-    NONE = "none"
-    RELU = "relu"
-    GELU = "gelu"
-    GELU_TANH = "gelu_tanh"
-    SILU = "silu"
-
-
 class Scaling(str, enum.Enum):
     """How an fp8 GEMM's accumulator is scaled, as `torch._scaled_mm` takes scales.
 
@@ -124,67 +113,6 @@ class Routing(str, enum.Enum):
     UNIFORM = "uniform"
     ZIPF = "zipf"
     HISTOGRAM = "histogram"
-
-
-@dataclasses.dataclass(frozen=True)
-class Epilogue:
-    """What the GEMM's last pass computes from the accumulator: part of the user's op, not a
-    tuning knob. With every field set: D = activation(s * (A @ B) + beta * C + bias), where s
-    is alpha (or the fp8 scales, see `Scaling`), bias is one value per output column (length N,
-    as `nn.Linear`) and C an M x N operand of D's type (a residual).
-
-    `gated` reads C otherwise: C holds a gate's pre-activation and D = activation(C) * (s *
-    (A @ B) + bias), the up projection of a gated MLP (`silu(x Wg^T) * (x Wu^T)`, C = x Wg^T),
-    so the gate's activation and the product need no pass of their own. It excludes `residual`
-    (both are C).
-
-    Written in files and stores as `name`: "none", or its parts joined by "+" in the order
-    bias, activation, residual or gated (e.g. "bias+silu", "residual", "silu+gated").
-    """
-
-    bias: bool = False
-    activation: Activation = Activation.NONE
-    residual: bool = False
-    gated: bool = False
-
-    @property
-    def is_plain(self) -> bool:
-        return self == Epilogue()
-
-    @property
-    def name(self) -> str:
-        parts = (["bias"] if self.bias else []) + (
-            [self.activation.value] if self.activation is not Activation.NONE else []) + (
-            ["residual"] if self.residual else []) + (["gated"] if self.gated else [])
-        return "+".join(parts) or "none"
-
-    @classmethod
-    def parse(cls, text: str) -> Epilogue:
-        """Inverse of `name`. Raises ValueError naming the part it does not know."""
-        if text == "none":
-            return cls()
-        bias = residual = gated = False
-        activation = Activation.NONE
-        for part in text.split("+"):
-            if part == "bias" and not bias:
-                bias = True
-            elif part == "residual" and not residual:
-                residual = True
-            elif part == "gated" and not gated:
-                gated = True
-            elif part in {a.value for a in Activation} - {"none"} and activation is Activation.NONE:
-                activation = Activation(part)
-            else:
-                activations = [a.value for a in Activation if a is not Activation.NONE]
-                known = ", ".join(["bias", *activations, "residual", "gated"])
-                raise ValueError(f"epilogue {text[:60]!r}: unknown or repeated part {part[:30]!r} "
-                                 f"(parts: {known}, joined by '+', or 'none')")
-        if residual and gated:
-            raise ValueError(f"epilogue {text[:60]!r}: residual and gated both read C; take one")
-        found = cls(bias, activation, residual, gated)
-        if found.name != text:
-            raise ValueError(f"epilogue {text[:60]!r}: write it as {found.name!r}")
-        return found
 
 
 AUTO_STAGES = 0

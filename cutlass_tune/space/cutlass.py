@@ -14,11 +14,11 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
+from ._epilogue import NodeKind
 from ._operation import Operation
 from ._types import (
     AUTO_EPILOGUE_TILE,
     AUTO_STAGES,
-    Activation,
     DType,
     EpilogueSchedule,
     Grouping,
@@ -106,8 +106,12 @@ def fused(cfg: Operation) -> bool:
     """Whether the epilogue is more than D = alpha * acc + beta * C: a bias, an activation or
     fp8 scales, or a gated product (CUTLASS's fusion operations; a residual alone is its
     LinearCombination)."""
-    e = cfg.epilogue
-    return e.bias or e.activation is not Activation.NONE or e.gated or epilogue_scales(cfg)
+    return any(node.kind not in _LINEAR_COMBINATION or node.scaling is not Scaling.NONE
+               for node in cfg.epilogue.tree(cfg.scaling).walk())
+
+
+_LINEAR_COMBINATION = (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.RESIDUAL)
+"""The nodes of CUTLASS's LinearCombination (alpha * acc + beta * C), alpha being a SCALE of no scaling."""
 
 
 def epilogue_scales(cfg: Operation) -> bool:

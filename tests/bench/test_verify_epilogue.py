@@ -1,5 +1,6 @@
 """Operands and fp32 reference of fused epilogues and scaled fp8, and the check after an activation."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from cutlass_tune._torch import ACTIVATION
 from cutlass_tune.bench import compare
 from cutlass_tune.bench._verify import ELEMENT_TOLERANCE, TOLERANCE, allocate, randomize, reference
-from cutlass_tune.space import Activation, DType, Epilogue, Problem, Scaling
+from cutlass_tune.space import GLU_BLOCK, Activation, DType, Epilogue, Pair, Problem, Routing, Scaling
 from cutlass_tune.status import Status
 
 FULL = Epilogue(bias=True, activation=Activation.SILU, residual=True)
@@ -181,3 +182,32 @@ def test_a_wrong_gated_epilogue_fails(wrong):
     up = torch.matmul(ops.a_mk.float(), ops.b_kn.float()) + ops.bias.float()
     verdict = compare(wrong(up, ops.c.float()).to(torch.bfloat16), ref, DType.BF16)
     assert verdict.status is Status.WRONG_RESULT
+
+
+@pytest.mark.parametrize("activation", [a for a in Activation if a is not Activation.NONE])
+def test_a_fused_grouped_reference_is_the_activation_of_each_expert_s_product(activation):
+    rows = (40, 0, 17, 7)
+    fused = Problem.experts(len(rows), 64, 32, sum(rows), routing=Routing.HISTOGRAM, group_rows=rows,
+                            epilogue=Epilogue(activation=activation))
+    ops = allocate(fused, "cpu")
+    randomize(ops, torch.Generator().manual_seed(0))
+    plain = dataclasses.replace(ops, problem=dataclasses.replace(fused, epilogue=Epilogue()))
+    torch.testing.assert_close(reference(ops), ACTIVATION[activation](reference(plain)), rtol=0, atol=0)
+    # The plain product fails against it (the activation is not a no-op within the tolerances).
+    assert compare(reference(plain), reference(ops), DType.BF16).status is Status.WRONG_RESULT
+
+
+@pytest.mark.parametrize("pair", [Pair.INTERLEAVED, Pair.SPLIT])
+def test_the_declared_glu_pair_gives_d_half_the_columns(pair):
+    """The bench reads D's shape and the operands from the epilogue: ready for the MoE layer's
+    gate_up GEMM before a kernel renders it."""
+    m, n = 24, 64
+    problem = Problem(m, n, 32, epilogue=Epilogue(activation=Activation.SILU, pair=pair, row_scale=True))
+    ops = allocate(problem, "cpu")
+    assert ops.d.shape == (m, n // 2) and ops.c is None and ops.bias is None and ops.row_scale.shape == (m,)
+    randomize(ops, torch.Generator().manual_seed(0))
+    product = ops.a_mk.float() @ ops.b_kn.float()
+    gate, up = (product[:, : n // 2], product[:, n // 2:]) if pair is Pair.SPLIT else (
+        product.reshape(m, -1, 2, GLU_BLOCK)[:, :, 0].reshape(m, -1), product.reshape(m, -1, 2, GLU_BLOCK)[:, :, 1]
+        .reshape(m, -1))
+    torch.testing.assert_close(reference(ops), torch.nn.functional.silu(gate) * up * ops.row_scale[:, None])

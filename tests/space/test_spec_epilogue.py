@@ -112,7 +112,7 @@ def test_plain_problems_keep_their_configs(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["--shapes", "1024x1024x1024", "--epilogue", "bias+tanh"],
      "error: --shapes: epilogue.0 = 'bias+tanh': epilogue 'bias+tanh': unknown or repeated part 'tanh' (parts: bias, "
-     "relu, gelu, gelu_tanh, silu, residual, gated, joined by '+', or 'none')\n"),
+     "relu, gelu, gelu_tanh, silu, residual, gated, glu, glu-split, row-scale, joined by '+', or 'none')\n"),
     (["--shapes", "1024x1024x1024", "--scaling", "rowcol"],
      "error: --shapes: problems = '1024x1024x1024 tn scaling rowcol': scaling_inputs: fp8 scales (scaling tensor, "
      "rowcol or blockwise) apply to fp8 inputs (e4m3, e5m2) only; a 16-bit GEMM scales by alpha\n"),

@@ -51,7 +51,7 @@ def test_the_file_routing_applies_to_blocks_without_their_own(tmp_path):
     ("{experts: 4, n: 64, k: 64}", "problems.0", "needs rows"),
     ("{m: 64, n: 64, k: 64, rows: 64}", "problems.0", "give experts too"),
     ("{experts: 4, n: 64, k: 64, rows: 64, routing: {histogram: [1, 2]}}", "problems", "4 whole counts"),
-    ("{experts: 4, n: 64, k: 64, rows: 64, epilogue: bias}", "problems", "plain epilogue"),
+    ("{experts: 4, n: 64, k: 64, rows: 64, epilogue: bias}", "problems", "bias node is not built for grouped"),
 ])
 def test_bad_grouped_blocks_are_one_line(tmp_path, block, key, message):
     with pytest.raises(ConfigFileError) as err:
