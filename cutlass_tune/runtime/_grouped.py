@@ -249,7 +249,8 @@ class GroupedGemm(Gemm):
         """The per-problem part of a launch on CUDA device `device` (host calls only)."""
         args = make_args(problem, self.runtime, a=0, b=0, d=0, device_id=device, sm_count=sm_count(device),
                          offsets=0)
-        return GroupedLaunch(problem, device, args, self.kernel.workspace_size(args), (problem.m, problem.n),
+        return GroupedLaunch(problem, device, args, self.kernel.workspace_size(args),
+                             problem.epilogue.output_shape(problem.m, problem.n),
                              self._dtype_d)
 
     def template(self, problem: Problem, device: int) -> tuple[GemmArgs, int]:

@@ -338,8 +338,10 @@ class Gemm:
         """Launch on tensors already checked to pose `problem`, its epilogue's operands
         included (the fast path of `matmul`); `c` is the kernel's C, a gated problem's gate."""
         if out is None:
-            out = torch.empty(problem.m, problem.n, dtype=self._dtype_d, device=a.device)
-        elif out.shape != (problem.m, problem.n) or not out.is_contiguous() or out.dtype != self._dtype_d:
+            out = torch.empty(problem.epilogue.output_shape(problem.m, problem.n), dtype=self._dtype_d,
+                              device=a.device)
+        elif out.shape != problem.epilogue.output_shape(problem.m, problem.n) or not out.is_contiguous() \
+                or out.dtype != self._dtype_d:
             raise MatmulInputError(f"out must be a contiguous {problem.m}x{problem.n} {self._dtype_d} tensor")
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         stream = current_stream(device)

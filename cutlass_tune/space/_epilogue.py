@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Iterator, Mapping
 
 from ._types import Grouping, Scaling
@@ -342,7 +343,10 @@ class Epilogue:
     def tree(self, scaling: Scaling = Scaling.NONE, swap_ab: bool = False) -> Node:
         """The epilogue as a chain of nodes, the accumulator first and D last, for a kernel of
         `scaling` (its SCALE node) and, `swap_ab`, whose D is the caller's transposed (its bias is
-        by row)."""
+        by row). Built once per value (the runtime asks on its hot path)."""
+        return _tree(self, scaling, swap_ab)
+
+    def _build_tree(self, scaling: Scaling, swap_ab: bool) -> Node:
         node = Node(NodeKind.SCALE, Node(NodeKind.ACCUMULATOR),
                     scaling=scaling if scaling in _EPILOGUE_SCALES else Scaling.NONE)
         if self.bias:
@@ -363,6 +367,8 @@ class Epilogue:
     def output_shape(self, m: int, n: int) -> tuple[int, int]:
         """D's shape for a GEMM of M x N: M x N, or M x N/2 with a GLU pair. Raises ValueError
         for an N the pair cannot halve."""
+        if self.pair is Pair.NONE:  # no node changes the shape: the runtime's hot path asks
+            return m, n
         shape = (m, n)
         for node in self.tree().walk():
             shape = NODES[node.kind].output(*shape)
@@ -372,6 +378,11 @@ class Epilogue:
         """The operands the epilogue reads besides A and B (fp8 scales are the scaling's: see
         `Node.walk` of `tree(scaling)`), each once, at a GEMM of M x N."""
         return tree_operands(self.tree(), m, n)
+
+
+@functools.lru_cache(maxsize=256)
+def _tree(epilogue: Epilogue, scaling: Scaling, swap_ab: bool) -> Node:
+    return epilogue._build_tree(scaling, swap_ab)
 
 
 def tree_operands(tree: Node, m: int, n: int) -> tuple[Operand, ...]:
