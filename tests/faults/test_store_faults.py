@@ -267,3 +267,32 @@ def test_upgrade_without_storage_refuses_and_leaves_the_default_store(tmp_path):
                               env={**__import__("os").environ, "CUTLASS_TUNE_STORE": str(REAL),
                                    "PYTHONPATH": str(Path(cutlass_tune.__file__).parents[1])})
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--storage" in done.stderr, done.stderr
+
+
+def test_dashboard_of_a_store_whose_study_table_is_damaged_is_one_line(tmp_path):
+    """Guards the dashboard's Optuna reads (outside the store's error wrapper: a 468-line traceback, exit 1)."""
+    store = _edited(tmp_path, "alter table studies rename column study_name to name")
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "dashboard", "--storage", str(store), "-o",
+                           str(tmp_path / "d.html")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "study_name" in done.stderr and not (tmp_path / "d.html").exists()
+
+
+def test_dashboard_losing_the_server_after_the_rows_are_read_raises_store_error(tmp_path, monkeypatch):
+    """Guards the dashboard against a server lost between reading the rows and Optuna's studies
+    (SQLAlchemy's OperationalError escaped as a traceback)."""
+    import optuna
+    import sqlalchemy as sa
+
+    from cutlass_tune.report import build_dashboard
+
+    def lost(storage):
+        raise sa.exc.OperationalError("SELECT studies.study_name FROM studies", {},
+                                      Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(optuna.study, "get_all_study_names", lost)
+    store = tmp_path / "s.sqlite"
+    shutil.copy(REAL, store)
+    with pytest.raises(StoreError, match="^cannot use the store .*: server closed the connection unexpectedly$"):
+        build_dashboard(store)
