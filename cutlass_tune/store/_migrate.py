@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from ..errors import first_line
 from ._errors import StoreError
+from ._sqlite import InterruptibleConnection
 
 SCHEMA_VERSION = 2
 """The schema this version writes: revision `schema<SCHEMA_VERSION>` of `migrations/`."""
@@ -107,11 +108,15 @@ def _locked(engine: sa.Engine) -> Iterator[sa.Connection]:
         raw = conn.connection.dbapi_connection
         assert raw is not None, "a connection checked out of the pool"
         level = raw.isolation_level
-        waited = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+        sliced = isinstance(raw, InterruptibleConnection)  # waits in Python, a Ctrl-C stopping it
+        waited = raw.wait_s if sliced else conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
         conn.rollback()
         raw.isolation_level = None
         try:
-            conn.exec_driver_sql(f"PRAGMA busy_timeout = {LOCK_WAIT_MS}")
+            if sliced:
+                raw.wait_s = LOCK_WAIT_MS / 1000
+            else:
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {LOCK_WAIT_MS}")
             conn.exec_driver_sql("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -120,7 +125,10 @@ def _locked(engine: sa.Engine) -> Iterator[sa.Connection]:
                 raise
             conn.commit()
         finally:
-            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(waited or 0)}")
+            if sliced:
+                raw.wait_s = waited
+            else:
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(waited or 0)}")
             conn.rollback()
             raw.isolation_level = level
 

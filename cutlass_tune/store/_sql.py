@@ -28,7 +28,7 @@ from .._files import why_unwritable
 from ..errors import first_line
 from ..measurement import Measurement, TimingMethod, TimingScheme
 from ..space import Problem
-from . import _migrate
+from . import _migrate, _sqlite
 from ._errors import StoreError, StoreGpuMismatchError
 from ._migrate import OLDEST_READ, SCHEMA_VERSION
 from ._row import DamagedRowError, StoredRow
@@ -299,8 +299,9 @@ class ResultStore:
             raise StoreError(f"cannot make the store {self._new_file}: {why}")
         try:
             sqlite = parsed.get_backend_name() == "sqlite" and "timeout" not in parsed.query
-            self.engine = sa.create_engine(parsed, pool_pre_ping=True,
-                                           connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
+            # SQLite waits for a lock in slices, a Ctrl-C stopping the wait (_sqlite.py).
+            waits = {"timeout": _sqlite.SLICE_S, "factory": _sqlite.interruptible(BUSY_TIMEOUT_S)}
+            self.engine = sa.create_engine(parsed, pool_pre_ping=True, connect_args=waits if sqlite else {})
             if self._new_file is None:
                 with self.engine.connect() as conn:
                     conn.execute(sa.text("SELECT 1"))

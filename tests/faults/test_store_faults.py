@@ -296,3 +296,63 @@ def test_dashboard_losing_the_server_after_the_rows_are_read_raises_store_error(
     shutil.copy(REAL, store)
     with pytest.raises(StoreError, match="^cannot use the store .*: server closed the connection unexpectedly$"):
         build_dashboard(store)
+
+
+LOCKED_WRITER = """
+import sys
+from cutlass_tune.store import ResultStore
+from tests.faults.test_store_faults import _measurement
+store = ResultStore(sys.argv[1])
+print("ready", flush=True)
+store.add(_measurement(), gpu="NVIDIA H200", run_id="r")
+"""
+LOCKED_READER = """
+import sys
+import cutlass_tune.cli, cutlass_tune.report, cutlass_tune.store
+print("ready", flush=True)
+sys.argv = ["cutlass-tune", "best", "--storage", sys.argv[1]]
+cutlass_tune.cli.main()
+"""
+
+
+def _interrupted_while_locked(script: str, store: Path, lock: str) -> tuple[subprocess.CompletedProcess, float]:
+    import signal
+    import time
+
+    holder = sqlite3.connect(store, isolation_level=None)
+    holder.execute(lock)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", script, f"sqlite:///{store}"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(1.5)  # the process now waits for the lock
+        assert proc.poll() is None
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - start
+    finally:
+        holder.close()
+
+
+def test_ctrl_c_stops_an_api_writer_waiting_for_a_lock_with_keyboard_interrupt(tmp_path):
+    """Guards a writer waiting on a SQLite lock: Ctrl-C took effect after the 60 s busy timeout, as
+    "database is locked"."""
+    store = tmp_path / "s.sqlite"
+    ResultStore(f"sqlite:///{store}").bind_gpu("NVIDIA H200")
+    done, waited = _interrupted_while_locked(LOCKED_WRITER, store, "BEGIN IMMEDIATE")
+    assert waited < 10, waited
+    assert done.stderr.strip().splitlines()[-1] == "KeyboardInterrupt", done.stderr[-2000:]
+    assert ResultStore(f"sqlite:///{store}").rows() == []
+
+
+def test_ctrl_c_stops_a_command_waiting_for_a_lock_and_says_interrupted(tmp_path):
+    """Guards `best` on a store another process holds locked: Ctrl-C took effect after the 60 s busy timeout."""
+    store = tmp_path / "s.sqlite"
+    shutil.copy(REAL, store)
+    done, waited = _interrupted_while_locked(LOCKED_READER, store, "BEGIN EXCLUSIVE")
+    assert waited < 10, waited
+    assert done.returncode == 130 and done.stderr == "interrupted\n", done.stderr[-2000:]
