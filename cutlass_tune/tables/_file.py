@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .._files import InputTooLargeError, read_input
+from .._files import InputTooLargeError, NotRegularFileError, read_input
 from ..errors import first_line
 from ..measurement import CONTENDERS, Baseline, TimingMethod
 from ..space import (
@@ -104,6 +104,8 @@ def _read_file(path: Path) -> pd.DataFrame:
         frame = _READERS[path.suffix](path)
     except InputTooLargeError as err:
         raise BestTableError(f"cannot read {path}: {err}") from err
+    except NotRegularFileError as err:
+        raise BestTableError(f"cannot read {path}: {err.strerror}") from err
     except ImportError as err:
         raise BestTableError(f"cannot read {path}: reading {kind} needs pyarrow "
                              "(pip install 'cutlass-tune[parquet]')") from err

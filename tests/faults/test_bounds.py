@@ -75,8 +75,42 @@ def test_an_oversized_input_file_is_refused_unread(tmp_path, name):
 
 
 def test_a_device_without_end_is_refused_not_read_forever():
-    with pytest.raises(ConfigFileError, match="more than 64 MiB"):
+    with pytest.raises(ConfigFileError, match=r"not a regular file \(a character device\)"):
         load_space("/dev/zero")
+
+
+def _reads_or_hangs(read, path: Path) -> BaseException:
+    """What `read(path)` raised, run in a thread: a read that hangs fails the test instead of the run."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            read(path)
+        except BaseException as err:  # noqa: BLE001 (handed to the test)
+            raised.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # lets the blocked open and read go on
+        pytest.fail(f"{read.__qualname__} waited for a writer of the FIFO {path}")
+    assert raised, read
+    return raised[0]
+
+
+@pytest.mark.parametrize("name", ["space.yaml", "best.csv", "best.json"])
+def test_a_fifo_given_as_an_input_file_is_refused_at_once(name, tmp_path):
+    """Guards against a FIFO given as a space file or a table hanging until a writer opened it."""
+    path = tmp_path / name
+    os.mkfifo(path)
+    readers = [load_space] if name.endswith(".yaml") else [load_best, BestTable.load]
+    for read in readers:
+        err = _reads_or_hangs(read, path)
+        assert isinstance(err, (ConfigFileError, BestTableError)), repr(err)
+        assert str(err).endswith("not a regular file (a FIFO)"), str(err)
 
 
 def test_the_cli_says_it_in_one_line(tmp_path):
