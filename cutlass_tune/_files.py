@@ -47,13 +47,13 @@ _NOT_REGULAR = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR:
                 stat.S_IFBLK: "a block device"}
 
 
-def read_input(path: str | Path) -> bytes:
-    """The bytes of a regular file a user gave, read at most `MAX_INPUT_BYTES` + 1 of them.
+def read_input(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file a user gave, read at most `limit` + 1 of them.
     A FIFO, socket or device is refused before it is opened: opening a FIFO waits for a writer
     (forever, where none comes) and a device such as /dev/zero has no end.
 
     Raises:
-        InputTooLargeError: the file holds more.
+        InputTooLargeError: the file holds more than `limit` bytes.
         NotRegularFileError: it is a FIFO, a socket or a device (its `strerror` says which).
         OSError: it cannot be read.
     """
@@ -61,10 +61,9 @@ def read_input(path: str | Path) -> bytes:
     if kind is not None:
         raise NotRegularFileError(errno.EINVAL, f"not a regular file ({kind})")
     with open(path, "rb") as f:
-        data = f.read(MAX_INPUT_BYTES + 1)
-    if len(data) > MAX_INPUT_BYTES:
-        raise InputTooLargeError(f"{path} holds more than {MAX_INPUT_BYTES >> 20} MiB, the most an input file "
-                                 "may hold")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InputTooLargeError(f"{path} holds more than {limit >> 20} MiB, the most such an input file may hold")
     return data
 
 

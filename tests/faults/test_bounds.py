@@ -66,12 +66,32 @@ def test_an_oversized_input_file_is_refused_unread(tmp_path, name):
         return
     path = _sparse(tmp_path / name)
     if name.endswith(".yaml"):
-        with pytest.raises(ConfigFileError, match="more than 64 MiB"):
+        with pytest.raises(ConfigFileError, match="more than 1 MiB"):
             load_space(path)
     else:
         for read in (load_best, BestTable.load):
             with pytest.raises(BestTableError, match="more than 64 MiB"):
                 read(path)
+
+
+def test_a_two_megabyte_space_file_is_refused_before_its_yaml_is_parsed(tmp_path):
+    """Guards against a 2 MB space file taking 26-30 s of YAML parsing to be refused."""
+    path = tmp_path / "space.yaml"
+    path.write_text("problems:\n" + "".join(f"  - {{m: {64 + i}, n: 4096, k: 4096}}\n" for i in range(64_000)))
+    assert path.stat().st_size > 2 << 20
+    started = time.monotonic()
+    with pytest.raises(ConfigFileError, match=r"more than 1 MiB: not a space file$"):
+        load_space(path)
+    assert time.monotonic() - started < 1
+
+
+def test_space_files_are_parsed_by_libyaml_where_pyyaml_has_it():
+    """Guards the parse of a space file against PyYAML's pure-Python parser (about 15 s a MB)."""
+    import yaml
+
+    from cutlass_tune.space import _spec
+
+    assert _spec._LOADER is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
 
 
 def test_a_device_without_end_is_refused_not_read_forever():
@@ -117,7 +137,7 @@ def test_the_cli_says_it_in_one_line(tmp_path):
     path = _sparse(tmp_path / "space.yaml")
     r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "space", str(path)], capture_output=True,
                        text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "more than 64 MiB" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "more than 1 MiB" in r.stderr
 
 
 def test_copies_in_a_run_time_list_are_one_variant_at_once(tmp_path):
