@@ -59,9 +59,13 @@ def _schema_of(revision: str) -> int | None:
 
 def _unread(shown: str, found: str) -> StoreError:
     """The error for a store whose schema (or revision) `found` this version does not read."""
-    newer = found.isdigit() and int(found) > SCHEMA_VERSION
-    return StoreError(f"the store {shown} has schema {found:.40}, this version reads {OLDEST_READ} to "
-                      f"{SCHEMA_VERSION}" + (": upgrade cutlass-tune to use it" if newer else ""))
+    if found.isdigit() and int(found) > SCHEMA_VERSION:
+        return StoreError(f"the store {shown} has schema {found:.40}, this version reads {OLDEST_READ} to "
+                          f"{SCHEMA_VERSION}: upgrade cutlass-tune to use it")
+    # Not "has schema 1, this version reads 1 to 2": what it records is no schema a version wrote.
+    return StoreError(f"the store {shown} records the schema {found!r:.40}, which no version of cutlass-tune "
+                      f"wrote (this one reads {OLDEST_READ} to {SCHEMA_VERSION}): it is damaged or of a newer "
+                      "cutlass-tune")
 
 
 def stored_schema(conn: sa.Connection, shown: str) -> int | None:
@@ -86,8 +90,8 @@ def stored_schema(conn: sa.Connection, shown: str) -> int | None:
         raise _unread(shown, recorded)
     revisions = conn.execute(sa.select(_version.c.version_num)).scalars().all()
     schema = _schema_of(revisions[0]) if len(revisions) == 1 else None
-    if schema is None or schema > SCHEMA_VERSION:
-        raise _unread(shown, recorded if recorded and recorded.isdigit() else ", ".join(revisions) or "none")
+    if schema is None or schema > SCHEMA_VERSION:  # the revision says which schema, not ct_meta's copy
+        raise _unread(shown, str(schema) if schema is not None else ", ".join(revisions) or "none")
     return schema
 
 
