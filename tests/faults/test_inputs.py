@@ -103,3 +103,30 @@ def test_an_output_given_with_a_tilde_is_written_in_the_home_folder(tmp_path, co
                               "--output=~nosuchuser/out.txt"], capture_output=True, text=True, timeout=120, cwd=work)
     assert unknown.returncode == 2
     assert unknown.stderr.strip() == "error: --output='~nosuchuser/out.txt': ~nosuchuser is no user's home here"
+
+
+@pytest.mark.parametrize("model", [42, None], ids=["int", "None"])
+def test_patch_of_something_not_a_module_is_one_error(model):
+    """Guards `patch(42)` / `patch(None)` (AttributeError: no attribute 'named_modules')."""
+    from cutlass_tune.runtime import patch
+
+    with pytest.raises(MatmulInputError, match=f"^patch takes a torch.nn.Module, not {type(model).__name__}$"):
+        patch(model, STORE)
+
+
+@pytest.mark.parametrize("features", [(-16, 128), (128, 0), (128.0, 128)], ids=["negative", "zero", "float"])
+def test_fp8_linear_of_sizes_not_positive_integers_is_one_error(features):
+    """Guards `Fp8Linear(-16, ..)` (torch's RuntimeError from zeros of a negative size)."""
+    from cutlass_tune.runtime import Fp8Linear
+
+    with pytest.raises(MatmulInputError, match=r"^Fp8Linear: \w+_features .* is not a positive integer$"):
+        Fp8Linear(*features, table=STORE)
+
+
+def test_use_table_of_a_data_frame_names_what_it_takes():
+    """Guards `use_table(DataFrame)` ("File name too long": the frame's text taken as a path)."""
+    from cutlass_tune import load_best
+    from cutlass_tune.transformers import use_table
+
+    with pytest.raises(MatmulInputError, match=r"^use_table takes a BestTable or a path, not DataFrame \("):
+        use_table(load_best(STORE))
