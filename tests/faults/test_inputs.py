@@ -130,3 +130,42 @@ def test_use_table_of_a_data_frame_names_what_it_takes():
 
     with pytest.raises(MatmulInputError, match=r"^use_table takes a BestTable or a path, not DataFrame \("):
         use_table(load_best(STORE))
+
+
+MODEL_FILE = """
+import os
+import torch
+
+class Stop(BaseException):
+    pass
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        raise Stop("stopped in forward")
+
+def exits():
+    os._exit(0)
+
+def generator_exit():
+    raise GeneratorExit
+
+def forward_raises():
+    return Model(), (torch.zeros(2, 2),)
+"""
+
+
+@pytest.mark.parametrize(("function", "said"), [
+    ("exits", "exits() raised os._exit(0) (it must return, not end the process)"),
+    ("generator_exit", "generator_exit() raised GeneratorExit"),
+    ("forward_raises", "the model raised Stop: stopped in forward on meta"),
+])
+def test_shapes_on_a_model_function_that_ends_the_process_or_raises_a_base_exception_is_one_line(
+        function, said, tmp_path):
+    """Guards `shapes` against a model file's os._exit(0) (exit 0, nothing said) and its BaseException
+    (GeneratorExit, a class of its own: a traceback)."""
+    model = tmp_path / "model.py"
+    model.write_text(MODEL_FILE)
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "shapes", f"{model}:{function}", "-o",
+                           tmp_path / "out"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2 and done.stderr.startswith("error: "), (done.returncode, done.stderr[-2000:])
+    assert len(done.stderr.splitlines()) == 1 and said in done.stderr, done.stderr
