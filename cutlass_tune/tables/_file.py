@@ -288,6 +288,11 @@ def check_row(row: Mapping[Any, Any], where: str) -> KernelConfig:
         problem = problem_dim_problem(int(_as_number(row[dim])))
         if problem:
             raise BestTableError(f"{where}: {dim} {_shown(row[dim])}: {problem}")
+    # The name keys the table (one row per GPU and problem): one that says another shape would
+    # hide this row's problem behind another's (a dense "1x1x1_..." loaded).
+    shape = "x".join(str(int(_as_number(row[dim]))) for dim in ("m", "n", "k"))
+    if "problem" in row and not str(row["problem"]).startswith(f"{shape}_"):
+        raise BestTableError(f"{where}: problem {_shown(row['problem'])} is not named by its shape {shape}")
     try:
         cfg = _parse_config(row["config"])
     except ValueError as err:

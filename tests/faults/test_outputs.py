@@ -132,7 +132,8 @@ def test_best_prints_a_tables_hostile_text_literally(tmp_path):
     """Guards `best` against markup and control sequences in a table's cells (MarkupError traceback before)."""
     table = tmp_path / "best.csv"
     row = read_table(REPO / "tests" / "report" / "data" / "best-v2.csv").head(1)
-    row.assign(problem=" ".join(HOSTILE), kernel=HOSTILE[2], runtime=HOSTILE[3], gpu=HOSTILE[0]).to_csv(
+    shape = f"{row.m[0]}x{row.n[0]}x{row.k[0]}_"  # a row's name begins with its shape
+    row.assign(problem=shape + " ".join(HOSTILE), kernel=HOSTILE[2], runtime=HOSTILE[3], gpu=HOSTILE[0]).to_csv(
         table, index=False)
     done = _cli("best", "--storage", table)
     assert done.returncode == 0, done.stderr
