@@ -328,8 +328,27 @@ class ResultStore:
                                      f"({err.filename})") from err
             else:
                 self._refuse_foreign()
-            _migrate.upgrade(self.engine, self.shown, create=True)
+            try:
+                _migrate.upgrade(self.engine, self.shown, create=True)
+            except (sa.exc.SQLAlchemyError, StoreError) as err:
+                self._remove_empty_new_file(err)
+                raise
             self._created, self._stored = True, None
+
+    def _remove_empty_new_file(self, err: Exception) -> None:
+        """Remove the SQLite file this store began, where making its tables failed (a full disk)
+        and left it empty: no 0-byte "store" stays behind. One another process is making its
+        tables in (locked, or with its journal beside it) is left to that process."""
+        new = self._new_file
+        cause = err if isinstance(err, sa.exc.SQLAlchemyError) else err.__cause__
+        if new is None or (isinstance(cause, sa.exc.SQLAlchemyError) and _locked(cause)):
+            return
+        if any(new.with_name(new.name + suffix).exists() for suffix in ("-journal", "-wal")):
+            return
+        self.engine.dispose()  # the pool's connections hold the file open
+        with contextlib.suppress(OSError):
+            if new.stat().st_size == 0:
+                new.unlink()
 
     def _refuse_foreign(self) -> None:
         """Refuse to write to a SQLite file of another application: one with tables, none of

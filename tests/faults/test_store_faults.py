@@ -356,3 +356,16 @@ def test_ctrl_c_stops_a_command_waiting_for_a_lock_and_says_interrupted(tmp_path
     done, waited = _interrupted_while_locked(LOCKED_READER, store, "BEGIN EXCLUSIVE")
     assert waited < 10, waited
     assert done.returncode == 130 and done.stderr == "interrupted\n", done.stderr[-2000:]
+
+
+def test_a_new_store_on_a_full_disk_leaves_no_empty_file(tmp_path):
+    """Guards against a new store whose tables a full disk refused leaving a 0-byte file behind."""
+    import sqlalchemy as sa
+
+    path = tmp_path / "new.sqlite"
+    store = ResultStore(f"sqlite:///{path}")
+    # SQLite's page limit fails a write as a full disk does: "database or disk is full"
+    sa.event.listen(store.engine, "connect", lambda conn, _: conn.execute("PRAGMA max_page_count = 1"))
+    with pytest.raises(StoreError, match="database or disk is full"):
+        store.bind_gpu("NVIDIA H200")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
