@@ -4,6 +4,7 @@ SQLite store and the templates' loaders."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -29,6 +30,10 @@ class InputTooLargeError(CutlassTuneError, OSError):
     """A file given as input holds more than `MAX_INPUT_BYTES`."""
 
 
+class NotRegularFileError(CutlassTuneError, OSError):
+    """A file given as input is a FIFO, a socket or a device: refused before it is opened."""
+
+
 def sha256_of(path: Path) -> str:
     """The SHA-256 of the file `path` (a kernel library, as the cache and a bundle record it)."""
     digest = hashlib.sha256()
@@ -38,19 +43,27 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_input(path: str | Path) -> bytes:
-    """The bytes of a file a user gave, read at most `MAX_INPUT_BYTES` + 1 of them (a device
-    such as /dev/zero has no size to check first).
+_NOT_REGULAR = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+                stat.S_IFBLK: "a block device"}
+
+
+def read_input(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file a user gave, read at most `limit` + 1 of them.
+    A FIFO, socket or device is refused before it is opened: opening a FIFO waits for a writer
+    (forever, where none comes) and a device such as /dev/zero has no end.
 
     Raises:
-        InputTooLargeError: the file holds more.
+        InputTooLargeError: the file holds more than `limit` bytes.
+        NotRegularFileError: it is a FIFO, a socket or a device (its `strerror` says which).
         OSError: it cannot be read.
     """
+    kind = _NOT_REGULAR.get(stat.S_IFMT(os.stat(path).st_mode))
+    if kind is not None:
+        raise NotRegularFileError(errno.EINVAL, f"not a regular file ({kind})")
     with open(path, "rb") as f:
-        data = f.read(MAX_INPUT_BYTES + 1)
-    if len(data) > MAX_INPUT_BYTES:
-        raise InputTooLargeError(f"{path} holds more than {MAX_INPUT_BYTES >> 20} MiB, the most an input file "
-                                 "may hold")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InputTooLargeError(f"{path} holds more than {limit >> 20} MiB, the most such an input file may hold")
     return data
 
 

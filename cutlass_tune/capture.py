@@ -50,6 +50,7 @@ import dataclasses
 import importlib.machinery
 import importlib.util
 import json
+import os
 import re
 import sys
 import threading
@@ -168,20 +169,35 @@ class SpaceFile:
 
 
 def _raised(err: BaseException) -> str:
+    if isinstance(err, _ProcessExit):
+        return f"{err} (it must return, not end the process)"
     text = str(err).strip()
     return f"{type(err).__name__}: {first_line(err)}" if text else type(err).__name__
 
 
+class _ProcessExit(BaseException):
+    """Raised where the user's code calls `os._exit`, which would end `cutlass-tune shapes`
+    at once, silently and with the code it gives (0: as if it had succeeded)."""
+
+
+def _refused_exit(code: int) -> None:
+    raise _ProcessExit(f"os._exit({code!r})")
+
+
 @contextlib.contextmanager
-def _on_path(folder: Path) -> Iterator[None]:
-    """`folder` first on sys.path, as when running a script there: a model file may import its
-    neighbours."""
-    sys.path.insert(0, str(folder))
+def _users_code(folder: Path | None = None) -> Iterator[None]:
+    """Run a model file's code: `folder` first on sys.path, as when running a script there (a
+    model file may import its neighbours), and `os._exit` raising instead of ending the process."""
+    if folder is not None:
+        sys.path.insert(0, str(folder))
+    real_exit, os._exit = os._exit, _refused_exit  # type: ignore[assignment]
     try:
         yield
     finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(folder))
+        os._exit = real_exit
+        if folder is not None:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(str(folder))
 
 
 def load_target(spec: str) -> Target:
@@ -212,10 +228,12 @@ def load_target(spec: str) -> Target:
     assert module_spec is not None  # a loader was given
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module  # dataclasses and pickling look a module's classes up there
-    with _on_path(path.resolve().parent):
+    with _users_code(path.resolve().parent):
         try:
             loader.exec_module(module)
-        except (Exception, SystemExit) as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # SystemExit, GeneratorExit, a class of the file's own
             raise CaptureError(f"{file}: importing it raised {_raised(err)}") from err
         function = getattr(module, name, None)
         if function is None:
@@ -224,7 +242,9 @@ def load_target(spec: str) -> Target:
             raise CaptureError(f"{spec} is a {type(function).__name__}, not a function")
         try:
             result = function()
-        except (Exception, SystemExit) as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:
             raise CaptureError(f"{spec}() raised {_raised(err)}") from err
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise CaptureError(f"{spec}() returned {_kind(result)}: return (model, example_inputs)")
@@ -269,14 +289,17 @@ def capture_gemms(target: Target, *, backward: bool = False, device: str = "meta
             raise CaptureError("--device cuda: no CUDA GPU is visible (the default --device meta needs none)")
         where = torch.device("cuda", torch.cuda.current_device())
     try:
-        model = _moved_model(target.model, where)
-    except Exception as err:
+        with _users_code():
+            model = _moved_model(target.model, where)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:
         raise CaptureError(f"{target.label}: cannot move the model to {where}: {_raised(err)}") from err
     args = _moved(target.args, where)
     kwargs = _moved(target.kwargs, where)
     recorder = _GemmRecorder()
     try:
-        with (contextlib.nullcontext() if backward else torch.no_grad()), recorder:
+        with (contextlib.nullcontext() if backward else torch.no_grad()), recorder, _users_code():
             outputs = model(*args, **kwargs)
             if backward:
                 ends = [t for t in _tensors(outputs) if t.is_floating_point() and t.requires_grad]
@@ -285,9 +308,9 @@ def capture_gemms(target: Target, *, backward: bool = False, device: str = "meta
                                        "(frozen parameters, or a forward under no_grad)")
                 recorder.backward = True
                 torch.autograd.backward(ends, [torch.ones_like(t) for t in ends])
-    except CaptureError:
+    except (CaptureError, KeyboardInterrupt):
         raise
-    except Exception as err:
+    except BaseException as err:
         hint = " (a model that reads tensor values needs --device cuda)" if where.type == "meta" else ""
         raise CaptureError(f"{target.label}: the model raised {_raised(err)} on {where}{hint}") from err
     if not recorder.calls:

@@ -1,5 +1,24 @@
 """Exception classes. Each names what the user should fix; the CLI prints them on one line."""
 
+import re
+
+# C0 but newline and tab, DEL, C1 (ESC starts every ANSI/OSC sequence; C1 0x9b and 0x9d are
+# one-character CSI and OSC), and the bidirectional overrides that reorder what a line shows.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: object) -> str:
+    """`text` as a string whose control characters are shown as escapes (ESC as the four
+    characters `\\x1b`): what is left cannot move the cursor, set a title, make a link or ring.
+    Every message that carries text from a file (a store's row, a file name) and may reach a
+    terminal by a path other than the CLI's consoles (a warning, a log line) passes through it."""
+    return _CONTROL.sub(_escaped, str(text))
+
 
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (a SQLAlchemy error's driver message; the

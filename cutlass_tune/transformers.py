@@ -20,6 +20,7 @@ Needs `pip install 'cutlass-tune[transformers]'`.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,13 @@ def use_table(table: BestTable | str | Path) -> str:
         Its key (`TABLE_KEY`).
 
     Raises:
+        MatmulInputError: `table` is neither a `BestTable` nor a path (a DataFrame: `BestTable(frame)`).
         BestTableError, BundleError, StoreError: a path that cannot be read as a table.
     """
     global _table_set
+    if not isinstance(table, (BestTable, str, os.PathLike)):
+        hint = " (a best-config frame: BestTable(frame))" if hasattr(table, "columns") else ""
+        raise MatmulInputError(f"use_table takes a BestTable or a path, not {type(table).__name__}{hint}")
     with _lock:
         key = register_table(table, key=TABLE_KEY)
         _table_set = True

@@ -40,3 +40,18 @@ def test_the_headline_table_says_the_timing_method_of_its_store():
     assert scheme is not None and scheme.method is TimingMethod.EVENTS and scheme.paired
     assert "`--method events`" in intro and "timed by single launches" in intro
     assert "sampled alternately on the same operands" in " ".join(README.split())  # paired
+
+
+def test_the_test_extra_installs_every_other_extra():
+    # Regression: CI installed `.[test]` without transformers, so the MoE-integration tests skipped there.
+    test = set(EXTRAS["test"])
+    for extra, requirements in EXTRAS.items():
+        assert set(requirements) <= test, (extra, sorted(set(requirements) - test))
+
+
+def test_ci_installs_and_runs_the_tests_as_the_readme_says():
+    ci = (ROOT / ".ci" / "run").read_text()
+    test = README[README.index("## Test"):]
+    (install,) = re.findall(r"pip install -e '\.\[[\w,]+\]'", ci)
+    assert install in test and "'.[test]'" in install
+    assert re.search(r"^python3 -m pytest$", ci, re.MULTILINE) and ".ci/run" in test

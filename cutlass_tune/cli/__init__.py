@@ -16,7 +16,7 @@ import sys
 import typer
 
 from .. import __version__, settings
-from ..errors import CutlassTuneError
+from ..errors import CutlassTuneError, visible
 from . import _bench, _best, _check, _compile, _confirm, _dashboard, _export, _shapes, _space, _sweep, _upgrade
 from ._console import err, fail, out
 
@@ -52,6 +52,14 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
+class _VisibleFormatter(logging.Formatter):
+    """Log lines as `visible` text: a warning or a log line may carry a store's row or a file
+    name, whose control characters must not reach the terminal (as the consoles' text cannot)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
+
+
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
                                           help="print the version and exit"),
@@ -62,8 +70,9 @@ def _options(version: bool = typer.Option(False, "--version", callback=_show_ver
     if verbose and quiet:
         raise CutlassTuneError("--verbose and --quiet: give one")
     level = logging.INFO if verbose else logging.ERROR if quiet else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stderr, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+    logging.basicConfig(level=level, stream=sys.stderr, force=True)
+    logging.getLogger().handlers[0].setFormatter(_VisibleFormatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
     logging.captureWarnings(True)  # warnings.warn of the stages go through the same levels
 
 

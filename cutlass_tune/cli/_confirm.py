@@ -34,8 +34,8 @@ def confirm(
     """Re-measure each problem's leading kernels in several passes, into the same store;
     `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
     largest of many noisy medians and reads high)."""
-    # torch and optuna, with the GPU and search stages: only the commands that measure import them.
-    from ..bench import WorkerBenchmarker
+    # optuna with the search stage, torch with the GPU stage: only the commands that measure import
+    # them, torch (1.5 s) once the store has been read, so a store that cannot be read fails first.
     from ..search import candidates
     from ..search import confirm as confirm_run
 
@@ -44,6 +44,8 @@ def confirm(
     if not chosen:
         raise CutlassTuneError(f"store {store.shown} has no successful kernel measurement to confirm")
     chosen = _matching(chosen, problem, store.shown)
+    from ..bench import WorkerBenchmarker
+
     bench = WorkerBenchmarker(gpu)
     try:
         bench.timing = timing_options(method, None, store.timing())  # paired like the store's ratios

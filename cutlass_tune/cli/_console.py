@@ -11,7 +11,6 @@ Styling of our own goes in `rich.text.Text` spans, never in markup.
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 import threading
 import time
@@ -22,22 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from ..errors import visible
 from ..status import Status
-
-# C0 but newline and tab, DEL, C1 (ESC starts every ANSI/OSC sequence; C1 0x9b and 0x9d are
-# one-character CSI and OSC), and the bidirectional overrides that reorder what a line shows.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _escaped(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def visible(text: object) -> str:
-    """`text` as a string whose control characters are shown as escapes (ESC as the four
-    characters `\\x1b`): what is left cannot move the cursor, set a title, make a link or ring."""
-    return _CONTROL.sub(_escaped, str(text))
 
 
 class PlainConsole(Console):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import first_line
+from ..errors import first_line, visible
 from ..measurement import Baseline, Measurement, TimingMethod
 from ..space import cells
 from ..status import Status
@@ -120,7 +120,7 @@ def _from_store(url: str) -> pd.DataFrame:
         try:  # the rules every table's rows pass: a row the table's reader would refuse is never ranked
             check_row(row, f"store {store.shown}: measurement {r.id} ({_named(r.problem)})")
         except BestTableError as err:
-            warnings.warn(f"{err}; left out of the best-config table", DamagedRowWarning, stacklevel=2)
+            warnings.warn(visible(f"{err}; left out of the best-config table"), DamagedRowWarning, stacklevel=2)
             continue
         out.append(row)
     if not out:

@@ -33,7 +33,7 @@ from ..errors import CutlassTuneError
 from ..measurement import Baseline, EnvStamp, TimingMethod
 from ..space import Decomposition, KernelConfig, Problem, RasterOrder, RuntimeArgs, texts
 from ..status import Status
-from ..store import ResultStore, StoredRow, open_store
+from ..store import ResultStore, StoredRow, open_store, read_error
 from ..tables import COLUMNS, BestTableError
 from . import _figures as figures
 from ._best import load_best
@@ -158,7 +158,23 @@ def _raster_label(raster: RasterOrder, decomposition: Decomposition, splits: int
 def _studies(store: ResultStore, frame: pd.DataFrame,
              problems: list[str]) -> tuple[dict[str, str], dict[str, list[Any]]]:
     """Each problem's Optuna study and its trials. A store written without Optuna (no `studies`
-    table) has none; the tables are not created just to look."""
+    table) has none; the tables are not created just to look.
+
+    Raises:
+        StoreError: the database failed under SQLAlchemy or Optuna (a server lost after the
+            rows were read, a damaged study table), as every other read of the store does.
+    """
+    import optuna
+
+    try:
+        return _read_studies(store, frame, problems)
+    except (sa.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as err:
+        cause = err.__cause__ if isinstance(err.__cause__, sa.exc.SQLAlchemyError) else err
+        raise read_error(store.shown, cause) from err
+
+
+def _read_studies(store: ResultStore, frame: pd.DataFrame,
+                  problems: list[str]) -> tuple[dict[str, str], dict[str, list[Any]]]:
     if not sa.inspect(store.engine).has_table("studies"):
         return {}, {p: [] for p in problems}
     import optuna

@@ -52,6 +52,8 @@ def scaling_of(value: object) -> Scaling:
 def _check_features(in_features: int, out_features: int, scaling: Scaling) -> None:
     multiple = _ALIGNMENT[scaling]
     for name, value in (("in_features", in_features), ("out_features", out_features)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise MatmulInputError(f"Fp8Linear: {name} {str(value)[:40]!r} is not a positive integer")
         if value % multiple:
             raise MatmulInputError(f"Fp8Linear {_NAMES[scaling]}: {name} {value} is not a multiple of {multiple} "
                                    f"({_WHY[scaling]})")

@@ -30,6 +30,7 @@ from .._torch import TORCH_DTYPE
 from ..space import ACTIVATIONS, Activation, DType, Epilogue, Problem, activation_of_module_class, check_problem
 from ._dispatch import device_table, eager_direct_allowed
 from ._linear import Linear
+from ._matmul import MatmulInputError
 from ._op import linear_direct, registered_table, table_key
 from ._table import BestTable
 
@@ -364,8 +365,11 @@ def patch(model: torch.nn.Module, table: BestTable | str | Path, *, cuda_only: b
         A `PatchReport`: each layer, swapped or left, and why; fused or not, and why.
 
     Raises:
+        MatmulInputError: `model` is no torch.nn.Module.
         BestTableError, BundleError, StoreError: a table path that cannot be read.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise MatmulInputError(f"patch takes a torch.nn.Module, not {type(model).__name__}")
     key = table_key(table)
     tuned = registered_table(key)
     coverages: dict[int, _Coverage] = {}

@@ -28,7 +28,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from .._files import MAX_INPUT_BYTES, InputTooLargeError, read_input
+from .._files import InputTooLargeError, read_input
 from ..errors import ConfigFileError
 from . import _rules
 from ._auto import AutoConfigs, AutoKernels, Census
@@ -445,9 +445,9 @@ def _reject_duplicate_keys(path: str, node: yaml.Node | None, where: str = "",
 
 def _read_text(path: str) -> str:
     try:
-        data = read_input(path)
+        data = read_input(path, MAX_SPACE_BYTES)
     except InputTooLargeError as err:
-        raise ConfigFileError(path, "", None, f"more than {MAX_INPUT_BYTES >> 20} MiB: not a space file") from err
+        raise ConfigFileError(path, "", None, f"more than {MAX_SPACE_BYTES >> 20} MiB: not a space file") from err
     except OSError as err:
         raise ConfigFileError(path, "", None, f"cannot read: {err.strerror}") from err
     try:
@@ -458,10 +458,29 @@ def _read_text(path: str) -> str:
                               f"not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})") from err
 
 
+MAX_SPACE_BYTES = 1 << 20
+"""The most a space file may hold (the largest committed holds 2 KB): its YAML is read whole, each
+MB taking about 15 s with PyYAML's own parser, a second with libyaml's."""
+_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's loader where PyYAML was built with it."""
+_RETOLD_BYTES = 64 << 10
+"""A file up to this size whose YAML libyaml refused is parsed again by PyYAML's own parser, whose
+messages name the character at fault (libyaml's say "found character that cannot start any token")."""
+
+
 def _parse_yaml(path: str, text: str) -> Any:
     """The one YAML document in `text`, its keys checked for duplicates."""
     try:
-        loader = yaml.SafeLoader(text)
+        return _load_yaml(path, text, _LOADER)
+    except ConfigFileError:
+        if _LOADER is yaml.SafeLoader or len(text) > _RETOLD_BYTES:
+            raise
+    return _load_yaml(path, text, yaml.SafeLoader)
+
+
+def _load_yaml(path: str, text: str, loader_class: type[yaml.SafeLoader] | type[yaml.CSafeLoader]) -> Any:
+    try:
+        loader = loader_class(text)
         try:
             node = loader.get_single_node()
             _reject_duplicate_keys(path, node)

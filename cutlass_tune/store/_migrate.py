@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from ..errors import first_line
 from ._errors import StoreError
+from ._sqlite import InterruptibleConnection
 
 SCHEMA_VERSION = 2
 """The schema this version writes: revision `schema<SCHEMA_VERSION>` of `migrations/`."""
@@ -58,9 +59,13 @@ def _schema_of(revision: str) -> int | None:
 
 def _unread(shown: str, found: str) -> StoreError:
     """The error for a store whose schema (or revision) `found` this version does not read."""
-    newer = found.isdigit() and int(found) > SCHEMA_VERSION
-    return StoreError(f"the store {shown} has schema {found:.40}, this version reads {OLDEST_READ} to "
-                      f"{SCHEMA_VERSION}" + (": upgrade cutlass-tune to use it" if newer else ""))
+    if found.isdigit() and int(found) > SCHEMA_VERSION:
+        return StoreError(f"the store {shown} has schema {found:.40}, this version reads {OLDEST_READ} to "
+                          f"{SCHEMA_VERSION}: upgrade cutlass-tune to use it")
+    # Not "has schema 1, this version reads 1 to 2": what it records is no schema a version wrote.
+    return StoreError(f"the store {shown} records the schema {found!r:.40}, which no version of cutlass-tune "
+                      f"wrote (this one reads {OLDEST_READ} to {SCHEMA_VERSION}): it is damaged or of a newer "
+                      "cutlass-tune")
 
 
 def stored_schema(conn: sa.Connection, shown: str) -> int | None:
@@ -85,8 +90,8 @@ def stored_schema(conn: sa.Connection, shown: str) -> int | None:
         raise _unread(shown, recorded)
     revisions = conn.execute(sa.select(_version.c.version_num)).scalars().all()
     schema = _schema_of(revisions[0]) if len(revisions) == 1 else None
-    if schema is None or schema > SCHEMA_VERSION:
-        raise _unread(shown, recorded if recorded and recorded.isdigit() else ", ".join(revisions) or "none")
+    if schema is None or schema > SCHEMA_VERSION:  # the revision says which schema, not ct_meta's copy
+        raise _unread(shown, str(schema) if schema is not None else ", ".join(revisions) or "none")
     return schema
 
 
@@ -107,11 +112,15 @@ def _locked(engine: sa.Engine) -> Iterator[sa.Connection]:
         raw = conn.connection.dbapi_connection
         assert raw is not None, "a connection checked out of the pool"
         level = raw.isolation_level
-        waited = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+        sliced = isinstance(raw, InterruptibleConnection)  # waits in Python, a Ctrl-C stopping it
+        waited = raw.wait_s if sliced else conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
         conn.rollback()
         raw.isolation_level = None
         try:
-            conn.exec_driver_sql(f"PRAGMA busy_timeout = {LOCK_WAIT_MS}")
+            if sliced:
+                raw.wait_s = LOCK_WAIT_MS / 1000
+            else:
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {LOCK_WAIT_MS}")
             conn.exec_driver_sql("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -120,7 +129,10 @@ def _locked(engine: sa.Engine) -> Iterator[sa.Connection]:
                 raise
             conn.commit()
         finally:
-            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(waited or 0)}")
+            if sliced:
+                raw.wait_s = waited
+            else:
+                conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(waited or 0)}")
             conn.rollback()
             raw.isolation_level = level
 

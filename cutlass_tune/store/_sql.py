@@ -28,7 +28,7 @@ from .._files import why_unwritable
 from ..errors import first_line
 from ..measurement import Measurement, TimingMethod, TimingScheme
 from ..space import Problem
-from . import _migrate
+from . import _migrate, _sqlite
 from ._errors import StoreError, StoreGpuMismatchError
 from ._migrate import OLDEST_READ, SCHEMA_VERSION
 from ._row import DamagedRowError, StoredRow
@@ -299,8 +299,9 @@ class ResultStore:
             raise StoreError(f"cannot make the store {self._new_file}: {why}")
         try:
             sqlite = parsed.get_backend_name() == "sqlite" and "timeout" not in parsed.query
-            self.engine = sa.create_engine(parsed, pool_pre_ping=True,
-                                           connect_args={"timeout": BUSY_TIMEOUT_S} if sqlite else {})
+            # SQLite waits for a lock in slices, a Ctrl-C stopping the wait (_sqlite.py).
+            waits = {"timeout": _sqlite.SLICE_S, "factory": _sqlite.interruptible(BUSY_TIMEOUT_S)}
+            self.engine = sa.create_engine(parsed, pool_pre_ping=True, connect_args=waits if sqlite else {})
             if self._new_file is None:
                 with self.engine.connect() as conn:
                     conn.execute(sa.text("SELECT 1"))
@@ -327,8 +328,27 @@ class ResultStore:
                                      f"({err.filename})") from err
             else:
                 self._refuse_foreign()
-            _migrate.upgrade(self.engine, self.shown, create=True)
+            try:
+                _migrate.upgrade(self.engine, self.shown, create=True)
+            except (sa.exc.SQLAlchemyError, StoreError) as err:
+                self._remove_empty_new_file(err)
+                raise
             self._created, self._stored = True, None
+
+    def _remove_empty_new_file(self, err: Exception) -> None:
+        """Remove the SQLite file this store began, where making its tables failed (a full disk)
+        and left it empty: no 0-byte "store" stays behind. One another process is making its
+        tables in (locked, or with its journal beside it) is left to that process."""
+        new = self._new_file
+        cause = err if isinstance(err, sa.exc.SQLAlchemyError) else err.__cause__
+        if new is None or (isinstance(cause, sa.exc.SQLAlchemyError) and _locked(cause)):
+            return
+        if any(new.with_name(new.name + suffix).exists() for suffix in ("-journal", "-wal")):
+            return
+        self.engine.dispose()  # the pool's connections hold the file open
+        with contextlib.suppress(OSError):
+            if new.stat().st_size == 0:
+                new.unlink()
 
     def _refuse_foreign(self) -> None:
         """Refuse to write to a SQLite file of another application: one with tables, none of

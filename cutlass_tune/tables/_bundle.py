@@ -83,7 +83,11 @@ def read_bundle(path: str | Path) -> tuple[pd.DataFrame, dict[str, BundledKernel
             raise BundleError(f"{path / MANIFEST} names a library outside the bundle: {file}")
         if not library.is_file():
             raise BundleError(f"{library} is missing from the bundle")
-        if sha256_of(library) != digest:
+        try:
+            digest_found = sha256_of(library)
+        except OSError as err:  # no permission to read it
+            raise BundleError(f"cannot read {library}: {err.strerror or err}") from err
+        if digest_found != digest:
             raise BundleError(f"{library} differs from the one exported (its SHA-256 does not match the manifest)")
     kernels = {}
     for config_hash, entry in entries.items():

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .._files import InputTooLargeError, read_input
+from .._files import InputTooLargeError, NotRegularFileError, read_input
 from ..errors import first_line
 from ..measurement import CONTENDERS, Baseline, TimingMethod
 from ..space import (
@@ -104,6 +104,8 @@ def _read_file(path: Path) -> pd.DataFrame:
         frame = _READERS[path.suffix](path)
     except InputTooLargeError as err:
         raise BestTableError(f"cannot read {path}: {err}") from err
+    except NotRegularFileError as err:
+        raise BestTableError(f"cannot read {path}: {err.strerror}") from err
     except ImportError as err:
         raise BestTableError(f"cannot read {path}: reading {kind} needs pyarrow "
                              "(pip install 'cutlass-tune[parquet]')") from err
@@ -286,6 +288,11 @@ def check_row(row: Mapping[Any, Any], where: str) -> KernelConfig:
         problem = problem_dim_problem(int(_as_number(row[dim])))
         if problem:
             raise BestTableError(f"{where}: {dim} {_shown(row[dim])}: {problem}")
+    # The name keys the table (one row per GPU and problem): one that says another shape would
+    # hide this row's problem behind another's (a dense "1x1x1_..." loaded).
+    shape = "x".join(str(int(_as_number(row[dim]))) for dim in ("m", "n", "k"))
+    if "problem" in row and not str(row["problem"]).startswith(f"{shape}_"):
+        raise BestTableError(f"{where}: problem {_shown(row['problem'])} is not named by its shape {shape}")
     try:
         cfg = _parse_config(row["config"])
     except ValueError as err:

@@ -66,7 +66,7 @@ def test_an_oversized_input_file_is_refused_unread(tmp_path, name):
         return
     path = _sparse(tmp_path / name)
     if name.endswith(".yaml"):
-        with pytest.raises(ConfigFileError, match="more than 64 MiB"):
+        with pytest.raises(ConfigFileError, match="more than 1 MiB"):
             load_space(path)
     else:
         for read in (load_best, BestTable.load):
@@ -74,16 +74,70 @@ def test_an_oversized_input_file_is_refused_unread(tmp_path, name):
                 read(path)
 
 
+def test_a_two_megabyte_space_file_is_refused_before_its_yaml_is_parsed(tmp_path):
+    """Guards against a 2 MB space file taking 26-30 s of YAML parsing to be refused."""
+    path = tmp_path / "space.yaml"
+    path.write_text("problems:\n" + "".join(f"  - {{m: {64 + i}, n: 4096, k: 4096}}\n" for i in range(64_000)))
+    assert path.stat().st_size > 2 << 20
+    started = time.monotonic()
+    with pytest.raises(ConfigFileError, match=r"more than 1 MiB: not a space file$"):
+        load_space(path)
+    assert time.monotonic() - started < 1
+
+
+def test_space_files_are_parsed_by_libyaml_where_pyyaml_has_it():
+    """Guards the parse of a space file against PyYAML's pure-Python parser (about 15 s a MB)."""
+    import yaml
+
+    from cutlass_tune.space import _spec
+
+    assert _spec._LOADER is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
+
+
 def test_a_device_without_end_is_refused_not_read_forever():
-    with pytest.raises(ConfigFileError, match="more than 64 MiB"):
+    with pytest.raises(ConfigFileError, match=r"not a regular file \(a character device\)"):
         load_space("/dev/zero")
+
+
+def _reads_or_hangs(read, path: Path) -> BaseException:
+    """What `read(path)` raised, run in a thread: a read that hangs fails the test instead of the run."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            read(path)
+        except BaseException as err:  # noqa: BLE001 (handed to the test)
+            raised.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # lets the blocked open and read go on
+        pytest.fail(f"{read.__qualname__} waited for a writer of the FIFO {path}")
+    assert raised, read
+    return raised[0]
+
+
+@pytest.mark.parametrize("name", ["space.yaml", "best.csv", "best.json"])
+def test_a_fifo_given_as_an_input_file_is_refused_at_once(name, tmp_path):
+    """Guards against a FIFO given as a space file or a table hanging until a writer opened it."""
+    path = tmp_path / name
+    os.mkfifo(path)
+    readers = [load_space] if name.endswith(".yaml") else [load_best, BestTable.load]
+    for read in readers:
+        err = _reads_or_hangs(read, path)
+        assert isinstance(err, (ConfigFileError, BestTableError)), repr(err)
+        assert str(err).endswith("not a regular file (a FIFO)"), str(err)
 
 
 def test_the_cli_says_it_in_one_line(tmp_path):
     path = _sparse(tmp_path / "space.yaml")
     r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "space", str(path)], capture_output=True,
                        text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "more than 64 MiB" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "more than 1 MiB" in r.stderr
 
 
 def test_copies_in_a_run_time_list_are_one_variant_at_once(tmp_path):

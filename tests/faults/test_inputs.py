@@ -103,3 +103,69 @@ def test_an_output_given_with_a_tilde_is_written_in_the_home_folder(tmp_path, co
                               "--output=~nosuchuser/out.txt"], capture_output=True, text=True, timeout=120, cwd=work)
     assert unknown.returncode == 2
     assert unknown.stderr.strip() == "error: --output='~nosuchuser/out.txt': ~nosuchuser is no user's home here"
+
+
+@pytest.mark.parametrize("model", [42, None], ids=["int", "None"])
+def test_patch_of_something_not_a_module_is_one_error(model):
+    """Guards `patch(42)` / `patch(None)` (AttributeError: no attribute 'named_modules')."""
+    from cutlass_tune.runtime import patch
+
+    with pytest.raises(MatmulInputError, match=f"^patch takes a torch.nn.Module, not {type(model).__name__}$"):
+        patch(model, STORE)
+
+
+@pytest.mark.parametrize("features", [(-16, 128), (128, 0), (128.0, 128)], ids=["negative", "zero", "float"])
+def test_fp8_linear_of_sizes_not_positive_integers_is_one_error(features):
+    """Guards `Fp8Linear(-16, ..)` (torch's RuntimeError from zeros of a negative size)."""
+    from cutlass_tune.runtime import Fp8Linear
+
+    with pytest.raises(MatmulInputError, match=r"^Fp8Linear: \w+_features .* is not a positive integer$"):
+        Fp8Linear(*features, table=STORE)
+
+
+def test_use_table_of_a_data_frame_names_what_it_takes():
+    """Guards `use_table(DataFrame)` ("File name too long": the frame's text taken as a path)."""
+    from cutlass_tune import load_best
+    from cutlass_tune.transformers import use_table
+
+    with pytest.raises(MatmulInputError, match=r"^use_table takes a BestTable or a path, not DataFrame \("):
+        use_table(load_best(STORE))
+
+
+MODEL_FILE = """
+import os
+import torch
+
+class Stop(BaseException):
+    pass
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        raise Stop("stopped in forward")
+
+def exits():
+    os._exit(0)
+
+def generator_exit():
+    raise GeneratorExit
+
+def forward_raises():
+    return Model(), (torch.zeros(2, 2),)
+"""
+
+
+@pytest.mark.parametrize(("function", "said"), [
+    ("exits", "exits() raised os._exit(0) (it must return, not end the process)"),
+    ("generator_exit", "generator_exit() raised GeneratorExit"),
+    ("forward_raises", "the model raised Stop: stopped in forward on meta"),
+])
+def test_shapes_on_a_model_function_that_ends_the_process_or_raises_a_base_exception_is_one_line(
+        function, said, tmp_path):
+    """Guards `shapes` against a model file's os._exit(0) (exit 0, nothing said) and its BaseException
+    (GeneratorExit, a class of its own: a traceback)."""
+    model = tmp_path / "model.py"
+    model.write_text(MODEL_FILE)
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "shapes", f"{model}:{function}", "-o",
+                           tmp_path / "out"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2 and done.stderr.startswith("error: "), (done.returncode, done.stderr[-2000:])
+    assert len(done.stderr.splitlines()) == 1 and said in done.stderr, done.stderr

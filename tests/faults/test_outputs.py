@@ -132,7 +132,8 @@ def test_best_prints_a_tables_hostile_text_literally(tmp_path):
     """Guards `best` against markup and control sequences in a table's cells (MarkupError traceback before)."""
     table = tmp_path / "best.csv"
     row = read_table(REPO / "tests" / "report" / "data" / "best-v2.csv").head(1)
-    row.assign(problem=" ".join(HOSTILE), kernel=HOSTILE[2], runtime=HOSTILE[3], gpu=HOSTILE[0]).to_csv(
+    shape = f"{row.m[0]}x{row.n[0]}x{row.k[0]}_"  # a row's name begins with its shape
+    row.assign(problem=shape + " ".join(HOSTILE), kernel=HOSTILE[2], runtime=HOSTILE[3], gpu=HOSTILE[0]).to_csv(
         table, index=False)
     done = _cli("best", "--storage", table)
     assert done.returncode == 0, done.stderr
@@ -187,3 +188,42 @@ def test_the_sweep_display_shows_a_stores_hostile_text_literally(terminal):
     else:
         SweepLog(console)(_sweep_state())
     _shown_literally(sink.getvalue())
+
+
+def _store_with_a_hostile_damaged_row(tmp_path: Path) -> Path:
+    import shutil
+    import sqlite3
+    copy = tmp_path / "damaged.sqlite"
+    shutil.copy(STORE, copy)
+    with sqlite3.connect(copy) as db:  # an out-of-range m: the row is left out with a DamagedRowWarning
+        db.execute("update ct_measurements set m = -5, problem = ? where id = (select min(id) from "
+                   "ct_measurements where status = 'ok' and config_hash is not null)", ("x" + HOSTILE[3],))
+    return copy
+
+
+@pytest.mark.skipif(not STORE.exists(), reason="needs the committed H200 store")
+def test_the_damaged_row_warning_of_best_shows_the_rows_text_literally(tmp_path):
+    """Guards `best`'s DamagedRowWarning (printed through logging) against a row's control sequences."""
+    done = _cli("best", "--storage", _store_with_a_hostile_damaged_row(tmp_path))
+    assert done.returncode == 0 and "DamagedRowWarning" in done.stderr, done.stderr
+    _shown_literally(done.stderr, [SHOWN[3]])
+
+
+@pytest.mark.skipif(not STORE.exists(), reason="needs the committed H200 store")
+def test_load_best_warns_of_a_damaged_row_in_visible_text(tmp_path):
+    """Guards `load_best`'s Python warning (an API user's stderr) against a row's control sequences."""
+    from cutlass_tune.report import load_best
+    from cutlass_tune.report._best import DamagedRowWarning
+    with pytest.warns(DamagedRowWarning) as caught:
+        load_best(_store_with_a_hostile_damaged_row(tmp_path))
+    (message,) = [str(w.message) for w in caught if w.category is DamagedRowWarning]
+    _shown_literally(message, [SHOWN[3]])
+
+
+def test_the_verbose_log_line_of_space_shows_a_file_name_literally(tmp_path):
+    """Guards `-v space`'s INFO line (logging, not the console) against a file name's control sequences."""
+    path = tmp_path / "\x1b]0;T\x07\x1b[2J.yaml"
+    path.write_text((REPO / "configs" / "quick.yaml").read_text())
+    done = _cli("-v", "space", path)
+    assert done.returncode == 0 and "counting the configs" in done.stderr, done.stderr
+    _shown_literally(done.stderr, [visible(path)])

@@ -267,3 +267,105 @@ def test_upgrade_without_storage_refuses_and_leaves_the_default_store(tmp_path):
                               env={**__import__("os").environ, "CUTLASS_TUNE_STORE": str(REAL),
                                    "PYTHONPATH": str(Path(cutlass_tune.__file__).parents[1])})
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--storage" in done.stderr, done.stderr
+
+
+def test_dashboard_of_a_store_whose_study_table_is_damaged_is_one_line(tmp_path):
+    """Guards the dashboard's Optuna reads (outside the store's error wrapper: a 468-line traceback, exit 1)."""
+    store = _edited(tmp_path, "alter table studies rename column study_name to name")
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "dashboard", "--storage", str(store), "-o",
+                           str(tmp_path / "d.html")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "study_name" in done.stderr and not (tmp_path / "d.html").exists()
+
+
+def test_dashboard_losing_the_server_after_the_rows_are_read_raises_store_error(tmp_path, monkeypatch):
+    """Guards the dashboard against a server lost between reading the rows and Optuna's studies
+    (SQLAlchemy's OperationalError escaped as a traceback)."""
+    import optuna
+    import sqlalchemy as sa
+
+    from cutlass_tune.report import build_dashboard
+
+    def lost(storage):
+        raise sa.exc.OperationalError("SELECT studies.study_name FROM studies", {},
+                                      Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(optuna.study, "get_all_study_names", lost)
+    store = tmp_path / "s.sqlite"
+    shutil.copy(REAL, store)
+    with pytest.raises(StoreError, match="^cannot use the store .*: server closed the connection unexpectedly$"):
+        build_dashboard(store)
+
+
+LOCKED_WRITER = """
+import sys
+from cutlass_tune.store import ResultStore
+from tests.faults.test_store_faults import _measurement
+store = ResultStore(sys.argv[1])
+print("ready", flush=True)
+store.add(_measurement(), gpu="NVIDIA H200", run_id="r")
+"""
+LOCKED_READER = """
+import sys
+import cutlass_tune.cli, cutlass_tune.report, cutlass_tune.store
+print("ready", flush=True)
+sys.argv = ["cutlass-tune", "best", "--storage", sys.argv[1]]
+cutlass_tune.cli.main()
+"""
+
+
+def _interrupted_while_locked(script: str, store: Path, lock: str) -> tuple[subprocess.CompletedProcess, float]:
+    import signal
+    import time
+
+    holder = sqlite3.connect(store, isolation_level=None)
+    holder.execute(lock)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", script, f"sqlite:///{store}"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(1.5)  # the process now waits for the lock
+        assert proc.poll() is None
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - start
+    finally:
+        holder.close()
+
+
+def test_ctrl_c_stops_an_api_writer_waiting_for_a_lock_with_keyboard_interrupt(tmp_path):
+    """Guards a writer waiting on a SQLite lock: Ctrl-C took effect after the 60 s busy timeout, as
+    "database is locked"."""
+    store = tmp_path / "s.sqlite"
+    ResultStore(f"sqlite:///{store}").bind_gpu("NVIDIA H200")
+    done, waited = _interrupted_while_locked(LOCKED_WRITER, store, "BEGIN IMMEDIATE")
+    assert waited < 10, waited
+    assert done.stderr.strip().splitlines()[-1] == "KeyboardInterrupt", done.stderr[-2000:]
+    assert ResultStore(f"sqlite:///{store}").rows() == []
+
+
+def test_ctrl_c_stops_a_command_waiting_for_a_lock_and_says_interrupted(tmp_path):
+    """Guards `best` on a store another process holds locked: Ctrl-C took effect after the 60 s busy timeout."""
+    store = tmp_path / "s.sqlite"
+    shutil.copy(REAL, store)
+    done, waited = _interrupted_while_locked(LOCKED_READER, store, "BEGIN EXCLUSIVE")
+    assert waited < 10, waited
+    assert done.returncode == 130 and done.stderr == "interrupted\n", done.stderr[-2000:]
+
+
+def test_a_new_store_on_a_full_disk_leaves_no_empty_file(tmp_path):
+    """Guards against a new store whose tables a full disk refused leaving a 0-byte file behind."""
+    import sqlalchemy as sa
+
+    path = tmp_path / "new.sqlite"
+    store = ResultStore(f"sqlite:///{path}")
+    # SQLite's page limit fails a write as a full disk does: "database or disk is full"
+    sa.event.listen(store.engine, "connect", lambda conn, _: conn.execute("PRAGMA max_page_count = 1"))
+    with pytest.raises(StoreError, match="database or disk is full"):
+        store.bind_gpu("NVIDIA H200")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -42,6 +42,9 @@ BAD = [
     pytest.param({"k": 10 ** 30}, "problem size", id="k-beyond-int64"),
     pytest.param({"samples": 10 ** 30}, "samples", id="samples-beyond-int64"),
     pytest.param({"tflops": 10 ** 400}, "tflops", id="tflops-beyond-float"),
+    # Regression: a dense row named "1x1x1_..." loaded, keying a 1x1x1 problem to another shape's kernel.
+    pytest.param({"problem": "1x1x1_bf16bf16bf16_tn"}, r"problem '1x1x1_bf16bf16bf16_tn' is not named by its shape",
+                 id="problem-named-another-shape"),
 ]
 
 

@@ -129,6 +129,22 @@ def test_a_missing_library_is_refused(bundle):
         load_best(bundle)
 
 
+def test_an_unreadable_library_is_one_bundle_error(bundle, monkeypatch):
+    """Guards `BestTable.load` of a bundle whose .so cannot be read (a PermissionError traceback)."""
+    library = bundle / "kernels" / "unit0.so"
+    library.chmod(0)
+    if os.geteuid() == 0:  # root reads it all the same: the read fails as it would for another user
+        from cutlass_tune.tables import _bundle
+
+        def denied(path):
+            raise PermissionError(13, "Permission denied", str(path))
+
+        monkeypatch.setattr(_bundle, "sha256_of", denied)
+    for read in (BestTable.load, load_best):
+        with pytest.raises(BundleError, match=r"^cannot read .*unit0.so: Permission denied$"):
+            read(bundle)
+
+
 def test_another_abi_or_format_is_refused(bundle):
     edit_manifest(bundle, lambda m: m.update(abi_version=m["abi_version"] + 1))
     with pytest.raises(BundleError, match="holds kernels of ABI version .*: export the bundle again"):

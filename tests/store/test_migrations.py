@@ -187,6 +187,24 @@ def test_a_store_of_a_newer_schema_is_refused_in_one_line(store_url):
     assert _state(store_url) == before
 
 
+@pytest.mark.parametrize(("revision", "said"), [
+    (f"schema{SCHEMA_VERSION + 1}", f"has schema {SCHEMA_VERSION + 1}, this version reads 1 to {SCHEMA_VERSION}: "),
+    ("a1b2c3", "records the schema 'a1b2c3', which no version")])
+def test_a_newer_revision_is_named_not_the_schema_ct_meta_still_records(revision, said, tmp_path):
+    """Guards against a store of a future schema whose ct_meta still said 1 reading "has schema 1, this
+    version reads 1 to 2"."""
+    url = f"sqlite:///{tmp_path / 's.sqlite'}"
+    ResultStore(url).bind_gpu("NVIDIA H200")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"UPDATE {_migrate.VERSION_TABLE} SET version_num = '{revision}'"))
+        conn.execute(sa.text("UPDATE ct_meta SET value = '1' WHERE key = 'schema'"))
+    engine.dispose()
+    with pytest.raises(StoreError) as info:
+        ResultStore(url).rows()
+    assert said in str(info.value) and "has schema 1" not in str(info.value)
+
+
 def test_a_store_older_than_this_version_reads_is_refused_naming_the_upgrade(schema1_url, monkeypatch):
     # The rule for a schema no reader of this version reads as it is (none yet: OLDEST_READ is 1).
     monkeypatch.setattr(_sql, "OLDEST_READ", 2)
