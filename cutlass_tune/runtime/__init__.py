@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
         KernelRef,
         Kind,
         Plan,
-        PlanCache,
         Ready,
         Workspace,
         eager_direct_allowed,
@@ -48,7 +47,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ._matmul import Gemm, MatmulInputError, activation_of, matmul, operation_of, problem_of, torch_gemm
     from ._op import UnregisteredTableError, linear, mm, register_table
     from ._patch import LayerDecision, PatchReport, patch
-    from ._table import BestTable, Match
+    from ._table import BestTable, Match, PlanCache
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call", "Fallback", "FallbackReason",
            "Fp8Linear", "FusionDecision", "FusionPass", "Gemm", "GemmArgs", "GemmInstance", "GroupedGemm",
@@ -59,8 +58,8 @@ __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call"
            "problem_of", "register_table", "resolve", "torch_gemm", "torch_grouped_mm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
-_LOOKUP = ("BestTable", "Match")
-_DISPATCH = ("Call", "Fallback", "FallbackReason", "KernelRef", "Kind", "Plan", "PlanCache", "Ready", "Workspace",
+_LOOKUP = ("BestTable", "Match", "PlanCache")
+_DISPATCH = ("Call", "Fallback", "FallbackReason", "KernelRef", "Kind", "Plan", "Ready", "Workspace",
              "eager_direct_allowed", "resolve")
 _MATMUL = ("Gemm", "MatmulInputError", "activation_of", "matmul", "operation_of", "problem_of", "torch_gemm")
 _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredTableError": "_op", "Linear": "_linear",

@@ -28,7 +28,6 @@ import json
 import math
 import threading
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -244,36 +243,6 @@ class Ready(NamedTuple):
     launch: GroupedLaunch | None = None
 
 
-class PlanCache:
-    """The plans of one table by call signature (`Call.signature`). Thread-safe: a lookup is one
-    dict read; writers take a lock. Keyed on the signature tuple, not on `Call`: building a
-    frozen dataclass per call costs more than the whole lookup (benchmarks/host_path.md)."""
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple, Ready] = {}
-        self._lock = threading.Lock()
-        self.get = self._entries.get
-
-    def put(self, signature: tuple, ready: Ready) -> Ready:
-        with self._lock:
-            self._entries[signature] = ready
-        return ready
-
-    def entries(self) -> list[Ready]:
-        with self._lock:
-            return list(self._entries.values())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __iter__(self) -> Iterator[tuple]:
-        return iter(list(self._entries))
-
-
 # ---------------------------------------------------------------------------------------------
 # resolve
 
@@ -402,13 +371,15 @@ def load_kernel(kind: Kind, config_json: str, runtime: RuntimeArgs, bundled: Bun
     return _load(kind, config_json, runtime, bundled)
 
 
+KERNEL_CLASSES: dict[Kind, type[Gemm]] = {}
+"""The class that loads and launches a kernel of each kind, registered by the module that defines
+it (`_matmul.Gemm`, `_grouped.GroupedGemm`): the dispatcher names no door's module."""
+
+
 @functools.cache
 def _load(kind: Kind, config_json: str, runtime: RuntimeArgs, bundled: BundledKernel | None) -> Gemm:
-    from ._grouped import GroupedGemm
-    from ._matmul import Gemm
-
     config = KernelConfig.from_dict(json.loads(config_json))
-    gemm = (GroupedGemm if kind is Kind.GROUPED else Gemm)(config, runtime, bundled=bundled)
+    gemm = KERNEL_CLASSES[kind](config, runtime, bundled=bundled)
     with _load_lock:
         return _loaded.setdefault((kind, config.hash, str(gemm.kernel.library), runtime), gemm)
 

@@ -37,6 +37,7 @@ from .._torch import ACTIVATION, BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockw
 from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
 from ..space import Activation, DType, Epilogue, Layout, Problem, Scaling, check_problem
 from ._dispatch import (
+    KERNEL_CLASSES,
     OUT_DTYPES,
     Call,
     Kind,
@@ -337,6 +338,9 @@ class GroupedGemm(Gemm):
             ready.move_to_end(key)
         instance.run(stream)
         return out
+
+
+KERNEL_CLASSES[Kind.GROUPED] = GroupedGemm
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: BestTable | str | Path,

@@ -50,6 +50,7 @@ from ..space import (
 from ..status import Status
 from ..tables import BundledKernel
 from ._dispatch import (
+    KERNEL_CLASSES,
     OUT_DTYPES,
     Call,
     Kind,
@@ -422,6 +423,9 @@ class Gemm:
         if found is None:
             found = kept[(problem, device)] = torch.empty(size, dtype=torch.uint8, device=cuda)
         return found
+
+
+KERNEL_CLASSES[Kind.DENSE] = Gemm
 
 
 def beta_of(c: torch.Tensor | None, beta: float | None) -> float:

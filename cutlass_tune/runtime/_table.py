@@ -8,8 +8,10 @@ import json
 import math
 import numbers
 import operator
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -27,6 +29,9 @@ from ..space import (
     layout_code,
 )
 from ..tables import NO_ROUTING, TABLE_SUFFIXES, BestTableError, BundledKernel, is_bundle, read_local
+
+if TYPE_CHECKING:
+    from ._dispatch import Ready
 
 _TORCH_NAMES = {"torch.bfloat16": DType.BF16, "torch.float16": DType.F16, "torch.float32": DType.F32,
                 "torch.float8_e4m3fn": DType.E4M3, "torch.float8_e5m2": DType.E5M2}
@@ -114,6 +119,38 @@ class Match:
                            decomposition=Decomposition[self.row["decomposition"].upper()])
 
 
+class PlanCache:
+    """The plans of one table by call signature (`cutlass_tune.runtime.Call.signature`), each as the
+    dispatcher's `Ready`. Thread-safe: a lookup is one dict read; writers take a lock. Keyed on
+    the signature tuple, not on `Call`: building a frozen dataclass per call costs more than the
+    whole lookup (benchmarks/host_path.md). Here, beside the table, so that a table and its
+    lookups import no torch (the dispatcher does)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, Ready] = {}
+        self._lock = threading.Lock()
+        self.get = self._entries.get
+
+    def put(self, signature: tuple, ready: Ready) -> Ready:
+        with self._lock:
+            self._entries[signature] = ready
+        return ready
+
+    def entries(self) -> list[Ready]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(list(self._entries))
+
+
 class BestTable:
     """Lookups into a best-config table (a DataFrame of the columns of `cutlass_tune.tables`).
 
@@ -131,8 +168,6 @@ class BestTable:
         frame = frame if "routing" in frame.columns else frame.assign(routing=NO_ROUTING)
         self.frame = frame.reset_index(drop=True)
         self.bundled = dict(bundled or {})
-        from ._dispatch import PlanCache  # the runtime's dispatcher imports this module
-
         self.plans: PlanCache = PlanCache()
         """The plans of the calls run on this table, by call signature (`cutlass_tune.runtime._dispatch`)."""
         self._devices: dict[int, BestTable] = {}  # the rows each CUDA device may use (runtime's device_table)
