@@ -299,7 +299,8 @@ def test_dashboard_losing_the_server_after_the_rows_are_read_raises_store_error(
 
 
 LOCKED_WRITER = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal: a CI job in the background ignores it
 from cutlass_tune.store import ResultStore
 from tests.faults.test_store_faults import _measurement
 store = ResultStore(sys.argv[1])
