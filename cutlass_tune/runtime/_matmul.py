@@ -22,6 +22,7 @@ them, torch._scaled_mm does.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -467,12 +468,17 @@ def torch_gemm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, *, bias
     """
     if gate is not None and c is not None:
         raise MatmulInputError("c and gate are both read as the kernel's C: pass one (a residual or a gate)")
-    epilogue = Epilogue(bias=bias is not None, activation=activation_of(activation), residual=c is not None,
-                        gated=gate is not None)
-    nodes = tuple(epilogue.tree().walk())
+    nodes = _fallback_nodes(bias is not None, activation_of(activation), c is not None, gate is not None)
     y, done = _torch_product(a, b, out_dtype, nodes, bias, c, alpha, beta, scale_a, scale_b, fast_accum)
     rest = [node for node in nodes if node.kind not in done]
     return apply_nodes(rest, y, {"bias": bias, "c": c if gate is None else gate, "beta": beta})
+
+
+@functools.lru_cache(maxsize=64)
+def _fallback_nodes(bias: bool, activation: Activation, residual: bool, gated: bool) -> tuple[Node, ...]:
+    """The nodes of the epilogue a `torch_gemm` call computes, walked once per epilogue: a model
+    whose table keeps torch runs the fallback on every call."""
+    return tuple(Epilogue(bias=bias, activation=activation, residual=residual, gated=gated).tree().walk())
 
 
 def _torch_product(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, nodes: tuple[Node, ...],
