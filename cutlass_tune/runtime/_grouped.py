@@ -49,7 +49,7 @@ from ._dispatch import (
     prepare,
     sm_count,
 )
-from ._matmul import Gemm, MatmulInputError, activation_of
+from ._matmul import Gemm, MatmulInputError, activation_of, k_not_whole
 from ._table import BestTable
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
@@ -93,8 +93,7 @@ def grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | Non
             raise MatmulInputError(f"{name} has dtype {t.dtype}; block-wise scales are torch.float32")
         if t.device != a.device:
             raise MatmulInputError(f"{name} is on {t.device} and a on {a.device}")
-    whole = "" if k % BLOCKWISE_GROUP == 0 else (f"; K {k} is not a multiple of {BLOCKWISE_GROUP}: block-wise "
-                                                 f"scaling needs K a multiple of {BLOCKWISE_GROUP}")
+    whole = k_not_whole(k)
     if tuple(scale_a.shape) != (m, k_blocks):
         raise MatmulInputError(f"scale_a has shape {tuple(scale_a.shape)}; block-wise it must be ({m}, {k_blocks}): "
                                f"one per 1 x {BLOCKWISE_GROUP} group of each row of a{whole}")

@@ -153,13 +153,18 @@ def _looks_blockwise(m: int, n: int, scale_a: torch.Tensor, scale_b: torch.Tenso
             or (tuple(scale_b.shape) == (1, n_blocks) and n_blocks != n))
 
 
+def k_not_whole(k: int) -> str:
+    """What a block-wise scale error adds where K is the cause: "" for K a multiple of 128."""
+    return "" if k % BLOCKWISE_GROUP == 0 else (f"; K {k} is not a multiple of {BLOCKWISE_GROUP}: block-wise "
+                                                f"scaling needs K a multiple of {BLOCKWISE_GROUP}")
+
+
 def _refuse_blockwise_shapes(a: torch.Tensor, n: int, scale_a: torch.Tensor, scale_b: torch.Tensor) -> None:
     """A MatmulInputError naming the block-wise scale of the wrong shape, and K where it is
     not a multiple of 128 (K/128 is then where the shapes went wrong)."""
     m, k = a.shape
     groups, n_blocks = -(-k // BLOCKWISE_GROUP), -(-n // BLOCKWISE_GROUP)
-    whole = "" if k % BLOCKWISE_GROUP == 0 else (f"; K {k} is not a multiple of {BLOCKWISE_GROUP}: block-wise "
-                                                 f"scaling needs K a multiple of {BLOCKWISE_GROUP}")
+    whole = k_not_whole(k)
     if tuple(scale_a.shape) != (m, groups):
         raise MatmulInputError(f"scale_a has shape {tuple(scale_a.shape)}; block-wise it must be ({m}, {groups}): "
                                f"(M, K/128 rounded up), one per 1 x {BLOCKWISE_GROUP} group of a{whole}")
