@@ -342,6 +342,14 @@ class Measurement:
     sm_mhz: float | None = None
     baseline_energy_mj: float | None = None
     baseline_sm_mhz: float | None = None
+    power_w: float | None = None
+    """The board's mean power while this side ran alone in its regime (sustained timing with
+    NVML; `baseline_power_w` for the paired baseline)."""
+    baseline_power_w: float | None = None
+    regime: str = ""
+    """The timing regime's name (`RegimeSpec.name`: "sustained", "idle-gap:200us", ...) of a
+    measurement timed by the sustained method; "" for single launches and graph replays, and in
+    records written before regimes (which were all back to back)."""
     compile_median_ms: float | None = None
     """On the `Baseline.EAGER` row of a problem: `torch.compile` of the same function, timed
     alternately with eager in the row's own sampling loop (None where it could not be; `reason`

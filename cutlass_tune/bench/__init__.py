@@ -12,6 +12,7 @@ from ._benchmarker import WorkerBenchmarker
 from ._env import ClockMonitor, env_stamp
 from ._job import InvalidJobError, Job
 from ._race import RaceOptions
+from ._regimes import regime_options, time_regime
 from ._runner import GpuRunner
 from ._session import Plan, baseline_ratio, plan_jobs, repeat_spread, require_gpu, run_plan
 from ._timing import L2Flush, TimingOptions, TimingStats, summarize, time_launches, time_paired
@@ -26,8 +27,8 @@ __all__ = [
     "Operands", "Plan", "RaceOptions",
     "TOLERANCE", "TimingOptions", "TimingStats", "Verdict", "Worker", "WorkerBenchmarker", "WorkerError",
     "WorkerStartError",
-    "baseline_ratio", "check_table", "compare", "env_stamp", "plan_jobs", "repeat_spread",
-    "require_gpu", "run_plan", "summarize", "time_launches", "time_paired", "verify_launch",
+    "baseline_ratio", "check_table", "compare", "env_stamp", "plan_jobs", "regime_options", "repeat_spread",
+    "require_gpu", "run_plan", "summarize", "time_launches", "time_paired", "time_regime", "verify_launch",
 ]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
-from ..measurement import Baseline, EnvStamp, Measurement
+from ..measurement import Baseline, EnvStamp, Measurement, TimingMethod
 from ..space import KernelConfig, Problem, RuntimeArgs, check_pair, check_problem, check_runtime
 from ..status import Status
 from ._race import RaceOptions
@@ -73,6 +73,12 @@ class Job:
         return self.library is None
 
     @property
+    def regime(self) -> str:
+        """The regime's name its measurements carry: "" for a method that times no regime
+        (single launches, graph replays)."""
+        return self.timing.regime.name if self.timing.method is TimingMethod.SUSTAINED else ""
+
+    @property
     def kernel_name(self) -> str:
         if self.config is not None:
             return self.config.name
@@ -112,8 +118,8 @@ class Job:
             problem=self.problem, config=self.config, runtime=variant, status=status,
             reason=reason, symbol=self.symbol, is_baseline=self.is_baseline,
             method=self.timing.method.value, env=env, compile_seconds=self.compile_seconds,
-            repeat=self.repeat, **fields,
+            repeat=self.repeat, regime=self.regime, **fields,
         )
 
 
-_SIDE_FIGURES = ("median_ms", "p20_ms", "p80_ms", "energy_mj", "sm_mhz")
+_SIDE_FIGURES = ("median_ms", "p20_ms", "p80_ms", "energy_mj", "sm_mhz", "power_w")

@@ -31,13 +31,14 @@ from ..status import Status
 from ._env import ClockMonitor, env_stamp
 from ._job import Job
 from ._race import coarse, contenders, entry, leader_of
+from ._regimes import time_regime
 from ._targets import (  # noqa: F401 - CublasTarget re-exported
     CublasTarget,
     baseline_note,
     baseline_target,
 )
 from ._targets import Target as _Target
-from ._timing import L2Flush, TimingOptions, TimingStats, rotation_count, time_sides, time_sustained
+from ._timing import L2Flush, TimingOptions, TimingStats, rotation_count, time_sides
 from ._verify import Operands, allocate, randomize, reference, verify_launch
 
 UNSTABLE_SPREAD = 0.5
@@ -233,7 +234,7 @@ class GpuRunner:
             median_ms=stats.median_ms, p20_ms=stats.p20_ms, p80_ms=stats.p80_ms, samples=stats.samples,
             tflops=job.problem.flops / (stats.median_ms * 1e9),
             throttled=clocks.throttled if clocks else False, clocks=clocks,
-            energy_mj=stats.energy_mj, sm_mhz=stats.sm_mhz,
+            energy_mj=stats.energy_mj, sm_mhz=stats.sm_mhz, power_w=stats.power_w,
             **{k: v for (prefix, _), st in zip(sides, found) for k, v in _side_figures(prefix, st).items()},
         )
 
@@ -258,7 +259,7 @@ class GpuRunner:
                     column.append(column[0].sibling())
                     column[-1].setup(RuntimeArgs(), c)
             sides = [[k.once for k in kernels]] + [[o.launch for o in column] for column in columns]
-            return time_sustained(sides, options=job.timing, probe=self._clocks.reading)
+            return time_regime(sides, job.timing.regime, options=job.timing, probe=self._clocks.reading)
         finally:
             for k in kernels[1:]:
                 k.close()
@@ -313,7 +314,8 @@ def _side_figures(prefix: str, stats: TimingStats) -> dict[str, float | None]:
     out: dict[str, float | None] = {f"{prefix}_median_ms": stats.median_ms, f"{prefix}_p20_ms": stats.p20_ms,
                                     f"{prefix}_p80_ms": stats.p80_ms}
     if prefix == "baseline":
-        out.update(baseline_energy_mj=stats.energy_mj, baseline_sm_mhz=stats.sm_mhz)
+        out.update(baseline_energy_mj=stats.energy_mj, baseline_sm_mhz=stats.sm_mhz,
+                   baseline_power_w=stats.power_w)
     return out
 
 

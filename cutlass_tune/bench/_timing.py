@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..measurement import TimingMethod, TimingScheme
+from ..regime import SUSTAINED, Regime, RegimeSpec
 
 ESTIMATE_LAUNCHES = 5
 GRAPH_REPLAY_MS = 1.0
@@ -99,6 +100,8 @@ class TimingOptions:
         method: how launches are timed (see the module's docstring).
         paired: time each kernel alternately with the cuBLAS baseline of its problem; the
             budget then covers both.
+        regime: what runs between two calls (cutlass_tune/regime.py; bench/_regimes.py times
+            it); a regime other than SUSTAINED is a setting of the sustained method.
     """
 
     budget_ms: float = 100.0
@@ -107,10 +110,13 @@ class TimingOptions:
     warmup_ms: float = 25.0
     method: TimingMethod = TimingMethod.EVENTS
     paired: bool = False
+    regime: RegimeSpec = SUSTAINED
 
     def __post_init__(self) -> None:
         if self.budget_ms <= 0 or self.warmup_ms < 0:
             raise ValueError("budget_ms must be positive and warmup_ms not negative")
+        if self.regime.regime is not Regime.SUSTAINED and self.method is not TimingMethod.SUSTAINED:
+            raise ValueError(f"regime {self.regime.name} is timed by the sustained method, not {self.method.value}")
         if not 1 <= self.min_samples <= self.max_samples:
             raise ValueError("need 1 <= min_samples <= max_samples")
 

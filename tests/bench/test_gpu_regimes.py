@@ -1,0 +1,54 @@
+"""On a Hopper GPU: each timing regime on a real kernel, and the clocks it runs at.
+
+Run with `python3 -m pytest tests/bench/test_gpu_regimes.py -m gpu -s` on the GPU host.
+"""
+
+import math
+
+import pytest
+import torch
+
+from cutlass_tune.bench import ClockMonitor, TimingOptions, time_regime
+from cutlass_tune.bench._timing import rotation_count
+from cutlass_tune.measurement import TimingMethod
+from cutlass_tune.regime import RegimeSpec
+
+pytestmark = [pytest.mark.gpu]
+
+OPTIONS = TimingOptions(budget_ms=600, min_samples=4, method=TimingMethod.SUSTAINED)
+REGIMES = ("sustained", "idle-gap:200us", "interleaved:64MiB", "as-captured:0.7:150us")
+
+
+def _sides(size):
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copies = rotation_count(3 * size * size * 2, l2)
+    ops = [(torch.randn(size, size, device="cuda", dtype=torch.bfloat16),
+            torch.randn(size, size, device="cuda", dtype=torch.bfloat16).t()) for _ in range(copies)]
+    plain = [lambda a=a, b=b: torch.matmul(a, b) for a, b in ops]
+    # the other side: the same GEMM through F.linear (another path to a cuBLAS kernel)
+    linear = [lambda a=a, b=b: torch.nn.functional.linear(a, b.t()) for a, b in ops]
+    return [plain, linear]
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_each_regime_gives_a_finite_ratio_and_records_clocks(regime):
+    spec = RegimeSpec.parse(regime)
+    first, second = time_regime(_sides(4096), spec, options=OPTIONS, probe=ClockMonitor(0).reading)
+    ratio = first.median_ms / second.median_ms
+    print(f"\n{regime}: {first.median_ms:.4f} / {second.median_ms:.4f} ms, ratio {ratio:.3f}, "
+          f"{first.sm_mhz} MHz, {first.power_w} W, spread {first.spread:.1%}")
+    assert math.isfinite(ratio) and 0.8 < ratio < 1.25  # one cuBLAS GEMM both ways
+    assert first.sm_mhz is not None and first.sm_mhz > 0
+    assert first.samples >= OPTIONS.min_samples
+
+
+def test_idle_gaps_read_a_higher_clock_than_back_to_back():
+    """A compute-bound GEMM back to back runs at the power cap; with idle gaps the clock rises."""
+    probe = ClockMonitor(0).reading
+    sides = _sides(8192)[:1]
+    back_to_back, = time_regime(sides, RegimeSpec.parse("sustained"), options=OPTIONS, probe=probe)
+    gapped, = time_regime(sides, RegimeSpec.parse("idle-gap:2000us"), options=OPTIONS, probe=probe)
+    print(f"\n8192^3: sustained {back_to_back.sm_mhz} MHz {back_to_back.power_w} W {back_to_back.median_ms:.3f} ms; "
+          f"idle-gap {gapped.sm_mhz} MHz {gapped.power_w} W {gapped.median_ms:.3f} ms")
+    assert gapped.sm_mhz > back_to_back.sm_mhz
+    assert gapped.median_ms < back_to_back.median_ms
