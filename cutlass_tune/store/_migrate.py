@@ -26,7 +26,7 @@ from ..errors import first_line
 from ._errors import StoreError
 from ._sqlite import InterruptibleConnection
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema this version writes: revision `schema<SCHEMA_VERSION>` of `migrations/`."""
 OLDEST_READ = 1
 """The oldest schema this version reads as it is; an older store must be upgraded first."""

@@ -59,6 +59,8 @@ class StoredRow:
     """The problem's fused epilogue, as `Epilogue.name` ('none' in rows written before it; schema 2)."""
     scaling: str | None = None
     """The problem's fp8 scaling mode, as `Scaling`'s value ('none' in rows written before it; schema 2)."""
+    regime: str | None = None
+    """The timing regime, as `RegimeSpec.name` ('sustained' in rows written before it; schema 3)."""
 
     @classmethod
     def from_columns(cls, columns: Mapping[str, Any]) -> StoredRow:

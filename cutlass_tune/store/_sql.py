@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from .._files import why_unwritable
 from ..errors import first_line
 from ..measurement import Measurement, TimingMethod, TimingScheme
+from ..regime import SUSTAINED
 from ..space import Problem
 from . import _migrate, _sqlite
 from ._errors import StoreError, StoreGpuMismatchError
@@ -94,6 +95,8 @@ measurements_table = sa.Table(
     # Schema 2: the problem's fused epilogue (`Epilogue.name`) and fp8 scaling; 'none' in rows before them.
     sa.Column("epilogue", sa.Text, nullable=False, server_default="none"),
     sa.Column("scaling", sa.Text, nullable=False, server_default="none"),
+    # Schema 3: the timing regime (`RegimeSpec.name`); 'sustained' in rows before it.
+    sa.Column("regime", sa.Text, nullable=False, server_default="sustained"),
 )
 """The measurements as this version writes them. A store's tables are made and changed by the
 migrations of `_migrate`, which hold to this (tests/store/test_migrations.py)."""
@@ -630,6 +633,7 @@ class ResultStore:
             "median_ms": m.median_ms, "p20_ms": m.p20_ms, "p80_ms": m.p80_ms, "samples": m.samples,
             "tflops": m.tflops, "cublas_tflops": cublas_tflops, "ratio": ratio,
             "compile_seconds": m.compile_seconds, "throttled": m.throttled, "run_id": run_id,
+            "regime": m.regime or SUSTAINED.name,
             "study": study, "trial": trial,
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "record": json.dumps(m.to_dict()),

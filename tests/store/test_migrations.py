@@ -105,6 +105,7 @@ def test_a_store_from_before_migrations_is_read_as_it_is(schema1_url):
     assert len(rows) == len(store.measurements()) == SCHEMA1_ROWS
     assert {(r.epilogue, r.scaling) for r in rows} == {("none", "none")}  # columns it lacks, as their default
     assert store.rows(["epilogue"])[0].epilogue == "none"
+    assert {r.regime for r in rows} == {"sustained"}  # a store from before regimes reads as sustained-only
     assert store.measured(Problem(4096, 4096, 4096))
     assert len(cutlass_tune.load_best(schema1_url)) == 2
     assert len(cutlass_tune.BestTable.load(schema1_url).frame) == 2
@@ -127,14 +128,16 @@ def test_a_writer_upgrades_it_keeping_every_row(schema1_url):
     optuna_revision = _revisions(schema1_url)[2]
     store = ResultStore(schema1_url)
     store.bind_gpu("NVIDIA H200")  # what sweep and confirm do first
-    assert store.schema() == SCHEMA_VERSION == 2
+    assert store.schema() == SCHEMA_VERSION == 3
     assert store.rows([c.name for c in _sql.measurements_table.c]) == rows
-    assert _revisions(schema1_url) == (["schema2"], "2", optuna_revision)  # Optuna's own revision untouched
+    assert _revisions(schema1_url) == (["schema3"], "3", optuna_revision)  # Optuna's own revision untouched
     p = Problem(4096, 4096, 4096)
     store.add(Measurement(problem=p, config=KernelConfig(), runtime=RuntimeArgs(), status=Status.OK, tflops=700.0,
-                          median_ms=p.flops / 7e14, samples=10), gpu="NVIDIA H200", run_id="after")
+                          median_ms=p.flops / 7e14, samples=10, regime="idle-gap:200us"), gpu="NVIDIA H200",
+              run_id="after")
     added = store.rows()[-1]
     assert (added.id, added.run_id, added.epilogue, added.scaling) == (SCHEMA1_ROWS + 1, "after", "none", "none")
+    assert added.regime == "idle-gap:200us" and {r.regime for r in store.rows()[:-1]} == {"sustained"}
     assert ResultStore(schema1_url).upgrade() == SCHEMA_VERSION  # already: nothing more to do
 
 
@@ -170,11 +173,12 @@ def test_a_store_of_a_newer_schema_is_refused_in_one_line(store_url):
     ResultStore(store_url).bind_gpu("NVIDIA H200")
     engine = sa.create_engine(store_url)
     with engine.begin() as conn:
-        conn.execute(sa.text(f"UPDATE {_migrate.VERSION_TABLE} SET version_num = 'schema3'"))
-        conn.execute(sa.text("UPDATE ct_meta SET value = '3' WHERE key = 'schema'"))
+        conn.execute(sa.text(f"UPDATE {_migrate.VERSION_TABLE} SET version_num = 'schema{SCHEMA_VERSION + 1}'"))
+        conn.execute(sa.text(f"UPDATE ct_meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema'"))
     engine.dispose()
     before = _state(store_url)
-    message = (f"the store {ResultStore(store_url).shown} has schema 3, this version reads 1 to {SCHEMA_VERSION}: "
+    message = (f"the store {ResultStore(store_url).shown} has schema {SCHEMA_VERSION + 1}, this version reads 1 to "
+               f"{SCHEMA_VERSION}: "
                "upgrade cutlass-tune to use it")
     for call in (lambda s: s.rows(), lambda s: s.gpu(), lambda s: s.check_schema(), lambda s: s.schema(),
                  lambda s: s.bind_gpu("NVIDIA H200"), lambda s: s.upgrade(), lambda s: s.running("r").__enter__()):
@@ -208,7 +212,8 @@ def test_a_newer_revision_is_named_not_the_schema_ct_meta_still_records(revision
 def test_a_store_older_than_this_version_reads_is_refused_naming_the_upgrade(schema1_url, monkeypatch):
     # The rule for a schema no reader of this version reads as it is (none yet: OLDEST_READ is 1).
     monkeypatch.setattr(_sql, "OLDEST_READ", 2)
-    with pytest.raises(StoreError, match=r"has schema 1, this version reads 2 to 2: run `cutlass-tune upgrade "
+    with pytest.raises(StoreError, match=rf"has schema 1, this version reads 2 to {SCHEMA_VERSION}: run "
+                                         r"`cutlass-tune upgrade "
                                          r"--storage .*` first$"):
         ResultStore(schema1_url).rows()
     assert ResultStore(schema1_url).upgrade() == 1
@@ -229,7 +234,8 @@ def test_a_migration_failing_midway_leaves_the_store_as_it_was(schema1_url):
             ResultStore(schema1_url).bind_gpu("NVIDIA H200")
     finally:
         sa.event.remove(sa.Engine, "before_cursor_execute", fail)
-    assert str(info.value) == (f"cannot upgrade the store {ResultStore(schema1_url).shown} from schema 1 to 2 "
+    assert str(info.value) == (f"cannot upgrade the store {ResultStore(schema1_url).shown} from schema 1 to "
+                               f"{SCHEMA_VERSION} "
                                "(left as it was): planted failure")
     assert _state(schema1_url) == before
     assert ResultStore(schema1_url).upgrade() == 1  # and the next try does it whole
@@ -254,8 +260,8 @@ def test_upgrades_at_once_end_at_the_head_once(schema1_url, tmp_path):
     assert [r.returncode for r in racers] == [0] * len(racers), "\n".join(errors)
     wait_for_files(tmp_path, "*.done", len(racers), time.monotonic() + 10)
     befores = sorted(p.read_text() for p in tmp_path.glob("*.done"))
-    assert befores == ["1", "2", "2", "2"]  # one migrated; the others found it done
-    assert _revisions(schema1_url)[:2] == (["schema2"], "2")
+    assert befores == ["1", "3", "3", "3"]  # one migrated; the others found it done
+    assert _revisions(schema1_url)[:2] == (["schema3"], "3")
     assert len(ResultStore(schema1_url).rows()) == SCHEMA1_ROWS
 
 
