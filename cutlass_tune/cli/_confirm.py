@@ -12,9 +12,10 @@ from rich.table import Table
 from .. import compile as compile_stage  # called through the module: a test's patch reaches here
 from ..errors import CutlassTuneError
 from ..measurement import TimingMethod
+from ..regime import SUSTAINED, RegimeSpec
 from ..status import Status
 from ..store import open_store, resolve_storage
-from ._console import out, progress
+from ._console import figure, out, progress
 from ._options import CACHE_DIR, GPU, JOBS, READ_DEFAULT
 from ._timing import CONFIRM_METHOD, timing_options
 
@@ -30,39 +31,51 @@ def confirm(
     problem: list[str] = typer.Option(
         [], "--problem", help="confirm only the problems whose name matches this shell pattern (repeatable), "
         "e.g. '16x*' or '*scale-blockwise'"),
+    regime: list[str] = typer.Option(
+        [], "--regime", help="the timing regime (repeatable, each in turn; default sustained): sustained (back to "
+        "back, at the power cap), idle-gap:200us (an idle gap after each call), interleaved:64MiB (a memory copy "
+        "between calls), as-captured:0.7:150us (a model step's busy fraction and gap length)"),
 ) -> None:
     """Re-measure each problem's leading kernels in several passes, into the same store;
     `best` then ranks confirmed problems by the median confirmed ratio (a sweep's best is the
-    largest of many noisy medians and reads high)."""
+    largest of many noisy medians and reads high). With `--regime`, the passes run once per
+    regime: sustained passes rank a problem, the others give its ratio, SM clock and power in
+    their regime (`best`, the dashboard and exported tables show them)."""
     # optuna with the search stage, torch with the GPU stage: only the commands that measure import
     # them, torch (1.5 s) once the store has been read, so a store that cannot be read fails first.
     from ..search import candidates
     from ..search import confirm as confirm_run
 
+    specs = list(dict.fromkeys(RegimeSpec.parse(r) for r in regime)) or [SUSTAINED]
+    if method is not TimingMethod.SUSTAINED and specs != [SUSTAINED]:
+        raise CutlassTuneError(f"--regime {specs[-1].name} is a setting of the sustained method, not --method "
+                               f"{method.value}")
     store = open_store(resolve_storage(storage))
     chosen = candidates(store, top)
     if not chosen:
         raise CutlassTuneError(f"store {store.shown} has no successful kernel measurement to confirm")
     chosen = _matching(chosen, problem, store.shown)
-    from ..bench import WorkerBenchmarker
+    from ..bench import WorkerBenchmarker, regime_options
 
     bench = WorkerBenchmarker(gpu)
     try:
-        bench.timing = timing_options(method, None, store.timing())  # paired like the store's ratios
+        timing = timing_options(method, None, store.timing())  # paired like the store's ratios
         cache = compile_stage.KernelCache.at(cache_dir)
         problems = len({c.problem for c in chosen})
-        out.print(f"{store.shown}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
-                  f"{bench.gpu_name} ({bench.scheme})")
-        with progress("measuring", passes * (problems + len(chosen))) as advance:
-            result = confirm_run(store, chosen,
-                                 lambda cfgs: compile_stage.compile_kernels(cfgs, cache=cache, jobs=jobs),
-                                 bench, passes, on_measurement=advance)
+        for spec in specs:
+            bench.timing = timing if spec == SUSTAINED else regime_options(timing, spec)
+            out.print(f"{store.shown}: {len(chosen)} candidates on {problems} problems, {passes} passes; "
+                      f"{bench.gpu_name} ({bench.scheme}, regime {spec.name})")
+            with progress("measuring", passes * (problems + len(chosen))) as advance:
+                result = confirm_run(store, chosen,
+                                     lambda cfgs: compile_stage.compile_kernels(cfgs, cache=cache, jobs=jobs),
+                                     bench, passes, on_measurement=advance)
+            _show(chosen, result)
+            failed = collections.Counter(m.status.value for m, _ in result.rows if m.status is not Status.OK)
+            out.print(f"run {result.run_id} (regime {spec.name}): {len(result.rows)} measurements added to "
+                      f"{store.shown}" + (f"; not ok: {dict(failed)}" if failed else ""))
     finally:
         bench.close()
-    _show(chosen, result)
-    failed = collections.Counter(m.status.value for m, _ in result.rows if m.status is not Status.OK)
-    out.print(f"run {result.run_id}: {len(result.rows)} measurements added to {store.shown}"
-              + (f"; not ok: {dict(failed)}" if failed else ""))
 
 
 def _matching(chosen: list, patterns: list[str], shown: str) -> list:
@@ -83,13 +96,16 @@ def _show(chosen: list, result) -> None:
     """Each candidate's sweep ratio beside the median and range of its confirmed passes, and the
     median of its ratios to the strongest torch path of each pass (the one `best` ranks by)."""
     ratios, medians, strongest = result.ratios(), result.medians(), result.strongest_medians()
+    conditions = result.conditions()
     table = Table("problem", "kernel", "run-time", "sweep", "confirmed (median)", "passes", "low-high",
-                  "to the strongest torch path", box=None, pad_edge=False)
+                  "to the strongest torch path", "SM MHz", "W", box=None, pad_edge=False)
     for c in chosen:
         key = (c.problem.name, c.config.name, c.runtime.name)
         got = ratios.get(key, [])
         table.add_row(c.problem.name, c.config.name, c.runtime.name, f"{c.ratio:.3f}",
                       f"{medians[key]:.3f}" if got else "failed", str(len(got)),
                       f"{min(got):.3f}-{max(got):.3f}" if got else "",
-                      f"{strongest[key]:.3f}" if key in strongest else "")
+                      f"{strongest[key]:.3f}" if key in strongest else "",
+                      figure(conditions.get(key, (None, None))[0], ".0f"),
+                      figure(conditions.get(key, (None, None))[1], ".0f"))
     out.print(table)

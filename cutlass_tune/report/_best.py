@@ -22,6 +22,10 @@ where it is above 1.
 A grouped problem (MoE experts) is its own problem too, named with its experts and routing
 (`Problem.name`); its `ratio` is to its baseline of the same run (`Baseline.of`:
 torch._grouped_mm), and its rows carry `GROUPED_COLUMNS`.
+
+Timing regimes (cutlass_tune/regime.py): only rows timed back to back (regime `sustained`, every
+row before regimes) rank a problem. Rows `confirm --regime` took in another regime give the chosen
+kernel's figures in that regime (`REGIME_COLUMNS`: ratio, SM clock, power), never its choice.
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ import pandas as pd
 
 from ..errors import first_line, visible
 from ..measurement import Baseline, Measurement, TimingMethod
+from ..regime import SUSTAINED, Regime
 from ..space import cells
 from ..status import Status
 from ..store import CONFIRM_STUDY, LEGACY_TIMING, DamagedRowError, ResultStore, StoredRow, open_store, store_url_of
-from ..tables import COLUMNS, BestTableError, check_row, experts_cells, read_local
+from ..tables import COLUMNS, REGIME_COLUMNS, BestTableError, check_row, experts_cells, read_local
 
 
 def _measurements(store: ResultStore, rows: list[StoredRow]) -> list[Measurement]:
@@ -116,6 +121,7 @@ def _from_store(url: str) -> pd.DataFrame:
             "_confirm": r.study == CONFIRM_STUDY,
             "method": m.method or scheme.method.value,
             "energy_mj": m.energy_mj, "cublas_energy_mj": m.baseline_energy_mj,
+            "_regime": r.regime or SUSTAINED.name, "_sm_mhz": m.sm_mhz, "_power_w": m.power_w,
         }
         try:  # the rules every table's rows pass: a row the table's reader would refuse is never ranked
             check_row(row, f"store {store.shown}: measurement {r.id} ({_named(r.problem)})")
@@ -130,7 +136,11 @@ def _from_store(url: str) -> pd.DataFrame:
     # every figure is a float, which ranks (NaN ratios last) and formats ("nan") like one.
     frame = frame.assign(**{c: pd.to_numeric(frame[c]).astype(float) for c in _STORE_NUMBERS})
     frame["spread"] = (frame["p80_ms"] - frame["p20_ms"]) / frame["median_ms"]
+    frame = frame.assign(**{c: pd.to_numeric(frame[c]).astype(float) for c in ("_sm_mhz", "_power_w")})
     variant = ["gpu", "problem", "config_hash", "runtime"]
+    # Rows of another regime than back to back never rank: they are the chosen kernel's regime figures.
+    regimed = frame[frame["_regime"] != SUSTAINED.name]
+    frame = frame[frame["_regime"] == SUSTAINED.name]
     sweep = frame[~frame["_confirm"]]
     sweep_best = sweep.groupby(variant)["ratio"].max().rename("sweep_ratio")
     picked = []
@@ -144,7 +154,7 @@ def _from_store(url: str) -> pd.DataFrame:
             row = group.assign(_rank=group["strongest_ratio"].fillna(0.0)).sort_values(
                 ["_rank", "tflops"], ascending=False).iloc[0].drop("_rank").copy()
             row["confirm_passes"], row["ratio_low"], row["ratio_high"] = 0, row["ratio"], row["ratio"]
-            picked.append(row)
+            picked.append(_with_regimes(row, None, regimed))
             continue
         passes = confirmed.groupby(variant)["strongest_ratio"]
         enough = passes.count() >= math.ceil(passes.count().max() / 2)
@@ -156,13 +166,42 @@ def _from_store(url: str) -> pd.DataFrame:
         row["ratio"] = float(runs["ratio"].median())
         row["confirm_passes"] = len(runs)
         row["ratio_low"], row["ratio_high"] = float(runs["ratio"].min()), float(runs["ratio"].max())
-        picked.append(row)
-    best = pd.DataFrame(picked).drop(columns=["_confirm"])
+        picked.append(_with_regimes(row, runs if method == TimingMethod.SUSTAINED.value else None, regimed))
+    best = pd.DataFrame(picked).drop(columns=["_confirm", "_regime", "_sm_mhz", "_power_w"])
     best = best.join(sweep_best, on=variant)
     best["sweep_ratio"] = best["sweep_ratio"].fillna(best["ratio"])
     best["confirm_passes"] = best["confirm_passes"].astype(int)
     best = best.sort_values(["gpu", "m", "n", "k", "problem"], kind="stable")
     return best[[*COLUMNS, *(c for c in GROUPED_COLUMNS if c not in COLUMNS)]].reset_index(drop=True)
+
+
+def _with_regimes(row: pd.Series, sustained: pd.DataFrame | None, regimed: pd.DataFrame) -> pd.Series:
+    """`row` (a problem's pick) with its `REGIME_COLUMNS`: the sustained ones from its sustained
+    confirm passes (`sustained`, None where it has none), each other regime's from the rows of the
+    same kernel variant measured in it (`regimed`), the medians over their passes; of a regime
+    confirmed with several parameters (two gap lengths), those of the last run. The dispatch
+    columns start empty (`check` and `tune-model` fill them)."""
+    row = row.copy()
+    for c in REGIME_COLUMNS:
+        row[c] = "" if c.endswith("_regime") else math.nan
+    row["call_site_ratio"], row["call_site_regime"], row["in_model_ratio"] = math.nan, "", math.nan
+    found = {Regime.SUSTAINED: sustained}
+    same = regimed[(regimed["gpu"] == row["gpu"]) & (regimed["problem"] == row["problem"])
+                   & (regimed["config_hash"] == row["config_hash"]) & (regimed["runtime"] == row["runtime"])]
+    for regime in Regime:
+        if regime is Regime.SUSTAINED:
+            continue
+        mine = same[same["_regime"].map(lambda name, r=regime: name.partition(":")[0] == r.value)]
+        if not mine.empty:
+            found[regime] = mine[mine["_regime"] == mine["_regime"].iloc[-1]]
+    for regime, runs in found.items():
+        if runs is None or runs["ratio"].isna().all():
+            continue
+        col = regime.column
+        row[f"{col}_regime"] = str(runs["_regime"].iloc[-1])
+        row[f"{col}_ratio"] = float(runs["ratio"].median())
+        row[f"{col}_sm_mhz"], row[f"{col}_power_w"] = float(runs["_sm_mhz"].median()), float(runs["_power_w"].median())
+    return row
 
 
 _SIDE_RATIOS = ("torch_compile_ratio", "cublaslt_ratio")

@@ -305,14 +305,15 @@ def resolve(table: BestTable, call: Call) -> Plan:
         asked = f"{problem.operation} e{problem.groups} {problem.n}x{problem.k}" if problem.grouped else \
             f"{problem.dtype_a.value} -> {problem.dtype_d.value} {problem.layout} {problem.words}"
         return _fallback(call, FallbackReason.NO_ROW, str(err), asked)
-    ratio = ratio_to_torch(match, problem)
+    # the in-model figure, else the call site's, else the claim (Match.dispatch_ratio)
+    ratio, source = match.dispatch_ratio(ratio_to_torch(match, problem))
     name = str(match.row.get("kernel") or match.config.name)
     if call.min_ratio > 0 and not ratio >= call.min_ratio:
         fast_accum = (not problem.grouped and problem.scaling is not Scaling.BLOCKWISE
                       and match.config.fp8_fast_accum)
         torch_words = "torch's grouped GEMM" if problem.grouped else "torch"
         measured = f"has no ratio to {torch_words}" if math.isnan(ratio) else \
-            f"was measured at {ratio:.3f}x {torch_words}"
+            f"was measured at {ratio:.3f}x {torch_words}{source}"
         where = problem.name if match.exact else f"{problem.name} (its nearest tuned problem)"
         return _fallback(call, FallbackReason.BELOW_MIN_RATIO,
                          f"the table's {name} for {where} {measured}, below min_ratio {call.min_ratio}",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from ..regime import Regime
 from ..space import (
     Activation,
     Decomposition,
@@ -111,6 +112,42 @@ class Match:
             return float(self.row.get("ratio"))  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return math.nan
+
+    def _figure(self, column: str) -> float:
+        try:
+            return float(self.row.get(column))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return math.nan
+
+    def dispatch_ratio(self, claim: float | None = None) -> tuple[float, str]:
+        """The figure the dispatcher holds `min_ratio` against, and where it comes from ("" for
+        the claim itself, else words to follow "measured at 0.970x torch"). In this order, the
+        first the row has:
+
+        1. `in_model_ratio`: the kernel's ratio inside the user's model step (`tune-model`);
+        2. `call_site_ratio`: what `check` measured through `matmul` in its regime, which replaces
+           the claim (an entry flagged below its claim is held to what it delivered);
+        3. the lowest of the claim and the regimes' ratios (`REGIME_COLUMNS`): a kernel chosen
+           at the power cap must also beat torch in each regime it was confirmed in.
+
+        Args:
+            claim: the sweep's or confirm's ratio to the path torch runs instead (default `ratio`).
+        """
+        claim = self.ratio if claim is None else claim
+        in_model = self._figure("in_model_ratio")
+        if math.isfinite(in_model):
+            return in_model, f" inside the model (its claim {claim:.3f})"
+        call_site = self._figure("call_site_ratio")
+        if math.isfinite(call_site):
+            regime = str(self.row.get("call_site_regime") or "")
+            return call_site, f" at the call site{f' ({regime})' if regime else ''} (its claim {claim:.3f})"
+        lowest, source = claim, ""
+        for regime in Regime:
+            figure = self._figure(f"{regime.column}_ratio")
+            if regime is not Regime.SUSTAINED and math.isfinite(figure) and not figure >= lowest:
+                lowest = figure
+                source = f" in regime {self.row.get(f'{regime.column}_regime') or regime.value} (its claim {claim:.3f})"
+        return lowest, source
 
     @property
     def runtime(self) -> RuntimeArgs:

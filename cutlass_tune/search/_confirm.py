@@ -69,6 +69,18 @@ class ConfirmResult:
                 out.setdefault((m.problem.name, m.kernel_name, m.runtime.name), []).append(found[1])
         return out
 
+    def conditions(self) -> dict[tuple[str, str, str], tuple[float | None, float | None]]:
+        """(problem, kernel, run-time name) -> the median SM clock (MHz) and board power (W) of
+        its passes, each None where no pass reported it (single launches, no NVML)."""
+        found: dict[tuple[str, str, str], tuple[list[float], list[float]]] = {}
+        for m, ratio in self.rows:
+            if not m.is_baseline and ratio is not None:
+                clocks, power = found.setdefault((m.problem.name, m.kernel_name, m.runtime.name), ([], []))
+                clocks.extend([m.sm_mhz] if m.sm_mhz is not None else [])
+                power.extend([m.power_w] if m.power_w is not None else [])
+        return {key: (statistics.median(c) if c else None, statistics.median(w) if w else None)
+                for key, (c, w) in found.items()}
+
     def strongest_medians(self) -> dict[tuple[str, str, str], float]:
         """The median of `strongest_ratios` per candidate: the figure `load_best` ranks by."""
         return {key: statistics.median(got) for key, got in self.strongest_ratios().items()}
@@ -114,7 +126,9 @@ def confirm(store: ResultStore, chosen: Sequence[Candidate], compile_: Callable[
     it has at least half as many confirmed passes as its problem's most confirmed one).
 
     The bench's timing method may differ from the sweep's: each row records its method, and
-    `load_best` ranks a problem by the confirm passes of one method (see `report.RANKING`).
+    `load_best` ranks a problem by the confirm passes of one method (see `report.RANKING`). Its
+    timing regime too (`TimingOptions.regime`, recorded by the bench on each row): rows of another
+    regime than back to back give the chosen kernel's figures in that regime, never the choice.
 
     Raises:
         StoreError: the store holds another GPU's results.

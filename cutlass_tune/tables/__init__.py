@@ -16,8 +16,20 @@ from ._bundle import (
     sha256_of,
 )
 from ._file import TABLE_SUFFIXES, check_row, read_table
-from ._schema import COLUMNS, EXPERTS_COLUMNS, KNOB_COLUMNS, LATER_KNOBS, NO_ROUTING, BestTableError, experts_cells
+from ._schema import (
+    COLUMNS,
+    DISPATCH_COLUMNS,
+    EXPERTS_COLUMNS,
+    KNOB_COLUMNS,
+    LATER_KNOBS,
+    NO_ROUTING,
+    REGIME_COLUMNS,
+    REGIME_FIGURES,
+    BestTableError,
+    experts_cells,
+)
 
-__all__ = ["BUNDLE_FORMAT", "BestTableError", "BundleError", "BundledKernel", "COLUMNS", "EXPERTS_COLUMNS",
+__all__ = ["BUNDLE_FORMAT", "BestTableError", "BundleError", "BundledKernel", "COLUMNS", "DISPATCH_COLUMNS",
+           "EXPERTS_COLUMNS", "REGIME_COLUMNS", "REGIME_FIGURES",
            "KNOB_COLUMNS", "LATER_KNOBS", "MANIFEST", "NO_ROUTING", "TABLE", "TABLE_SUFFIXES", "check_row",
            "experts_cells", "is_bundle", "read_bundle", "read_local", "read_table", "sha256_of"]

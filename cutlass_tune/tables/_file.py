@@ -19,6 +19,7 @@ import pandas as pd
 from .._files import InputTooLargeError, NotRegularFileError, read_input
 from ..errors import first_line
 from ..measurement import CONTENDERS, Baseline, TimingMethod
+from ..regime import RegimeError, RegimeSpec
 from ..space import (
     MAX_GROUPS,
     Activation,
@@ -46,12 +47,14 @@ from ._schema import (
     LATER_KNOBS,
     NO_ROUTING,
     OPERATION_COLUMNS,
+    REGIME_NUMBER_COLUMNS,
+    REGIME_TEXT_COLUMNS,
     BestTableError,
 )
 
 _TEXT = ("gpu", "problem", "kernel", "config_hash", "runtime", "run_id")
 _TEXT_COLUMNS = (*_TEXT, "dtype_a", "dtype_b", "dtype_d", "layout", "config", "method", "routing", "strongest",
-                 *OPERATION_COLUMNS,
+                 *OPERATION_COLUMNS, *REGIME_TEXT_COLUMNS,
                  *(c for kinds in (column_kinds(RuntimeArgs), column_kinds(KernelConfig))
                    for c, kind in kinds.items() if kind == "text"))
 """Columns a CSV file's reader keeps as text (a config hash or run id of digits stays a string)."""
@@ -159,7 +162,7 @@ _INTEGERS = ("m", "n", "k", "swizzle", "splits", "samples", "confirm_passes", "g
 _POSITIVE = ("tflops", "median_ms")
 _NUMBERS = ("p20_ms", "p80_ms", "spread", "cublas_tflops", "ratio", "sweep_ratio", "ratio_low", "ratio_high",
             "energy_mj", "cublas_energy_mj", *COMPILE_COLUMNS, *CUBLASLT_COLUMNS, "strongest_tflops",
-            "strongest_ratio")
+            "strongest_ratio", *REGIME_NUMBER_COLUMNS)
 _METHODS = ("", *(m.value for m in TimingMethod))
 _DTYPES = tuple(sorted(d.value for d in DType))
 _RASTERS = tuple(r.name.lower() for r in RasterOrder)
@@ -170,6 +173,16 @@ _GROUPINGS = tuple(g.value for g in Grouping)
 _ROUTINGS = (NO_ROUTING, *(r.value for r in Routing))
 _STRONGEST = tuple(b.value for b in (Baseline.CUBLAS, *CONTENDERS[Baseline.EAGER], Baseline.GROUPED_MM,
                                       Baseline.EXPERT_LOOP))
+
+
+def _regime_name(v: Any) -> bool:
+    """Empty, or a regime as `RegimeSpec.name` spells it."""
+    if _is_missing(v) or v == "":
+        return True
+    try:
+        return isinstance(v, str) and RegimeSpec.parse(v).name == v
+    except RegimeError:
+        return False
 
 
 def _epilogue_name(v: Any) -> bool:
@@ -198,6 +211,8 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
                f"empty or one of {', '.join(_METHODS[1:])}"),
     "raster": (lambda v: isinstance(v, str) and v in _RASTERS, f"one of {', '.join(_RASTERS)}"),
     "decomposition": (lambda v: isinstance(v, str) and v in _DECOMPOSITIONS, f"one of {', '.join(_DECOMPOSITIONS)}"),
+    **{c: (_regime_name, "empty or a timing regime (sustained, idle-gap:200us, interleaved:64MiB, "
+                         "as-captured:0.7:150us)") for c in REGIME_TEXT_COLUMNS},
     **{c: (_positive, "a positive number") for c in _POSITIVE},
     # figures a store may lack (a kernel without a cuBLAS figure has no ratio): empty or a number
     **{c: (_number_or_empty, "a number") for c in _NUMBERS},
@@ -399,6 +414,9 @@ def read_table(path: Path) -> pd.DataFrame:
         if "strongest" not in frame.columns and "cublas_tflops" in frame.columns:
             frame = frame.assign(strongest=[_own_baseline(r) for r in frame.to_dict("records")],
                                  strongest_tflops=frame["cublas_tflops"], strongest_ratio=frame["ratio"])
+    if "config" in frame.columns and "ratio" in frame.columns:  # written before timing regimes
+        frame = frame.assign(**{c: "" for c in REGIME_TEXT_COLUMNS if c not in frame.columns},
+                             **{c: math.nan for c in REGIME_NUMBER_COLUMNS if c not in frame.columns})
     if frame.empty and not len(frame.columns):  # `[]`, or a CSV file of blank lines
         raise BestTableError(f"{path} has no rows: a best-config table holds one row per GPU and problem")
     fillable = LATER_KNOBS if "config" in frame.columns else ()
@@ -418,5 +436,6 @@ def read_table(path: Path) -> pd.DataFrame:
     return frame.assign(**{c: knobs[c] for c in KNOB_COLUMNS},
                         **{c: pd.to_numeric(frame[c].map(_as_number)).astype("int64") for c in _INTEGERS},
                         **{c: pd.to_numeric(frame[c].map(_as_number)).astype(float) for c in (*_POSITIVE, *_NUMBERS)},
-                        method=frame["method"].map(lambda v: "" if _is_missing(v) else v))
+                        method=frame["method"].map(lambda v: "" if _is_missing(v) else v),
+                        **{c: frame[c].map(lambda v: "" if _is_missing(v) else v) for c in REGIME_TEXT_COLUMNS})
 

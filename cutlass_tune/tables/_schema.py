@@ -20,6 +20,9 @@
 | sweep_ratio | the best ratio the sweep measured for this kernel and variant |
 | confirm_passes | passes of `cutlass-tune confirm` that measured it (0: not confirmed) |
 | ratio_low, ratio_high | lowest and highest confirmed ratio (both `ratio` when not confirmed) |
+| `REGIME_COLUMNS` | per timing regime r, `<r>_regime`, `<r>_ratio`, `<r>_sm_mhz`, `<r>_power_w` (4) |
+| call_site_ratio, call_site_regime | the ratio `check` measured through `matmul`, and its regime (5) |
+| in_model_ratio | the kernel's ratio inside the user's model step (`tune-model` is to fill it) (5) |
 
 (1) The baseline of a plain GEMM is cuBLAS; that of a fused epilogue or scaled fp8 problem is
 torch's eager call of the same math (`F.linear` with its bias, then the activation;
@@ -30,6 +33,14 @@ of the problem: a lookup matches both exactly.
 `strongest` is one of "cuBLAS" (a plain GEMM), "torch eager", "torch.compile", "cuBLASLt
 epilogue" (a fused or scaled one: the fastest of the three in the pass), "torch._grouped_mm" (a
 grouped one). Tables written before it read with the ratio's baseline as the strongest.
+(4) r is one of sustained, idle_gap, interleaved, as_captured: the regime confirmed in
+(`RegimeSpec.name`, "" where none), the median confirmed ratio in it, the kernel's SM clock and the
+board's power there. A regime's figures come from `confirm --regime` passes of the kernel the table
+chose (chosen by its sustained passes, else by the sweep); tables written before regimes read them
+as empty.
+(5) Empty where not measured. The dispatcher holds `min_ratio` against the first the row has of:
+in_model_ratio, call_site_ratio, the lowest of `ratio` and the regimes' ratios
+(`runtime.Match.dispatch_ratio`).
 (2) `Routing`: uniform, zipf, histogram; m is then the routed rows of all experts together. A
 single GEMM has "none", 0 and "none". A grouped lookup matches the experts, N and K exactly.
 """
@@ -37,8 +48,20 @@ single GEMM has "none", 0 and "none". A grouped lookup matches the experts, N an
 from __future__ import annotations
 
 from ..errors import CutlassTuneError
+from ..regime import Regime
 from ..space import KernelConfig, Operation, Problem, RuntimeArgs, columns
 
+REGIME_FIGURES = ("ratio", "sm_mhz", "power_w")
+"""A regime's figures in a table, each a column `<regime.column>_<figure>` beside `<regime.column>_regime`."""
+REGIME_COLUMNS = tuple(f"{r.column}_{what}" for r in Regime for what in ("regime", *REGIME_FIGURES))
+"""Per timing regime: the regime's name, and the kernel's ratio, SM clock and power in it (empty where the
+table has none; tables written before regimes lack them all)."""
+DISPATCH_COLUMNS = ("call_site_ratio", "call_site_regime", "in_model_ratio")
+"""The figures the dispatcher prefers to a confirm's (`Match.dispatch_ratio`); tables written before
+them lack them (read as empty)."""
+REGIME_TEXT_COLUMNS = (*(f"{r.column}_regime" for r in Regime), "call_site_regime")
+"""The text columns of `REGIME_COLUMNS` and `DISPATCH_COLUMNS` (a regime's name or "")."""
+REGIME_NUMBER_COLUMNS = tuple(c for c in (*REGIME_COLUMNS, *DISPATCH_COLUMNS) if c not in REGIME_TEXT_COLUMNS)
 KNOB_COLUMNS = columns(KernelConfig)
 LATER_KNOBS = columns(KernelConfig, added_later=True)
 """Knob columns that tables written before them lack; reading a table fills them from `config`."""
@@ -48,7 +71,7 @@ COLUMNS = ("gpu", "problem", "m", "n", "k", "dtype_a", "dtype_b", "dtype_d", "la
            "run_id", "sweep_ratio", "confirm_passes", "ratio_low", "ratio_high", "method", "energy_mj",
            "cublas_energy_mj", "epilogue", "scaling", "torch_compile_tflops", "torch_compile_ratio",
            "grouping", "groups", "routing", "cublaslt_tflops", "cublaslt_ratio", "strongest", "strongest_tflops",
-           "strongest_ratio")
+           "strongest_ratio", *REGIME_COLUMNS, *DISPATCH_COLUMNS)
 LATER_COLUMNS = ("method", "energy_mj", "cublas_energy_mj")
 """Columns that tables written before them lack: the timing method behind `ratio` (empty:
 not recorded) and the energy per GEMM of the kernel and of cuBLAS (sustained timing)."""

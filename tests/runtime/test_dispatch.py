@@ -120,6 +120,46 @@ def test_a_row_below_min_ratio_falls_back_with_its_ratio(gpu, table, min_ratio, 
     assert FakeKernel.loads == 0  # nothing loaded for a kernel that does not run
 
 
+def test_a_call_site_ratio_below_the_claim_keeps_the_kernel_off(gpu, table):
+    """Guards against a table entry that claims 1.01 but delivers 0.97 at the call site running
+    under min_ratio 1.0 (the fp8 rows of issue 46)."""
+    table.frame["ratio"] = [1.01, 0.9]
+    table.frame["call_site_ratio"] = [0.97, float("nan")]
+    table.frame["call_site_regime"] = ["sustained", ""]
+    with pytest.warns(RuntimeWarning) as caught:
+        plan = resolve(table, call())
+    assert plan.kernel is None and plan.fallback.reason is FallbackReason.BELOW_MIN_RATIO
+    assert plan.ratio == pytest.approx(0.97)
+    message = str(caught[0].message)
+    assert "0.970x torch at the call site (sustained) (its claim 1.010), below min_ratio 1.0" in message
+    assert resolve(table, call(min_ratio=0.95)).kernel is not None  # 0.97 clears a lower bar
+
+
+@pytest.mark.parametrize(("in_model", "call_site", "regime", "want"), [
+    (1.08, 0.97, 1.20, 1.08),                   # the in-model figure first
+    (float("nan"), 1.04, 0.90, 1.04),           # else the call site's, even above the claim
+    (float("nan"), float("nan"), 0.95, 0.95),   # else the lowest of the claim and the regimes'
+    (float("nan"), float("nan"), 1.30, 1.2),    # a regime above the claim leaves the claim
+    (float("nan"), float("nan"), float("nan"), 1.2),
+])
+def test_the_ratio_held_against_min_ratio_is_chosen_in_order(gpu, table, in_model, call_site, regime, want):
+    table.frame["in_model_ratio"] = [in_model, float("nan")]
+    table.frame["call_site_ratio"] = [call_site, float("nan")]
+    table.frame["idle_gap_ratio"] = [regime, float("nan")]
+    table.frame["idle_gap_regime"] = ["idle-gap:200us", ""]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = resolve(table, call(min_ratio=0.0))
+    assert plan.ratio == pytest.approx(want)
+
+
+def test_a_regime_below_min_ratio_names_the_regime(gpu, table):
+    table.frame["idle_gap_ratio"] = [0.96, float("nan")]
+    table.frame["idle_gap_regime"] = ["idle-gap:200us", ""]
+    with pytest.warns(RuntimeWarning, match=r"0\.960x torch in regime idle-gap:200us \(its claim 1\.200\)"):
+        assert resolve(table, call()).kernel is None
+
+
 def test_no_row_of_the_operation_falls_back_with_the_tables_reason(gpu, table):
     with pytest.warns(RuntimeWarning, match=r"no tuned problem for f16 -> f16 tn .*; using torch.matmul"):
         plan = resolve(table, call(dtype=DType.F16))

@@ -255,8 +255,8 @@ def test_confirm_prints_the_median_the_table_ranks_by(store, monkeypatch):
     r = CliRunner().invoke(app, ["confirm", "--storage", store.url, "--passes", "2"], terminal_width=250)
     assert r.exit_code == 0, r.output
     coop = next(line.split() for line in r.output.splitlines() if line.startswith(BIG.name) and COOP.name in line)
-    # sweep, confirmed median, passes, low-high, to the strongest (cuBLAS for a plain problem)
-    assert coop[-5:] == ["1.030", "1.030", "2", "1.020-1.040", "1.030"]
+    # sweep, confirmed median, passes, low-high, to the strongest (cuBLAS for a plain problem), clock and power
+    assert coop[-7:] == ["1.030", "1.030", "2", "1.020-1.040", "1.030", "-", "-"]
 
 
 def test_a_problem_confirmed_sustained_ranks_by_those_passes_beside_the_sweeps_method(store):
@@ -365,3 +365,55 @@ def test_confirm_measures_only_the_problems_its_patterns_name(store, monkeypatch
     assert (r.returncode, r.stdout, len(store.rows())) == (2, "", before)
     assert r.stderr.startswith(f"error: no problem of {store.url} matches --problem '16x*', '*fp8*' (its problems: ")
     assert BIG.name in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+class RegimeBench(ScriptedBench):
+    """A scripted GPU timing by the sustained method in `regime`, at the given clock and power."""
+
+    def __init__(self, ratios, regime, sm_mhz, power_w):
+        super().__init__(ratios)
+        self.regime, self.sm_mhz, self.power_w = regime, sm_mhz, power_w
+
+    def measure(self, compiled, problem, variants, bar=None):
+        for m in super().measure(compiled, problem, variants):
+            yield dataclasses.replace(m, method="sustained", regime=self.regime, sm_mhz=self.sm_mhz,
+                                      power_w=self.power_w)
+
+
+def test_regime_passes_give_the_chosen_kernels_figures_never_its_choice(store):
+    """Guards against rows of another regime ranking a problem: at the cap COOP wins; with idle gaps
+    PINGPONG would, but the table keeps COOP and shows its idle-gap ratio, clock and power."""
+    at_cap = {(PINGPONG.hash, RuntimeArgs().name): 0.96, (COOP.hash, RuntimeArgs().name): 0.99}
+    confirm(store, candidates(store, top=2), FakeCompiler(), RegimeBench(at_cap, "sustained", 1440.0, 690.0), 3)
+    gaps = {(PINGPONG.hash, RuntimeArgs().name): 1.10, (COOP.hash, RuntimeArgs().name): 0.97}
+    confirm(store, candidates(store, top=2), FakeCompiler(), RegimeBench(gaps, "idle-gap:200us", 1980.0, 580.0), 3)
+    assert {r.regime for r in store.rows()} == {"sustained", "idle-gap:200us"}
+    big = load_best(store.url).set_index("problem").loc[BIG.name]
+    assert (big["kernel"], big["confirm_passes"]) == (COOP.name, 3)
+    assert big["ratio"] == pytest.approx(0.99)
+    assert (big["sustained_regime"], big["sustained_sm_mhz"], big["sustained_power_w"]) == ("sustained", 1440.0, 690.0)
+    assert big["sustained_ratio"] == pytest.approx(0.99)
+    assert (big["idle_gap_regime"], big["idle_gap_sm_mhz"], big["idle_gap_power_w"]) == ("idle-gap:200us", 1980.0,
+                                                                                       580.0)
+    assert big["idle_gap_ratio"] == pytest.approx(0.97)
+    assert big["interleaved_regime"] == "" and big["interleaved_ratio"] != big["interleaved_ratio"]  # NaN
+    small = load_best(store.url).set_index("problem").loc[SMALL.name]
+    assert small["idle_gap_ratio"] == pytest.approx(0.5)  # PLAIN, the scripted default
+
+
+def test_a_problem_confirmed_in_a_gap_regime_only_ranks_by_its_sweep(store):
+    gaps = {(PINGPONG.hash, RuntimeArgs().name): 0.90, (COOP.hash, RuntimeArgs().name): 1.20}
+    confirm(store, candidates(store, top=2), FakeCompiler(), RegimeBench(gaps, "idle-gap:200us", 1980.0, 580.0), 2)
+    big = load_best(store.url).set_index("problem").loc[BIG.name]
+    assert (big["kernel"], big["confirm_passes"]) == (PINGPONG.name, 0)  # the sweep's lucky 1.05
+    assert big["idle_gap_ratio"] == pytest.approx(0.90) and big["sustained_regime"] == ""
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--regime", "idle"], "unknown regime 'idle'"),
+    (["--regime", "idle-gap:5ms"], "is not a number of us"),
+    (["--regime", "idle-gap", "--method", "events"], "--regime idle-gap:200us is a setting of the sustained method"),
+])
+def test_confirm_refuses_a_bad_regime_in_one_line(store, args, message):
+    done = _cli("confirm", "--storage", store.url, *args)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
