@@ -23,6 +23,14 @@ their own call site (`cutlass_tune.grouped_mm`; benchmarks/grouped_call_site.py)
 as not checked here.
 
 Each entry's output is checked against an fp32 reference before it is timed.
+
+In another timing regime than back to back (`check_table`'s `regime`: idle gaps, interleaved
+copies, a captured duty cycle; cutlass_tune/regime.py) the calls are made from Python with the
+regime's work between them and each call is timed between its own CUDA events
+(`bench._regimes.time_regime`): the one mode is then the regime's name. An entry's call-site
+ratio (`EntryCheck.call_site_ratio`) is the lowest of its modes; an entry is flagged where it falls
+more than `GAP` below the table's claim, and `check --table-out` records it in the table, where the
+dispatcher holds `min_ratio` against it instead of the claim (`runtime.Match.dispatch_ratio`).
 """
 
 from __future__ import annotations
@@ -37,12 +45,14 @@ import torch
 
 from .._torch import TORCH_DTYPE
 from ..measurement import Baseline, TimingMethod
+from ..regime import SUSTAINED, RegimeSpec
 from ..runtime import BestTable, matmul, torch_gemm
 from ..space import Operation, Problem, Scaling
 from ..status import Status
 from ._env import ClockMonitor
+from ._regimes import time_regime
 from ._targets import TorchFunction, compiled_function, eager_function, lt_function
-from ._timing import TimingOptions, TimingStats, rotation_count, time_sustained
+from ._timing import TimingOptions, TimingStats, rotation_count
 from ._verify import Operands, allocate, compare, randomize, reference
 
 GAP = 0.02
@@ -91,6 +101,13 @@ class EntryCheck:
     claimed: float | None
     delivered: tuple[Delivered, ...] = ()
     error: str = ""
+    regime: str = SUSTAINED.name
+    """The timing regime the modes ran in (`RegimeSpec.name`)."""
+
+    @property
+    def call_site_ratio(self) -> float | None:
+        """The lowest ratio of its modes (what the caller gets in the worse of them), or None."""
+        return min((d.ratio for d in self.delivered), default=None)
 
     def gap(self, mode: str) -> float | None:
         """(delivered - claimed) / claimed in `mode`, or None where either is missing."""
@@ -107,8 +124,10 @@ class EntryCheck:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict: the problem by name, each mode's ratio and both sides' figures."""
         return {"problem": self.problem.name, "kernel": self.kernel, "claimed": self.claimed, "error": self.error,
+                "regime": self.regime, "call_site_ratio": self.call_site_ratio, "flagged": self.flagged,
                 "delivered": {d.mode: {"ratio": d.ratio, "ratio_low": d.ratio_low, "ratio_high": d.ratio_high,
                                        "strongest_ratio": d.strongest_ratio,
+                                       "sm_mhz": d.tuned.sm_mhz, "power_w": d.tuned.power_w,
                                        "tuned": dataclasses.asdict(d.tuned), "torch": dataclasses.asdict(d.torch),
                                        "others": {k: dataclasses.asdict(v) for k, v in d.others.items()}}
                               for d in self.delivered}}
@@ -120,7 +139,8 @@ def problem_of_row(row: dict) -> Problem:
 
 
 def check_table(table: BestTable, *, device: int = 0, options: TimingOptions | None = None,
-                modes: tuple[str, ...] = MODES, seed: int = 0) -> Iterator[EntryCheck]:
+                modes: tuple[str, ...] = MODES, seed: int = 0,
+                regime: RegimeSpec = SUSTAINED) -> Iterator[EntryCheck]:
     """Call every entry of `table` through `matmul` next to torch's call, yielding each
     entry's check as it is known.
 
@@ -128,8 +148,9 @@ def check_table(table: BestTable, *, device: int = 0, options: TimingOptions | N
         table: as a user loads it (`BestTable.load`).
         device: the CUDA device.
         options: the sample budget (the method is sustained whatever it says).
-        modes: which of `MODES` to time.
+        modes: which of `MODES` to time (back to back; another regime has one mode, its name).
         seed: of the operands' random values.
+        regime: what runs between two calls (see the module's docstring).
     """
     torch.cuda.set_device(device)
     options = dataclasses.replace(options or TimingOptions(), method=TimingMethod.SUSTAINED, paired=True)
@@ -143,19 +164,22 @@ def check_table(table: BestTable, *, device: int = 0, options: TimingOptions | N
         claimed = float(claimed) if claimed is not None and math.isfinite(float(claimed)) else None
         if problem.grouped:
             yield EntryCheck(problem, str(row["kernel"]), claimed, error="a grouped entry: its call site is "
-                             "cutlass_tune.grouped_mm (benchmarks/grouped_call_site.py)")
+                             "cutlass_tune.grouped_mm (benchmarks/grouped_call_site.py)", regime=regime.name)
             continue
         fast_accum = str(row.get("fp8_fast_accum", "")).lower() in ("true", "1", "1.0")
         try:
-            yield _check_entry(table, problem, str(row["kernel"]), claimed, device, options, modes, generator,
-                               monitor, l2, fast_accum)
+            found = _check_entry(table, problem, str(row["kernel"]), claimed, device, options, modes, generator,
+                                 monitor, l2, fast_accum, regime)
+            yield dataclasses.replace(found, regime=regime.name)
         except (RuntimeError, ValueError) as err:  # torch's CUDA errors, a kernel CUTLASS refuses
-            yield EntryCheck(problem, str(row["kernel"]), claimed, error=f"{type(err).__name__}: {err}"[:300])
+            yield EntryCheck(problem, str(row["kernel"]), claimed, error=f"{type(err).__name__}: {err}"[:300],
+                             regime=regime.name)
 
 
 def _check_entry(table: BestTable, problem: Problem, kernel: str, claimed: float | None, device: int,
                  options: TimingOptions, modes: tuple[str, ...], generator: torch.Generator,
-                 monitor: ClockMonitor, l2: int, fast_accum: bool = False) -> EntryCheck:
+                 monitor: ClockMonitor, l2: int, fast_accum: bool = False,
+                 regime: RegimeSpec = SUSTAINED) -> EntryCheck:
     first = allocate(problem, f"cuda:{device}")
     randomize(first, generator)
     tuned_call = tuned_function(table, problem)
@@ -168,8 +192,8 @@ def _check_entry(table: BestTable, problem: Problem, kernel: str, claimed: float
     sides = [[functools.partial(fn, c) for c in copies] for fn in (tuned_call, *paths.values())]
     names = list(paths)
     delivered = []
-    for mode in modes:
-        found = time_sustained(sides, options=options, probe=monitor.reading, capture=mode == "graph")
+    for mode in (modes if regime == SUSTAINED else (regime.name,)):
+        found = time_regime(sides, regime, options=options, probe=monitor.reading, capture=mode == "graph")
         delivered.append(Delivered(mode, found[0], found[1], dict(zip(names[1:], found[2:], strict=True))))
     return EntryCheck(problem, kernel, claimed, tuple(delivered))
 

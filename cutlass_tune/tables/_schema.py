@@ -47,6 +47,11 @@ single GEMM has "none", 0 and "none". A grouped lookup matches the experts, N an
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
+import pandas as pd
+
 from ..errors import CutlassTuneError
 from ..regime import Regime
 from ..space import KernelConfig, Operation, Problem, RuntimeArgs, columns
@@ -94,6 +99,24 @@ as the ratio's own baseline: `cublas_tflops`, `ratio`)."""
 
 class BestTableError(CutlassTuneError):
     """A best-config table cannot be built or read, or has no entry for a lookup."""
+
+
+def with_call_site(frame: pd.DataFrame, figures: Mapping[str, tuple[float, str]]) -> pd.DataFrame:
+    """`frame` with each row of a problem in `figures` (problem name -> call-site ratio and the
+    regime it was measured in, as `check` measures them) holding them in `call_site_ratio` and
+    `call_site_regime`; the other rows as they were (empty where the table had none)."""
+    out = frame.copy()
+    if "call_site_ratio" not in out.columns:
+        out["call_site_ratio"] = math.nan
+    if "call_site_regime" not in out.columns:
+        out["call_site_regime"] = ""
+    out["call_site_ratio"] = out["call_site_ratio"].astype(float)
+    out["call_site_regime"] = out["call_site_regime"].astype(object)
+    for problem, (ratio, regime) in figures.items():
+        at = out["problem"] == problem
+        out.loc[at, "call_site_ratio"] = float(ratio)
+        out.loc[at, "call_site_regime"] = regime
+    return out
 
 
 def experts_cells(problem: Problem) -> dict[str, int | str]:
