@@ -15,7 +15,7 @@ from ..measurement import Baseline
 from ..report import load_best, write_table
 from ..space import Operation
 from ..store import resolve_storage
-from ..tables import COLUMNS
+from ..tables import COLUMNS, regime_text
 from ._console import figure, file_console, out, visible
 from ._options import READ_DEFAULT, check_output, user_output
 
@@ -65,13 +65,16 @@ def best(
 
 def _table(frame) -> Table:
     """The rows of `load_best` as the screen shows them."""
+    records = frame.to_dict("records")
+    regimes = [regime_text(r) for r in records]
+    shown = ("by regime (ratio, SM clock, power)",) if any(regimes) else ()
     table = Table("gpu", "problem", "TFLOP/s", "baseline", "its TFLOP/s", "ratio", "spread", "confirmed", "kernel",
-                  "run-time", box=None, pad_edge=False)
-    for r in frame.to_dict("records"):
+                  "run-time", *shown, box=None, pad_edge=False)
+    for r, regime in zip(records, regimes):
         baseline = Baseline.of(Operation.from_cells(r)).value
         confirmed = (f"{r['confirm_passes']} passes {r['method']}, {r['ratio_low']:.3f}-{r['ratio_high']:.3f} "
                      f"(sweep {r['sweep_ratio']:.3f})" if r["confirm_passes"] else "-")
         table.add_row(r["gpu"], r["problem"], figure(r["tflops"], ".1f"), baseline, figure(r["cublas_tflops"], ".1f"),
                       figure(r["ratio"], ".3f"), figure(r["spread"], ".1%"), confirmed, r["kernel"],
-                      r["runtime"])
+                      r["runtime"], *((regime or "-",) if shown else ()))
     return table

@@ -34,7 +34,7 @@ from ..measurement import Baseline, EnvStamp, TimingMethod
 from ..space import Decomposition, KernelConfig, Problem, RasterOrder, RuntimeArgs, texts
 from ..status import Status
 from ..store import ResultStore, StoredRow, open_store, read_error
-from ..tables import COLUMNS, BestTableError
+from ..tables import COLUMNS, BestTableError, regime_text
 from . import _figures as figures
 from ._best import load_best
 
@@ -343,12 +343,14 @@ def _page(data: _Data) -> str:
     order = {h: i + 1 for i, h in enumerate(dict.fromkeys(compiled.config_hash))}
     summary, table = figures.summary(frame, data.problems, data.best)
     methods = sorted(set(frame[frame.status == Status.OK.value].method) - {""})
+    by_regime = {str(r["problem"]): regime_text(r) for r in data.best.to_dict("records")}
     best = [{"problem": r.problem, "epilogue": r.epilogue, "kernel": r.kernel, "runtime": r.runtime,
              "tflops": _fmt(r.tflops, ".1f"), "baseline": r.baseline, "cublas": _fmt(r.cublas, ".1f"),
              "ratio": _fmt(r.ratio, ".3f"), "compiled": _fmt(r.compiled, ".1f"),
              "compiled_ratio": _fmt(r.compiled_ratio, ".3f"), "configs": r.configs,
              "tflops_range": _range(r.tflops_low, r.tflops_high, ".1f"),
-             "ratio_range": _range(r.ratio_low, r.ratio_high, ".3f")}
+             "ratio_range": _range(r.ratio_low, r.ratio_high, ".3f"),
+             "regimes": by_regime.get(str(r.problem)) or "-"}
             for r in table.itertuples()]
     return _TEMPLATES.get_template("dashboard.html.j2").render(
         gpu=data.gpu, storage=data.shown_url, measurements=len(frame), problems=data.problems,
@@ -357,6 +359,7 @@ def _page(data: _Data) -> str:
         throttled=int(frame.throttled.fillna(False).astype(bool).sum()), runs=_runs(frame),
         boards=_boards(data), summary=_div(summary, "summary"),
         summary_ratio=_div(figures.summary_ratio(table), "summary-ratio"), best=best,
+        regimes=any(by_regime.values()),
         sections=[_section(data, i, p, order, table) for i, p in enumerate(data.problems)],
         plotly_js=Markup(plotly.offline.get_plotlyjs()),
         written_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -27,10 +27,12 @@ from ._schema import (
     REGIME_FIGURES,
     BestTableError,
     experts_cells,
+    regime_figures,
+    regime_text,
     with_call_site,
 )
 
 __all__ = ["BUNDLE_FORMAT", "BestTableError", "BundleError", "BundledKernel", "COLUMNS", "DISPATCH_COLUMNS",
-           "EXPERTS_COLUMNS", "REGIME_COLUMNS", "REGIME_FIGURES",
-           "KNOB_COLUMNS", "LATER_KNOBS", "MANIFEST", "NO_ROUTING", "TABLE", "TABLE_SUFFIXES", "check_row",
-           "experts_cells", "is_bundle", "with_call_site", "read_bundle", "read_local", "read_table", "sha256_of"]
+           "EXPERTS_COLUMNS", "KNOB_COLUMNS", "LATER_KNOBS", "MANIFEST", "NO_ROUTING", "REGIME_COLUMNS",
+           "REGIME_FIGURES", "TABLE", "TABLE_SUFFIXES", "check_row", "experts_cells", "is_bundle", "read_bundle",
+           "read_local", "read_table", "regime_figures", "regime_text", "sha256_of", "with_call_site"]

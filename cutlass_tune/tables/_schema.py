@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -99,6 +100,38 @@ as the ratio's own baseline: `cublas_tflops`, `ratio`)."""
 
 class BestTableError(CutlassTuneError):
     """A best-config table cannot be built or read, or has no entry for a lookup."""
+
+
+def regime_figures(row: Mapping[Any, Any]) -> list[tuple[str, float, float, float]]:
+    """A table row's figures per timing regime it was confirmed in: (the regime's name, ratio, SM
+    clock in MHz, power in W; NaN where not reported), in `Regime` order; empty for a row without."""
+    out = []
+    for r in Regime:
+        name = row.get(f"{r.column}_regime")
+        if isinstance(name, str) and name:
+            out.append((name, *(_number(row.get(f"{r.column}_{what}")) for what in REGIME_FIGURES)))
+    return out  # type: ignore[return-value]
+
+
+def regime_text(row: Mapping[Any, Any]) -> str:
+    """`regime_figures` and the call-site and in-model ratios in a few words ("" for none):
+    "idle-gap:200us 1.105 at 1980 MHz 580 W; call site 0.970 (sustained)"."""
+    parts = [f"{name} {ratio:.3f} at {mhz:.0f} MHz {watts:.0f} W".replace(" at nan MHz", "").replace(" nan W", "")
+             for name, ratio, mhz, watts in regime_figures(row)]
+    call_site = _number(row.get("call_site_ratio"))
+    if math.isfinite(call_site):
+        parts.append(f"call site {call_site:.3f} ({row.get('call_site_regime') or 'sustained'})")
+    in_model = _number(row.get("in_model_ratio"))
+    if math.isfinite(in_model):
+        parts.append(f"in the model {in_model:.3f}")
+    return "; ".join(parts)
+
+
+def _number(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def with_call_site(frame: pd.DataFrame, figures: Mapping[str, tuple[float, str]]) -> pd.DataFrame:

@@ -52,3 +52,25 @@ def test_idle_gaps_read_a_higher_clock_than_back_to_back():
           f"idle-gap {gapped.sm_mhz} MHz {gapped.power_w} W {gapped.median_ms:.3f} ms")
     assert gapped.sm_mhz > back_to_back.sm_mhz
     assert gapped.median_ms < back_to_back.median_ms
+
+
+@pytest.mark.parametrize("regime", REGIMES[1:])
+def test_check_measures_an_entry_in_a_regime_with_its_clock(gpu_kernels, regime):
+    import json
+
+    import pandas as pd
+
+    from cutlass_tune.bench import check_table
+    from cutlass_tune.runtime import BestTable
+    from cutlass_tune.space import Problem
+
+    k = gpu_kernels["cooperative"]
+    problem = Problem(2048, 2048, 2048)
+    row = dict(gpu="any", problem=problem.name, m=2048, n=2048, k=2048, dtype_a="bf16", dtype_b="bf16",
+               dtype_d="bf16", layout="tn", kernel=k.config.name, config=json.dumps(k.config.to_dict()),
+               raster="along_n", swizzle=1, splits=1, decomposition="heuristic", ratio=1.0)
+    found, = check_table(BestTable(pd.DataFrame([row])), options=TimingOptions(budget_ms=300, min_samples=3),
+                         regime=RegimeSpec.parse(regime))
+    print("\n" + str(found.to_dict()))
+    assert not found.error and [d.mode for d in found.delivered] == [regime] and found.regime == regime
+    assert 0.5 < found.call_site_ratio < 2 and found.delivered[0].tuned.sm_mhz > 0

@@ -417,3 +417,21 @@ def test_a_problem_confirmed_in_a_gap_regime_only_ranks_by_its_sweep(store):
 def test_confirm_refuses_a_bad_regime_in_one_line(store, args, message):
     done = _cli("confirm", "--storage", store.url, *args)
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_best_and_the_dashboard_show_each_regimes_ratio_clock_and_power(store):
+    from cutlass_tune.report import build_dashboard
+
+    at_cap = {(PINGPONG.hash, RuntimeArgs().name): 0.96, (COOP.hash, RuntimeArgs().name): 0.99}
+    confirm(store, candidates(store, top=2), FakeCompiler(), RegimeBench(at_cap, "sustained", 1440.0, 690.0), 1)
+    gaps = {(PINGPONG.hash, RuntimeArgs().name): 1.10, (COOP.hash, RuntimeArgs().name): 0.97}
+    confirm(store, candidates(store, top=2), FakeCompiler(), RegimeBench(gaps, "idle-gap:200us", 1980.0, 580.0), 1)
+    said = "sustained 0.990 at 1440 MHz 690 W; idle-gap:200us 0.970 at 1980 MHz 580 W"
+    assert said in build_dashboard(store.url)
+    from rich.console import Console
+
+    from cutlass_tune.cli._best import _table
+
+    console = Console(width=600, record=True)
+    console.print(_table(load_best(store.url)))
+    assert said in console.export_text()
