@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..measurement import TimingMethod
 from ..regime import Regime, RegimePlan, RegimeSpec, plan, spin_cycles
 from ._timing import (
     SUSTAINED_BLOCK_MS,
@@ -173,6 +174,4 @@ def _cycles_per_us() -> float:
 
 def regime_options(options: TimingOptions, spec: RegimeSpec) -> TimingOptions:
     """`options` timing in `spec` (the sustained method: a regime is a setting of it)."""
-    from ..measurement import TimingMethod
-
     return dataclasses.replace(options, method=TimingMethod.SUSTAINED, regime=spec)
