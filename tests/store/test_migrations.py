@@ -423,3 +423,27 @@ def test_every_committed_store_holds_its_trials_as_this_version_writes_them():
             assert names == [METRIC], (path.name, name)
             assert not [t for t in trials if t[0] == "COMPLETE" and not t[1]], (path.name, name)
             assert all(t[2] for t in trials if t[0] in ("PRUNED", "FAIL")), (path.name, name)
+
+
+SCHEMA2_MOE = ROOT / "benchmarks" / "results" / "session_20261127c" / "h200_moe_suite" / "moe-suite.sqlite.gz"
+
+
+def test_a_schema2_store_reads_as_sustained_only_and_upgrades_to_regimes(tmp_path):
+    """A committed store of schema 2 (MoE suite, confirmed sustained): read as it is, every row is
+    back to back; upgraded, it gains the regime column and keeps every row."""
+    import gzip
+
+    path = tmp_path / "moe.sqlite"
+    path.write_bytes(gzip.decompress(SCHEMA2_MOE.read_bytes()))
+    url = f"sqlite:///{path}"
+    store = ResultStore(url)
+    assert store.schema() == 2
+    rows = store.rows()
+    assert {r.regime for r in rows} == {"sustained"}
+    best = cutlass_tune.load_best(url)
+    confirmed = best[best["confirm_passes"] > 0]
+    assert len(confirmed) and set(confirmed["sustained_regime"]) == {"sustained"}
+    assert (confirmed["sustained_ratio"] == confirmed["ratio"]).all()
+    assert set(best["idle_gap_regime"]) == {""} and best["call_site_ratio"].isna().all()
+    assert store.upgrade() == 2 and ResultStore(url).schema() == SCHEMA_VERSION
+    assert ResultStore(url).rows() == rows
