@@ -81,14 +81,20 @@ def time_regime(sides: Sequence[Sequence[Launch]], spec: RegimeSpec, *, options:
              for estimate in estimates]
     filler.size(max(p.copy_bytes for p in plans))
 
+    rate = [cycles_per_us]
+
     def block(side: int, timed: bool = False) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
-        return _enqueue(calls[side], plans[side], filler, spin_cycles(plans[side].gap_us, cycles_per_us), timed)
+        return _enqueue(calls[side], plans[side], filler, spin_cycles(plans[side].gap_us, rate[0]), timed)
 
     def untimed(side: int) -> None:
         block(side)
 
     settle = max(options.warmup_ms, SUSTAINED_SETTLE_MS) / len(sides)
     power = [_window_power(functools.partial(untimed, side), settle, probe) for side in range(len(sides))]
+    # The spin counts SM cycles: at the clock the regime settled at (MHz = cycles per us), not the
+    # clock it was calibrated at before, a gap lasts what it was asked to.
+    settled = probe().sm_mhz if probe is not None else None
+    rate[0] = float(settled) if settled else cycles_per_us
     n = sample_count(SUSTAINED_BLOCK_MS * len(sides), options)
     times: list[list[float]] = [[] for _ in sides]
     clocks: list[list[int]] = [[] for _ in sides]

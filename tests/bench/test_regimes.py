@@ -63,3 +63,66 @@ def test_a_regime_is_a_setting_of_the_sustained_method():
     assert options.method is TimingMethod.SUSTAINED and options.regime == spec
     with pytest.raises(ValueError, match="sustained method"):
         TimingOptions(method=TimingMethod.EVENTS, regime=spec)
+
+
+class _Clock:
+    """A GPU timeline on the CPU: each call moves it by its side's time; events read it."""
+
+    def __init__(self):
+        self.now, self.order = 0.0, []
+
+    def event(self):
+        clock = self
+
+        class Event:
+            def record(self):
+                self.t = clock.now
+
+            def query(self):
+                return False
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        return Event()
+
+
+def test_time_regime_alternates_blocks_and_reports_each_sides_time_clock_and_power(monkeypatch):
+    from cutlass_tune.bench._timing import Reading
+
+    clock = _Clock()
+
+    def side(name, ms):
+        def call():
+            clock.now += ms
+            clock.order.append(name)
+        return call
+
+    class Filler:
+        ms_per_mib = 0.01
+
+        def __init__(self, spec):
+            pass
+
+        def size(self, nbytes):
+            pass
+
+        def __call__(self, nbytes):
+            pass
+
+    monkeypatch.setattr(_regimes, "_new_event", clock.event)
+    monkeypatch.setattr(_regimes, "_spin", lambda cycles: None)
+    monkeypatch.setattr(_regimes, "_estimate_ms", lambda call: 1.0)
+    monkeypatch.setattr(_regimes, "_Filler", Filler)
+    monkeypatch.setattr(_regimes, "_cycles_per_us", lambda: 1000.0)
+    monkeypatch.setattr(_regimes, "_window_power", lambda block, ms, probe: block() or 555.0)
+    monkeypatch.setattr(_regimes.torch.cuda, "synchronize", lambda: None)
+    options = TimingOptions(budget_ms=400, min_samples=4, max_samples=6, method=TimingMethod.SUSTAINED)
+    ours, theirs = _regimes.time_regime([[side("ours", 1.0)], [side("torch", 1.25)]],
+                                        RegimeSpec.parse("idle-gap:1000us"), options=options,
+                                        probe=lambda: Reading(sm_mhz=1980))
+    assert (ours.median_ms, theirs.median_ms) == (1.0, 1.25) and ours.samples == theirs.samples == 4
+    assert (ours.sm_mhz, ours.power_w, ours.energy_mj) == (1980, 555.0, 555.0)
+    # 50 calls a block (1 ms call + 1 ms gap in 100 ms); the settling blocks, then blocks alternating
+    blocks = [clock.order[i] for i in range(0, len(clock.order), 50)]
+    assert blocks == ["ours", "torch"] + ["ours", "torch", "torch", "ours"] * 2
