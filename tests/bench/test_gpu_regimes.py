@@ -74,3 +74,19 @@ def test_check_measures_an_entry_in_a_regime_with_its_clock(gpu_kernels, regime)
     print("\n" + str(found.to_dict()))
     assert not found.error and [d.mode for d in found.delivered] == [regime] and found.regime == regime
     assert 0.5 < found.call_site_ratio < 2 and found.delivered[0].tuned.sm_mhz > 0
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_the_runner_times_a_cutlass_kernel_and_its_baseline_in_each_regime(gpu_kernels, regime):
+    from cutlass_tune.bench import GpuRunner, Job, regime_options
+    from cutlass_tune.space import Problem, RuntimeArgs
+    from cutlass_tune.status import Status
+
+    timing = regime_options(TimingOptions(budget_ms=400, min_samples=4, paired=True), RegimeSpec.parse(regime))
+    job = Job.for_kernel(gpu_kernels["cooperative"], Problem(4096, 4096, 4096), (RuntimeArgs(),), timing=timing)
+    m, = GpuRunner(0)(job)
+    print(f"\n{regime}: ratio {m.paired_ratio:.3f}, {m.sm_mhz} MHz {m.power_w} W (cuBLAS {m.baseline_sm_mhz} MHz "
+          f"{m.baseline_power_w} W)")
+    assert m.status is Status.OK and m.method == "sustained" and m.regime == regime
+    assert m.paired_ratio is not None and math.isfinite(m.paired_ratio) and 0.5 < m.paired_ratio < 2
+    assert m.sm_mhz > 0 and m.baseline_sm_mhz > 0
