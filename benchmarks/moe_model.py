@@ -42,19 +42,43 @@ from _blocks import block_ms, relative  # beside this script
 VOCAB = 8192
 DEVICE = "cuda"
 FAMILIES: dict[str, dict] = {
-    "qwen3_moe": dict(config="Qwen3MoeConfig", experts=128, top_k=8, hidden=2048, moe_intermediate=768,
+    "qwen3_moe": dict(config="Qwen3MoeConfig", module="qwen3_moe", experts=128, top_k=8, hidden=2048,
+                      moe_intermediate=768,
                       kwargs=dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                                   num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
                                   num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
                                   norm_topk_prob=True)),
-    "olmoe": dict(config="OlmoeConfig", experts=64, top_k=8, hidden=2048, moe_intermediate=1024,
+    "qwen3_235b": dict(config="Qwen3MoeConfig", module="qwen3_moe", experts=128, top_k=8, hidden=4096,
+                       moe_intermediate=1536,
+                       kwargs=dict(hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
+                                   num_attention_heads=64, num_key_value_heads=4, head_dim=128, num_experts=128,
+                                   num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
+                                   norm_topk_prob=True)),
+    "deepseek_v2": dict(config="DeepseekV2Config", module="deepseek_v2", experts=64, top_k=6, hidden=2048,
+                        moe_intermediate=1408,
+                        kwargs=dict(hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+                                    num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64,
+                                    num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=0,
+                                    kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                    v_head_dim=128, head_dim=64, topk_method="greedy", n_group=1, topk_group=1,
+                                    norm_topk_prob=False, routed_scaling_factor=1.0)),
+    "mixtral": dict(config="MixtralConfig", module="mixtral", experts=8, top_k=2, hidden=4096, moe_intermediate=14336,
+                    kwargs=dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2)),
+    "olmoe": dict(config="OlmoeConfig", module="olmoe", experts=64, top_k=8, hidden=2048, moe_intermediate=1024,
                   kwargs=dict(hidden_size=2048, intermediate_size=1024, num_attention_heads=16,
                               num_key_value_heads=16, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
                               eos_token_id=0)),
+    "gpt_oss": dict(config="GptOssConfig", module="gpt_oss", experts=32, top_k=4, hidden=2880, moe_intermediate=2880,
+                    kwargs=dict(hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                                num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+                                sliding_window=128)),
 }
-"""Each family's transformers config class and its real widths (the expert GEMMs tuned in
-benchmarks/configs/moe_e2e_bf16.yaml: gate_up N = 2 x moe_intermediate, K = hidden; down
-N = hidden, K = moe_intermediate; rows = tokens x top_k)."""
+"""Each family's transformers config class, its modeling module and real widths: Qwen3-30B-A3B,
+Qwen3-235B-A22B, DeepSeek-V2-Lite (2 shared experts beside the routed ones), Mixtral-8x7B,
+OLMoE-1B-7B, GPT-OSS-20B (biases, GPT-OSS's clamped SwiGLU on interleaved gate and up, weights
+stored E x in x out). The expert GEMMs: gate_up N = 2 x moe_intermediate, K = hidden; down N =
+hidden, K = moe_intermediate; rows = tokens x top_k."""
 GRAD_TOLERANCE = 2e-2
 """Largest relative error (norm) of a gradient between the two implementations: bf16 products
 accumulated in another order (our dA kernels, torch's) differ by a few 1e-3."""
