@@ -1,12 +1,17 @@
 """End-to-end MoE model: transformers' "grouped_mm" experts vs the tuned "cutlass_tune" ones.
 
-    python3 benchmarks/moe_model.py TABLE OUT_DIR [--family qwen3_moe|olmoe] [--tokens 4096] [--layers 4]
-                                    [--compile [--graphs]] [--train] [--blocks 10] [--block 10] [--profile]
+    python3 benchmarks/moe_model.py TABLE OUT_DIR [--family qwen3_moe|...] [--tokens 4096] [--layers 4]
+                                    [--compile [--graphs]] [--decode] [--train] [--blocks 10] [--block 10]
+                                    [--profile]
     python3 benchmarks/moe_model.py summary OUT_DIR      # the table of every run in OUT_DIR
 
 A model of one family cut to `--layers` layers, real widths, random bf16 weights, one sequence
 of `--tokens` tokens (FAMILIES: Qwen3-30B-A3B, 128 experts of 768, top 8, hidden 2048; OLMoE-1B-7B,
-64 experts of 1024, top 8, hidden 2048). Same weights for both implementations.
+64 experts of 1024, top 8, hidden 2048; Qwen3-235B-A22B, DeepSeek-V2-Lite, Mixtral-8x7B,
+GPT-OSS-20B). Same weights for every implementation. With `--decode`, `--tokens` sequences of one
+token each instead (a decode step's expert rows, no KV cache), and at 256 tokens or fewer
+transformers' "batched_mm" experts run too (what transformers itself switches to for decode):
+the speedup is then over the faster of the two torch paths (`strongest_torch`).
 
 - inference (default): forward under no_grad; the logits of both compared.
 - `--compile`: each decoder layer through torch.compile (default mode; the layers are alike, so
@@ -17,7 +22,9 @@ of `--tokens` tokens (FAMILIES: Qwen3-30B-A3B, 128 experts of 768, top 8, hidden
 - `--train`: one training step (forward with labels, the loss, backward): loss and every
   parameter's gradient of both compared (bf16 tolerance), time per step.
 - `--profile`: after the timing, one step of each implementation under torch.profiler: the
-  step's host time against its GPU kernels' time and the 25 operators of most host time, then
+  step's host time against its GPU kernels' time (in the JSON too, `profile`: wall, all kernels,
+  the grouped GEMM kernels, the kernels named for the MoE glue, the rest) and the 25 operators
+  of most host time, then
   five steps under cProfile (the Python functions of most own and most cumulative time), to
   OUT_DIR/<family>-<tokens>-<mode>-profile-<implementation>.txt (where a model waits on the host).
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -79,6 +87,8 @@ Qwen3-235B-A22B, DeepSeek-V2-Lite (2 shared experts beside the routed ones), Mix
 OLMoE-1B-7B, GPT-OSS-20B (biases, GPT-OSS's clamped SwiGLU on interleaved gate and up, weights
 stored E x in x out). The expert GEMMs: gate_up N = 2 x moe_intermediate, K = hidden; down N =
 hidden, K = moe_intermediate; rows = tokens x top_k."""
+DECODE_TOKENS = 256
+"""At most this many decode tokens, transformers' "batched_mm" experts are timed as well."""
 GRAD_TOLERANCE = 2e-2
 """Largest relative error (norm) of a gradient between the two implementations: bf16 products
 accumulated in another order (our dA kernels, torch's) differ by a few 1e-3."""
@@ -116,8 +126,10 @@ def run(args: argparse.Namespace) -> dict:
     if args.compile:
         for layer in model.model.layers:
             layer.compile(options={"triton.cudagraphs": True} if args.graphs else None)
-    ids = torch.randint(0, VOCAB, (1, args.tokens), device=DEVICE)
-    names = ("grouped_mm", ct.NAME)
+    ids = torch.randint(0, VOCAB, (args.tokens, 1) if args.decode else (1, args.tokens), device=DEVICE)
+    names: tuple[str, ...] = ("grouped_mm", ct.NAME)
+    if args.decode and args.tokens <= DECODE_TOKENS:
+        names += ("batched_mm",)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
     def step() -> torch.Tensor:
@@ -160,18 +172,21 @@ def run(args: argparse.Namespace) -> dict:
             model.set_experts_implementation(name)
             blocks[name].append(block_ms(step, args.block))
     ms = {name: statistics.median(times) for name, times in blocks.items()}
+    strongest = min((n for n in names if n != ct.NAME), key=ms.__getitem__)
+    profiles = {}
     if args.profile:
         for name in names:
             model.set_experts_implementation(name)
             path = args.out_dir / f"{args.family}-{args.tokens}-{_mode(args)}-profile-{name}.txt"
-            _profile(step, path)
+            profiles[name] = _profile(step, path)
     spec = FAMILIES[args.family]
     worst = max(grad_errors.items(), key=lambda kv: kv[1]) if grad_errors else None
     return {
         "family": args.family, "tokens": args.tokens, "layers": args.layers, "mode": _mode(args),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
         "table": str(args.table), **{k: spec[k] for k in ("experts", "top_k", "hidden", "moe_intermediate")},
-        "median_ms": ms, "blocks_ms": blocks, "speedup": ms["grouped_mm"] / ms[ct.NAME],
+        "median_ms": ms, "blocks_ms": blocks, "strongest_torch": strongest, "speedup": ms[strongest] / ms[ct.NAME],
+        "speedup_over_grouped_mm": ms["grouped_mm"] / ms[ct.NAME], "profile": profiles,
         "relative_error": error, "graph_breaks": breaks, "first_call_s": first_s, "fallbacks": fallbacks,
         "grad_max_relative_error": None if worst is None else {"parameter": worst[0], "error": worst[1]},
         "grads_close": None if worst is None else worst[1] < GRAD_TOLERANCE,
@@ -179,11 +194,11 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def _profile(step, path: Path) -> None:
+def _profile(step, path: Path) -> dict:
     """One warm step under torch.profiler: its wall time, its GPU kernels' summed time and the
     operators of most host time; then five steps under cProfile: the Python functions of most
     own time and of most cumulative time (what a tuned call spends on the host, line by line).
-    Written to `path`."""
+    Written to `path`; returns the step's kernel-time split (`kernel_split`)."""
     import cProfile
     import io
     import pstats
@@ -199,6 +214,8 @@ def _profile(step, path: Path) -> None:
         wall_ms = (time.perf_counter() - start) * 1e3
     events = prof.key_averages()
     gpu_ms = sum(e.self_device_time_total for e in events) / 1e3
+    split = {"wall_ms": wall_ms, **kernel_split([(e.name, e.time_range.elapsed_us()) for e in prof.events()
+                                                 if e.device_type == torch.autograd.DeviceType.CUDA])}
     host = cProfile.Profile()
     start = time.perf_counter()
     host.enable()
@@ -216,16 +233,34 @@ def _profile(step, path: Path) -> None:
                     + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70) + "\n"
                     + f"\n== cProfile of 5 steps: {enqueued_ms:.3f} ms per step to enqueue under it\n"
                     + text.getvalue())
+    return split
+
+
+_GROUPED_GEMM = re.compile(r"PtrArray|GroupProblemShape|grouped_gemm|grouped_mm", re.IGNORECASE)
+_MOE_GLUE = re.compile(r"moe_|gather|combine", re.IGNORECASE)
+
+
+def kernel_split(kernels: list[tuple[str, float]]) -> dict[str, float]:
+    """Milliseconds of kernel time of a step (kernels as (name, microseconds)): all, the grouped
+    GEMMs' (torch's and the tuned ptr-array kernels, with torch's argument builder), the kernels
+    named for the MoE glue (the tuned layer's gather and combine), the rest (attention, dense
+    GEMMs, norms, torch's own routing and combine, which are not told apart by name)."""
+    grouped = sum(us for name, us in kernels if _GROUPED_GEMM.search(name))
+    glue = sum(us for name, us in kernels if not _GROUPED_GEMM.search(name) and _MOE_GLUE.search(name))
+    total = sum(us for _, us in kernels)
+    return {"kernels_ms": total / 1e3, "grouped_gemm_ms": grouped / 1e3, "moe_glue_ms": glue / 1e3,
+            "other_ms": (total - grouped - glue) / 1e3}
 
 
 def _mode(args: argparse.Namespace) -> str:
-    return ("train" if args.train else "infer") + ("-graphs" if args.graphs else "-compile" if args.compile else "")
+    return (("train" if args.train else "decode" if args.decode else "infer")
+            + ("-graphs" if args.graphs else "-compile" if args.compile else ""))
 
 
 def summary(out_dir: Path) -> str:
     """The table of every run's JSON in `out_dir`, one line each."""
-    lines = [f"{'family':<10} {'tokens':>6} {'mode':<14} {'grouped_mm ms':>13} {'cutlass_tune ms':>15} "
-             f"{'speedup':>7} {'rel.err':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}"]
+    lines = [f"{'family':<11} {'tokens':>6} {'mode':<18} {'grouped_mm ms':>13} {'cutlass_tune ms':>15} "
+             f"{'speedup':>7} {'over':<10} {'rel.err':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}"]
     for path in sorted(out_dir.glob("*.json")):
         r = json.loads(path.read_text())
         if "family" not in r:
@@ -233,9 +268,9 @@ def summary(out_dir: Path) -> str:
         ms, breaks = r["median_ms"], r.get("graph_breaks") or {}
         broke = "/".join(str(breaks.get(n, "-")) for n in ("grouped_mm", "cutlass_tune")) if breaks else "-"
         grads = "-" if r.get("grads_close") is None else ("ok" if r["grads_close"] else "FAIL")
-        lines.append(f"{r['family']:<10} {r['tokens']:>6} {r['mode']:<14} {ms['grouped_mm']:>13.3f} "
-                     f"{ms['cutlass_tune']:>15.3f} {r['speedup']:>7.3f} {r['relative_error']:>8.1e} {broke:>7} "
-                     f"{grads:>6} {len(r['fallbacks']):>9}")
+        lines.append(f"{r['family']:<11} {r['tokens']:>6} {r['mode']:<18} {ms['grouped_mm']:>13.3f} "
+                     f"{ms['cutlass_tune']:>15.3f} {r['speedup']:>7.3f} {r.get('strongest_torch', 'grouped_mm'):<10} "
+                     f"{r['relative_error']:>8.1e} {broke:>7} {grads:>6} {len(r['fallbacks']):>9}")
     return "\n".join(lines)
 
 
@@ -251,6 +286,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (default mode)")
     parser.add_argument("--graphs", action="store_true", help="with --compile: Inductor's CUDA graphs too")
+    parser.add_argument("--decode", action="store_true", help="--tokens sequences of one token (a decode step)")
     parser.add_argument("--train", action="store_true", help="time a training step (forward, loss, backward)")
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--block", type=int, default=10)
@@ -258,6 +294,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.graphs and (args.train or not args.compile):
         parser.error("--graphs goes with --compile, for inference")
+    if args.decode and args.train:
+        parser.error("--decode is for inference")
     if not torch.cuda.is_available():
         print("moe_model: needs a CUDA GPU", file=sys.stderr)
         return 2
