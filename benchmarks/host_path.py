@@ -270,8 +270,6 @@ def serve(tables: list[str], modes: list[str], tiny: bool) -> None:
     """A worker (`--serve`): prints its rows' heads as one JSON line, then answers lines
     "INDEX SIDE CALLS" with one block's microseconds per call."""
     cuda = torch.cuda.is_available()
-    if cuda:
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     builder = Builder(tables, SIZES["tiny" if tiny or not cuda else "real"], "cuda" if cuda else "cpu")
     rows = builder.rows(modes)
     device = torch.cuda.get_device_name() if cuda else "cpu"
