@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The MoE experts layer and the operators' host path on one GPU (benchmarks/moe_layer.md).
 #
-#   benchmarks/gpu_moe_layer.sh OUTDIR     (state in MOE_LAYER_DIR, default /tmp/moe-layer; resumable:
-#                                          a step whose JSON exists is skipped, so call it again until
-#                                          it prints "all done"; each call stops within MOE_LAYER_SECONDS,
-#                                          default 350)
+#   benchmarks/gpu_moe_layer.sh OUTDIR     (state and results in MOE_LAYER_DIR, default /tmp/moe-layer,
+#                                          copied to OUTDIR on exit; resumable: a step whose JSON is in
+#                                          the state is skipped, so call it again on the same machine
+#                                          until it prints "all done"; each call stops within
+#                                          MOE_LAYER_SECONDS, default 350)
 #
 # Steps, in order:
 #  1. three committed H200 stores, each cut to the rows these runs call and exported (their kernels
@@ -39,7 +40,9 @@ state=${MOE_LAYER_DIR:-/tmp/moe-layer}
 budget=${MOE_LAYER_SECONDS:-350}
 families=${FAMILIES:-qwen3_235b deepseek_v2}
 rows=${MOE_ROWS:-x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_}
-mkdir -p "$out" "$state"
+res=$state/results
+mkdir -p "$out" "$state" "$res"
+trap 'cp -r "$res/." "$out/" 2>/dev/null' EXIT
 if ! python3 -c "import optuna, sqlalchemy, alembic, cutlass_library" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -50,8 +53,8 @@ left() { echo $((budget - SECONDS)); }
 ct() { python3 -m cutlass_tune.cli "$@"; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
-  git log -1 --format='%h %s' 2>/dev/null; } > "$out/gpu.txt"
-cat "$out/gpu.txt"
+  git log -1 --format='%h %s' 2>/dev/null; } > "$res/gpu.txt"
+cat "$res/gpu.txt"
 pending=0
 
 # 1. the bundles: NAME GZ PATTERN (a regular expression over the best table's problem names)
@@ -63,11 +66,11 @@ export_cut() {
   ct best --storage "$state/$name.sqlite" --format csv -o "$state/$name-best.csv" > /dev/null &&
   python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t = t[t.problem.str.contains(sys.argv[3])]
 t.to_csv(sys.argv[2], index=False); print(len(t), 'rows:', ' '.join(t.problem))" \
-    "$state/$name-best.csv" "$state/$name-rows.csv" "$pattern" > "$out/$name-export.txt" 2>&1 &&
+    "$state/$name-best.csv" "$state/$name-rows.csv" "$pattern" > "$res/$name-export.txt" 2>&1 &&
   rm -rf "$state/$name-bundle" &&
   timeout -k 10 $(( $(left) - 10 )) python3 -m cutlass_tune.cli export --storage "$state/$name-rows.csv" \
-    -o "$state/$name-bundle" >> "$out/$name-export.txt" 2>&1 && touch "$state/$name-bundle/.done"
-  echo "$name export rc=$?"; tail -2 "$out/$name-export.txt"
+    -o "$state/$name-bundle" >> "$res/$name-export.txt" 2>&1 && touch "$state/$name-bundle/.done"
+  echo "$name export rc=$?"; tail -2 "$res/$name-export.txt"
 }
 export_cut moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz "$rows"
 export_cut dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
@@ -76,33 +79,33 @@ export_cut fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h20
 if [ ! -e "$state/native.done" ] && [ "$(left)" -gt 60 ]; then
   timeout -k 10 $(( $(left) - 10 )) python3 -c "
 from cutlass_tune.runtime import _native as n
-print('build:', n.build()); print('available:', n.available())" > "$out/native.txt" 2>&1
-  echo "native build rc=$? (a package without the extension says so)"; tail -3 "$out/native.txt"
+print('build:', n.build()); print('available:', n.available())" > "$res/native.txt" 2>&1
+  echo "native build rc=$? (a package without the extension says so)"; tail -3 "$res/native.txt"
   touch "$state/native.done"
 fi
 
 # 2. host time per call, native on and off
-if [ ! -e "$out/host_path/host_path.json" ]; then
+if [ ! -e "$res/host_path/host_path.json" ]; then
   if [ -e "$state/moe-bundle/.done" ] && [ -e "$state/dense-bundle/.done" ] && [ -e "$state/fp8-bundle/.done" ] \
       && [ "$(left)" -gt 150 ]; then
-    timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/host_path.py "$out/host_path" --table "$state/dense-bundle" \
-      --table "$state/moe-bundle" --table "$state/fp8-bundle" > "$out/host_path.txt" 2>&1
-    echo "host_path rc=$?"; tail -30 "$out/host_path.txt"
+    timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/host_path.py "$res/host_path" --table "$state/dense-bundle" \
+      --table "$state/moe-bundle" --table "$state/fp8-bundle" > "$res/host_path.txt" 2>&1
+    echo "host_path rc=$?"; tail -30 "$res/host_path.txt"
   fi
-  [ -e "$out/host_path/host_path.json" ] || pending=1
+  [ -e "$res/host_path/host_path.json" ] || pending=1
 fi
 
 # 3. the layer alone: FAMILY MODE TOKENS...
 layer() {
   local family=$1 mode=$2; shift 2
   local missing=0 tokens
-  for tokens in "$@"; do [ -e "$out/layer/$family-$tokens-$mode.json" ] || missing=1; done
+  for tokens in "$@"; do [ -e "$res/layer/$family-$tokens-$mode.json" ] || missing=1; done
   [ "$missing" = 1 ] || return 0
   [ -e "$state/moe-bundle/.done" ] && [ "$(left)" -gt 90 ] || { pending=1; return 0; }
-  timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/moe_layer.py "$state/moe-bundle" "$out/layer" \
-    --family "$family" --mode "$mode" --tokens "$@" --profile >> "$out/layer-$family.txt" 2>&1
-  echo "layer $family $mode $* rc=$?"; tail -4 "$out/layer-$family.txt"
-  for tokens in "$@"; do [ -e "$out/layer/$family-$tokens-$mode.json" ] || pending=1; done
+  timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/moe_layer.py "$state/moe-bundle" "$res/layer" \
+    --family "$family" --mode "$mode" --tokens "$@" --profile >> "$res/layer-$family.txt" 2>&1
+  echo "layer $family $mode $* rc=$?"; tail -4 "$res/layer-$family.txt"
+  for tokens in "$@"; do [ -e "$res/layer/$family-$tokens-$mode.json" ] || pending=1; done
 }
 for family in $families; do
   layer "$family" eager 4096
@@ -113,12 +116,12 @@ done
 # 4. the model forward (MODEL=1): FAMILY TOKENS NAME [moe_model.py options]
 model() {
   local family=$1 tokens=$2 mode=$3; shift 3
-  [ -e "$out/model/$family-$tokens-$mode.json" ] && return 0
+  [ -e "$res/model/$family-$tokens-$mode.json" ] && return 0
   [ -e "$state/moe-bundle/.done" ] && [ "$(left)" -gt 120 ] || { pending=1; return 0; }
-  timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/moe_model.py "$state/moe-bundle" "$out/model" \
-    --family "$family" --tokens "$tokens" --profile --blocks 6 "$@" >> "$out/model-$family.txt" 2>&1
-  echo "model $family $tokens $mode rc=$?"; tail -3 "$out/model-$family.txt"
-  [ -e "$out/model/$family-$tokens-$mode.json" ] || pending=1
+  timeout -k 10 $(( $(left) - 10 )) python3 benchmarks/moe_model.py "$state/moe-bundle" "$res/model" \
+    --family "$family" --tokens "$tokens" --profile --blocks 6 "$@" >> "$res/model-$family.txt" 2>&1
+  echo "model $family $tokens $mode rc=$?"; tail -3 "$res/model-$family.txt"
+  [ -e "$res/model/$family-$tokens-$mode.json" ] || pending=1
 }
 if [ "${MODEL:-0}" = 1 ]; then
   for family in $families; do
@@ -129,6 +132,6 @@ if [ "${MODEL:-0}" = 1 ]; then
   done
 fi
 
-[ -d "$out/layer" ] && python3 benchmarks/moe_layer.py summary "$out/layer"
-[ -d "$out/model" ] && python3 benchmarks/moe_model.py summary "$out/model"
+[ -d "$res/layer" ] && python3 benchmarks/moe_layer.py summary "$res/layer"
+[ -d "$res/model" ] && python3 benchmarks/moe_model.py summary "$res/model"
 [ "$pending" = 0 ] && echo "all done" || echo "not done: call again (${SECONDS}s used)"

@@ -217,7 +217,8 @@ def _fresh(fn: Callable) -> Callable:
 
 
 def _graphed(call: Callable[[], torch.Tensor]) -> tuple[Callable[[], object], torch.Tensor]:
-    """`call` captured in a CUDA graph (after warm-up on a side stream): its replay and output."""
+    """`call` captured in a CUDA graph (after warm-up on the capturing stream, where a side keeps
+    per-stream state such as a workspace): its replay and output."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -225,7 +226,7 @@ def _graphed(call: Callable[[], torch.Tensor]) -> tuple[Callable[[], object], to
             call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         out = call()
     graph.replay()
     return graph.replay, out
