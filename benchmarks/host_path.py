@@ -64,6 +64,8 @@ import torch.nn.functional as F
 MODES = ("eager-grad", "eager-no_grad", "compiled", "direct")
 OPERATOR_MODES = ("eager-grad", "eager-no_grad", "compiled")
 SLEEP_US_PER_CALL = 400
+MARK = "@host_path "
+"""Prefix of a worker's answers on its stdout."""
 SIZES = {  # (name: shape); real: problems the committed H200 stores hold (benchmarks/gpu_moe_layer.sh)
     "real": dict(dense=(8192, 1024, 1024), gelu=(8192, 4096, 1024), grouped=(128, 3072, 4096, 2048),
                  fp8=(16, 6144, 4096)),
@@ -273,8 +275,8 @@ def serve(tables: list[str], modes: list[str], tiny: bool) -> None:
     builder = Builder(tables, SIZES["tiny" if tiny or not cuda else "real"], "cuda" if cuda else "cpu")
     rows = builder.rows(modes)
     device = torch.cuda.get_device_name() if cuda else "cpu"
-    print(json.dumps({"device": device, "torch": torch.__version__, "native": native_state(),
-                      "rows": [r.head() for r in rows]}), flush=True)
+    print(MARK + json.dumps({"device": device, "torch": torch.__version__, "native": native_state(),
+                             "rows": [r.head() for r in rows]}), flush=True)
     for line in sys.stdin:
         index, side, calls = line.split()
         row = rows[int(index)]
@@ -282,7 +284,15 @@ def serve(tables: list[str], modes: list[str], tiny: bool) -> None:
         grad = row.mode == "eager-grad"
         with torch.set_grad_enabled(grad):
             assert fn is not None
-            print(block_us(fn, int(calls), cuda), flush=True)
+            print(MARK + str(block_us(fn, int(calls), cuda)), flush=True)
+
+
+def _answer(worker: subprocess.Popen) -> str | None:
+    """A worker's next answer: its next line that starts with MARK (a library may print others)."""
+    for line in worker.stdout:  # type: ignore[union-attr]
+        if line.startswith(MARK):
+            return line[len(MARK):]
+    return None
 
 
 def run_workers(settings: list[str], args: argparse.Namespace) -> dict:
@@ -299,8 +309,8 @@ def run_workers(settings: list[str], args: argparse.Namespace) -> dict:
             env["CUTLASS_TUNE_NATIVE"] = "0"
         workers[setting] = subprocess.Popen(base, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     for setting, worker in workers.items():
-        line = worker.stdout.readline()  # type: ignore[union-attr]
-        if not line:
+        line = _answer(worker)
+        if line is None:
             raise SystemExit(f"host_path: the {setting} worker exited before its rows (rc {worker.wait()})")
         heads[setting] = json.loads(line)
     if len(settings) > 1 and not any(h["native"]["module"] for h in heads.values()):
@@ -319,8 +329,8 @@ def run_workers(settings: list[str], args: argparse.Namespace) -> dict:
                     worker = workers[setting]
                     worker.stdin.write(f"{index} {side} {args.calls}\n")  # type: ignore[union-attr]
                     worker.stdin.flush()  # type: ignore[union-attr]
-                    answer = worker.stdout.readline()  # type: ignore[union-attr]
-                    if not answer:
+                    answer = _answer(worker)
+                    if answer is None:
                         raise SystemExit(f"host_path: the {setting} worker died on row {index} ({row['operator']})")
                     blocks[setting][index][side].append(float(answer))
     for worker in workers.values():
