@@ -113,11 +113,12 @@ def native_state() -> dict:
         return {"module": False, "active": False, "env": setting, "reason": f"no native module ({err})"}
     try:
         active = bool(_native.available())
-        reason = "" if active else str(getattr(_native, "reason", lambda: "not available")()
-                                       if callable(getattr(_native, "reason", None)) else "not available")
+        why = _native.reason() if hasattr(_native, "reason") else None
+        launches = bool(_native.cuda()) if active and hasattr(_native, "cuda") else False
     except Exception as err:  # noqa: BLE001 - any failure to load is what the row reports
-        active, reason = False, f"{type(err).__name__}: {err}"
-    return {"module": True, "active": active, "env": setting, "reason": reason}
+        active, why, launches = False, f"{type(err).__name__}: {err}", False
+    return {"module": True, "active": active, "cuda_in_cpp": launches, "env": setting,
+            "reason": "" if active else (why or "not available")}
 
 
 def _relative(got: object, want: object) -> float | None:
@@ -131,15 +132,19 @@ class Builder:
     """Builds the rows of one worker: operands per size, tables registered under their keys."""
 
     def __init__(self, tables: list[str], sizes: dict, device: str):
-        from cutlass_tune.runtime import BestTable, register_table
+        from cutlass_tune.runtime import BestTable
 
         self.device, self.sizes = device, sizes
+        # Tables first: a bundle carrying the native library is known before the operators'
+        # modules (imported with register_table) load it.
         if tables:
             self.tables = [(path, BestTable.load(path)) for path in tables]
         else:  # the CPU kernels only need a registered key
             import pandas as pd
 
             self.tables = [("(none)", BestTable(pd.DataFrame({"m": [1], "n": [1], "k": [1]})))]
+        from cutlass_tune.runtime import register_table
+
         self.keys = [register_table(table, key=f"host-path-{i}") for i, (_, table) in enumerate(self.tables)]
 
     def _pick(self, ours: Callable[[object, str], object]) -> tuple[int, list[str], object]:

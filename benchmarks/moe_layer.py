@@ -59,6 +59,7 @@ from pathlib import Path
 
 import torch
 from _blocks import relative  # beside this script
+from host_path import native_state  # beside this script
 from moe_model import FAMILIES, GRAD_TOLERANCE  # beside this script
 
 CLOSE = 2e-2
@@ -379,9 +380,18 @@ def run_case(args: argparse.Namespace, experts: torch.nn.Module, key: str, token
         "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
         "transformers": transformers.__version__, "table": str(args.table),
         **{k: spec[k] for k in ("experts", "top_k", "hidden", "moe_intermediate")},
+        "native": native_state(), "moe_native_kernels": _moe_native(),
         "sides": sides_out, "strongest_torch": strongest, "speedup": speedup,
         "wall_s": round(time.perf_counter() - began, 1),
     }
+
+
+def _moe_native() -> bool | None:
+    """Whether the layer's gather and combine run the native kernels (None: no such layer)."""
+    try:
+        return bool(importlib.import_module("cutlass_tune.runtime._moe").native_available())
+    except (ImportError, AttributeError):
+        return None
 
 
 def case_name(args: argparse.Namespace, tokens: int) -> str:
