@@ -92,3 +92,12 @@ def test_a_tiny_eager_case_compares_every_side_with_grouped_mm(script, tmp_path,
     assert result["strongest_torch"] in ("grouped_mm", "batched_mm") and "cutlass_tune" in result["speedup"]
     assert script.main(argv) == 0  # a case whose JSON exists is not run again
     assert "exists, skipped" in capsys.readouterr().out
+
+
+def test_the_model_profile_splits_grouped_gemms_from_the_glue_and_the_rest(script):
+    import moe_model  # beside moe_layer.py, on the path the fixture set
+
+    split = moe_model.kernel_split([("cutlass::device_kernel<KernelPtrArrayTmaWarpSpecializedPingpong>", 300.0),
+                                    ("at::cuda::detail::prepare_grouped_gemm_data", 10.0),
+                                    ("moe_combine_kernel", 40.0), ("flash_fwd_kernel", 150.0)])
+    assert split == pytest.approx({"kernels_ms": 0.5, "grouped_gemm_ms": 0.31, "moe_glue_ms": 0.04, "other_ms": 0.15})
