@@ -69,7 +69,7 @@ MARK = "@host_path "
 SIZES = {  # (name: shape); real: problems the committed H200 stores hold (benchmarks/gpu_moe_layer.sh)
     "real": dict(dense=(8192, 1024, 1024), gelu=(8192, 4096, 1024), grouped=(128, 3072, 4096, 2048),
                  fp8=(16, 6144, 4096)),
-    "tiny": dict(dense=(64, 128, 64), gelu=(64, 128, 64), grouped=(4, 64, 64, 64), fp8=(16, 64, 64)),
+    "tiny": dict(dense=(8, 32, 32), gelu=(8, 32, 32), grouped=(4, 32, 32, 16), fp8=(16, 64, 64)),
 }
 """dense/gelu: M, N, K (BERT-large's QKV and intermediate projections at 8192 tokens, fusion-e2e
 store); grouped: experts, N, K, rows (Qwen3-235B-A22B's gate_up at 256 tokens, moe-suite store);
