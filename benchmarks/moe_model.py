@@ -187,6 +187,8 @@ def run(args: argparse.Namespace) -> dict:
         "table": str(args.table), **{k: spec[k] for k in ("experts", "top_k", "hidden", "moe_intermediate")},
         "median_ms": ms, "blocks_ms": blocks, "strongest_torch": strongest, "speedup": ms[strongest] / ms[ct.NAME],
         "speedup_over_grouped_mm": ms["grouped_mm"] / ms[ct.NAME], "profile": profiles,
+        "gain_split_ms": gain_split(profiles[strongest], profiles[ct.NAME], ms[strongest], ms[ct.NAME])
+        if profiles else None,
         "relative_error": error, "graph_breaks": breaks, "first_call_s": first_s, "fallbacks": fallbacks,
         "grad_max_relative_error": None if worst is None else {"parameter": worst[0], "error": worst[1]},
         "grads_close": None if worst is None else worst[1] < GRAD_TOLERANCE,
@@ -250,6 +252,17 @@ def kernel_split(kernels: list[tuple[str, float]]) -> dict[str, float]:
     total = sum(us for _, us in kernels)
     return {"kernels_ms": total / 1e3, "grouped_gemm_ms": grouped / 1e3, "moe_glue_ms": glue / 1e3,
             "other_ms": (total - grouped - glue) / 1e3}
+
+
+def gain_split(torch_side: dict, ours: dict, torch_ms: float, ours_ms: float) -> dict[str, float]:
+    """Where the step's gain (torch's step time minus ours, milliseconds) comes from, by the two
+    profiles' kernel splits: the grouped GEMMs' kernel time saved, the rest of the kernels' (the
+    same attention and dense layers on both sides, so the MoE glue's), and what the kernels do not
+    explain (the host, gaps between kernels)."""
+    gemm = torch_side["grouped_gemm_ms"] - ours["grouped_gemm_ms"]
+    glue = (torch_side["kernels_ms"] - torch_side["grouped_gemm_ms"]) - (ours["kernels_ms"] - ours["grouped_gemm_ms"])
+    total = torch_ms - ours_ms
+    return {"total": total, "grouped_gemms": gemm, "glue": glue, "host_and_gaps": total - gemm - glue}
 
 
 def _mode(args: argparse.Namespace) -> str:

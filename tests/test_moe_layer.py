@@ -101,3 +101,12 @@ def test_the_model_profile_splits_grouped_gemms_from_the_glue_and_the_rest(scrip
                                     ("at::cuda::detail::prepare_grouped_gemm_data", 10.0),
                                     ("moe_combine_kernel", 40.0), ("flash_fwd_kernel", 150.0)])
     assert split == pytest.approx({"kernels_ms": 0.5, "grouped_gemm_ms": 0.31, "moe_glue_ms": 0.04, "other_ms": 0.15})
+
+
+def test_the_gain_splits_into_gemms_glue_and_what_the_kernels_do_not_explain(script):
+    torch_parts = {"routing": 0.06, "gather": 0.13, "gate_up GEMM": 1.71, "activation": 0.07, "down GEMM": 0.67,
+                   "combine": 0.45}
+    ours = {"routing": 0.06, "gather": 0.13, "gate_up GEMM": 1.44, "activation": 0.07, "down GEMM": 0.62,
+            "combine": 0.10}
+    split = script.gain_split(torch_parts, ours, 3.2, 2.5)
+    assert split == pytest.approx({"total": 0.7, "gemms": 0.32, "glue": 0.35, "host_and_gaps": 0.03})
