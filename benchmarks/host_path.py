@@ -149,20 +149,28 @@ class Builder:
 
     def _pick(self, ours: Callable[[object, str], object]) -> tuple[int, list[str], object]:
         """The first table whose call of `ours(table, key)` warns of no fallback: its index, the
-        first table's fallback messages where every one falls back, and the call's result."""
+        first table's fallback messages where every one falls back, and the call's result. A
+        table whose call raises is passed over; where every one raises, the first error is raised."""
         from cutlass_tune.runtime import _dispatch
 
         first: tuple[int, list[str], object] | None = None
+        error: Exception | None = None
         for i, ((_, table), key) in enumerate(zip(self.tables, self.keys)):
             getattr(_dispatch, "_warned", set()).clear()  # fallbacks warn once a process: every row's own
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                out = ours(table, key)
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    out = ours(table, key)
+            except Exception as err:  # noqa: BLE001 - another table may take the call
+                error = error or err
+                continue
             messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
             if not messages:
                 return i, [], out
             first = first or (i, messages, out)
-        assert first is not None
+        if first is None:
+            assert error is not None
+            raise error
         return first
 
     def row(self, operator: str, mode: str, torch_fn: Callable, ours_fn: Callable[[object, str], Callable],
