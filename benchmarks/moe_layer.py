@@ -13,10 +13,12 @@ the same weights and routing:
 
 - torch: transformers' "grouped_mm" experts, and "batched_mm" at decode sizes (<= 256 tokens,
   where transformers itself switches to it);
-- ours: transformers' "cutlass_tune" experts (`cutlass_tune.transformers`, on TABLE), and the
+- ours: transformers' "cutlass_tune" experts (`cutlass_tune.transformers`, on TABLE), the
   layer called directly (`cutlass_tune.moe_experts(hidden, top_k_index, top_k_weights,
-  gate_up, down, table=..., activation=...)`) where the package has it; a side the package lacks
-  is a one-line skip.
+  gate_up, down, table=..., activation=...)`), and "tuned_gemms": the tuned grouped GEMMs inside
+  transformers' torch glue (`cutlass_tune.transformers.glue_forward`, what the "cutlass_tune"
+  experts ran before the layer owned its glue): against the layer, the glue's share of the gain.
+  A side the package lacks is a one-line skip.
 
 Modes: `eager`; `compiled` (each side a function of one call through torch.compile, default
 mode); `graphs` (the eager call captured in one CUDA graph and replayed: what a serving loop's
@@ -67,7 +69,7 @@ CLOSE = 2e-2
 DECODE_TOKENS = 256
 """Up to this many tokens transformers' "batched_mm" runs too (its decode regime)."""
 TORCH_SIDES = ("grouped_mm", "batched_mm")
-OURS_SIDES = ("cutlass_tune", "moe_experts")
+OURS_SIDES = ("cutlass_tune", "moe_experts", "tuned_gemms")
 PARTS = ("routing", "gather", "gate_up GEMM", "activation", "down GEMM", "combine")
 TINY = dict(experts=8, top_k=2, hidden=64, moe_intermediate=32)
 _GEMM = re.compile(r"gemm|cutlass|nvjet|xmma|cublas|bmm|sm90_|KernelPtrArray|KernelTma", re.IGNORECASE)
@@ -206,6 +208,11 @@ def sides(experts: torch.nn.Module, key: str, tokens: int, family: str) -> dict[
             continue
         forward = found[name]
         out[name] = (lambda forward: lambda h, i, w: forward(experts, h, i, w))(forward)
+    import cutlass_tune.transformers as ct
+
+    glue = getattr(ct, "glue_forward", None)
+    out["tuned_gemms"] = ("the package's cutlass_tune experts are the tuned GEMMs in torch's glue" if glue is None
+                          else (lambda h, i, w: glue(experts, h, i, w)))
     layer = _layer_call()
     if layer is None:
         out["moe_experts"] = "the package has no cutlass_tune.moe_experts"
@@ -428,7 +435,7 @@ def case_name(args: argparse.Namespace, tokens: int) -> str:
 def summary(out_dir: Path) -> str:
     """One line per case of `out_dir`'s JSON files."""
     lines = [f"{'family':<12} {'tokens':>6} {'mode':<15} {'torch best':<11} {'torch ms':>9} {'ct ms':>8} "
-             f"{'layer ms':>9} {'ct x':>6} {'layer x':>7} {'max err':>8} {'fallbacks':>9}  skipped"]
+             f"{'layer ms':>9} {'ct x':>6} {'layer x':>7} {'gemms x':>7} {'max err':>8} {'fallbacks':>9}  skipped"]
     for path in sorted(out_dir.glob("*.json")):
         try:
             r = json.loads(path.read_text())
@@ -450,7 +457,7 @@ def summary(out_dir: Path) -> str:
         mode = r["mode"] + ("-train" if r.get("train") else "")
         lines.append(f"{r['family']:<12} {r['tokens']:>6} {mode:<15} {best or '-':<11} "
                      f"{ms(best) if best else '-':>9} {ms('cutlass_tune'):>8} {ms('moe_experts'):>9} "
-                     f"{x('cutlass_tune'):>6} {x('moe_experts'):>7} "
+                     f"{x('cutlass_tune'):>6} {x('moe_experts'):>7} {x('tuned_gemms'):>7} "
                      f"{max(errors) if errors else math.nan:>8.1e} {fallbacks:>9}  {skipped}")
     return "\n".join(lines)
 

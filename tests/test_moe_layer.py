@@ -69,7 +69,7 @@ def test_the_summary_has_a_line_per_case_and_skips_other_files(script, tmp_path)
     lines = script.summary(tmp_path).splitlines()
     assert len(lines) == 3
     assert lines[1].split() == ["qwen3_235b", "4096", "compiled", "grouped_mm", "3.000", "2.000", "-", "1.500", "-",
-                                "1.0e-03", "0", "moe_experts"]
+                                "-", "1.0e-03", "0", "moe_experts"]
     assert lines[2].split()[:3] == ["deepseek_v2", "1", "graphs-train"]
 
 
