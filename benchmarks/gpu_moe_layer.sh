@@ -32,7 +32,7 @@
 #   OLMoE-1B-7B      down 64 x 2048 x 1024 (M 4096) only: gate_up runs torch's
 #   Mixtral-8x7B     none (the store's 8 x 6144 x 16384 is Mixtral-8x22B's down): torch's
 #   also DeepSeek-V3 TP8 down 256 x 7168 x 256 and 16 x 12800 x 4096 (Phi-3.5-MoE's gate_up).
-# Hence the default families. Wheels carried in .whl/ are installed to /tmp/site when optuna or
+# Hence the default families. Wheels carried in .whl/ are installed to /tmp/site when optuna, transformers or
 # CUTLASS's headers are missing (as benchmarks/gpu_seams.sh does).
 set -uo pipefail
 out=${1:?output directory}
@@ -43,7 +43,7 @@ rows=${MOE_ROWS:-x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_}
 res=$state/results
 mkdir -p "$out" "$state" "$res"
 trap 'cp -r "$res/." "$out/" 2>/dev/null' EXIT
-if ! python3 -c "import optuna, sqlalchemy, alembic, cutlass_library" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+if ! python3 -c "import optuna, sqlalchemy, alembic, cutlass_library, transformers" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
