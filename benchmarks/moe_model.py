@@ -1,12 +1,17 @@
 """End-to-end MoE model: transformers' "grouped_mm" experts vs the tuned "cutlass_tune" ones.
 
-    python3 benchmarks/moe_model.py TABLE OUT_DIR [--family qwen3_moe|olmoe] [--tokens 4096] [--layers 4]
-                                    [--compile [--graphs]] [--train] [--blocks 10] [--block 10] [--profile]
+    python3 benchmarks/moe_model.py TABLE OUT_DIR [--family qwen3_moe|...] [--tokens 4096] [--layers 4]
+                                    [--compile [--graphs]] [--decode] [--train] [--blocks 10] [--block 10]
+                                    [--profile]
     python3 benchmarks/moe_model.py summary OUT_DIR      # the table of every run in OUT_DIR
 
 A model of one family cut to `--layers` layers, real widths, random bf16 weights, one sequence
 of `--tokens` tokens (FAMILIES: Qwen3-30B-A3B, 128 experts of 768, top 8, hidden 2048; OLMoE-1B-7B,
-64 experts of 1024, top 8, hidden 2048). Same weights for both implementations.
+64 experts of 1024, top 8, hidden 2048; Qwen3-235B-A22B, DeepSeek-V2-Lite, Mixtral-8x7B,
+GPT-OSS-20B). Same weights for every implementation. With `--decode`, `--tokens` sequences of one
+token each instead (a decode step's expert rows, no KV cache), and at 256 tokens or fewer
+transformers' "batched_mm" experts run too (what transformers itself switches to for decode):
+the speedup is then over the faster of the two torch paths (`strongest_torch`).
 
 - inference (default): forward under no_grad; the logits of both compared.
 - `--compile`: each decoder layer through torch.compile (default mode; the layers are alike, so
@@ -17,7 +22,9 @@ of `--tokens` tokens (FAMILIES: Qwen3-30B-A3B, 128 experts of 768, top 8, hidden
 - `--train`: one training step (forward with labels, the loss, backward): loss and every
   parameter's gradient of both compared (bf16 tolerance), time per step.
 - `--profile`: after the timing, one step of each implementation under torch.profiler: the
-  step's host time against its GPU kernels' time and the 25 operators of most host time, then
+  step's host time against its GPU kernels' time (in the JSON too, `profile`: wall, all kernels,
+  the grouped GEMM kernels, the kernels named for the MoE glue, the rest) and the 25 operators
+  of most host time, then
   five steps under cProfile (the Python functions of most own and most cumulative time), to
   OUT_DIR/<family>-<tokens>-<mode>-profile-<implementation>.txt (where a model waits on the host).
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -42,19 +50,45 @@ from _blocks import block_ms, relative  # beside this script
 VOCAB = 8192
 DEVICE = "cuda"
 FAMILIES: dict[str, dict] = {
-    "qwen3_moe": dict(config="Qwen3MoeConfig", experts=128, top_k=8, hidden=2048, moe_intermediate=768,
+    "qwen3_moe": dict(config="Qwen3MoeConfig", module="qwen3_moe", experts=128, top_k=8, hidden=2048,
+                      moe_intermediate=768,
                       kwargs=dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                                   num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
                                   num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
                                   norm_topk_prob=True)),
-    "olmoe": dict(config="OlmoeConfig", experts=64, top_k=8, hidden=2048, moe_intermediate=1024,
+    "qwen3_235b": dict(config="Qwen3MoeConfig", module="qwen3_moe", experts=128, top_k=8, hidden=4096,
+                       moe_intermediate=1536,
+                       kwargs=dict(hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
+                                   num_attention_heads=64, num_key_value_heads=4, head_dim=128, num_experts=128,
+                                   num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
+                                   norm_topk_prob=True)),
+    "deepseek_v2": dict(config="DeepseekV2Config", module="deepseek_v2", experts=64, top_k=6, hidden=2048,
+                        moe_intermediate=1408,
+                        kwargs=dict(hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+                                    num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64,
+                                    num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=0,
+                                    kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                    v_head_dim=128, head_dim=64, topk_method="greedy", n_group=1, topk_group=1,
+                                    norm_topk_prob=False, routed_scaling_factor=1.0)),
+    "mixtral": dict(config="MixtralConfig", module="mixtral", experts=8, top_k=2, hidden=4096, moe_intermediate=14336,
+                    kwargs=dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2)),
+    "olmoe": dict(config="OlmoeConfig", module="olmoe", experts=64, top_k=8, hidden=2048, moe_intermediate=1024,
                   kwargs=dict(hidden_size=2048, intermediate_size=1024, num_attention_heads=16,
                               num_key_value_heads=16, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False,
                               eos_token_id=0)),
+    "gpt_oss": dict(config="GptOssConfig", module="gpt_oss", experts=32, top_k=4, hidden=2880, moe_intermediate=2880,
+                    kwargs=dict(hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                                num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+                                sliding_window=128)),
 }
-"""Each family's transformers config class and its real widths (the expert GEMMs tuned in
-benchmarks/configs/moe_e2e_bf16.yaml: gate_up N = 2 x moe_intermediate, K = hidden; down
-N = hidden, K = moe_intermediate; rows = tokens x top_k)."""
+"""Each family's transformers config class, its modeling module and real widths: Qwen3-30B-A3B,
+Qwen3-235B-A22B, DeepSeek-V2-Lite (2 shared experts beside the routed ones), Mixtral-8x7B,
+OLMoE-1B-7B, GPT-OSS-20B (biases, GPT-OSS's clamped SwiGLU on interleaved gate and up, weights
+stored E x in x out). The expert GEMMs: gate_up N = 2 x moe_intermediate, K = hidden; down N =
+hidden, K = moe_intermediate; rows = tokens x top_k."""
+DECODE_TOKENS = 256
+"""At most this many decode tokens, transformers' "batched_mm" experts are timed as well."""
 GRAD_TOLERANCE = 2e-2
 """Largest relative error (norm) of a gradient between the two implementations: bf16 products
 accumulated in another order (our dA kernels, torch's) differ by a few 1e-3."""
@@ -92,8 +126,10 @@ def run(args: argparse.Namespace) -> dict:
     if args.compile:
         for layer in model.model.layers:
             layer.compile(options={"triton.cudagraphs": True} if args.graphs else None)
-    ids = torch.randint(0, VOCAB, (1, args.tokens), device=DEVICE)
-    names = ("grouped_mm", ct.NAME)
+    ids = torch.randint(0, VOCAB, (args.tokens, 1) if args.decode else (1, args.tokens), device=DEVICE)
+    names: tuple[str, ...] = ("grouped_mm", ct.NAME)
+    if args.decode and args.tokens <= DECODE_TOKENS:
+        names += ("batched_mm",)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
     def step() -> torch.Tensor:
@@ -136,18 +172,23 @@ def run(args: argparse.Namespace) -> dict:
             model.set_experts_implementation(name)
             blocks[name].append(block_ms(step, args.block))
     ms = {name: statistics.median(times) for name, times in blocks.items()}
+    strongest = min((n for n in names if n != ct.NAME), key=ms.__getitem__)
+    profiles = {}
     if args.profile:
         for name in names:
             model.set_experts_implementation(name)
             path = args.out_dir / f"{args.family}-{args.tokens}-{_mode(args)}-profile-{name}.txt"
-            _profile(step, path)
+            profiles[name] = _profile(step, path)
     spec = FAMILIES[args.family]
     worst = max(grad_errors.items(), key=lambda kv: kv[1]) if grad_errors else None
     return {
         "family": args.family, "tokens": args.tokens, "layers": args.layers, "mode": _mode(args),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
         "table": str(args.table), **{k: spec[k] for k in ("experts", "top_k", "hidden", "moe_intermediate")},
-        "median_ms": ms, "blocks_ms": blocks, "speedup": ms["grouped_mm"] / ms[ct.NAME],
+        "median_ms": ms, "blocks_ms": blocks, "strongest_torch": strongest, "speedup": ms[strongest] / ms[ct.NAME],
+        "speedup_over_grouped_mm": ms["grouped_mm"] / ms[ct.NAME], "profile": profiles,
+        "gain_split_ms": gain_split(profiles[strongest], profiles[ct.NAME], ms[strongest], ms[ct.NAME])
+        if profiles else None,
         "relative_error": error, "graph_breaks": breaks, "first_call_s": first_s, "fallbacks": fallbacks,
         "grad_max_relative_error": None if worst is None else {"parameter": worst[0], "error": worst[1]},
         "grads_close": None if worst is None else worst[1] < GRAD_TOLERANCE,
@@ -155,11 +196,11 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def _profile(step, path: Path) -> None:
+def _profile(step, path: Path) -> dict:
     """One warm step under torch.profiler: its wall time, its GPU kernels' summed time and the
     operators of most host time; then five steps under cProfile: the Python functions of most
     own time and of most cumulative time (what a tuned call spends on the host, line by line).
-    Written to `path`."""
+    Written to `path`; returns the step's kernel-time split (`kernel_split`)."""
     import cProfile
     import io
     import pstats
@@ -175,6 +216,8 @@ def _profile(step, path: Path) -> None:
         wall_ms = (time.perf_counter() - start) * 1e3
     events = prof.key_averages()
     gpu_ms = sum(e.self_device_time_total for e in events) / 1e3
+    split = {"wall_ms": wall_ms, **kernel_split([(e.name, e.time_range.elapsed_us()) for e in prof.events()
+                                                 if e.device_type == torch.autograd.DeviceType.CUDA])}
     host = cProfile.Profile()
     start = time.perf_counter()
     host.enable()
@@ -192,16 +235,45 @@ def _profile(step, path: Path) -> None:
                     + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70) + "\n"
                     + f"\n== cProfile of 5 steps: {enqueued_ms:.3f} ms per step to enqueue under it\n"
                     + text.getvalue())
+    return split
+
+
+_GROUPED_GEMM = re.compile(r"PtrArray|GroupProblemShape|grouped_gemm|grouped_mm", re.IGNORECASE)
+_MOE_GLUE = re.compile(r"moe_|gather|combine", re.IGNORECASE)
+
+
+def kernel_split(kernels: list[tuple[str, float]]) -> dict[str, float]:
+    """Milliseconds of kernel time of a step (kernels as (name, microseconds)): all, the grouped
+    GEMMs' (torch's and the tuned ptr-array kernels, with torch's argument builder), the kernels
+    named for the MoE glue (the tuned layer's gather and combine), the rest (attention, dense
+    GEMMs, norms, torch's own routing and combine, which are not told apart by name)."""
+    grouped = sum(us for name, us in kernels if _GROUPED_GEMM.search(name))
+    glue = sum(us for name, us in kernels if not _GROUPED_GEMM.search(name) and _MOE_GLUE.search(name))
+    total = sum(us for _, us in kernels)
+    return {"kernels_ms": total / 1e3, "grouped_gemm_ms": grouped / 1e3, "moe_glue_ms": glue / 1e3,
+            "other_ms": (total - grouped - glue) / 1e3}
+
+
+def gain_split(torch_side: dict, ours: dict, torch_ms: float, ours_ms: float) -> dict[str, float]:
+    """Where the step's gain (torch's step time minus ours, milliseconds) comes from, by the two
+    profiles' kernel splits: the grouped GEMMs' kernel time saved, the rest of the kernels' (the
+    same attention and dense layers on both sides, so the MoE glue's), and what the kernels do not
+    explain (the host, gaps between kernels)."""
+    gemm = torch_side["grouped_gemm_ms"] - ours["grouped_gemm_ms"]
+    glue = (torch_side["kernels_ms"] - torch_side["grouped_gemm_ms"]) - (ours["kernels_ms"] - ours["grouped_gemm_ms"])
+    total = torch_ms - ours_ms
+    return {"total": total, "grouped_gemms": gemm, "glue": glue, "host_and_gaps": total - gemm - glue}
 
 
 def _mode(args: argparse.Namespace) -> str:
-    return ("train" if args.train else "infer") + ("-graphs" if args.graphs else "-compile" if args.compile else "")
+    return (("train" if args.train else "decode" if args.decode else "infer")
+            + ("-graphs" if args.graphs else "-compile" if args.compile else ""))
 
 
 def summary(out_dir: Path) -> str:
     """The table of every run's JSON in `out_dir`, one line each."""
-    lines = [f"{'family':<10} {'tokens':>6} {'mode':<14} {'grouped_mm ms':>13} {'cutlass_tune ms':>15} "
-             f"{'speedup':>7} {'rel.err':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}"]
+    lines = [f"{'family':<11} {'tokens':>6} {'mode':<18} {'grouped_mm ms':>13} {'cutlass_tune ms':>15} "
+             f"{'speedup':>7} {'over':<10} {'rel.err':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}"]
     for path in sorted(out_dir.glob("*.json")):
         r = json.loads(path.read_text())
         if "family" not in r:
@@ -209,9 +281,9 @@ def summary(out_dir: Path) -> str:
         ms, breaks = r["median_ms"], r.get("graph_breaks") or {}
         broke = "/".join(str(breaks.get(n, "-")) for n in ("grouped_mm", "cutlass_tune")) if breaks else "-"
         grads = "-" if r.get("grads_close") is None else ("ok" if r["grads_close"] else "FAIL")
-        lines.append(f"{r['family']:<10} {r['tokens']:>6} {r['mode']:<14} {ms['grouped_mm']:>13.3f} "
-                     f"{ms['cutlass_tune']:>15.3f} {r['speedup']:>7.3f} {r['relative_error']:>8.1e} {broke:>7} "
-                     f"{grads:>6} {len(r['fallbacks']):>9}")
+        lines.append(f"{r['family']:<11} {r['tokens']:>6} {r['mode']:<18} {ms['grouped_mm']:>13.3f} "
+                     f"{ms['cutlass_tune']:>15.3f} {r['speedup']:>7.3f} {r.get('strongest_torch', 'grouped_mm'):<10} "
+                     f"{r['relative_error']:>8.1e} {broke:>7} {grads:>6} {len(r['fallbacks']):>9}")
     return "\n".join(lines)
 
 
@@ -227,6 +299,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (default mode)")
     parser.add_argument("--graphs", action="store_true", help="with --compile: Inductor's CUDA graphs too")
+    parser.add_argument("--decode", action="store_true", help="--tokens sequences of one token (a decode step)")
     parser.add_argument("--train", action="store_true", help="time a training step (forward, loss, backward)")
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--block", type=int, default=10)
@@ -234,6 +307,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.graphs and (args.train or not args.compile):
         parser.error("--graphs goes with --compile, for inference")
+    if args.decode and args.train:
+        parser.error("--decode is for inference")
     if not torch.cuda.is_available():
         print("moe_model: needs a CUDA GPU", file=sys.stderr)
         return 2
