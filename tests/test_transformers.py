@@ -36,6 +36,8 @@ def test_registered_in_the_experts_interface():
 
 
 def test_model_outputs_equal_grouped_mm(empty_table):
+    # Within one rounding of bfloat16: the layer weights the routed rows in fp32 (transformers
+    # rounds each weighted row to bfloat16 before the sum).
     model = tiny_qwen3_moe(experts_implementation="grouped_mm")
     ids = torch.randint(0, 128, (3, 11))
     with torch.no_grad():
@@ -43,7 +45,7 @@ def test_model_outputs_equal_grouped_mm(empty_table):
         model.set_experts_implementation(ct.NAME)
         got = model(ids).logits
     assert model.config._experts_implementation == ct.NAME
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=4e-3)
 
 
 def test_from_config_by_name_and_against_eager(empty_table):
