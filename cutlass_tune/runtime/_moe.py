@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pandas as pd
 import torch
 
 from .._torch import ACTIVATION
@@ -50,7 +51,7 @@ from ._dispatch import eager_direct_allowed, input_not_taken
 from ._grouped import grouped_mm, torch_grouped_mm
 from ._grouped_op import grouped_mm_op
 from ._matmul import MatmulInputError
-from ._op import registered_table, table_key
+from ._op import register_table, registered_table, table_key
 from ._table import BestTable
 
 
@@ -199,25 +200,30 @@ NATIVE_OPS = ("moe_gather", "moe_combine", "moe_weights_grad")
 """The native extension's MoE operators (cutlass_tune/native/moe.cu)."""
 
 
+def _accumulated(t: torch.Tensor) -> torch.Tensor:
+    """t in the type sums over it run in: float32, or float64 for float64 (gradcheck's)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _torch_gather(x: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
                   top_k: int) -> torch.Tensor:
     rows = x.index_select(0, torch.div(perm, top_k, rounding_mode="floor"))
     if weights is None:
         return rows
-    return (rows.float() * weights.reshape(-1).index_select(0, perm).unsqueeze(-1)).to(x.dtype)
+    return (_accumulated(rows) * weights.reshape(-1).index_select(0, perm).unsqueeze(-1)).to(x.dtype)
 
 
 def _torch_combine(y: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
                    top_k: int) -> torch.Tensor:
-    rows = y.index_select(0, inv).view(-1, top_k, y.shape[-1]).float()
+    rows = _accumulated(y.index_select(0, inv).view(-1, top_k, y.shape[-1]))
     if weights is not None:
         rows = rows * weights.reshape(-1, top_k, 1)
     return rows.sum(dim=1).to(y.dtype)
 
 
 def _torch_weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int) -> torch.Tensor:
-    rows = b.index_select(0, inv).view(-1, top_k, b.shape[-1]).float()
-    return (rows * a.float().unsqueeze(1)).sum(dim=-1)
+    rows = _accumulated(b.index_select(0, inv).view(-1, top_k, b.shape[-1]))
+    return (rows * _accumulated(a).unsqueeze(1)).sum(dim=-1)
 
 
 _native: dict[str, Any] = {}
@@ -378,7 +384,11 @@ def _grouped(x: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, key: str | No
     torch's where the table has none (or `key` None). Eager inference calls the kernel without
     the operator's dispatch (`eager_direct_allowed`)."""
     if key is None:
-        return torch_grouped_mm(x, b, offs)
+        if x.dtype == torch.bfloat16 or not torch.compiler.is_compiling():
+            return torch_grouped_mm(x, b, offs)
+        # torch.compile traces torch's grouped GEMM for bfloat16 only; the operator on a table
+        # of no rows computes the same with torch and traces for every dtype.
+        key = _TORCH_ONLY
     if eager_direct_allowed(x, b):
         try:
             return grouped_mm(x, b, offs, table=registered_table(key))
@@ -386,6 +396,10 @@ def _grouped(x: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, key: str | No
             input_not_taken("grouped_mm", err, "torch's grouped GEMM")
             return torch_grouped_mm(x, b, offs)
     return grouped_mm_op(x, b, offs, key)
+
+
+_TORCH_ONLY = register_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), key="cutlass_tune.moe.torch")
+"""The key of a table of no rows: the grouped operator computes every call with torch."""
 
 
 @dataclasses.dataclass(frozen=True)
