@@ -16,6 +16,8 @@ transformers = pytest.importorskip("transformers", minversion="5", reason="needs
 import cutlass_tune  # noqa: E402
 import cutlass_tune.transformers as ct  # noqa: E402
 from cutlass_tune.runtime import BestTable  # noqa: E402
+from cutlass_tune.runtime._moe import ExpertsLayout  # noqa: E402
+from cutlass_tune.runtime._moe_gates import experts_plan  # noqa: E402
 
 
 def tiny_qwen3_moe(**extra):
@@ -142,7 +144,7 @@ def test_every_family_runs_the_layer_and_matches_grouped_mm_and_eager(empty_tabl
         warnings.simplefilter("error", RuntimeWarning)  # no family falls back to the glue
         got, grouped, eager = logits_by(model, ids, ct.NAME, "grouped_mm", "eager")
     experts = model.model.layers[0].mlp.experts
-    assert isinstance(ct.experts_plan(experts), ct.ExpertsLayout)
+    assert isinstance(experts_plan(experts), ExpertsLayout)
     torch.testing.assert_close(got, grouped, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
 
@@ -226,7 +228,7 @@ def test_a_gate_the_layer_does_not_compute_runs_the_glue_and_says_why_once(empty
     experts = _custom_experts(_clamp_after_act)
     with pytest.warns(RuntimeWarning, match="_clamp_after_act is not one the layer computes.*torch glue"):
         got = _run(experts, ct.NAME)
-    assert isinstance(ct.experts_plan(experts), str)
+    assert isinstance(experts_plan(experts), str)
     torch.testing.assert_close(got, _run(experts, "grouped_mm"))
 
 
@@ -250,7 +252,7 @@ def test_non_gated_experts_and_post_expert_norms_run_the_layer(empty_table, case
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         got = _run(experts, ct.NAME)
-    assert isinstance(ct.experts_plan(experts), ct.ExpertsLayout)
+    assert isinstance(experts_plan(experts), ExpertsLayout)
     torch.testing.assert_close(got, _run(experts, "grouped_mm"), rtol=1e-5, atol=1e-6)
 
 

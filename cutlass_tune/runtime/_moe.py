@@ -25,22 +25,17 @@ the product costs it nothing (it is memory-bound), while a row-scale epilogue ne
 rendered for the ptr-array kernels, tuned problems of its own, and a backward that still needs
 the unscaled rows (d w[t, j] = <d out[t], y_row>), which the scaled output no longer holds.
 
-Gather and combine are each other's adjoint: the gather's backward is a combine (weights one),
-the combine's backward a gather scaled by the weights, and the weights' gradient
-<a[t], b[inv[t * top_k + j]]> is one function for both. Where the native extension is built
-(`cutlass_tune/native/moe.cu`: `torch.ops.cutlass_tune.moe_gather`, `.moe_combine`,
-`.moe_weights_grad`) CUDA tensors take its kernels; elsewhere torch ops compute the same values
-(index_select, an fp32 weighted sum over top_k), deterministic too.
+Routing, gather and combine, their autograd and the native kernels that run them on CUDA where
+the extension is built: `cutlass_tune.runtime._moe_routing`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pandas as pd
 import torch
@@ -51,6 +46,7 @@ from ._dispatch import eager_direct_allowed, input_not_taken
 from ._grouped import grouped_mm, torch_grouped_mm
 from ._grouped_op import grouped_mm_op
 from ._matmul import MatmulInputError
+from ._moe_routing import MoERouting, moe_combine, moe_gather, moe_routing
 from ._op import register_table, registered_table, table_key
 from ._table import BestTable
 
@@ -155,224 +151,6 @@ def expert_activation(activation: ExpertActivation | Activation | str, gated: bo
                             f"{'twice' if found.gated else 'as many'} gate_up output features as down input "
                             "features")
     return found
-
-
-# ---------------------------------------------------------------------------------------------
-# Routing
-
-
-class MoERouting(NamedTuple):
-    """Where each routed row comes from and goes (S = tokens x top_k, slot s = t * top_k + j)."""
-
-    sorted_ids: torch.Tensor
-    """S expert ids in routed-row order (stable: a token's rows of one expert in token order)."""
-    perm: torch.Tensor
-    """S int64: routed row r holds slot perm[r]."""
-    inv: torch.Tensor
-    """S int64: slot s is routed row inv[s]."""
-    offsets: torch.Tensor
-    """E int32 cumulative row ends (expert e has routed rows offsets[e-1]:offsets[e]); ids of
-    E or more (expert-parallel sentinels) sort last, past offsets[-1]."""
-    top_k: int
-
-    @property
-    def counts(self) -> torch.Tensor:
-        """E int32: each expert's routed rows."""
-        return torch.diff(self.offsets, prepend=self.offsets.new_zeros(1))
-
-
-def moe_routing(top_k_index: torch.Tensor, num_experts: int) -> MoERouting:
-    """The routing of `top_k_index` (tokens x top_k expert ids) over `num_experts` experts,
-    computed on its device with no host sync (CUDA-graph safe; no size depends on the ids)."""
-    top_k = top_k_index.shape[-1]
-    ids = top_k_index.reshape(-1)
-    sorted_ids, perm = torch.sort(ids, stable=True)
-    experts = torch.arange(num_experts, device=ids.device, dtype=sorted_ids.dtype)
-    offsets = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
-    inv = torch.empty_like(perm).scatter_(0, perm, torch.arange(perm.shape[0], device=perm.device))
-    return MoERouting(sorted_ids, perm, inv, offsets, top_k)
-
-
-# ---------------------------------------------------------------------------------------------
-# Gather and combine: torch's computation, the native kernels, autograd
-
-NATIVE_OPS = ("moe_gather", "moe_combine", "moe_weights_grad")
-"""The native extension's MoE operators (cutlass_tune/native/moe.cu)."""
-
-
-def _accumulated(t: torch.Tensor) -> torch.Tensor:
-    """t in the type sums over it run in: float32, or float64 for float64 (gradcheck's)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
-def _torch_gather(x: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
-                  top_k: int) -> torch.Tensor:
-    rows = x.index_select(0, torch.div(perm, top_k, rounding_mode="floor"))
-    if weights is None:
-        return rows
-    return (_accumulated(rows) * weights.reshape(-1).index_select(0, perm).unsqueeze(-1)).to(x.dtype)
-
-
-def _torch_combine(y: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
-                   top_k: int) -> torch.Tensor:
-    rows = _accumulated(y.index_select(0, inv).view(-1, top_k, y.shape[-1]))
-    if weights is not None:
-        rows = rows * weights.reshape(-1, top_k, 1)
-    return rows.sum(dim=1).to(y.dtype)
-
-
-def _torch_weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int) -> torch.Tensor:
-    rows = _accumulated(b.index_select(0, inv).view(-1, top_k, b.shape[-1]))
-    return (rows * _accumulated(a).unsqueeze(1)).sum(dim=-1)
-
-
-_native: dict[str, Any] = {}
-"""The native operators by name, where the extension registered all of `NATIVE_OPS`."""
-
-
-def _native_op(name: str, t: torch.Tensor) -> Any:
-    return _native.get(name) if t.is_cuda else None
-
-
-def gather_rows(x: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
-                top_k: int) -> torch.Tensor:
-    """Routed row inv[s] = weights[s] * x[s // top_k] (weights None: one), no autograd."""
-    op = _native_op("moe_gather", x)
-    return op(x, inv, weights, top_k) if op is not None else _torch_gather(x, perm, inv, weights, top_k)
-
-
-def combine_rows(y: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
-                 top_k: int) -> torch.Tensor:
-    """out[t] = sum_j weights[t, j] * y[inv[t * top_k + j]] in fp32, y's type (weights None:
-    one), no autograd."""
-    op = _native_op("moe_combine", y)
-    return op(y, inv, weights, top_k) if op is not None else _torch_combine(y, perm, inv, weights, top_k)
-
-
-def weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int) -> torch.Tensor:
-    """g[t, j] = <a[t], b[inv[t * top_k + j]]> in fp32 (tokens x top_k float32): the routing
-    weights' gradient of a combine (a = d out, b = y) and of a weighted gather (a = x, b = d rows)."""
-    op = _native_op("moe_weights_grad", a)
-    return op(a, b, inv, top_k) if op is not None else _torch_weights_grad(a, b, inv, top_k)
-
-
-class _Gather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weights: torch.Tensor | None, perm: torch.Tensor, inv: torch.Tensor,
-                top_k: int) -> torch.Tensor:
-        ctx.top_k = top_k
-        ctx.save_for_backward(x if weights is not None and ctx.needs_input_grad[1] else None, weights, perm, inv)
-        return gather_rows(x, perm, inv, weights, top_k)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weights, perm, inv = ctx.saved_tensors
-        grad = grad.contiguous()
-        d_x = combine_rows(grad, perm, inv, weights, ctx.top_k) if ctx.needs_input_grad[0] else None
-        d_w = weights_grad(x, grad, inv, ctx.top_k) if x is not None else None
-        return d_x, d_w, None, None, None
-
-
-class _Combine(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, weights: torch.Tensor | None, perm: torch.Tensor, inv: torch.Tensor,
-                top_k: int) -> torch.Tensor:
-        ctx.top_k = top_k
-        ctx.save_for_backward(y if weights is not None and ctx.needs_input_grad[1] else None, weights, perm, inv)
-        return combine_rows(y, perm, inv, weights, top_k)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        y, weights, perm, inv = ctx.saved_tensors
-        grad = grad.contiguous()
-        d_y = gather_rows(grad, perm, inv, weights, ctx.top_k) if ctx.needs_input_grad[0] else None
-        d_w = weights_grad(grad, y, inv, ctx.top_k) if y is not None else None
-        return d_y, d_w, None, None, None
-
-
-def _needs_grad(*tensors: torch.Tensor | None) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def moe_gather(x: torch.Tensor, routing: MoERouting, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """x's token rows in routed order: row inv[t * top_k + j] = weights[t, j] * x[t] (S x H, x's
-    type; weights float32 tokens x top_k, None: one). Differentiable in x and weights; its
-    backward is a combine (deterministic: no atomics)."""
-    if _needs_grad(x, weights):
-        return _Gather.apply(x, weights, routing.perm, routing.inv, routing.top_k)
-    return gather_rows(x, routing.perm, routing.inv, weights, routing.top_k)
-
-
-def moe_combine(y: torch.Tensor, routing: MoERouting, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Routed rows back to tokens: out[t] = sum_j weights[t, j] * y[inv[t * top_k + j]] in fp32,
-    in one deterministic pass (tokens x H, y's type; weights float32 tokens x top_k, None: one).
-    Differentiable in y and weights."""
-    if _needs_grad(y, weights):
-        return _Combine.apply(y, weights, routing.perm, routing.inv, routing.top_k)
-    return combine_rows(y, routing.perm, routing.inv, weights, routing.top_k)
-
-
-def _fake_rows(x: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None, top_k: int) -> torch.Tensor:
-    return x.new_empty((inv.shape[0], x.shape[-1]))
-
-
-def _fake_tokens(y: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None, top_k: int) -> torch.Tensor:
-    return y.new_empty((inv.shape[0] // top_k, y.shape[-1]))
-
-
-def _fake_weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int) -> torch.Tensor:
-    return a.new_empty((a.shape[0], top_k), dtype=torch.float32)
-
-
-def _setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    x, inv, weights, top_k = inputs
-    ctx.top_k = top_k
-    ctx.save_for_backward(x if weights is not None and ctx.needs_input_grad[2] else None, inv, weights)
-
-
-def _op_backward(adjoint: Callable[..., torch.Tensor], combine: bool) -> Callable[..., tuple]:
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        x, inv, weights = ctx.saved_tensors
-        grad = grad.contiguous()
-        d_x = adjoint(grad, inv, weights, ctx.top_k) if ctx.needs_input_grad[0] else None
-        d_w = None
-        if x is not None:
-            d_w = weights_grad(grad, x, inv, ctx.top_k) if combine else weights_grad(x, grad, inv, ctx.top_k)
-        return d_x, None, d_w, None
-    return backward
-
-
-def register_native(namespace: str = "cutlass_tune") -> bool:
-    """Find the native MoE operators in `torch.ops.<namespace>`, register their fake
-    implementations and autograd (so torch.compile traces them with no graph break, and a direct
-    call is differentiable), and let CUDA tensors take them. Idempotent. Returns whether all of
-    `NATIVE_OPS` were found."""
-    ops = getattr(torch.ops, namespace)
-    found = {name: getattr(ops, name) for name in NATIVE_OPS if hasattr(ops, name)}
-    if len(found) != len(NATIVE_OPS):
-        return False
-    if _native.get("namespace") == namespace:
-        return True
-    fakes = {"moe_gather": _fake_rows, "moe_combine": _fake_tokens, "moe_weights_grad": _fake_weights_grad}
-    for name, fake in fakes.items():
-        torch.library.register_fake(f"{namespace}::{name}", fake)
-    gather, combine = found["moe_gather"], found["moe_combine"]
-    torch.library.register_autograd(f"{namespace}::moe_gather", _op_backward(combine, combine=False),
-                                    setup_context=_setup)
-    torch.library.register_autograd(f"{namespace}::moe_combine", _op_backward(gather, combine=True),
-                                    setup_context=_setup)
-    _native.clear()
-    _native.update(found, namespace=namespace)
-    return True
-
-
-def _load_native() -> bool:
-    """The native extension's MoE operators, where it is built (`cutlass_tune.native`)."""
-    try:
-        importlib.import_module("cutlass_tune.native")
-    except ImportError:
-        pass
-    return register_native()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,7 +350,7 @@ class MoEExperts(torch.nn.Module):
             MoEInputError: experts whose activation or layout the layer does not compute (the
                 reason names it).
         """
-        from ..transformers import experts_plan
+        from ._moe_gates import experts_plan
 
         plan = experts_plan(experts)
         if isinstance(plan, str):
@@ -599,12 +377,6 @@ def _parameter(t: torch.Tensor) -> torch.nn.Parameter:
     return t if isinstance(t, torch.nn.Parameter) else torch.nn.Parameter(t, requires_grad=t.is_floating_point())
 
 
-def native_available() -> bool:
-    """Whether CUDA tensors take the native gather and combine kernels."""
-    return bool(_native)
-
-
-_load_native()
 
 __all__ = ["ExpertActivation", "ExpertsLayout", "GateForm", "MoEExperts", "MoEInputError", "MoERouting",
            "SWIGLU_OAI", "moe_combine", "moe_experts", "moe_gather", "moe_routing"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cutlass_tune
-from cutlass_tune.runtime import BestTable, _moe, register_table
+from cutlass_tune.runtime import BestTable, _moe, _moe_routing, register_table
 from cutlass_tune.runtime._moe import (
     SWIGLU_OAI,
     ExpertActivation,
@@ -270,18 +270,18 @@ def standin_ops():
 
     def gather(x, inv, weights, top_k):
         perm = torch.empty_like(inv).scatter_(0, inv, torch.arange(inv.shape[0]))
-        return _moe._torch_gather(x, perm, inv, weights, top_k)
+        return _moe_routing._torch_gather(x, perm, inv, weights, top_k)
 
     lib.impl("moe_gather", gather, "CPU")
-    lib.impl("moe_combine", lambda y, inv, w, k: _moe._torch_combine(y, None, inv, w, k), "CPU")
-    lib.impl("moe_weights_grad", _moe._torch_weights_grad, "CPU")
+    lib.impl("moe_combine", lambda y, inv, w, k: _moe_routing._torch_combine(y, None, inv, w, k), "CPU")
+    lib.impl("moe_weights_grad", _moe_routing._torch_weights_grad, "CPU")
     yield lib
     lib._destroy()
 
 
 def test_native_ops_registered_from_python_differentiate_and_compile(standin_ops, monkeypatch):
-    monkeypatch.setattr(_moe, "_native", {})
-    assert _moe.register_native(_STANDIN) and _moe.register_native(_STANDIN)  # idempotent
+    monkeypatch.setattr(_moe_routing, "_native", {})
+    assert _moe_routing.register_native(_STANDIN) and _moe_routing.register_native(_STANDIN)  # idempotent
     ops = getattr(torch.ops, _STANDIN)
     index, weights = routed(tokens=4, top_k=2)
     r = moe_routing(index, 6)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import cutlass_tune
-from cutlass_tune.runtime import _moe, register_table
+from cutlass_tune.runtime import _moe_routing, register_table
 from cutlass_tune.runtime._moe import moe_combine, moe_experts, moe_gather, moe_routing
 from cutlass_tune.space import Layout
 
@@ -154,7 +154,7 @@ def test_layer_is_deterministic():
 # ---------------------------------------------------------------------------------------------
 # The native gather and combine
 
-native = pytest.mark.skipif(not _moe.native_available(), reason="the native extension is not built")
+native = pytest.mark.skipif(not _moe_routing.native_available(), reason="the native extension is not built")
 
 
 @native
@@ -169,13 +169,14 @@ def test_native_ops_match_the_torch_ops(dtype, hidden, top_k):
     y = torch.randn(tokens * top_k, hidden, device="cuda", dtype=dtype)
     w = torch.rand(tokens, top_k, device="cuda")
     ops = torch.ops.cutlass_tune
-    assert torch.equal(ops.moe_gather(x, r.inv, None, top_k), _moe._torch_gather(x, r.perm, r.inv, None, top_k))
-    torch.testing.assert_close(ops.moe_gather(x, r.inv, w, top_k), _moe._torch_gather(x, r.perm, r.inv, w, top_k))
+    rows = _moe_routing
+    assert torch.equal(ops.moe_gather(x, r.inv, None, top_k), rows._torch_gather(x, r.perm, r.inv, None, top_k))
+    torch.testing.assert_close(ops.moe_gather(x, r.inv, w, top_k), rows._torch_gather(x, r.perm, r.inv, w, top_k))
     for weights in (None, w):
         torch.testing.assert_close(ops.moe_combine(y, r.inv, weights, top_k),
-                                   _moe._torch_combine(y, r.perm, r.inv, weights, top_k))
+                                   rows._torch_combine(y, r.perm, r.inv, weights, top_k))
     torch.testing.assert_close(ops.moe_weights_grad(x, y, r.inv, top_k),
-                               _moe._torch_weights_grad(x, y, r.inv, top_k), rtol=1e-4, atol=1e-3)
+                               rows._torch_weights_grad(x, y, r.inv, top_k), rtol=1e-4, atol=1e-3)
     again = ops.moe_combine(y, r.inv, w, top_k)
     assert torch.equal(again, ops.moe_combine(y, r.inv, w, top_k))  # same bits
 
