@@ -94,15 +94,20 @@ def test_untuned_shapes_fall_back_to_torch_and_still_match():
 def test_no_host_sync():
     key = register_table(experts_table(), key="moe-gpu")
     x, index, weights, gate_up, down = operands()
-    moe_experts(x, index, weights, gate_up, down, table=key)  # loads and prepares outside the check
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    trained = gate_up.detach().clone().requires_grad_()
+
+    def run():
         routing = moe_routing(index, E)
         moe_combine(moe_gather(x, routing), routing, weights)
         moe_experts(x, index, weights, gate_up, down, table=key)  # eager inference: the kernels called directly
-        gate_up.requires_grad_()  # the operator's path, forward and backward
-        moe_experts(x, index, weights, gate_up, down, table=key).float().sum().backward()
+        # the operator's path, forward and backward
+        moe_experts(x, index, weights, trained, down, table=key).float().sum().backward()
+
+    run()  # loads and prepares every kernel outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
