@@ -69,7 +69,7 @@ void with_width(int width, Fn&& fn) {
 template <typename T, int VEC, bool WEIGHTED>
 __global__ void gather_kernel(const T* __restrict__ x, const int64_t* __restrict__ inv, const float* __restrict__ w,
                               T* __restrict__ out, int top_k, int64_t vectors) {
-  extern __shared__ unsigned char shared[];
+  extern __shared__ __align__(16) unsigned char shared[];
   int64_t* rows = reinterpret_cast<int64_t*>(shared);
   float* scales = reinterpret_cast<float*>(rows + top_k);
   const int64_t t = blockIdx.x;
@@ -99,7 +99,7 @@ __global__ void gather_kernel(const T* __restrict__ x, const int64_t* __restrict
 template <typename T, int VEC, bool WEIGHTED>
 __global__ void combine_kernel(const T* __restrict__ y, const int64_t* __restrict__ inv, const float* __restrict__ w,
                                T* __restrict__ out, int top_k, int64_t vectors) {
-  extern __shared__ unsigned char shared[];
+  extern __shared__ __align__(16) unsigned char shared[];
   int64_t* rows = reinterpret_cast<int64_t*>(shared);
   float* scales = reinterpret_cast<float*>(rows + top_k);
   const int64_t t = blockIdx.x;
