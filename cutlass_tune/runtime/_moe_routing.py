@@ -71,9 +71,13 @@ NATIVE_OPS = ("moe_gather", "moe_combine", "moe_weights_grad")
 """The native extension's MoE operators (cutlass_tune/native/moe.cu)."""
 
 
-def _accumulated(t: torch.Tensor) -> torch.Tensor:
-    """t in the type sums over it run in: float32, or float64 for float64 (gradcheck's)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    """The type sums over `dtype` run in: float32, or float64 for float64 (gradcheck's)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+# The weighted forms multiply a row of y's type by float32 weights: type promotion computes the
+# product in float32 as it reads the row (no float32 copy of the rows is written first).
 
 
 def _torch_gather(x: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
@@ -81,20 +85,23 @@ def _torch_gather(x: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weight
     rows = x.index_select(0, torch.div(perm, top_k, rounding_mode="floor"))
     if weights is None:
         return rows
-    return (_accumulated(rows) * weights.reshape(-1).index_select(0, perm).unsqueeze(-1)).to(x.dtype)
+    scale = weights.reshape(-1).index_select(0, perm).to(_accumulation(x.dtype)).unsqueeze(-1)
+    return (rows * scale).to(x.dtype)
 
 
 def _torch_combine(y: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
                    top_k: int) -> torch.Tensor:
-    rows = _accumulated(y.index_select(0, inv).view(-1, top_k, y.shape[-1]))
-    if weights is not None:
-        rows = rows * weights.reshape(-1, top_k, 1)
-    return rows.sum(dim=1).to(y.dtype)
+    rows = y.index_select(0, inv).view(-1, top_k, y.shape[-1])
+    acc = _accumulation(y.dtype)
+    if weights is None:
+        return rows.sum(dim=1, dtype=acc).to(y.dtype)
+    return (rows * weights.reshape(-1, top_k, 1).to(acc)).sum(dim=1).to(y.dtype)
 
 
 def _torch_weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int) -> torch.Tensor:
-    rows = _accumulated(b.index_select(0, inv).view(-1, top_k, b.shape[-1]))
-    return (rows * _accumulated(a).unsqueeze(1)).sum(dim=-1)
+    acc = _accumulation(b.dtype)
+    rows = b.index_select(0, inv).view(-1, top_k, b.shape[-1]).to(acc)
+    return (rows * a.to(acc).unsqueeze(1)).sum(dim=-1)
 
 
 _native: dict[str, Any] = {}
