@@ -1,4 +1,4 @@
-"""Tuned grouped GEMMs for the MoE experts of transformers models (transformers >= 5).
+"""The MoE experts layer, on tuned grouped GEMMs, for transformers models (transformers >= 5).
 
 Importing this module registers the experts implementation "cutlass_tune" in
 `transformers.integrations.moe.ExpertsInterface`: the fused experts layer
@@ -109,7 +109,7 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, b
 def glue_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                  top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' "grouped_mm" experts forward with the tuned grouped GEMM and transformers'
-    torch glue around it: what experts the layer does not compute run (`experts_plan`)."""
+    torch glue around it: what the experts the layer does not compute run (`experts_plan`)."""
     device = hidden_states.device
     num_top_k = top_k_index.size(-1)
     num_tokens, hidden_dim = hidden_states.size(0), hidden_states.size(-1)
