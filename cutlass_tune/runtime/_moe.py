@@ -363,6 +363,9 @@ class MoEExperts(torch.nn.Module):
                    transposed=experts.is_transposed, expert_parallel=getattr(experts, "_is_expert_parallel", False))
 
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        """`moe_experts` on the module's weights. Raises MoEInputError for hidden or routing
+        of the wrong shape or device."""
+        _check_call(hidden, top_k_index, top_k_weights, self.layout, self.gate_up.device)
         return experts_forward(hidden, top_k_index, top_k_weights, self.gate_up, self.down, self.layout,
                                self.table_key, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
                                expert_parallel=self.expert_parallel)

@@ -224,6 +224,8 @@ def test_module_from_weight_stacks():
     assert torch.equal(module(x, index, weights), want)
     assert set(module.state_dict()) == {"gate_up", "down", "gate_up_bias", "down_bias"}
     assert isinstance(module, MoEExperts) and "swiglu_oai" in repr(module)
+    with pytest.raises(MoEInputError, match="top_k_weights must be floating"):
+        module(x, index, weights[:, :1])
 
 
 def test_torch_compile_of_the_module_takes_no_graph_break():
