@@ -108,14 +108,17 @@ _native: dict[str, Any] = {}
 """The native operators by name, where the extension registered all of `NATIVE_OPS`."""
 
 
-def _native_op(name: str, t: torch.Tensor) -> Any:
-    return _native.get(name) if t.is_cuda else None
+def _native_op(name: str, t: torch.Tensor, weights: torch.Tensor | None = None) -> Any:
+    """The native operator `name` for CUDA tensors (its weights are float32), else None."""
+    if not t.is_cuda or (weights is not None and weights.dtype != torch.float32):
+        return None
+    return _native.get(name)
 
 
 def gather_rows(x: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None,
                 top_k: int) -> torch.Tensor:
     """Routed row inv[s] = weights[s] * x[s // top_k] (weights None: one), no autograd."""
-    op = _native_op("moe_gather", x)
+    op = _native_op("moe_gather", x, weights)
     return op(x, inv, weights, top_k) if op is not None else _torch_gather(x, perm, inv, weights, top_k)
 
 
@@ -123,7 +126,7 @@ def combine_rows(y: torch.Tensor, perm: torch.Tensor, inv: torch.Tensor, weights
                  top_k: int) -> torch.Tensor:
     """out[t] = sum_j weights[t, j] * y[inv[t * top_k + j]] in fp32, y's type (weights None:
     one), no autograd."""
-    op = _native_op("moe_combine", y)
+    op = _native_op("moe_combine", y, weights)
     return op(y, inv, weights, top_k) if op is not None else _torch_combine(y, perm, inv, weights, top_k)
 
 
@@ -172,10 +175,18 @@ def _needs_grad(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _weights(weights: torch.Tensor | None) -> torch.Tensor | None:
+    """Routing weights as the sums take them: float32 (float64 kept)."""
+    if weights is None or weights.dtype in (torch.float32, torch.float64):
+        return weights
+    return weights.float()
+
+
 def moe_gather(x: torch.Tensor, routing: MoERouting, weights: torch.Tensor | None = None) -> torch.Tensor:
     """x's token rows in routed order: row inv[t * top_k + j] = weights[t, j] * x[t] (S x H, x's
-    type; weights float32 tokens x top_k, None: one). Differentiable in x and weights; its
-    backward is a combine (deterministic: no atomics)."""
+    type; weights tokens x top_k, applied in float32; None: one). Differentiable in x and
+    weights; its backward is a combine (deterministic: no atomics)."""
+    weights = _weights(weights)
     if _needs_grad(x, weights):
         return _Gather.apply(x, weights, routing.perm, routing.inv, routing.top_k)
     return gather_rows(x, routing.perm, routing.inv, weights, routing.top_k)
@@ -183,8 +194,9 @@ def moe_gather(x: torch.Tensor, routing: MoERouting, weights: torch.Tensor | Non
 
 def moe_combine(y: torch.Tensor, routing: MoERouting, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Routed rows back to tokens: out[t] = sum_j weights[t, j] * y[inv[t * top_k + j]] in fp32,
-    in one deterministic pass (tokens x H, y's type; weights float32 tokens x top_k, None: one).
-    Differentiable in y and weights."""
+    in one deterministic pass (tokens x H, y's type; weights tokens x top_k, applied in float32;
+    None: one). Differentiable in y and weights."""
+    weights = _weights(weights)
     if _needs_grad(y, weights):
         return _Combine.apply(y, weights, routing.perm, routing.inv, routing.top_k)
     return combine_rows(y, routing.perm, routing.inv, weights, routing.top_k)

@@ -88,6 +88,8 @@ def test_gather_and_combine_are_adjoint_and_match_torch():
     assert torch.equal(rows, x[r.perm // 3])
     want = (y[r.inv].view(5, 3, 16) * weights[..., None]).sum(1)
     torch.testing.assert_close(moe_combine(y, r, weights), want)
+    half = weights.bfloat16()  # applied in float32 whatever their type
+    assert torch.equal(moe_combine(y, r, half), moe_combine(y, r, half.float()))
     # <gather(x, w), y> == <x, combine(y, w)>
     torch.testing.assert_close((moe_gather(x, r, weights) * y).sum(), (x * moe_combine(y, r, weights)).sum())
 
