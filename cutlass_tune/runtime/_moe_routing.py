@@ -108,10 +108,18 @@ _native: dict[str, Any] = {}
 """The native operators by name, where the extension registered all of `NATIVE_OPS`."""
 
 
+_looked_again: list[bool] = []
+"""Whether the native operators were looked for again at the first CUDA call (an extension
+loaded after this module's import registers them then)."""
+
+
 def _native_op(name: str, t: torch.Tensor, weights: torch.Tensor | None = None) -> Any:
     """The native operator `name` for CUDA tensors (its weights are float32), else None."""
     if not t.is_cuda or (weights is not None and weights.dtype != torch.float32):
         return None
+    if not _native and not _looked_again and not torch.compiler.is_compiling():
+        _looked_again.append(True)
+        _load_native()
     return _native.get(name)
 
 
