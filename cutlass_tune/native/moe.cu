@@ -118,7 +118,11 @@ __global__ void combine_kernel(const T* __restrict__ y, const int64_t* __restric
     for (int j = 0; j < top_k; ++j) {
       const P p = src[rows[j] * vectors + v];
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) acc[i] += (WEIGHTED ? scales[j] : 1.f) * static_cast<float>(p.v[i]);
+      for (int i = 0; i < VEC; ++i) {
+        // A rounded product, then the sum (no fused multiply-add): torch's order of roundings.
+        const float term = WEIGHTED ? __fmul_rn(scales[j], static_cast<float>(p.v[i])) : static_cast<float>(p.v[i]);
+        acc[i] = __fadd_rn(acc[i], term);
+      }
     }
     P q;
 #pragma unroll
