@@ -159,7 +159,7 @@ def test_layer_is_deterministic():
 # ---------------------------------------------------------------------------------------------
 # The native gather and combine
 
-native = pytest.mark.skipif(not _moe_routing.native_available(), reason="the native extension is not built")
+native = pytest.mark.skipif(not _moe_routing._load_native(), reason="the native extension is not built")
 
 
 @native
