@@ -10,8 +10,11 @@ linear, table, scaling="rowwise" | "blockwise")` quantizes a bf16/fp16 Linear's 
 each call quantizes its input per token (or per 1 x 128 group) and runs the table's scaled fp8
 kernel, bias fused, through `cutlass_tune.matmul` (torch._scaled_mm's math where it has none).
 Its state_dict holds `weight`, `weight_scale` and `bias`.
+
+`MoEExperts` is a MoE experts layer (`cutlass_tune.moe_experts`) on the weight stacks it holds,
+built from them or from a transformers experts module (`MoEExperts.from_experts(experts, table)`).
 """
 
-from .runtime import Fp8Linear, Linear
+from .runtime import Fp8Linear, Linear, MoEExperts
 
-__all__ = ["Fp8Linear", "Linear"]
+__all__ = ["Fp8Linear", "Linear", "MoEExperts"]

@@ -1,10 +1,12 @@
-"""Tuned grouped GEMMs for the MoE experts of transformers models (transformers >= 5).
+"""The MoE experts layer, on tuned grouped GEMMs, for transformers models (transformers >= 5).
 
 Importing this module registers the experts implementation "cutlass_tune" in
-`transformers.integrations.moe.ExpertsInterface`: the forward of transformers' "grouped_mm"
-implementation (sort the routed rows by expert, the up (gate_up) projection, the gate, the down
-projection, the routing weights), with both projections run by `torch.ops.cutlass_tune.grouped_mm`
-on the table given to `use_table`:
+`transformers.integrations.moe.ExpertsInterface`: the fused experts layer
+(`cutlass_tune.moe_experts`: routing on the device, gather, the gate_up and down projections run
+by the tuned grouped GEMMs of the table given to `use_table`, the activation, one deterministic
+combine with the routing weights) for every family it computes (gated and non-gated experts,
+biases, GPT-OSS's clamped SwiGLU, post-expert norms); other experts run transformers'
+"grouped_mm" torch glue around the same tuned GEMMs, with one warning naming why:
 
     import cutlass_tune.transformers as ct
     ct.use_table("bundle/")                     # a bundle, table file, store or BestTable
@@ -29,10 +31,12 @@ import torch
 
 from .errors import CutlassTuneError
 from .runtime import BestTable, register_table
-from .runtime._dispatch import eager_direct_allowed, input_not_taken
+from .runtime._dispatch import eager_direct_allowed, input_not_taken, warn_once
 from .runtime._grouped import grouped_mm, torch_grouped_mm
 from .runtime._grouped_op import grouped_mm_op
 from .runtime._matmul import MatmulInputError
+from .runtime._moe import experts_forward
+from .runtime._moe_gates import experts_plan
 from .runtime._op import registered_table
 
 try:
@@ -102,17 +106,10 @@ def _grouped_linear(x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, b
     return out if bias is None else out + bias
 
 
-def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                                 top_k_weights: torch.Tensor) -> torch.Tensor:
-    """transformers' "grouped_mm" experts forward with the tuned grouped GEMM (the experts
-    module's attributes as `use_experts_implementation` sets them).
-
-    Raises:
-        NoTableError: `use_table` was not called in this process.
-    """
-    if not _table_set:
-        raise NoTableError('the "cutlass_tune" experts need a table: call cutlass_tune.transformers.use_table(table) '
-                           "first")
+def glue_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' "grouped_mm" experts forward with the tuned grouped GEMM and transformers'
+    torch glue around it: what the experts the layer does not compute run (`experts_plan`)."""
     device = hidden_states.device
     num_top_k = top_k_index.size(-1)
     num_tokens, hidden_dim = hidden_states.size(0), hidden_states.size(-1)
@@ -158,6 +155,36 @@ def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_i
     inv_perm[perm] = torch.arange(perm.size(0), device=device)
     weighted = weighted[inv_perm]
     return weighted.view(num_tokens, num_top_k, hidden_dim).sum(dim=1).to(hidden_states.dtype)
+
+
+def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                                 top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts forward of transformers' "grouped_mm" implementation, computed by the fused
+    experts layer (`cutlass_tune.moe_experts`: routing, gather, tuned grouped GEMMs, combine)
+    for the families it computes (gated or not, biases, GPT-OSS's clamped SwiGLU, post-expert
+    norms); other experts run the tuned GEMMs with transformers' torch glue (`glue_forward`),
+    with one warning naming why.
+
+    Raises:
+        NoTableError: `use_table` was not called in this process.
+    """
+    if not _table_set:
+        raise NoTableError('the "cutlass_tune" experts need a table: call cutlass_tune.transformers.use_table(table) '
+                           "first")
+    plan = experts_plan(self)
+    if isinstance(plan, str):
+        if not torch.compiler.is_compiling():
+            warn_once(plan, f"cutlass_tune.transformers: {plan}; its layers run the tuned GEMMs with transformers' "
+                      "torch glue")
+        return glue_forward(self, hidden_states, top_k_index, top_k_weights)
+    gated = self.has_gate
+    return experts_forward(
+        hidden_states, top_k_index, top_k_weights, self.gate_up_proj if gated else self.up_proj, self.down_proj,
+        plan, TABLE_KEY,
+        gate_up_bias=(self.gate_up_proj_bias if gated else self.up_proj_bias) if self.has_bias else None,
+        down_bias=self.down_proj_bias if self.has_bias else None,
+        expert_parallel=self._is_expert_parallel,
+        post=self.post_expert_norm if self.has_post_expert_norm else None)
 
 
 ExpertsInterface.register(NAME, cutlass_tune_experts_forward)

@@ -5,7 +5,8 @@ table file, or a store through the tuner); `matmul` and `Gemm` run the tuned ker
 tensors, fused epilogues (bias, activation, residual) and fp8 scales included; `mm` and `linear`
 are the operators `torch.ops.cutlass_tune.mm`, `.linear` and `.grouped_mm` (a table bound
 to a key by `register_table`), for models and torch.compile; `Linear` and `patch` put them into models,
-`Fp8Linear` an fp8 e4m3 weight with row-wise or block-wise scales;
+`Fp8Linear` an fp8 e4m3 weight with row-wise or block-wise scales; `moe_experts` and
+`MoEExperts` a MoE experts layer (routing, gather, both grouped GEMMs, combine);
 `LoadedKernel` and the ABI's names come from `cutlass_tune.kernel`. Every one of them dispatches
 through `resolve(table, call) -> Plan` (`_dispatch`: the plan of a call signature, kept per table
 in a `PlanCache`). Importing this package, and
@@ -45,12 +46,25 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ._inductor import FusionDecision, FusionPass, inductor_options
     from ._linear import Linear
     from ._matmul import Gemm, MatmulInputError, activation_of, matmul, operation_of, problem_of, torch_gemm
+    from ._moe import (
+        ExpertActivation,
+        GateForm,
+        MoEExperts,
+        MoEInputError,
+        MoERouting,
+        moe_combine,
+        moe_experts,
+        moe_gather,
+        moe_routing,
+    )
     from ._op import UnregisteredTableError, linear, mm, register_table
     from ._patch import LayerDecision, PatchReport, patch
     from ._table import BestTable, Match, PlanCache
 
-__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call", "Fallback", "FallbackReason",
-           "Fp8Linear", "FusionDecision", "FusionPass", "Gemm", "GemmArgs", "GemmInstance", "GroupedGemm",
+__all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call", "ExpertActivation", "Fallback",
+           "FallbackReason", "Fp8Linear", "FusionDecision", "FusionPass", "GateForm", "Gemm", "GemmArgs",
+           "GemmInstance", "GroupedGemm", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine", "moe_experts",
+           "moe_gather", "moe_routing",
            "KernelLoadError", "KernelRef", "KernelStatusError", "Kind", "LayerDecision", "Linear", "LoadedKernel",
            "Match", "MatmulInputError", "PatchReport", "Plan", "PlanCache", "Ready", "UnregisteredTableError",
            "Workspace", "activation_of", "cutlass_status_name", "eager_direct_allowed", "grouped_mm", "grouped_mm_op",
@@ -67,7 +81,9 @@ _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredT
            "patch": "_patch", "PatchReport": "_patch", "LayerDecision": "_patch", "GroupedGemm": "_grouped",
            "grouped_mm": "_grouped", "grouped_problem_of": "_grouped", "torch_grouped_mm": "_grouped",
            "grouped_mm_op": "_grouped_op", "inductor_options": "_inductor", "FusionPass": "_inductor",
-           "FusionDecision": "_inductor"}
+           "FusionDecision": "_inductor", **{name: "_moe" for name in (
+               "ExpertActivation", "GateForm", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine",
+               "moe_experts", "moe_gather", "moe_routing")}}
 
 
 def __dir__() -> list[str]:

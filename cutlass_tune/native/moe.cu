@@ -1,0 +1,300 @@
+// The MoE experts layer's glue as CUDA kernels (cutlass_tune/runtime/_moe.py calls them where
+// they are built): the gather of token rows into routed rows, the combine of routed rows back
+// to tokens, and the routing weights' gradient of either.
+//
+//   moe_gather(x, inv, weights?, top_k)  out[inv[t * top_k + j]] = w[t, j] * x[t]       (S x H)
+//   moe_combine(y, inv, weights?, top_k) out[t] = sum_j w[t, j] * y[inv[t * top_k + j]] (T x H)
+//   moe_weights_grad(a, b, inv, top_k)   g[t, j] = <a[t], b[inv[t * top_k + j]]>         (T x top_k, fp32)
+//
+// inv is the routing's inverse permutation (slot s = t * top_k + j is routed row inv[s]; int64,
+// S = T * top_k values, each row once: the kernels do not check it, which would need a host
+// sync). weights are float32, S values (T x top_k), None meaning one. One block per token: it
+// reads its token row once (gather) or its top_k routed rows once (combine) in 16-byte vectors
+// where the rows allow, and accumulates in fp32 in the order j = 0 .. top_k - 1, so every call
+// gives the same bits (no atomics). Gather and combine are each other's adjoint; the autograd
+// that says so lives in Python (register_autograd), as do the fake implementations.
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace {
+
+constexpr int kMaxThreads = 256;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+int threads_for(int64_t vectors) {
+  int64_t warps = (vectors + 31) / 32;
+  int64_t threads = warps * 32;
+  return static_cast<int>(threads < 32 ? 32 : threads > kMaxThreads ? kMaxThreads : threads);
+}
+
+// 16 bytes / sizeof(T) where every row of every tensor starts 16-byte aligned, else 1.
+template <typename T>
+int vector_width(int64_t hidden, std::initializer_list<const void*> pointers) {
+  constexpr int wide = 16 / sizeof(T);
+  if (wide <= 1 || hidden % wide) return 1;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16) return 1;
+  }
+  return wide;
+}
+
+// fn(std::integral_constant<int, VEC>) for the vector width `width` (VEC elements of T in 16
+// bytes at most; 1 where the rows are not 16-byte aligned).
+template <typename T, typename Fn>
+void with_width(int width, Fn&& fn) {
+  if constexpr (16 / sizeof(T) >= 8) {
+    if (width == 8) return fn(std::integral_constant<int, 8>{});
+  }
+  if constexpr (16 / sizeof(T) >= 4) {
+    if (width == 4) return fn(std::integral_constant<int, 4>{});
+  }
+  if constexpr (16 / sizeof(T) >= 2) {
+    if (width == 2) return fn(std::integral_constant<int, 2>{});
+  }
+  return fn(std::integral_constant<int, 1>{});
+}
+
+template <typename T, int VEC, bool WEIGHTED>
+__global__ void gather_kernel(const T* __restrict__ x, const int64_t* __restrict__ inv, const float* __restrict__ w,
+                              T* __restrict__ out, int top_k, int64_t vectors) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  int64_t* rows = reinterpret_cast<int64_t*>(shared);
+  float* scales = reinterpret_cast<float*>(rows + top_k);
+  const int64_t t = blockIdx.x;
+  for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+    rows[j] = inv[t * top_k + j];
+    scales[j] = WEIGHTED ? w[t * top_k + j] : 1.f;
+  }
+  __syncthreads();
+  using P = Pack<T, VEC>;
+  const P* src = reinterpret_cast<const P*>(x) + t * vectors;
+  P* dst = reinterpret_cast<P*>(out);
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const P p = src[v];
+    for (int j = 0; j < top_k; ++j) {
+      P q;
+      if (WEIGHTED) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) q.v[i] = static_cast<T>(static_cast<float>(p.v[i]) * scales[j]);
+      } else {
+        q = p;
+      }
+      dst[rows[j] * vectors + v] = q;
+    }
+  }
+}
+
+template <typename T, int VEC, bool WEIGHTED>
+__global__ void combine_kernel(const T* __restrict__ y, const int64_t* __restrict__ inv, const float* __restrict__ w,
+                               T* __restrict__ out, int top_k, int64_t vectors) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  int64_t* rows = reinterpret_cast<int64_t*>(shared);
+  float* scales = reinterpret_cast<float*>(rows + top_k);
+  const int64_t t = blockIdx.x;
+  for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+    rows[j] = inv[t * top_k + j];
+    scales[j] = WEIGHTED ? w[t * top_k + j] : 1.f;
+  }
+  __syncthreads();
+  using P = Pack<T, VEC>;
+  const P* src = reinterpret_cast<const P*>(y);
+  P* dst = reinterpret_cast<P*>(out) + t * vectors;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    float acc[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const P p = src[rows[j] * vectors + v];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        // A rounded product, then the sum (no fused multiply-add): torch's order of roundings.
+        const float term = WEIGHTED ? __fmul_rn(scales[j], static_cast<float>(p.v[i])) : static_cast<float>(p.v[i]);
+        acc[i] = __fadd_rn(acc[i], term);
+      }
+    }
+    P q;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) q.v[i] = static_cast<T>(acc[i]);
+    dst[v] = q;
+  }
+}
+
+// The block's sum of one float per thread, in a fixed order (warp shuffles, then warp 0 over
+// the warps' sums); every thread gets it.
+__device__ float block_sum(float value, float* warp_sums) {
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_down_sync(0xffffffffu, value, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+  if (lane == 0) warp_sums[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < warps ? warp_sums[lane] : 0.f;
+    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_down_sync(0xffffffffu, value, offset);
+    if (lane == 0) warp_sums[0] = value;
+  }
+  __syncthreads();
+  const float total = warp_sums[0];
+  __syncthreads();  // warp_sums is reused by the next call
+  return total;
+}
+
+template <typename T, int VEC>
+__global__ void weights_grad_kernel(const T* __restrict__ a, const T* __restrict__ b, const int64_t* __restrict__ inv,
+                                    float* __restrict__ out, int top_k, int64_t vectors) {
+  __shared__ float warp_sums[kMaxThreads / 32];
+  const int64_t t = blockIdx.x;
+  using P = Pack<T, VEC>;
+  const P* row_a = reinterpret_cast<const P*>(a) + t * vectors;
+  for (int j = 0; j < top_k; ++j) {
+    const P* row_b = reinterpret_cast<const P*>(b) + inv[t * top_k + j] * vectors;
+    float partial = 0.f;
+    for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+      const P p = row_a[v], q = row_b[v];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) partial += static_cast<float>(p.v[i]) * static_cast<float>(q.v[i]);
+    }
+    const float total = block_sum(partial, warp_sums);
+    if (threadIdx.x == 0) out[t * top_k + j] = total;
+  }
+}
+
+void check_routing(const char* op, const at::Tensor& rows, const at::Tensor& inv, const c10::optional<at::Tensor>& weights,
+                   int64_t top_k) {
+  TORCH_CHECK(rows.is_cuda(), op, ": expects CUDA tensors, got one on ", rows.device());
+  TORCH_CHECK(rows.dim() == 2, op, ": expects a 2-D tensor of rows, got ", rows.dim(), "-D");
+  TORCH_CHECK(top_k > 0, op, ": top_k must be positive, got ", top_k);
+  TORCH_CHECK(inv.dim() == 1 && inv.scalar_type() == at::kLong, op, ": inv must be 1-D int64 (the routing's inverse "
+              "permutation), got ", inv.scalar_type(), " of ", inv.dim(), " dimensions");
+  TORCH_CHECK(inv.numel() % top_k == 0, op, ": inv holds ", inv.numel(), " slots, not a multiple of top_k ", top_k);
+  TORCH_CHECK(inv.device() == rows.device(), op, ": inv is on ", inv.device(), " and the rows on ", rows.device());
+  if (weights.has_value()) {
+    TORCH_CHECK(weights->scalar_type() == at::kFloat, op, ": weights must be float32, got ", weights->scalar_type());
+    TORCH_CHECK(weights->numel() == inv.numel(), op, ": weights hold ", weights->numel(), " values for ", inv.numel(),
+                " slots");
+    TORCH_CHECK(weights->device() == rows.device(), op, ": weights are on ", weights->device(), " and the rows on ",
+                rows.device());
+  }
+  TORCH_CHECK(rows.scalar_type() == at::kFloat || rows.scalar_type() == at::kHalf ||
+                  rows.scalar_type() == at::kBFloat16,
+              op, ": rows must be float32, float16 or bfloat16, got ", rows.scalar_type());
+}
+
+at::Tensor moe_gather(const at::Tensor& x_in, const at::Tensor& inv_in, const c10::optional<at::Tensor>& weights_in,
+                      int64_t top_k) {
+  check_routing("cutlass_tune::moe_gather", x_in, inv_in, weights_in, top_k);
+  const int64_t slots = inv_in.numel(), tokens = slots / top_k, hidden = x_in.size(1);
+  TORCH_CHECK(x_in.size(0) == tokens, "cutlass_tune::moe_gather: x has ", x_in.size(0), " rows for ", tokens,
+              " tokens (", slots, " slots of top_k ", top_k, ")");
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous(), inv = inv_in.contiguous();
+  const at::Tensor weights = weights_in.has_value() ? weights_in->contiguous() : at::Tensor();
+  at::Tensor out = at::empty({slots, hidden}, x.options());
+  if (slots == 0 || hidden == 0) return out;
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const size_t shared = top_k * (sizeof(int64_t) + sizeof(float));
+  const float* w = weights.defined() ? weights.data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gather", [&] {
+    const int width = vector_width<scalar_t>(hidden, {x.data_ptr(), out.data_ptr()});
+    const int64_t vectors = hidden / width;
+    const int threads = threads_for(vectors);
+    with_width<scalar_t>(width, [&](auto vec) {
+      constexpr int VEC = decltype(vec)::value;
+      if (w) {
+        gather_kernel<scalar_t, VEC, true><<<tokens, threads, shared, stream>>>(
+            x.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w, out.data_ptr<scalar_t>(), top_k, vectors);
+      } else {
+        gather_kernel<scalar_t, VEC, false><<<tokens, threads, shared, stream>>>(
+            x.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w, out.data_ptr<scalar_t>(), top_k, vectors);
+      }
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor moe_combine(const at::Tensor& y_in, const at::Tensor& inv_in, const c10::optional<at::Tensor>& weights_in,
+                       int64_t top_k) {
+  check_routing("cutlass_tune::moe_combine", y_in, inv_in, weights_in, top_k);
+  const int64_t slots = inv_in.numel(), tokens = slots / top_k, hidden = y_in.size(1);
+  TORCH_CHECK(y_in.size(0) == slots, "cutlass_tune::moe_combine: y has ", y_in.size(0), " rows for ", slots,
+              " routed slots");
+  const c10::cuda::CUDAGuard guard(y_in.device());
+  const at::Tensor y = y_in.contiguous(), inv = inv_in.contiguous();
+  const at::Tensor weights = weights_in.has_value() ? weights_in->contiguous() : at::Tensor();
+  at::Tensor out = at::empty({tokens, hidden}, y.options());
+  if (tokens == 0 || hidden == 0) return out;
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const size_t shared = top_k * (sizeof(int64_t) + sizeof(float));
+  const float* w = weights.defined() ? weights.data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "moe_combine", [&] {
+    const int width = vector_width<scalar_t>(hidden, {y.data_ptr(), out.data_ptr()});
+    const int64_t vectors = hidden / width;
+    const int threads = threads_for(vectors);
+    with_width<scalar_t>(width, [&](auto vec) {
+      constexpr int VEC = decltype(vec)::value;
+      if (w) {
+        combine_kernel<scalar_t, VEC, true><<<tokens, threads, shared, stream>>>(
+            y.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w, out.data_ptr<scalar_t>(), top_k, vectors);
+      } else {
+        combine_kernel<scalar_t, VEC, false><<<tokens, threads, shared, stream>>>(
+            y.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w, out.data_ptr<scalar_t>(), top_k, vectors);
+      }
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor moe_weights_grad(const at::Tensor& a_in, const at::Tensor& b_in, const at::Tensor& inv_in, int64_t top_k) {
+  check_routing("cutlass_tune::moe_weights_grad", a_in, inv_in, c10::nullopt, top_k);
+  check_routing("cutlass_tune::moe_weights_grad", b_in, inv_in, c10::nullopt, top_k);
+  const int64_t slots = inv_in.numel(), tokens = slots / top_k, hidden = a_in.size(1);
+  TORCH_CHECK(a_in.size(0) == tokens && b_in.size(0) == slots && b_in.size(1) == hidden,
+              "cutlass_tune::moe_weights_grad: a must be ", tokens, " x H token rows and b ", slots,
+              " x H routed rows, got ", a_in.sizes(), " and ", b_in.sizes());
+  TORCH_CHECK(a_in.scalar_type() == b_in.scalar_type(), "cutlass_tune::moe_weights_grad: a is ", a_in.scalar_type(),
+              " and b ", b_in.scalar_type());
+  const c10::cuda::CUDAGuard guard(a_in.device());
+  const at::Tensor a = a_in.contiguous(), b = b_in.contiguous(), inv = inv_in.contiguous();
+  at::Tensor out = at::zeros({tokens, top_k}, a.options().dtype(at::kFloat));
+  if (tokens == 0 || hidden == 0) return out;
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "moe_weights_grad", [&] {
+    const int width = vector_width<scalar_t>(hidden, {a.data_ptr(), b.data_ptr()});
+    const int64_t vectors = hidden / width;
+    const int threads = threads_for(vectors);
+    with_width<scalar_t>(width, [&](auto vec) {
+      constexpr int VEC = decltype(vec)::value;
+      weights_grad_kernel<scalar_t, VEC><<<tokens, threads, 0, stream>>>(
+          a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), out.data_ptr<float>(), top_k,
+          vectors);
+    });
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(cutlass_tune, m) {
+  m.def("moe_gather(Tensor x, Tensor inv, Tensor? weights, int top_k) -> Tensor");
+  m.def("moe_combine(Tensor y, Tensor inv, Tensor? weights, int top_k) -> Tensor");
+  m.def("moe_weights_grad(Tensor a, Tensor b, Tensor inv, int top_k) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(cutlass_tune, CUDA, m) {
+  m.impl("moe_gather", &moe_gather);
+  m.impl("moe_combine", &moe_combine);
+  m.impl("moe_weights_grad", &moe_weights_grad);
+}

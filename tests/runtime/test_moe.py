@@ -1,0 +1,305 @@
+"""The MoE experts layer (cutlass_tune/runtime/_moe.py) on the CPU: routing, gather, combine and
+the whole layer against a per-token loop, gradients, determinism, torch.compile, bad input.
+
+Off CUDA the grouped GEMMs are torch's and the gather and combine torch ops: these tests check
+the layer's math and wiring; tests/runtime/test_moe_gpu.py runs the tuned kernels and the
+native gather and combine."""
+
+import pandas as pd
+import pytest
+import torch
+
+import cutlass_tune
+from cutlass_tune.runtime import BestTable, _moe, _moe_routing, register_table
+from cutlass_tune.runtime._moe import (
+    SWIGLU_OAI,
+    ExpertActivation,
+    GateForm,
+    MoEExperts,
+    MoEInputError,
+    moe_combine,
+    moe_experts,
+    moe_gather,
+    moe_routing,
+)
+from cutlass_tune.space import Activation
+
+EMPTY = register_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), key="moe-empty")
+
+
+def routed(tokens=7, experts=6, top_k=2, used=None, seed=0):
+    """Routing of `tokens` tokens to `top_k` distinct experts each, drawn from `used` (default all)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(used if used is not None else range(experts))
+    index = torch.stack([pool[torch.randperm(len(pool), generator=g)[:top_k]] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=g)
+    return index, weights
+
+
+def layer(experts=6, hidden=32, inter=16, gated=True, bias=False, transposed=False, dtype=torch.float32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    n = 2 * inter if gated else inter
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g) / 4).to(dtype)
+
+    gate_up = rand(experts, hidden, n) if transposed else rand(experts, n, hidden)
+    down = rand(experts, inter, hidden) if transposed else rand(experts, hidden, inter)
+    biases = (rand(experts, n), rand(experts, hidden)) if bias else (None, None)
+    return gate_up, down, *biases
+
+
+def reference(x, index, weights, gate_up, down, activation, gate_up_bias=None, down_bias=None, transposed=False):
+    """The layer one token and one expert at a time, in float64."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(index.shape[1]):
+            e = int(index[t, j])
+            w1 = gate_up[e].double() if transposed else gate_up[e].double().t()
+            w2 = down[e].double() if transposed else down[e].double().t()
+            h = x[t].double() @ w1 + (gate_up_bias[e].double() if gate_up_bias is not None else 0)
+            y = activation(h[None])[0] @ w2 + (down_bias[e].double() if down_bias is not None else 0)
+            out[t] += weights[t, j].double() * y
+    return out
+
+
+def test_routing_offsets_permutation_and_inverse():
+    index, _ = routed(tokens=9, experts=6, top_k=2, used=[0, 2, 5])  # experts 1, 3, 4 get no rows
+    r = moe_routing(index, 6)
+    ids = index.reshape(-1)
+    assert r.offsets.dtype == torch.int32 and r.offsets.tolist() == torch.bincount(ids, minlength=6).cumsum(0).tolist()
+    assert r.counts.tolist() == torch.bincount(ids, minlength=6).tolist()
+    assert torch.equal(ids[r.perm], r.sorted_ids) and torch.equal(r.perm[r.inv], torch.arange(18))
+    # stable: a expert's routed rows in slot order
+    assert all(ids[r.perm[i]] < ids[r.perm[i + 1]] or r.perm[i] < r.perm[i + 1] for i in range(17))
+
+
+def test_routing_puts_expert_parallel_sentinels_past_the_offsets():
+    index = torch.tensor([[0, 7], [3, 1], [9, 3]])  # 7 and 9: other ranks' experts of a 4-expert rank
+    r = moe_routing(index, 4)
+    assert r.offsets.tolist() == [1, 2, 2, 4] and r.sorted_ids[4:].tolist() == [7, 9]
+
+
+def test_gather_and_combine_are_adjoint_and_match_torch():
+    index, weights = routed(tokens=5, top_k=3)
+    r = moe_routing(index, 6)
+    x, y = torch.randn(5, 16), torch.randn(15, 16)
+    rows = moe_gather(x, r)
+    assert torch.equal(rows, x[r.perm // 3])
+    want = (y[r.inv].view(5, 3, 16) * weights[..., None]).sum(1)
+    torch.testing.assert_close(moe_combine(y, r, weights), want)
+    half = weights.bfloat16()  # applied in float32 whatever their type
+    assert torch.equal(moe_combine(y, r, half), moe_combine(y, r, half.float()))
+    # <gather(x, w), y> == <x, combine(y, w)>
+    torch.testing.assert_close((moe_gather(x, r, weights) * y).sum(), (x * moe_combine(y, r, weights)).sum())
+
+
+def test_gather_and_combine_gradients():
+    index, weights = routed(tokens=4, top_k=2)
+    r = moe_routing(index, 6)
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(8, 8, dtype=torch.float64, requires_grad=True)
+    w = weights.double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w: moe_gather(x, r, w), (x, w))
+    assert torch.autograd.gradcheck(lambda y, w: moe_combine(y, r, w), (y, w))
+    assert torch.autograd.gradcheck(lambda x: moe_gather(x, r), (x,))
+
+
+CASES = {
+    "swiglu": dict(activation="silu"),
+    "geglu-bias-transposed": dict(activation="gelu", bias=True, transposed=True),
+    "relu-non-gated": dict(activation="relu", gated=False),
+    "gelu-tanh-non-gated-bias": dict(activation="gelu_tanh", gated=False, bias=True),
+    "gpt-oss": dict(activation=SWIGLU_OAI, bias=True, transposed=True),
+    "clamped-split-swiglu": dict(activation=ExpertActivation(Activation.SILU, GateForm.GLU, limit=0.5)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(("tokens", "top_k"), [(7, 2), (1, 2), (5, 1)])
+def test_layer_matches_a_per_token_loop(case, tokens, top_k):
+    spec = dict(CASES[case])
+    activation = spec.pop("activation")
+    gate_up, down, b1, b2 = layer(**spec)
+    index, weights = routed(tokens=tokens, top_k=top_k, used=[1, 4, 5])  # experts 0, 2, 3 get no rows
+    x = torch.randn(tokens, 32)
+    got = moe_experts(x, index, weights, gate_up, down, table=EMPTY, activation=activation, gate_up_bias=b1,
+                      down_bias=b2, transposed=spec.get("transposed", False))
+    gated = spec.get("gated", True)
+    act = _moe.expert_activation(activation, gated)
+    want = reference(x, index, weights, gate_up, down, act, b1, b2, spec.get("transposed", False))
+    assert got.dtype == x.dtype and got.shape == x.shape
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_match_the_loop():
+    gate_up, down, b1, b2 = layer(bias=True)
+    index, weights = routed(tokens=6, top_k=2, used=[0, 1, 3])
+    x = torch.randn(6, 32)
+    leaves = [t.clone().requires_grad_() for t in (x, weights, gate_up, down, b1, b2)]
+
+    def run(fn, *ts):
+        x, w, gu, dn, bu, bd = ts
+        return fn(x, index, w, gu, dn, bu, bd)
+
+    got = run(lambda x, i, w, gu, dn, bu, bd: moe_experts(x, i, w, gu, dn, table=EMPTY, gate_up_bias=bu,
+                                                         down_bias=bd), *leaves)
+    grad = torch.randn_like(got)
+    got_grads = torch.autograd.grad(got, leaves, grad)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    want = run(lambda x, i, w, gu, dn, bu, bd: reference(x, i, w, gu, dn, _moe.ExpertActivation(), bu, bd),
+               *ref_leaves)
+    want_grads = torch.autograd.grad(want, ref_leaves, grad.double())
+    for name, g, w in zip(("hidden", "routing weights", "gate_up", "down", "gate_up bias", "down bias"), got_grads,
+                          want_grads, strict=True):
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5, msg=name)
+    assert not got_grads[2][2].any() and not got_grads[2][4].any()  # experts of no rows
+
+
+def test_same_bits_twice_forward_and_backward():
+    gate_up, down, _, _ = layer(dtype=torch.bfloat16)
+    index, weights = routed(tokens=9, top_k=2)
+    x = torch.randn(9, 32, dtype=torch.bfloat16, requires_grad=True)
+    runs = []
+    for _ in range(2):
+        out = moe_experts(x, index, weights, gate_up, down, table=EMPTY)
+        (grad,) = torch.autograd.grad(out.float().square().sum(), x)
+        runs.append((out, grad))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+def test_bfloat16_layer_is_within_bf16_of_the_loop():
+    gate_up, down, _, _ = layer(dtype=torch.bfloat16)
+    index, weights = routed(tokens=8, top_k=2)
+    x = torch.randn(8, 32, dtype=torch.bfloat16)
+    got = moe_experts(x, index, weights, gate_up, down, table=None)
+    want = reference(x, index, weights, gate_up, down, ExpertActivation())
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_expert_parallel_sentinels_contribute_zero():
+    gate_up, down, b1, b2 = layer(experts=4, bias=True)
+    index = torch.tensor([[0, 7], [3, 1], [9, 3]])
+    weights = torch.rand(3, 2)
+    x = torch.randn(3, 32)
+    got = moe_experts(x, index, weights, gate_up, down, table=EMPTY, gate_up_bias=b1, down_bias=b2,
+                      expert_parallel=True)
+    local = index < 4
+    want = reference(x, index.where(local, 0), weights * local, gate_up, down, ExpertActivation(), b1, b2)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("table", "backend", "dtype"), [
+    (EMPTY, "eager", torch.float32), (None, "eager", torch.float32),
+    (EMPTY, "aot_eager", torch.bfloat16),  # torch's grouped GEMM traces bfloat16 only (its weight gradient)
+])
+def test_fullgraph_under_torch_compile_forward_and_backward(table, backend, dtype):
+    torch._dynamo.reset()
+    gate_up, down, b1, b2 = layer(bias=True, dtype=dtype)
+    gate_up.requires_grad_()
+    index, weights = routed(tokens=5, top_k=2)
+    x = torch.randn(5, 32, dtype=dtype, requires_grad=True)
+
+    def fn(x, index, weights, gate_up):
+        return moe_experts(x, index, weights, gate_up, down, table=table, gate_up_bias=b1, down_bias=b2)
+
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    got = compiled(x, index, weights, gate_up)
+    got.float().sum().backward()
+    grads = x.grad.clone(), gate_up.grad.clone()
+    x.grad = gate_up.grad = None
+    want = fn(x, index, weights, gate_up)
+    want.float().sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grads[0], x.grad)
+    torch.testing.assert_close(grads[1], gate_up.grad)
+
+
+def test_module_from_weight_stacks():
+    gate_up, down, b1, b2 = layer(bias=True, transposed=True)
+    module = cutlass_tune.nn.MoEExperts(gate_up, down, table=EMPTY, activation=SWIGLU_OAI, gate_up_bias=b1,
+                                        down_bias=b2, transposed=True)
+    index, weights = routed(tokens=4, top_k=2)
+    x = torch.randn(4, 32)
+    want = moe_experts(x, index, weights, gate_up, down, table=EMPTY, activation=SWIGLU_OAI, gate_up_bias=b1,
+                       down_bias=b2, transposed=True)
+    assert torch.equal(module(x, index, weights), want)
+    assert set(module.state_dict()) == {"gate_up", "down", "gate_up_bias", "down_bias"}
+    assert isinstance(module, MoEExperts) and "swiglu_oai" in repr(module)
+    with pytest.raises(MoEInputError, match="top_k_weights must be floating"):
+        module(x, index, weights[:, :1])
+
+
+def test_torch_compile_of_the_module_takes_no_graph_break():
+    torch._dynamo.reset()
+    gate_up, down, _, _ = layer()
+    module = MoEExperts(gate_up, down, table=EMPTY)
+    index, weights = routed(tokens=3, top_k=2)
+    x = torch.randn(3, 32)
+    compiled = torch.compile(module, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, index, weights), module(x, index, weights))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (dict(down=torch.zeros(6, 32, 20)), "are not one experts layer"),
+    (dict(down=torch.zeros(6, 32)), "down must be a 3-D tensor"),
+    (dict(activation="swish"), "activation 'swish' is not one the experts layer computes"),
+    (dict(activation=SWIGLU_OAI, gate_up=torch.zeros(6, 16, 32)), "the gated activation swiglu_oai needs twice"),
+    (dict(gate_up_bias=torch.zeros(6, 16)), "gate_up_bias must be 6 x 32"),
+    (dict(hidden=torch.zeros(7, 30)), "hidden must be tokens x 32"),
+    (dict(top_k_weights=torch.zeros(7, 3)), "top_k_weights must be floating"),
+    (dict(top_k_index=torch.zeros(7, 2)), "top_k_index must be 7 x top_k integer expert ids"),
+    (dict(activation=ExpertActivation(Activation.GELU, GateForm.SWIGLU_OAI)), "silu's alpha form"),
+])
+def test_bad_input_is_a_one_line_error(change, message):
+    gate_up, down, _, _ = layer()
+    index, weights = routed(tokens=7, top_k=2)
+    args = dict(hidden=torch.randn(7, 32), top_k_index=index, top_k_weights=weights, gate_up=gate_up, down=down,
+                table=EMPTY) | change
+    with pytest.raises(MoEInputError, match=message):
+        moe_experts(**args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The native operators' Python half: fakes and autograd, on stand-ins defined here (the
+# extension itself is built only with CUDA torch).
+
+_STANDIN = "cutlass_tune_moe_test"
+
+
+@pytest.fixture(scope="module")
+def standin_ops():
+    """The native schemas in a namespace of their own, computed by the torch path on the CPU."""
+    lib = torch.library.Library(_STANDIN, "DEF")
+    lib.define("moe_gather(Tensor x, Tensor inv, Tensor? weights, int top_k) -> Tensor")
+    lib.define("moe_combine(Tensor y, Tensor inv, Tensor? weights, int top_k) -> Tensor")
+    lib.define("moe_weights_grad(Tensor a, Tensor b, Tensor inv, int top_k) -> Tensor")
+
+    def gather(x, inv, weights, top_k):
+        perm = torch.empty_like(inv).scatter_(0, inv, torch.arange(inv.shape[0]))
+        return _moe_routing._torch_gather(x, perm, inv, weights, top_k)
+
+    lib.impl("moe_gather", gather, "CPU")
+    lib.impl("moe_combine", lambda y, inv, w, k: _moe_routing._torch_combine(y, None, inv, w, k), "CPU")
+    lib.impl("moe_weights_grad", _moe_routing._torch_weights_grad, "CPU")
+    yield lib
+    lib._destroy()
+
+
+def test_native_ops_registered_from_python_differentiate_and_compile(standin_ops, monkeypatch):
+    monkeypatch.setattr(_moe_routing, "_native", {})
+    assert _moe_routing.register_native(_STANDIN) and _moe_routing.register_native(_STANDIN)  # idempotent
+    ops = getattr(torch.ops, _STANDIN)
+    index, weights = routed(tokens=4, top_k=2)
+    r = moe_routing(index, 6)
+    y = torch.randn(8, 8, dtype=torch.float64, requires_grad=True)
+    w = weights.double().requires_grad_()
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda y, w: ops.moe_combine(y, r.inv, w, 2), (y, w))
+    assert torch.autograd.gradcheck(lambda x, w: ops.moe_gather(x, r.inv, w, 2), (x, w))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda y, w: ops.moe_combine(ops.moe_gather(y, r.inv, w, 2), r.inv, w, 2),
+                             backend="aot_eager", fullgraph=True)
+    x32, w32 = torch.randn(4, 8), weights.clone()
+    want = moe_combine(moe_gather(x32, r, w32), r, w32)
+    torch.testing.assert_close(compiled(x32, w32), want)

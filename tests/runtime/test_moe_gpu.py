@@ -1,0 +1,235 @@
+"""The MoE experts layer on a Hopper GPU: the tuned grouped GEMMs inside `cutlass_tune.moe_experts`
+against transformers' forward, no host sync, CUDA graph capture, torch.compile, the fallback for
+untuned shapes, and the native gather and combine (cutlass_tune/native/moe.cu) against the
+torch ops they replace.
+
+Run: pytest tests/runtime/test_moe_gpu.py -s"""
+
+import warnings
+
+import pytest
+import torch
+
+import cutlass_tune
+from cutlass_tune.runtime import _moe_routing, register_table
+from cutlass_tune.runtime._moe import moe_combine, moe_experts, moe_gather, moe_routing
+from cutlass_tune.space import Layout
+
+from .test_grouped_gpu import grouped_table, no_fallback
+
+pytestmark = pytest.mark.gpu
+
+E, H, INTER, TOP_K, TOKENS = 8, 1024, 512, 2, 2048
+ROWS = TOKENS * TOP_K
+
+
+def experts_table():
+    """Tuned kernels of the layer's two GEMMs (tn) and of both dA problems of its backward (tt)."""
+    return grouped_table([(E, 2 * INTER, H, ROWS, Layout.COL), (E, H, INTER, ROWS, Layout.COL),
+                          (E, H, 2 * INTER, ROWS, Layout.ROW), (E, INTER, H, ROWS, Layout.ROW)])
+
+
+def operands(tokens=TOKENS, grad=False, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(grad)
+    scores = torch.randn(tokens, E, device="cuda", generator=g)
+    weights, index = scores.softmax(-1).topk(TOP_K, dim=-1)
+    gate_up = (torch.randn(E, 2 * INTER, H, device="cuda", dtype=torch.bfloat16, generator=g) / 32)
+    down = (torch.randn(E, H, INTER, device="cuda", dtype=torch.bfloat16, generator=g) / 32)
+    return x, index, weights.requires_grad_(grad), gate_up.requires_grad_(grad), down.requires_grad_(grad)
+
+
+def torch_layer(x, index, weights, gate_up, down):
+    """transformers' "grouped_mm" experts forward on the same weights."""
+    from types import SimpleNamespace
+
+    transformers = pytest.importorskip("transformers", minversion="5")
+    experts = SimpleNamespace(num_experts=E, has_gate=True, has_bias=False, is_transposed=False,
+                              has_post_expert_norm=False, _is_expert_parallel=False, gate_up_proj=gate_up,
+                              down_proj=down, act_fn=torch.nn.functional.silu)
+    experts._apply_gate = lambda h: transformers.integrations.moe._default_apply_gate(experts, h)
+    return transformers.integrations.moe.grouped_mm_experts_forward(experts, x, index, weights)
+
+
+def close(got, want, tol=2e-2, name=""):
+    assert got.shape == want.shape and torch.isfinite(got).all(), name
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < tol, name
+
+
+@pytest.mark.nvcc
+def test_layer_with_a_table_matches_transformers_forward():
+    key = register_table(experts_table(), key="moe-gpu")
+    x, index, weights, gate_up, down = operands()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = moe_experts(x, index, weights, gate_up, down, table=key)
+    no_fallback(caught)
+    close(got, torch_layer(x, index, weights, gate_up, down))
+
+
+@pytest.mark.nvcc
+def test_layer_gradients_with_a_table_match_torch():
+    key = register_table(experts_table(), key="moe-gpu")
+    tensors = operands(grad=True)
+    grad = torch.randn(TOKENS, H, device="cuda", dtype=torch.bfloat16)
+    moe_experts(*tensors, table=key).backward(grad)
+    got = [t.grad.clone() for t in (tensors[0], tensors[2], tensors[3], tensors[4])]
+    for t in tensors:
+        t.grad = None
+    torch_layer(*tensors).backward(grad)
+    for name, g, t in zip(("hidden", "routing weights", "gate_up", "down"), got,
+                          (tensors[0], tensors[2], tensors[3], tensors[4]), strict=True):
+        close(g, t.grad, name=name)
+
+
+def test_untuned_shapes_fall_back_to_torch_and_still_match():
+    key = register_table(grouped_table([(16, 256, 256, 64, Layout.COL)]), key="moe-gpu-untuned")
+    x, index, weights, gate_up, down = operands(tokens=256)
+    with pytest.warns(RuntimeWarning, match="no tuned grouped problem"):
+        got = moe_experts(x, index, weights, gate_up, down, table=key)
+    close(got, torch_layer(x, index, weights, gate_up, down))
+
+
+@pytest.mark.nvcc
+def test_no_host_sync():
+    key = register_table(experts_table(), key="moe-gpu")
+    x, index, weights, gate_up, down = operands()
+    trained = gate_up.detach().clone().requires_grad_()
+
+    def run():
+        routing = moe_routing(index, E)
+        moe_combine(moe_gather(x, routing), routing, weights)
+        moe_experts(x, index, weights, gate_up, down, table=key)  # eager inference: the kernels called directly
+        # the operator's path, forward and backward
+        moe_experts(x, index, weights, trained, down, table=key).float().sum().backward()
+
+    run()  # loads and prepares every kernel outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.nvcc
+def test_cuda_graph_replays_new_routing():
+    key = register_table(experts_table(), key="moe-gpu")
+    x, index, weights, gate_up, down = operands()
+    with torch.no_grad():
+        moe_experts(x, index, weights, gate_up, down, table=key)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe_experts(x, index, weights, gate_up, down, table=key)
+        x2, index2, weights2, _, _ = operands(seed=1)
+        x.copy_(x2)
+        index.copy_(index2)
+        weights.copy_(weights2)
+        graph.replay()
+        close(out, torch_layer(x, index, weights, gate_up, down))
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_layer_under_torch_compile(mode):
+    torch._dynamo.reset()
+    key = register_table(experts_table(), key="moe-gpu")
+    x, index, weights, gate_up, down = operands()
+    compiled = torch.compile(lambda *t: moe_experts(*t, table=key), fullgraph=True, mode=mode)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            for _ in range(3):
+                got = compiled(x, index, weights, gate_up, down)
+    no_fallback(caught)
+    close(got, torch_layer(x, index, weights, gate_up, down))
+
+
+def test_layer_is_deterministic():
+    x, index, weights, gate_up, down = operands(grad=True)
+    runs = []
+    for _ in range(2):
+        out = moe_experts(x, index, weights, gate_up, down, table=None)
+        runs.append((out, *torch.autograd.grad(out.float().square().sum(), (x, weights))))
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# The native gather and combine
+
+native = pytest.mark.skipif(not _moe_routing._load_native(), reason="the native extension is not built")
+
+
+@native
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("hidden", [1024, 36])  # 16-byte vectors, and rows that take one element at a time
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+def test_native_ops_match_the_torch_ops(dtype, hidden, top_k):
+    tokens = 300
+    index = torch.rand(tokens, 16, device="cuda").topk(top_k, dim=-1).indices
+    r = moe_routing(index, 16)
+    x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+    y = torch.randn(tokens * top_k, hidden, device="cuda", dtype=dtype)
+    w = torch.rand(tokens, top_k, device="cuda")
+    ops = torch.ops.cutlass_tune
+    rows = _moe_routing
+    assert torch.equal(ops.moe_gather(x, r.inv, None, top_k), rows._torch_gather(x, r.perm, r.inv, None, top_k))
+    torch.testing.assert_close(ops.moe_gather(x, r.inv, w, top_k), rows._torch_gather(x, r.perm, r.inv, w, top_k))
+    for weights in (None, w):
+        torch.testing.assert_close(ops.moe_combine(y, r.inv, weights, top_k),
+                                   rows._torch_combine(y, r.perm, r.inv, weights, top_k))
+    torch.testing.assert_close(ops.moe_weights_grad(x, y, r.inv, top_k),
+                               rows._torch_weights_grad(x, y, r.inv, top_k), rtol=1e-4, atol=1e-3)
+    again = ops.moe_combine(y, r.inv, w, top_k)
+    assert torch.equal(again, ops.moe_combine(y, r.inv, w, top_k))  # same bits
+
+
+@native
+def test_native_ops_refuse_bad_input_with_one_line():
+    x = torch.randn(4, 16, device="cuda")
+    inv = torch.arange(8, device="cuda")
+    with pytest.raises(RuntimeError, match="weights must be float32"):
+        torch.ops.cutlass_tune.moe_combine(x.repeat(2, 1), inv, torch.ones(8, device="cuda", dtype=torch.half), 2)
+    with pytest.raises(RuntimeError, match="inv must be 1-D int64"):
+        torch.ops.cutlass_tune.moe_gather(x, inv.int(), None, 2)
+    with pytest.raises(RuntimeError, match="not a multiple of top_k"):
+        torch.ops.cutlass_tune.moe_gather(x, inv[:7], None, 2)
+
+
+@native
+def test_native_ops_under_compile_and_in_a_cuda_graph():
+    torch._dynamo.reset()
+    index = torch.rand(64, 8, device="cuda").topk(2, dim=-1).indices
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.rand(64, 2, device="cuda", requires_grad=True)
+
+    def fn(x, w, index):
+        r = moe_routing(index, 8)
+        return moe_combine(moe_gather(x, r) * 2, r, w)
+
+    got = torch.compile(fn, fullgraph=True)(x, w, index)
+    got.float().sum().backward()
+    grads = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    want = fn(x, w, index)
+    want.float().sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grads[0], x.grad)
+    torch.testing.assert_close(grads[1], w.grad)
+    with torch.no_grad():
+        fn(x, w, index)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(x, w, index)
+        index.copy_(torch.rand(64, 8, device="cuda").topk(2, dim=-1).indices)
+        graph.replay()
+        torch.testing.assert_close(out, fn(x, w, index))
+
+
+def test_module_form_matches_the_function():
+    x, index, weights, gate_up, down = operands(tokens=128)
+    layer = cutlass_tune.nn.MoEExperts(gate_up, down, table=None)
+    with torch.no_grad():
+        assert torch.equal(layer(x, index, weights), moe_experts(x, index, weights, gate_up, down, table=None))
