@@ -43,10 +43,28 @@ def export(
         compiled = compile_stage.compile_kernels(configs, cache=compile_stage.KernelCache.at(cache_dir),
                                                  toolchain=toolchain, jobs=jobs or compile_stage.default_jobs(),
                                                  on_result=advance)
+    native = _native_build(cache_dir)
     with progress("bundling", len(configs), str) as advance:
         summary = write_bundle(frame, compiled, output, {"nvcc": toolchain.nvcc_version,
                                                          "cutlass": toolchain.cutlass_version,
-                                                         "cutlass_tune": __version__}, on_kernel=advance)
+                                                         "cutlass_tune": __version__}, on_kernel=advance,
+                               native=[] if native is None else [native])
     out.print(f"exported {summary.problems} problems, {summary.kernels} kernels in {summary.libraries} "
               f"libraries ({summary.bytes / 1e6:.1f} MB) to {summary.path}; "
               f"load it with cutlass_tune.BestTable.load({str(summary.path)!r})")
+
+
+def _native_build(cache_dir: Path | None) -> Path | None:
+    """The operators' native library for this host's torch, built if need be, for the bundle
+    (its folder in the kernel cache); None, with a line saying why, where it cannot be built."""
+    try:
+        from ..compile._native import build_native
+
+        found = build_native(cache=compile_stage.KernelCache.at(cache_dir))
+    except (CutlassTuneError, ImportError, OSError) as err:
+        out.print(f"the bundle carries no native operators: {err}")
+        return None
+    if found.library is None:
+        out.print(f"the bundle carries no native operators: {found.reason.splitlines()[0] if found.reason else ''}")
+        return None
+    return found.library.parent
