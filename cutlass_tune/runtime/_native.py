@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .. import settings
+from . import _dispatch
 from ._dispatch import Ready, Workspace, warn_once
 
 ENTRY_PYTHON, ENTRY_TORCH, ENTRY_EMPTY, ENTRY_KERNEL = 0, 1, 2, 3
@@ -88,6 +89,7 @@ def load(bundle: str | Path | None = None) -> ModuleType | None:
             return None
         try:
             _module = _import()
+            _dispatch.native_operators = bool(_module is not None and _module.cuda)
         except Exception as err:  # any failure to find or load it leaves the Python path
             _why = f"the native operators cannot be loaded ({type(err).__name__}: {err})"
         if _module is None and _why is not None and not _why.startswith("not built"):
