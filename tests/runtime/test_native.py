@@ -49,6 +49,7 @@ def test_the_native_header_mirrors_the_kernels_struct_and_gemm_args():
 def fresh(monkeypatch, tmp_path):
     """`_native` as before its first load, the kernel cache in `tmp_path`, no warning said yet."""
     monkeypatch.setenv("CUTLASS_TUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUTLASS_TUNE_NATIVE")  # the suite's guard sets it to 0
     monkeypatch.setattr(_native, "_tried", False)
     monkeypatch.setattr(_native, "_module", None)
     monkeypatch.setattr(_native, "_why", None)
@@ -221,3 +222,26 @@ def test_the_cli_says_where_it_is_and_that_it_loads(built):
     assert any(line.startswith("key: ") for line in lines)
     assert any(line.startswith("library: ") and line.endswith(LIBRARY) for line in lines)
     assert "loads: yes (CUDA kernels none: a CPU torch)" in lines
+
+
+def test_a_bundle_carries_the_library_and_a_loaded_bundle_is_searched(fresh, tmp_path, monkeypatch):
+    """Guards a serving host without a compiler: the bundle's copy of its torch's build is found."""
+    from cutlass_tune.report import load_best, write_bundle
+    from cutlass_tune.runtime import BestTable, _op, _table
+    from tests.report.test_bundle import BUILT_WITH, stand_ins
+    from tests.test_imports import STORE
+
+    build = _planted(tmp_path / "elsewhere", b"\x7fELF the build of another cache")
+    frame = load_best(STORE)
+    write_bundle(frame, stand_ins(frame, tmp_path / "units"), tmp_path / "bundle", BUILT_WITH, native=[build.parent])
+    carried = tmp_path / "bundle" / "native" / native_key() / LIBRARY
+    assert carried.read_bytes() == build.read_bytes()
+    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["native"] == [native_key()]
+    _table.NATIVE_BUNDLES.clear()
+    del _op  # imported: the operators are Python's in this process
+    monkeypatch.setattr(_native, "_tried", False)
+    BestTable.load(tmp_path / "bundle")
+    assert _table.NATIVE_BUNDLES == [tmp_path / "bundle"]
+    module, said = _load()  # found in the bundle (and refused there: these operators are Python's already)
+    assert module is None and "defined in Python before" in _native.reason()
+    _table.NATIVE_BUNDLES.clear()
