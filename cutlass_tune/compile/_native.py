@@ -78,13 +78,18 @@ class NativeSpec:
             obj = build / f"cu{i}-{source.stem}.o"
             assert self.nvcc is not None, "a spec with .cu sources names its nvcc"
             runs.append([self.nvcc, "-c", CUDA_ARCH, "-O2", "-std=c++20", "-Xcompiler=-fPIC,-fvisibility=hidden",
-                         "--expt-relaxed-constexpr", *self.defines, *(f"-I{d}" for d in self.include_dirs),
+                         *NVCC_TORCH_FLAGS, *self.defines, *(f"-I{d}" for d in self.include_dirs),
                          str(source), "-o", str(obj)])
             objects.append(obj)
         link = [self.cxx, "-shared", *map(str, objects), *(f"-L{d}" for d in self.library_dirs),
                 *(f"-Wl,-rpath,{d}" for d in self.library_dirs), *(f"-l{lib}" for lib in self.libraries),
                 "-o", str(build / LIBRARY)]
         return [*runs, link]
+
+
+NVCC_TORCH_FLAGS = ("--expt-relaxed-constexpr", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__")
+"""What torch's own extension builds pass nvcc: CUDA's half and bfloat16 operators would clash with c10's."""
 
 
 def _cuda_home(nvcc: str | None) -> Path | None:

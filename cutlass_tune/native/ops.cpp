@@ -169,6 +169,12 @@ struct Entry {
   std::mutex mu;
   std::list<std::pair<AddressSet, void*>> lru;
   std::unordered_map<AddressSet, std::list<std::pair<AddressSet, void*>>::iterator, AddressHash> ready;
+
+  ~Entry() {  // a forgotten table's plans (the launches already enqueued hold copies of what they read)
+    for (auto& item : lru) {
+      destroy(item.second);
+    }
+  }
 };
 
 using Plans = std::unordered_map<Signature, std::shared_ptr<Entry>, SignatureHash>;

@@ -104,26 +104,41 @@ def dense() -> dict:
             "plans": sorted(_native._module.plans(key)), "said": said(caught)}
 
 
+def _host_us(call) -> float:
+    """Host time of one call (us), the GPU kept busy: median of 15 blocks of 100 calls."""
+    call()
+    blocks = []
+    for _ in range(15):
+        torch.cuda._sleep(50_000_000)  # the GPU busy for the whole block: host time only
+        start = time.perf_counter()
+        for _ in range(100):
+            call()
+        blocks.append((time.perf_counter() - start) / 100 * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(blocks)
+
+
 def host() -> dict:
-    """Host time per call (us), the GPU kept busy, median of 15 blocks of 100 calls: the operator
-    and torch._grouped_mm on the small routing of a decode step (the issue's MoE shapes)."""
-    key = register_table(grouped_table([(E, N, K, 64, Layout.COL)]), key="native-host")
+    """Host time per call (us) of the operators against torch's own, eager and compiled (no CUDA
+    graphs): the grouped GEMM on a decode step's routing (8 experts of 512x1024, 8 rows each),
+    mm on 16 x 1024 times 1024 x 1024 (bf16 tn: the H200 stores' kernels)."""
+    grouped_key = register_table(grouped_table([(E, N, K, 64, Layout.COL)]), key="native-host")
+    dense_key = register_table(tuned_table(), key="native-host-dense")
     a, _, b, offs = operands(counts=(8,) * 8)
-    calls = {"op": lambda: torch.ops.cutlass_tune.grouped_mm(a, b, offs, key),
-             "torch": lambda: torch._grouped_mm(a, b, offs)}
+    x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    op_grouped = torch.compile(lambda a, b, o: torch.ops.cutlass_tune.grouped_mm(a, b, o, grouped_key))
+    torch_grouped = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, o))
+    calls = {"grouped op": lambda: torch.ops.cutlass_tune.grouped_mm(a, b, offs, grouped_key),
+             "grouped torch": lambda: torch._grouped_mm(a, b, offs),
+             "grouped op compiled": lambda: op_grouped(a, b, offs),
+             "grouped torch compiled": lambda: torch_grouped(a, b, offs),
+             "mm op": lambda: torch.ops.cutlass_tune.mm(x, w.t(), dense_key),
+             "mm torch": lambda: torch.mm(x, w.t())}
     out = {"native": _native.available()}
     with torch.no_grad():
         for name, call in calls.items():
-            call()
-            blocks = []
-            for _ in range(15):
-                torch.cuda._sleep(50_000_000)  # the GPU busy for the whole block: host time only
-                start = time.perf_counter()
-                for _ in range(100):
-                    call()
-                blocks.append((time.perf_counter() - start) / 100 * 1e6)
-                torch.cuda.synchronize()
-            out[name] = statistics.median(blocks)
+            out[name] = round(_host_us(call), 2)
     return out
 
 
