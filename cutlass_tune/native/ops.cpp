@@ -370,6 +370,7 @@ struct Refused {
 // Launch `e` with the addresses in `args` on the current stream of `device`. Raises Refused
 // where CUTLASS refuses the problem at initialize, a c10::Error where the launch fails.
 void launch(const char* op, Entry& e, int device, cutlass_tune_args& args) {
+  bind_primary_context(device);  // before any driver call: cuStreamIsCapturing needs a context too
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   c10::DataPtr per_call;
   void* workspace = nullptr;
@@ -408,7 +409,6 @@ void launch(const char* op, Entry& e, int device, cutlass_tune_args& args) {
       e.lru.emplace_back(key, instance);
       e.ready[key] = std::prev(e.lru.end());
     }
-    bind_primary_context(device);
     int code = e.initialize(instance, &args, workspace, stream);
     if (code != 0) {
       e.ready.erase(key);
