@@ -35,8 +35,6 @@ from ..kernel._native import (
 from ._cache import KernelCache
 from ._driver import _Processes, transient_reason
 
-_TAIL_LINES = 25
-
 
 class NativeBuildError(CutlassTuneError):
     """The extension cannot be built here (no compiler, no torch headers), or its build failed."""
@@ -131,6 +129,12 @@ def native_spec(sources: Path | None = None, abi: TorchABI | None = None) -> Nat
                       defines=abi_defines(abi), cxx=os.environ.get("CXX") or "g++", nvcc=nvcc)
 
 
+def _first_error(log: str, otherwise: str) -> str:
+    """The compiler's first error line in `log` (its last line where none says error)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return next((line for line in lines if "error" in line.lower()), lines[-1] if lines else otherwise)[:300]
+
+
 def native_dir(cache: KernelCache) -> Path:
     """The cache's folder of native builds (see `cutlass_tune.kernel._native`)."""
     folder = cache.root / "native"
@@ -171,11 +175,12 @@ def _build(spec: NativeSpec, key: str, cache: KernelCache, timeout: float) -> Na
             code, out = processes.run(command, build / f"step{i}.log", timeout)
             log += f"$ {' '.join(command)}\n{out}\n"
             if code != 0:
-                (build / "build.log").write_text(log)
-                tail = "\n".join(out.strip().splitlines()[-_TAIL_LINES:]) or f"{command[0]} exited {code}"
+                transient = transient_reason(code, out) if code is not None else None
                 reason = (f"{Path(command[0]).name} exceeded {timeout:.0f} s" if code is None
-                          else transient_reason(code, out) or tail)
-                if code is not None and transient_reason(code, out) is None:
+                          else transient or _first_error(out, f"{Path(command[0]).name} exited {code}"))
+                if code is not None and transient is None:  # the compiler's diagnosis: kept, with its log
+                    write_atomically(folder / f"{key}.failed.log", log)
+                    reason = f"{reason} (log {folder / f'{key}.failed.log'})"
                     write_atomically(folder / f"{key}{FAILED_SUFFIX}", json.dumps({"reason": reason}))
                 return NativeBuild(key, None, reason=reason, seconds=time.monotonic() - start)
         (build / "build.log").write_text(log)

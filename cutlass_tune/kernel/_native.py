@@ -3,7 +3,8 @@ stage's `compile/_native.py`): its cache key for the installed torch and the fol
 build, in the kernel cache (`<cache>/v1/native/`) or in a bundle (`<bundle>/native/`):
 
     <key>/cutlass_tune_native.so   the extension, with build.log and library.json (size, SHA-256)
-    <key>.failed.json              a build that failed: the compiler's reason (its output's tail)
+    <key>.failed.json              a build that failed: the compiler's first error line
+    <key>.failed.log               that build's commands and output
 
 The key hashes the sources (every `*.cpp`, every `*.cu` where torch has CUDA, every `*.h`), the
 flags that depend on the ABI, torch's version, its C++ ABI flag, its CUDA version (None on a CPU
