@@ -214,6 +214,20 @@ def test_the_built_library_defines_the_operators_in_a_fresh_process(built):
 
 
 @pytest.mark.nvcc
+def test_the_operators_cpu_tests_pass_on_the_native_library(built):
+    """The Python path's tests of the operators (schemas, opcheck, fake tensors, gradients,
+    torch.compile, the checks) run again with the operators the library's."""
+    env = {**os.environ, "CUTLASS_TUNE_CACHE_DIR": str(built), "CUTLASS_TUNE_NATIVE": "1"}
+    check = "from cutlass_tune.runtime import _native, _op, _grouped_op; assert _native.available(), _native.reason()"
+    subprocess.run([sys.executable, "-c", check], check=True, cwd=REPO, env=env)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                           "not nvcc and not postgresql and not gpu", "tests/runtime/test_op.py",
+                           "tests/runtime/test_grouped.py", "tests/runtime/test_grouped_launch.py"],
+                          capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.nvcc
 def test_the_cli_says_where_it_is_and_that_it_loads(built):
     done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "native", "--cache-dir", str(built)],
                           capture_output=True, text=True, cwd=REPO)
