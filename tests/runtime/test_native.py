@@ -259,3 +259,16 @@ def test_a_bundle_carries_the_library_and_a_loaded_bundle_is_searched(fresh, tmp
     module, said = _load()  # found in the bundle (and refused there: these operators are Python's already)
     assert module is None and "defined in Python before" in _native.reason()
     _table.NATIVE_BUNDLES.clear()
+
+
+def test_the_cli_says_a_library_is_not_built_and_a_failed_build_s_reason(tmp_path):
+    def native(*args):
+        return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "native", "--cache-dir", str(tmp_path),
+                               *args], capture_output=True, text=True, cwd=REPO)
+
+    done = native()
+    assert done.returncode == 0 and "library: not built (cutlass-tune native --build)" in done.stdout.splitlines()
+    failed = cached_builds(tmp_path)  # made by the first run
+    (failed / f"{native_key()}.failed.json").write_text(json.dumps({"reason": "ops.cpp:3: error: boom"}))
+    done = native()
+    assert done.returncode == 1 and "library: none: its build failed: ops.cpp:3: error: boom" in done.stdout
