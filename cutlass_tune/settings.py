@@ -8,6 +8,7 @@
 | CUTLASS_TUNE_JOBS | parallel nvcc jobs | bounded by cores and memory |
 | CUTLASS_TUNE_COMPILE_TIMEOUT | seconds before one nvcc job is killed | 900 |
 | CUTLASS_TUNE_NVCC_MEMORY_GB | memory one nvcc job is assumed to peak at | 3.2 |
+| CUTLASS_TUNE_NATIVE | 0: the operators never load their native (C++) library | 1 |
 | CUTLASS_TUNE_STORE | the store `best`, `dashboard`, `export`, `confirm` read with no `--storage` | `DEFAULT_STORE` |
 """
 
@@ -95,6 +96,11 @@ def nvcc_path() -> str | None:
     home = _env("CUDA_HOME") or _env("CUDA_PATH") or "/usr/local/cuda"
     candidate = Path(home) / "bin" / "nvcc"
     return str(candidate) if candidate.exists() else None
+
+
+def native_enabled() -> bool:
+    """Whether the operators may load their native library (`CUTLASS_TUNE_NATIVE` is not "0")."""
+    return _env("CUTLASS_TUNE_NATIVE") != "0"
 
 
 def compile_jobs() -> int | None:

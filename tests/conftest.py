@@ -78,6 +78,11 @@ def _no_nvcc_without_the_mark(request, monkeypatch, _nvcc_guard):
     guard, calls = _nvcc_guard
     before = calls.stat().st_size if calls.exists() else 0
     monkeypatch.setenv("CUTLASS_TUNE_NVCC", str(guard))
+    # Nor g++: `export` builds the operators' native library unless this says no (and the
+    # operators then keep their Python path, whatever a user's cache holds), unless the run
+    # asks for the native library with CUTLASS_TUNE_NATIVE=1 (tests/runtime/test_native.py).
+    if os.environ.get("CUTLASS_TUNE_NATIVE") != "1":
+        monkeypatch.setenv("CUTLASS_TUNE_NATIVE", "0")
     monkeypatch.setenv("PATH", f"{guard.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     yield
     ran = calls.read_text()[before:] if calls.exists() else ""

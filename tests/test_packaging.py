@@ -44,6 +44,22 @@ def test_the_wheel_carries_the_prior_s_measurements_and_no_store(wheel):
     assert not [n for n in names if n.endswith((".sqlite", ".jsonl"))]  # the committed stores (30 MB) stay out
 
 
+def test_the_wheel_carries_the_native_operators_sources(wheel):
+    # Regression guard: a host that installs the wheel builds the operators' extension from them.
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {f"cutlass_tune/native/{p.name}" for p in (ROOT / "cutlass_tune" / "native").iterdir()}
+    assert shipped and shipped <= set(names), sorted(shipped - set(names))
+
+
+def test_an_installed_native_source_folder_is_found(wheel, tmp_path):
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = "from cutlass_tune.kernel._native import native_sources; print(native_sources())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    assert Path(done.stdout.strip()) == site / "cutlass_tune" / "native"
+
+
 def test_an_installed_prior_reads_its_measurements_from_the_package(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel installs as its unpacked files

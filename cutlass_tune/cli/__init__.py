@@ -17,7 +17,20 @@ import typer
 
 from .. import __version__, settings
 from ..errors import CutlassTuneError, visible
-from . import _bench, _best, _check, _compile, _confirm, _dashboard, _export, _shapes, _space, _sweep, _upgrade
+from . import (
+    _bench,
+    _best,
+    _check,
+    _compile,
+    _confirm,
+    _dashboard,
+    _export,
+    _native,
+    _shapes,
+    _space,
+    _sweep,
+    _upgrade,
+)
 from ._console import err, fail, out
 
 
@@ -43,6 +56,7 @@ app.command()(_export.export)
 app.command()(_confirm.confirm)
 app.command()(_dashboard.dashboard)
 app.command()(_upgrade.upgrade)
+app.command()(_native.native)
 app.command()(_sweep.sweep)
 
 

@@ -17,7 +17,7 @@ A library is served only if it is what was built: `library.json` records its siz
 SHA-256, checked before every lookup returns it (a truncated or overwritten file would kill
 the process that loads it with SIGBUS), and a library without it is not served (any ELF file
 could pass). It must also be an ELF shared object exporting the ABI version function, checked
-without loading it (`_elf`) before it is published and before a lookup serves it. An entry
+without loading it (`kernel._elf`) before it is published and before a lookup serves it. An entry
 names its unit by its key only, a folder inside `units/` (a cache may be shared: an entry must
 not point at a file elsewhere). A damaged or refused unit is a miss, and the rebuild replaces it
 in place.
@@ -39,10 +39,10 @@ import filelock
 
 from .. import settings
 from .._files import sha256_of, write_atomically
+from ..kernel._elf import library_problem
 from ..render import kernel_symbol
 from ..space import KernelConfig
 from ..status import Status
-from ._elf import library_problem
 
 CACHE_LAYOUT_VERSION = "v1"
 _HOST = socket.gethostname().replace("-", "_")

@@ -31,11 +31,11 @@ import filelock
 
 from .. import settings
 from ..errors import RenderError
+from ..kernel._elf import library_problem
 from ..render import kernel_symbol, render_unit
 from ..space import KernelConfig, check_config
 from ..status import Status
 from ._cache import CompiledKernel, KernelCache
-from ._elf import library_problem
 from ._toolchain import Toolchain, find_toolchain
 
 MAX_KERNELS_PER_UNIT = 4

@@ -109,7 +109,8 @@ class BundleSummary:
 
 
 def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: Path,
-                 built_with: Mapping[str, str], on_kernel: Callable[[str], None] | None = None) -> BundleSummary:
+                 built_with: Mapping[str, str], on_kernel: Callable[[str], None] | None = None,
+                 native: Sequence[Path] = ()) -> BundleSummary:
     """Write `frame` and the libraries of its kernels (`compiled`: at least one per config
     hash of the table) to the new directory `out`, all at once: it appears complete or not at
     all.
@@ -117,6 +118,9 @@ def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: P
     Args:
         built_with: toolchain facts for the manifest (nvcc and CUTLASS versions).
         on_kernel: called with each kernel's name once its library is checked and placed.
+        native: builds of the operators' native library (folders `<key>/` of the kernel cache's
+            `native/`, one per torch ABI), copied to the bundle's `native/<key>/`, where
+            `cutlass_tune.runtime` looks for the one of its torch (checked by its recorded digest).
 
     Raises:
         BundleError: `out` exists, or a kernel of the table is missing from `compiled` or did
@@ -151,10 +155,12 @@ def write_bundle(frame: pd.DataFrame, compiled: Sequence[CompiledKernel], out: P
         for file, source in sorted(sources.items()):
             shutil.copyfile(source, tmp / "kernels" / file)
             libraries[f"kernels/{file}"] = sha256_of(tmp / "kernels" / file)
+        for build in native:
+            shutil.copytree(build, tmp / "native" / build.name, ignore=shutil.ignore_patterns("*.o", "step*.log"))
         write_table(frame, tmp / TABLE, "json")
         manifest = {"format": BUNDLE_FORMAT, "abi_version": ABI_VERSION, "arch": "sm90a",
                     "gpus": sorted(set(frame["gpu"])), "built_with": dict(built_with),
-                    "libraries": libraries, "kernels": kernels}
+                    "libraries": libraries, "kernels": kernels, "native": sorted(b.name for b in native)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         try:  # never hand on a bundle its own reader refuses
             read_bundle(tmp)

@@ -106,13 +106,20 @@ def device_table(table: BestTable, device: int, caller: str) -> BestTable:
     return rows
 
 
+native_operators = False
+"""Whether the operators are the native library's with their CUDA kernels in C++ (set by
+`_native.load`): then the operator's call costs less host time than the Python direct path, and
+no door skips it."""
+
+
 def eager_direct_allowed(*tensors: torch.Tensor | None) -> bool:
     """Whether eager code may call a kernel without its torch operator (the operator's
-    dispatch costs more host time than a small GEMM's kernel takes): every tensor given is on
+    dispatch costs more host time than a small GEMM's kernel takes; never where the operators are
+    native, `native_operators`): every tensor given is on
     CUDA, none needs a gradient, nothing is compiled or traced (torch.compile, export), and no
     dispatch mode (fake tensors, `cutlass-tune shapes`) must see the operator. The one decision
     for every door (`Linear`, `patch`'s gated MLP, the transformers experts)."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    if native_operators or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:  # a loop, not all(...): a generator costs a microsecond of a call's host path

@@ -29,8 +29,10 @@ from typing import Any
 
 import torch
 
-from ._dispatch import OUT_DTYPES, input_not_taken
-from ._grouped import run_grouped, torch_grouped_mm
+from ..space import Activation
+from . import _native
+from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, prepare
+from ._grouped import grouped_problem_of, run_grouped, torch_grouped_mm
 from ._matmul import MatmulInputError
 from ._op import _TAGS, _on_device_of, registered_table
 
@@ -56,9 +58,8 @@ def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torc
                  "float32)")
 
 
-@torch.library.custom_op("cutlass_tune::grouped_mm", mutates_args=(), device_types="cuda", tags=_TAGS)
-def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def _grouped_mm_cuda(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e] by the tuned grouped kernels of the
     table registered under `table` (CUDA tensors).
 
@@ -87,7 +88,29 @@ def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: s
             return torch_grouped_mm(a, b, offs, out_dtype)
 
 
-@grouped_mm_op.register_kernel("cpu")
+def _signature(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None) -> tuple:
+    """`run_grouped`'s plan-cache key of an operator call (min_ratio 1, a kept workspace)."""
+    return ("grouped", a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
+            offs.dtype, out_dtype, None, None, 1.0, True, Activation.NONE)
+
+
+def _resolve_native(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
+                    out_dtype: torch.dtype | None = None) -> tuple:
+    """The native plan entry of an operator call's signature (`_native.plan_entry`): its kernel,
+    torch's grouped GEMM where the table keeps torch and the result is a's type, else the door."""
+    tuned = registered_table(table)
+    _check(a, b, offs, out_dtype)
+    try:
+        problem = grouped_problem_of(a, b, offs, out_dtype)
+    except MatmulInputError:
+        return (_native.ENTRY_PYTHON,)  # the door says why once, and computes with torch
+    signature = _signature(a, b, offs, out_dtype)
+    with _on_device_of(a):
+        ready = tuned.plans.get(signature) or prepare(tuned, Call(Kind.GROUPED, problem, a.get_device(), 1.0,
+                                                                  signature, True))
+    return _native.plan_entry(ready, torch_path=out_dtype in (None, a.dtype))
+
+
 def _grouped_mm_cpu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     # torch's grouped GEMM alone: no tuned kernel runs off CUDA. The key is still checked, so a
@@ -97,7 +120,6 @@ def _grouped_mm_cpu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table:
     return torch_grouped_mm(a, b, offs, out_dtype)
 
 
-@grouped_mm_op.register_fake
 def _grouped_mm_fake(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
     _check(a, b, offs, out_dtype)
@@ -141,4 +163,16 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.
     return grad_a, grad_b_, None, None, None
 
 
-grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
+if _native.load() is not None:
+    grouped_mm_op: Any = torch.ops.cutlass_tune.grouped_mm.default
+    """The operator (defined by the native library: its CUDA and Autograd kernels are C++)."""
+    _lib = torch.library.Library("cutlass_tune", "IMPL")
+    _lib.impl("grouped_mm", _grouped_mm_cpu, "CPU")
+    torch.library.register_fake("cutlass_tune::grouped_mm", _grouped_mm_fake, lib=_lib)
+    _native.register("grouped_mm", _resolve_native, _grouped_mm_cuda, _backward, _setup_context)
+else:
+    grouped_mm_op = torch.library.custom_op("cutlass_tune::grouped_mm", mutates_args=(), device_types="cuda",
+                                            tags=_TAGS)(_grouped_mm_cuda)
+    grouped_mm_op.register_kernel("cpu")(_grouped_mm_cpu)
+    grouped_mm_op.register_fake(_grouped_mm_fake)
+    grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)

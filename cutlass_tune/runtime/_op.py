@@ -50,9 +50,10 @@ import torch
 
 from .._torch import FP8_DTYPES, backward_nodes
 from ..errors import CutlassTuneError
-from ..space import Activation, Epilogue, NodeKind
-from ._dispatch import OUT_DTYPES, input_not_taken, load_table
-from ._matmul import MatmulInputError, matmul, torch_gemm
+from ..space import Activation, Epilogue, NodeKind, Problem
+from . import _native
+from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, load_table, prepare
+from ._matmul import MatmulInputError, matmul, problem_of, torch_gemm
 from ._table import BestTable
 
 
@@ -93,6 +94,7 @@ def register_table(table: BestTable | str | Path, key: str | None = None) -> str
         if key is None:
             key = next(f"table-{n}" for n in itertools.count(len(_tables) + 1) if f"table-{n}" not in _tables)
         _tables[key] = loaded
+    _native.forget(key)  # the native plans of a key bound before were the other table's
     return key
 
 
@@ -138,8 +140,7 @@ _TAGS: Sequence[torch.Tag] = (torch.Tag.needs_exact_strides,) if hasattr(torch.T
 picked by layout (row- or column-major), so a copy into another layout would pick another."""
 
 
-@torch.library.custom_op("cutlass_tune::mm", mutates_args=(), device_types="cuda", tags=_TAGS)
-def mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def _mm_cuda(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """a @ b by the tuned kernels of the table registered under `table` (CUDA tensors).
 
     Args:
@@ -186,7 +187,6 @@ def _on_device_of(t: torch.Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(index)
 
 
-@mm.register_kernel("cpu")
 def _mm_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     # torch's GEMM alone: no tuned kernel runs off CUDA. The table key is still checked, so a
     # model that runs here finds a missing registration before it reaches a GPU.
@@ -196,7 +196,6 @@ def _mm_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype
     return product.reshape(*a.shape[:-1], b.shape[1])
 
 
-@mm.register_fake
 def _mm_fake(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     _check(a, b, out_dtype)
     registered_table(table)  # a missing key fails when the graph is traced, not when it first runs
@@ -245,7 +244,6 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.
     return grad_a, grad_b, None, None
 
 
-mm.register_autograd(_backward, setup_context=_setup_context)
 
 
 _ACTIVATION_NAMES = tuple(a.value for a in Activation)
@@ -333,8 +331,7 @@ def _untuned_words(activation: str, residual: torch.Tensor | None, gate: torch.T
     return "torch's F.linear" + (", residual add" if residual is not None else "") + f" and {activation}"
 
 
-@torch.library.custom_op("cutlass_tune::linear", mutates_args=(), device_types="cuda", tags=_TAGS)
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
+def _linear_cuda(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
            residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     """activation(x @ weight^T + bias + residual), or activation(gate) * (x @ weight^T + bias),
     by the tuned fused kernels of the table registered under `table` (CUDA tensors): nn.Linear
@@ -386,7 +383,6 @@ def linear_direct(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.reshape(*x.shape[:-1], n)
 
 
-@linear.register_kernel("cpu")
 def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
                 residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     _check_linear(x, weight, bias, activation, residual, gate)
@@ -396,7 +392,6 @@ def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out.reshape(*x.shape[:-1], n)
 
 
-@linear.register_fake
 def _linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
     _check_linear(x, weight, bias, activation, residual, gate)
@@ -442,4 +437,68 @@ def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None,
 _PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.BIAS)
 """The nodes `_linear_backward`'s `product` recomputes: x @ weight^T + bias."""
 
-linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+def _dense_entry(table: BestTable, problem: Problem, a2: torch.Tensor, signature: tuple, torch_path: bool) -> tuple:
+    """The native plan entry of a dense call (min_ratio 0: the layer was swapped at patch's)."""
+    with _on_device_of(a2):
+        ready = table.plans.get(signature) or prepare(table, Call(Kind.DENSE, problem, a2.get_device(), 0.0,
+                                                                  signature))
+    return _native.plan_entry(ready, torch_path)
+
+
+def _resolve_mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> tuple:
+    """The native plan entry of an `mm` call's signature: its kernel, torch.mm where the table
+    keeps torch for 16-bit inputs of the result's type, else the door."""
+    _check(a, b, out_dtype)
+    tuned = registered_table(table)
+    a2 = a.reshape(-1, a.shape[-1])
+    if a2.numel() == 0 or b.numel() == 0:
+        return (_native.ENTRY_PYTHON,)
+    try:
+        problem = problem_of(a2, b, out_dtype)
+    except MatmulInputError:
+        return (_native.ENTRY_PYTHON,)  # the door says why once, and computes with torch
+    signature = ("native mm", a2.get_device(), a2.shape, b.shape, a2.stride(), b.stride(), a.dtype, out_dtype)
+    plain = a.dtype in (torch.bfloat16, torch.float16) and out_dtype in (None, a.dtype)
+    return _dense_entry(tuned, problem, a2, signature, plain)
+
+
+def _resolve_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
+                    residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> tuple:
+    """The native plan entry of a `linear` call's signature: its kernel, else the door."""
+    _check_linear(x, weight, bias, activation, residual, gate)
+    tuned = registered_table(table)
+    n = weight.shape[0]
+    x2, residual2, gate2 = x.reshape(-1, x.shape[-1]), _rows(residual, n), _rows(gate, n)
+    if x2.numel() == 0 or weight.numel() == 0:
+        return (_native.ENTRY_PYTHON,)
+    try:
+        problem = problem_of(x2, weight.t(), bias=bias, activation=activation, c=residual2, gate=gate2)
+    except MatmulInputError:
+        return (_native.ENTRY_PYTHON,)
+    signature = ("native linear", x2.get_device(), x2.shape, weight.shape, x2.stride(), weight.stride(), x.dtype,
+                 activation, *(None if t is None else (t.shape, t.stride(), t.dtype) for t in (bias, residual2, gate2)))
+    return _dense_entry(tuned, problem, x2, signature, False)
+
+
+if _native.load() is not None:
+    mm: Any = torch.ops.cutlass_tune.mm.default
+    """a @ b by the tuned kernels of a registered table (`_mm_cuda`), defined by the native library."""
+    linear: Any = torch.ops.cutlass_tune.linear.default
+    """The fused linear layer (`_linear_cuda`), defined by the native library."""
+    _lib = torch.library.Library("cutlass_tune", "IMPL")
+    for _name, _cpu, _fake in (("mm", _mm_cpu, _mm_fake), ("linear", _linear_cpu, _linear_fake)):
+        _lib.impl(_name, _cpu, "CPU")
+        torch.library.register_fake(f"cutlass_tune::{_name}", _fake, lib=_lib)
+    _native.register("mm", _resolve_mm, mm_direct, _backward, _setup_context)
+    _native.register("linear", _resolve_linear, linear_direct, _linear_backward, _linear_setup_context)
+else:
+    mm = torch.library.custom_op("cutlass_tune::mm", mutates_args=(), device_types="cuda", tags=_TAGS)(_mm_cuda)
+    mm.register_kernel("cpu")(_mm_cpu)
+    mm.register_fake(_mm_fake)
+    mm.register_autograd(_backward, setup_context=_setup_context)
+    linear = torch.library.custom_op("cutlass_tune::linear", mutates_args=(), device_types="cuda",
+                                     tags=_TAGS)(_linear_cuda)
+    linear.register_kernel("cpu")(_linear_cpu)
+    linear.register_fake(_linear_fake)
+    linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)

@@ -156,6 +156,11 @@ class Match:
                            decomposition=Decomposition[self.row["decomposition"].upper()])
 
 
+NATIVE_BUNDLES: list[Path] = []
+"""The bundles loaded so far, where the operators' native library may be found for this torch
+(`_native.load`; a bundle carries it per torch ABI)."""
+
+
 class PlanCache:
     """The plans of one table by call signature (`cutlass_tune.runtime.Call.signature`), each as the
     dispatcher's `Ready`. Thread-safe: a lookup is one dict read; writers take a lock. Keyed on
@@ -238,6 +243,8 @@ class BestTable:
         """
         if is_bundle(source) or Path(source).suffix in TABLE_SUFFIXES:
             frame, bundled = read_local(source)
+            if bundled and Path(source) not in NATIVE_BUNDLES:
+                NATIVE_BUNDLES.append(Path(source))
             return cls(frame, gpu=gpu, bundled=bundled)
         from ..report import load_best  # the tuner's store reader (SQLAlchemy, Optuna): for stores only
 

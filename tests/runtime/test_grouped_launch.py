@@ -262,7 +262,7 @@ def test_operator_keeps_a_workspace_outside_capture_only(table, monkeypatch, cap
     key = register_table(table, key="grouped-launch")
     a, b, offs = operands()
     for _ in range(2):
-        _grouped_op.grouped_mm_op._init_fn(a, b, offs, key)
+        _grouped_op._grouped_mm_cuda(a, b, offs, key)
     assert len(FakeKernel.log.of("run")) == 2
     [resolved] = table.plans.entries()
     workspaces = getattr(resolved.gemm._local, "workspaces", {})
@@ -289,7 +289,7 @@ def test_no_routed_rows_give_an_empty_result_directly_and_through_the_operator(t
     a, b, offs = operands(m=0)
     direct = _grouped.grouped_mm(a, b, offs, table=table)
     key = register_table(table, key="grouped-empty")
-    through_operator = _grouped_op.grouped_mm_op._init_fn(a, b, offs, key)
+    through_operator = _grouped_op._grouped_mm_cuda(a, b, offs, key)
     for out in (direct, through_operator):
         assert out.shape == (0, N) and out.dtype == torch.bfloat16
     assert not FakeKernel.log.of("run") and not FakeKernel.log.of("initialize")

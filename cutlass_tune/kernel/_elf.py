@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
-from ..kernel._abi import VERSION_SYMBOL
+from ._abi import VERSION_SYMBOL
 
 _SHT_DYNSYM = 11
 _STB_GLOBAL, _STB_WEAK = 1, 2
@@ -19,7 +20,7 @@ _STT_FUNC = 2
 _MAX_SYMBOLS = 10_000_000
 
 
-def _read(f, offset: int, size: int, file_size: int, what: str) -> bytes:
+def _read(f: BinaryIO, offset: int, size: int, file_size: int, what: str) -> bytes:
     if offset < 0 or size < 0 or offset + size > file_size:
         raise ValueError(f"its {what} lies outside the file (truncated?)")
     f.seek(offset)

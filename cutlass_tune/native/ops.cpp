@@ -1,0 +1,753 @@
+// The operators torch.ops.cutlass_tune.mm, .linear and .grouped_mm in C++, and the module
+// cutlass_tune_native that attaches them to the package's Python side (runtime/_native.py).
+//
+// Per call on CUDA: a signature of the tensors' metadata (sizes, strides, dtypes, devices and the
+// arguments that change the plan) is looked up in a hash map per table key; an entry says what
+// runs: a tuned kernel through its C ABI (cutlass_tune_args.h), torch's own operator, or the
+// package's Python door. A signature not seen yet is resolved once in Python (the dispatcher's
+// `prepare`), which hands back plain data: the kernel's entry points, its argument template,
+// its workspace policy. The Autograd kernels go below autograd at C++ cost where no gradient is
+// needed, and to the Python autograd formula where one is.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+#include <torch/version.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "cutlass_tune_args.h"
+
+#ifndef CUTLASS_TUNE_NATIVE_CUDA
+#define CUTLASS_TUNE_NATIVE_CUDA 0
+#endif
+
+#if CUTLASS_TUNE_NATIVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <dlfcn.h>
+#endif
+
+namespace py = pybind11;
+
+namespace __attribute__((visibility("hidden"))) cutlass_tune_native {
+
+// ---------------------------------------------------------------------------------------------
+// The Python side: functions of runtime/_native.py, set once by `attach`.
+
+struct Hooks {
+  py::object resolve;   // resolve(op, *args) -> entry tuple
+  py::object door;      // door(op, *args) -> Tensor: today's Python CUDA kernel
+  py::object autograd;  // autograd(op, *args) -> Tensor: the Python autograd formula
+  py::object refused;   // refused(op, table, name, code): a kernel CUTLASS refused, said once
+  py::object may_keep;  // may_keep(device, stream) -> bool: a workspace may be kept past the call
+};
+
+Hooks* hooks() {
+  static Hooks* h = new Hooks();  // never destroyed: Python objects outlive no interpreter
+  return h;
+}
+
+void require_hooks() {
+  TORCH_CHECK(hooks()->resolve && !hooks()->resolve.is_none(),
+              "cutlass_tune: the native operators are loaded but not attached to the Python package "
+              "(import cutlass_tune.runtime first)");
+}
+
+py::object dtype_object(const std::optional<at::ScalarType>& t) {
+  if (!t.has_value()) {
+    return py::none();
+  }
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(*t)));
+}
+
+// Arguments as the Python side takes them, converted with the GIL held: a dtype as torch.dtype.
+py::object to_python(const std::optional<at::ScalarType>& t) { return dtype_object(t); }
+
+template <class T>
+const T& to_python(const T& x) {
+  return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Call signatures and plan entries
+
+struct Signature {
+  std::array<int64_t, 40> v{};
+  int n = 0;
+  void add(int64_t x) {
+    TORCH_INTERNAL_ASSERT(n < static_cast<int>(v.size()));
+    v[n++] = x;
+  }
+  void add(const at::Tensor& t) {
+    add(t.dim());
+    for (int64_t i = 0; i < t.dim(); ++i) {
+      add(t.size(i));
+      add(t.stride(i));
+    }
+    add(static_cast<int64_t>(t.scalar_type()));
+    add(t.get_device());
+  }
+  void add(const std::optional<at::Tensor>& t) {
+    if (t.has_value()) {
+      add(*t);
+    } else {
+      add(-1);
+    }
+  }
+  bool operator==(const Signature& o) const {
+    return n == o.n && std::memcmp(v.data(), o.v.data(), sizeof(int64_t) * n) == 0;
+  }
+};
+
+struct SignatureHash {
+  size_t operator()(const Signature& s) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (int i = 0; i < s.n; ++i) {
+      h = (h ^ static_cast<uint64_t>(s.v[i])) * 1099511628211ULL;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+enum EntryKind : int {
+  PYTHON = 0,  // the package's Python door computes every call of the signature
+  TORCH = 1,   // torch's own operator (at::_grouped_mm, at::mm), called here
+  EMPTY = 2,   // nothing to compute: an empty result
+  KERNEL = 3,  // a tuned kernel through its C ABI
+};
+
+enum WorkspacePolicy : int { WS_NONE = 0, WS_KEPT = 1, WS_PER_CALL = 2 };
+
+constexpr size_t kReadyInstances = 256;  // as the Python path's READY_GROUPED
+
+struct AddressSet {
+  std::array<uintptr_t, 10> v{};
+  bool operator==(const AddressSet& o) const { return v == o.v; }
+};
+
+struct AddressHash {
+  size_t operator()(const AddressSet& s) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (auto x : s.v) {
+      h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ULL;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+struct Entry {
+  std::atomic<int> kind{PYTHON};
+  std::string name;
+  cutlass_tune_create_fn create = nullptr;
+  cutlass_tune_destroy_fn destroy = nullptr;
+  cutlass_tune_initialize_fn initialize = nullptr;
+  cutlass_tune_run_fn run = nullptr;
+  cutlass_tune_args args{};
+  int workspace = WS_NONE;
+  int64_t workspace_bytes = 0;
+  bool initialize_every_launch = false;
+  // The ready instances by address set (stream included), least recently used first.
+  std::mutex mu;
+  std::list<std::pair<AddressSet, void*>> lru;
+  std::unordered_map<AddressSet, std::list<std::pair<AddressSet, void*>>::iterator, AddressHash> ready;
+
+  ~Entry() {  // a forgotten table's plans (the launches already enqueued hold copies of what they read)
+    for (auto& item : lru) {
+      destroy(item.second);
+    }
+  }
+};
+
+using Plans = std::unordered_map<Signature, std::shared_ptr<Entry>, SignatureHash>;
+
+struct Tables {
+  std::shared_mutex mu;
+  std::unordered_map<std::string, Plans> plans;
+};
+
+Tables* tables() {
+  static Tables* t = new Tables();
+  return t;
+}
+
+std::shared_ptr<Entry> find_entry(const std::string& table, const Signature& sig) {
+  auto* t = tables();
+  std::shared_lock<std::shared_mutex> lock(t->mu);
+  auto found = t->plans.find(table);
+  if (found == t->plans.end()) {
+    return nullptr;
+  }
+  auto entry = found->second.find(sig);
+  return entry == found->second.end() ? nullptr : entry->second;
+}
+
+// An entry from what the Python resolver returned:
+// (kind, name, (create, destroy, initialize, run), args bytes, workspace policy, workspace bytes,
+//  initialize every launch).
+std::shared_ptr<Entry> entry_of(const py::tuple& plan) {
+  auto e = std::make_shared<Entry>();
+  int kind = plan[0].cast<int>();
+  if (kind == KERNEL) {
+    e->name = plan[1].cast<std::string>();
+    auto fns = plan[2].cast<py::tuple>();
+    e->create = reinterpret_cast<cutlass_tune_create_fn>(fns[0].cast<uintptr_t>());
+    e->destroy = reinterpret_cast<cutlass_tune_destroy_fn>(fns[1].cast<uintptr_t>());
+    e->initialize = reinterpret_cast<cutlass_tune_initialize_fn>(fns[2].cast<uintptr_t>());
+    e->run = reinterpret_cast<cutlass_tune_run_fn>(fns[3].cast<uintptr_t>());
+    std::string args = plan[3].cast<std::string>();
+    TORCH_CHECK(args.size() == sizeof(cutlass_tune_args), "cutlass_tune: a plan's arguments are ", args.size(),
+                " bytes; struct cutlass_tune_args is ", sizeof(cutlass_tune_args));
+    std::memcpy(&e->args, args.data(), sizeof(cutlass_tune_args));
+    e->workspace = plan[4].cast<int>();
+    e->workspace_bytes = plan[5].cast<int64_t>();
+    e->initialize_every_launch = plan[6].cast<bool>();
+  }
+  e->kind.store(kind);
+  return e;
+}
+
+// The entry of `sig`, resolved in Python on a miss (`resolve(op, *args)`).
+template <class... Args>
+std::shared_ptr<Entry> entry_for(const char* op, const std::string& table, const Signature& sig, const Args&... args) {
+  auto entry = find_entry(table, sig);
+  if (entry) {
+    return entry;
+  }
+  require_hooks();
+  {
+    py::gil_scoped_acquire gil;
+    entry = entry_of(hooks()->resolve(op, to_python(args)...).template cast<py::tuple>());
+  }
+  auto* t = tables();
+  std::unique_lock<std::shared_mutex> lock(t->mu);
+  return t->plans[table].emplace(sig, entry).first->second;
+}
+
+template <class... Args>
+at::Tensor call_door(const char* op, const Args&... args) {
+  require_hooks();
+  py::gil_scoped_acquire gil;
+  return hooks()->door(op, to_python(args)...).template cast<at::Tensor>();
+}
+
+template <class... Args>
+at::Tensor call_autograd(const char* op, const Args&... args) {
+  require_hooks();
+  py::gil_scoped_acquire gil;
+  return hooks()->autograd(op, to_python(args)...).template cast<at::Tensor>();
+}
+
+bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+bool aligned(const std::optional<at::Tensor>& t) { return !t.has_value() || aligned(*t); }
+
+uintptr_t address(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? reinterpret_cast<uintptr_t>(t->data_ptr()) : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launch (CUDA)
+
+#if CUTLASS_TUNE_NATIVE_CUDA
+
+const char* status_name(int code) {
+  static const char* names[] = {"kSuccess", "kErrorMisalignedOperand", "kErrorInvalidDataType",
+                                "kErrorInvalidLayout", "kErrorInvalidProblem", "kErrorNotSupported",
+                                "kErrorWorkspaceNull", "kErrorInternal", "kErrorArchMismatch",
+                                "kErrorInsufficientDriver", "kErrorMemoryAllocation", "kInvalid"};
+  return code >= 0 && code < static_cast<int>(sizeof(names) / sizeof(names[0])) ? names[code] : "an unknown status";
+}
+
+// The driver's functions, from the libcuda torch has loaded: no link to the CUDA runtime.
+struct Driver {
+  int (*ctx_get_current)(void**) = nullptr;
+  int (*device_get)(int*, int) = nullptr;
+  int (*primary_ctx_retain)(void**, int) = nullptr;
+  int (*ctx_set_current)(void*) = nullptr;
+  int (*stream_is_capturing)(void*, int*) = nullptr;
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver out;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    TORCH_CHECK(lib != nullptr, "cutlass_tune: cannot load the CUDA driver (libcuda.so.1)");
+    out.ctx_get_current = reinterpret_cast<int (*)(void**)>(dlsym(lib, "cuCtxGetCurrent"));
+    out.device_get = reinterpret_cast<int (*)(int*, int)>(dlsym(lib, "cuDeviceGet"));
+    out.primary_ctx_retain = reinterpret_cast<int (*)(void**, int)>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+    out.ctx_set_current = reinterpret_cast<int (*)(void*)>(dlsym(lib, "cuCtxSetCurrent"));
+    out.stream_is_capturing = reinterpret_cast<int (*)(void*, int*)>(dlsym(lib, "cuStreamIsCapturing"));
+    TORCH_CHECK(out.ctx_get_current && out.device_get && out.primary_ctx_retain && out.ctx_set_current &&
+                    out.stream_is_capturing,
+                "cutlass_tune: the CUDA driver lacks a function the native operators call");
+    return out;
+  }();
+  return d;
+}
+
+// A kernel's initialize builds TMA descriptors through the driver, which needs a current
+// context: a thread that ran no CUDA work yet (autograd's) has none (kernel/_context.py).
+void bind_primary_context(int device) {
+  const Driver& d = driver();
+  void* current = nullptr;
+  TORCH_CHECK(d.ctx_get_current(&current) == 0, "cutlass_tune: cuCtxGetCurrent failed");
+  if (current != nullptr) {
+    return;
+  }
+  int handle = 0;
+  void* primary = nullptr;
+  TORCH_CHECK(d.device_get(&handle, device) == 0 && d.primary_ctx_retain(&primary, handle) == 0 &&
+                  d.ctx_set_current(primary) == 0,
+              "cutlass_tune: cannot make device ", device, "'s primary context current");
+}
+
+bool capturing(cudaStream_t stream) {
+  int status = 0;
+  // An error (the legacy stream while another captures globally) counts as capturing: the
+  // workspace then comes per call, right in every case.
+  return driver().stream_is_capturing(stream, &status) != 0 || status != 0;
+}
+
+// The workspaces kept per device and stream, grown as needed.
+struct KeptWorkspaces {
+  std::mutex mu;
+  std::unordered_map<uint64_t, std::pair<c10::DataPtr, int64_t>> by_stream;
+};
+
+KeptWorkspaces* kept() {
+  static KeptWorkspaces* k = new KeptWorkspaces();
+  return k;
+}
+
+void* kept_workspace(int device, cudaStream_t stream, int64_t bytes) {
+  auto* k = kept();
+  const uint64_t key = reinterpret_cast<uint64_t>(stream) * 64 + static_cast<uint64_t>(device);
+  {
+    std::lock_guard<std::mutex> lock(k->mu);
+    auto found = k->by_stream.find(key);
+    if (found != k->by_stream.end() && found->second.second >= bytes) {
+      return found->second.first.get();
+    }
+  }
+  bool keep = true;
+  {
+    py::gil_scoped_acquire gil;  // rare: once per stream, and where a workspace grows
+    keep = hooks()->may_keep(device, reinterpret_cast<uint64_t>(stream)).cast<bool>();
+  }
+  if (!keep) {
+    return nullptr;
+  }
+  auto space = c10::cuda::CUDACachingAllocator::get()->allocate(static_cast<size_t>(bytes));
+  void* ptr = space.get();
+  std::lock_guard<std::mutex> lock(k->mu);
+  k->by_stream[key] = std::make_pair(std::move(space), bytes);
+  return ptr;
+}
+
+struct Refused {
+  int code;
+};
+
+// Launch `e` with the addresses in `args` on the current stream of `device`. Raises Refused
+// where CUTLASS refuses the problem at initialize, a c10::Error where the launch fails.
+void launch(const char* op, Entry& e, int device, cutlass_tune_args& args) {
+  bind_primary_context(device);  // before any driver call: cuStreamIsCapturing needs a context too
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  c10::DataPtr per_call;
+  void* workspace = nullptr;
+  if (e.workspace_bytes > 0) {
+    if (e.workspace == WS_KEPT && !capturing(stream)) {
+      workspace = kept_workspace(device, stream, e.workspace_bytes);
+    }
+    if (workspace == nullptr) {
+      per_call = c10::cuda::CUDACachingAllocator::get()->allocate(static_cast<size_t>(e.workspace_bytes));
+      workspace = per_call.get();
+    }
+  }
+  AddressSet key;
+  key.v = {reinterpret_cast<uintptr_t>(stream), reinterpret_cast<uintptr_t>(args.a),
+           reinterpret_cast<uintptr_t>(args.b), reinterpret_cast<uintptr_t>(args.c),
+           reinterpret_cast<uintptr_t>(args.d), reinterpret_cast<uintptr_t>(args.bias),
+           reinterpret_cast<uintptr_t>(args.scale_a), reinterpret_cast<uintptr_t>(args.scale_b),
+           reinterpret_cast<uintptr_t>(args.offsets), reinterpret_cast<uintptr_t>(workspace)};
+  std::lock_guard<std::mutex> lock(e.mu);
+  void* instance = nullptr;
+  auto found = e.ready.find(key);
+  if (found != e.ready.end()) {
+    e.lru.splice(e.lru.end(), e.lru, found->second);
+    instance = found->second->second;
+  }
+  if (instance == nullptr || e.initialize_every_launch) {
+    if (instance == nullptr) {
+      if (e.lru.size() >= kReadyInstances) {  // the least recently used is initialized again
+        instance = e.lru.front().second;
+        e.ready.erase(e.lru.front().first);
+        e.lru.pop_front();
+      } else {
+        instance = e.create();
+        TORCH_CHECK(instance != nullptr, "cutlass_tune.", op, ": ", e.name, "_create returned NULL");
+      }
+      e.lru.emplace_back(key, instance);
+      e.ready[key] = std::prev(e.lru.end());
+    }
+    int code = e.initialize(instance, &args, workspace, stream);
+    if (code != 0) {
+      e.ready.erase(key);
+      e.lru.pop_back();
+      e.destroy(instance);
+      throw Refused{code};
+    }
+  }
+  int code = e.run(instance, stream);
+  TORCH_CHECK(code == 0, "cutlass_tune.", op, ": kernel ", e.name, " failed to launch (", status_name(code), ")");
+}
+
+// A kernel CUTLASS refused for a signature: said once from Python, and the signature's calls go
+// to the Python door from now on (which keeps torch's path for it).
+void refuse(const char* op, const std::string& table, Entry& e, int code) {
+  e.kind.store(PYTHON);
+  py::gil_scoped_acquire gil;
+  hooks()->refused(op, table, e.name, code);
+}
+
+at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, c10::string_view table_,
+                           std::optional<at::ScalarType> out_dtype) {
+  std::string table(table_);
+  if (a.dim() != 2 || b.dim() != 3 || offs.dim() != 1) {
+    return call_door("grouped_mm", a, b, offs, table, out_dtype);  // it raises, naming the problem
+  }
+  Signature sig;
+  sig.add(a);
+  sig.add(b);
+  sig.add(offs);
+  sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
+  auto entry = entry_for("grouped_mm", table, sig, a, b, offs, table, out_dtype);
+  const int device = a.get_device();
+  switch (entry->kind.load()) {
+    case KERNEL: {
+      if (!(aligned(a) && aligned(b))) {
+        break;
+      }
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      at::Tensor out = at::empty({a.size(0), b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+      cutlass_tune_args args = entry->args;
+      args.a = a.data_ptr();
+      args.b = b.data_ptr();
+      args.d = out.data_ptr();
+      args.c = args.d;
+      args.offsets = offs.data_ptr();
+      try {
+        launch("grouped_mm", *entry, device, args);
+        return out;
+      } catch (const Refused& r) {
+        refuse("grouped_mm", table, *entry, r.code);
+      }
+      break;
+    }
+    case TORCH:
+      return at::_grouped_mm(a, b, offs);
+    case EMPTY:
+      return at::empty({0, b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+    default:
+      break;
+  }
+  return call_door("grouped_mm", a, b, offs, table, out_dtype);
+}
+
+// The dense kernels: D = epilogue(a2 @ b) of a2 M x K and b K x N, c the residual or gate.
+at::Tensor dense(const char* op, Entry& e, const at::Tensor& a2, const at::Tensor& b, at::ScalarType out_dtype,
+                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& c, bool* ran) {
+  const int device = a2.get_device();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  at::Tensor out = at::empty({a2.size(0), b.size(1)}, a2.options().dtype(out_dtype));
+  cutlass_tune_args args = e.args;
+  args.a = a2.data_ptr();
+  args.b = b.data_ptr();
+  args.d = out.data_ptr();
+  args.c = c.has_value() ? c->data_ptr() : args.d;
+  args.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  launch(op, e, device, args);
+  *ran = true;
+  return out;
+}
+
+std::vector<int64_t> out_shape(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  return shape;
+}
+
+at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view table_,
+                   std::optional<at::ScalarType> out_dtype) {
+  std::string table(table_);
+  if (a.dim() < 1 || b.dim() != 2 || a.size(-1) != b.size(0)) {
+    return call_door("mm", a, b, table, out_dtype);
+  }
+  at::Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, a.size(-1)});
+  Signature sig;
+  sig.add(a2);
+  sig.add(b);
+  sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
+  auto entry = entry_for("mm", table, sig, a, b, table, out_dtype);
+  switch (entry->kind.load()) {
+    case KERNEL: {
+      if (!(aligned(a2) && aligned(b))) {
+        break;
+      }
+      const bool fp8 = a.scalar_type() == at::kFloat8_e4m3fn || a.scalar_type() == at::kFloat8_e5m2;
+      const auto dtype = out_dtype.value_or(fp8 ? at::kBFloat16 : a.scalar_type());
+      bool ran = false;
+      try {
+        at::Tensor out = dense("mm", *entry, a2, b, dtype, std::nullopt, std::nullopt, &ran);
+        return a.dim() == 2 ? out : out.view(out_shape(a, b.size(1)));
+      } catch (const Refused& r) {
+        refuse("mm", table, *entry, r.code);
+      }
+      break;
+    }
+    case TORCH: {
+      at::Tensor out = at::mm(a2, b);
+      return a.dim() == 2 ? out : out.view(out_shape(a, b.size(1)));
+    }
+    default:
+      break;
+  }
+  return call_door("mm", a, b, table, out_dtype);
+}
+
+// An interned activation name: a small integer for the call's signature.
+int64_t activation_id(c10::string_view name) {
+  static std::mutex mu;
+  static auto* ids = new std::unordered_map<std::string, int64_t>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto found = ids->find(std::string(name));
+  if (found != ids->end()) {
+    return found->second;
+  }
+  const int64_t id = static_cast<int64_t>(ids->size());
+  ids->emplace(std::string(name), id);
+  return id;
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       c10::string_view activation_, c10::string_view table_,
+                       const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& gate) {
+  std::string table(table_), activation(activation_);
+  if (x.dim() < 1 || weight.dim() != 2 || x.size(-1) != weight.size(1) || (residual.has_value() && gate.has_value())) {
+    return call_door("linear", x, weight, bias, activation, table, residual, gate);
+  }
+  const int64_t n = weight.size(0);
+  at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+  std::optional<at::Tensor> c;
+  if (residual.has_value() || gate.has_value()) {
+    const at::Tensor& t = residual.has_value() ? *residual : *gate;
+    if (t.dim() < 1 || t.size(-1) != n) {
+      return call_door("linear", x, weight, bias, activation, table, residual, gate);
+    }
+    c = t.dim() == 2 ? t : t.reshape({-1, n});
+  }
+  Signature sig;
+  sig.add(x2);
+  sig.add(weight);
+  sig.add(bias);
+  sig.add(residual.has_value() ? c : std::nullopt);
+  sig.add(gate.has_value() ? c : std::nullopt);
+  sig.add(activation_id(activation_));
+  auto entry = entry_for("linear", table, sig, x, weight, bias, activation, table, residual, gate);
+  if (entry->kind.load() == KERNEL && aligned(x2) && aligned(weight) && aligned(bias) && aligned(c)) {
+    bool ran = false;
+    try {
+      at::Tensor out = dense("linear", *entry, x2, weight.t(), x.scalar_type(), bias, c, &ran);
+      return x.dim() == 2 ? out : out.view(out_shape(x, n));
+    } catch (const Refused& r) {
+      refuse("linear", table, *entry, r.code);
+    }
+  }
+  return call_door("linear", x, weight, bias, activation, table, residual, gate);
+}
+
+#else  // no CUDA in this torch: CUDA tensors cannot exist, and the Python door takes any that might
+
+at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, c10::string_view table,
+                           std::optional<at::ScalarType> out_dtype) {
+  return call_door("grouped_mm", a, b, offs, std::string(table), out_dtype);
+}
+
+at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view table,
+                   std::optional<at::ScalarType> out_dtype) {
+  return call_door("mm", a, b, std::string(table), out_dtype);
+}
+
+at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       c10::string_view activation, c10::string_view table,
+                       const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& gate) {
+  return call_door("linear", x, weight, bias, std::string(activation), std::string(table), residual, gate);
+}
+
+#endif  // CUTLASS_TUNE_NATIVE_CUDA
+
+// ---------------------------------------------------------------------------------------------
+// Autograd: below autograd at C++ cost where no gradient is needed; the Python formula otherwise.
+
+bool needs_grad(std::initializer_list<const at::Tensor*> tensors) {
+  if (!c10::GradMode::is_enabled()) {
+    return false;
+  }
+  for (const at::Tensor* t : tensors) {
+    if (t != nullptr && t->defined() && t->requires_grad()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+const at::Tensor* maybe(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }
+
+at::Tensor grouped_mm_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs,
+                               c10::string_view table, std::optional<at::ScalarType> out_dtype) {
+  if (!needs_grad({&a, &b})) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("cutlass_tune::grouped_mm", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view,
+                                           std::optional<at::ScalarType>)>();
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(a, b, offs, table, out_dtype);
+  }
+  return call_autograd("grouped_mm", a, b, offs, std::string(table), out_dtype);
+}
+
+at::Tensor mm_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view table,
+                       std::optional<at::ScalarType> out_dtype) {
+  if (!needs_grad({&a, &b})) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("cutlass_tune::mm", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view,
+                                           std::optional<at::ScalarType>)>();
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(a, b, table, out_dtype);
+  }
+  return call_autograd("mm", a, b, std::string(table), out_dtype);
+}
+
+at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                           c10::string_view activation, c10::string_view table,
+                           const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& gate) {
+  if (!needs_grad({&x, &weight, maybe(bias), maybe(residual), maybe(gate)})) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("cutlass_tune::linear", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                           c10::string_view, c10::string_view, const std::optional<at::Tensor>&,
+                                           const std::optional<at::Tensor>&)>();
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.call(x, weight, bias, activation, table, residual, gate);
+  }
+  return call_autograd("linear", x, weight, bias, std::string(activation), std::string(table), residual, gate);
+}
+
+std::vector<at::Tag> tags() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  // Inductor hands the operators their operands with eager strides: a kernel is picked by layout.
+  return {at::Tag::pt2_compliant_tag, at::Tag::needs_exact_strides};
+#else
+  return {at::Tag::pt2_compliant_tag};
+#endif
+}
+
+}  // namespace cutlass_tune_native
+
+TORCH_LIBRARY_FRAGMENT(cutlass_tune, m) {
+  using namespace cutlass_tune_native;
+  m.def(torch::schema("mm(Tensor a, Tensor b, str table, ScalarType? out_dtype=None) -> Tensor"), tags(), torch::_RegisterOrVerify::REGISTER);
+  m.def(torch::schema("linear(Tensor x, Tensor weight, Tensor? bias, str activation, str table, "
+                      "Tensor? residual=None, Tensor? gate=None) -> Tensor"),
+        tags(), torch::_RegisterOrVerify::REGISTER);
+  m.def(torch::schema("grouped_mm(Tensor a, Tensor b, Tensor offs, str table, ScalarType? out_dtype=None) -> Tensor"),
+        tags(), torch::_RegisterOrVerify::REGISTER);
+}
+
+TORCH_LIBRARY_IMPL(cutlass_tune, Autograd, m) {
+  m.impl("mm", &cutlass_tune_native::mm_autograd);
+  m.impl("linear", &cutlass_tune_native::linear_autograd);
+  m.impl("grouped_mm", &cutlass_tune_native::grouped_mm_autograd);
+}
+
+TORCH_LIBRARY_IMPL(cutlass_tune, CUDA, m) {
+  m.impl("mm", &cutlass_tune_native::mm_cuda);
+  m.impl("linear", &cutlass_tune_native::linear_cuda);
+  m.impl("grouped_mm", &cutlass_tune_native::grouped_mm_cuda);
+}
+
+PYBIND11_MODULE(cutlass_tune_native, m) {
+  using namespace cutlass_tune_native;
+  m.doc() = "The cutlass_tune operators in C++ (cutlass_tune/native/ops.cpp).";
+  m.attr("cuda") = py::bool_(CUTLASS_TUNE_NATIVE_CUDA != 0);
+  m.def(
+      "attach",
+      [](py::object resolve, py::object door, py::object autograd, py::object refused, py::object may_keep) {
+        Hooks* h = hooks();
+        h->resolve = std::move(resolve);
+        h->door = std::move(door);
+        h->autograd = std::move(autograd);
+        h->refused = std::move(refused);
+        h->may_keep = std::move(may_keep);
+      },
+      "Attach the Python side: the resolver, the Python doors, the autograd formulas, and the hooks "
+      "for a refused kernel and for keeping a workspace.");
+  m.def(
+      "forget",
+      [](const std::optional<std::string>& table) {
+        auto* t = tables();
+        std::unique_lock<std::shared_mutex> lock(t->mu);
+        if (table.has_value()) {
+          t->plans.erase(*table);
+        } else {
+          t->plans.clear();
+        }
+      },
+      py::arg("table") = py::none(), "Forget the plans of a table key (all keys: None).");
+  m.def(
+      "plans",
+      [](const std::string& table) {
+        auto* t = tables();
+        std::shared_lock<std::shared_mutex> lock(t->mu);
+        auto found = t->plans.find(table);
+        std::vector<int> kinds;
+        if (found != t->plans.end()) {
+          for (const auto& item : found->second) {
+            kinds.push_back(item.second->kind.load());
+          }
+        }
+        return kinds;
+      },
+      "The kinds of the plans held for a table key (0 Python, 1 torch, 2 empty, 3 kernel).");
+  m.def("args_layout", [] {
+    py::dict out;
+#define CT_FIELD(f) out[#f] = py::int_(offsetof(cutlass_tune_args, f))
+    CT_FIELD(m); CT_FIELD(n); CT_FIELD(k); CT_FIELD(a); CT_FIELD(b); CT_FIELD(c); CT_FIELD(d);
+    CT_FIELD(alpha); CT_FIELD(beta); CT_FIELD(raster); CT_FIELD(swizzle); CT_FIELD(splits);
+    CT_FIELD(decomposition); CT_FIELD(device_id); CT_FIELD(sm_count); CT_FIELD(bias); CT_FIELD(scale_a);
+    CT_FIELD(scale_b); CT_FIELD(groups); CT_FIELD(offsets);
+#undef CT_FIELD
+    out["sizeof"] = py::int_(sizeof(cutlass_tune_args));
+    return out;
+  }, "Field offsets of struct cutlass_tune_args as this module sees it, and its size.");
+}

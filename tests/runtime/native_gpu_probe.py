@@ -1,0 +1,150 @@
+"""Scenarios of the native operators on a Hopper GPU, each run in a fresh process by
+tests/runtime/test_native_gpu.py (a process whose operators were defined in Python cannot load the
+library): `python3 -m tests.runtime.native_gpu_probe SCENARIO` prints one JSON line of findings."""
+
+import json
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+from cutlass_tune.runtime import _native, register_table
+from cutlass_tune.space import Layout
+from tests.runtime.tables import tuned_table
+from tests.runtime.test_grouped_gpu import TABLE, E, K, M, N, grouped_table, operands
+
+
+def error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def said(caught) -> list[str]:
+    return [str(w.message) for w in caught if "cutlass_tune" in str(w.message)]
+
+
+def grouped() -> dict:
+    """A tuned grouped kernel through the C++ path: eager (twice: the second from the C++ map),
+    then with gradients (the Python formula, dA through the operator again)."""
+    key = register_table(grouped_table(TABLE), key="native-grouped")
+    a, _, b, offs = operands()
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        got = torch.ops.cutlass_tune.grouped_mm(a, b, offs, key)
+        again = torch.ops.cutlass_tune.grouped_mm(a, b, offs, key)
+    out = {"error": error(got, torch._grouped_mm(a, b, offs)), "repeat_equal": torch.equal(got, again),
+           "plans": _native._module.plans(key), "said": said(caught)}
+    a, w, b, offs = operands(grad=True)
+    grad = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
+    torch.ops.cutlass_tune.grouped_mm(a, b, offs, key).backward(grad)
+    a2, w2 = a.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    torch._grouped_mm(a2, w2.transpose(-2, -1), offs).backward(grad)
+    out["grad_a_error"], out["grad_w_error"] = error(a.grad, a2.grad), error(w.grad, w2.grad)
+    return out
+
+
+def fallback() -> dict:
+    """A table without these experts: torch's grouped GEMM called from C++; another result type:
+    the Python door."""
+    key = register_table(grouped_table([(E, 256, 256, M, Layout.COL)]), key="native-fallback")
+    a, _, b, offs = operands()
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        got = torch.ops.cutlass_tune.grouped_mm(a, b, offs, key)
+        wider = torch.ops.cutlass_tune.grouped_mm(a, b, offs, key, torch.float32)
+    return {"equal": torch.equal(got, torch._grouped_mm(a, b, offs)),
+            "wider_error": error(wider, torch._grouped_mm(a, b, offs).float()), "wider_dtype": str(wider.dtype),
+            "plans": sorted(_native._module.plans(key)), "said": said(caught)}
+
+
+def compiled() -> dict:
+    key = register_table(grouped_table(TABLE), key="native-compile")
+    a, _, b, offs = operands()
+    out = {}
+    for mode in (None, "reduce-overhead"):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda a, b, o: torch.ops.cutlass_tune.grouped_mm(a, b, o, key).relu(), fullgraph=True,
+                           mode=mode)
+        with torch.no_grad():
+            for _ in range(3):
+                got = fn(a, b, offs)
+        out[str(mode)] = error(got, torch._grouped_mm(a, b, offs).relu())
+    out["plans"] = _native._module.plans(key)
+    return out
+
+
+def graph() -> dict:
+    key = register_table(grouped_table(TABLE), key="native-graph")
+    a, _, b, offs = operands()
+    with torch.no_grad():
+        torch.ops.cutlass_tune.grouped_mm(a, b, offs, key)  # the plan resolved outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = torch.ops.cutlass_tune.grouped_mm(a, b, offs, key)
+        a.copy_(torch.randn_like(a))
+        offs.copy_(torch.tensor((512, 1024, 1536, 2048, 2560, 3072, 3584, 4096), device="cuda", dtype=torch.int32))
+        g.replay()
+        after = torch.ops.cutlass_tune.grouped_mm(a, b, offs, key)  # eager again, beside the graph
+    return {"replay_error": error(out, torch._grouped_mm(a, b, offs)),
+            "eager_error": error(after, torch._grouped_mm(a, b, offs))}
+
+
+def dense() -> dict:
+    """mm and linear through a tuned dense kernel (the H200 stores' bf16 tn at 1024)."""
+    key = register_table(tuned_table(), key="native-dense")
+    x = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda") / 32
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        y = torch.ops.cutlass_tune.mm(x, w.t(), key)
+        z = torch.ops.cutlass_tune.linear(x.view(4, 256, 1024), w, None, "none", key)
+    return {"mm_error": error(y, x @ w.t()), "linear_error": error(z, (x @ w.t()).view(4, 256, 1024)),
+            "plans": sorted(_native._module.plans(key)), "said": said(caught)}
+
+
+def _host_us(call) -> float:
+    """Host time of one call (us), the GPU kept busy: median of 15 blocks of 100 calls."""
+    call()
+    blocks = []
+    for _ in range(15):
+        torch.cuda._sleep(50_000_000)  # the GPU busy for the whole block: host time only
+        start = time.perf_counter()
+        for _ in range(100):
+            call()
+        blocks.append((time.perf_counter() - start) / 100 * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(blocks)
+
+
+def host() -> dict:
+    """Host time per call (us) of the operators against torch's own, eager and compiled (no CUDA
+    graphs): the grouped GEMM on a decode step's routing (8 experts of 512x1024, 8 rows each),
+    mm on 16 x 1024 times 1024 x 1024 (bf16 tn: the H200 stores' kernels)."""
+    grouped_key = register_table(grouped_table([(E, N, K, 64, Layout.COL)]), key="native-host")
+    dense_key = register_table(tuned_table(), key="native-host-dense")
+    a, _, b, offs = operands(counts=(8,) * 8)
+    x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    op_grouped = torch.compile(lambda a, b, o: torch.ops.cutlass_tune.grouped_mm(a, b, o, grouped_key))
+    torch_grouped = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, o))
+    calls = {"grouped op": lambda: torch.ops.cutlass_tune.grouped_mm(a, b, offs, grouped_key),
+             "grouped torch": lambda: torch._grouped_mm(a, b, offs),
+             "grouped op compiled": lambda: op_grouped(a, b, offs),
+             "grouped torch compiled": lambda: torch_grouped(a, b, offs),
+             "mm op": lambda: torch.ops.cutlass_tune.mm(x, w.t(), dense_key),
+             "mm torch": lambda: torch.mm(x, w.t())}
+    out = {"native": _native.available()}
+    with torch.no_grad():
+        for name, call in calls.items():
+            out[name] = round(_host_us(call), 2)
+    return out
+
+
+if __name__ == "__main__":
+    scenario = sys.argv[1]
+    found = {"available": _native.available(), "cuda": _native.cuda(), "reason": _native.reason()}
+    if scenario != "host":
+        assert found["available"] and found["cuda"], found
+    print(json.dumps({**found, **globals()[scenario]()}))

@@ -1,0 +1,274 @@
+"""The operators' native library (runtime/_native.py, cutlass_tune/native/): the C++ mirror of the
+kernels' argument struct, the Python path kept (with one warning) where the library cannot be
+loaded, and (nvcc mark: one g++ run of about a minute against the installed CPU torch) the real
+build loaded in a fresh process: schemas, CPU results, fake shapes, autograd, torch.compile.
+tests/runtime/test_native_gpu.py runs it on CUDA."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from cutlass_tune.kernel import GemmArgs
+from cutlass_tune.kernel._native import LIBRARY, cached_builds, native_key
+from cutlass_tune.runtime import _dispatch, _native
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER = REPO / "cutlass_tune" / "native" / "cutlass_tune_args.h"
+UNIT = REPO / "templates" / "gemm_sm90_unit.cu.j2"
+_C_TYPES = {"int64_t": "c_long", "int32_t": "c_int", "float": "c_float", "const void*": "c_void_p",
+            "void*": "c_void_p"}
+
+
+def _struct_fields(text: str) -> list[tuple[str, str]]:
+    """(C type, name) of each field of `struct cutlass_tune_args` in `text`, comments dropped."""
+    body = re.search(r"struct cutlass_tune_args \{(.*?)\};", text, re.S).group(1)
+    fields = []
+    for line in re.sub(r"//[^\n]*", "", body).split(";"):
+        line = line.strip()
+        if line:
+            kind, names = re.match(r"((?:const )?\w+\*?)\s+(.*)", line).groups()
+            fields += [(kind, name.strip()) for name in names.split(",")]
+    return fields
+
+
+def test_the_native_header_mirrors_the_kernels_struct_and_gemm_args():
+    """Guards the C++ launcher against filling a struct the kernels read otherwise."""
+    header, unit = _struct_fields(HEADER.read_text()), _struct_fields(UNIT.read_text())
+    assert header == unit
+    assert [(_C_TYPES[kind], name) for kind, name in header] == \
+        [(getattr(t, "__name__", str(t)).replace("c_longlong", "c_long"), name) for name, t in GemmArgs._fields_]
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """`_native` as before its first load, the kernel cache in `tmp_path`, no warning said yet."""
+    monkeypatch.setenv("CUTLASS_TUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUTLASS_TUNE_NATIVE", raising=False)  # the suite's guard sets it to 0
+    monkeypatch.setattr(_native, "_tried", False)
+    monkeypatch.setattr(_native, "_module", None)
+    monkeypatch.setattr(_native, "_why", None)
+    monkeypatch.setattr(_native, "_bundles", [])
+    monkeypatch.setattr(_dispatch, "_warned", set())
+    return cached_builds(tmp_path)
+
+
+def _load():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = _native.load()
+    return module, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_library_never_built_leaves_the_python_path_silently(fresh):
+    module, said = _load()
+    assert module is None and said == [] and "not built" in _native.reason()
+    assert not _native.available()
+
+
+def test_disabled_by_the_environment(fresh, monkeypatch):
+    monkeypatch.setenv("CUTLASS_TUNE_NATIVE", "0")
+    assert _load() == (None, []) and "CUTLASS_TUNE_NATIVE=0" in _native.reason()
+
+
+def _planted(folder: Path, content: bytes, digest_of: bytes | None = None) -> Path:
+    import hashlib
+
+    build = folder / native_key()
+    build.mkdir(parents=True)
+    (build / LIBRARY).write_bytes(content)
+    recorded = content if digest_of is None else digest_of
+    (build / "library.json").write_text(json.dumps({"bytes": len(recorded),
+                                                    "sha256": hashlib.sha256(recorded).hexdigest()}))
+    return build / LIBRARY
+
+
+def test_a_damaged_library_is_refused_with_one_warning(fresh):
+    """Guards against loading a library changed after its build (never dlopen'd)."""
+    _planted(fresh, b"\x7fELF truncated", digest_of=b"\x7fELF the library that was built")
+    module, said = _load()
+    assert module is None and len(said) == 1 and "not the library that was built" in said[0]
+    assert "Python path" in said[0]
+    assert _load() == (None, [])  # once
+
+
+def test_a_recorded_build_failure_says_its_reason(fresh):
+    fresh.mkdir(parents=True)
+    (fresh / f"{native_key()}.failed.json").write_text(json.dumps({"reason": "ops.cpp:3: error: boom"}))
+    module, said = _load()
+    assert module is None and len(said) == 1 and "ops.cpp:3: error: boom" in said[0]
+
+
+def test_a_library_is_never_loaded_over_operators_python_defined(fresh, monkeypatch):
+    """Guards the process: defining the operators a second time from a library's initializer aborts it."""
+    from cutlass_tune.runtime import _op  # noqa: F401  (defines them in Python: no library was there)
+
+    monkeypatch.setattr(_native, "_tried", False)
+
+    _planted(fresh, b"\x7fELF not even an ELF library")
+    module, said = _load()
+    assert module is None and "defined in Python before" in said[0]
+
+
+def test_a_file_that_is_not_the_extension_is_refused_before_dlopen(fresh, monkeypatch):
+    from tests.compile.fake_nvcc import elf_library
+
+    monkeypatch.setattr(_native, "_defined", lambda qualname: False)
+    _planted(fresh, elf_library())  # an ELF library, its digest right, without the module's PyInit
+    module, said = _load()
+    assert module is None and "refused" in said[0] and "PyInit_cutlass_tune_native" in said[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The real build (g++ against the installed torch), loaded in a fresh process
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from cutlass_tune.compile import KernelCache
+    from cutlass_tune.compile._native import build_native
+
+    root = tmp_path_factory.mktemp("native-cache")
+    found = build_native(cache=KernelCache(root), retry=True)
+    assert found.library is not None, found.reason
+    return root
+
+
+PROBE = r"""
+import json, torch, warnings
+from cutlass_tune.kernel import GemmArgs
+from cutlass_tune.runtime import _native, _op, _grouped_op, register_table
+from cutlass_tune.runtime._table import BestTable
+import pandas as pd
+out = {"available": _native.available(), "reason": _native.reason(), "cuda": _native.cuda()}
+out["layout"] = _native._module.args_layout()
+out["gemm_args"] = {name: getattr(GemmArgs, name).offset for name, _ in GemmArgs._fields_}
+out["gemm_args"]["sizeof"] = __import__("ctypes").sizeof(GemmArgs)
+out["schemas"] = {n: str(getattr(torch.ops.cutlass_tune, n).default._schema) for n in ("mm", "linear", "grouped_mm")}
+out["mm_is_native"] = _op.mm is torch.ops.cutlass_tune.mm.default
+register_table(BestTable(pd.DataFrame(columns=["m", "n", "k", "gpu", "config_hash", "config", "dtype_a", "dtype_d",
+                                               "layout", "epilogue", "scaling"])), "k")
+torch.manual_seed(0)
+a = torch.randn(2, 4, 8, requires_grad=True); b = torch.randn(8, 3, requires_grad=True)
+y = torch.ops.cutlass_tune.mm(a, b, "k")
+out["mm"] = torch.allclose(y, a @ b)
+out["grad_fn"] = type(y.grad_fn).__name__
+y.square().sum().backward()
+a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+(a2 @ b2).square().sum().backward()
+out["mm_grads"] = torch.allclose(a.grad, a2.grad, atol=1e-5) and torch.allclose(b.grad, b2.grad, atol=1e-5)
+with torch.no_grad():
+    out["no_grad_has_no_grad_fn"] = torch.ops.cutlass_tune.mm(a, b, "k").grad_fn is None
+x = torch.randn(5, 8, requires_grad=True); w = torch.randn(6, 8, requires_grad=True); bias = torch.randn(6)
+r = torch.randn(5, 6)
+y = torch.ops.cutlass_tune.linear(x, w, bias, "gelu", "k", r)
+out["linear"] = torch.allclose(y, torch.nn.functional.gelu(x @ w.t() + bias + r), atol=1e-5)
+y.sum().backward()
+out["linear_grads"] = x.grad is not None and w.grad is not None
+A = torch.randn(6, 16, dtype=torch.bfloat16, requires_grad=True)
+B = torch.randn(2, 16, 8, dtype=torch.bfloat16, requires_grad=True)
+offs = torch.tensor([2, 6], dtype=torch.int32)
+y = torch.ops.cutlass_tune.grouped_mm(A, B, offs, "k")
+want = torch.cat([A[:2] @ B[0], A[2:] @ B[1]])
+out["grouped"] = torch.allclose(y.float(), want.float(), atol=1e-2)
+y.float().sum().backward()
+out["grouped_grads"] = list(A.grad.shape) + list(B.grad.shape)
+from torch._subclasses.fake_tensor import FakeTensorMode
+with FakeTensorMode():
+    out["fake"] = list(torch.ops.cutlass_tune.grouped_mm(torch.empty(7, 16, dtype=torch.bfloat16),
+                       torch.empty(2, 16, 8, dtype=torch.bfloat16), torch.empty(2, dtype=torch.int32), "k",
+                       torch.float32).shape)
+compiled = torch.compile(lambda a, b: torch.ops.cutlass_tune.mm(a, b, "k").relu(), fullgraph=True)
+out["compiled"] = torch.allclose(compiled(a.detach(), b.detach()), (a @ b).relu().detach())
+try:
+    torch.ops.cutlass_tune.mm(a, b, "missing")
+except Exception as err:
+    out["unregistered"] = type(err).__name__
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.nvcc
+def test_the_built_library_defines_the_operators_in_a_fresh_process(built):
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "CUTLASS_TUNE_CACHE_DIR": str(built)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["available"] and out["reason"] is None and out["mm_is_native"], out
+    assert out["layout"] == out["gemm_args"]  # the C++ struct's offsets are GemmArgs'
+    assert out["schemas"] == {
+        "mm": "cutlass_tune::mm(Tensor a, Tensor b, str table, ScalarType? out_dtype=None) -> Tensor",
+        "linear": "cutlass_tune::linear(Tensor x, Tensor weight, Tensor? bias, str activation, str table, "
+                  "Tensor? residual=None, Tensor? gate=None) -> Tensor",
+        "grouped_mm": "cutlass_tune::grouped_mm(Tensor a, Tensor b, Tensor offs, str table, "
+                      "ScalarType? out_dtype=None) -> Tensor"}
+    assert out["mm"] and out["mm_grads"] and out["no_grad_has_no_grad_fn"] and out["grad_fn"].startswith("cutlass")
+    assert out["linear"] and out["linear_grads"] and out["grouped"] and out["compiled"]
+    assert out["grouped_grads"] == [6, 16, 2, 16, 8] and out["fake"] == [7, 8]
+    assert out["unregistered"] == "UnregisteredTableError"
+
+
+@pytest.mark.nvcc
+def test_the_operators_cpu_tests_pass_on_the_native_library(built):
+    """The Python path's tests of the operators (schemas, opcheck, fake tensors, gradients,
+    torch.compile, the checks) run again with the operators the library's."""
+    env = {**os.environ, "CUTLASS_TUNE_CACHE_DIR": str(built), "CUTLASS_TUNE_NATIVE": "1"}
+    check = "from cutlass_tune.runtime import _native, _op, _grouped_op; assert _native.available(), _native.reason()"
+    subprocess.run([sys.executable, "-c", check], check=True, cwd=REPO, env=env)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                           "not nvcc and not postgresql and not gpu", "tests/runtime/test_op.py",
+                           "tests/runtime/test_grouped.py", "tests/runtime/test_grouped_launch.py"],
+                          capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.nvcc
+def test_the_cli_says_where_it_is_and_that_it_loads(built):
+    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "native", "--cache-dir", str(built)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("key: ") for line in lines)
+    assert any(line.startswith("library: ") and line.endswith(LIBRARY) for line in lines)
+    assert "loads: yes (CUDA kernels none: a CPU torch)" in lines
+
+
+def test_a_bundle_carries_the_library_and_a_loaded_bundle_is_searched(fresh, tmp_path, monkeypatch):
+    """Guards a serving host without a compiler: the bundle's copy of its torch's build is found."""
+    from cutlass_tune.report import load_best, write_bundle
+    from cutlass_tune.runtime import BestTable, _op, _table
+    from tests.report.test_bundle import BUILT_WITH, stand_ins
+    from tests.test_imports import STORE
+
+    build = _planted(tmp_path / "elsewhere", b"\x7fELF the build of another cache")
+    frame = load_best(STORE)
+    write_bundle(frame, stand_ins(frame, tmp_path / "units"), tmp_path / "bundle", BUILT_WITH, native=[build.parent])
+    carried = tmp_path / "bundle" / "native" / native_key() / LIBRARY
+    assert carried.read_bytes() == build.read_bytes()
+    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["native"] == [native_key()]
+    _table.NATIVE_BUNDLES.clear()
+    del _op  # imported: the operators are Python's in this process
+    monkeypatch.setattr(_native, "_tried", False)
+    BestTable.load(tmp_path / "bundle")
+    assert _table.NATIVE_BUNDLES == [tmp_path / "bundle"]
+    module, said = _load()  # found in the bundle (and refused there: these operators are Python's already)
+    assert module is None and "defined in Python before" in _native.reason()
+    _table.NATIVE_BUNDLES.clear()
+
+
+def test_the_cli_says_a_library_is_not_built_and_a_failed_build_s_reason(tmp_path):
+    def native(*args):
+        return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "native", "--cache-dir", str(tmp_path),
+                               *args], capture_output=True, text=True, cwd=REPO)
+
+    done = native()
+    assert done.returncode == 0 and "library: not built (cutlass-tune native --build)" in done.stdout.splitlines()
+    failed = cached_builds(tmp_path)  # made by the first run
+    (failed / f"{native_key()}.failed.json").write_text(json.dumps({"reason": "ops.cpp:3: error: boom"}))
+    done = native()
+    assert done.returncode == 1 and "library: none: its build failed: ops.cpp:3: error: boom" in done.stdout
