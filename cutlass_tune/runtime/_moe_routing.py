@@ -22,7 +22,6 @@ over top_k in fp32), deterministic too.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -265,11 +264,11 @@ def register_native(namespace: str = "cutlass_tune") -> bool:
 
 
 def _load_native() -> bool:
-    """The native extension's MoE operators, where it is built (`cutlass_tune.native`)."""
-    try:
-        importlib.import_module("cutlass_tune.native")
-    except ImportError:
-        pass
+    """The native extension's MoE operators, where its library is built and loads
+    (`runtime._native.load`, which the operators' modules call first)."""
+    from . import _native as library
+
+    library.load()
     return register_native()
 
 
