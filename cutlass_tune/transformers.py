@@ -183,8 +183,8 @@ def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_i
         plan, TABLE_KEY,
         gate_up_bias=(self.gate_up_proj_bias if gated else self.up_proj_bias) if self.has_bias else None,
         down_bias=self.down_proj_bias if self.has_bias else None,
-        expert_parallel=self._is_expert_parallel,
-        post=self.post_expert_norm if self.has_post_expert_norm else None)
+        expert_parallel=getattr(self, "_is_expert_parallel", False),
+        post=self.post_expert_norm if getattr(self, "has_post_expert_norm", False) else None)
 
 
 ExpertsInterface.register(NAME, cutlass_tune_experts_forward)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cutlass_tune
-from cutlass_tune.runtime import BestTable, _op
+from cutlass_tune.runtime import BestTable, _dispatch
 from cutlass_tune.space import Epilogue, KernelConfig
 
 from .test_fused_gpu import _close, _no_fallback
@@ -88,16 +88,19 @@ TABLE = [("silu+gated", FFN, D), ("residual", D, D), ("residual", D, FFN), ("bia
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The fused epilogues the operator ran through `matmul` (not the plain GEMMs)."""
+    """The fused epilogues the operator resolved to a plan (not the plain GEMMs), once per call
+    signature: the dispatcher's `resolve` is where both the Python door and the native operator
+    (which launches from C++ after that) decide what a call runs."""
     seen = []
-    run = _op.matmul
+    run = _dispatch.resolve
 
-    def counted(a, b, table, *, bias=None, activation="none", c=None, gate=None, **kwargs):
-        seen.append(Epilogue(bias=bias is not None, activation=cutlass_tune.space.Activation(str(getattr(
-            activation, "value", activation))), residual=c is not None, gated=gate is not None).name)
-        return run(a, b, table, bias=bias, activation=activation, c=c, gate=gate, **kwargs)
+    def counted(table, call):
+        plan = run(table, call)
+        if not call.problem.epilogue.is_plain:
+            seen.append(call.problem.epilogue.name)
+        return plan
 
-    monkeypatch.setattr(_op, "matmul", counted)
+    monkeypatch.setattr(_dispatch, "resolve", counted)
     torch._dynamo.reset()
     with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph would skip the pass's decisions
         yield seen
