@@ -90,12 +90,18 @@ NVCC_TORCH_FLAGS = ("--expt-relaxed-constexpr", "-D__CUDA_NO_HALF_OPERATORS__", 
 """What torch's own extension builds pass nvcc: CUDA's half and bfloat16 operators would clash with c10's."""
 
 
-def _cuda_home(nvcc: str | None) -> Path | None:
-    """The CUDA toolkit of `nvcc` (its include/ and lib64/), or None."""
-    if nvcc is None:
-        return None
-    found = shutil.which(nvcc)
-    return Path(os.path.realpath(found)).parent.parent if found else None
+def _cuda_home(nvcc: str | None, torch_cuda_home: str | None) -> Path | None:
+    """The CUDA toolkit whose headers the build includes: the first of $CUDA_HOME, $CUDA_PATH,
+    the folder above `nvcc`'s bin/ (links resolved), torch's CUDA_HOME and /usr/local/cuda that
+    holds include/cuda_runtime_api.h (an nvcc on PATH may be a wrapper script elsewhere)."""
+    found = shutil.which(nvcc) if nvcc else None
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+                  str(Path(os.path.realpath(found)).parent.parent) if found else None, torch_cuda_home,
+                  "/usr/local/cuda"]
+    for home in candidates:
+        if home and (Path(home) / "include" / "cuda_runtime_api.h").is_file():
+            return Path(home)
+    return None
 
 
 def native_spec(sources: Path | None = None, abi: TorchABI | None = None) -> NativeSpec:
@@ -117,7 +123,7 @@ def native_spec(sources: Path | None = None, abi: TorchABI | None = None) -> Nat
     library_dirs = list(cpp_extension.library_paths())
     nvcc = settings.nvcc_path() if cuda else None
     if cuda:
-        home = _cuda_home(nvcc)
+        home = _cuda_home(nvcc, getattr(cpp_extension, "CUDA_HOME", None))
         if home is None:
             raise NativeBuildError("torch has CUDA and no CUDA toolkit was found for its headers: install it or "
                                    "set CUTLASS_TUNE_NVCC")

@@ -14,6 +14,11 @@ per stream as `grouped_mm` does: none in CUDA graph capture nor on the stream of
 CUDA graph trees. Off CUDA torch computes it, so that registration, shapes and gradients can be
 checked on any machine.
 
+Where the operators' native library is built (`_native`), the operator is its: the CUDA and
+Autograd kernels are C++ (the same plans, launched with no Python per call; `_grouped_mm_cuda`
+below runs only for calls the C++ side hands back), and this module attaches the fake, the CPU
+kernel and the backward below. Elsewhere `torch.library.custom_op` defines it here.
+
 Backward (`register_autograd`):
 - dA = dY @ B_e^T per group: the same operator on `b.transpose(-2, -1)`, a grouped problem
   with N and K swapped and the other layout of B (the E x N x K weight stack of a "tn" call is

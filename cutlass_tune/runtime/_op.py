@@ -23,6 +23,11 @@ dB = A^T @ dY, each computed in its operand's layout (for nn.Linear's weight, dW
 N x K row-major like the weight), so a table with tuned tt and nt kernels serves a Linear's
 backward too, and torch's GEMM does where it has none.
 
+Where the operators' native library is built (`_native`), `mm` and `linear` are its: their CUDA
+and Autograd kernels are C++ (the plans launched with no Python per call; `mm_direct` and
+`linear_direct` run only for calls the C++ side hands back), and this module attaches the fakes,
+the CPU kernels and the backward formulas. Elsewhere `torch.library.custom_op` defines them here.
+
 `linear` is activation(x @ weight^T + bias + residual) in one kernel, or with a `gate`
 activation(gate) * (x @ weight^T + bias) (a gated MLP's up projection, the gate GEMM's output as
 `gate`): the table's rows of that epilogue (bias+silu, gelu+residual, silu+gated, ...) for the

@@ -36,6 +36,9 @@ def toolkit(tmp_path, monkeypatch):
     home = tmp_path / "cuda"
     (home / "bin").mkdir(parents=True)
     (home / "include").mkdir()
+    (home / "include" / "cuda_runtime_api.h").write_text("// the toolkit's header\n")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
     nvcc = home / "bin" / "nvcc"
     nvcc.write_text("#!/bin/sh\nexit 1\n")
     nvcc.chmod(0o755)
@@ -65,6 +68,17 @@ def test_a_cuda_torch_adds_the_cu_files_cuda_headers_and_libraries(sources, tool
     runs = spec.commands(Path("/b"))
     assert len(runs) == 3 and runs[1][0] == str(toolkit / "bin" / "nvcc") and "-c" in runs[1]
     assert any("sm_90a" in flag for flag in runs[1])
+
+
+def test_the_toolkit_is_the_one_with_the_headers_not_a_wrapper_s_folder(sources, toolkit, tmp_path, monkeypatch):
+    """Guards hosts whose nvcc on PATH is a wrapper script (/usr/local/bin/nvcc exec'ing the toolkit's)."""
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nexec {toolkit / 'bin' / 'nvcc'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CUTLASS_TUNE_NVCC", str(wrapper))
+    monkeypatch.setenv("CUDA_HOME", str(toolkit))
+    assert str(toolkit / "include") in native_spec(sources, CUDA).include_dirs
 
 
 def test_the_key_changes_with_the_torch_abi_and_the_sources(sources):

@@ -10,15 +10,10 @@ import warnings
 
 import torch
 
-from cutlass_tune.runtime import _native, register_table
-from cutlass_tune.runtime._table import BestTable
+from cutlass_tune.runtime import BestTable, _native, register_table
 from cutlass_tune.space import Layout
 from tests.runtime.tables import tuned_table
 from tests.runtime.test_grouped_gpu import TABLE, E, K, M, N, grouped_table, operands
-
-# As tests/conftest.py does for GPU tests (this process runs outside pytest): the hand-built
-# tables' rows name no real GPU ("any"), and serve whichever Hopper runs the scenario.
-BestTable.for_gpu = lambda self, name: self  # type: ignore[method-assign]
 
 
 def error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -148,6 +143,9 @@ def host() -> dict:
 
 
 if __name__ == "__main__":
+    # As tests/conftest.py's `_tables_of_any_hopper` does for the GPU tests: the tables' rows
+    # (tuned on one Hopper, or on "any") serve whichever Hopper runs this.
+    BestTable.for_gpu = lambda self, name: self  # type: ignore[method-assign]
     scenario = sys.argv[1]
     found = {"available": _native.available(), "cuda": _native.cuda(), "reason": _native.reason()}
     if scenario != "host":
