@@ -72,18 +72,21 @@ t.to_csv(sys.argv[2], index=False); print(len(t), 'rows:', ' '.join(t.problem))"
     -o "$state/$name-bundle" >> "$res/$name-export.txt" 2>&1 && touch "$state/$name-bundle/.done"
   echo "$name export rc=$?"; tail -2 "$res/$name-export.txt"
 }
-export_cut moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz "$rows"
+# the three exports and the native build run side by side (each compiles in parallel; the host has 16 cores)
+export_cut moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz "$rows" &
 export_cut dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
-  '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$'
-export_cut fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^16x6144x4096_'
+  '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' &
+export_cut fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^16x6144x4096_' &
 if [ ! -e "$state/native.done" ] && [ "$(left)" -gt 60 ]; then
-  timeout -k 10 $(( $(left) - 10 )) python3 -c "
+  ( timeout -k 10 $(( $(left) - 10 )) python3 -c "
 from cutlass_tune.runtime import _native as n
 print('build:', n.build()); print('available:', n.available())" > "$res/native.txt" 2>&1
   rc=$?
   echo "native build rc=$rc (a package without the extension says so)"; tail -3 "$res/native.txt"
-  [ "$rc" = 124 ] || [ "$rc" = 137 ] || touch "$state/native.done"  # a build cut short is tried again
+  [ "$rc" = 124 ] || [ "$rc" = 137 ] || touch "$state/native.done" ) &  # a build cut short is tried again
 fi
+wait
+for name in moe dense fp8; do [ -e "$state/$name-bundle/.done" ] || pending=1; done
 
 # 2. host time per call, native on and off
 if [ ! -e "$res/host_path/host_path.json" ]; then
