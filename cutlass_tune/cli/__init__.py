@@ -17,7 +17,20 @@ import typer
 
 from .. import __version__, settings
 from ..errors import CutlassTuneError, visible
-from . import _bench, _best, _check, _compile, _confirm, _dashboard, _export, _shapes, _space, _sweep, _upgrade
+from . import (
+    _bench,
+    _best,
+    _check,
+    _compile,
+    _confirm,
+    _dashboard,
+    _export,
+    _shapes,
+    _space,
+    _sweep,
+    _tune_model,
+    _upgrade,
+)
 from ._console import err, fail, out
 
 
@@ -39,6 +52,7 @@ app.command("compile")(_compile.compile_)
 app.command()(_bench.bench)
 app.command()(_best.best)
 app.command()(_check.check)
+app.command("tune-model")(_tune_model.tune_model)
 app.command()(_export.export)
 app.command()(_confirm.confirm)
 app.command()(_dashboard.dashboard)
