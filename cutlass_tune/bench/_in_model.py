@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -46,9 +47,11 @@ class Mode(str, enum.Enum):
 def bind(table: BestTable) -> None:
     """Make `table` the one every door of the model reads from now on (`TABLE_KEY`)."""
     register_table(table, key=TABLE_KEY)
+    if "transformers" not in sys.modules:  # a model without transformers has no "cutlass_tune" experts
+        return
     try:
         import cutlass_tune.transformers as ct
-    except ImportError:  # no transformers: no "cutlass_tune" experts to tell
+    except ImportError:  # transformers too old for the experts: none to tell
         return
     ct.use_table(table)
 
