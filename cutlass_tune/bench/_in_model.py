@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import statistics
 import sys
 import time
@@ -27,9 +28,12 @@ import pandas as pd
 import torch
 
 from ..capture import Target, _moved, _moved_model, _users_code
+from ..compile import KernelCache, compile_kernels
 from ..runtime._op import register_table
+from ..runtime._patch import patch
 from ..runtime._table import BestTable
 from ..search._in_model import STEP_PREFIX
+from ..space import KernelConfig
 
 TABLE_KEY = "cutlass_tune.transformers"
 """The key every step's table is bound to: `cutlass_tune.transformers.TABLE_KEY`, which the
@@ -59,8 +63,6 @@ def bind(table: BestTable) -> None:
 def build_step(target: Target, mode: Mode) -> Callable[[], object]:
     """The model's step: its forward under no_grad on its inputs, on the current GPU; its Linears
     patched onto `TABLE_KEY` (bind a table first), compiled in `Mode.COMPILED`."""
-    from ..runtime._patch import patch
-
     device = torch.device("cuda", torch.cuda.current_device())
     with _users_code():
         model = _moved_model(target.model, device)
@@ -80,11 +82,6 @@ def build_step(target: Target, mode: Mode) -> Callable[[], object]:
 def precompile(frames: Sequence[pd.DataFrame]) -> None:
     """Compile the kernels of the tables' rows in parallel (a kernel a step meets first would
     compile on one core inside the step)."""
-    import json
-
-    from ..compile import KernelCache, compile_kernels
-    from ..space import KernelConfig
-
     configs = {}
     for frame in frames:
         for text in frame["config"]:

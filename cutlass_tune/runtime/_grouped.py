@@ -37,6 +37,7 @@ from torch._C._autograd import _profiler_enabled
 from .._torch import ACTIVATION, BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockwise
 from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
 from ..space import Activation, DType, Epilogue, Layout, Problem, Scaling, check_problem
+from ..tables import PROFILER_RANGE
 from ._dispatch import (
     KERNEL_CLASSES,
     OUT_DTYPES,
@@ -52,7 +53,7 @@ from ._dispatch import (
     sm_count,
 )
 from ._matmul import Gemm, MatmulInputError, activation_of, k_not_whole
-from ._table import PROFILER_RANGE, BestTable
+from ._table import BestTable
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
 _FP8 = TORCH_DTYPE[DType.E4M3]

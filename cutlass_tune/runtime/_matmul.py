@@ -50,7 +50,7 @@ from ..space import (
     check_problem,
 )
 from ..status import Status
-from ..tables import BundledKernel
+from ..tables import PROFILER_RANGE, BundledKernel
 from ._dispatch import (
     KERNEL_CLASSES,
     OUT_DTYPES,
@@ -65,7 +65,7 @@ from ._dispatch import (
     prepare,
     sm_count,
 )
-from ._table import PROFILER_RANGE, BestTable
+from ._table import BestTable
 
 if TYPE_CHECKING:
     from ._grouped import GroupedLaunch

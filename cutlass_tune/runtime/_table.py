@@ -38,9 +38,6 @@ _TORCH_NAMES = {"torch.bfloat16": DType.BF16, "torch.float16": DType.F16, "torch
                 "torch.float8_e4m3fn": DType.E4M3, "torch.float8_e5m2": DType.E5M2}
 """torch's dtypes by name: a lookup takes them without this module importing torch."""
 _LAYOUTS = {layout_code(a, b) for a in Layout for b in Layout}
-PROFILER_RANGE = "cutlass_tune:"
-"""The profiler range the doors open around a GEMM call while a profiler runs: this prefix and the
-problem's name (`tune-model` attributes the kernels launched in it to that problem)."""
 
 
 def _dtype_value(value: object, name: str) -> str:

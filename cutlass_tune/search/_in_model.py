@@ -30,20 +30,22 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
 from ..errors import CutlassTuneError
-from ..runtime._table import BestTable
 from ..space import Problem
-from ..tables import BestTableError
+from ..tables import PROFILER_RANGE, BestTableError
+
+if TYPE_CHECKING:
+    from ..runtime import BestTable
 
 TORCH = "torch"
 """The label of torch's own path, the first candidate of every problem."""
 STEP_PREFIX = "cutlass_tune.step:"
 """The profiler range of one step: this prefix and the step's index."""
-RANGE_PREFIX = "cutlass_tune:"
+RANGE_PREFIX = PROFILER_RANGE
 """The profiler range a door opens around one GEMM call while a profiler runs: this prefix and the
 problem's name (runtime: `grouped_mm`, `matmul`)."""
 HELD = 1.0e6

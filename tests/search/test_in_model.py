@@ -8,7 +8,6 @@ import pandas as pd
 import pytest
 
 from cutlass_tune.runtime import BestTable
-from cutlass_tune.runtime._table import PROFILER_RANGE
 from cutlass_tune.search._in_model import (
     HELD,
     RANGE_PREFIX,
@@ -45,10 +44,6 @@ def variant(row, config_hash, ratio):
     other = row.copy()
     other["config_hash"], other["kernel"], other["ratio"] = config_hash, f"kernel_{config_hash}", ratio
     return other
-
-
-def test_the_ranges_of_the_doors_are_the_ranges_read():
-    assert RANGE_PREFIX == PROFILER_RANGE
 
 
 def test_covered_takes_the_models_problems_the_table_has_torch_first(frame):
