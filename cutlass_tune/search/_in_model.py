@@ -154,23 +154,48 @@ def step_frame(frame: pd.DataFrame, step: Mapping[str, Candidate]) -> pd.DataFra
     return out[list(frame.columns)] if set(frame.columns) <= set(out.columns) else out
 
 
-class KernelLike(Protocol):
-    duration: float
-    """Microseconds."""
-
-
 class EventLike(Protocol):
-    """What `kernel_times` reads of a profiler event (torch's `FunctionEvent`)."""
+    """What `kernel_times` reads of a profiler event (torch's `FunctionEvent`): a CPU event with
+    its children and the kernels the profiler linked to it, or a GPU kernel (`device_type` CUDA)
+    under the CUPTI correlation id (`id`) of the runtime call that launched it."""
 
     name: str
+    id: int
     kernels: Sequence[Any]
     cpu_children: Sequence[Any]
     cpu_parent: Any
 
 
-def _kernel_us(event: EventLike) -> float:
-    """The GPU kernel time launched within `event` and the events under it."""
-    return sum(float(k.duration) for k in event.kernels) + sum(_kernel_us(c) for c in event.cpu_children)
+_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cudaLaunchKernelExC",
+             "cuLaunchKernelEx")
+"""The runtime calls that launch a kernel, as CUPTI names them (a kernel launched through ctypes is
+linked to its launch by correlation id, not always to the range around it)."""
+
+
+def _is_gpu(event: Any) -> bool:
+    return str(getattr(event, "device_type", "")).endswith("CUDA")
+
+
+def _gpu_us(event: Any) -> float:
+    span = event.time_range
+    return float(span.end - span.start)
+
+
+def _subtree(event: EventLike) -> Iterable[EventLike]:
+    yield event
+    for child in event.cpu_children:
+        yield from _subtree(child)
+
+
+def _kernel_us(event: EventLike, launched: Mapping[int, float]) -> float:
+    """The GPU kernel time launched within `event` and the events under it: the kernels of the
+    launch calls in it, by correlation id, where the profile has them; else the kernels the
+    profiler linked to its events."""
+    tree = list(_subtree(event))
+    by_launch = [launched[e.id] for e in tree if e.name.startswith(_LAUNCHES) and e.id in launched]
+    if by_launch:
+        return sum(by_launch)
+    return sum(float(k.duration) for e in tree for k in e.kernels)
 
 
 def _ranges(event: EventLike) -> Iterable[EventLike]:
@@ -186,19 +211,22 @@ def kernel_times(events: Iterable[EventLike], names: Mapping[str, str]) -> dict[
     """Per step index, per table problem, the GPU kernel microseconds of its calls in that step.
 
     Args:
-        events: the profiler's events (`prof.events()`): steps' ranges at the top.
+        events: the profiler's events (`prof.events()`): steps' ranges at the top, GPU kernels
+            among them.
         names: the problem names the doors' ranges carry -> the table's problem (`Covered.names`);
             a range of another name (a GEMM the table does not cover) is left out.
     """
+    events = list(events)
+    launched = {int(e.id): _gpu_us(e) for e in events if _is_gpu(e)}
     out: dict[int, dict[str, float]] = {}
     for event in events:
-        if event.cpu_parent is not None or not event.name.startswith(STEP_PREFIX):
+        if _is_gpu(event) or event.cpu_parent is not None or not event.name.startswith(STEP_PREFIX):
             continue
         step = out.setdefault(int(event.name[len(STEP_PREFIX):]), {})
         for door in _ranges(event):
             problem = names.get(door.name[len(RANGE_PREFIX):])
             if problem is not None:
-                step[problem] = step.get(problem, 0.0) + _kernel_us(door)
+                step[problem] = step.get(problem, 0.0) + _kernel_us(door, launched)
     return out
 
 

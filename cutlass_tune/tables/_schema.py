@@ -65,9 +65,10 @@ table has none; tables written before regimes lack them all)."""
 DISPATCH_COLUMNS = ("call_site_ratio", "call_site_regime", "in_model_ratio")
 """The figures the dispatcher prefers to a confirm's (`Match.dispatch_ratio`); tables written before
 them lack them (read as empty)."""
-PROFILER_RANGE = "cutlass_tune:"
+PROFILER_RANGE = "cutlass_tune.gemm:"
 """The profiler range the runtime's doors open around a GEMM call while a profiler runs: this prefix
-and the problem's name (`tune-model` reads `in_model_ratio` from the kernels launched in it)."""
+and the problem's name (`tune-model` reads `in_model_ratio` from the kernels launched in it). Not
+"cutlass_tune:", which the operators' own events ("cutlass_tune::grouped_mm") begin with."""
 REGIME_TEXT_COLUMNS = (*(f"{r.column}_regime" for r in Regime), "call_site_regime")
 """The text columns of `REGIME_COLUMNS` and `DISPATCH_COLUMNS` (a regime's name or "")."""
 REGIME_NUMBER_COLUMNS = tuple(c for c in (*REGIME_COLUMNS, *DISPATCH_COLUMNS) if c not in REGIME_TEXT_COLUMNS)

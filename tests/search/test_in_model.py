@@ -109,6 +109,12 @@ class Kernel:
     duration: float
 
 
+@dataclasses.dataclass
+class Span:
+    start: float
+    end: float
+
+
 @dataclasses.dataclass(eq=False)
 class Event:
     """A recorded profiler event: what `FunctionEvent` gives."""
@@ -117,13 +123,21 @@ class Event:
     kernels: list = dataclasses.field(default_factory=list)
     cpu_children: list = dataclasses.field(default_factory=list)
     cpu_parent: object = None
+    id: int = 0
+    device_type: str = "DeviceType.CPU"
+    time_range: Span = dataclasses.field(default_factory=lambda: Span(0.0, 0.0))
 
 
-def tree(name, *children, kernels=()):
-    event = Event(name, [Kernel(k) for k in kernels], list(children))
+def tree(name, *children, kernels=(), id=0):
+    event = Event(name, [Kernel(k) for k in kernels], list(children), id=id)
     for c in children:
         c.cpu_parent = event
     return event
+
+
+def gpu_kernel(correlation, us):
+    return Event("void cutlass::device_kernel<...>", id=correlation, device_type="DeviceType.CUDA",
+                 time_range=Span(1000.0, 1000.0 + us))
 
 
 def flat(*roots):
@@ -147,6 +161,18 @@ def test_kernels_are_attributed_to_the_problem_of_their_range_per_step():
     outside = tree(door, kernels=[1000.0])  # not in a step: warm-up
     times = kernel_times(flat(*steps, outside), {"p-as-called": "P"})
     assert times == {0: {"P": 16.0}, 1: {"P": 7.5}}
+
+
+def test_a_kernel_launched_through_ctypes_is_found_by_its_launchs_correlation():
+    """Guards the ctypes launch: the profiler may link its kernel to the operator around the range,
+    not to the range; the launch call under the range names it by correlation id."""
+    door = RANGE_PREFIX + "p"
+    step = tree(STEP_PREFIX + "0", tree("cutlass_tune::grouped_mm", tree(door, tree("cuLaunchKernelEx", id=41)),
+                                        kernels=[12.0]))
+    other_step = tree(STEP_PREFIX + "1", tree(door, tree("aten::_grouped_mm", tree("cudaLaunchKernel", id=42),
+                                                         kernels=[30.0])))
+    times = kernel_times([*flat(step, other_step), gpu_kernel(41, 12.0), gpu_kernel(42, 30.0)], {"p": "P"})
+    assert times == {0: {"P": 12.0}, 1: {"P": 30.0}}  # each kernel once, in its own step
 
 
 def timed(medians_by_label, problems, rounds=3):
