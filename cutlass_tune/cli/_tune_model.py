@@ -114,7 +114,7 @@ def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, 
     the choices and the model's step."""
     from ..bench._in_model import bind, build_step, precompile, profiled_steps
     from ..capture import load_target
-    from ..search._in_model import TORCH, choose, kernel_times, schedule, step_frame
+    from ..search._in_model import TORCH, choose, duty_cycle, kernel_spans, kernel_times, schedule, step_frame
 
     steps = schedule(problems)
     frames = [step_frame(table.frame, s) for s in steps]
@@ -135,6 +135,10 @@ def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, 
     out.print(f"{len(problems)} problems of the table in the model{where}: {len(steps)} candidates a round, "
               f"{rounds} rounds, {mode.value}; median kernel time per step")
     out.print(shown)
+    regime = duty_cycle(kernel_spans(events))
+    if regime is not None:
+        out.print(f"the profiled steps' duty cycle: {regime.name} (`confirm --regime {regime.name}` times a "
+                  "problem in it; the profiler's host time widens the gaps)")
     return choices, step
 
 

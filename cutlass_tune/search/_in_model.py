@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pandas as pd
 
 from ..errors import CutlassTuneError
+from ..regime import RegimeSpec
 from ..space import Problem
 from ..tables import PROFILER_RANGE, BestTableError
 
@@ -228,6 +229,30 @@ def kernel_times(events: Iterable[EventLike], names: Mapping[str, str]) -> dict[
             if problem is not None:
                 step[problem] = step.get(problem, 0.0) + _kernel_us(door, launched)
     return out
+
+
+def kernel_spans(events: Iterable[Any]) -> list[tuple[float, float]]:
+    """The GPU kernels' (start, end) in microseconds, from the profiler's events."""
+    return [(float(e.time_range.start), float(e.time_range.end)) for e in events if _is_gpu(e)]
+
+
+def duty_cycle(spans: Iterable[tuple[float, float]]) -> RegimeSpec | None:
+    """The steps' duty cycle as the as-captured regime (`RegimeSpec.as_captured`): the fraction of
+    the time from the first kernel's start to the last one's end that some kernel runs, and the
+    mean idle gap between kernels; None for no kernels or a GPU never idle."""
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    if len(merged) < 2:
+        return None
+    busy = sum(end - start for start, end in merged) / (merged[-1][1] - merged[0][0])
+    gaps = [b[0] - a[1] for a, b in zip(merged, merged[1:])]
+    if round(busy, 3) >= 1:
+        return None
+    return RegimeSpec.as_captured(busy=round(busy, 3), gap_us=max(0.1, round(statistics.mean(gaps), 1)))
 
 
 @dataclasses.dataclass(frozen=True)

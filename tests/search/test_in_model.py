@@ -18,6 +18,8 @@ from cutlass_tune.search._in_model import (
     InModelError,
     choose,
     covered,
+    duty_cycle,
+    kernel_spans,
     kernel_times,
     schedule,
     step_frame,
@@ -230,3 +232,12 @@ def test_the_table_written_holds_the_in_model_kernel_and_ratio_the_dispatcher_re
     slower = table.find(int(row["m"]), int(row["n"]), int(row["k"]), problem_of(row).operation)
     ratio, source = slower.dispatch_ratio()
     assert ratio < 1.0 and "inside the model" in source
+
+
+def test_the_duty_cycle_of_the_profiled_steps_is_an_as_captured_regime():
+    # kernels 0-60, 50-80 (overlapping: one busy span), 90-100, 130-190: busy 150 of 190, gaps 10 and 30
+    events = [Event("k", device_type="DeviceType.CUDA", time_range=Span(a, b))
+              for a, b in [(0, 60), (50, 80), (90, 100), (130, 190)]] + [tree("cpu op")]
+    spec = duty_cycle(kernel_spans(events))
+    assert spec is not None and spec.name == f"as-captured:{round(150 / 190, 3):g}:20us"
+    assert duty_cycle([(0, 10), (10, 20)]) is None and duty_cycle([]) is None  # never idle, nothing run
