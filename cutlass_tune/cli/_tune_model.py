@@ -63,7 +63,6 @@ def tune_model(
     if table_out is not None:
         check_output(table_out, table_source)
     from ..bench._in_model import bind
-    from ..capture import capture_gemms, load_target
     from ..search._in_model import covered
 
     table = BestTable.load(table_source)
@@ -75,13 +74,12 @@ def tune_model(
     bind(table)  # the "cutlass_tune" experts of a model need a table, on the meta device too
     counts: list[int | None] = list(tokens) if tokens else [None]
     # Shapes first, on the meta device: a model or table that cannot be tuned says so without a GPU.
-    plans = {n: covered(table, capture_gemms(load_target(target, _arguments(n))).problems(), leading, candidates)
-             for n in counts}
+    plans = {n: covered(table, _captured(target, n, gpu).problems(), leading, candidates) for n in counts}
+    import torch
+
     from ..bench import require_gpu
 
     require_gpu(gpu)
-    import torch
-
     torch.cuda.set_device(gpu)
     name = torch.cuda.get_device_name(gpu)
     mine = table.for_gpu(name)
@@ -103,6 +101,22 @@ def tune_model(
     if blocks and step is not None:
         _ab(step, counts[-1], mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks)
     out.print(f"tune-model took {time.perf_counter() - began:.0f} s")
+
+
+def _captured(target: str, tokens: int | None, gpu: int):
+    """The model's GEMMs, recorded on the meta device, or on the GPU where the model reads tensor
+    values (the meta device has none) and a GPU is there."""
+    import torch
+
+    from ..capture import CaptureError, capture_gemms, load_target
+
+    try:
+        return capture_gemms(load_target(target, _arguments(tokens)))
+    except CaptureError:
+        if not torch.cuda.is_available():
+            raise
+    torch.cuda.set_device(gpu)
+    return capture_gemms(load_target(target, _arguments(tokens)), device="cuda")
 
 
 def _arguments(tokens: int | None) -> dict[str, int] | None:
