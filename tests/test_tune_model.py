@@ -118,3 +118,50 @@ def test_a_tiny_moe_model_is_tuned_in_the_model(tmp_path):
     tuned = BestTable.load(out)
     ratios = tuned.frame["in_model_ratio"].dropna()
     assert len(ratios) >= 1 and (ratios > 0).all()
+
+
+def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_path, monkeypatch):
+    """The whole command on recorded kernel times: the table written holds the in-model kernel's
+    ratio, which the dispatcher then holds min_ratio against."""
+    from typer.testing import CliRunner
+
+    import cutlass_tune.bench as bench
+    from cutlass_tune.bench import _in_model as gpu
+    from cutlass_tune.cli import app
+    from cutlass_tune.runtime import BestTable
+    from cutlass_tune.search._in_model import RANGE_PREFIX, STEP_PREFIX
+
+    from .search.test_in_model import tree
+
+    ran: list[BestTable] = []
+    monkeypatch.setattr(bench, "require_gpu", lambda gpu: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=None: "NVIDIA H200")
+    monkeypatch.setattr(gpu, "precompile", lambda frames: None)
+    monkeypatch.setattr(gpu, "build_step", lambda target, mode: (lambda: None))
+    monkeypatch.setattr(gpu, "ab", lambda step, tables, blocks: [gpu.Side(label, (10.0, 10.5)) for label in tables])
+
+    def profiled(step, tables, rounds):
+        """torch's step 100 us for the problem, the table's kernel 80 us (+-1 by round)."""
+        events = []
+        for r in range(rounds):
+            for i, table in enumerate(tables):
+                ran.append(table)
+                us = (100.0 if table.frame.empty else 80.0) + (r % 3 - 1)
+                door = tree(RANGE_PREFIX + "4096x6656x6656_bf16bf16bf16_tn", kernels=[us])
+                events += [tree(f"{STEP_PREFIX}{r * len(tables) + i}", door), door]
+        return events
+
+    monkeypatch.setattr(gpu, "profiled_steps", profiled)
+    out = tmp_path / "tuned.csv"
+    r = CliRunner().invoke(app, ["tune-model", f"{model}:build", "--table", str(TABLE), "--out", str(out),
+                                 "--rounds", "3"], terminal_width=250)
+    assert r.exit_code == 0, r.output
+    assert "A/B of the whole step" in r.output and "tune-model took" in r.output
+    assert len(ran) == 2 * 3 and ran[0].frame.empty and not ran[1].frame.empty  # torch, then the table's row
+    tuned = BestTable.load(out)
+    match = tuned.lookup(4096, 6656, 6656)
+    assert match.row["in_model_ratio"] == pytest.approx(100 / 80)
+    assert match.dispatch_ratio()[0] == pytest.approx(100 / 80)
+    others = tuned.frame[tuned.frame["problem"] != match.row["problem"]]
+    assert others["in_model_ratio"].isna().all()
