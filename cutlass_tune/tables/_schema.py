@@ -22,7 +22,7 @@
 | ratio_low, ratio_high | lowest and highest confirmed ratio (both `ratio` when not confirmed) |
 | `REGIME_COLUMNS` | per timing regime r, `<r>_regime`, `<r>_ratio`, `<r>_sm_mhz`, `<r>_power_w` (4) |
 | call_site_ratio, call_site_regime | the ratio `check` measured through `matmul`, and its regime (5) |
-| in_model_ratio | the kernel's ratio inside the user's model step (`tune-model` is to fill it) (5) |
+| in_model_ratio | the kernel's ratio inside the user's model step (`tune-model` fills it) (5) |
 
 (1) The baseline of a plain GEMM is cuBLAS; that of a fused epilogue or scaled fp8 problem is
 torch's eager call of the same math (`F.linear` with its bias, then the activation;
