@@ -137,7 +137,7 @@ def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_pa
     monkeypatch.setattr(bench, "require_gpu", lambda gpu: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=None: "NVIDIA H200")
-    monkeypatch.setattr(gpu, "precompile", lambda frames: None)
+    monkeypatch.setattr(gpu, "precompile", lambda rows: None)
     monkeypatch.setattr(gpu, "build_step", lambda target, mode: (lambda: None))
     monkeypatch.setattr(gpu, "ab", lambda step, tables, blocks: [gpu.Side(label, (10.0, 10.5)) for label in tables])
 

@@ -79,14 +79,13 @@ def build_step(target: Target, mode: Mode) -> Callable[[], object]:
     return step
 
 
-def precompile(frames: Sequence[pd.DataFrame]) -> None:
-    """Compile the kernels of the tables' rows in parallel (a kernel a step meets first would
-    compile on one core inside the step)."""
+def precompile(rows: Sequence[pd.Series]) -> None:
+    """Compile the kernels of the candidates' rows in parallel (a kernel a step meets first would
+    compile on one core inside the step); those compiled before are found in the cache."""
     configs = {}
-    for frame in frames:
-        for text in frame["config"]:
-            cfg = KernelConfig.from_dict(json.loads(text))
-            configs[cfg.hash] = cfg
+    for row in rows:
+        cfg = KernelConfig.from_dict(json.loads(row["config"]))
+        configs[cfg.hash] = cfg
     if configs:
         compile_kernels(list(configs.values()), cache=KernelCache.at(None))
 

@@ -132,7 +132,8 @@ def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, 
 
     steps = schedule(problems)
     frames = [step_frame(table.frame, s) for s in steps]
-    precompile(frames)
+    precompile([c.row for p in problems for c in p.candidates
+                if c.row is not None and c.row["config_hash"] not in table.bundled])  # a bundle's are built
     tables = [BestTable(f, bundled=table.bundled) for f in frames]
     bind(table)
     step = build_step(load_target(target, _arguments(tokens)), mode)
