@@ -37,7 +37,8 @@ def tune_model(
         None, "--out", callback=user_output, help="write the table with each tuned problem's in-model kernel and "
         "in_model_ratio (.csv, .json or .parquet)"),
     storage: str | None = typer.Option(None, "--storage", help="the store the table came from: its leading "
-                                       "variants per problem are the candidates"),
+                                       "variants per problem are the candidates (the in-model figures go to "
+                                       "--out only: a store has no regime for them yet)"),
     rounds: int = typer.Option(ROUNDS, "--rounds", min=1, help="profiled steps per candidate"),
     blocks: int = typer.Option(10, "--blocks", min=0, help="A/B blocks per side (0: no A/B)"),
     gpu: int = GPU,
