@@ -241,3 +241,21 @@ def test_the_duty_cycle_of_the_profiled_steps_is_an_as_captured_regime():
     spec = duty_cycle(kernel_spans(events))
     assert spec is not None and spec.name == f"as-captured:{round(150 / 190, 3):g}:20us"
     assert duty_cycle([(0, 10), (10, 20)]) is None and duty_cycle([]) is None  # never idle, nothing run
+
+
+def test_a_real_profiles_events_are_read_on_the_cpu():
+    """torch.profiler's own events (no GPU: no kernels): the steps and the doors' ranges in them
+    are found through the attributes `kernel_times` reads."""
+    import torch
+
+    x = torch.ones(8, 8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for i in range(2):
+            with torch.profiler.record_function(f"{STEP_PREFIX}{i}"):
+                with torch.profiler.record_function("outer"), torch.profiler.record_function(RANGE_PREFIX + "p"):
+                    torch.mm(x, x)
+                with torch.profiler.record_function(RANGE_PREFIX + "other"):
+                    torch.mm(x, x)
+    events = list(prof.events())
+    assert kernel_times(events, {"p": "P"}) == {0: {"P": 0.0}, 1: {"P": 0.0}}
+    assert kernel_spans(events) == []
