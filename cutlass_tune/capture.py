@@ -49,6 +49,7 @@ import contextlib
 import dataclasses
 import importlib.machinery
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -200,13 +201,14 @@ def _users_code(folder: Path | None = None) -> Iterator[None]:
                 sys.path.remove(str(folder))
 
 
-def load_target(spec: str) -> Target:
+def load_target(spec: str, arguments: Mapping[str, Any] | None = None) -> Target:
     """Import FILE (by path, as a module of its own) and call FUNCTION() for (model, example_inputs).
 
     Args:
         spec: "FILE:FUNCTION". example_inputs is a tuple or list of positional arguments or a
             dict of keyword arguments; the model any callable (a `torch.nn.Module` is moved to
             the capture's device with its parameters).
+        arguments: keyword arguments to call FUNCTION with (`tune-model --tokens N`: tokens=N).
 
     Raises:
         CaptureError: no colon, no such file, the import or the call raising (its first line),
@@ -240,8 +242,13 @@ def load_target(spec: str) -> Target:
             raise CaptureError(f"{file} has no function {name!r}")
         if not callable(function):
             raise CaptureError(f"{spec} is a {type(function).__name__}, not a function")
+        if arguments:
+            try:
+                inspect.signature(function).bind(**arguments)
+            except (TypeError, ValueError):
+                raise CaptureError(f"{spec}() takes no argument {', '.join(map(repr, arguments))}") from None
         try:
-            result = function()
+            result = function(**(arguments or {}))
         except KeyboardInterrupt:
             raise
         except BaseException as err:

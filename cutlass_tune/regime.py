@@ -13,8 +13,8 @@ can be confirmed, and a table entry checked, in any of these regimes:
 | INTERLEAVED | a copy of `copy_mib` MiB (as a model's elementwise kernels) | `interleaved:64MiB` |
 | AS_CAPTURED | a step's duty cycle: busy `busy` of the time, idle gaps of `gap_us` | `as-captured:0.7:150us` |
 
-AS_CAPTURED takes its two numbers from a profile of the user's model step (given by hand now;
-`tune-model` is to read them from its own profile). Its plan (`plan`): between two gaps the GPU
+AS_CAPTURED takes its two numbers from a profile of the user's model step (`tune-model` prints
+them from its profiled steps: `search._in_model.duty_cycle`). Its plan (`plan`): between two gaps the GPU
 runs GEMM calls back to back and, where one call is shorter than the busy time a gap asks for,
 a memory-bound copy that fills the rest.
 
@@ -139,7 +139,7 @@ class RegimeSpec:
     @classmethod
     def as_captured(cls, busy: float, gap_us: float) -> RegimeSpec:
         """A model step's duty cycle, from a profile of it: the fraction of the step the GPU is
-        busy and the mean length of its idle gaps (the seam `tune-model` is to feed)."""
+        busy and the mean length of its idle gaps (`tune-model` feeds it)."""
         return cls(Regime.AS_CAPTURED, busy=busy, gap_us=gap_us)
 
 

@@ -20,11 +20,13 @@ LAZY = {
     (TOP, "report"): "`import cutlass_tune` stays light: the table and matmul load on first use",
     (TOP, "runtime"): "the same",
     (TOP, "nn"): "the same (torch, for models)",
+    ("bench", "transformers"): "the experts of transformers models need transformers; other models never import it",
 }
 """The only imports of one stage by another inside a function, and why each is deferred."""
 
 BENCH_ON_RUNTIME = {
     "bench._check": "`cutlass-tune check` times the runtime's `matmul` as a caller gets it, at the call site",
+    "bench._in_model": "`cutlass-tune tune-model` runs the model's own step through the runtime's doors",
 }
 """The only bench modules that import the runtime, and why: the rest load kernels through `kernel`."""
 

@@ -29,6 +29,7 @@ from . import (
     _shapes,
     _space,
     _sweep,
+    _tune_model,
     _upgrade,
 )
 from ._console import err, fail, out
@@ -52,6 +53,7 @@ app.command("compile")(_compile.compile_)
 app.command()(_bench.bench)
 app.command()(_best.best)
 app.command()(_check.check)
+app.command("tune-model")(_tune_model.tune_model)
 app.command()(_export.export)
 app.command()(_confirm.confirm)
 app.command()(_dashboard.dashboard)

@@ -2,11 +2,11 @@
 and bundles), dashboards. Reading tables and bundles and running their kernels is the runtime's
 (`cutlass_tune.tables`, `cutlass_tune.runtime`)."""
 
-from ._best import load_best
+from ._best import load_best, load_candidates
 from ._export import BundleSummary, same_file, write_bundle, write_table
 
-__all__ = ["BundleSummary", "DashboardError", "build_dashboard", "load_best", "same_file", "write_bundle",
-           "write_dashboard", "write_table"]
+__all__ = ["BundleSummary", "DashboardError", "build_dashboard", "load_best", "load_candidates", "same_file",
+           "write_bundle", "write_dashboard", "write_table"]
 
 
 _DASHBOARD = ("DashboardError", "build_dashboard", "write_dashboard")

@@ -82,6 +82,18 @@ order (`MethodFacts.rank`) that has them."""
 
 
 def _from_store(url: str) -> pd.DataFrame:
+    frame = _kernel_frame(url)
+    # Rows of another regime than back to back never rank: they are the chosen kernel's regime figures.
+    regimed = frame[frame["_regime"] != SUSTAINED.name]
+    sustained = frame[frame["_regime"] == SUSTAINED.name]
+    picked = [row for _, group in sustained.groupby(["gpu", "problem"], sort=False)
+              for row in _leading(group, regimed, 1)]
+    return _table_of(picked, sustained)
+
+
+def _kernel_frame(url: str) -> pd.DataFrame:
+    """Every verified kernel measurement of the store as a table row, with its pass's side
+    figures, whether a confirm took it (`_confirm`) and its regime, SM clock and power."""
     store = open_store(url)
     # StoreError, not BestTableError: the dashboard shows a store whose best table cannot be
     # built (BestTableError) with an empty one, but must not read a store of another schema.
@@ -136,43 +148,73 @@ def _from_store(url: str) -> pd.DataFrame:
     # every figure is a float, which ranks (NaN ratios last) and formats ("nan") like one.
     frame = frame.assign(**{c: pd.to_numeric(frame[c]).astype(float) for c in _STORE_NUMBERS})
     frame["spread"] = (frame["p80_ms"] - frame["p20_ms"]) / frame["median_ms"]
-    frame = frame.assign(**{c: pd.to_numeric(frame[c]).astype(float) for c in ("_sm_mhz", "_power_w")})
-    variant = ["gpu", "problem", "config_hash", "runtime"]
-    # Rows of another regime than back to back never rank: they are the chosen kernel's regime figures.
-    regimed = frame[frame["_regime"] != SUSTAINED.name]
-    frame = frame[frame["_regime"] == SUSTAINED.name]
-    sweep = frame[~frame["_confirm"]]
-    sweep_best = sweep.groupby(variant)["ratio"].max().rename("sweep_ratio")
-    picked = []
-    for _, group in frame.groupby(["gpu", "problem"], sort=False):
-        group = _fully_compared(group)
-        confirmed = group[group["_confirm"] & group["ratio"].notna()]
-        if not confirmed.empty:
-            method = next(m for m in (*RANKING, *confirmed["method"]) if (confirmed["method"] == m).any())
-            confirmed = confirmed[confirmed["method"] == method]
-        if confirmed.empty:
-            row = group.assign(_rank=group["strongest_ratio"].fillna(0.0)).sort_values(
-                ["_rank", "tflops"], ascending=False).iloc[0].drop("_rank").copy()
+    return frame.assign(**{c: pd.to_numeric(frame[c]).astype(float) for c in ("_sm_mhz", "_power_w")})
+
+
+_VARIANT = ["gpu", "problem", "config_hash", "runtime"]
+"""A kernel variant: a config and its run-time arguments, on one problem of one GPU model."""
+
+
+def _table_of(picked: list[pd.Series], sustained: pd.DataFrame) -> pd.DataFrame:
+    """The picked rows as a table of `COLUMNS`, each with the best ratio its sweep measured."""
+    sweep_best = sustained[~sustained["_confirm"]].groupby(_VARIANT)["ratio"].max().rename("sweep_ratio")
+    best = pd.DataFrame(picked).drop(columns=["_confirm", "_regime", "_sm_mhz", "_power_w"])
+    best = best.join(sweep_best, on=_VARIANT)
+    best["sweep_ratio"] = best["sweep_ratio"].fillna(best["ratio"])
+    best["confirm_passes"] = best["confirm_passes"].astype(int)
+    best = best.sort_values(["gpu", "m", "n", "k", "problem"], kind="stable")
+    return best[[*COLUMNS, *(c for c in GROUPED_COLUMNS if c not in COLUMNS)]].reset_index(drop=True)
+
+
+def _leading(group: pd.DataFrame, regimed: pd.DataFrame, top: int) -> list[pd.Series]:
+    """A problem's `top` leading kernel variants, best first, each as its table row: by median
+    confirmed ratio among the variants most passes confirmed (its median pass's row), or where
+    none is confirmed, by the sweep's ratio (`load_best` takes the first)."""
+    group = _fully_compared(group)
+    confirmed = group[group["_confirm"] & group["ratio"].notna()]
+    if not confirmed.empty:
+        method = next(m for m in (*RANKING, *confirmed["method"]) if (confirmed["method"] == m).any())
+        confirmed = confirmed[confirmed["method"] == method]
+    if confirmed.empty:
+        ranked = group.assign(_rank=group["strongest_ratio"].fillna(0.0)).sort_values(
+            ["_rank", "tflops"], ascending=False).drop_duplicates(_VARIANT).head(top)
+        out = []
+        for _, row in ranked.drop(columns="_rank").iterrows():
+            row = row.copy()
             row["confirm_passes"], row["ratio_low"], row["ratio_high"] = 0, row["ratio"], row["ratio"]
-            picked.append(_with_regimes(row, None, regimed))
-            continue
-        passes = confirmed.groupby(variant)["strongest_ratio"]
-        enough = passes.count() >= math.ceil(passes.count().max() / 2)
-        medians = passes.median()[enough]
-        key = medians.idxmax()
-        runs = confirmed.set_index(variant).loc[[key]].reset_index().sort_values("strongest_ratio")
+            out.append(_with_regimes(row, None, regimed))
+        return out
+    passes = confirmed.groupby(_VARIANT)["strongest_ratio"]
+    enough = passes.count() >= math.ceil(passes.count().max() / 2)
+    medians = passes.median()[enough].sort_values(ascending=False, kind="stable")
+    out = []
+    for key in medians.index[:top]:
+        runs = confirmed.set_index(_VARIANT).loc[[key]].reset_index().sort_values("strongest_ratio")
         row = runs.iloc[(len(runs) - 1) // 2].copy()  # the median pass (the lower one of an even count)
         row["strongest_ratio"] = float(medians[key])
         row["ratio"] = float(runs["ratio"].median())
         row["confirm_passes"] = len(runs)
         row["ratio_low"], row["ratio_high"] = float(runs["ratio"].min()), float(runs["ratio"].max())
-        picked.append(_with_regimes(row, runs if method == TimingMethod.SUSTAINED.value else None, regimed))
-    best = pd.DataFrame(picked).drop(columns=["_confirm", "_regime", "_sm_mhz", "_power_w"])
-    best = best.join(sweep_best, on=variant)
-    best["sweep_ratio"] = best["sweep_ratio"].fillna(best["ratio"])
-    best["confirm_passes"] = best["confirm_passes"].astype(int)
-    best = best.sort_values(["gpu", "m", "n", "k", "problem"], kind="stable")
-    return best[[*COLUMNS, *(c for c in GROUPED_COLUMNS if c not in COLUMNS)]].reset_index(drop=True)
+        out.append(_with_regimes(row, runs if method == TimingMethod.SUSTAINED.value else None, regimed))
+    return out
+
+
+def load_candidates(source: str | Path, top: int) -> pd.DataFrame:
+    """Per (GPU, problem) of a store, its `top` leading kernel variants as table rows, best first
+    (the first is `load_best`'s row): the candidates `tune-model` times inside a model.
+
+    Raises:
+        BestTableError, StoreError: as `load_best` for a store; a source that is no store.
+    """
+    url = store_url_of(source)
+    if url is None:
+        raise BestTableError(f"{source}: the candidates come from a store (a .sqlite file or store URL)")
+    frame = _kernel_frame(url)
+    regimed = frame[frame["_regime"] != SUSTAINED.name]
+    sustained = frame[frame["_regime"] == SUSTAINED.name]
+    picked = [row for _, group in sustained.groupby(["gpu", "problem"], sort=False)
+              for row in _leading(group, regimed, top)]
+    return _table_of(picked, sustained)
 
 
 def _with_regimes(row: pd.Series, sustained: pd.DataFrame | None, regimed: pd.DataFrame) -> pd.Series:

@@ -101,7 +101,8 @@ class _Coverage:
 
     `ratios`: the columns whose smallest finite value is an entry's ratio (the table's `ratio`
     and `strongest_ratio`, its ratio to the fastest torch path of the same math: eager,
-    torch.compile or cuBLASLt's epilogue; a compiled model's pass adds `torch_compile_ratio`)."""
+    torch.compile or cuBLASLt's epilogue; a compiled model's pass adds `torch_compile_ratio`),
+    where the entry has no `in_model_ratio` or `call_site_ratio`, which come first."""
 
     def __init__(self, frame: pd.DataFrame, epilogue: Epilogue = Epilogue(),
                  ratios: tuple[str, ...] = ("ratio", "strongest_ratio")):
@@ -117,6 +118,12 @@ class _Coverage:
                      & (frame["epilogue"] == epilogue.name) & (frame["scaling"] == "none")]
         columns = [rows[c] if c in rows.columns else pd.Series(math.nan, index=rows.index) for c in ratios]
         ratio = pd.concat(columns, axis=1).astype(float).min(axis=1, skipna=True)
+        # The figures the dispatcher prefers to a claim, in its order (`Match.dispatch_ratio`): the
+        # kernel's ratio inside the model (`tune-model`), else at the call site (`check`).
+        for column in ("call_site_ratio", "in_model_ratio"):
+            if column in rows.columns:
+                measured = pd.to_numeric(rows[column], errors="coerce").astype(float)
+                ratio = measured.where(measured.map(math.isfinite), ratio)
         ms = rows["median_ms"] if "median_ms" in rows.columns else pd.Series(math.nan, index=rows.index)
         for dtype, n, k, m, r, t in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratio, ms.astype(float)):
             self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(r)))

@@ -23,6 +23,7 @@ from ._schema import (
     KNOB_COLUMNS,
     LATER_KNOBS,
     NO_ROUTING,
+    PROFILER_RANGE,
     REGIME_COLUMNS,
     REGIME_FIGURES,
     BestTableError,
@@ -33,6 +34,7 @@ from ._schema import (
 )
 
 __all__ = ["BUNDLE_FORMAT", "BestTableError", "BundleError", "BundledKernel", "COLUMNS", "DISPATCH_COLUMNS",
-           "EXPERTS_COLUMNS", "KNOB_COLUMNS", "LATER_KNOBS", "MANIFEST", "NO_ROUTING", "REGIME_COLUMNS",
+           "EXPERTS_COLUMNS", "KNOB_COLUMNS", "LATER_KNOBS", "MANIFEST", "NO_ROUTING", "PROFILER_RANGE",
+           "REGIME_COLUMNS",
            "REGIME_FIGURES", "TABLE", "TABLE_SUFFIXES", "check_row", "experts_cells", "is_bundle", "read_bundle",
            "read_local", "read_table", "regime_figures", "regime_text", "sha256_of", "with_call_site"]

@@ -22,7 +22,7 @@
 | ratio_low, ratio_high | lowest and highest confirmed ratio (both `ratio` when not confirmed) |
 | `REGIME_COLUMNS` | per timing regime r, `<r>_regime`, `<r>_ratio`, `<r>_sm_mhz`, `<r>_power_w` (4) |
 | call_site_ratio, call_site_regime | the ratio `check` measured through `matmul`, and its regime (5) |
-| in_model_ratio | the kernel's ratio inside the user's model step (`tune-model` is to fill it) (5) |
+| in_model_ratio | the kernel's ratio inside the user's model step (`tune-model` fills it) (5) |
 
 (1) The baseline of a plain GEMM is cuBLAS; that of a fused epilogue or scaled fp8 problem is
 torch's eager call of the same math (`F.linear` with its bias, then the activation;
@@ -65,6 +65,10 @@ table has none; tables written before regimes lack them all)."""
 DISPATCH_COLUMNS = ("call_site_ratio", "call_site_regime", "in_model_ratio")
 """The figures the dispatcher prefers to a confirm's (`Match.dispatch_ratio`); tables written before
 them lack them (read as empty)."""
+PROFILER_RANGE = "cutlass_tune.gemm:"
+"""The profiler range the runtime's doors open around a GEMM call while a profiler runs: this prefix
+and the problem's name (`tune-model` reads `in_model_ratio` from the kernels launched in it). Not
+"cutlass_tune:", which the operators' own events ("cutlass_tune::grouped_mm") begin with."""
 REGIME_TEXT_COLUMNS = (*(f"{r.column}_regime" for r in Regime), "call_site_regime")
 """The text columns of `REGIME_COLUMNS` and `DISPATCH_COLUMNS` (a regime's name or "")."""
 REGIME_NUMBER_COLUMNS = tuple(c for c in (*REGIME_COLUMNS, *DISPATCH_COLUMNS) if c not in REGIME_TEXT_COLUMNS)

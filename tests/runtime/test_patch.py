@@ -138,6 +138,22 @@ def test_a_layer_whose_tuned_kernels_measured_slower_than_cublas_keeps_torchs_ge
                                                  min_ratio=0.99).swapped] == ["q", "tied"]
 
 
+@pytest.mark.parametrize(("ratio", "in_model", "swapped"), [("1.05", "0.93", False), ("0.97", "1.06", True)])
+def test_a_layers_in_model_ratio_decides_before_its_claim(tmp_path, ratio, in_model, swapped):
+    # Guards patch deciding on a sweep's claim where tune-model measured the kernel inside the model.
+    path = tmp_path / "in-model.csv"
+    csv_table(path, [("bf16", "tn", 128, 64, 32)])
+    frame = pd.read_csv(path, dtype=str)
+    frame["ratio"], frame["strongest_ratio"], frame["in_model_ratio"] = ratio, ratio, in_model
+    frame.to_csv(path, index=False)
+    model = Block()
+    report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
+    decided = {d.name: (d.swapped, d.reason) for d in report.layers}
+    assert decided["q"][0] is swapped
+    if not swapped:
+        assert f"tuned at {float(in_model):.3f}x cuBLAS at best, below min_ratio 1.0" in decided["q"][1]
+
+
 def test_fused_entries_do_not_cover_a_plain_layer(tmp_path):
     # Guards against patch swapping a layer for rows of a bias+silu kernel: nn.Linear's GEMM
     # would find no plain kernel and the report would claim that kernel's ratio.

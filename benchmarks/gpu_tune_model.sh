@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# In-model tuning on one GPU: `cutlass-tune tune-model` on a 4-layer Qwen3-MoE model of
+# Qwen3-235B-A22B's widths (benchmarks/tune_model_qwen3.py) at 4096 tokens, compiled, with the
+# committed H200 MoE store (benchmarks/results/session_20261127c/h200_moe_suite: its best table
+# exported as a bundle, its two leading confirmed variants per problem the candidates).
+#
+#   benchmarks/gpu_tune_model.sh OUTDIR        (state in TUNE_MODEL_DIR, default /tmp/tune-model; resumable)
+# Wheels carried in .whl/ are installed to /tmp/site when optuna or CUTLASS's headers are missing.
+set -uo pipefail
+out=${1:?output directory}
+state=${TUNE_MODEL_DIR:-/tmp/tune-model}
+budget=${TUNE_MODEL_SECONDS:-340}
+mkdir -p "$out" "$state"
+if ! python3 -c "import optuna, sqlalchemy, alembic, cutlass_library" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
+left() { echo $((budget - SECONDS)); }
+ct() { python3 -m cutlass_tune.cli "$@"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  git log -1 --format='%h %s' 2>/dev/null; } > "$out/gpu.txt"
+cat "$out/gpu.txt"
+
+gz=benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz
+[ -e "$state/moe.sqlite" ] || gunzip -c "$gz" > "$state/moe.sqlite"
+if [ ! -e "$state/moe-bundle/.done" ]; then
+  ct export --storage "$state/moe.sqlite" -o "$state/moe-bundle" > "$out/export.txt" 2>&1 && touch "$state/moe-bundle/.done"
+  echo "export rc=$?"; tail -2 "$out/export.txt"
+fi
+if [ ! -e "$state/tuned.csv" ] && [ "$(left)" -gt 60 ]; then
+  timeout -k 10 $(( $(left) - 5 )) python3 -m cutlass_tune.cli tune-model benchmarks/tune_model_qwen3.py:build \
+    --table "$state/moe-bundle" --storage "$state/moe.sqlite" --candidates 3 --tokens 4096 --mode compiled \
+    --out "$state/tuned.csv" > "$out/tune_model.txt" 2>&1
+  echo "tune-model rc=$?"
+fi
+tail -40 "$out/tune_model.txt" 2>/dev/null
+[ -e "$state/tuned.csv" ] && cp "$state/tuned.csv" "$out/"

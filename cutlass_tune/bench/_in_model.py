@@ -1,0 +1,157 @@
+"""The GPU side of `tune-model`: a model's step, run on a table of candidates, profiled and timed.
+
+The decisions (which candidates, which step runs which, which kept) are `search/_in_model.py`'s;
+this module runs them. Every table a step runs is bound to one key (`TABLE_KEY`, the one the
+"cutlass_tune" experts read), so switching candidates between steps is one `register_table`:
+the same weights, the same compiled graph (the operators take the key, a constant, and look the
+table up at each call). The model's Linears are patched onto that key too (`patch` with
+`min_ratio=0`: every covered layer runs the table's kernel; the table decides per step).
+
+Modes: eager (the forward under no_grad), compiled (`torch.compile` of the model, default mode).
+CUDA graphs would replay the kernels captured with the first step's table: a graph per candidate
+index, and the kernels attributed by launch order, not by the doors' ranges (which a replay does
+not open); not done yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..capture import Target, _moved, _moved_model, _users_code
+from ..compile import KernelCache, compile_kernels
+from ..runtime._op import register_table
+from ..runtime._patch import patch
+from ..runtime._table import BestTable
+from ..search._in_model import STEP_PREFIX
+from ..space import KernelConfig
+
+TABLE_KEY = "cutlass_tune.transformers"
+"""The key every step's table is bound to: `cutlass_tune.transformers.TABLE_KEY`, which the
+"cutlass_tune" experts read (spelt here so that a model without transformers needs none)."""
+
+
+class Mode(str, enum.Enum):
+    """How the model's step runs."""
+
+    EAGER = "eager"
+    COMPILED = "compiled"
+    GRAPHS = "graphs"
+
+
+def bind(table: BestTable) -> None:
+    """Make `table` the one every door of the model reads from now on (`TABLE_KEY`)."""
+    register_table(table, key=TABLE_KEY)
+    if "transformers" not in sys.modules:  # a model without transformers has no "cutlass_tune" experts
+        return
+    try:
+        import cutlass_tune.transformers as ct
+    except ImportError:  # transformers too old for the experts: none to tell
+        return
+    ct.use_table(table)
+
+
+def build_step(target: Target, mode: Mode) -> Callable[[], object]:
+    """The model's step: its forward under no_grad on its inputs, on the current GPU; its Linears
+    patched onto `TABLE_KEY` (bind a table first), compiled in `Mode.COMPILED`."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    with _users_code():
+        model = _moved_model(target.model, device)
+    args, kwargs = _moved(target.args, device), _moved(target.kwargs, device)
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+        patch(model, TABLE_KEY, min_ratio=0.0, min_kernel_us=0.0)
+    run = torch.compile(model) if mode is Mode.COMPILED else model
+
+    def step() -> object:
+        with torch.no_grad():
+            return run(*args, **kwargs)
+
+    return step
+
+
+def precompile(rows: Sequence[pd.Series]) -> None:
+    """Compile the kernels of the candidates' rows in parallel (a kernel a step meets first would
+    compile on one core inside the step); those compiled before are found in the cache."""
+    configs = {}
+    for row in rows:
+        cfg = KernelConfig.from_dict(json.loads(row["config"]))
+        configs[cfg.hash] = cfg
+    if configs:
+        compile_kernels(list(configs.values()), cache=KernelCache.at(None))
+
+
+def profiled_steps(step: Callable[[], object], tables: Sequence[BestTable], rounds: int) -> list[Any]:
+    """Run the steps (table i in step i of each round: step r * len(tables) + i) once unprofiled
+    (to load every kernel), then `rounds` rounds under torch.profiler (CUPTI kernel times), each
+    step in its range `STEP_PREFIX<index>`. Returns the profiler's events."""
+    for table in tables:
+        bind(table)
+        step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for r in range(rounds):
+            for i, table in enumerate(tables):
+                bind(table)
+                with torch.profiler.record_function(f"{STEP_PREFIX}{r * len(tables) + i}"):
+                    step()
+        torch.cuda.synchronize()
+    return list(prof.events())
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of the A/B: ms per step of each block."""
+
+    label: str
+    blocks_ms: tuple[float, ...]
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.blocks_ms)
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median of the blocks."""
+        q = statistics.quantiles(self.blocks_ms, n=5, method="inclusive") if len(self.blocks_ms) > 1 else [0, 0, 0, 0]
+        return (q[3] - q[0]) / self.median_ms
+
+
+def _block_ms(step: Callable[[], object], count: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(count):
+        step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / count
+
+
+def ab(step: Callable[[], object], tables: Mapping[str, BestTable], *, blocks: int = 10, block: int = 5) -> list[Side]:
+    """The whole step on each table, in alternating blocks of `block` steps (CUDA events), after
+    one warm block each."""
+    for table in tables.values():
+        bind(table)
+        _block_ms(step, 2)
+    times: dict[str, list[float]] = {label: [] for label in tables}
+    for _ in range(blocks):
+        for label, table in tables.items():
+            bind(table)
+            times[label].append(_block_ms(step, block))
+    return [Side(label, tuple(v)) for label, v in times.items()]
+
+
+def clock() -> float:
+    """Seconds on the host's monotonic clock, after the GPU is done."""
+    torch.cuda.synchronize()
+    return time.perf_counter()

@@ -1,0 +1,184 @@
+"""`cutlass-tune tune-model`: choose each GEMM's kernel by its time inside the model's own step."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from ..errors import CutlassTuneError
+from ..runtime import BestTable
+from ._console import out
+from ._options import GPU, check_output, user_output
+
+ROUNDS = 5
+"""Steps per candidate (the median is over them)."""
+
+
+class TuneModelError(CutlassTuneError):
+    """Options `tune-model` cannot run with."""
+
+
+def tune_model(
+    target: str = typer.Argument(..., metavar="FILE.py:FUNCTION",
+                                 help="a Python file and a function in it that returns (model, example_inputs), "
+                                 "as `shapes` takes it; with --tokens it is called as FUNCTION(tokens=N)"),
+    table_source: str = typer.Option(..., "--table", help="best-config table file or bundle (as `BestTable.load` "
+                                     "takes) whose problems the model runs"),
+    tokens: list[int] = typer.Option(None, "--tokens", min=1, help="token counts to tune at, one run of the model "
+                                     "each (repeat the option); default: the inputs FUNCTION() returns"),
+    mode: str = typer.Option("eager", "--mode", help="eager, or compiled (torch.compile of the model)"),
+    candidates: int = typer.Option(3, "--candidates", min=1, help="kernel candidates per problem at most (besides "
+                                   "torch's path): the store's leading confirmed variants, else the table's row"),
+    table_out: Path | None = typer.Option(
+        None, "--out", callback=user_output, help="write the table with each tuned problem's in-model kernel and "
+        "in_model_ratio (.csv, .json or .parquet)"),
+    storage: str | None = typer.Option(None, "--storage", help="the store the table came from: its leading "
+                                       "variants per problem are the candidates (the in-model figures go to "
+                                       "--out only: a store has no regime for them yet)"),
+    rounds: int = typer.Option(ROUNDS, "--rounds", min=1, help="profiled steps per candidate"),
+    blocks: int = typer.Option(10, "--blocks", min=0, help="A/B blocks per side (0: no A/B)"),
+    gpu: int = GPU,
+) -> None:
+    """Run the model's step with the table's leading candidates per GEMM problem, rotating them
+    across steps on the same weights (candidate i of every problem in step i), time each
+    candidate's kernels inside the step (torch.profiler's CUPTI kernel times, attributed to
+    problems by the doors' profiler ranges), keep per problem the fastest there or torch's path
+    where torch is as fast, write the table with `in_model_ratio` (the figure the dispatcher then
+    holds `min_ratio` against), and end with an A/B of the whole step: the in-model table against
+    the input table and against torch (alternating blocks, CUDA events)."""
+    began = time.perf_counter()
+    from ..bench._in_model import Mode
+
+    try:
+        run_mode = Mode(mode)
+    except ValueError:
+        raise TuneModelError(f"--mode {mode!r}: use eager or compiled") from None
+    if run_mode is Mode.GRAPHS:
+        raise TuneModelError("--mode graphs: not supported yet (a replay opens no profiler range to attribute "
+                             "kernels by); use compiled")
+    fmt = _table_format(table_out)
+    if table_out is not None:
+        check_output(table_out, table_source)
+    from ..bench._in_model import bind
+    from ..search._in_model import covered
+
+    table = BestTable.load(table_source)
+    leading = None
+    if storage is not None:
+        from ..report import load_candidates
+
+        leading = load_candidates(storage, candidates)
+    bind(table)  # the "cutlass_tune" experts of a model need a table, on the meta device too
+    counts: list[int | None] = list(tokens) if tokens else [None]
+    # Shapes first, on the meta device: a model or table that cannot be tuned says so without a GPU.
+    plans = {n: covered(table, _captured(target, n, gpu).problems(), leading, candidates) for n in counts}
+    import torch
+
+    from ..bench import require_gpu
+
+    require_gpu(gpu)
+    torch.cuda.set_device(gpu)
+    name = torch.cuda.get_device_name(gpu)
+    mine = table.for_gpu(name)
+    if mine.frame.empty:
+        raise TuneModelError(f"{table_source} has no row tuned on this GPU ({name}; it has {', '.join(table.gpus)})")
+    choices: list = []
+    step = None
+    for n, problems in plans.items():
+        found, step = _tune_at(target, n, mine, problems, run_mode, rounds)
+        choices += found
+    from ..search._in_model import tuned_frame
+
+    tuned = tuned_frame(table.frame, choices)
+    if table_out is not None:
+        from ..report import write_table
+
+        write_table(tuned, table_out, fmt, source=table_source)
+        out.print(f"wrote {table_out}: in-model ratios of {len(choices)} problems")
+    if blocks and step is not None:
+        _ab(step, counts[-1], mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks)
+    out.print(f"tune-model took {time.perf_counter() - began:.0f} s")
+
+
+def _captured(target: str, tokens: int | None, gpu: int):
+    """The model's GEMMs, recorded on the meta device, or on the GPU where the model reads tensor
+    values (the meta device has none) and a GPU is there."""
+    import torch
+
+    from ..capture import CaptureError, capture_gemms, load_target
+
+    try:
+        return capture_gemms(load_target(target, _arguments(tokens)))
+    except CaptureError:
+        if not torch.cuda.is_available():
+            raise
+    torch.cuda.set_device(gpu)
+    return capture_gemms(load_target(target, _arguments(tokens)), device="cuda")
+
+
+def _arguments(tokens: int | None) -> dict[str, int] | None:
+    return None if tokens is None else {"tokens": tokens}
+
+
+def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, mode, rounds: int):
+    """One token count: the profiled rotation of the candidates and the choice (printed); returns
+    the choices and the model's step."""
+    from ..bench._in_model import bind, build_step, precompile, profiled_steps
+    from ..capture import load_target
+    from ..search._in_model import TORCH, choose, duty_cycle, kernel_spans, kernel_times, schedule, step_frame
+
+    steps = schedule(problems)
+    frames = [step_frame(table.frame, s) for s in steps]
+    precompile([c.row for p in problems for c in p.candidates
+                if c.row is not None and c.row["config_hash"] not in table.bundled])  # a bundle's are built
+    tables = [BestTable(f, bundled=table.bundled) for f in frames]
+    bind(table)
+    step = build_step(load_target(target, _arguments(tokens)), mode)
+    events = profiled_steps(step, tables, rounds)
+    names = {name: c.problem for c in problems for name in c.names}
+    choices = choose(problems, steps * rounds, kernel_times(events, names))
+    shown = Table("problem", "candidate", "in-model us", "vs torch", "", box=None, pad_edge=False)
+    for choice in choices:
+        torch_us = choice.times_us[TORCH]
+        for label, us in sorted(choice.times_us.items(), key=lambda kv: kv[1]):
+            shown.add_row(choice.problem, label, f"{us:.1f}", f"{torch_us / us:.3f}",
+                          "kept" if label == choice.kept.label else "")
+    where = f" at {tokens} tokens" if tokens is not None else ""
+    out.print(f"{len(problems)} problems of the table in the model{where}: {len(steps)} candidates a round, "
+              f"{rounds} rounds, {mode.value}; median kernel time per step")
+    out.print(shown)
+    regime = duty_cycle(kernel_spans(events))
+    if regime is not None:
+        out.print(f"the profiled steps' duty cycle: {regime.name} (`confirm --regime {regime.name}` times a "
+                  "problem in it; the profiler's host time widens the gaps)")
+    return choices, step
+
+
+def _ab(step, tokens: int | None, table: BestTable, tuned: BestTable, blocks: int) -> None:
+    """The whole step on the in-model table, the input table and torch's path, alternating blocks."""
+    from ..bench._in_model import ab
+
+    sides = ab(step, {"in-model": tuned, "input table": table, "torch": BestTable(table.frame.iloc[:0])},
+               blocks=blocks)
+    by = {s.label: s for s in sides}
+    shown = Table("step on", "ms", "spread", "in-model speedup", box=None, pad_edge=False)
+    for side in sides:
+        speedup = side.median_ms / by["in-model"].median_ms
+        shown.add_row(side.label, f"{side.median_ms:.3f}", f"{side.spread:.1%}",
+                      f"{speedup:.3f}" if math.isfinite(speedup) else "-")
+    out.print(f"A/B of the whole step{f' at {tokens} tokens' if tokens else ''}, {blocks} alternating blocks "
+              "of 5 steps each (CUDA events; spread: (p80 - p20) / median):")
+    out.print(shown)
+
+
+def _table_format(path: Path | None) -> str:
+    if path is None:
+        return ""
+    fmt = path.suffix.lstrip(".")
+    if fmt not in ("csv", "json", "parquet"):
+        raise TuneModelError(f"--out {path}: expected a .csv, .json or .parquet file")
+    return fmt

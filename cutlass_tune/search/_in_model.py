@@ -1,0 +1,323 @@
+"""In-model tuning: choose each GEMM's kernel by its time inside the user's model step.
+
+A table's kernels were chosen in an isolated loop; inside a model they run at other clocks,
+between other kernels (benchmarks/regimes.md). `tune-model` runs the model's own step with the
+table's leading candidates per GEMM problem and keeps, per problem, the candidate fastest there,
+or torch's path where torch is faster there. This module holds its decisions and never touches
+the GPU (bench/_in_model.py runs the steps):
+
+- `covered`: the problems of the table the model runs (the capture's problems looked up as the
+  dispatcher looks them up), each with its candidates: torch's path first, then the leading
+  kernel variants (a store's, by confirmed ratio; else the table's row alone).
+- `schedule`: candidate i of every problem in step i (all problems at once, so the step count is
+  the candidates' count); a problem with fewer candidates runs its table row again. Step 0 is
+  torch's path for every problem, run on a table without rows: a dense problem whose row is
+  missing would take the nearest tuned problem's kernel, not torch's (`BestTable.find`).
+- `step_frame`: the table a step runs: the full table with each covered problem's row replaced
+  by its candidate of the step, held above any `min_ratio` (`HELD`) so that the dispatcher runs it.
+- `kernel_times`: the profiler's events of the steps, attributed to problems by the ranges the
+  doors open while a profiler runs (`RANGE_PREFIX` + the problem's name) inside each step's range
+  (`STEP_PREFIX` + its index); each range's GPU kernel time is summed per problem per step.
+- `choose`, `tuned_frame`: per problem the candidate of least median time, torch's path where
+  torch's is as fast or faster (a tie keeps torch: no gain for a kernel's risk), and the table
+  with each covered row the best kernel's, its `in_model_ratio` torch's time over the kernel's
+  (below 1 where torch was kept, so the dispatcher keeps torch: `Match.dispatch_ratio`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pandas as pd
+
+from ..errors import CutlassTuneError
+from ..regime import RegimeSpec
+from ..space import Problem
+from ..tables import PROFILER_RANGE, BestTableError
+
+if TYPE_CHECKING:
+    from ..runtime import BestTable
+
+TORCH = "torch"
+"""The label of torch's own path, the first candidate of every problem."""
+STEP_PREFIX = "cutlass_tune.step:"
+"""The profiler range of one step: this prefix and the step's index."""
+RANGE_PREFIX = PROFILER_RANGE
+"""The profiler range a door opens around one GEMM call while a profiler runs: this prefix and the
+problem's name (runtime: `grouped_mm`, `matmul`)."""
+HELD = 1.0e6
+"""The `in_model_ratio` of a candidate's row in a step's table: above any `min_ratio`, so the
+dispatcher runs the candidate whatever its claim (step tables are never written)."""
+
+
+class InModelError(CutlassTuneError):
+    """A model and table `tune-model` cannot tune: no problem in common, no step timed."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Candidate:
+    """One way to run a problem: torch's path (`row` None) or a kernel variant (its table row)."""
+
+    label: str
+    row: pd.Series | None = None
+
+    @property
+    def is_torch(self) -> bool:
+        return self.row is None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Covered:
+    """A problem of the table that the model runs, and the candidates timed for it."""
+
+    problem: str
+    """The table's problem name (its row's `problem`)."""
+    names: frozenset[str]
+    """The names of the problems the model's calls pose that the table answers with this row (what
+    the doors' profiler ranges carry)."""
+    candidates: tuple[Candidate, ...]
+    """torch's path first, then the kernel variants, best claim first."""
+
+
+def _label(row: pd.Series) -> str:
+    return f"{row['kernel']} {row['runtime']}"
+
+
+def covered(table: BestTable, captured: Iterable[Problem], leading: pd.DataFrame | None = None,
+            top: int = 3) -> list[Covered]:
+    """The table's problems that `captured` (a model's problems, `Capture.problems()`) reaches.
+
+    A captured problem reaches the row the dispatcher would run for it: the same operation and
+    sizes (a grouped one: the same experts, N and K at the nearest routed rows, as `BestTable.find`
+    looks it up); a single GEMM only its exact row (a nearest one was tuned for another problem).
+
+    Args:
+        table: the table (one GPU model's rows).
+        captured: the model's problems.
+        leading: a store's leading variants per problem (`report.load_candidates`), best first;
+            None: the table's row is the problem's one kernel candidate.
+        top: kernel candidates per problem at most.
+
+    Raises:
+        InModelError: none of the model's problems is in the table (one line naming both sides).
+    """
+    found: dict[str, set[str]] = {}
+    for p in captured:
+        try:
+            match = table.find(p.m, p.n, p.k, p.operation, groups=p.groups)
+        except BestTableError:
+            continue
+        if match.exact or p.grouped:
+            found.setdefault(str(match.row["problem"]), set()).add(p.name)
+    if not found:
+        asked = sorted({p.name for p in captured})
+        raise InModelError(f"the table has none of the model's {len(asked)} GEMM problems "
+                           f"({', '.join(asked[:4])}{' ...' if len(asked) > 4 else ''}); "
+                           f"it has: {', '.join(sorted(set(table.frame['problem']))[:4]) or 'none'}")
+    frame = table.frame
+    out = []
+    for problem, names in found.items():
+        rows = [r for _, r in frame[frame["problem"] == problem].iterrows()][:1]
+        if leading is not None and not leading.empty:
+            same = leading[(leading["problem"] == problem) & leading["gpu"].isin(set(frame["gpu"]))]
+            seen = {(rows[0]["config_hash"], rows[0]["runtime"])}
+            for _, r in same.iterrows():
+                if (r["config_hash"], r["runtime"]) not in seen:
+                    seen.add((r["config_hash"], r["runtime"]))
+                    rows.append(r)
+        kernels = tuple(Candidate(_label(r), r) for r in rows[:max(1, top)])
+        out.append(Covered(problem, frozenset(names), (Candidate(TORCH), *kernels)))
+    return out
+
+
+def schedule(problems: Sequence[Covered]) -> list[dict[str, Candidate]]:
+    """The steps of one round: step i runs candidate i of every problem (its table row, candidate
+    1, where it has fewer); step 0 is torch's path for all."""
+    steps = max(len(c.candidates) for c in problems)
+    return [{c.problem: c.candidates[i] if i < len(c.candidates) else c.candidates[1] for c in problems}
+            for i in range(steps)]
+
+
+def step_frame(frame: pd.DataFrame, step: Mapping[str, Candidate]) -> pd.DataFrame:
+    """The table a step runs: `frame` with each problem of `step` holding its candidate's row (at
+    `HELD`); a step of torch's path for every problem holds no row at all (see the module)."""
+    if all(c.is_torch for c in step.values()):
+        return frame.iloc[:0].copy()
+    kept = frame[~frame["problem"].isin(set(step))]
+    rows = [c.row.copy() for c in step.values() if c.row is not None]
+    for row in rows:
+        row["in_model_ratio"] = HELD
+    out = pd.concat([kept, pd.DataFrame(rows)], ignore_index=True)
+    return out[list(frame.columns)] if set(frame.columns) <= set(out.columns) else out
+
+
+class EventLike(Protocol):
+    """What `kernel_times` reads of a profiler event (torch's `FunctionEvent`): a CPU event with
+    its children and the kernels the profiler linked to it, or a GPU kernel (`device_type` CUDA)
+    under the CUPTI correlation id (`id`) of the runtime call that launched it."""
+
+    name: str
+    id: int
+    kernels: Sequence[Any]
+    cpu_children: Sequence[Any]
+    cpu_parent: Any
+
+
+_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cudaLaunchKernelExC",
+             "cuLaunchKernelEx")
+"""The runtime calls that launch a kernel, as CUPTI names them (a kernel launched through ctypes is
+linked to its launch by correlation id, not always to the range around it)."""
+
+
+def _is_gpu(event: Any) -> bool:
+    return str(getattr(event, "device_type", "")).endswith("CUDA")
+
+
+def _gpu_us(event: Any) -> float:
+    span = event.time_range
+    return float(span.end - span.start)
+
+
+def _subtree(event: EventLike) -> Iterable[EventLike]:
+    yield event
+    for child in event.cpu_children:
+        yield from _subtree(child)
+
+
+def _kernel_us(event: EventLike, launched: Mapping[int, float]) -> float:
+    """The GPU kernel time launched within `event` and the events under it: the kernels of the
+    launch calls in it, by correlation id, where the profile has them; else the kernels the
+    profiler linked to its events."""
+    tree = list(_subtree(event))
+    by_launch = [launched[e.id] for e in tree if e.name.startswith(_LAUNCHES) and e.id in launched]
+    if by_launch:
+        return sum(by_launch)
+    return sum(float(k.duration) for e in tree for k in e.kernels)
+
+
+def _ranges(event: EventLike) -> Iterable[EventLike]:
+    """The door ranges under `event` (not under another door range)."""
+    for child in event.cpu_children:
+        if child.name.startswith(RANGE_PREFIX):
+            yield child
+        else:
+            yield from _ranges(child)
+
+
+def kernel_times(events: Iterable[EventLike], names: Mapping[str, str]) -> dict[int, dict[str, float]]:
+    """Per step index, per table problem, the GPU kernel microseconds of its calls in that step.
+
+    Args:
+        events: the profiler's events (`prof.events()`): steps' ranges at the top, GPU kernels
+            among them.
+        names: the problem names the doors' ranges carry -> the table's problem (`Covered.names`);
+            a range of another name (a GEMM the table does not cover) is left out.
+    """
+    events = list(events)
+    launched = {int(e.id): _gpu_us(e) for e in events if _is_gpu(e)}
+    out: dict[int, dict[str, float]] = {}
+    for event in events:
+        if _is_gpu(event) or event.cpu_parent is not None or not event.name.startswith(STEP_PREFIX):
+            continue
+        step = out.setdefault(int(event.name[len(STEP_PREFIX):]), {})
+        for door in _ranges(event):
+            problem = names.get(door.name[len(RANGE_PREFIX):])
+            if problem is not None:
+                step[problem] = step.get(problem, 0.0) + _kernel_us(door, launched)
+    return out
+
+
+def kernel_spans(events: Iterable[Any]) -> list[tuple[float, float]]:
+    """The GPU kernels' (start, end) in microseconds, from the profiler's events."""
+    return [(float(e.time_range.start), float(e.time_range.end)) for e in events if _is_gpu(e)]
+
+
+def duty_cycle(spans: Iterable[tuple[float, float]]) -> RegimeSpec | None:
+    """The steps' duty cycle as the as-captured regime (`RegimeSpec.as_captured`): the fraction of
+    the time from the first kernel's start to the last one's end that some kernel runs, and the
+    mean idle gap between kernels; None for no kernels or a GPU never idle."""
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    if len(merged) < 2:
+        return None
+    busy = sum(end - start for start, end in merged) / (merged[-1][1] - merged[0][0])
+    gaps = [b[0] - a[1] for a, b in zip(merged, merged[1:])]
+    if round(busy, 3) >= 1:
+        return None
+    return RegimeSpec.as_captured(busy=round(busy, 3), gap_us=max(0.1, round(statistics.mean(gaps), 1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """A problem's in-model figures and what is kept."""
+
+    problem: str
+    times_us: Mapping[str, float]
+    """Per candidate label, its median kernel time per step inside the model."""
+    samples: int
+    """Steps per candidate (the fewest)."""
+    best: Candidate
+    """The fastest kernel candidate."""
+    kept: Candidate
+    """`best`, or torch's path where torch is as fast or faster."""
+
+    @property
+    def ratio(self) -> float:
+        """torch's time over the best kernel's: the row's `in_model_ratio`."""
+        return self.times_us[TORCH] / self.times_us[self.best.label]
+
+
+def choose(problems: Sequence[Covered], steps: Sequence[Mapping[str, Candidate]],
+           times: Mapping[int, Mapping[str, float]]) -> list[Choice]:
+    """Per problem, the median in-model time of each candidate over the steps that ran it, and the
+    candidate kept (see the module).
+
+    Args:
+        steps: the candidates of each step index (`schedule`, repeated over rounds).
+        times: `kernel_times` of those steps.
+
+    Raises:
+        InModelError: a candidate with no timed step (its kernel launched nothing the ranges saw).
+    """
+    out = []
+    for c in problems:
+        samples: dict[str, list[float]] = {}
+        for index, step in enumerate(steps):
+            us = times.get(index, {}).get(c.problem)
+            if us is not None and us > 0:
+                samples.setdefault(step[c.problem].label, []).append(us)
+        missing = [k.label for k in c.candidates if k.label not in samples]
+        if missing:
+            raise InModelError(f"{c.problem}: no kernel time inside the model for {', '.join(missing)} "
+                               "(its calls opened no profiler range with GPU work)")
+        medians = {label: statistics.median(v) for label, v in samples.items()}
+        kernels = [k for k in c.candidates if not k.is_torch]
+        best = min(kernels, key=lambda k: medians[k.label])
+        kept = best if medians[best.label] < medians[TORCH] else c.candidates[0]
+        out.append(Choice(c.problem, medians, min(len(v) for v in samples.values()), best, kept))
+    return out
+
+
+def tuned_frame(frame: pd.DataFrame, choices: Sequence[Choice]) -> pd.DataFrame:
+    """`frame` with each chosen problem's row the best kernel's, its `in_model_ratio` set (the
+    other rows as they were)."""
+    out = frame.copy()
+    if "in_model_ratio" not in out.columns:
+        out["in_model_ratio"] = math.nan
+    out["in_model_ratio"] = out["in_model_ratio"].astype(float)
+    for choice in choices:
+        assert choice.best.row is not None  # a kernel candidate
+        at = out.index[out["problem"] == choice.problem]
+        row = choice.best.row.reindex(out.columns)
+        row["in_model_ratio"] = choice.ratio
+        for i in at:
+            out.loc[i] = row
+    return out

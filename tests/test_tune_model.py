@@ -1,0 +1,167 @@
+"""`cutlass-tune tune-model`: its one-line errors on a CPU, and the whole command on a GPU."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / "tests" / "report" / "data" / "best-v2.csv"  # bf16 tn rows at 4096 x 6656 x 6656 and others
+
+MODEL = '''
+import torch
+
+def build(tokens=4096, width=6656):
+    with torch.device("meta"):
+        model = torch.nn.Linear(width, width, bias=False, dtype=torch.bfloat16)
+        return model, (torch.empty(tokens, width, dtype=torch.bfloat16),)
+
+def small():
+    return build(64, 64)
+'''
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "tune-model", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+def one_line_error(r):
+    lines = r.stderr.splitlines()
+    assert (r.returncode, r.stdout, len(lines)) == (2, "", 1), r.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(MODEL)
+    return path
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_no_gpu_is_one_line_after_the_model_and_table_are_checked(model):
+    r = run(f"{model}:build", "--table", TABLE, "--tokens", 4096)
+    assert "no CUDA GPU is visible" in one_line_error(r)
+
+
+def test_an_unknown_model_is_one_line(model):
+    assert one_line_error(run(f"{model.parent / 'nope.py'}:build", "--table", TABLE)).endswith("nope.py: no such file")
+    assert "has no function 'absent'" in one_line_error(run(f"{model}:absent", "--table", TABLE))
+
+
+def test_a_token_count_the_function_does_not_take_is_one_line(model):
+    line = one_line_error(run(f"{model}:small", "--table", TABLE, "--tokens", 8))
+    assert "small() takes no argument 'tokens'" in line
+
+
+def test_a_table_without_a_problem_of_the_model_is_one_line(model):
+    line = one_line_error(run(f"{model}:small", "--table", TABLE))
+    assert "the table has none of the model's 1 GEMM problems (64x64x64_bf16bf16bf16_tn)" in line
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--mode", "graphs"], "--mode graphs: not supported yet"),
+    (["--mode", "fast"], "--mode 'fast': use eager or compiled"),
+    (["--out", "t.txt"], "--out t.txt: expected a .csv, .json or .parquet file"),
+])
+def test_bad_options_are_one_line(model, args, said):
+    assert said in one_line_error(run(f"{model}:build", "--table", TABLE, *args))
+
+
+GPU_MODEL = '''
+import torch
+import transformers
+
+def build(tokens=512):
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=1024, num_hidden_layers=2, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+                                                              experts_implementation="cutlass_tune")
+        return model, (torch.randint(0, 1024, (1, tokens)),)
+'''
+
+
+@pytest.mark.gpu
+def test_a_tiny_moe_model_is_tuned_in_the_model(tmp_path):
+    """End to end on a GPU (< 2 min): a 2-layer Qwen3-MoE-shaped model, its expert GEMMs swept
+    briefly, tuned inside the model; the table written holds in-model ratios the dispatcher reads."""
+    pytest.importorskip("transformers")
+    from cutlass_tune.runtime import BestTable
+
+    (tmp_path / "tiny.py").write_text(GPU_MODEL)
+    store = tmp_path / "s.sqlite"
+    # the two expert GEMMs of 512 tokens x top 2 over 8 experts: gate+up (N 2 x 256, K 512) and down
+    shapes = "e8:1024x512x512,e8:1024x512x256"
+    r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "sweep", "--shapes", shapes, "--trials", "6",
+                        "--storage", store], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = tmp_path / "best.csv"
+    r = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "best", "--storage", store, "--format", "csv",
+                        "-o", table], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "tuned.csv"
+    began = time.perf_counter()
+    r = run(f"{tmp_path / 'tiny.py'}:build", "--table", table, "--storage", store, "--candidates", 2,
+            "--out", out, "--rounds", 3, "--blocks", 3)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert time.perf_counter() - began < 120
+    assert "A/B of the whole step" in r.stdout and "tune-model took" in r.stdout
+    tuned = BestTable.load(out)
+    ratios = tuned.frame["in_model_ratio"].dropna()
+    assert len(ratios) >= 1 and (ratios > 0).all()
+
+
+def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_path, monkeypatch):
+    """The whole command on recorded kernel times: the table written holds the in-model kernel's
+    ratio, which the dispatcher then holds min_ratio against."""
+    from typer.testing import CliRunner
+
+    import cutlass_tune.bench as bench
+    from cutlass_tune.bench import _in_model as gpu
+    from cutlass_tune.cli import app
+    from cutlass_tune.runtime import BestTable
+    from cutlass_tune.search._in_model import RANGE_PREFIX, STEP_PREFIX
+
+    from .search.test_in_model import tree
+
+    ran: list[BestTable] = []
+    monkeypatch.setattr(bench, "require_gpu", lambda gpu: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=None: "NVIDIA H200")
+    monkeypatch.setattr(gpu, "precompile", lambda rows: None)
+    monkeypatch.setattr(gpu, "build_step", lambda target, mode: (lambda: None))
+    monkeypatch.setattr(gpu, "ab", lambda step, tables, blocks: [gpu.Side(label, (10.0, 10.5)) for label in tables])
+
+    def profiled(step, tables, rounds):
+        """torch's step 100 us for the problem, the table's kernel 80 us (+-1 by round)."""
+        events = []
+        for r in range(rounds):
+            for i, table in enumerate(tables):
+                ran.append(table)
+                us = (100.0 if table.frame.empty else 80.0) + (r % 3 - 1)
+                door = tree(RANGE_PREFIX + "4096x6656x6656_bf16bf16bf16_tn", kernels=[us])
+                events += [tree(f"{STEP_PREFIX}{r * len(tables) + i}", door), door]
+        return events
+
+    monkeypatch.setattr(gpu, "profiled_steps", profiled)
+    out = tmp_path / "tuned.csv"
+    r = CliRunner().invoke(app, ["tune-model", f"{model}:build", "--table", str(TABLE), "--out", str(out),
+                                 "--rounds", "3"], terminal_width=250)
+    assert r.exit_code == 0, r.output
+    assert "A/B of the whole step" in r.output and "tune-model took" in r.output
+    assert len(ran) == 2 * 3 and ran[0].frame.empty and not ran[1].frame.empty  # torch, then the table's row
+    tuned = BestTable.load(out)
+    match = tuned.lookup(4096, 6656, 6656)
+    assert match.row["in_model_ratio"] == pytest.approx(100 / 80)
+    assert match.dispatch_ratio()[0] == pytest.approx(100 / 80)
+    others = tuned.frame[tuned.frame["problem"] != match.row["problem"]]
+    assert others["in_model_ratio"].isna().all()
