@@ -146,6 +146,7 @@ class Builder:
         from cutlass_tune.runtime import register_table
 
         self.keys = [register_table(table, key=f"host-path-{i}") for i, (_, table) in enumerate(self.tables)]
+        self.picked: dict[str, tuple[int, list[str]]] = {}
 
     def _pick(self, ours: Callable[[object, str], object]) -> tuple[int, list[str], object]:
         """The first table whose call of `ours(table, key)` warns of no fallback: its index, the
@@ -179,7 +180,15 @@ class Builder:
         row = Row(operator, mode)
         try:
             with torch.set_grad_enabled(grad):
-                index, row.fallbacks, got = self._pick(lambda table, key: ours_fn(table, key)(*args))
+                # The table is picked once per operator, at its first mode: a fallback warns once per
+                # call signature (the plan caches, Python's and the native map, keep the fallback
+                # without a word), so a later mode would take the first table's silent fallback.
+                if operator in self.picked:
+                    index, row.fallbacks = self.picked[operator]
+                    got = ours_fn(self.tables[index][1], self.keys[index])(*args)
+                else:
+                    index, row.fallbacks, got = self._pick(lambda table, key: ours_fn(table, key)(*args))
+                    self.picked[operator] = index, row.fallbacks
                 ours = ours_fn(self.tables[index][1], self.keys[index])
                 row.table = self.tables[index][0]
                 want = torch_fn(*args)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One call on one GPU for the native operators and the MoE layer (benchmarks/moe_layer.md,
+# benchmarks/host_path.md): the native library built and the committed MoE, dense and fp8 stores
+# exported side by side; the GPU tests of TEST_PATHS; the model forward of FAMILIES (MODEL=1 steps of
+# gpu_moe_layer.sh); host time per call, native on and off. Results under OUTDIR.
+#
+#   benchmarks/gpu_native_moe.sh OUTDIR      (BUDGET seconds, default 540)
+set -uo pipefail
+final=${1:?output directory}
+budget=${BUDGET:-540}
+state=/tmp/native-moe; out=$state/results; mkdir -p "$final" "$out"
+# the device hands back a few files only: everything travels as one archive
+trap 'tar czf "$final/results.tgz" -C "$out" . ; cp "$out"/*.txt "$final/" 2>/dev/null' EXIT
+if ! python3 -c "import optuna, sqlalchemy, alembic, cutlass_library" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
+left() { echo $((budget - SECONDS)); }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"; } | tee "$out/gpu.txt"
+python3 -m cutlass_tune.cli native --build > "$out/native.txt" 2>&1 &
+export_cut() {  # NAME GZ PATTERN: the store's best rows whose problem matches, exported
+  local name=$1 gz=$2 pattern=$3
+  gunzip -c "$gz" > "$state/$name.sqlite" &&
+  python3 -m cutlass_tune.cli best --storage "$state/$name.sqlite" --format csv -o "$state/$name-best.csv" > /dev/null &&
+  python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
+    "$state/$name-best.csv" "$state/$name-rows.csv" "$pattern" &&
+  python3 -m cutlass_tune.cli export --storage "$state/$name-rows.csv" -o "$state/$name-bundle" > "$out/$name-export.txt" 2>&1
+  echo "$name export rc=$?"
+}
+export_cut moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz 'x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_' &
+export_cut dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
+  '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' &
+export_cut fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^16x6144x4096_' &
+wait
+echo "setup done at ${SECONDS}s"; tail -2 "$out/native.txt"
+if [ -n "${TEST_PATHS:-}" ]; then
+  timeout -k 10 ${TEST_SECONDS:-200} python3 -m pytest -m gpu -n "${JOBS:-6}" -q -p no:cacheprovider -rA $TEST_PATHS > "$out/gpu_tests.txt" 2>&1
+  echo "tests rc=$? at ${SECONDS}s"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$out/gpu_tests.txt" | tail -30
+fi
+mkdir -p "$out/model"
+for family in ${FAMILIES:-qwen3_235b}; do
+  for spec in "4096 infer-compile --compile" "1 decode-graphs --compile --graphs --decode" "4096 infer" "64 decode-graphs --compile --graphs --decode"; do
+    set -- $spec; tokens=$1; shift 2
+    [ "$(left)" -gt 100 ] || break
+    timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$state/moe-bundle" "$out/model" --family "$family" \
+      --tokens "$tokens" --profile --blocks 6 "$@" >> "$out/model-$family.txt" 2>&1
+    echo "model $family $tokens $* rc=$? at ${SECONDS}s"
+  done
+done
+python3 benchmarks/moe_model.py summary "$out/model" 2>&1 | tail -12
+if [ "$(left)" -gt 70 ]; then
+  timeout -k 10 $(( $(left) - 5 )) python3 benchmarks/host_path.py "$out/host_path" --table "$state/dense-bundle" \
+    --table "$state/moe-bundle" --table "$state/fp8-bundle" --reps 9 > "$out/host_path.txt" 2>&1
+  echo "host_path rc=$?"; grep "^|" "$out/host_path.txt" | head -45
+fi
+ls -R "$out" | head -40
