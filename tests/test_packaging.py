@@ -44,6 +44,11 @@ def test_the_wheel_carries_the_prior_s_measurements_and_no_store(wheel):
     assert not [n for n in names if n.endswith((".sqlite", ".jsonl"))]  # the committed stores (30 MB) stay out
 
 
+def test_the_wheel_carries_py_typed(wheel):
+    # Regression: no py.typed was shipped, so a user's mypy saw the whole (strictly typed) API as Any.
+    assert "cutlass_tune/py.typed" in zipfile.ZipFile(wheel).namelist()
+
+
 def test_an_installed_prior_reads_its_measurements_from_the_package(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel installs as its unpacked files
