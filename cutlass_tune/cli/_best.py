@@ -31,7 +31,7 @@ class TableFormat(str, enum.Enum):
 
 def best(
     storage: str | None = typer.Option(
-        None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({READ_DEFAULT})"),
+        None, "--storage", help=f"store URL, .sqlite or .sqlite.gz file, best-config table or bundle ({READ_DEFAULT})"),
     fmt: TableFormat = typer.Option(TableFormat.TABLE, "--format", help="how to write the table"),
     output: Path | None = typer.Option(None, "--output", "-o", callback=user_output,
         help="write to FILE instead of the screen"),

@@ -33,7 +33,7 @@ from ..errors import CutlassTuneError
 from ..measurement import Baseline, EnvStamp, TimingMethod
 from ..space import Decomposition, KernelConfig, Problem, RasterOrder, RuntimeArgs, texts
 from ..status import Status
-from ..store import ResultStore, StoredRow, open_store, read_error
+from ..store import ResultStore, StoredRow, open_store, read_error, readable_store, shown_url
 from ..tables import COLUMNS, BestTableError
 from . import _figures as figures
 from ._best import load_best
@@ -63,7 +63,8 @@ class Dashboard:
 
 
 def write_dashboard(url: str | Path, path: str | Path) -> Dashboard:
-    """Build the dashboard of the store at `url` (or a .sqlite file) and write it to `path`
+    """Build the dashboard of the store at `url` (or a .sqlite file, or a gzip-compressed
+    .sqlite.gz) and write it to `path`
     atomically (its folder made if need be). Only reads the store.
 
     Raises:
@@ -98,6 +99,14 @@ class _Data:
 
 
 def _load(source: str | Path) -> _Data:
+    with readable_store(source) as readable:  # a `.sqlite.gz` from a decompressed copy
+        data = _read(readable)
+    if readable != source:
+        data.shown_url = shown_url(str(source))
+    return data
+
+
+def _read(source: str | Path) -> _Data:
     store = open_store(source)
     shown = store.shown
     raw = store.rows(_COLUMNS)
