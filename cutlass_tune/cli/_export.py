@@ -13,7 +13,7 @@ from ..errors import CutlassTuneError
 from ..report import load_best, write_bundle
 from ..space import KernelConfig
 from ..store import resolve_storage
-from ._console import err, names, out, outcome, progress, stamped
+from ._console import names, out, outcome, progress
 from ._options import CACHE_DIR, JOBS, READ_DEFAULT, check_output, user_output
 
 
@@ -31,9 +31,7 @@ def export(
     if output.exists():
         raise CutlassTuneError(f"{output} exists: remove it or export to a new directory")
     check_output(output)
-    source = resolve_storage(storage)
-    err.print(stamped(f"reading the best kernels of {source}"))
-    frame = load_best(source)
+    frame = load_best(resolve_storage(storage))
     if gpu_name is not None:
         frame = frame[frame["gpu"] == gpu_name].reset_index(drop=True)
         if frame.empty:
