@@ -6,9 +6,9 @@ import pytest
 
 from tests.layers import TOP, read_graph
 
-ORDER = ("errors", "status", "regime", "_files", "space", "settings", "kernel", "_torch", "capture", "render",
-         "measurement", "compile", "tables", "store", "search", "report", "runtime", "nn", "transformers", "bench", TOP,
-         "cli")
+ORDER = ("errors", "status", "regime", "_files", "_devices", "space", "settings", "kernel", "_torch", "capture",
+         "render", "measurement", "compile", "tables", "store", "search", "report", "runtime", "nn", "transformers",
+         "bench", TOP, "cli")
 """The stages from the ground up: each imports, at module level, only stages before it."""
 
 LAZY = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+from .._devices import NO_GPU_MESSAGE
 from ..compile import CompiledKernel
 from ..errors import CutlassTuneError
 from ..measurement import Measurement
@@ -14,8 +15,6 @@ from ..status import Status
 from ._job import Job
 from ._timing import TimingOptions
 from ._worker import DEFAULT_TIMEOUT_S, RunnerFactory, Worker
-
-NO_GPU_MESSAGE = "no CUDA GPU is visible; `cutlass-tune compile CONFIG` builds kernels without one"
 
 
 def require_gpu(device: int = 0) -> None:

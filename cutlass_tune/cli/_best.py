@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import io
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from ..report import load_best, write_table
 from ..space import Operation
 from ..store import resolve_storage
 from ..tables import COLUMNS, regime_text
-from ._console import figure, file_console, out, visible
+from ._console import PlainConsole, figure, out, visible
 from ._options import READ_DEFAULT, check_output, user_output
 
 
@@ -31,24 +32,31 @@ class TableFormat(str, enum.Enum):
 
 def best(
     storage: str | None = typer.Option(
-        None, "--storage", help=f"store URL, .sqlite file, best-config table or bundle ({READ_DEFAULT})"),
+        None, "--storage", help=f"store URL, .sqlite or .sqlite.gz file, best-config table or bundle ({READ_DEFAULT})"),
     fmt: TableFormat = typer.Option(TableFormat.TABLE, "--format", help="how to write the table"),
     output: Path | None = typer.Option(None, "--output", "-o", callback=user_output,
         help="write to FILE instead of the screen"),
+    wide: bool = typer.Option(False, "--wide", help="every column on a terminal too narrow for them (a pipe "
+                              "or file always gets them all)"),
 ) -> None:
     """The best verified kernel per problem and GPU: TFLOP/s, its baseline (cuBLAS, torch eager of a
     fused problem, torch._grouped_mm of a grouped one) and the ratio to it in the same run, spread,
-    and the full config."""
+    and the full config.
+
+    A terminal too narrow for every column gets the essential ones (problem, ratio, TFLOP/s, kernel),
+    one line a row; --wide shows them all. Names are never cut."""
     source = resolve_storage(storage)
     if output is not None:
         check_output(output, source)
     frame = load_best(source)
     if fmt is TableFormat.TABLE:
-        table = _table(frame)
+        text = _whole(_table(frame))
         if output:
-            write_atomically(output, lambda f: file_console(f, 250).print(table))
+            write_atomically(output, text)
+        elif not out.is_terminal or wide or max(map(len, text.splitlines())) <= out.width:
+            sys.stdout.write(text)
         else:
-            out.print(table)
+            _print_essential(frame)
         return
     if output is None:
         if fmt is TableFormat.PARQUET:
@@ -63,13 +71,42 @@ def best(
     out.print(f"{len(frame)} rows written to {output}")
 
 
+def _whole(table: Table) -> str:
+    """`table` as text with every cell whole (never wrapped or cut), its lines' trailing blanks
+    dropped: what a pipe or file gets (a terminal wraps what passes its edge)."""
+    text = io.StringIO()
+    PlainConsole(file=text, width=100_000).print(table)
+    return "".join(line.rstrip() + "\n" for line in text.getvalue().splitlines())
+
+
+def _print_essential(frame) -> None:
+    """The rows on a terminal too narrow for the table: ratio, TFLOP/s, problem and kernel, one
+    line each, names whole (a terminal wraps a line that passes its edge; a copied name stays
+    whole), under a heading per GPU where the table holds several."""
+    records = frame.to_dict("records")
+    width = max([len("problem"), *(len(str(r["problem"])) for r in records)])
+    gpus = list(dict.fromkeys(str(r["gpu"]) for r in records))
+    out.print(f"{'ratio':>6} {'TFLOP/s':>8}  {'problem':<{width}}  kernel")
+    for gpu in gpus:
+        if len(gpus) > 1:
+            out.print(f"{gpu}:")
+        for r in records:
+            if str(r["gpu"]) == gpu:
+                out.print(f"{figure(r['ratio'], '.3f'):>6} {figure(r['tflops'], '.1f'):>8}  "
+                          f"{str(r['problem']):<{width}}  {r['kernel']}", crop=False)
+    out.print(f"({len(records)} rows; --wide for every column: GPU, baselines, spread, confirmation, run-time "
+              "arguments)", crop=False)
+
+
 def _table(frame) -> Table:
     """The rows of `load_best` as the screen shows them."""
     records = frame.to_dict("records")
     regimes = [regime_text(r) for r in records]
     shown = ("by regime (ratio, SM clock, power)",) if any(regimes) else ()
-    table = Table("gpu", "problem", "TFLOP/s", "baseline", "its TFLOP/s", "ratio", "spread", "confirmed", "kernel",
-                  "run-time", *shown, box=None, pad_edge=False)
+    table = Table(box=None, pad_edge=False)
+    for name in ("gpu", "problem", "TFLOP/s", "baseline", "its TFLOP/s", "ratio", "spread", "confirmed", "kernel",
+                 "run-time", *shown):
+        table.add_column(name, no_wrap=True, overflow="ignore")
     for r, regime in zip(records, regimes):
         baseline = Baseline.of(Operation.from_cells(r)).value
         confirmed = (f"{r['confirm_passes']} passes {r['method']}, {r['ratio_low']:.3f}-{r['ratio_high']:.3f} "

@@ -11,7 +11,7 @@ from .. import compile as compile_stage  # called through the module: a test's p
 from ..errors import CutlassTuneError
 from ..space import load_space
 from ..status import Status
-from ._console import out, progress
+from ._console import names, out, progress
 from ._options import CACHE_DIR, CONFIG, JOBS
 
 
@@ -34,7 +34,7 @@ def compile_(
     out.print(f"{len(configs)} configs, {jobs} jobs, nvcc {toolchain.nvcc_version}, "
               f"CUTLASS {toolchain.cutlass_version}, cache {cache.root}")
     start = time.monotonic()
-    with progress("compiling", len(configs)) as advance:
+    with progress("compiling", len(configs), starting=f"nvcc on {names(configs)}") as advance:
         results = compile_stage.compile_kernels(configs, cache=cache, toolchain=toolchain, jobs=jobs,
                                                 kernels_per_unit=kernels_per_unit, on_result=advance)
     wall = time.monotonic() - start

@@ -70,6 +70,13 @@ def stamped(text: str) -> str:
     return f"{time.strftime(TIME_FORMAT)} {text}"
 
 
+def names(configs: Any, most: int = 3) -> str:
+    """The names of the first `most` configs ("a, b, c and 9 more"): what a compile begins."""
+    shown = [c.name for c in list(configs)[:most]]
+    rest = len(configs) - len(shown)
+    return ", ".join(shown) + (f" and {rest} more" if rest > 0 else "")
+
+
 def outcome(kernel: Any) -> str:
     """A compiled kernel (`compile.CompiledKernel`) in a few words, for a progress line: its
     name and whether it was cached, built (in how long) or failed."""
@@ -79,12 +86,16 @@ def outcome(kernel: Any) -> str:
 
 
 @contextlib.contextmanager
-def progress(label: str, total: int, describe: Callable[[Any], str] | None = None) -> Iterator[Callable[..., None]]:
+def progress(label: str, total: int, describe: Callable[[Any], str] | None = None,
+             starting: str | None = None) -> Iterator[Callable[..., None]]:
     """Progress on stderr: a bar on a terminal (gone when done); on a pipe or a log, a
-    `stamped` line per finished item ("compiling 3/12: <describe(item)>"), so that a long
-    command is never silent there. Yields the function to call once per finished item (with
-    the item, from any thread)."""
+    `stamped` line at the start where `starting` says what begins ("compiling 0/12: <starting>")
+    and one per finished item ("compiling 3/12: <describe(item)>"), so that a long command is
+    never silent there. Yields the function to call once per finished item (with the item,
+    from any thread)."""
     if not err.is_terminal:
+        if starting is not None:
+            err.print(stamped(f"{label} 0/{total}: {starting}"))
         done = 0
         lock = threading.Lock()
 
@@ -97,6 +108,8 @@ def progress(label: str, total: int, describe: Callable[[Any], str] | None = Non
 
         yield line
         return
+    if starting is not None:
+        label = f"{label} ({starting[:60]}{'...' if len(starting) > 60 else ''})"
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task(label, total=total)

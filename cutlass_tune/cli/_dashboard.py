@@ -14,7 +14,7 @@ from ._options import READ_DEFAULT, check_output, user_output
 
 def dashboard(
     storage: str | None = typer.Option(
-        None, "--storage", help=f"store URL or .sqlite file ({READ_DEFAULT})"),
+        None, "--storage", help=f"store URL or .sqlite (or .sqlite.gz) file ({READ_DEFAULT})"),
     output: Path = typer.Option(Path("report.html"), "--output", "-o", callback=user_output,
         help="HTML file to write"),
     open_: bool = typer.Option(False, "--open", help="open the report in the default web browser"),

@@ -13,7 +13,7 @@ from ..errors import CutlassTuneError
 from ..report import load_best, write_bundle
 from ..space import KernelConfig
 from ..store import resolve_storage
-from ._console import out, outcome, progress
+from ._console import names, out, outcome, progress
 from ._options import CACHE_DIR, JOBS, READ_DEFAULT, check_output, user_output
 
 
@@ -41,7 +41,7 @@ def export(
     configs = list({h: KernelConfig.from_dict(json.loads(c))
                     for h, c in zip(frame["config_hash"], frame["config"])}.values())
     toolchain = compile_stage.find_toolchain()
-    with progress("compiling", len(configs), outcome) as advance:
+    with progress("compiling", len(configs), outcome, starting=f"nvcc on {names(configs)}") as advance:
         compiled = compile_stage.compile_kernels(configs, cache=compile_stage.KernelCache.at(cache_dir),
                                                  toolchain=toolchain, jobs=jobs or compile_stage.default_jobs(),
                                                  on_result=advance)

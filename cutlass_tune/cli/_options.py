@@ -7,21 +7,41 @@ from pathlib import Path
 import typer
 
 from .. import settings
-from .._files import why_unwritable
+from .._files import shipped, why_unwritable
 from ..errors import CutlassTuneError
 from ..report import same_file
+from ._console import err
 
-CONFIG = typer.Argument(..., help="search-space YAML file (see configs/README.md)")
+SHIPPED_CONFIGS = shipped("configs")
+"""The search-space files shipped with the package (configs/ of a checkout, or the wheel's copy)."""
+
+
+def space_file(value: Path | None) -> Path | None:
+    """A search-space file as given, or, where no such file is here and it names one of the
+    shipped files (`quick.yaml`, `configs/quick.yaml`), the shipped one: a user outside a checkout
+    follows the examples too. Says so on stderr when it does."""
+    if value is None or value.exists() or value.parent not in (Path("."), Path("configs")):
+        return value
+    candidate = SHIPPED_CONFIGS / value.name
+    if not candidate.is_file():
+        return value
+    err.print(f"{value} is not here: reading the copy shipped with cutlass-tune, {candidate}")
+    return candidate
+
+
+_FILE_HELP = (f"search-space YAML file, or the name of one shipped with cutlass-tune (e.g. configs/quick.yaml; "
+              f"they and their format, README.md, are in {SHIPPED_CONFIGS})")
+CONFIG = typer.Argument(..., help=_FILE_HELP, callback=space_file)
 # The space a sweep tunes and `space` counts (space.sweep_space): a file, shapes, or shapes over a file's knobs.
-SPACE_FILE = typer.Argument(None, help="search-space YAML file (see configs/README.md); without it, --shapes over "
-                            "every valid config (kernels: auto)")
+SPACE_FILE = typer.Argument(None, help=f"{_FILE_HELP}; without it, --shapes over every valid config (kernels: auto)",
+                            callback=space_file)
 SHAPES = typer.Option(None, "--shapes", help="MxNxK[,MxNxK...]: tune these shapes, over every valid config or, with "
                       "a file, over its knobs; MoE experts as one grouped GEMM: eE:ROWSxNxK (e128:32768x1536x2048: "
                       "128 experts, 32768 routed rows)")
 DTYPE = typer.Option(None, "--dtype", help="with --shapes: IN or IN:OUT types (default bf16, or the file's)")
 LAYOUT = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, or the file's)")
 EPILOGUE = typer.Option(None, "--epilogue", help="with --shapes: what the GEMM's last pass computes, e.g. bias+silu, "
-                        "gelu_tanh, residual (default none, or the file's; docs/epilogues.md)")
+                        "gelu_tanh, residual (default none, or the file's)")
 SCALING = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor, rowcol or blockwise "
                        "(1x128 A, 128x128 B) scales, as torch._scaled_mm takes them (default none, or the file's)")
 ROUTING = typer.Option(None, "--routing", help="with grouped --shapes (eE:ROWSxNxK): how the rows fall over the "

@@ -35,7 +35,7 @@ def shapes(
 ) -> None:
     """Record the GEMMs a PyTorch model runs and write them as a space file for `sweep`, with
     the kernels of the shipped broad space; GEMMs the tuned kernels cannot take are listed as
-    skipped, with the reason (docs/models.md)."""
+    skipped, with the reason."""
     # torch, to run the model: only this command and the ones that measure import it.
     from ..capture import capture_gemms, load_target, space_files
 

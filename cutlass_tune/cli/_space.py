@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..errors import CutlassTuneError
 from ..space import sweep_space
-from ._console import out
+from ._console import err, out
 from ._options import DTYPE, EPILOGUE, LAYOUT, ROUTING, SCALING, SHAPES, SPACE_FILE
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,11 @@ def space(config: Path | None = SPACE_FILE, shapes: str | None = SHAPES, dtype: 
         raise CutlassTuneError("space: give a search-space file or --shapes MxNxK[,MxNxK...]")
     sp = sweep_space(config, shapes, dtype, layout, epilogue, scaling, routing)
     log.info("counting the configs of %s (%d problems)", sp.path, len(sp.problems))
+    if sp.auto and logging.getLogger().getEffectiveLevel() < logging.ERROR:  # not under --quiet
+        # The walk of kernels: auto takes seconds per operation: say what runs before it does.
+        err.print(f"counting the {sum(k.total for k in sp.auto):,} configs of kernels: auto for "
+                  f"{len(sp.auto)} operation{'s' if len(sp.auto) > 1 else ''} "
+                  f"({', '.join(k.operation.name for k in sp.auto)}): seconds each")
     census = sp.census()  # kernels: auto is counted without listing its millions
     out.print(f"{sp.path}: {len(sp.problems)} problems, {census.total} configs: "
               f"{census.valid} valid, {census.total - census.valid} invalid")

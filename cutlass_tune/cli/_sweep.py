@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from .. import compile as compile_stage  # called through the module: a test's patch reaches here
+from .._devices import NO_GPU_MESSAGE, surely_no_gpu
 from ..errors import CutlassTuneError
 from ..measurement import TimingMethod
 from ..space import SearchSpace, sweep_space
@@ -68,20 +69,24 @@ def sweep(
     """Search the compile-time knobs (led by a prior fitted on measurements, or by Optuna's
     sampler); measure every run-time variant of each kernel on every problem; keep everything
     in the store. Re-running the same command resumes."""
-    # torch and optuna, with the GPU and search stages: only the commands that measure import them.
-    from ..bench import RaceOptions
-    from ..search import SweepSettings, require_one_model
-
     repeated = sorted({g for g in gpu if gpu.count(g) > 1})
     if repeated:
         raise CutlassTuneError(f"--gpu {repeated[0]} given more than once")
     if timeout is not None and not math.isfinite(timeout):
         raise CutlassTuneError(f"--timeout {timeout}: give a number of seconds")
     sp = sweep_space(config, shapes, dtype, layout, epilogue, scaling, routing)
-    if not sp.valid:
+    if not sp.auto and not sp.valid:  # a file's lists: checked at once, before looking for a GPU
         raise CutlassTuneError(f"{sp.path}: no valid config to tune (see `cutlass-tune space {sp.path} --list`)")
     # A bad --storage fails here, before any GPU work; a new store is made by its first write.
     store = open_store(storage, new=True) if storage is not None else None
+    if surely_no_gpu():  # before torch's import and the walk of kernels: auto (seconds each)
+        raise CutlassTuneError(NO_GPU_MESSAGE)
+    if not sp.valid:
+        raise CutlassTuneError(f"{sp.path}: no valid config to tune (see `cutlass-tune space {sp.path} --list`)")
+    # torch and optuna, with the GPU and search stages: only the commands that measure import them.
+    from ..bench import RaceOptions
+    from ..search import SweepSettings, require_one_model
+
     benches = _start_benchmarkers(gpu)
     try:
         require_one_model(benches)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 BENCH_METHOD = typer.Option(
     TimingMethod.EVENTS, "--method", help="events: single L2-cold launches; graph: CUDA-graph replays (warm L2, "
     "for small problems); sustained: back-to-back launches over rotating operands at settled clocks, as a "
-    "model's stream of GEMMs runs (docs/timing.md)")
+    "model's stream of GEMMs runs")
 BENCH_PAIRED = typer.Option(True, "--paired/--no-paired",
                             help="time cuBLAS alternately with each kernel (the ratio's baseline)")
 SWEEP_METHOD = typer.Option(
@@ -26,7 +26,7 @@ SWEEP_PAIRED = typer.Option(
     "ratio (default: as the store was begun; paired for a new store)")
 CONFIRM_METHOD = typer.Option(
     TimingMethod.SUSTAINED, "--method", help="how the passes are timed; sustained (the default) is what a "
-    "model's stream of GEMMs gets, and a problem confirmed by it ranks by it (docs/timing.md)")
+    "model's stream of GEMMs gets, and a problem confirmed by it ranks by it")
 
 
 def timing_options(method: TimingMethod | None, paired: bool | None,

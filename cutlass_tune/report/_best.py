@@ -43,7 +43,17 @@ from ..measurement import Baseline, Measurement, TimingMethod
 from ..regime import SUSTAINED, Regime
 from ..space import cells
 from ..status import Status
-from ..store import CONFIRM_STUDY, LEGACY_TIMING, DamagedRowError, ResultStore, StoredRow, open_store, store_url_of
+from ..store import (
+    CONFIRM_STUDY,
+    LEGACY_TIMING,
+    DamagedRowError,
+    ResultStore,
+    StoredRow,
+    is_compressed_store,
+    open_store,
+    readable_store,
+    store_url_of,
+)
 from ..tables import COLUMNS, REGIME_COLUMNS, BestTableError, check_row, experts_cells, read_local
 
 
@@ -299,7 +309,8 @@ def load_best(source: str | Path) -> pd.DataFrame:
     """The best verified kernel per (GPU, problem), with the columns of `cutlass_tune.tables`.
 
     Args:
-        source: a store URL (`sqlite:///...`, `postgresql+psycopg://...`), a `.sqlite` file, a
+        source: a store URL (`sqlite:///...`, `postgresql+psycopg://...`), a `.sqlite` file (or
+            a gzip-compressed `.sqlite.gz`, read from a temporary copy), a
             table written by `cutlass-tune best` (`.csv`, `.json`, `.parquet`), or a bundle
             directory written by `cutlass-tune export`.
 
@@ -311,6 +322,9 @@ def load_best(source: str | Path) -> pd.DataFrame:
         BundleError: a bundle whose files do not match its manifest.
         StoreError: no such SQLite store, the store cannot be reached, or is of another schema version.
     """
+    if is_compressed_store(source):  # a committed `.sqlite.gz`: read from a decompressed copy
+        with readable_store(source) as copy:
+            return _from_store(str(copy))
     url = store_url_of(source)
     if url is not None:
         return _from_store(url)

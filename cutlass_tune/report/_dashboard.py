@@ -33,7 +33,7 @@ from ..errors import CutlassTuneError
 from ..measurement import Baseline, EnvStamp, TimingMethod
 from ..space import Decomposition, KernelConfig, Problem, RasterOrder, RuntimeArgs, texts
 from ..status import Status
-from ..store import ResultStore, StoredRow, open_store, read_error
+from ..store import ResultStore, StoredRow, open_store, read_error, readable_store, shown_url
 from ..tables import COLUMNS, BestTableError, regime_text
 from . import _figures as figures
 from ._best import load_best
@@ -63,7 +63,8 @@ class Dashboard:
 
 
 def write_dashboard(url: str | Path, path: str | Path) -> Dashboard:
-    """Build the dashboard of the store at `url` (or a .sqlite file) and write it to `path`
+    """Build the dashboard of the store at `url` (or a .sqlite file, or a gzip-compressed
+    .sqlite.gz) and write it to `path`
     atomically (its folder made if need be). Only reads the store.
 
     Raises:
@@ -98,6 +99,14 @@ class _Data:
 
 
 def _load(source: str | Path) -> _Data:
+    with readable_store(source) as readable:  # a `.sqlite.gz` from a decompressed copy
+        data = _read(readable)
+    if readable != source:
+        data.shown_url = shown_url(str(source))
+    return data
+
+
+def _read(source: str | Path) -> _Data:
     store = open_store(source)
     shown = store.shown
     raw = store.rows(_COLUMNS)
@@ -248,7 +257,7 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int], table
     if not ok.empty:
         key = figures.numeric_key
         cell(figures.heatmap(ok, "tile", "cluster", f"TFLOP/s by tile (MxNxK) x cluster: {problem}", "tile",
-                             _LABELS["cluster"], key, key), "tile")
+                             _LABELS["cluster"], key, key), "tile", HEATMAP_NOTE)
         cell(figures.heatmap(ok, "kernel_schedule", "stages", f"TFLOP/s by kernel schedule x stages: {problem}",
                              _LABELS["kernel_schedule"], _LABELS["stages"], str,
                              lambda s: (s != "auto", key(s))), "schedule")
@@ -272,6 +281,12 @@ def _section(data: _Data, index: int, problem: str, order: dict[str, int], table
             "invalid": sum(1 for t in trials if (t.constraints or {}).get("invalid")), "cells": cells,
             "failures": figures.failure_list(kernels, trials)}
 
+
+HEATMAP_NOTE = ("Each cell of these heatmaps is the highest TFLOP/s of any one measurement of its configs (the "
+                "median of one launch's samples), so the highest cell may be above the TFLOP/s of the table's best "
+                "kernel: the table ranks a problem's kernels by their ratio to the baseline paired with them, over "
+                "the confirmation passes where cutlass-tune confirm ran, not by one measurement's TFLOP/s.")
+"""Why the heatmaps' best differs from the best table's (the page's caption under the first heatmap)."""
 
 GROUPED_REFERENCES = ("loop_tflops", "dense_tflops")
 """The fields of a grouped problem's baseline measurement the page shows where present."""

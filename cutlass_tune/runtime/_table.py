@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 _TORCH_NAMES = {"torch.bfloat16": DType.BF16, "torch.float16": DType.F16, "torch.float32": DType.F32,
                 "torch.float8_e4m3fn": DType.E4M3, "torch.float8_e5m2": DType.E5M2}
 """torch's dtypes by name: a lookup takes them without this module importing torch."""
+_TORCH_SPELLINGS = {**_TORCH_NAMES, **{name.removeprefix("torch."): d for name, d in _TORCH_NAMES.items()}}
+"""A dtype given as the text of a torch dtype, with or without "torch." ("bfloat16", "torch.float16")."""
 _LAYOUTS = {layout_code(a, b) for a in Layout for b in Layout}
 
 
@@ -47,11 +49,13 @@ def _dtype_value(value: object, name: str) -> str:
     if isinstance(value, str):
         if value in {d.value for d in DType}:
             return value
+        if value in _TORCH_SPELLINGS:
+            return _TORCH_SPELLINGS[value].value
     elif type(value).__name__ == "dtype" and str(value) in _TORCH_NAMES:
         return _TORCH_NAMES[str(value)].value
     known = ", ".join(d.value for d in DType)
     raise BestTableError(f"lookup: {name} {str(value)[:40]!r} is not a dtype of the tables ({known}, or the torch "
-                         "dtypes bfloat16, float16, float32, float8_e4m3fn, float8_e5m2)")
+                         "dtypes bfloat16, float16, float32, float8_e4m3fn, float8_e5m2, as dtypes or their names)")
 
 
 def _fused(epilogue: object, scaling: object) -> tuple[str, str]:
@@ -155,6 +159,12 @@ class Match:
                            splits=int(self.row["splits"]),
                            decomposition=Decomposition[self.row["decomposition"].upper()])
 
+    def __repr__(self) -> str:
+        # The row itself is a 90-column Series: a repr of it buried the four facts a reader wants.
+        row = self.row
+        return (f"Match(problem={str(row.get('problem'))!r}, kernel={str(row.get('kernel'))!r}, "
+                f"ratio={self.ratio:.3f}, exact={self.exact})")
+
 
 NATIVE_BUNDLES: list[Path] = []
 """The bundles loaded so far, where the operators' native library may be found for this torch
@@ -201,7 +211,7 @@ class BestTable:
     """
 
     def __init__(self, frame: pd.DataFrame, gpu: str | None = None,
-                 bundled: Mapping[str, BundledKernel] | None = None):
+                 bundled: Mapping[str, BundledKernel] | None = None, *, source: str | Path | None = None):
         if gpu is not None:
             frame = frame[frame["gpu"] == gpu]
         # A frame built before fused epilogues (or by hand) holds plain GEMMs.
@@ -210,6 +220,8 @@ class BestTable:
         frame = frame if "routing" in frame.columns else frame.assign(routing=NO_ROUTING)
         self.frame = frame.reset_index(drop=True)
         self.bundled = dict(bundled or {})
+        self.source = None if source is None else str(source)
+        """Where the table was read from (`load`'s source), None for one built from a frame."""
         self.plans: PlanCache = PlanCache()
         """The plans of the calls run on this table, by call signature (`cutlass_tune.runtime._dispatch`)."""
         self._devices: dict[int, BestTable] = {}  # the rows each CUDA device may use (runtime's device_table)
@@ -227,7 +239,7 @@ class BestTable:
         if "gpu" not in self.frame.columns:
             return self
         gpu = self.frame["gpu"].fillna("").astype(str)
-        return BestTable(self.frame[(gpu == name) | (gpu == "")], bundled=self.bundled)
+        return BestTable(self.frame[(gpu == name) | (gpu == "")], bundled=self.bundled, source=self.source)
 
     @classmethod
     def load(cls, source: str | Path, gpu: str | None = None) -> BestTable:
@@ -245,10 +257,31 @@ class BestTable:
             frame, bundled = read_local(source)
             if bundled and Path(source) not in NATIVE_BUNDLES:
                 NATIVE_BUNDLES.append(Path(source))
-            return cls(frame, gpu=gpu, bundled=bundled)
+            return cls(frame, gpu=gpu, bundled=bundled, source=source)
         from ..report import load_best  # the tuner's store reader (SQLAlchemy, Optuna): for stores only
 
-        return cls(load_best(source), gpu=gpu)
+        return cls(load_best(source), gpu=gpu, source=source)
+
+    def operations(self) -> list[str]:
+        """The operations the table holds rows of, by name ("bf16bf16bf16_tn", ..._grouped), sorted."""
+        f = self.frame
+        if f.empty:
+            return []
+        cells = f[["dtype_a", "dtype_b", "dtype_d", "layout", "epilogue", "scaling", "grouping"]].drop_duplicates()
+        names = set()
+        for row in cells.to_dict("records"):
+            try:
+                names.add(Operation.from_cells(row).name)
+            except (KeyError, ValueError):  # a row of a kind this version does not know
+                names.add(f"{row['dtype_a']}{row['dtype_b']}{row['dtype_d']}_{row['layout']}?")
+        return sorted(names)
+
+    def __repr__(self) -> str:
+        operations = self.operations()
+        shown = ", ".join(operations[:4]) + (f", +{len(operations) - 4} more" if len(operations) > 4 else "")
+        bundled = f", bundled={len(self.bundled)}" if self.bundled else ""
+        return (f"BestTable(source={self.source!r}, rows={len(self.frame)}, gpus={self.gpus}, "
+                f"operations=[{shown}]{bundled})")
 
     def find(self, m: int, n: int, k: int, operation: Operation, *, groups: int = 0) -> Match:
         """The row for M x N x K of `operation` (a problem's), or the nearest tuned problem of

@@ -22,9 +22,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import types
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from . import _rules
@@ -70,11 +71,11 @@ class _Branch:
 
     __slots__ = ("invalid", "next", "valid")
 
-    def __init__(self, valid: int, invalid: Counter[str], nxt: tuple[tuple[int, _Branch], ...]):
+    def __init__(self, valid: int, invalid: dict[str, int], nxt: tuple[tuple[int, _Branch], ...]):
         self.valid, self.invalid, self.next = valid, invalid, nxt
 
 
-_VALID = _Branch(1, Counter(), ())
+_VALID = _Branch(1, {}, ())
 """A config every rule accepts."""
 
 
@@ -84,6 +85,14 @@ def _field_value(knob: Knob, cfg: KernelConfig) -> Any:
 
 def _fields_of(knob: Knob, value: Any) -> dict[str, Any]:
     return dict(zip(knob.fields, value if len(knob.fields) > 1 else (value,)))
+
+
+def _getter(names: Sequence[str]) -> Callable[[Mapping[str, Any]], Any]:
+    """The values of `names` in a mapping, as one hashable key (a C-level itemgetter: the walk
+    takes hundreds of thousands)."""
+    if not names:
+        return lambda _: ()
+    return operator.itemgetter(*names)
 
 
 def _walk_order(knobs: Sequence[tuple[Knob, tuple[Any, ...]]]) -> list[int]:
@@ -144,7 +153,7 @@ class AutoKernels(Sequence[KernelConfig]):
         refused = _rules.check_operands(KernelConfig.for_operation(self.operation))
         if refused:  # a kind no kernel is built for: every config of it, for the first reason
             self._examples[refused[0].rule] = refused[0].reason
-            return _Branch(0, Counter({refused[0].rule: self.total}), ())
+            return _Branch(0, {refused[0].rule: self.total}, ())
         # What the walk knows at each depth (knobs set): which rules are decided, the first
         # undecided one, and the set knob fields that undecided rules read. Two branches that
         # agree on those fields, and on the first rule that refused them, have the same counts.
@@ -158,7 +167,36 @@ class AutoKernels(Sequence[KernelConfig]):
         self._key_fields = [tuple(sorted(knob_fields[d] & reads_open[max(d - 1, 0)])) for d in depths]
         self._rest = [self._fields([0] * (len(self.knobs) - d), start=d) for d in range(len(self.knobs) + 1)]
         self._value_fields = [[_fields_of(knob, value) for value in values] for knob, values in self.knobs]
+        # The rules decided first at each depth, and the knob fields they read: only they can
+        # refuse a branch its parent did not (the parent decided the others on the same fields).
+        self._new_rules = [frozenset(i for i, known in enumerate(decided[d]) if known and not (d and decided[d - 1][i]))
+                           for d in depths]
+        self._new_reads = [tuple(sorted(knob_fields[d] & frozenset().union(*(rules[i][1] for i in self._new_rules[d]))))
+                           for d in depths]
+        self._refusals: list[dict[tuple, tuple[tuple[int, str, str], ...]]] = [{} for _ in depths]
+        self._key_of = [_getter(f) for f in self._key_fields]
+        self._new_key_of = [_getter(f) for f in self._new_reads]
         return self._branch(0, {}, None, {})
+
+    def _newly_refused(self, depth: int, fields: dict[str, Any]) -> tuple[tuple[int, str, str], ...]:
+        """The rules first decided at `depth` that refuse the branch of `fields`, as (position in
+        `CONFIG_RULES`, rule, reason) in `check_combinations`' order. A rule's verdict depends on
+        the fields it reads alone, so it is computed once per their values: the walk's branches
+        share a few hundred (a cluster shape: 9) where it meets hundreds of thousands."""
+        if not self._new_rules[depth]:
+            return ()
+        key = self._new_key_of[depth](fields)
+        found = self._refusals[depth].get(key)
+        if found is None:
+            cfg = KernelConfig.for_operation(self.operation, **fields, **self._rest[depth])
+            refused = []
+            for r in _rules.check_combinations(cfg):
+                at = _RULE_ORDER.get(r.rule)
+                assert at is not None, f"rule {r.rule} is missing from _rules.CONFIG_RULES"
+                if at in self._new_rules[depth]:
+                    refused.append((at, r.rule, r.reason))
+            found = self._refusals[depth][key] = tuple(refused)
+        return found
 
     def _fields(self, chosen: Sequence[int], start: int = 0) -> dict[str, Any]:
         fields: dict[str, Any] = {}
@@ -173,30 +211,27 @@ class AutoKernels(Sequence[KernelConfig]):
     def _branch(self, depth: int, fields: dict[str, Any], first: int | None, memo: dict[tuple, _Branch]) -> _Branch:
         """The configs below the knobs set to `fields` (the first `depth` knobs of the walk),
         `first` the first rule known to refuse them."""
-        key = (depth, first, *(fields[f] for f in self._key_fields[depth]))
+        key = (depth, first, self._key_of[depth](fields))
         found = memo.get(key)
         if found is not None:
             return found
         rules = _rules.CONFIG_RULES
-        cfg = KernelConfig.for_operation(self.operation, **fields, **self._rest[depth])
-        for r in _rules.check_combinations(cfg):
-            at = _RULE_ORDER.get(r.rule)
-            assert at is not None, f"rule {r.rule} is missing from _rules.CONFIG_RULES"
-            if self._decided[depth][at] and (first is None or at < first):
+        for at, rule, reason in self._newly_refused(depth, fields):
+            if first is None or at < first:
                 first = at
-                self._examples.setdefault(r.rule, r.reason)
+                self._examples.setdefault(rule, reason)
         if first is not None and first < self._first_open[depth]:
-            branch = _Branch(0, Counter({rules[first][0]: self._below[depth]}), ())
+            branch = _Branch(0, {rules[first][0]: self._below[depth]}, ())
         elif depth == len(self.knobs):
             assert first is None, "every rule is decided at the end of the walk"
             branch = _VALID
         else:
-            valid, invalid, nxt = 0, Counter[str](), []
+            valid, invalid, nxt = 0, dict[str, int](), []
             for v, value_fields in enumerate(self._value_fields[depth]):
                 below = self._branch(depth + 1, {**fields, **value_fields}, first, memo)
                 valid += below.valid
                 for rule, n in below.invalid.items():
-                    invalid[rule] += n
+                    invalid[rule] = invalid.get(rule, 0) + n
                 if below.valid:
                     nxt.append((v, below))
             branch = _Branch(valid, invalid, tuple(nxt))

@@ -10,15 +10,28 @@ its first write (see `ResultStore`).
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import os
 import re
+import shutil
+import tempfile
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from .. import settings
+from ..errors import CutlassTuneError
 from ._sql import ResultStore, StoreError, database_file, shown_url, sqlite_url
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+COMPRESSED_SUFFIX = ".gz"
+"""A SQLite store compressed with gzip (`x.sqlite.gz`, as stores are committed): read from a copy."""
+MAX_DECOMPRESSED_BYTES = 4 << 30
+"""The most a compressed store is decompressed to (the largest committed is under 40 MB): a
+larger one is a mistake or a gzip bomb, refused before it fills the disk."""
 RESULTS_DIR = Path("results")
 """Where sweeps keep their stores by default (relative to the working directory)."""
 
@@ -44,6 +57,52 @@ def store_url_of(source: str | Path) -> str | None:
     if Path(text).suffix in SQLITE_SUFFIXES:
         return sqlite_url(_expanded(text, 'the store'))
     return None
+
+
+def is_compressed_store(source: str | Path) -> bool:
+    """Whether `source` names a gzip-compressed SQLite file (`x.sqlite.gz`)."""
+    text = str(source)
+    return "://" not in text and text.endswith(COMPRESSED_SUFFIX) and \
+        Path(text[:-len(COMPRESSED_SUFFIX)]).suffix in SQLITE_SUFFIXES
+
+
+@contextlib.contextmanager
+def readable_store(source: str | Path) -> Iterator[str | Path]:
+    """`source` as a store to read: itself, or for a gzip-compressed SQLite file
+    (`is_compressed_store`) the `sqlite:///` URL of a read-only decompressed copy in a temporary
+    folder, removed on leaving. Errors raised inside name `source`, not the copy.
+
+    Raises:
+        StoreError: no such compressed file, or one that is not whole gzip data (damaged,
+            truncated) or decompresses to more than `MAX_DECOMPRESSED_BYTES`; one line.
+    """
+    if not is_compressed_store(source):
+        yield source
+        return
+    path = Path(_expanded(source, "the store"))
+    if not path.is_file():
+        raise StoreError(f"no store at {path}" if not path.exists() else f"{path} is not a file")
+    with tempfile.TemporaryDirectory(prefix="cutlass-tune-store-") as folder:
+        copy = Path(folder) / path.name[:-len(COMPRESSED_SUFFIX)]
+        try:
+            with gzip.open(path, "rb") as packed, open(copy, "wb") as unpacked:
+                while block := packed.read(1 << 20):
+                    unpacked.write(block)
+                    if unpacked.tell() > MAX_DECOMPRESSED_BYTES:
+                        raise StoreError(f"{path} decompresses to more than {MAX_DECOMPRESSED_BYTES >> 30} GiB, "
+                                         "the most a compressed store may hold")
+        except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+            reason = str(err) or type(err).__name__
+            raise StoreError(f"{path} is not a readable gzip-compressed SQLite store ({reason})") from err
+        os.chmod(copy, 0o444)  # read here only: a reader that tried to write would fail, not change a copy
+        try:
+            yield sqlite_url(copy)
+        except CutlassTuneError as err:
+            # The copy is gone once this returns: a message names the file the user gave.
+            err.args = tuple(str(a).replace(str(copy), str(path)) if isinstance(a, str) else a for a in err.args)
+            raise
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def local_file(source: str | Path) -> Path | None:

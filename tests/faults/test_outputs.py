@@ -150,7 +150,8 @@ def test_compile_prints_a_hostile_compiler_message_literally(tmp_path):
     for _ in ("compiled", "cached"):
         done = _cli("compile", "configs/quick.yaml", "--limit", "1", env=env)
         # stderr holds the progress line of a pipe alone: the message is shown literally on stdout
-        assert done.returncode == 1 and re.fullmatch(r"\S+ \S+ compiling 1/1\n", done.stderr), done.stderr
+        assert done.returncode == 1 and re.fullmatch(r"\S+ \S+ compiling 0/1: nvcc on \S+\n\S+ \S+ compiling 1/1\n",
+                                                     done.stderr), done.stderr
         assert "FAILED bf16_tn_128x256x64" in done.stdout
         _shown_literally(done.stdout)
 

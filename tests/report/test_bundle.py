@@ -204,6 +204,8 @@ def test_export_to_a_pipe_says_each_kernel_compiled_and_bundled_with_the_time(tm
         assert r.returncode == 0 and r.stdout.startswith(f"exported 3 problems, {len(names)} kernels"), r.stderr
         lines, n = r.stderr.splitlines(), len(names)
         stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "
+        # Regression: nothing was printed before the first compile ended (94 s with nvcc).
+        assert re.fullmatch(f"{stamp}compiling 0/{n}: nvcc on \\S+.*", lines.pop(0)), r.stderr
         compiled = [re.fullmatch(f"{stamp}compiling (\\d+)/{n}: (\\S+) {done}", line) for line in lines[:n]]
         bundled = [re.fullmatch(f"{stamp}bundling (\\d+)/{n}: (\\S+)", line) for line in lines[n:]]
         assert all(compiled) and all(bundled) and len(lines) == 2 * n, r.stderr

@@ -332,3 +332,16 @@ def test_failed_and_invalid_trials_of_the_study_show_their_reason(tmp_path):
     page = build_dashboard(url)
     assert "<td>failed trial</td><td>interrupted</td><td>Optuna study</td>" in page
     assert "<td>invalid</td><td>smem_capacity: 9 stages need 300 KB</td><td>Optuna study</td>" in page
+
+
+def test_the_page_says_why_the_heatmaps_best_differs_from_the_table_s(committed_report):
+    """Guards heatmaps showing a higher best (684 TFLOP/s) than the table (677.9) with no word on why."""
+    from cutlass_tune.report._dashboard import HEATMAP_NOTE
+
+    _, page = committed_report
+    assert "not the highest TFLOP/s of one measurement, which the heatmaps below show" in page
+    sections = page.split('<section class="problem"')[1:]
+    assert len(sections) == len(PROBLEMS)
+    for section in sections:
+        tile = section[section.index('data-section="tile"'):section.index('data-section="schedule"')]
+        assert f'<p class="note">{HEATMAP_NOTE}</p>' in tile.replace("&#39;", "'").replace("&#x27;", "'")
