@@ -124,6 +124,10 @@ def run(args: argparse.Namespace) -> dict:
     model = _model(args.family, args.layers)
     model.train(args.train)
     if args.compile:
+        # Every layer's compiled code is guarded on the experts implementation the step switches
+        # between (two or three): past Dynamo's recompile limit (8) a frame runs eagerly, and the
+        # decode runs of an H200 met it (4 layers x 3 implementations), timing eager code as compiled.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         for layer in model.model.layers:
             layer.compile(options={"triton.cudagraphs": True} if args.graphs else None)
     ids = torch.randint(0, VOCAB, (args.tokens, 1) if args.decode else (1, args.tokens), device=DEVICE)
