@@ -120,9 +120,12 @@ class _Coverage:
         ratio = pd.concat(columns, axis=1).astype(float).min(axis=1, skipna=True)
         # The figures the dispatcher prefers to a claim, in its order (`Match.dispatch_ratio`): the
         # kernel's ratio inside the model (`tune-model`), else at the call site (`check`).
+        # A call-site figure only holds a kernel below its claim (as `Match.dispatch_ratio`).
         for column in ("call_site_ratio", "in_model_ratio"):
             if column in rows.columns:
                 measured = pd.to_numeric(rows[column], errors="coerce").astype(float)
+                if column == "call_site_ratio":
+                    measured = measured.where(~(measured > ratio), ratio)
                 ratio = measured.where(measured.map(math.isfinite), ratio)
         ms = rows["median_ms"] if "median_ms" in rows.columns else pd.Series(math.nan, index=rows.index)
         for dtype, n, k, m, r, t in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratio, ms.astype(float)):

@@ -129,8 +129,9 @@ class Match:
         first the row has:
 
         1. `in_model_ratio`: the kernel's ratio inside the user's model step (`tune-model`);
-        2. `call_site_ratio`: what `check` measured through `matmul` in its regime, which replaces
-           the claim (an entry flagged below its claim is held to what it delivered);
+        2. `call_site_ratio`: what `check` measured through `matmul` in its regime, where it is
+           below the claim (an entry flagged below its claim is held to what it delivered; a
+           call-site figure above the claim leaves the claim);
         3. the lowest of the claim and the regimes' ratios (`REGIME_COLUMNS`): a kernel chosen
            at the power cap must also beat torch in each regime it was confirmed in.
 
@@ -143,8 +144,10 @@ class Match:
             return in_model, f" inside the model (its claim {claim:.3f})"
         call_site = self._figure("call_site_ratio")
         if math.isfinite(call_site):
+            # A call-site figure can hold a kernel below its claim, never lift it above: one
+            # check's figure is a single measurement, and a wrong one must not turn a kernel on.
             regime = str(self.row.get("call_site_regime") or "")
-            return call_site, f" at the call site{f' ({regime})' if regime else ''} (its claim {claim:.3f})"
+            return min(call_site, claim), f" at the call site{f' ({regime})' if regime else ''} (its claim {claim:.3f})"
         lowest, source = claim, ""
         for regime in Regime:
             figure = self._figure(f"{regime.column}_ratio")

@@ -137,7 +137,8 @@ def test_a_call_site_ratio_below_the_claim_keeps_the_kernel_off(gpu, table):
 
 @pytest.mark.parametrize(("in_model", "call_site", "regime", "want"), [
     (1.08, 0.97, 1.20, 1.08),                   # the in-model figure first
-    (float("nan"), 1.04, 0.90, 1.04),           # else the call site's, even above the claim
+    (float("nan"), 1.04, 0.90, 1.04),           # else the call site's, even above a regime's
+    (float("nan"), 11.9, 0.90, 1.2),            # a call site above the claim leaves the claim (a bogus 11.9x)
     (float("nan"), float("nan"), 0.95, 0.95),   # else the lowest of the claim and the regimes'
     (float("nan"), float("nan"), 1.30, 1.2),    # a regime above the claim leaves the claim
     (float("nan"), float("nan"), float("nan"), 1.2),
