@@ -43,12 +43,7 @@ rows=${MOE_ROWS:-x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_}
 res=$state/results
 mkdir -p "$out" "$state" "$res"
 trap 'cp -r "$res/." "$out/" 2>/dev/null' EXIT
-if ! python3 -c "import optuna, sqlalchemy, alembic, cutlass_library, transformers" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
+GPU_ENV_NEEDS=transformers . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 ct() { python3 -m cutlass_tune.cli "$@"; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader

@@ -11,12 +11,7 @@ budget=${BUDGET:-540}
 state=/tmp/native-moe; out=$state/results; mkdir -p "$final" "$out"
 # the device hands back a few files only: everything travels as one archive
 trap 'tar czf "$final/results.tgz" -C "$out" . ; cp "$out"/*.txt "$final/" 2>/dev/null' EXIT
-if ! python3 -c "import optuna, sqlalchemy, alembic, cutlass_library" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
+. benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"; } | tee "$out/gpu.txt"

@@ -11,12 +11,7 @@ out=${1:?output directory}
 state=${TUNE_MODEL_DIR:-/tmp/tune-model}
 budget=${TUNE_MODEL_SECONDS:-340}
 mkdir -p "$out" "$state"
-if ! python3 -c "import optuna, sqlalchemy, alembic, cutlass_library" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
+. benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 ct() { python3 -m cutlass_tune.cli "$@"; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
