@@ -236,6 +236,10 @@ class Rows:
     def find(self, *args, **kwargs):
         return self
 
+    def dispatch_ratio(self, claim=None):
+        """No in-model, call-site or regime figures: the claim (`Match.dispatch_ratio`)."""
+        return (self.ratio if claim is None else claim), ""
+
 
 @pytest.fixture
 def table(gemm, monkeypatch):

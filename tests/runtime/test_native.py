@@ -16,7 +16,7 @@ import pytest
 
 from cutlass_tune.kernel import GemmArgs
 from cutlass_tune.kernel._native import LIBRARY, cached_builds, native_key
-from cutlass_tune.runtime import _dispatch, _native
+from cutlass_tune.runtime import _dispatch, _native, _table
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = REPO / "cutlass_tune" / "native" / "cutlass_tune_args.h"
@@ -54,6 +54,8 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(_native, "_module", None)
     monkeypatch.setattr(_native, "_why", None)
     monkeypatch.setattr(_native, "_bundles", [])
+    # the bundles earlier tests loaded (BestTable.load remembers each for the loader) hold libraries
+    monkeypatch.setattr(_table, "NATIVE_BUNDLES", [])
     monkeypatch.setattr(_dispatch, "_warned", set())
     return cached_builds(tmp_path)
 

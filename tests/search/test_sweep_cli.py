@@ -60,6 +60,8 @@ def gpus(monkeypatch):
     monkeypatch.setattr(cutlass_tune.compile, "compile_kernels", lambda cfgs, **kw: FakeCompiler()(cfgs))
     # Regression: the command called its own imported name, so the patch missed and nvcc ran.
     monkeypatch.setenv("CUTLASS_TUNE_NVCC", "/nonexistent/nvcc")
+    # The fake GPUs stand in for real ones: the command's early no-GPU check must not refuse first.
+    monkeypatch.setattr(cutlass_tune.cli._sweep, "surely_no_gpu", lambda: False)
     return Gpu
 
 
