@@ -5,12 +5,16 @@
 # gpu_moe_layer.sh); host time per call, native on and off. Results under OUTDIR.
 #
 #   benchmarks/gpu_native_moe.sh OUTDIR      (BUDGET seconds, default 540)
+#
+# Optional: TEST_PATHS (GPU tests to run), FAMILIES and SPECS (the model runs: "TOKENS TAG FLAGS..."
+# entries separated by ';'), LAYER_SPECS (benchmarks/moe_layer.py runs: "FAMILY TOKENS MODE" entries
+# separated by ';', each with --profile), HOST=0 (no host table), PRE (a command run after the setup).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-540}
 state=/tmp/native-moe; out=$state/results; mkdir -p "$final" "$out"
 # the device hands back a few files only: everything travels as one archive
-trap 'tar czf "$final/results.tgz" -C "$out" . ; cp "$out"/*.txt "$final/" 2>/dev/null' EXIT
+trap 'tar czf "$final/results.tgz" -C "$out" .' EXIT
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
@@ -31,13 +35,15 @@ export_cut dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.g
 export_cut fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^16x6144x4096_' &
 wait
 echo "setup done at ${SECONDS}s"; tail -2 "$out/native.txt"
+[ -z "${PRE:-}" ] || { eval "$PRE" > "$out/pre.txt" 2>&1; echo "pre rc=$?"; tail -25 "$out/pre.txt"; }
 if [ -n "${TEST_PATHS:-}" ]; then
   timeout -k 10 ${TEST_SECONDS:-200} python3 -m pytest -m gpu -n "${JOBS:-6}" -q -p no:cacheprovider -rA $TEST_PATHS > "$out/gpu_tests.txt" 2>&1
   echo "tests rc=$? at ${SECONDS}s"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$out/gpu_tests.txt" | tail -30
 fi
 mkdir -p "$out/model"
 for family in ${FAMILIES:-qwen3_235b}; do
-  for spec in "4096 infer-compile --compile" "1 decode-graphs --compile --graphs --decode" "4096 infer" "64 decode-graphs --compile --graphs --decode"; do
+  IFS=';' read -ra specs <<< "${SPECS:-4096 infer-compile --compile;1 decode-graphs --compile --graphs --decode;4096 infer;64 decode-graphs --compile --graphs --decode}"
+  for spec in "${specs[@]}"; do
     set -- $spec; tokens=$1; shift 2
     [ "$(left)" -gt 100 ] || break
     timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$state/moe-bundle" "$out/model" --family "$family" \
@@ -46,7 +52,19 @@ for family in ${FAMILIES:-qwen3_235b}; do
   done
 done
 python3 benchmarks/moe_model.py summary "$out/model" 2>&1 | tail -12
-if [ "$(left)" -gt 70 ]; then
+if [ -n "${LAYER_SPECS:-}" ]; then
+  mkdir -p "$out/layer"
+  IFS=';' read -ra cases <<< "$LAYER_SPECS"
+  for case in "${cases[@]}"; do
+    set -- $case
+    [ "$(left)" -gt 80 ] || break
+    timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_layer.py "$state/moe-bundle" "$out/layer" --family "$1" \
+      --tokens "$2" --mode "$3" --profile >> "$out/layer-$1.txt" 2>&1
+    echo "layer $case rc=$? at ${SECONDS}s"
+  done
+  python3 benchmarks/moe_layer.py summary "$out/layer" 2>&1 | tail -12
+fi
+if [ "${HOST:-1}" = 1 ] && [ "$(left)" -gt 70 ]; then
   timeout -k 10 $(( $(left) - 5 )) python3 benchmarks/host_path.py "$out/host_path" --table "$state/dense-bundle" \
     --table "$state/moe-bundle" --table "$state/fp8-bundle" --reps 9 > "$out/host_path.txt" 2>&1
   echo "host_path rc=$?"; grep "^|" "$out/host_path.txt" | head -45

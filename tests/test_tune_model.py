@@ -165,3 +165,15 @@ def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_pa
     assert match.dispatch_ratio()[0] == pytest.approx(100 / 80)
     others = tuned.frame[tuned.frame["problem"] != match.row["problem"]]
     assert others["in_model_ratio"].isna().all()
+
+
+def test_bind_tells_the_transformers_experts_before_the_model_file_imports_transformers():
+    """Guards the H200 run: tune-model binds its table before it loads the model's file, and the
+    "cutlass_tune" experts raised NoTableError because transformers was not imported yet."""
+    pytest.importorskip("transformers")
+    code = ("import sys\nfrom cutlass_tune.bench._in_model import bind\nfrom cutlass_tune.runtime import BestTable\n"
+            "import pandas as pd\nassert 'transformers' not in sys.modules\nbind(BestTable(pd.DataFrame()))\n"
+            "import cutlass_tune.transformers as ct\nprint(ct._table_set)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "True"

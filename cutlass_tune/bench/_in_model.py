@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.util
 import json
 import statistics
 import sys
@@ -51,7 +52,9 @@ class Mode(str, enum.Enum):
 def bind(table: BestTable) -> None:
     """Make `table` the one every door of the model reads from now on (`TABLE_KEY`)."""
     register_table(table, key=TABLE_KEY)
-    if "transformers" not in sys.modules:  # a model without transformers has no "cutlass_tune" experts
+    # Before the model's file is imported (tune-model binds first, then loads the target), so
+    # transformers installed counts, not transformers imported.
+    if "transformers" not in sys.modules and importlib.util.find_spec("transformers") is None:
         return
     try:
         import cutlass_tune.transformers as ct

@@ -79,10 +79,26 @@ class NativeSpec:
                          *NVCC_TORCH_FLAGS, *self.defines, *(f"-I{d}" for d in self.include_dirs),
                          str(source), "-o", str(obj)])
             objects.append(obj)
-        link = [self.cxx, "-shared", *map(str, objects), *(f"-L{d}" for d in self.library_dirs),
+        link = [self.cxx, "-shared", *map(str, objects), *loaded_libstdcxx(), *(f"-L{d}" for d in self.library_dirs),
                 *(f"-Wl,-rpath,{d}" for d in self.library_dirs), *(f"-l{lib}" for lib in self.libraries),
                 "-o", str(build / LIBRARY)]
         return [*runs, link]
+
+
+def loaded_libstdcxx(maps: Path = Path("/proc/self/maps")) -> tuple[str, ...]:
+    """The C++ runtime this process (and so torch) runs on, as a link input, where it is found.
+
+    Named first on the link line, it satisfies every C++ runtime symbol, so the compiler driver's
+    own `-lstdc++` never pulls members of a static `libstdc++.a`: a library carrying its own copy
+    of the stream and locale code crashed on the H200 host when a failed check formatted an
+    integer into its message (two copies of the locale's facet ids in one process).
+    """
+    try:
+        lines = maps.read_text().splitlines()
+    except OSError:
+        return ()
+    found = sorted({line.split()[-1] for line in lines if "/libstdc++.so" in line and line.split()[-1].startswith("/")})
+    return (found[0],) if found else ()
 
 
 NVCC_TORCH_FLAGS = ("--expt-relaxed-constexpr", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",

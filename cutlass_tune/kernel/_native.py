@@ -74,13 +74,18 @@ def source_files(sources: Path, abi: TorchABI) -> tuple[tuple[Path, ...], tuple[
     return tuple(sorted(sources.glob("*.cpp"))), cu, tuple(sorted(sources.glob("*.h")))
 
 
+LINK_REVISION = "link: the process's shared C++ runtime"
+"""Part of every key: libraries linked before it (which could carry a static C++ runtime) are
+rebuilt rather than loaded."""
+
+
 def content_key(files: tuple[Path, ...], abi: TorchABI, defines: tuple[str, ...], libraries: tuple[str, ...],
          cu: bool) -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     facts = [abi.torch_version, str(abi.cxx11_abi), str(abi.cuda), abi.python_abi, *defines, *libraries,
-             CUDA_ARCH if cu else ""]
+             CUDA_ARCH if cu else "", LINK_REVISION]
     digest.update("\n".join(facts).encode())
     return digest.hexdigest()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutlass_tune.compile import KernelCache
-from cutlass_tune.compile._native import build_native, native_dir, native_spec
+from cutlass_tune.compile._native import build_native, loaded_libstdcxx, native_dir, native_spec
 from cutlass_tune.kernel._native import LIBRARY, TorchABI, cached_builds, find_native, native_key
 
 from .fake_nvcc import elf_library
@@ -57,6 +57,20 @@ def test_a_cpu_torch_builds_the_cpp_files_only_without_cuda(sources):
     assert any(flag.startswith("-I") and flag.endswith("torch/include") for flag in compile_cpp)
     assert link[-2:] == ["-o", f"/b/{LIBRARY}"] and "-ltorch_python" in link
     assert any(flag.startswith("-Wl,-rpath,") for flag in link)
+
+
+def test_the_link_names_the_process_s_shared_cpp_runtime_before_the_driver_s_own(sources, tmp_path):
+    """Guards the H200 crash: a library linked with members of a static libstdc++ segfaulted when
+    a failed check formatted an integer (its own copy of the locale code beside torch's)."""
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33\n"
+                    "7f02-7f03 r--p 0 08:01 2 /usr/lib/x86_64-linux-gnu/libc.so.6\n7f04-7f05 rw-p 0 0 0 [heap]\n")
+    assert loaded_libstdcxx(maps) == ("/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33",)
+    assert loaded_libstdcxx(tmp_path / "missing") == ()
+    link = native_spec(sources, CPU).commands(Path("/b"))[-1]
+    runtime = [arg for arg in link if "/libstdc++.so" in arg]
+    assert runtime == list(loaded_libstdcxx())  # torch is imported: its runtime is in this process
+    assert runtime and link.index(runtime[0]) < link.index("-ltorch_python")
 
 
 def test_a_cuda_torch_adds_the_cu_files_cuda_headers_and_libraries(sources, toolkit):
