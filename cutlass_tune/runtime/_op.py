@@ -470,7 +470,8 @@ def _resolve_mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.d
 
 def _resolve_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
                     residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> tuple:
-    """The native plan entry of a `linear` call's signature: its kernel, else the door."""
+    """The native plan entry of a `linear` call's signature: its kernel, else torch's path
+    (`_torch_linear`, which C++ computes itself: the fallback said once here), else the door."""
     _check_linear(x, weight, bias, activation, residual, gate)
     tuned = registered_table(table)
     n = weight.shape[0]
@@ -483,7 +484,7 @@ def _resolve_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         return (_native.ENTRY_PYTHON,)
     signature = ("native linear", x2.get_device(), x2.shape, weight.shape, x2.stride(), weight.stride(), x.dtype,
                  activation, *(None if t is None else (t.shape, t.stride(), t.dtype) for t in (bias, residual2, gate2)))
-    return _dense_entry(tuned, problem, x2, signature, False)
+    return _dense_entry(tuned, problem, x2, signature, True)
 
 
 if _native.load() is not None:

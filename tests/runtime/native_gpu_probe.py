@@ -24,6 +24,11 @@ def said(caught) -> list[str]:
     return [str(w.message) for w in caught if "cutlass_tune" in str(w.message)]
 
 
+def python_calls(before: dict) -> dict:
+    """The Python hooks C++ called since `before` (`hook_calls`): resolve, door, autograd."""
+    return {name: count - before[name] for name, count in _native._module.hook_calls().items()}
+
+
 def grouped() -> dict:
     """A tuned grouped kernel through the C++ path: eager (twice: the second from the C++ map),
     then with gradients (the Python formula, dA through the operator again)."""
@@ -37,7 +42,9 @@ def grouped() -> dict:
            "plans": _native._module.plans(key), "said": said(caught)}
     a, w, b, offs = operands(grad=True)
     grad = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
+    before = _native._module.hook_calls()
     torch.ops.cutlass_tune.grouped_mm(a, b, offs, key).backward(grad)
+    out["grad_python_calls"] = python_calls(before)
     a2, w2 = a.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
     torch._grouped_mm(a2, w2.transpose(-2, -1), offs).backward(grad)
     out["grad_a_error"], out["grad_w_error"] = error(a.grad, a2.grad), error(w.grad, w2.grad)
@@ -104,6 +111,58 @@ def dense() -> dict:
             "plans": sorted(_native._module.plans(key)), "said": said(caught)}
 
 
+def linear_fallback() -> dict:
+    """linear with epilogues the table has no kernel for (the stores tune plain GEMMs): torch's
+    path computed from C++, said once when the signature resolves, no Python on later calls."""
+    key = register_table(tuned_table(), key="native-linear-fallback")
+    x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda") / 32
+    bias = torch.randn(1024, dtype=torch.bfloat16, device="cuda")
+    r = torch.randn(2, 8, 1024, dtype=torch.bfloat16, device="cuda")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        first = torch.ops.cutlass_tune.linear(x, w, bias, "relu", key)
+        gelu = torch.ops.cutlass_tune.linear(x.view(2, 8, 1024), w, bias, "gelu", key, r)
+        before = _native._module.hook_calls()
+        for _ in range(10):
+            again = torch.ops.cutlass_tune.linear(x, w, bias, "relu", key)
+            torch.ops.cutlass_tune.linear(x.view(2, 8, 1024), w, bias, "gelu", key, r)
+        calls = python_calls(before)
+    want = torch._addmm_activation(bias, x, w.t())  # F.linear's ReLU on cuBLASLt's epilogue, as torch_gemm
+    gelu_want = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias).view(2, 8, 1024) + r)
+    return {"equal": torch.equal(first, want) and torch.equal(again, want), "gelu_error": error(gelu, gelu_want),
+            "plans": sorted(_native._module.plans(key)), "said": said(caught), "python_calls": calls}
+
+
+def dense_grad() -> dict:
+    """mm and linear with gradients on tuned dense kernels (tn forward, nn and nt backward): the
+    C++ autograd Functions against torch's autograd, and the Python formula never called."""
+    key = register_table(tuned_table(), key="native-dense-grad")
+    torch.manual_seed(0)
+    x = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    w = (torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda") / 32).requires_grad_()
+    bias = torch.randn(1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    grad = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    out = {}
+    before = _native._module.hook_calls()
+    for name, ours, want in (
+            ("mm", lambda x, w, bias: torch.ops.cutlass_tune.mm(x, w.t(), key), lambda x, w, bias: x @ w.t()),
+            ("linear", lambda x, w, bias: torch.ops.cutlass_tune.linear(x, w, bias, "gelu", key),
+             lambda x, w, bias: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias)))):
+        got = []
+        for fn in (ours, want):
+            leaves = [t.detach().clone().requires_grad_() for t in (x, w, bias)]
+            fn(*leaves).backward(grad)
+            got.append([t.grad for t in leaves])
+        for label, g, t in zip(("x", "w", "bias"), *got):
+            if name == "mm" and label == "bias":
+                continue
+            out[f"{name}_grad_{label}_error"] = error(g, t)
+    out["python_calls"] = python_calls(before)
+    out["plans"] = sorted(set(_native._module.plans(key)))
+    return out
+
+
 def _host_us(call) -> float:
     """Host time of one call (us), the GPU kept busy: median of 15 blocks of 100 calls."""
     call()
@@ -121,12 +180,14 @@ def _host_us(call) -> float:
 def host() -> dict:
     """Host time per call (us) of the operators against torch's own, eager and compiled (no CUDA
     graphs): the grouped GEMM on a decode step's routing (8 experts of 512x1024, 8 rows each),
-    mm on 16 x 1024 times 1024 x 1024 (bf16 tn: the H200 stores' kernels)."""
+    mm on 16 x 1024 times 1024 x 1024 (bf16 tn: the H200 stores' kernels), without and with
+    inputs that need gradients, and a linear with bias and ReLU, which the table has no kernel for."""
     grouped_key = register_table(grouped_table([(E, N, K, 64, Layout.COL)]), key="native-host")
     dense_key = register_table(tuned_table(), key="native-host-dense")
     a, _, b, offs = operands(counts=(8,) * 8)
     x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(1024, dtype=torch.bfloat16, device="cuda")
     op_grouped = torch.compile(lambda a, b, o: torch.ops.cutlass_tune.grouped_mm(a, b, o, grouped_key))
     torch_grouped = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, o))
     calls = {"grouped op": lambda: torch.ops.cutlass_tune.grouped_mm(a, b, offs, grouped_key),
@@ -134,11 +195,18 @@ def host() -> dict:
              "grouped op compiled": lambda: op_grouped(a, b, offs),
              "grouped torch compiled": lambda: torch_grouped(a, b, offs),
              "mm op": lambda: torch.ops.cutlass_tune.mm(x, w.t(), dense_key),
-             "mm torch": lambda: torch.mm(x, w.t())}
+             "mm torch": lambda: torch.mm(x, w.t()),
+             "linear fallback op": lambda: torch.ops.cutlass_tune.linear(x, w, bias, "relu", dense_key),
+             "linear fallback torch": lambda: torch.relu(torch.nn.functional.linear(x, w, bias))}
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    with_grad = {"mm op grad": lambda: torch.ops.cutlass_tune.mm(xg, wg.t(), dense_key),
+                 "mm torch grad": lambda: torch.mm(xg, wg.t())}
     out = {"native": _native.available()}
     with torch.no_grad():
         for name, call in calls.items():
             out[name] = round(_host_us(call), 2)
+    for name, call in with_grad.items():  # the forward with its graph recorded (no backward)
+        out[name] = round(_host_us(call), 2)
     return out
 
 

@@ -159,7 +159,7 @@ torch.manual_seed(0)
 a = torch.randn(2, 4, 8, requires_grad=True); b = torch.randn(8, 3, requires_grad=True)
 y = torch.ops.cutlass_tune.mm(a, b, "k")
 out["mm"] = torch.allclose(y, a @ b)
-out["grad_fn"] = type(y.grad_fn).__name__
+out["grad_fn"] = y.grad_fn.name()
 y.square().sum().backward()
 a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
 (a2 @ b2).square().sum().backward()
@@ -187,6 +187,7 @@ with FakeTensorMode():
                        torch.float32).shape)
 compiled = torch.compile(lambda a, b: torch.ops.cutlass_tune.mm(a, b, "k").relu(), fullgraph=True)
 out["compiled"] = torch.allclose(compiled(a.detach(), b.detach()), (a @ b).relu().detach())
+out["hook_calls"] = _native._module.hook_calls()
 try:
     torch.ops.cutlass_tune.mm(a, b, "missing")
 except Exception as err:
@@ -209,10 +210,76 @@ def test_the_built_library_defines_the_operators_in_a_fresh_process(built):
                   "Tensor? residual=None, Tensor? gate=None) -> Tensor",
         "grouped_mm": "cutlass_tune::grouped_mm(Tensor a, Tensor b, Tensor offs, str table, "
                       "ScalarType? out_dtype=None) -> Tensor"}
-    assert out["mm"] and out["mm_grads"] and out["no_grad_has_no_grad_fn"] and out["grad_fn"].startswith("cutlass")
+    assert out["mm"] and out["mm_grads"] and out["no_grad_has_no_grad_fn"]
+    assert out["grad_fn"].endswith("<cutlass_tune_native::MmFunction>")  # the C++ autograd Function
+    assert out["hook_calls"]["autograd"] == 0  # every gradient above came without the Python formula
     assert out["linear"] and out["linear_grads"] and out["grouped"] and out["compiled"]
     assert out["grouped_grads"] == [6, 16, 2, 16, 8] and out["fake"] == [7, 8]
     assert out["unregistered"] == "UnregisteredTableError"
+
+
+GRADS_PROBE = r"""
+import itertools, json, torch
+import torch.nn.functional as F
+import pandas as pd
+from cutlass_tune.runtime import _native, _op, _grouped_op, register_table
+from cutlass_tune.runtime._table import BestTable
+register_table(BestTable(pd.DataFrame(columns=["m", "n", "k", "gpu", "config_hash", "config", "dtype_a", "dtype_d",
+                                               "layout", "epilogue", "scaling"])), "k")
+torch.manual_seed(0)
+ACT = {"none": lambda z: z, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+       "silu": F.silu}
+bad = []
+
+def run(fn, ts):
+    ts = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in ts]
+    y = fn(*ts)
+    y.square().sum().backward()
+    return [y.detach()] + [None if t is None or not t.requires_grad else t.grad for t in ts]
+
+def compare(name, ours, ref, *ts):
+    for i, (u, v) in enumerate(zip(run(ours, ts), run(ref, ts))):
+        if (u is None) != (v is None) or (u is not None and not torch.allclose(u, v, atol=1e-4, rtol=1e-4)):
+            bad.append(f"{name} #{i}")
+
+mm = lambda a, b: torch.ops.cutlass_tune.mm(a, b, "k")
+a = torch.randn(2, 4, 8, requires_grad=True)
+compare("mm", mm, torch.matmul, a, torch.randn(8, 3, requires_grad=True))
+compare("mm tn", mm, torch.matmul, a, torch.randn(3, 8).t().requires_grad_())
+compare("mm nt", mm, torch.matmul, torch.randn(8, 4).t().requires_grad_(), torch.randn(8, 3))
+for act, has_bias, extra in itertools.product(ACT, (True, False), ("none", "residual", "gate")):
+    c = torch.randn(2, 5, 6, requires_grad=True)
+    r, g = (c if extra == "residual" else None), (c if extra == "gate" else None)
+    bias = torch.randn(6, requires_grad=True) if has_bias else None
+
+    def ours(x, w, bias, r, g):
+        return torch.ops.cutlass_tune.linear(x, w, bias, act, "k", r, g)
+
+    def ref(x, w, bias, r, g):
+        z = x @ w.t() + (0 if bias is None else bias)
+        return ACT[act](g) * z if g is not None else ACT[act](z + (0 if r is None else r))
+
+    compare(f"linear {act} {has_bias} {extra}", ours, ref, torch.randn(2, 5, 8, requires_grad=True),
+            torch.randn(6, 8, requires_grad=True), bias, r, g)
+offs = torch.tensor([2, 6], dtype=torch.int32)
+for name, B in (("kn", torch.randn(2, 16, 8, requires_grad=True)),
+                ("weights", torch.randn(2, 8, 16).transpose(-2, -1).requires_grad_())):
+    compare(f"grouped {name}", lambda A, B: torch.ops.cutlass_tune.grouped_mm(A, B, offs, "k"),
+            lambda A, B: torch.cat([A[:2] @ B[0], A[2:] @ B[1]]), torch.randn(6, 16, requires_grad=True), B)
+print(json.dumps({"bad": bad, "hook_calls": _native._module.hook_calls()}))
+"""
+
+
+@pytest.mark.nvcc
+def test_the_cpp_autograd_functions_give_torch_s_gradients(built):
+    """Guards the C++ backward of mm, linear (every activation, bias, residual, gate) and grouped_mm
+    against drifting from the Python formula it replaced: gradients equal torch autograd's own."""
+    done = subprocess.run([sys.executable, "-c", GRADS_PROBE], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "CUTLASS_TUNE_CACHE_DIR": str(built)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["bad"] == []
+    assert out["hook_calls"]["autograd"] == 0
 
 
 @pytest.mark.nvcc
