@@ -125,6 +125,11 @@ struct Signature {
       add(-1);
     }
   }
+  void add_real(double x) {
+    int64_t bits = 0;
+    std::memcpy(&bits, &x, sizeof(bits));
+    add(bits);
+  }
   bool operator==(const Signature& o) const {
     return n == o.n && std::memcmp(v.data(), o.v.data(), sizeof(int64_t) * n) == 0;
   }
@@ -270,6 +275,8 @@ at::Tensor call_autograd(const char* op, const Args&... args) {
   py::gil_scoped_acquire gil;
   return hooks()->autograd(op, to_python(args)...).template cast<at::Tensor>();
 }
+
+bool fp8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
 
 bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
@@ -510,6 +517,43 @@ void refuse(const char* op, const std::string& table, Entry& e, int code) {
   hooks()->refused(op, table, e.name, code);
 }
 
+// What a grouped entry computes: its kernel, torch's grouped GEMM, an empty result; nullopt
+// where the Python door computes the call instead.
+std::optional<at::Tensor> grouped_planned(const char* op, const std::string& table, Entry& entry, const at::Tensor& a,
+                                          const at::Tensor& b, const at::Tensor& offs,
+                                          std::optional<at::ScalarType> out_dtype) {
+  const int device = a.get_device();
+  switch (entry.kind.load()) {
+    case KERNEL: {
+      if (!(aligned(a) && aligned(b))) {
+        break;
+      }
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      at::Tensor out = at::empty({a.size(0), b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+      cutlass_tune_args args = entry.args;
+      args.a = a.data_ptr();
+      args.b = b.data_ptr();
+      args.d = out.data_ptr();
+      args.c = args.d;
+      args.offsets = offs.data_ptr();
+      try {
+        launch(op, entry, device, args);
+        return out;
+      } catch (const Refused& r) {
+        refuse(op, table, entry, r.code);
+      }
+      break;
+    }
+    case TORCH:
+      return at::_grouped_mm(a, b, offs);
+    case EMPTY:
+      return at::empty({0, b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
 at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, c10::string_view table_,
                            std::optional<at::ScalarType> out_dtype) {
   std::string table(table_);
@@ -522,41 +566,17 @@ at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::T
   sig.add(offs);
   sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
   auto entry = entry_for("grouped_mm", table, sig, a, b, offs, table, out_dtype);
-  const int device = a.get_device();
-  switch (entry->kind.load()) {
-    case KERNEL: {
-      if (!(aligned(a) && aligned(b))) {
-        break;
-      }
-      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-      at::Tensor out = at::empty({a.size(0), b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
-      cutlass_tune_args args = entry->args;
-      args.a = a.data_ptr();
-      args.b = b.data_ptr();
-      args.d = out.data_ptr();
-      args.c = args.d;
-      args.offsets = offs.data_ptr();
-      try {
-        launch("grouped_mm", *entry, device, args);
-        return out;
-      } catch (const Refused& r) {
-        refuse("grouped_mm", table, *entry, r.code);
-      }
-      break;
-    }
-    case TORCH:
-      return at::_grouped_mm(a, b, offs);
-    case EMPTY:
-      return at::empty({0, b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
-    default:
-      break;
+  if (auto out = grouped_planned("grouped_mm", table, *entry, a, b, offs, out_dtype)) {
+    return *out;
   }
   return call_door("grouped_mm", a, b, offs, table, out_dtype);
 }
 
 // The dense kernels: D = epilogue(a2 @ b) of a2 M x K and b K x N, c the residual or gate.
 at::Tensor dense(const char* op, Entry& e, const at::Tensor& a2, const at::Tensor& b, at::ScalarType out_dtype,
-                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& c, bool* ran) {
+                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& c, bool* ran,
+                 const std::optional<at::Tensor>& scale_a = std::nullopt,
+                 const std::optional<at::Tensor>& scale_b = std::nullopt) {
   const int device = a2.get_device();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   at::Tensor out = at::empty({a2.size(0), b.size(1)}, a2.options().dtype(out_dtype));
@@ -566,6 +586,10 @@ at::Tensor dense(const char* op, Entry& e, const at::Tensor& a2, const at::Tenso
   args.d = out.data_ptr();
   args.c = c.has_value() ? c->data_ptr() : args.d;
   args.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  if (scale_a.has_value()) {
+    args.scale_a = scale_a->data_ptr();
+    args.scale_b = scale_b->data_ptr();
+  }
   launch(op, e, device, args);
   *ran = true;
   return out;
@@ -594,8 +618,8 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view ta
       if (!(aligned(a2) && aligned(b))) {
         break;
       }
-      const bool fp8 = a.scalar_type() == at::kFloat8_e4m3fn || a.scalar_type() == at::kFloat8_e5m2;
-      const auto dtype = out_dtype.value_or(fp8 ? at::kBFloat16 : a.scalar_type());
+      const bool is_fp8 = fp8(a.scalar_type());
+      const auto dtype = out_dtype.value_or(is_fp8 ? at::kBFloat16 : a.scalar_type());
       bool ran = false;
       try {
         at::Tensor out = dense("mm", *entry, a2, b, dtype, std::nullopt, std::nullopt, &ran);
@@ -675,7 +699,79 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   return call_door("linear", x, weight, bias, activation, table, residual, gate);
 }
 
+// The function doors `cutlass_tune.matmul` (16-bit, or fp8 with per-tensor or row-wise scales;
+// no epilogue) and `cutlass_tune.grouped_mm` (no scales, no activation), called from Python with
+// a key of their table (runtime/_native.py's door_key): the same plans as the Python doors
+// (their signatures, min_ratio and workspace policy), resolved once per signature, which checks
+// the call as the door does; a call the checks would refuse that the signature cannot see
+// (a misaligned address, a tensor off CUDA) goes to the Python door, which raises as before.
+at::Tensor door_matmul(const at::Tensor& a, const at::Tensor& b, const std::string& table,
+                       std::optional<at::ScalarType> out_dtype, const std::optional<at::Tensor>& scale_a,
+                       const std::optional<at::Tensor>& scale_b, double min_ratio) {
+  const bool scaled = scale_a.has_value() && scale_b.has_value();
+  if (a.dim() != 2 || b.dim() != 2 || !a.is_cuda() || scale_a.has_value() != scale_b.has_value() ||
+      (scaled && (scale_a->dim() > 2 || scale_b->dim() > 2)) || !(aligned(a) && aligned(b) && aligned(scale_a) &&
+                                                                  aligned(scale_b))) {
+    return call_door("matmul", a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+  }
+  Signature sig;
+  sig.add(a);
+  sig.add(b);
+  sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
+  sig.add(scale_a);
+  sig.add(scale_b);
+  sig.add_real(min_ratio);
+  auto entry = entry_for("matmul", table, sig, a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+  switch (entry->kind.load()) {
+    case KERNEL: {
+      const auto dtype = out_dtype.value_or(fp8(a.scalar_type()) ? at::kBFloat16 : a.scalar_type());
+      bool ran = false;
+      try {
+        return dense("matmul", *entry, a, b, dtype, std::nullopt, std::nullopt, &ran, scale_a, scale_b);
+      } catch (const Refused& r) {
+        refuse("matmul", table, *entry, r.code);
+      }
+      break;
+    }
+    case TORCH:
+      return at::mm(a, b);
+    default:
+      break;
+  }
+  return call_door("matmul", a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+}
+
+at::Tensor door_grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
+                           std::optional<at::ScalarType> out_dtype, bool keep_workspace, double min_ratio) {
+  if (a.dim() != 2 || b.dim() != 3 || offs.dim() != 1 || !a.is_cuda() || !(aligned(a) && aligned(b))) {
+    return call_door("grouped_mm door", a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+  }
+  Signature sig;
+  sig.add(a);
+  sig.add(b);
+  sig.add(offs);
+  sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
+  sig.add(static_cast<int64_t>(keep_workspace));
+  sig.add_real(min_ratio);
+  auto entry = entry_for("grouped_mm door", table, sig, a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+  if (auto out = grouped_planned("grouped_mm", table, *entry, a, b, offs, out_dtype)) {
+    return *out;
+  }
+  return call_door("grouped_mm door", a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+}
+
 #else  // no CUDA in this torch: CUDA tensors cannot exist, and the Python door takes any that might
+
+at::Tensor door_matmul(const at::Tensor& a, const at::Tensor& b, const std::string& table,
+                       std::optional<at::ScalarType> out_dtype, const std::optional<at::Tensor>& scale_a,
+                       const std::optional<at::Tensor>& scale_b, double min_ratio) {
+  return call_door("matmul", a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+}
+
+at::Tensor door_grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
+                           std::optional<at::ScalarType> out_dtype, bool keep_workspace, double min_ratio) {
+  return call_door("grouped_mm door", a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+}
 
 at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, c10::string_view table,
                            std::optional<at::ScalarType> out_dtype) {
@@ -746,8 +842,6 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::string& table
 
 // A 2-D tensor stored transposed (the `weight.t()` of nn.Linear): _op._column_major.
 bool column_major(const at::Tensor& t) { return t.dim() == 2 && !t.is_contiguous() && t.t().is_contiguous(); }
-
-bool fp8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -1010,6 +1104,12 @@ PYBIND11_MODULE(cutlass_tune_native, m) {
         return kinds;
       },
       "The kinds of the plans held for a table key (0 Python, 1 torch, 2 empty, 3 kernel).");
+  m.def("matmul", &door_matmul, py::arg("a"), py::arg("b"), py::arg("table"), py::arg("out_dtype"),
+        py::arg("scale_a"), py::arg("scale_b"), py::arg("min_ratio"),
+        "cutlass_tune.matmul's native path (runtime/_matmul.py): a @ b by the plan of the door's table key.");
+  m.def("grouped_mm", &door_grouped_mm, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("table"),
+        py::arg("out_dtype"), py::arg("keep_workspace"), py::arg("min_ratio"),
+        "cutlass_tune.grouped_mm's native path (runtime/_grouped.py), by the plan of the door's table key.");
   m.def(
       "hook_calls",
       [] {

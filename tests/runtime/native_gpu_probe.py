@@ -163,6 +163,67 @@ def dense_grad() -> dict:
     return out
 
 
+def _rowwise_table() -> BestTable:
+    """One fp8 row-wise kernel (no epilogue) at 16 x 6144 x 4096, measured at torch's speed."""
+    import json
+
+    import pandas as pd
+
+    from cutlass_tune.space import DType, KernelConfig, Scaling
+
+    cfg = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128, scaling=Scaling.ROWCOL)
+    row = dict(gpu="", problem=f"16x6144x4096_e4m3_{cfg.scaling.value}", m=16, n=6144, k=4096, dtype_a="e4m3",
+               dtype_b="e4m3", dtype_d="bf16", layout="tn", kernel=cfg.name, config_hash=cfg.hash,
+               config=json.dumps(cfg.to_dict(), sort_keys=True), raster="along_n", swizzle=1, splits=1,
+               decomposition="heuristic", epilogue=cfg.epilogue.name, scaling=cfg.scaling.value, ratio=1.0)
+    return BestTable(pd.DataFrame([row]))
+
+
+def doors() -> dict:
+    """The function doors through the library: cutlass_tune.matmul (bf16; fp8 row-wise) and
+    cutlass_tune.grouped_mm, against torch; Python only for a signature's first call; a
+    misaligned operand of a known signature still raises the door's error."""
+    import cutlass_tune
+    from cutlass_tune.runtime import MatmulInputError
+
+    out: dict = {}
+    dense_table, grouped = tuned_table(), grouped_table(TABLE)
+    x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda") / 32
+    a, _, b, offs = operands()
+    a8 = torch.randn(16, 4096, device="cuda").to(torch.float8_e4m3fn)
+    b8 = torch.randn(6144, 4096, device="cuda").to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(16, 1, device="cuda") + 0.5, torch.rand(1, 6144, device="cuda") + 0.5
+    rowwise = _rowwise_table()
+    cases = {"matmul": (lambda: cutlass_tune.matmul(x, w.t(), dense_table), lambda: x @ w.t(), dense_table),
+             "grouped": (lambda: cutlass_tune.grouped_mm(a, b, offs, table=grouped),
+                         lambda: torch._grouped_mm(a, b, offs), grouped),
+             "fp8": (lambda: cutlass_tune.matmul(a8, b8, rowwise, scale_a=sa, scale_b=sb),
+                     lambda: torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), rowwise)}
+    with torch.no_grad():
+        for name, (ours, want, table) in cases.items():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                before = _native._module.hook_calls()
+                got = ours()
+                out[f"{name}_first_calls"] = python_calls(before)
+                before = _native._module.hook_calls()
+                for _ in range(10):
+                    again = ours()
+                out[f"{name}_repeat_calls"] = python_calls(before)
+            out[f"{name}_error"] = error(got, want())
+            out[f"{name}_repeat_equal"] = torch.equal(got, again)
+            out[f"{name}_plans"] = _native._module.plans(_native.door_key(table))
+            out[f"{name}_said"] = said(caught)
+        misaligned = torch.empty(16 * 1024 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(16, 1024)
+        try:
+            cutlass_tune.matmul(misaligned, w.t(), dense_table)
+            out["misaligned"] = "no error"
+        except MatmulInputError as err:
+            out["misaligned"] = str(err)
+    return out
+
+
 def _host_us(call) -> float:
     """Host time of one call (us), the GPU kept busy: median of 15 blocks of 100 calls."""
     call()
@@ -182,8 +243,12 @@ def host() -> dict:
     graphs): the grouped GEMM on a decode step's routing (8 experts of 512x1024, 8 rows each),
     mm on 16 x 1024 times 1024 x 1024 (bf16 tn: the H200 stores' kernels), without and with
     inputs that need gradients, and a linear with bias and ReLU, which the table has no kernel for."""
+    import cutlass_tune
+    from cutlass_tune.runtime._op import registered_table
+
     grouped_key = register_table(grouped_table([(E, N, K, 64, Layout.COL)]), key="native-host")
     dense_key = register_table(tuned_table(), key="native-host-dense")
+    dense_table, grouped_table_ = registered_table(dense_key), registered_table(grouped_key)
     a, _, b, offs = operands(counts=(8,) * 8)
     x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
@@ -197,7 +262,9 @@ def host() -> dict:
              "mm op": lambda: torch.ops.cutlass_tune.mm(x, w.t(), dense_key),
              "mm torch": lambda: torch.mm(x, w.t()),
              "linear fallback op": lambda: torch.ops.cutlass_tune.linear(x, w, bias, "relu", dense_key),
-             "linear fallback torch": lambda: torch.relu(torch.nn.functional.linear(x, w, bias))}
+             "linear fallback torch": lambda: torch.relu(torch.nn.functional.linear(x, w, bias)),
+             "matmul door": lambda: cutlass_tune.matmul(x, w.t(), dense_table),
+             "grouped door": lambda: cutlass_tune.grouped_mm(a, b, offs, table=grouped_table_)}
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     with_grad = {"mm op grad": lambda: torch.ops.cutlass_tune.mm(xg, wg.t(), dense_key),
                  "mm torch grad": lambda: torch.mm(xg, wg.t())}

@@ -341,3 +341,86 @@ def test_the_cli_says_a_library_is_not_built_and_a_failed_build_s_reason(tmp_pat
     (failed / f"{native_key()}.failed.json").write_text(json.dumps({"reason": "ops.cpp:3: error: boom"}))
     done = native()
     assert done.returncode == 1 and "library: none: its build failed: ops.cpp:3: error: boom" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# The function doors' native path (a recording stand-in for the library's CUDA build)
+
+
+class _RecordingDoor:
+    """What `_native.door` is on a CUDA host, recording its calls and answering a tensor."""
+
+    def __init__(self):
+        self.calls, self.forgotten = [], []
+
+    def matmul(self, *args):
+        self.calls.append(("matmul", *args))
+        return "native"
+
+    def grouped_mm(self, *args):
+        self.calls.append(("grouped_mm", *args))
+        return "native"
+
+    def forget(self, key):
+        self.forgotten.append(key)
+
+
+@pytest.fixture
+def door(monkeypatch):
+    recording = _RecordingDoor()
+    monkeypatch.setattr(_native, "door", recording)
+    monkeypatch.setattr(_native, "_module", recording)
+    return recording
+
+
+def _empty_table():
+    import pandas as pd
+
+    from cutlass_tune.runtime import BestTable
+
+    return BestTable(pd.DataFrame({"m": [1], "n": [1], "k": [1]}))
+
+
+def test_matmul_without_an_epilogue_takes_the_native_door_once_per_table_key(door):
+    import torch
+
+    from cutlass_tune.runtime import grouped_mm, matmul
+
+    table, other = _empty_table(), _empty_table()
+    a, b, offs = torch.ones(8, 8), torch.ones(8, 8), torch.ones(2, dtype=torch.int32)
+    assert matmul(a, b, table) == "native" and matmul(a, b, table, torch.float32, min_ratio=0) == "native"
+    assert grouped_mm(a, torch.ones(2, 8, 8), offs, table=table, keep_workspace=False) == "native"
+    matmul(a, b, other)
+    keys = [call[3] if call[0] == "matmul" else call[4] for call in door.calls]
+    assert keys[0] == keys[1] == keys[2] != keys[3]  # one key per table, not per call
+    assert door.calls[1][4:] == (torch.float32, None, None, 0) and door.calls[2][5:] == (None, False, 1.0)
+    assert _native.door_table(keys[0]) is table
+    table.plans.clear()  # the table's plans dropped: the library's copies too
+    assert door.forgotten == [keys[0]]
+
+
+def test_matmul_with_an_epilogue_or_bad_operands_keeps_the_python_door(door):
+    """Guards the door's errors: what the native path cannot check first goes the Python way."""
+    import torch
+
+    from cutlass_tune.runtime import MatmulInputError, grouped_mm, matmul
+
+    table = _empty_table()
+    with pytest.raises(MatmulInputError, match="must be a torch.Tensor"):
+        matmul([[1.0]], torch.ones(1, 1), table)
+    with pytest.raises(MatmulInputError, match="offs must be a torch.Tensor"):
+        grouped_mm(torch.ones(2, 8), torch.ones(2, 8, 8), [1, 2], table=table)
+    with pytest.raises(MatmulInputError):  # CPU tensors: the Python door says they must be on CUDA
+        matmul(torch.ones(8, 8), torch.ones(8, 8), table, bias=torch.ones(8))
+    assert door.calls == []
+
+
+def test_a_door_key_is_forgotten_with_its_table(door):
+    import gc
+
+    table = _empty_table()
+    key = _native.door_key(table)
+    assert _native.door_key(table) == key and key.startswith("door-")
+    del table
+    gc.collect()
+    assert key in door.forgotten and key not in _native._door_tables

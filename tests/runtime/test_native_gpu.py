@@ -87,6 +87,16 @@ def test_mm_and_linear_gradients_from_the_cpp_autograd_functions(built):
     assert 3 in out["plans"]  # tuned kernels served the forward and the backward GEMMs
 
 
+def test_the_function_doors_run_through_the_library(built):
+    out = probe("doors")
+    for name in ("matmul", "grouped", "fp8"):
+        assert out[f"{name}_error"] < 1e-2 and out[f"{name}_repeat_equal"], (name, out)
+        assert out[f"{name}_first_calls"]["resolve"] == 1, (name, out)  # checked once per signature
+        assert out[f"{name}_repeat_calls"] == {"resolve": 0, "door": 0, "autograd": 0}, (name, out)
+    assert out["grouped_plans"] == [3] and out["fp8_plans"] == [3] and out["fp8_said"] == []
+    assert "16-byte aligned" in out["misaligned"]  # the door's own error, on a signature C++ knows
+
+
 def test_host_time_per_call_below_the_python_path(built):
     native = probe("host")
     python = probe("host", CUTLASS_TUNE_NATIVE="0")
@@ -96,3 +106,5 @@ def test_host_time_per_call_below_the_python_path(built):
     assert native["mm op"] < python["mm op"], (native, python)
     assert native["mm op grad"] < python["mm op grad"], (native, python)
     assert native["linear fallback op"] < python["linear fallback op"], (native, python)
+    assert native["matmul door"] < python["matmul door"], (native, python)
+    assert native["grouped door"] < python["grouped door"], (native, python)
