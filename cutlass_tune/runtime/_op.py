@@ -24,9 +24,12 @@ N x K row-major like the weight), so a table with tuned tt and nt kernels serves
 backward too, and torch's GEMM does where it has none.
 
 Where the operators' native library is built (`_native`), `mm` and `linear` are its: their CUDA
-and Autograd kernels are C++ (the plans launched with no Python per call; `mm_direct` and
-`linear_direct` run only for calls the C++ side hands back), and this module attaches the fakes,
-the CPU kernels and the backward formulas. Elsewhere `torch.library.custom_op` defines them here.
+and Autograd kernels are C++ (the plans launched with no Python per call, torch's path for a
+linear the table has no kernel for included; `mm_direct` and `linear_direct` run only for calls
+the C++ side hands back; the backward formulas below are computed by C++ autograd Functions that
+mirror them), and this module attaches the fakes, the CPU kernels and the backward formulas (run
+only for an activation the C++ side does not know). Elsewhere `torch.library.custom_op` defines
+them here.
 
 `linear` is activation(x @ weight^T + bias + residual) in one kernel, or with a `gate`
 activation(gate) * (x @ weight^T + bias) (a gated MLP's up projection, the gate GEMM's output as

@@ -52,6 +52,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv("CUTLASS_TUNE_NATIVE", raising=False)  # the suite's guard sets it to 0
     monkeypatch.setattr(_native, "_tried", False)
     monkeypatch.setattr(_native, "_module", None)
+    monkeypatch.setattr(_native, "door", None)
     monkeypatch.setattr(_native, "_why", None)
     monkeypatch.setattr(_native, "_bundles", [])
     # the bundles earlier tests loaded (BestTable.load remembers each for the loader) hold libraries
@@ -266,7 +267,22 @@ for name, B in (("kn", torch.randn(2, 16, 8, requires_grad=True)),
                 ("weights", torch.randn(2, 8, 16).transpose(-2, -1).requires_grad_())):
     compare(f"grouped {name}", lambda A, B: torch.ops.cutlass_tune.grouped_mm(A, B, offs, "k"),
             lambda A, B: torch.cat([A[:2] @ B[0], A[2:] @ B[1]]), torch.randn(6, 16, requires_grad=True), B)
-print(json.dumps({"bad": bad, "hook_calls": _native._module.hook_calls()}))
+calls = _native._module.hook_calls()
+from cutlass_tune.runtime import MatmulInputError
+table = _op.registered_table("k")
+doors = []
+for call in (lambda: _native._module.matmul(torch.ones(8, 8), torch.ones(8, 8), _native.door_key(table), None,
+                                            None, None, 1.0),
+             lambda: _native._module.grouped_mm(torch.ones(8, 8), torch.ones(2, 8, 8),
+                                                torch.tensor([4, 8], dtype=torch.int32), _native.door_key(table),
+                                                torch.float32, True, 0.0)):
+    try:
+        call()
+        doors.append("no error")
+    except MatmulInputError as err:
+        doors.append(str(err))
+door_calls = _native._module.hook_calls()["door"] - calls["door"]
+print(json.dumps({"bad": bad, "hook_calls": calls, "doors": doors, "door_calls": door_calls}))
 """
 
 
@@ -280,6 +296,8 @@ def test_the_cpp_autograd_functions_give_torch_s_gradients(built):
     out = json.loads(done.stdout.splitlines()[-1])
     assert out["bad"] == []
     assert out["hook_calls"]["autograd"] == 0
+    # the function doors' C++ entry points hand CPU tensors to the Python doors, which refuse them
+    assert out["door_calls"] == 2 and all("cuda" in said.lower() for said in out["doors"]), out["doors"]
 
 
 @pytest.mark.nvcc
