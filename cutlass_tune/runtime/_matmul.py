@@ -583,11 +583,12 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     native = _native.door
     if (native is not None and bias is c is gate is beta is None and alpha == 1.0 and activation == "none"
             and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and (scale_a is None or isinstance(scale_a, torch.Tensor))
+            and (scale_a is None or isinstance(scale_a, torch.Tensor) and (scale_a.dim() < 2 or scale_a.shape[1] == 1))
             and (scale_b is None or isinstance(scale_b, torch.Tensor))
             and (out_dtype is None or isinstance(out_dtype, torch.dtype)) and isinstance(min_ratio, (int, float))
             and not _profiler_enabled()):
-        # The native library's path: the same plan, checked and resolved once per signature (`_resolve_door`).
+        # The native library's path: the same plan, checked and resolved once per signature (`_resolve_door`);
+        # not for block-wise scales (M x K/128), which the Python door expands for the kernel.
         table = table if isinstance(table, BestTable) else load_table(str(table))
         return native.matmul(a, b, _native.door_key(table), out_dtype, scale_a, scale_b, min_ratio)
     return _matmul(a, b, table, out_dtype, bias, activation, c, alpha, beta, scale_a, scale_b, gate, min_ratio)

@@ -430,6 +430,8 @@ def test_matmul_with_an_epilogue_or_bad_operands_keeps_the_python_door(door):
         grouped_mm(torch.ones(2, 8), torch.ones(2, 8, 8), [1, 2], table=table)
     with pytest.raises(MatmulInputError):  # CPU tensors: the Python door says they must be on CUDA
         matmul(torch.ones(8, 8), torch.ones(8, 8), table, bias=torch.ones(8))
+    with pytest.raises(MatmulInputError):  # block-wise scales: expanded for the kernel in Python
+        matmul(torch.ones(8, 256), torch.ones(256, 8), table, scale_a=torch.ones(8, 2), scale_b=torch.ones(2, 1))
     assert door.calls == []
 
 
