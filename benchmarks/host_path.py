@@ -158,6 +158,9 @@ class Builder:
         error: Exception | None = None
         for i, ((_, table), key) in enumerate(zip(self.tables, self.keys)):
             getattr(_dispatch, "_warned", set()).clear()  # fallbacks warn once a process: every row's own
+            # A plan cached by an earlier row of the same call signature (the grouped operator's and
+            # the grouped door's are one) keeps its fallback without a word: every row resolves anew.
+            _forget_plans(table, key)
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -274,6 +277,30 @@ class Builder:
         return out
 
 
+def _forget_plans(table: object, key: str) -> None:
+    """Drop the plans `table` cached, in Python and in the native library's map under `key`."""
+    plans = getattr(table, "plans", None)
+    if plans is not None and hasattr(plans, "clear"):
+        plans.clear()
+    try:
+        from cutlass_tune.runtime import _native
+    except ImportError:  # a package without the native library
+        return
+    _native.forget(key)
+
+
+def warm(rows: list[Row]) -> None:
+    """Every row's calls run again (three each), in its mode: the picks of later rows dropped the
+    plans earlier rows had resolved, which a timed block must not resolve again."""
+    for row in rows:
+        if row.torch_call is None or row.ours_call is None:
+            continue
+        with torch.set_grad_enabled(row.mode == "eager-grad"):
+            for _ in range(3):
+                row.torch_call()
+                row.ours_call()
+
+
 def block_us(fn: Callable[[], object], calls: int, cuda: bool) -> float:
     """Microseconds per call of one block of `calls` calls; on CUDA behind a GPU sleep that
     outlasts them (the host only enqueues)."""
@@ -296,6 +323,7 @@ def serve(tables: list[str], modes: list[str], tiny: bool) -> None:
     cuda = torch.cuda.is_available()
     builder = Builder(tables, SIZES["tiny" if tiny or not cuda else "real"], "cuda" if cuda else "cpu")
     rows = builder.rows(modes)
+    warm(rows)
     device = torch.cuda.get_device_name() if cuda else "cpu"
     print(MARK + json.dumps({"device": device, "torch": torch.__version__, "native": native_state(),
                              "rows": [r.head() for r in rows]}), flush=True)

@@ -35,6 +35,31 @@ def test_cpu_rows_run_where_a_cpu_kernel_exists_and_name_why_not_elsewhere(scrip
     assert by_name[("matmul (door)", "direct")].ours_call is None
 
 
+def test_a_row_whose_signature_an_earlier_row_resolved_still_finds_its_table(script):
+    """Guards the row label: the grouped door shares the grouped operator's plan signature, and a
+    fallback cached by the operator's row kept the door's pick silent on a table without its kernel."""
+    import warnings
+
+    import pandas as pd
+
+    from cutlass_tune.runtime import BestTable
+
+    builder = script.Builder([], script.SIZES["tiny"], "cpu")
+    empty, tuned = (BestTable(pd.DataFrame({"m": [1], "n": [1], "k": [1]})) for _ in range(2))
+    builder.tables, builder.keys = [("empty", empty), ("tuned", tuned)], ["host-path-0", "host-path-1"]
+
+    def ours(table, key):  # a fallback warns when its plan is resolved, and is cached silently after
+        if table.plans.get(("sig",)) is None:
+            table.plans.put(("sig",), "ready")
+            if table is empty:
+                warnings.warn("cutlass_tune: no row; using torch", RuntimeWarning, stacklevel=1)
+        return lambda x: x
+
+    picked = [builder.row(name, "direct", lambda x: x, ours, (torch.ones(2),)).table
+              for name in ("grouped_mm", "grouped_mm (door)")]
+    assert picked == ["tuned", "tuned"]
+
+
 def test_a_worker_without_the_native_module_is_one_python_path(script):
     head = {"native": {"module": False, "active": False}}
     assert script.path_name("on", head) == "python"

@@ -5,9 +5,10 @@
 // arguments that change the plan) is looked up in a hash map per table key; an entry says what
 // runs: a tuned kernel through its C ABI (cutlass_tune_args.h), torch's own operator, or the
 // package's Python door. A signature not seen yet is resolved once in Python (the dispatcher's
-// `prepare`), which hands back plain data: the kernel's entry points, its argument template,
-// its workspace policy. The Autograd kernels go below autograd at C++ cost where no gradient is
-// needed, and to the Python autograd formula where one is.
+// `prepare`, which says a fallback to torch once), which hands back plain data: the kernel's
+// entry points, its argument template, its workspace policy. The Autograd kernels go below
+// autograd at C++ cost where no gradient is needed, and through C++ autograd Functions (the
+// Python formulas' backward, in C++) where one is.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
@@ -15,6 +16,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 #include <torch/version.h>
@@ -66,6 +68,16 @@ Hooks* hooks() {
   return h;
 }
 
+// How often C++ called each hook: what a test reads to see that a call ran no Python.
+struct HookCalls {
+  std::atomic<int64_t> resolve{0}, door{0}, autograd{0};
+};
+
+HookCalls* hook_calls() {
+  static HookCalls* c = new HookCalls();
+  return c;
+}
+
 void require_hooks() {
   TORCH_CHECK(hooks()->resolve && !hooks()->resolve.is_none(),
               "cutlass_tune: the native operators are loaded but not attached to the Python package "
@@ -112,6 +124,11 @@ struct Signature {
     } else {
       add(-1);
     }
+  }
+  void add_real(double x) {
+    int64_t bits = 0;
+    std::memcpy(&bits, &x, sizeof(bits));
+    add(bits);
   }
   bool operator==(const Signature& o) const {
     return n == o.n && std::memcmp(v.data(), o.v.data(), sizeof(int64_t) * n) == 0;
@@ -233,6 +250,7 @@ std::shared_ptr<Entry> entry_for(const char* op, const std::string& table, const
     return entry;
   }
   require_hooks();
+  hook_calls()->resolve.fetch_add(1, std::memory_order_relaxed);
   {
     py::gil_scoped_acquire gil;
     entry = entry_of(hooks()->resolve(op, to_python(args)...).template cast<py::tuple>());
@@ -245,6 +263,7 @@ std::shared_ptr<Entry> entry_for(const char* op, const std::string& table, const
 template <class... Args>
 at::Tensor call_door(const char* op, const Args&... args) {
   require_hooks();
+  hook_calls()->door.fetch_add(1, std::memory_order_relaxed);
   py::gil_scoped_acquire gil;
   return hooks()->door(op, to_python(args)...).template cast<at::Tensor>();
 }
@@ -252,9 +271,12 @@ at::Tensor call_door(const char* op, const Args&... args) {
 template <class... Args>
 at::Tensor call_autograd(const char* op, const Args&... args) {
   require_hooks();
+  hook_calls()->autograd.fetch_add(1, std::memory_order_relaxed);
   py::gil_scoped_acquire gil;
   return hooks()->autograd(op, to_python(args)...).template cast<at::Tensor>();
 }
+
+bool fp8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
 
 bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
@@ -262,6 +284,72 @@ bool aligned(const std::optional<at::Tensor>& t) { return !t.has_value() || alig
 
 uintptr_t address(const std::optional<at::Tensor>& t) {
   return t.has_value() ? reinterpret_cast<uintptr_t>(t->data_ptr()) : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations (space.Activation), as torch computes them and their gradients (_torch.ACTIVATION,
+// ACTIVATION_GRAD)
+
+enum ActivationKind : int { ACT_UNKNOWN = -1, ACT_NONE = 0, ACT_RELU, ACT_GELU, ACT_GELU_TANH, ACT_SILU };
+
+ActivationKind activation_kind(c10::string_view name) {
+  if (name == "none") return ACT_NONE;
+  if (name == "relu") return ACT_RELU;
+  if (name == "gelu") return ACT_GELU;
+  if (name == "gelu_tanh") return ACT_GELU_TANH;
+  if (name == "silu") return ACT_SILU;
+  return ACT_UNKNOWN;  // one C++ does not know: the Python side computes it
+}
+
+at::Tensor activate(ActivationKind act, const at::Tensor& z) {
+  switch (act) {
+    case ACT_RELU: return at::relu(z);
+    case ACT_GELU: return at::gelu(z, "none");
+    case ACT_GELU_TANH: return at::gelu(z, "tanh");
+    case ACT_SILU: return at::silu(z);
+    default: return z;
+  }
+}
+
+// d activation(z) / dz times `grad`, by torch's own backward ops (ActivationFacets.backward).
+at::Tensor activation_grad(ActivationKind act, const at::Tensor& grad, const at::Tensor& z) {
+  switch (act) {
+    case ACT_RELU: return at::threshold_backward(grad, z, 0);
+    case ACT_GELU: return at::gelu_backward(grad, z, "none");
+    case ACT_GELU_TANH: return at::gelu_backward(grad, z, "tanh");
+    case ACT_SILU: return at::silu_backward(grad, z);
+    default: return grad;
+  }
+}
+
+// torch's path for `linear` (runtime/_matmul.py's torch_gemm as _op._torch_linear calls it): a
+// bias alone is F.linear's addmm, with ReLU or tanh GELU on CUDA cuBLASLt's epilogue
+// (_addmm_activation); a residual is addmm's C, the bias then added; gated, the activation of
+// the gate times the product. `x2`, `c` are M x K and M x N.
+at::Tensor torch_linear(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                        ActivationKind act, const std::optional<at::Tensor>& residual,
+                        const std::optional<at::Tensor>& gate) {
+  const at::Tensor wt = weight.t();
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (gate.has_value()) {
+    at::Tensor y = has_bias ? at::addmm(bias->contiguous(), x2, wt) : at::matmul(x2, wt);
+    return activate(act, *gate) * y;
+  }
+  at::Tensor y;
+  if (residual.has_value()) {
+    y = at::addmm(*residual, x2, wt);
+    if (has_bias) {
+      y = y + bias->contiguous();
+    }
+  } else if (has_bias) {
+    if ((act == ACT_RELU || act == ACT_GELU_TANH) && x2.is_cuda()) {
+      return at::_addmm_activation(bias->contiguous(), x2, wt, 1, 1, act == ACT_GELU_TANH);
+    }
+    y = at::addmm(bias->contiguous(), x2, wt);
+  } else {
+    y = at::matmul(x2, wt);
+  }
+  return activate(act, y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -429,6 +517,43 @@ void refuse(const char* op, const std::string& table, Entry& e, int code) {
   hooks()->refused(op, table, e.name, code);
 }
 
+// What a grouped entry computes: its kernel, torch's grouped GEMM, an empty result; nullopt
+// where the Python door computes the call instead.
+std::optional<at::Tensor> grouped_planned(const char* op, const std::string& table, Entry& entry, const at::Tensor& a,
+                                          const at::Tensor& b, const at::Tensor& offs,
+                                          std::optional<at::ScalarType> out_dtype) {
+  const int device = a.get_device();
+  switch (entry.kind.load()) {
+    case KERNEL: {
+      if (!(aligned(a) && aligned(b))) {
+        break;
+      }
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      at::Tensor out = at::empty({a.size(0), b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+      cutlass_tune_args args = entry.args;
+      args.a = a.data_ptr();
+      args.b = b.data_ptr();
+      args.d = out.data_ptr();
+      args.c = args.d;
+      args.offsets = offs.data_ptr();
+      try {
+        launch(op, entry, device, args);
+        return out;
+      } catch (const Refused& r) {
+        refuse(op, table, entry, r.code);
+      }
+      break;
+    }
+    case TORCH:
+      return at::_grouped_mm(a, b, offs);
+    case EMPTY:
+      return at::empty({0, b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
 at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, c10::string_view table_,
                            std::optional<at::ScalarType> out_dtype) {
   std::string table(table_);
@@ -441,41 +566,17 @@ at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::T
   sig.add(offs);
   sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
   auto entry = entry_for("grouped_mm", table, sig, a, b, offs, table, out_dtype);
-  const int device = a.get_device();
-  switch (entry->kind.load()) {
-    case KERNEL: {
-      if (!(aligned(a) && aligned(b))) {
-        break;
-      }
-      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-      at::Tensor out = at::empty({a.size(0), b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
-      cutlass_tune_args args = entry->args;
-      args.a = a.data_ptr();
-      args.b = b.data_ptr();
-      args.d = out.data_ptr();
-      args.c = args.d;
-      args.offsets = offs.data_ptr();
-      try {
-        launch("grouped_mm", *entry, device, args);
-        return out;
-      } catch (const Refused& r) {
-        refuse("grouped_mm", table, *entry, r.code);
-      }
-      break;
-    }
-    case TORCH:
-      return at::_grouped_mm(a, b, offs);
-    case EMPTY:
-      return at::empty({0, b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
-    default:
-      break;
+  if (auto out = grouped_planned("grouped_mm", table, *entry, a, b, offs, out_dtype)) {
+    return *out;
   }
   return call_door("grouped_mm", a, b, offs, table, out_dtype);
 }
 
 // The dense kernels: D = epilogue(a2 @ b) of a2 M x K and b K x N, c the residual or gate.
 at::Tensor dense(const char* op, Entry& e, const at::Tensor& a2, const at::Tensor& b, at::ScalarType out_dtype,
-                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& c, bool* ran) {
+                 const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& c, bool* ran,
+                 const std::optional<at::Tensor>& scale_a = std::nullopt,
+                 const std::optional<at::Tensor>& scale_b = std::nullopt) {
   const int device = a2.get_device();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   at::Tensor out = at::empty({a2.size(0), b.size(1)}, a2.options().dtype(out_dtype));
@@ -485,6 +586,10 @@ at::Tensor dense(const char* op, Entry& e, const at::Tensor& a2, const at::Tenso
   args.d = out.data_ptr();
   args.c = c.has_value() ? c->data_ptr() : args.d;
   args.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  if (scale_a.has_value()) {
+    args.scale_a = scale_a->data_ptr();
+    args.scale_b = scale_b->data_ptr();
+  }
   launch(op, e, device, args);
   *ran = true;
   return out;
@@ -513,8 +618,8 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view ta
       if (!(aligned(a2) && aligned(b))) {
         break;
       }
-      const bool fp8 = a.scalar_type() == at::kFloat8_e4m3fn || a.scalar_type() == at::kFloat8_e5m2;
-      const auto dtype = out_dtype.value_or(fp8 ? at::kBFloat16 : a.scalar_type());
+      const bool is_fp8 = fp8(a.scalar_type());
+      const auto dtype = out_dtype.value_or(is_fp8 ? at::kBFloat16 : a.scalar_type());
       bool ran = false;
       try {
         at::Tensor out = dense("mm", *entry, a2, b, dtype, std::nullopt, std::nullopt, &ran);
@@ -573,7 +678,8 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   sig.add(gate.has_value() ? c : std::nullopt);
   sig.add(activation_id(activation_));
   auto entry = entry_for("linear", table, sig, x, weight, bias, activation, table, residual, gate);
-  if (entry->kind.load() == KERNEL && aligned(x2) && aligned(weight) && aligned(bias) && aligned(c)) {
+  const int kind = entry->kind.load();
+  if (kind == KERNEL && aligned(x2) && aligned(weight) && aligned(bias) && aligned(c)) {
     bool ran = false;
     try {
       at::Tensor out = dense("linear", *entry, x2, weight.t(), x.scalar_type(), bias, c, &ran);
@@ -581,11 +687,91 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
     } catch (const Refused& r) {
       refuse("linear", table, *entry, r.code);
     }
+  } else if (kind == TORCH) {
+    // The resolver said the fallback once (the table has no kernel for the epilogue, or keeps torch).
+    const ActivationKind act = activation_kind(activation_);
+    if (act != ACT_UNKNOWN) {
+      at::Tensor out = torch_linear(x2, weight, bias, act, residual.has_value() ? c : std::nullopt,
+                                    gate.has_value() ? c : std::nullopt);
+      return x.dim() == 2 ? out : out.reshape(out_shape(x, n));
+    }
   }
   return call_door("linear", x, weight, bias, activation, table, residual, gate);
 }
 
+// The function doors `cutlass_tune.matmul` (16-bit, or fp8 with per-tensor or row-wise scales;
+// no epilogue) and `cutlass_tune.grouped_mm` (no scales, no activation), called from Python with
+// a key of their table (runtime/_native.py's door_key): the same plans as the Python doors
+// (their signatures, min_ratio and workspace policy), resolved once per signature, which checks
+// the call as the door does; a call the checks would refuse that the signature cannot see
+// (a misaligned address, a tensor off CUDA) goes to the Python door, which raises as before.
+at::Tensor door_matmul(const at::Tensor& a, const at::Tensor& b, const std::string& table,
+                       std::optional<at::ScalarType> out_dtype, const std::optional<at::Tensor>& scale_a,
+                       const std::optional<at::Tensor>& scale_b, double min_ratio) {
+  const bool scaled = scale_a.has_value() && scale_b.has_value();
+  if (a.dim() != 2 || b.dim() != 2 || !a.is_cuda() || scale_a.has_value() != scale_b.has_value() ||
+      (scaled && (scale_a->dim() > 2 || scale_b->dim() > 2)) || !(aligned(a) && aligned(b) && aligned(scale_a) &&
+                                                                  aligned(scale_b))) {
+    return call_door("matmul", a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+  }
+  Signature sig;
+  sig.add(a);
+  sig.add(b);
+  sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
+  sig.add(scale_a);
+  sig.add(scale_b);
+  sig.add_real(min_ratio);
+  auto entry = entry_for("matmul", table, sig, a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+  switch (entry->kind.load()) {
+    case KERNEL: {
+      const auto dtype = out_dtype.value_or(fp8(a.scalar_type()) ? at::kBFloat16 : a.scalar_type());
+      bool ran = false;
+      try {
+        return dense("matmul", *entry, a, b, dtype, std::nullopt, std::nullopt, &ran, scale_a, scale_b);
+      } catch (const Refused& r) {
+        refuse("matmul", table, *entry, r.code);
+      }
+      break;
+    }
+    case TORCH:
+      return at::mm(a, b);
+    default:
+      break;
+  }
+  return call_door("matmul", a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+}
+
+at::Tensor door_grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
+                           std::optional<at::ScalarType> out_dtype, bool keep_workspace, double min_ratio) {
+  if (a.dim() != 2 || b.dim() != 3 || offs.dim() != 1 || !a.is_cuda() || !(aligned(a) && aligned(b))) {
+    return call_door("grouped_mm door", a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+  }
+  Signature sig;
+  sig.add(a);
+  sig.add(b);
+  sig.add(offs);
+  sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
+  sig.add(static_cast<int64_t>(keep_workspace));
+  sig.add_real(min_ratio);
+  auto entry = entry_for("grouped_mm door", table, sig, a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+  if (auto out = grouped_planned("grouped_mm", table, *entry, a, b, offs, out_dtype)) {
+    return *out;
+  }
+  return call_door("grouped_mm door", a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+}
+
 #else  // no CUDA in this torch: CUDA tensors cannot exist, and the Python door takes any that might
+
+at::Tensor door_matmul(const at::Tensor& a, const at::Tensor& b, const std::string& table,
+                       std::optional<at::ScalarType> out_dtype, const std::optional<at::Tensor>& scale_a,
+                       const std::optional<at::Tensor>& scale_b, double min_ratio) {
+  return call_door("matmul", a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+}
+
+at::Tensor door_grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
+                           std::optional<at::ScalarType> out_dtype, bool keep_workspace, double min_ratio) {
+  return call_door("grouped_mm door", a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+}
 
 at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, c10::string_view table,
                            std::optional<at::ScalarType> out_dtype) {
@@ -606,7 +792,12 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
 #endif  // CUTLASS_TUNE_NATIVE_CUDA
 
 // ---------------------------------------------------------------------------------------------
-// Autograd: below autograd at C++ cost where no gradient is needed; the Python formula otherwise.
+// Autograd: below autograd at C++ cost where no gradient is needed; where one is, a C++ autograd
+// Function whose forward runs the operator below autograd and whose backward is the Python
+// formula's (runtime/_op.py's `_backward`, `_linear_backward`, runtime/_grouped_op.py's
+// `_backward`) in C++: the gradient GEMMs through the operators themselves, so the table's
+// kernels serve the backward too. The Python formula runs only for an activation C++ does not
+// know (`activation_kind`), which a newer Python side may name.
 
 bool needs_grad(std::initializer_list<const at::Tensor*> tensors) {
   if (!c10::GradMode::is_enabled()) {
@@ -622,45 +813,219 @@ bool needs_grad(std::initializer_list<const at::Tensor*> tensors) {
 
 const at::Tensor* maybe(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }
 
+using MmOp = at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view, std::optional<at::ScalarType>);
+using LinearOp = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+                            c10::string_view, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+using GroupedOp = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view,
+                             std::optional<at::ScalarType>);
+
+const c10::TypedOperatorHandle<MmOp>& mm_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("cutlass_tune::mm", "").typed<MmOp>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<LinearOp>& linear_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("cutlass_tune::linear", "").typed<LinearOp>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<GroupedOp>& grouped_mm_op() {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("cutlass_tune::grouped_mm", "").typed<GroupedOp>();
+  return op;
+}
+
+// The operator `mm` as Python's `mm(...)` calls it in a backward: through autograd (which records
+// the gradient GEMMs only under create_graph).
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::string& table) {
+  return mm_op().call(a, b, table, std::nullopt);
+}
+
+// A 2-D tensor stored transposed (the `weight.t()` of nn.Linear): _op._column_major.
+bool column_major(const at::Tensor& t) { return t.dim() == 2 && !t.is_contiguous() && t.t().is_contiguous(); }
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct MmFunction : public torch::autograd::Function<MmFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, c10::string_view table,
+                            std::optional<at::ScalarType> out_dtype) {
+    at::Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      out = mm_op().call(a, b, table, out_dtype);
+    }
+    const bool needs_a = ctx->needs_input_grad(0), needs_b = ctx->needs_input_grad(1);
+    ctx->save_for_backward({needs_b ? a : at::Tensor(), needs_a ? b : at::Tensor()});  // each needs the other
+    ctx->saved_data["table"] = std::string(table);
+    ctx->saved_data["dtype"] = static_cast<int64_t>(a.scalar_type());
+    ctx->saved_data["a_column_major"] = column_major(a);
+    ctx->saved_data["b_column_major"] = column_major(b);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    TORCH_CHECK_NOT_IMPLEMENTED(!fp8(dtype), "cutlass_tune.mm has no backward for fp8 inputs (they need scaling)");
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& a = saved[0];
+    const at::Tensor& b = saved[1];
+    const std::string table = ctx->saved_data["table"].toStringRef();
+    // A result of another type (out_dtype) gives gradients of the inputs' type; contiguous, as an
+    // expanded gradient (of a sum) is neither row- nor column-major.
+    const at::Tensor grad = grads[0].to(dtype).contiguous();
+    at::Tensor grad_a, grad_b;
+    if (ctx->needs_input_grad(0)) {  // dA = dY @ B^T in a's layout
+      grad_a = ctx->saved_data["a_column_major"].toBool() ? mm(b, grad.t(), table).t() : mm(grad, b.t(), table);
+    }
+    if (ctx->needs_input_grad(1)) {  // dB = A^T @ dY over the flattened batch, in b's layout
+      const at::Tensor a2 = a.reshape({-1, a.size(-1)}), grad2 = grad.reshape({-1, grad.size(-1)});
+      grad_b = ctx->saved_data["b_column_major"].toBool() ? mm(grad2.t(), a2, table).t() : mm(a2.t(), grad2, table);
+    }
+    return {grad_a, grad_b, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, c10::string_view activation,
+                            c10::string_view table, const std::optional<at::Tensor>& residual,
+                            const std::optional<at::Tensor>& gate) {
+    at::Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      out = linear_op().call(x, weight, bias, activation, table, residual, gate);
+    }
+    const ActivationKind act = activation_kind(activation);
+    // A residual is needed again only to recompute an activation's input; a gate always is.
+    at::Tensor keep_residual = residual.has_value() && act != ACT_NONE ? *residual : at::Tensor();
+    ctx->save_for_backward({x, weight, bias.value_or(at::Tensor()), keep_residual, gate.value_or(at::Tensor())});
+    // The autograd edges are the tensors given, in order: x, weight, then bias, residual, gate where given.
+    int64_t edge = 2;
+    for (const char* name : {"bias", "residual", "gate"}) {
+      const auto& t = name[0] == 'b' ? bias : name[0] == 'r' ? residual : gate;
+      ctx->saved_data[name] = t.has_value() && t->defined() ? edge++ : int64_t{-1};
+    }
+    ctx->saved_data["activation"] = static_cast<int64_t>(act);
+    ctx->saved_data["table"] = std::string(table);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &bias = saved[2], &residual = saved[3], &gate = saved[4];
+    const auto act = static_cast<ActivationKind>(ctx->saved_data["activation"].toInt());
+    const std::string table = ctx->saved_data["table"].toStringRef();
+    auto needs = [&](const char* name) {
+      const int64_t edge = ctx->saved_data[name].toInt();
+      return edge >= 0 && ctx->needs_input_grad(static_cast<size_t>(edge));
+    };
+    at::Tensor grad = grads[0].contiguous();
+    // The fused kernel kept no x @ weight^T + bias: recomputed with `mm` where a node needs it.
+    auto product = [&] {
+      at::Tensor z = mm(x, weight.t(), table);
+      return bias.defined() ? z + bias : z;
+    };
+    // The epilogue's nodes after the bias, last first (_torch.NODE_GRAD): a gate's, or an
+    // activation's over the residual's sum (the residual passes the gradient on).
+    at::Tensor grad_gate;
+    if (gate.defined()) {
+      if (needs("gate")) {
+        const at::Tensor g = grad * product();
+        grad_gate = (act == ACT_NONE ? g : activation_grad(act, g, gate)).contiguous();
+      }
+      grad = grad * activate(act, gate);
+    } else if (act != ACT_NONE) {
+      at::Tensor z = product();
+      if (residual.defined()) {
+        z = at::add(z, residual);
+      }
+      grad = activation_grad(act, grad, z);
+    }
+    grad = grad.contiguous();
+    at::Tensor grad_x, grad_weight, grad_bias, grad_residual;
+    if (ctx->needs_input_grad(0)) {
+      grad_x = mm(grad, weight, table);  // dY @ (weight^T)^T
+    }
+    const at::Tensor grad2 = grad.reshape({-1, grad.size(-1)});
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = mm(grad2.t(), x.reshape({-1, x.size(-1)}), table);  // N x K like the weight
+    }
+    if (needs("bias")) {
+      grad_bias = grad2.sum(0);
+    }
+    if (needs("residual")) {
+      grad_residual = grad;
+    }
+    return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor(), grad_residual, grad_gate};
+  }
+};
+
+// b is the transpose(-2, -1) of a contiguous E x N x K stack (_grouped_op._weights_view).
+bool weights_view(const at::Tensor& b) { return !b.is_contiguous() && b.transpose(-2, -1).is_contiguous(); }
+
+struct GroupedMmFunction : public torch::autograd::Function<GroupedMmFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs,
+                            c10::string_view table, std::optional<at::ScalarType> out_dtype) {
+    at::Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      out = grouped_mm_op().call(a, b, offs, table, out_dtype);
+    }
+    const bool needs_a = ctx->needs_input_grad(0), needs_b = ctx->needs_input_grad(1);
+    ctx->save_for_backward({needs_b ? a : at::Tensor(), needs_a ? b : at::Tensor(), offs});
+    ctx->saved_data["table"] = std::string(table);
+    ctx->saved_data["dtype"] = static_cast<int64_t>(a.scalar_type());
+    ctx->saved_data["weights_view"] = weights_view(b);
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &a = saved[0], &b = saved[1], &offs = saved[2];
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const at::Tensor grad = grads[0].to(dtype).contiguous();
+    at::Tensor grad_a, grad_b;
+    if (ctx->needs_input_grad(0)) {  // dA = dY @ B_e^T: the operator on the other layout of B
+      grad_a = grouped_mm_op().call(grad, b.transpose(-2, -1), offs, ctx->saved_data["table"].toStringRef(),
+                                    std::nullopt);
+    }
+    if (ctx->needs_input_grad(1)) {  // dB_e = A_e^T @ dY_e by torch's grouped GEMM, in b's layout
+      grad_b = ctx->saved_data["weights_view"].toBool() ? at::_grouped_mm(grad.t(), a, offs).transpose(-2, -1)
+                                                        : at::_grouped_mm(a.t(), grad, offs);
+    }
+    return {grad_a, grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 at::Tensor grouped_mm_autograd(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs,
                                c10::string_view table, std::optional<at::ScalarType> out_dtype) {
   if (!needs_grad({&a, &b})) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("cutlass_tune::grouped_mm", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view,
-                                           std::optional<at::ScalarType>)>();
     at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(a, b, offs, table, out_dtype);
+    return grouped_mm_op().call(a, b, offs, table, out_dtype);
   }
-  return call_autograd("grouped_mm", a, b, offs, std::string(table), out_dtype);
+  return GroupedMmFunction::apply(a, b, offs, table, out_dtype);
 }
 
 at::Tensor mm_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view table,
                        std::optional<at::ScalarType> out_dtype) {
   if (!needs_grad({&a, &b})) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("cutlass_tune::mm", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view,
-                                           std::optional<at::ScalarType>)>();
     at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(a, b, table, out_dtype);
+    return mm_op().call(a, b, table, out_dtype);
   }
-  return call_autograd("mm", a, b, std::string(table), out_dtype);
+  return MmFunction::apply(a, b, table, out_dtype);
 }
 
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                            c10::string_view activation, c10::string_view table,
                            const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& gate) {
   if (!needs_grad({&x, &weight, maybe(bias), maybe(residual), maybe(gate)})) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("cutlass_tune::linear", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                           c10::string_view, c10::string_view, const std::optional<at::Tensor>&,
-                                           const std::optional<at::Tensor>&)>();
     at::AutoDispatchBelowADInplaceOrView below;
-    return op.call(x, weight, bias, activation, table, residual, gate);
+    return linear_op().call(x, weight, bias, activation, table, residual, gate);
   }
-  return call_autograd("linear", x, weight, bias, std::string(activation), std::string(table), residual, gate);
+  if (activation_kind(activation) == ACT_UNKNOWN) {  // the Python formula (it also names a bad activation)
+    return call_autograd("linear", x, weight, bias, std::string(activation), std::string(table), residual, gate);
+  }
+  return LinearFunction::apply(x, weight, bias, activation, table, residual, gate);
 }
 
 std::vector<at::Tag> tags() {
@@ -739,6 +1104,23 @@ PYBIND11_MODULE(cutlass_tune_native, m) {
         return kinds;
       },
       "The kinds of the plans held for a table key (0 Python, 1 torch, 2 empty, 3 kernel).");
+  m.def("matmul", &door_matmul, py::arg("a"), py::arg("b"), py::arg("table"), py::arg("out_dtype"),
+        py::arg("scale_a"), py::arg("scale_b"), py::arg("min_ratio"),
+        "cutlass_tune.matmul's native path (runtime/_matmul.py): a @ b by the plan of the door's table key.");
+  m.def("grouped_mm", &door_grouped_mm, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("table"),
+        py::arg("out_dtype"), py::arg("keep_workspace"), py::arg("min_ratio"),
+        "cutlass_tune.grouped_mm's native path (runtime/_grouped.py), by the plan of the door's table key.");
+  m.def(
+      "hook_calls",
+      [] {
+        py::dict out;
+        out["resolve"] = py::int_(hook_calls()->resolve.load());
+        out["door"] = py::int_(hook_calls()->door.load());
+        out["autograd"] = py::int_(hook_calls()->autograd.load());
+        return out;
+      },
+      "How often the operators called each Python hook since the library loaded: resolve (once per "
+      "new signature), door, autograd.");
   m.def("args_layout", [] {
     py::dict out;
 #define CT_FIELD(f) out[#f] = py::int_(offsetof(cutlass_tune_args, f))

@@ -38,6 +38,7 @@ from .._torch import ACTIVATION, BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockw
 from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
 from ..space import Activation, DType, Epilogue, Layout, Problem, Scaling, check_problem
 from ..tables import PROFILER_RANGE
+from . import _native
 from ._dispatch import (
     KERNEL_CLASSES,
     OUT_DTYPES,
@@ -398,6 +399,12 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
         name, t = ("a", a) if not isinstance(a, torch.Tensor) else ("offs", offs)
         raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
     table = table if isinstance(table, BestTable) else load_table(str(table))
+    native = _native.door
+    if (native is not None and scale_a is scale_b is None and activation == "none" and isinstance(b, torch.Tensor)
+            and (out_dtype is None or isinstance(out_dtype, torch.dtype)) and isinstance(min_ratio, (int, float))
+            and not _profiler_enabled()):
+        # The native library's path: the same plan, checked and resolved once per signature.
+        return native.grouped_mm(a, b, offs, _native.door_key(table), out_dtype, bool(keep_workspace), min_ratio)
     return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio, scale_a=scale_a, scale_b=scale_b,
                        activation=activation)
 
@@ -457,3 +464,27 @@ def _torch_path(problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.
         assert scales is not None, "a block-wise problem was posed by its scales"
         return activate(torch_blockwise_grouped_mm(a, b, offs, *scales))
     return activate(torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d]))
+
+
+def _resolve_door(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, key: str, out_dtype: torch.dtype | None,
+                  keep_workspace: bool, min_ratio: float) -> tuple:
+    """The native plan entry of a `grouped_mm` call without scales or activation
+    (`_native.register_door`): the door's checks (raising as the door does), its plan by the
+    door's signature, its kernel, torch's grouped GEMM where the table keeps torch and the result
+    is a's type, else the Python door."""
+    table = _native.door_table(key)
+    device = a.get_device()
+    problem = grouped_problem_of(a, b, offs, out_dtype, None, None, Activation.NONE)
+    signature = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
+                 offs.dtype, out_dtype, None, None, min_ratio, keep_workspace, Activation.NONE)
+    ready = table.plans.get(signature) or prepare(table, Call(Kind.GROUPED, problem, device, min_ratio, signature,
+                                                              keep_workspace))
+    return _native.plan_entry(ready, torch_path=out_dtype in (None, a.dtype))
+
+
+def _door(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, key: str, out_dtype: torch.dtype | None,
+          keep_workspace: bool, min_ratio: float) -> torch.Tensor:
+    return run_grouped(_native.door_table(key), a, b, offs, out_dtype, keep_workspace, min_ratio)
+
+
+_native.register_door("grouped_mm door", _resolve_door, _door)

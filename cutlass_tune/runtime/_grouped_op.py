@@ -16,8 +16,9 @@ checked on any machine.
 
 Where the operators' native library is built (`_native`), the operator is its: the CUDA and
 Autograd kernels are C++ (the same plans, launched with no Python per call; `_grouped_mm_cuda`
-below runs only for calls the C++ side hands back), and this module attaches the fake, the CPU
-kernel and the backward below. Elsewhere `torch.library.custom_op` defines it here.
+below runs only for calls the C++ side hands back; a C++ autograd Function computes the backward
+below), and this module attaches the fake, the CPU kernel and the backward below. Elsewhere
+`torch.library.custom_op` defines it here.
 
 Backward (`register_autograd`):
 - dA = dY @ B_e^T per group: the same operator on `b.transpose(-2, -1)`, a grouped problem

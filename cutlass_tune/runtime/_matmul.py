@@ -51,6 +51,7 @@ from ..space import (
 )
 from ..status import Status
 from ..tables import PROFILER_RANGE, BundledKernel
+from . import _native
 from ._dispatch import (
     KERNEL_CLASSES,
     OUT_DTYPES,
@@ -579,6 +580,25 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
             misaligned or non-contiguous tensors; a bias, residual or scale of the wrong shape,
             dtype or device; an unknown activation; beta without c; both c and gate.
     """
+    native = _native.door
+    if (native is not None and bias is c is gate is beta is None and alpha == 1.0 and activation == "none"
+            and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and (scale_a is None or isinstance(scale_a, torch.Tensor) and (scale_a.dim() < 2 or scale_a.shape[1] == 1))
+            and (scale_b is None or isinstance(scale_b, torch.Tensor))
+            and (out_dtype is None or isinstance(out_dtype, torch.dtype)) and isinstance(min_ratio, (int, float))
+            and not _profiler_enabled()):
+        # The native library's path: the same plan, checked and resolved once per signature (`_resolve_door`);
+        # not for block-wise scales (M x K/128), which the Python door expands for the kernel.
+        table = table if isinstance(table, BestTable) else load_table(str(table))
+        return native.matmul(a, b, _native.door_key(table), out_dtype, scale_a, scale_b, min_ratio)
+    return _matmul(a, b, table, out_dtype, bias, activation, c, alpha, beta, scale_a, scale_b, gate, min_ratio)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path, out_dtype: torch.dtype | None,
+            bias: torch.Tensor | None, activation: Activation | str, c: torch.Tensor | None, alpha: float,
+            beta: float | None, scale_a: torch.Tensor | None, scale_b: torch.Tensor | None,
+            gate: torch.Tensor | None, min_ratio: float) -> torch.Tensor:
+    """`matmul` in Python (every call the native library does not take)."""
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         problem_of(a, b)  # raises, naming the operand that is not a tensor and its type
     act = activation_of(activation)
@@ -622,3 +642,35 @@ def _run_ready(table: BestTable, ready: Ready, call: Call | None, a: torch.Tenso
     fast_accum = plan.fallback is not None and plan.fallback.fast_accum
     return torch_gemm(a, b, TORCH_DTYPE[plan.problem.dtype_d], bias=bias, activation=act, c=c, alpha=alpha,
                       beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate, fast_accum=fast_accum)
+
+
+def _operand_key(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype)
+
+
+def _resolve_door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.dtype | None,
+                  scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, min_ratio: float) -> tuple:
+    """The native plan entry of a `matmul` call with no epilogue (`_native.register_door`): the
+    door's own checks (they raise as the door does), its plan by the door's signature (one plan
+    cache for both paths), its kernel, torch.mm for 16-bit inputs of the result's type where the
+    table keeps torch, else the Python door (fp8's torch._scaled_mm, block-wise scales, which a
+    kernel reads expanded)."""
+    table = _native.door_table(key)
+    problem = problem_of(a, b, out_dtype, scale_a=scale_a, scale_b=scale_b)
+    if problem.scaling is Scaling.BLOCKWISE:
+        return (_native.ENTRY_PYTHON,)
+    signature = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype,
+                 Activation.NONE, min_ratio, None, None, _operand_key(scale_a), _operand_key(scale_b), None)
+    ready = table.plans.get(signature) or prepare(table, Call(Kind.DENSE, problem, a.get_device(), min_ratio,
+                                                              signature))
+    plain = scale_a is None and a.dtype in (torch.bfloat16, torch.float16) and out_dtype in (None, a.dtype)
+    return _native.plan_entry(ready, plain)
+
+
+def _door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.dtype | None, scale_a: torch.Tensor | None,
+          scale_b: torch.Tensor | None, min_ratio: float) -> torch.Tensor:
+    return _matmul(a, b, _native.door_table(key), out_dtype, None, Activation.NONE, None, 1.0, None, scale_a,
+                   scale_b, None, min_ratio)
+
+
+_native.register_door("matmul", _resolve_door, _door)

@@ -15,9 +15,15 @@ What C++ asks of Python (`attach`), each once per call signature or rarer:
   path computes it instead.
 - `door(op, *args)`: the Python CUDA kernel of today, for signatures C++ does not launch itself
   (tensors no kernel takes, fallbacks other than torch's plain operator).
-- `autograd(op, *args)`: the Python autograd formula, where a gradient is needed.
+- `autograd(op, *args)`: the Python autograd formula, only for a `linear` activation C++ does
+  not know (the C++ autograd Functions compute every other gradient).
 - `refused(op, table, name, code)`, `may_keep(device, stream)`: a kernel CUTLASS refused at
   initialize; whether a workspace allocated on `stream` may be kept past the call.
+
+The function doors `cutlass_tune.matmul` and `cutlass_tune.grouped_mm` go through the library
+too where it launches on CUDA (`door`): their calls without an epilogue (and, for the grouped
+one, without scales) are `door.matmul(...)` and `door.grouped_mm(...)` on a key of their table
+(`door_key`), resolved in Python once per signature (`register_door`) as the operators are.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib.util
+import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -51,13 +59,17 @@ class Operator:
     """The plan entry of a call signature (`plan_entry`)."""
     door: Callable[..., torch.Tensor]
     """The Python CUDA kernel (today's)."""
-    function: type[torch.autograd.Function]
-    """The autograd formula, applied to the operator's arguments."""
+    function: type[torch.autograd.Function] | None = None
+    """The autograd formula, applied to the operator's arguments (a function door has none)."""
 
 
 _operators: dict[str, Operator] = {}
 _lock = threading.Lock()
 _module: ModuleType | None = None
+door: ModuleType | None = None
+"""The loaded library where it launches CUDA kernels (the function doors' native path), else None."""
+_door_tables: dict[str, weakref.ref] = {}
+_door_keys = itertools.count(1)
 _tried = False
 _why: str | None = None
 _bundles: list[Path] = []
@@ -77,7 +89,7 @@ def load(bundle: str | Path | None = None) -> ModuleType | None:
     Thread-safe. A bundle given after the operators were defined in Python is used by the next
     process only: an operator is defined once.
     """
-    global _module, _tried, _why
+    global _module, _tried, _why, door
     with _lock:
         if bundle is not None:
             _bundles.append(Path(bundle))
@@ -90,6 +102,7 @@ def load(bundle: str | Path | None = None) -> ModuleType | None:
         try:
             _module = _import()
             _dispatch.native_operators = bool(_module is not None and _module.cuda)
+            door = _module if _dispatch.native_operators else None
         except Exception as err:  # any failure to find or load it leaves the Python path
             _why = f"the native operators cannot be loaded ({type(err).__name__}: {err})"
         if _module is None and _why is not None and not _why.startswith("not built"):
@@ -188,6 +201,44 @@ def register(op: str, resolve: Callable[..., tuple], door: Callable[..., torch.T
     _operators[op] = Operator(resolve, door, function)
 
 
+def register_door(op: str, resolve: Callable[..., tuple], door_: Callable[..., torch.Tensor]) -> None:
+    """Attach a function door's Python parts: the resolver of a signature (given the door's
+    table key, `door_table` finds the table) and the Python door for the calls C++ hands back."""
+    _operators[op] = Operator(resolve, door_)
+
+
+def door_key(table: Any) -> str:
+    """The key of `table`'s plans in the library's map for the function doors: one per table
+    object, its plans forgotten with the table's own (`PlanCache.clear`) and when it is collected."""
+    key = table.plans.native_key
+    if key is None:
+        with _lock:
+            key = table.plans.native_key
+            if key is None:
+                key = f"door-{next(_door_keys)}"  # no operator key (register_table's) looks like it
+                _door_tables[key] = weakref.ref(table)
+                table.plans.on_clear = _forgetter(key)
+                weakref.finalize(table, _forget_door, key)
+                table.plans.native_key = key
+    return key
+
+
+def _forgetter(key: str) -> Callable[[], None]:
+    return lambda: forget(key)
+
+
+def _forget_door(key: str) -> None:
+    _door_tables.pop(key, None)
+    forget(key)
+
+
+def door_table(key: str) -> Any:
+    """The table of a door key (`door_key`)."""
+    table = _door_tables[key]()
+    assert table is not None, f"the table of {key} was collected with plans left"
+    return table
+
+
 def plan_entry(ready: Ready, torch_path: bool) -> tuple:
     """A plan as C++ holds it: (kind, kernel name, entry point addresses, argument template,
     workspace policy, workspace bytes, initialize before every launch). A fallback is torch's
@@ -215,7 +266,9 @@ def _door(op: str, *args: Any) -> torch.Tensor:
 
 
 def _autograd(op: str, *args: Any) -> torch.Tensor:
-    return _operators[op].function.apply(*args)
+    function = _operators[op].function
+    assert function is not None, f"{op} is a function door: it has no autograd formula"
+    return function.apply(*args)
 
 
 def _refused(op: str, table: str, name: str, code: int) -> None:

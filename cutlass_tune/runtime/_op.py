@@ -24,9 +24,12 @@ N x K row-major like the weight), so a table with tuned tt and nt kernels serves
 backward too, and torch's GEMM does where it has none.
 
 Where the operators' native library is built (`_native`), `mm` and `linear` are its: their CUDA
-and Autograd kernels are C++ (the plans launched with no Python per call; `mm_direct` and
-`linear_direct` run only for calls the C++ side hands back), and this module attaches the fakes,
-the CPU kernels and the backward formulas. Elsewhere `torch.library.custom_op` defines them here.
+and Autograd kernels are C++ (the plans launched with no Python per call, torch's path for a
+linear the table has no kernel for included; `mm_direct` and `linear_direct` run only for calls
+the C++ side hands back; the backward formulas below are computed by C++ autograd Functions that
+mirror them), and this module attaches the fakes, the CPU kernels and the backward formulas (run
+only for an activation the C++ side does not know). Elsewhere `torch.library.custom_op` defines
+them here.
 
 `linear` is activation(x @ weight^T + bias + residual) in one kernel, or with a `gate`
 activation(gate) * (x @ weight^T + bias) (a gated MLP's up projection, the gate GEMM's output as
@@ -470,7 +473,8 @@ def _resolve_mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.d
 
 def _resolve_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
                     residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> tuple:
-    """The native plan entry of a `linear` call's signature: its kernel, else the door."""
+    """The native plan entry of a `linear` call's signature: its kernel, else torch's path
+    (`_torch_linear`, which C++ computes itself: the fallback said once here), else the door."""
     _check_linear(x, weight, bias, activation, residual, gate)
     tuned = registered_table(table)
     n = weight.shape[0]
@@ -483,7 +487,7 @@ def _resolve_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         return (_native.ENTRY_PYTHON,)
     signature = ("native linear", x2.get_device(), x2.shape, weight.shape, x2.stride(), weight.stride(), x.dtype,
                  activation, *(None if t is None else (t.shape, t.stride(), t.dtype) for t in (bias, residual2, gate2)))
-    return _dense_entry(tuned, problem, x2, signature, False)
+    return _dense_entry(tuned, problem, x2, signature, True)
 
 
 if _native.load() is not None:

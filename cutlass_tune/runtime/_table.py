@@ -9,7 +9,7 @@ import math
 import numbers
 import operator
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -185,6 +185,10 @@ class PlanCache:
         self._entries: dict[tuple, Ready] = {}
         self._lock = threading.Lock()
         self.get = self._entries.get
+        self.native_key: str | None = None
+        """The key of the native library's plans for this table's function doors (`_native.door_key`)."""
+        self.on_clear: Callable[[], None] | None = None
+        """Called by `clear`: the native library forgets its copies of the plans."""
 
     def put(self, signature: tuple, ready: Ready) -> Ready:
         with self._lock:
@@ -198,6 +202,8 @@ class PlanCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+        if self.on_clear is not None:
+            self.on_clear()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -24,6 +24,11 @@ def said(caught) -> list[str]:
     return [str(w.message) for w in caught if "cutlass_tune" in str(w.message)]
 
 
+def python_calls(before: dict) -> dict:
+    """The Python hooks C++ called since `before` (`hook_calls`): resolve, door, autograd."""
+    return {name: count - before[name] for name, count in _native._module.hook_calls().items()}
+
+
 def grouped() -> dict:
     """A tuned grouped kernel through the C++ path: eager (twice: the second from the C++ map),
     then with gradients (the Python formula, dA through the operator again)."""
@@ -37,7 +42,9 @@ def grouped() -> dict:
            "plans": _native._module.plans(key), "said": said(caught)}
     a, w, b, offs = operands(grad=True)
     grad = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
+    before = _native._module.hook_calls()
     torch.ops.cutlass_tune.grouped_mm(a, b, offs, key).backward(grad)
+    out["grad_python_calls"] = python_calls(before)
     a2, w2 = a.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
     torch._grouped_mm(a2, w2.transpose(-2, -1), offs).backward(grad)
     out["grad_a_error"], out["grad_w_error"] = error(a.grad, a2.grad), error(w.grad, w2.grad)
@@ -104,6 +111,119 @@ def dense() -> dict:
             "plans": sorted(_native._module.plans(key)), "said": said(caught)}
 
 
+def linear_fallback() -> dict:
+    """linear with epilogues the table has no kernel for (the stores tune plain GEMMs): torch's
+    path computed from C++, said once when the signature resolves, no Python on later calls."""
+    key = register_table(tuned_table(), key="native-linear-fallback")
+    x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda") / 32
+    bias = torch.randn(1024, dtype=torch.bfloat16, device="cuda")
+    r = torch.randn(2, 8, 1024, dtype=torch.bfloat16, device="cuda")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        first = torch.ops.cutlass_tune.linear(x, w, bias, "relu", key)
+        gelu = torch.ops.cutlass_tune.linear(x.view(2, 8, 1024), w, bias, "gelu", key, r)
+        before = _native._module.hook_calls()
+        for _ in range(10):
+            again = torch.ops.cutlass_tune.linear(x, w, bias, "relu", key)
+            torch.ops.cutlass_tune.linear(x.view(2, 8, 1024), w, bias, "gelu", key, r)
+        calls = python_calls(before)
+    want = torch._addmm_activation(bias, x, w.t())  # F.linear's ReLU on cuBLASLt's epilogue, as torch_gemm
+    gelu_want = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias).view(2, 8, 1024) + r)
+    return {"equal": torch.equal(first, want) and torch.equal(again, want), "gelu_error": error(gelu, gelu_want),
+            "plans": sorted(_native._module.plans(key)), "said": said(caught), "python_calls": calls}
+
+
+def dense_grad() -> dict:
+    """mm and linear with gradients on tuned dense kernels (tn forward, nn and nt backward): the
+    C++ autograd Functions against torch's autograd, and the Python formula never called."""
+    key = register_table(tuned_table(), key="native-dense-grad")
+    torch.manual_seed(0)
+    x = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    w = (torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda") / 32).requires_grad_()
+    bias = torch.randn(1024, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    grad = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    out = {}
+    before = _native._module.hook_calls()
+    for name, ours, want in (
+            ("mm", lambda x, w, bias: torch.ops.cutlass_tune.mm(x, w.t(), key), lambda x, w, bias: x @ w.t()),
+            ("linear", lambda x, w, bias: torch.ops.cutlass_tune.linear(x, w, bias, "gelu", key),
+             lambda x, w, bias: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias)))):
+        got = []
+        for fn in (ours, want):
+            leaves = [t.detach().clone().requires_grad_() for t in (x, w, bias)]
+            fn(*leaves).backward(grad)
+            got.append([t.grad for t in leaves])
+        for label, g, t in zip(("x", "w", "bias"), *got):
+            if name == "mm" and label == "bias":
+                continue
+            out[f"{name}_grad_{label}_error"] = error(g, t)
+    out["python_calls"] = python_calls(before)
+    out["plans"] = sorted(set(_native._module.plans(key)))
+    return out
+
+
+def _rowwise_table() -> BestTable:
+    """One fp8 row-wise kernel (no epilogue) at 16 x 6144 x 4096, measured at torch's speed."""
+    import json
+
+    import pandas as pd
+
+    from cutlass_tune.space import DType, KernelConfig, Scaling
+
+    cfg = KernelConfig(dtype_a=DType.E4M3, dtype_b=DType.E4M3, tile_k=128, scaling=Scaling.ROWCOL)
+    row = dict(gpu="", problem=f"16x6144x4096_e4m3_{cfg.scaling.value}", m=16, n=6144, k=4096, dtype_a="e4m3",
+               dtype_b="e4m3", dtype_d="bf16", layout="tn", kernel=cfg.name, config_hash=cfg.hash,
+               config=json.dumps(cfg.to_dict(), sort_keys=True), raster="along_n", swizzle=1, splits=1,
+               decomposition="heuristic", epilogue=cfg.epilogue.name, scaling=cfg.scaling.value, ratio=1.0)
+    return BestTable(pd.DataFrame([row]))
+
+
+def doors() -> dict:
+    """The function doors through the library: cutlass_tune.matmul (bf16; fp8 row-wise) and
+    cutlass_tune.grouped_mm, against torch; Python only for a signature's first call; a
+    misaligned operand of a known signature still raises the door's error."""
+    import cutlass_tune
+    from cutlass_tune.runtime import MatmulInputError
+
+    out: dict = {}
+    dense_table, grouped = tuned_table(), grouped_table(TABLE)
+    x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda") / 32
+    a, _, b, offs = operands()
+    a8 = torch.randn(16, 4096, device="cuda").to(torch.float8_e4m3fn)
+    b8 = torch.randn(6144, 4096, device="cuda").to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(16, 1, device="cuda") + 0.5, torch.rand(1, 6144, device="cuda") + 0.5
+    rowwise = _rowwise_table()
+    cases = {"matmul": (lambda: cutlass_tune.matmul(x, w.t(), dense_table), lambda: x @ w.t(), dense_table),
+             "grouped": (lambda: cutlass_tune.grouped_mm(a, b, offs, table=grouped),
+                         lambda: torch._grouped_mm(a, b, offs), grouped),
+             "fp8": (lambda: cutlass_tune.matmul(a8, b8, rowwise, scale_a=sa, scale_b=sb),
+                     lambda: torch._scaled_mm(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), rowwise)}
+    with torch.no_grad():
+        for name, (ours, want, table) in cases.items():
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                before = _native._module.hook_calls()
+                got = ours()
+                out[f"{name}_first_calls"] = python_calls(before)
+                before = _native._module.hook_calls()
+                for _ in range(10):
+                    again = ours()
+                out[f"{name}_repeat_calls"] = python_calls(before)
+            out[f"{name}_error"] = error(got, want())
+            out[f"{name}_repeat_equal"] = torch.equal(got, again)
+            out[f"{name}_plans"] = _native._module.plans(_native.door_key(table))
+            out[f"{name}_said"] = said(caught)
+        misaligned = torch.empty(16 * 1024 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(16, 1024)
+        try:
+            cutlass_tune.matmul(misaligned, w.t(), dense_table)
+            out["misaligned"] = "no error"
+        except MatmulInputError as err:
+            out["misaligned"] = str(err)
+    return out
+
+
 def _host_us(call) -> float:
     """Host time of one call (us), the GPU kept busy: median of 15 blocks of 100 calls."""
     call()
@@ -121,12 +241,18 @@ def _host_us(call) -> float:
 def host() -> dict:
     """Host time per call (us) of the operators against torch's own, eager and compiled (no CUDA
     graphs): the grouped GEMM on a decode step's routing (8 experts of 512x1024, 8 rows each),
-    mm on 16 x 1024 times 1024 x 1024 (bf16 tn: the H200 stores' kernels)."""
+    mm on 16 x 1024 times 1024 x 1024 (bf16 tn: the H200 stores' kernels), without and with
+    inputs that need gradients, and a linear with bias and ReLU, which the table has no kernel for."""
+    import cutlass_tune
+    from cutlass_tune.runtime._op import registered_table
+
     grouped_key = register_table(grouped_table([(E, N, K, 64, Layout.COL)]), key="native-host")
     dense_key = register_table(tuned_table(), key="native-host-dense")
+    dense_table, grouped_table_ = registered_table(dense_key), registered_table(grouped_key)
     a, _, b, offs = operands(counts=(8,) * 8)
     x = torch.randn(16, 1024, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(1024, dtype=torch.bfloat16, device="cuda")
     op_grouped = torch.compile(lambda a, b, o: torch.ops.cutlass_tune.grouped_mm(a, b, o, grouped_key))
     torch_grouped = torch.compile(lambda a, b, o: torch._grouped_mm(a, b, o))
     calls = {"grouped op": lambda: torch.ops.cutlass_tune.grouped_mm(a, b, offs, grouped_key),
@@ -134,11 +260,20 @@ def host() -> dict:
              "grouped op compiled": lambda: op_grouped(a, b, offs),
              "grouped torch compiled": lambda: torch_grouped(a, b, offs),
              "mm op": lambda: torch.ops.cutlass_tune.mm(x, w.t(), dense_key),
-             "mm torch": lambda: torch.mm(x, w.t())}
+             "mm torch": lambda: torch.mm(x, w.t()),
+             "linear fallback op": lambda: torch.ops.cutlass_tune.linear(x, w, bias, "relu", dense_key),
+             "linear fallback torch": lambda: torch.relu(torch.nn.functional.linear(x, w, bias)),
+             "matmul door": lambda: cutlass_tune.matmul(x, w.t(), dense_table),
+             "grouped door": lambda: cutlass_tune.grouped_mm(a, b, offs, table=grouped_table_)}
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    with_grad = {"mm op grad": lambda: torch.ops.cutlass_tune.mm(xg, wg.t(), dense_key),
+                 "mm torch grad": lambda: torch.mm(xg, wg.t())}
     out = {"native": _native.available()}
     with torch.no_grad():
         for name, call in calls.items():
             out[name] = round(_host_us(call), 2)
+    for name, call in with_grad.items():  # the forward with its graph recorded (no backward)
+        out[name] = round(_host_us(call), 2)
     return out
 
 

@@ -52,6 +52,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv("CUTLASS_TUNE_NATIVE", raising=False)  # the suite's guard sets it to 0
     monkeypatch.setattr(_native, "_tried", False)
     monkeypatch.setattr(_native, "_module", None)
+    monkeypatch.setattr(_native, "door", None)
     monkeypatch.setattr(_native, "_why", None)
     monkeypatch.setattr(_native, "_bundles", [])
     # the bundles earlier tests loaded (BestTable.load remembers each for the loader) hold libraries
@@ -159,7 +160,7 @@ torch.manual_seed(0)
 a = torch.randn(2, 4, 8, requires_grad=True); b = torch.randn(8, 3, requires_grad=True)
 y = torch.ops.cutlass_tune.mm(a, b, "k")
 out["mm"] = torch.allclose(y, a @ b)
-out["grad_fn"] = type(y.grad_fn).__name__
+out["grad_fn"] = y.grad_fn.name()
 y.square().sum().backward()
 a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
 (a2 @ b2).square().sum().backward()
@@ -187,6 +188,7 @@ with FakeTensorMode():
                        torch.float32).shape)
 compiled = torch.compile(lambda a, b: torch.ops.cutlass_tune.mm(a, b, "k").relu(), fullgraph=True)
 out["compiled"] = torch.allclose(compiled(a.detach(), b.detach()), (a @ b).relu().detach())
+out["hook_calls"] = _native._module.hook_calls()
 try:
     torch.ops.cutlass_tune.mm(a, b, "missing")
 except Exception as err:
@@ -209,10 +211,93 @@ def test_the_built_library_defines_the_operators_in_a_fresh_process(built):
                   "Tensor? residual=None, Tensor? gate=None) -> Tensor",
         "grouped_mm": "cutlass_tune::grouped_mm(Tensor a, Tensor b, Tensor offs, str table, "
                       "ScalarType? out_dtype=None) -> Tensor"}
-    assert out["mm"] and out["mm_grads"] and out["no_grad_has_no_grad_fn"] and out["grad_fn"].startswith("cutlass")
+    assert out["mm"] and out["mm_grads"] and out["no_grad_has_no_grad_fn"]
+    assert out["grad_fn"].endswith("<cutlass_tune_native::MmFunction>")  # the C++ autograd Function
+    assert out["hook_calls"]["autograd"] == 0  # every gradient above came without the Python formula
     assert out["linear"] and out["linear_grads"] and out["grouped"] and out["compiled"]
     assert out["grouped_grads"] == [6, 16, 2, 16, 8] and out["fake"] == [7, 8]
     assert out["unregistered"] == "UnregisteredTableError"
+
+
+GRADS_PROBE = r"""
+import itertools, json, torch
+import torch.nn.functional as F
+import pandas as pd
+from cutlass_tune.runtime import _native, _op, _grouped_op, register_table
+from cutlass_tune.runtime._table import BestTable
+register_table(BestTable(pd.DataFrame(columns=["m", "n", "k", "gpu", "config_hash", "config", "dtype_a", "dtype_d",
+                                               "layout", "epilogue", "scaling"])), "k")
+torch.manual_seed(0)
+ACT = {"none": lambda z: z, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+       "silu": F.silu}
+bad = []
+
+def run(fn, ts):
+    ts = [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in ts]
+    y = fn(*ts)
+    y.square().sum().backward()
+    return [y.detach()] + [None if t is None or not t.requires_grad else t.grad for t in ts]
+
+def compare(name, ours, ref, *ts):
+    for i, (u, v) in enumerate(zip(run(ours, ts), run(ref, ts))):
+        if (u is None) != (v is None) or (u is not None and not torch.allclose(u, v, atol=1e-4, rtol=1e-4)):
+            bad.append(f"{name} #{i}")
+
+mm = lambda a, b: torch.ops.cutlass_tune.mm(a, b, "k")
+a = torch.randn(2, 4, 8, requires_grad=True)
+compare("mm", mm, torch.matmul, a, torch.randn(8, 3, requires_grad=True))
+compare("mm tn", mm, torch.matmul, a, torch.randn(3, 8).t().requires_grad_())
+compare("mm nt", mm, torch.matmul, torch.randn(8, 4).t().requires_grad_(), torch.randn(8, 3))
+for act, has_bias, extra in itertools.product(ACT, (True, False), ("none", "residual", "gate")):
+    c = torch.randn(2, 5, 6, requires_grad=True)
+    r, g = (c if extra == "residual" else None), (c if extra == "gate" else None)
+    bias = torch.randn(6, requires_grad=True) if has_bias else None
+
+    def ours(x, w, bias, r, g):
+        return torch.ops.cutlass_tune.linear(x, w, bias, act, "k", r, g)
+
+    def ref(x, w, bias, r, g):
+        z = x @ w.t() + (0 if bias is None else bias)
+        return ACT[act](g) * z if g is not None else ACT[act](z + (0 if r is None else r))
+
+    compare(f"linear {act} {has_bias} {extra}", ours, ref, torch.randn(2, 5, 8, requires_grad=True),
+            torch.randn(6, 8, requires_grad=True), bias, r, g)
+offs = torch.tensor([2, 6], dtype=torch.int32)
+for name, B in (("kn", torch.randn(2, 16, 8, requires_grad=True)),
+                ("weights", torch.randn(2, 8, 16).transpose(-2, -1).requires_grad_())):
+    compare(f"grouped {name}", lambda A, B: torch.ops.cutlass_tune.grouped_mm(A, B, offs, "k"),
+            lambda A, B: torch.cat([A[:2] @ B[0], A[2:] @ B[1]]), torch.randn(6, 16, requires_grad=True), B)
+calls = _native._module.hook_calls()
+from cutlass_tune.runtime import MatmulInputError
+table = _op.registered_table("k")
+doors = []
+for call in (lambda: _native._module.matmul(torch.ones(8, 8), torch.ones(8, 8), _native.door_key(table), None,
+                                            None, None, 1.0),
+             lambda: _native._module.grouped_mm(torch.ones(8, 8), torch.ones(2, 8, 8),
+                                                torch.tensor([4, 8], dtype=torch.int32), _native.door_key(table),
+                                                torch.float32, True, 0.0)):
+    try:
+        call()
+        doors.append("no error")
+    except MatmulInputError as err:
+        doors.append(str(err))
+door_calls = _native._module.hook_calls()["door"] - calls["door"]
+print(json.dumps({"bad": bad, "hook_calls": calls, "doors": doors, "door_calls": door_calls}))
+"""
+
+
+@pytest.mark.nvcc
+def test_the_cpp_autograd_functions_give_torch_s_gradients(built):
+    """Guards the C++ backward of mm, linear (every activation, bias, residual, gate) and grouped_mm
+    against drifting from the Python formula it replaced: gradients equal torch autograd's own."""
+    done = subprocess.run([sys.executable, "-c", GRADS_PROBE], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "CUTLASS_TUNE_CACHE_DIR": str(built)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["bad"] == []
+    assert out["hook_calls"]["autograd"] == 0
+    # the function doors' C++ entry points hand CPU tensors to the Python doors, which refuse them
+    assert out["door_calls"] == 2 and all("cuda" in said.lower() for said in out["doors"]), out["doors"]
 
 
 @pytest.mark.nvcc
@@ -274,3 +359,88 @@ def test_the_cli_says_a_library_is_not_built_and_a_failed_build_s_reason(tmp_pat
     (failed / f"{native_key()}.failed.json").write_text(json.dumps({"reason": "ops.cpp:3: error: boom"}))
     done = native()
     assert done.returncode == 1 and "library: none: its build failed: ops.cpp:3: error: boom" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# The function doors' native path (a recording stand-in for the library's CUDA build)
+
+
+class _RecordingDoor:
+    """What `_native.door` is on a CUDA host, recording its calls and answering a tensor."""
+
+    def __init__(self):
+        self.calls, self.forgotten = [], []
+
+    def matmul(self, *args):
+        self.calls.append(("matmul", *args))
+        return "native"
+
+    def grouped_mm(self, *args):
+        self.calls.append(("grouped_mm", *args))
+        return "native"
+
+    def forget(self, key):
+        self.forgotten.append(key)
+
+
+@pytest.fixture
+def door(monkeypatch):
+    recording = _RecordingDoor()
+    monkeypatch.setattr(_native, "door", recording)
+    monkeypatch.setattr(_native, "_module", recording)
+    return recording
+
+
+def _empty_table():
+    import pandas as pd
+
+    from cutlass_tune.runtime import BestTable
+
+    return BestTable(pd.DataFrame({"m": [1], "n": [1], "k": [1]}))
+
+
+def test_matmul_without_an_epilogue_takes_the_native_door_once_per_table_key(door):
+    import torch
+
+    from cutlass_tune.runtime import grouped_mm, matmul
+
+    table, other = _empty_table(), _empty_table()
+    a, b, offs = torch.ones(8, 8), torch.ones(8, 8), torch.ones(2, dtype=torch.int32)
+    assert matmul(a, b, table) == "native" and matmul(a, b, table, torch.float32, min_ratio=0) == "native"
+    assert grouped_mm(a, torch.ones(2, 8, 8), offs, table=table, keep_workspace=False) == "native"
+    matmul(a, b, other)
+    keys = [call[3] if call[0] == "matmul" else call[4] for call in door.calls]
+    assert keys[0] == keys[1] == keys[2] != keys[3]  # one key per table, not per call
+    assert door.calls[1][4:] == (torch.float32, None, None, 0) and door.calls[2][5:] == (None, False, 1.0)
+    assert _native.door_table(keys[0]) is table
+    table.plans.clear()  # the table's plans dropped: the library's copies too
+    assert door.forgotten == [keys[0]]
+
+
+def test_matmul_with_an_epilogue_or_bad_operands_keeps_the_python_door(door):
+    """Guards the door's errors: what the native path cannot check first goes the Python way."""
+    import torch
+
+    from cutlass_tune.runtime import MatmulInputError, grouped_mm, matmul
+
+    table = _empty_table()
+    with pytest.raises(MatmulInputError, match="must be a torch.Tensor"):
+        matmul([[1.0]], torch.ones(1, 1), table)
+    with pytest.raises(MatmulInputError, match="offs must be a torch.Tensor"):
+        grouped_mm(torch.ones(2, 8), torch.ones(2, 8, 8), [1, 2], table=table)
+    with pytest.raises(MatmulInputError):  # CPU tensors: the Python door says they must be on CUDA
+        matmul(torch.ones(8, 8), torch.ones(8, 8), table, bias=torch.ones(8))
+    with pytest.raises(MatmulInputError):  # block-wise scales: expanded for the kernel in Python
+        matmul(torch.ones(8, 256), torch.ones(256, 8), table, scale_a=torch.ones(8, 2), scale_b=torch.ones(2, 1))
+    assert door.calls == []
+
+
+def test_a_door_key_is_forgotten_with_its_table(door):
+    import gc
+
+    table = _empty_table()
+    key = _native.door_key(table)
+    assert _native.door_key(table) == key and key.startswith("door-")
+    del table
+    gc.collect()
+    assert key in door.forgotten and key not in _native._door_tables

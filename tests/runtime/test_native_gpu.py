@@ -42,6 +42,7 @@ def test_a_tuned_grouped_kernel_runs_from_cpp_and_matches_torch(built):
     assert out["plans"] == [3] and out["said"] == []  # one signature, a kernel entry, no fallback said
     assert out["error"] < 1e-2 and out["repeat_equal"]
     assert out["grad_a_error"] < 1e-2 and out["grad_w_error"] < 1e-2
+    assert out["grad_python_calls"]["autograd"] == 0  # the C++ autograd Function, not the Python formula
 
 
 def test_a_fallback_calls_torch_from_cpp(built):
@@ -69,6 +70,33 @@ def test_mm_and_linear_run_tuned_dense_kernels(built):
     assert out["plans"] == [3, 3] and out["said"] == []
 
 
+def test_a_linear_the_table_has_no_kernel_for_calls_torch_from_cpp(built):
+    """Guards the fallback of linear against going through the Python door on every call."""
+    out = probe("linear_fallback")
+    assert out["equal"] and out["gelu_error"] < 1e-2
+    assert out["plans"] == [1, 1]  # two signatures, each torch's path in C++
+    assert len(out["said"]) == 2 and all("using F.linear" in s or "using torch" in s for s in out["said"]), out
+    assert out["python_calls"] == {"resolve": 0, "door": 0, "autograd": 0}
+
+
+def test_mm_and_linear_gradients_from_the_cpp_autograd_functions(built):
+    out = probe("dense_grad")
+    errors = {k: v for k, v in out.items() if k.endswith("_error")}
+    assert len(errors) == 5 and all(v < 2e-2 for v in errors.values()), errors
+    assert out["python_calls"]["autograd"] == 0 and out["python_calls"]["door"] == 0
+    assert 3 in out["plans"]  # tuned kernels served the forward and the backward GEMMs
+
+
+def test_the_function_doors_run_through_the_library(built):
+    out = probe("doors")
+    for name in ("matmul", "grouped", "fp8"):
+        assert out[f"{name}_error"] < 1e-2 and out[f"{name}_repeat_equal"], (name, out)
+        assert out[f"{name}_first_calls"]["resolve"] == 1, (name, out)  # checked once per signature
+        assert out[f"{name}_repeat_calls"] == {"resolve": 0, "door": 0, "autograd": 0}, (name, out)
+    assert out["grouped_plans"] == [3] and out["fp8_plans"] == [3] and out["fp8_said"] == []
+    assert "16-byte aligned" in out["misaligned"]  # the door's own error, on a signature C++ knows
+
+
 def test_host_time_per_call_below_the_python_path(built):
     native = probe("host")
     python = probe("host", CUTLASS_TUNE_NATIVE="0")
@@ -76,3 +104,7 @@ def test_host_time_per_call_below_the_python_path(built):
     # The issue's goal is torch's own time; the test holds the C++ path below the Python one.
     assert native["grouped op"] < python["grouped op"], (native, python)
     assert native["mm op"] < python["mm op"], (native, python)
+    assert native["mm op grad"] < python["mm op grad"], (native, python)
+    assert native["linear fallback op"] < python["linear fallback op"], (native, python)
+    assert native["matmul door"] < python["matmul door"], (native, python)
+    assert native["grouped door"] < python["grouped door"], (native, python)
