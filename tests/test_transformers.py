@@ -184,6 +184,42 @@ def test_moe_block_compiles_fullgraph_before_any_eager_call(empty_table):
         torch.testing.assert_close(got.detach(), block(x), rtol=1e-5, atol=1e-5)
 
 
+def _compiled_ops(fn, *args):
+    """The ops of the graphs torch.compile traces of fn(*args) (no grad), one Counter per graph."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=backend)(*args)
+    return [sorted(str(n.target).split(" at ")[0] for n in g.graph.nodes if n.op in ("call_function", "call_method"))
+            for g in graphs]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_door_traces_the_same_ops_as_the_direct_call(empty_table, family):
+    """Guards the compiled "cutlass_tune" experts running transformers' glue: Dynamo misread the
+    gate's qualified name, so the plan traced at the first (compiled) call named no gate."""
+    torch.manual_seed(3)
+    x, index, weights = torch.randn(6, 64), torch.randint(0, 8, (6, 2)), torch.rand(6, 2)
+    door = family_model(family, torch.float32, implementation=ct.NAME).model.layers[0].mlp.experts
+    direct = family_model(family, torch.float32).model.layers[0].mlp.experts
+    gate_up = direct.gate_up_proj
+    biases = dict(gate_up_bias=direct.gate_up_proj_bias, down_bias=direct.down_proj_bias) if direct.has_bias else {}
+    activation = "swiglu_oai" if family == "gpt_oss" else direct.config.hidden_act
+
+    def call(h, i, w):
+        return cutlass_tune.moe_experts(h, i, w, gate_up, direct.down_proj, table=ct.TABLE_KEY, activation=activation,
+                                        transposed=direct.is_transposed, **biases)
+
+    ours = _compiled_ops(lambda h, i, w: door(h, i, w), x, index, weights)
+    assert ours == _compiled_ops(call, x, index, weights)
+    assert len(ours) == 1 and not any("histc" in op for op in ours[0])
+
+
 def _custom_experts(gate=None, *, has_gate=True, act=None, post_norm=False):
     """A transformers experts module of 4 experts (hidden 16, intermediate 8) with `gate` as its
     `_apply_gate`, running the implementation its `config` names."""

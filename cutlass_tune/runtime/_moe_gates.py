@@ -98,8 +98,15 @@ def _probe(experts: Any, activation: ExpertActivation) -> str | None:
 def experts_plan(experts: Any) -> ExpertsLayout | str:
     """What the "cutlass_tune" experts run for a transformers experts module: the layout of the
     fused layer (`cutlass_tune.moe_experts`), or why the module runs transformers' torch glue
-    around the tuned GEMMs instead (`glue_forward`). Checked once per module in eager code (its
-    gate against the layer's on a probe) and kept on the module."""
+    around the tuned GEMMs instead (`glue_forward`). Checked once per module in eager Python (its
+    gate against the layer's on a probe), also when torch.compile traces the first call, and
+    kept on the module."""
+    if torch.compiler.is_compiling():
+        _plan_in_python(experts)
+    return _checked_plan(experts)
+
+
+def _checked_plan(experts: Any) -> ExpertsLayout | str:
     plan = getattr(experts, _PLAN, None)
     if plan is not None:
         return plan
@@ -112,14 +119,21 @@ def experts_plan(experts: Any) -> ExpertsLayout | str:
                                   activation, experts.is_transposed)
         except MoEInputError as err:
             plan = str(err)
-    if torch.compiler.is_compiling():
-        return plan
     if not isinstance(plan, str):
         plan = _probe(experts, plan.activation) or plan
     if isinstance(plan, str):
         plan = f"{type(experts).__name__}: {plan}"
     setattr(experts, _PLAN, plan)
     return plan
+
+
+@torch.compiler.assume_constant_result
+def _plan_in_python(experts: Any) -> bool:
+    """The module's plan checked and kept by Python at trace time, so the traced code reads it
+    from the module. Traced, the check would be wrong: Dynamo formats a function's
+    `__qualname__` as "<attribute '__qualname__' of 'function' objects>" (torch 2.13), which
+    names no gate of `_GATES`, and every compiled layer would run transformers' torch glue."""
+    return not isinstance(_checked_plan(experts), str)
 
 
 _PLAN = "_cutlass_tune_plan"
