@@ -184,8 +184,9 @@ def test_moe_block_compiles_fullgraph_before_any_eager_call(empty_table):
         torch.testing.assert_close(got.detach(), block(x), rtol=1e-5, atol=1e-5)
 
 
-def _compiled_ops(fn, *args):
-    """The ops of the graphs torch.compile traces of fn(*args) (no grad), one Counter per graph."""
+def _compiled_ops(fn, *args, calls=None):
+    """The ops of the graphs torch.compile traces of fn(*args) (no grad; or of one call per
+    argument tuple of `calls`), a sorted list per graph."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -193,8 +194,10 @@ def _compiled_ops(fn, *args):
         return gm.forward
 
     torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend)
     with torch.no_grad():
-        torch.compile(fn, backend=backend)(*args)
+        for one in calls or [args]:
+            compiled(*one)
     return [sorted(str(n.target).split(" at ")[0] for n in g.graph.nodes if n.op in ("call_function", "call_method"))
             for g in graphs]
 
@@ -218,6 +221,14 @@ def test_compiled_door_traces_the_same_ops_as_the_direct_call(empty_table, famil
     ours = _compiled_ops(lambda h, i, w: door(h, i, w), x, index, weights)
     assert ours == _compiled_ops(call, x, index, weights)
     assert len(ours) == 1 and not any("histc" in op for op in ours[0])
+
+
+def test_compiled_door_takes_one_graph_for_every_layer(empty_table):
+    """Guards the gate's check guarding each module's identity (one recompile per layer)."""
+    layers = family_model("qwen3_moe", torch.float32, implementation=ct.NAME).model.layers
+    x, index, weights = torch.randn(6, 64), torch.randint(0, 8, (6, 2)), torch.rand(6, 2)
+    graphs = _compiled_ops(lambda experts: experts(x, index, weights), calls=[(layer.mlp.experts,) for layer in layers])
+    assert len(graphs) == 1 and not any("histc" in op for op in graphs[0])
 
 
 def _custom_experts(gate=None, *, has_gate=True, act=None, post_norm=False):

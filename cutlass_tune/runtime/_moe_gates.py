@@ -53,8 +53,17 @@ _GATES: dict[str, _Gate] = {
 Each is checked against the module's own gate once, on its first eager call (`_probe`)."""
 
 
-def _qualified(fn: object) -> str:
+def _gate_name(cls: type) -> str:
+    """The qualified name of an experts class's `_apply_gate`."""
+    fn = getattr(cls, "_apply_gate", None)
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+_traced_gate_name = torch.compiler.assume_constant_result(_gate_name)
+"""`_gate_name` computed by Python while torch.compile traces (a constant of the graph): traced,
+Dynamo formats a function's `__qualname__` as "<attribute '__qualname__' of 'function'
+objects>" (torch 2.13), which names no gate, and every experts module compiled before its first
+eager call ran transformers' torch glue."""
 
 
 def experts_activation(experts: Any) -> ExpertActivation | str:
@@ -65,7 +74,7 @@ def experts_activation(experts: Any) -> ExpertActivation | str:
         if function is None or function is Activation.NONE:
             return f"its activation {type(getattr(experts, 'act_fn', None)).__name__} is not one the layer computes"
         return ExpertActivation(function, GateForm.NONE)
-    name = _qualified(getattr(type(experts), "_apply_gate", None))
+    name = (_traced_gate_name if torch.compiler.is_compiling() else _gate_name)(type(experts))
     gate = _GATES.get(name)
     if gate is None:
         return f"its gate {name} is not one the layer computes"
@@ -98,15 +107,8 @@ def _probe(experts: Any, activation: ExpertActivation) -> str | None:
 def experts_plan(experts: Any) -> ExpertsLayout | str:
     """What the "cutlass_tune" experts run for a transformers experts module: the layout of the
     fused layer (`cutlass_tune.moe_experts`), or why the module runs transformers' torch glue
-    around the tuned GEMMs instead (`glue_forward`). Checked once per module in eager Python (its
-    gate against the layer's on a probe), also when torch.compile traces the first call, and
-    kept on the module."""
-    if torch.compiler.is_compiling():
-        _plan_in_python(experts)
-    return _checked_plan(experts)
-
-
-def _checked_plan(experts: Any) -> ExpertsLayout | str:
+    around the tuned GEMMs instead (`glue_forward`). Checked once per module in eager code (its
+    gate against the layer's on a probe) and kept on the module."""
     plan = getattr(experts, _PLAN, None)
     if plan is not None:
         return plan
@@ -119,21 +121,14 @@ def _checked_plan(experts: Any) -> ExpertsLayout | str:
                                   activation, experts.is_transposed)
         except MoEInputError as err:
             plan = str(err)
+    if torch.compiler.is_compiling():
+        return plan
     if not isinstance(plan, str):
         plan = _probe(experts, plan.activation) or plan
     if isinstance(plan, str):
         plan = f"{type(experts).__name__}: {plan}"
     setattr(experts, _PLAN, plan)
     return plan
-
-
-@torch.compiler.assume_constant_result
-def _plan_in_python(experts: Any) -> bool:
-    """The module's plan checked and kept by Python at trace time, so the traced code reads it
-    from the module. Traced, the check would be wrong: Dynamo formats a function's
-    `__qualname__` as "<attribute '__qualname__' of 'function' objects>" (torch 2.13), which
-    names no gate of `_GATES`, and every compiled layer would run transformers' torch glue."""
-    return not isinstance(_checked_plan(experts), str)
 
 
 _PLAN = "_cutlass_tune_plan"
