@@ -231,6 +231,28 @@ def test_compiled_door_takes_one_graph_for_every_layer(empty_table):
     assert len(graphs) == 1 and not any("histc" in op for op in graphs[0])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_decode_matches_transformers_batched_mm(monkeypatch, family):
+    from cutlass_tune.runtime import _moe
+
+    taken = []
+    bmm = _moe._bmm
+    monkeypatch.setattr(_moe, "_bmm", lambda *a: taken.append(a) or bmm(*a))
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), decode="batched")
+    try:
+        model = family_model(family, torch.bfloat16)
+        got, want = logits_by(model, torch.randint(0, 128, (1, 3)), ct.NAME, "batched_mm")
+    finally:
+        ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})))
+    assert len(taken) == 2 * len(model.model.layers)  # both GEMMs of every layer batched
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_use_table_refuses_a_decode_it_does_not_know():
+    with pytest.raises(cutlass_tune.runtime.MoEInputError, match="decode 'bmm' is not one of"):
+        ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), decode="bmm")
+
+
 def _custom_experts(gate=None, *, has_gate=True, act=None, post_norm=False):
     """A transformers experts module of 4 experts (hidden 16, intermediate 8) with `gate` as its
     `_apply_gate`, running the implementation its `config` names."""

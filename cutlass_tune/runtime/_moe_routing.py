@@ -63,6 +63,14 @@ def moe_routing(top_k_index: torch.Tensor, num_experts: int) -> MoERouting:
     return MoERouting(sorted_ids, perm, inv, offsets, top_k)
 
 
+def slot_routing(top_k_index: torch.Tensor) -> MoERouting:
+    """The routing that keeps slot order (routed row s is slot s): what rows computed per slot,
+    unsorted (the batched GEMMs' rows), take to `moe_combine`. No offsets (no grouped GEMM)."""
+    slots = torch.arange(top_k_index.numel(), device=top_k_index.device)
+    return MoERouting(top_k_index.reshape(-1), slots, slots, slots.new_empty(0, dtype=torch.int32),
+                      top_k_index.shape[-1])
+
+
 # ---------------------------------------------------------------------------------------------
 # Gather and combine: torch's computation, the native kernels, autograd
 
