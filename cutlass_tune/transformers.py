@@ -13,10 +13,13 @@ biases, GPT-OSS's clamped SwiGLU, post-expert norms); other experts run transfor
     model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="cutlass_tune")
     # or: model.set_experts_implementation("cutlass_tune")
 
-Experts whose shapes the table has not tuned run torch's grouped GEMM (one warning per shape),
-so the model's outputs never depend on the table, only its speed. The operator has a backward
-and no graph break under torch.compile; eager inference (no gradient needed, nothing traced)
-calls the kernel without the operator's dispatch, with a workspace kept per thread and stream.
+At decode sizes the layer may run batched GEMMs instead (`use_table(table, decode=...)`,
+`CUTLASS_TUNE_MOE_BATCHED_ROWS`): transformers switches only its own "grouped_mm" experts to
+"batched_mm" while generating. Experts whose shapes the table has not tuned run torch's grouped
+GEMM (one warning per shape), so the model's outputs never depend on the table, only its speed.
+The operator has a backward and no graph break under torch.compile; eager inference (no
+gradient needed, nothing traced) calls the kernel without the operator's dispatch, with a
+workspace kept per thread and stream.
 Needs `pip install 'cutlass-tune[transformers]'`.
 """
 
