@@ -17,7 +17,8 @@
 #     and, where the package has it, the native operator extension built (native.txt).
 #  2. benchmarks/host_path.py on the three bundles, native on and off (host_path/).
 #  3. benchmarks/moe_layer.py for each family of FAMILIES (default "qwen3_235b deepseek_v2"):
-#     4096 tokens eager and compiled, 1 and 64 tokens in CUDA graphs, each with --profile (layer/).
+#     4096 tokens eager and compiled, 1, 8 and 64 tokens in CUDA graphs (grouped and batched decode
+#     sides), each with --profile (layer/).
 #  4. with MODEL=1: benchmarks/moe_model.py, 4 layers of the same families: 4096 tokens eager and
 #     compiled, 1 and 64 decode tokens compiled in CUDA graphs, each with --profile (model/).
 #
@@ -109,7 +110,7 @@ layer() {
 for family in $families; do
   layer "$family" eager 4096
   layer "$family" compiled 4096
-  layer "$family" graphs 1 64
+  layer "$family" graphs 1 8 64
 done
 
 # 4. the model forward (MODEL=1): FAMILY TOKENS NAME [moe_model.py options]

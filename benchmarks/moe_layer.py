@@ -13,9 +13,12 @@ the same weights and routing:
 
 - torch: transformers' "grouped_mm" experts, and "batched_mm" at decode sizes (<= 256 tokens,
   where transformers itself switches to it);
-- ours: transformers' "cutlass_tune" experts (`cutlass_tune.transformers`, on TABLE), the
-  layer called directly (`cutlass_tune.moe_experts(hidden, top_k_index, top_k_weights,
-  gate_up, down, table=..., activation=...)`), and "tuned_gemms": the tuned grouped GEMMs inside
+- ours: transformers' "cutlass_tune" experts (`cutlass_tune.transformers`, on TABLE; their
+  decode choice as `CUTLASS_TUNE_MOE_BATCHED_ROWS` sets it), the layer called directly
+  (`cutlass_tune.moe_experts(hidden, top_k_index, top_k_weights, gate_up, down, table=...,
+  activation=..., decode="grouped")`), at decode sizes "moe_batched" (the same with
+  `decode="batched"`: one bmm per routed row, the threshold of `decode="auto"` is the largest
+  routed rows where it beats "moe_experts"), and "tuned_gemms": the tuned grouped GEMMs inside
   transformers' torch glue (`cutlass_tune.transformers.glue_forward`, what the "cutlass_tune"
   experts ran before the layer owned its glue): against the layer, the glue's share of the gain.
   A side the package lacks is a one-line skip.
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import itertools
 import json
 import math
@@ -69,7 +73,7 @@ CLOSE = 2e-2
 DECODE_TOKENS = 256
 """Up to this many tokens transformers' "batched_mm" runs too (its decode regime)."""
 TORCH_SIDES = ("grouped_mm", "batched_mm")
-OURS_SIDES = ("cutlass_tune", "moe_experts", "tuned_gemms")
+OURS_SIDES = ("cutlass_tune", "moe_experts", "moe_batched", "tuned_gemms")
 PARTS = ("routing", "gather", "gate_up GEMM", "activation", "down GEMM", "combine")
 TINY = dict(experts=8, top_k=2, hidden=64, moe_intermediate=32)
 _GEMM = re.compile(r"gemm|cutlass|nvjet|xmma|cublas|bmm|sm90_|KernelPtrArray|KernelTma", re.IGNORECASE)
@@ -225,8 +229,15 @@ def sides(experts: torch.nn.Module, key: str, tokens: int, family: str) -> dict[
         if experts.is_transposed:
             extra["transposed"] = True
         activation = "swiglu_oai" if family == "gpt_oss" else experts.config.hidden_act
-        out["moe_experts"] = lambda h, i, w: layer(h, i, w, gate_up, experts.down_proj, table=key,
-                                                   activation=activation, **extra)
+        decodes = "decode" in inspect.signature(layer).parameters
+        for name, decode in (("moe_experts", "grouped"), ("moe_batched", "batched")):
+            if name == "moe_batched" and (tokens > DECODE_TOKENS or not decodes):
+                if tokens <= DECODE_TOKENS:
+                    out[name] = "the package's moe_experts has no decode option"
+                continue
+            kwargs = {**extra, "decode": decode} if decodes else extra
+            out[name] = (lambda kwargs: lambda h, i, w: layer(h, i, w, gate_up, experts.down_proj, table=key,
+                                                              activation=activation, **kwargs))(kwargs)
     return out
 
 
@@ -435,7 +446,8 @@ def case_name(args: argparse.Namespace, tokens: int) -> str:
 def summary(out_dir: Path) -> str:
     """One line per case of `out_dir`'s JSON files."""
     lines = [f"{'family':<12} {'tokens':>6} {'mode':<15} {'torch best':<11} {'torch ms':>9} {'ct ms':>8} "
-             f"{'layer ms':>9} {'ct x':>6} {'layer x':>7} {'gemms x':>7} {'max err':>8} {'fallbacks':>9}  skipped"]
+             f"{'layer ms':>9} {'bmm ms':>8} {'ct x':>6} {'layer x':>7} {'bmm x':>6} {'gemms x':>7} {'max err':>8} "
+             f"{'fallbacks':>9}  skipped"]
     for path in sorted(out_dir.glob("*.json")):
         try:
             r = json.loads(path.read_text())
@@ -457,7 +469,8 @@ def summary(out_dir: Path) -> str:
         mode = r["mode"] + ("-train" if r.get("train") else "")
         lines.append(f"{r['family']:<12} {r['tokens']:>6} {mode:<15} {best or '-':<11} "
                      f"{ms(best) if best else '-':>9} {ms('cutlass_tune'):>8} {ms('moe_experts'):>9} "
-                     f"{x('cutlass_tune'):>6} {x('moe_experts'):>7} {x('tuned_gemms'):>7} "
+                     f"{ms('moe_batched'):>8} {x('cutlass_tune'):>6} {x('moe_experts'):>7} {x('moe_batched'):>6} "
+                     f"{x('tuned_gemms'):>7} "
                      f"{max(errors) if errors else math.nan:>8.1e} {fallbacks:>9}  {skipped}")
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@
 | CUTLASS_TUNE_COMPILE_TIMEOUT | seconds before one nvcc job is killed | 900 |
 | CUTLASS_TUNE_NVCC_MEMORY_GB | memory one nvcc job is assumed to peak at | 3.2 |
 | CUTLASS_TUNE_NATIVE | 0: the operators never load their native (C++) library | 1 |
+| CUTLASS_TUNE_MOE_BATCHED_ROWS | MoE `decode="auto"`: batched GEMMs up to this many tokens x top_k | 0 (never) |
 | CUTLASS_TUNE_STORE | the store `best`, `dashboard`, `export`, `confirm` read with no `--storage` | `DEFAULT_STORE` |
 """
 
@@ -120,6 +121,27 @@ def nvcc_memory_bytes() -> int:
     return int(gb * 1e9)
 
 
+def moe_batched_rows() -> int:
+    """Up to this many routed rows (tokens x top_k) the MoE experts layer's `decode="auto"` runs
+    one batched GEMM per routed row instead of the grouped GEMMs; 0 (the default): never. Set it
+    from a measurement (`benchmarks/moe_layer.py --mode graphs` at decode sizes: the largest
+    routed rows at which the "moe_batched" side beats "moe_experts").
+
+    Raises:
+        CutlassTuneError: a value that is not a whole number of 0 or more.
+    """
+    raw = _env("CUTLASS_TUNE_MOE_BATCHED_ROWS")
+    if raw is None:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise CutlassTuneError(f"CUTLASS_TUNE_MOE_BATCHED_ROWS={raw!r} must be a whole number of 0 or more")
+    return value
+
+
 def check() -> None:
     """Read every numeric setting once, so a malformed one stops a command before it starts.
 
@@ -128,4 +150,5 @@ def check() -> None:
     """
     compile_jobs()
     compile_timeout_s()
+    moe_batched_rows()
     nvcc_memory_bytes()

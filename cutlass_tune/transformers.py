@@ -13,10 +13,13 @@ biases, GPT-OSS's clamped SwiGLU, post-expert norms); other experts run transfor
     model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="cutlass_tune")
     # or: model.set_experts_implementation("cutlass_tune")
 
-Experts whose shapes the table has not tuned run torch's grouped GEMM (one warning per shape),
-so the model's outputs never depend on the table, only its speed. The operator has a backward
-and no graph break under torch.compile; eager inference (no gradient needed, nothing traced)
-calls the kernel without the operator's dispatch, with a workspace kept per thread and stream.
+At decode sizes the layer may run batched GEMMs instead (`use_table(table, decode=...)`,
+`CUTLASS_TUNE_MOE_BATCHED_ROWS`): transformers switches only its own "grouped_mm" experts to
+"batched_mm" while generating. Experts whose shapes the table has not tuned run torch's grouped
+GEMM (one warning per shape), so the model's outputs never depend on the table, only its speed.
+The operator has a backward and no graph break under torch.compile; eager inference (no
+gradient needed, nothing traced) calls the kernel without the operator's dispatch, with a
+workspace kept per thread and stream.
 Needs `pip install 'cutlass-tune[transformers]'`.
 """
 
@@ -35,7 +38,7 @@ from .runtime._dispatch import eager_direct_allowed, input_not_taken, warn_once
 from .runtime._grouped import grouped_mm, torch_grouped_mm
 from .runtime._grouped_op import grouped_mm_op
 from .runtime._matmul import MatmulInputError
-from .runtime._moe import experts_forward
+from .runtime._moe import MoEDecode, experts_forward, moe_decode
 from .runtime._moe_gates import experts_plan
 from .runtime._op import registered_table
 
@@ -57,29 +60,37 @@ class NoTableError(CutlassTuneError, RuntimeError):
 
 _lock = threading.Lock()
 _table_set = False
+_decode = MoEDecode.AUTO
 
 
-def use_table(table: BestTable | str | Path) -> str:
+def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto") -> str:
     """The best-config table the "cutlass_tune" experts of every model in this process run
     (replacing an earlier one, also for graphs compiled with it). Thread-safe.
 
     Args:
         table: a `BestTable`, or what `BestTable.load` reads (bundle, table file, store).
+        decode: how the fused layer runs its GEMMs (`moe_experts`'s `decode`): "auto" (batched
+            up to `CUTLASS_TUNE_MOE_BATCHED_ROWS` routed rows, grouped above), "grouped" or
+            "batched". transformers switches only its own "grouped_mm" experts to "batched_mm"
+            at decode; this is the "cutlass_tune" experts' own choice, made per call by shape.
 
     Returns:
         Its key (`TABLE_KEY`).
 
     Raises:
         MatmulInputError: `table` is neither a `BestTable` nor a path (a DataFrame: `BestTable(frame)`).
+        MoEInputError: a `decode` that names no path.
         BestTableError, BundleError, StoreError: a path that cannot be read as a table.
     """
-    global _table_set
+    global _table_set, _decode
     if not isinstance(table, (BestTable, str, os.PathLike)):
         hint = " (a best-config frame: BestTable(frame))" if hasattr(table, "columns") else ""
         raise MatmulInputError(f"use_table takes a BestTable or a path, not {type(table).__name__}{hint}")
+    chosen = moe_decode(decode)
     with _lock:
         key = register_table(table, key=TABLE_KEY)
         _table_set = True
+        _decode = chosen
     return key
 
 
@@ -184,7 +195,7 @@ def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_i
         gate_up_bias=(self.gate_up_proj_bias if gated else self.up_proj_bias) if self.has_bias else None,
         down_bias=self.down_proj_bias if self.has_bias else None,
         expert_parallel=getattr(self, "_is_expert_parallel", False),
-        post=self.post_expert_norm if getattr(self, "has_post_expert_norm", False) else None)
+        post=self.post_expert_norm if getattr(self, "has_post_expert_norm", False) else None, decode=_decode)
 
 
 ExpertsInterface.register(NAME, cutlass_tune_experts_forward)

@@ -17,7 +17,7 @@ NUMERIC = [
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for name in ("CUTLASS_TUNE_CACHE_DIR", "CUTLASS_TUNE_NVCC", "CUDA_HOME", "CUDA_PATH",
-                 *(name for name, _ in NUMERIC)):
+                 "CUTLASS_TUNE_MOE_BATCHED_ROWS", *(name for name, _ in NUMERIC)):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -119,3 +119,14 @@ def test_memory_that_is_no_usable_byte_count_is_refused(monkeypatch, raw):
     except CutlassTuneError:
         return
     assert default_jobs() >= 1
+
+
+def test_moe_batched_rows_defaults_to_never_takes_zero_and_refuses_the_rest(monkeypatch):
+    assert settings.moe_batched_rows() == 0
+    for raw, want in (("0", 0), ("48", 48)):
+        monkeypatch.setenv("CUTLASS_TUNE_MOE_BATCHED_ROWS", raw)
+        assert settings.moe_batched_rows() == want
+    for raw in ("-1", "2.5", "many"):
+        monkeypatch.setenv("CUTLASS_TUNE_MOE_BATCHED_ROWS", raw)
+        with pytest.raises(CutlassTuneError, match=f"^CUTLASS_TUNE_MOE_BATCHED_ROWS='{raw}' must be a whole number"):
+            settings.check()

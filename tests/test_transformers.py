@@ -184,6 +184,75 @@ def test_moe_block_compiles_fullgraph_before_any_eager_call(empty_table):
         torch.testing.assert_close(got.detach(), block(x), rtol=1e-5, atol=1e-5)
 
 
+def _compiled_ops(fn, *args, calls=None):
+    """The ops of the graphs torch.compile traces of fn(*args) (no grad; or of one call per
+    argument tuple of `calls`), a sorted list per graph."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend)
+    with torch.no_grad():
+        for one in calls or [args]:
+            compiled(*one)
+    return [sorted(str(n.target).split(" at ")[0] for n in g.graph.nodes if n.op in ("call_function", "call_method"))
+            for g in graphs]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_door_traces_the_same_ops_as_the_direct_call(empty_table, family):
+    """Guards the compiled "cutlass_tune" experts running transformers' glue: Dynamo misread the
+    gate's qualified name, so the plan traced at the first (compiled) call named no gate."""
+    torch.manual_seed(3)
+    x, index, weights = torch.randn(6, 64), torch.randint(0, 8, (6, 2)), torch.rand(6, 2)
+    door = family_model(family, torch.float32, implementation=ct.NAME).model.layers[0].mlp.experts
+    direct = family_model(family, torch.float32).model.layers[0].mlp.experts
+    gate_up = direct.gate_up_proj
+    biases = dict(gate_up_bias=direct.gate_up_proj_bias, down_bias=direct.down_proj_bias) if direct.has_bias else {}
+    activation = "swiglu_oai" if family == "gpt_oss" else direct.config.hidden_act
+
+    def call(h, i, w):
+        return cutlass_tune.moe_experts(h, i, w, gate_up, direct.down_proj, table=ct.TABLE_KEY, activation=activation,
+                                        transposed=direct.is_transposed, **biases)
+
+    ours = _compiled_ops(lambda h, i, w: door(h, i, w), x, index, weights)
+    assert ours == _compiled_ops(call, x, index, weights)
+    assert len(ours) == 1 and not any("histc" in op for op in ours[0])
+
+
+def test_compiled_door_takes_one_graph_for_every_layer(empty_table):
+    """Guards the gate's check guarding each module's identity (one recompile per layer)."""
+    layers = family_model("qwen3_moe", torch.float32, implementation=ct.NAME).model.layers
+    x, index, weights = torch.randn(6, 64), torch.randint(0, 8, (6, 2)), torch.rand(6, 2)
+    graphs = _compiled_ops(lambda experts: experts(x, index, weights), calls=[(layer.mlp.experts,) for layer in layers])
+    assert len(graphs) == 1 and not any("histc" in op for op in graphs[0])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_decode_matches_transformers_batched_mm(monkeypatch, family):
+    from cutlass_tune.runtime import _moe
+
+    taken = []
+    bmm = _moe._bmm
+    monkeypatch.setattr(_moe, "_bmm", lambda *a: taken.append(a) or bmm(*a))
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), decode="batched")
+    try:
+        model = family_model(family, torch.bfloat16)
+        got, want = logits_by(model, torch.randint(0, 128, (1, 3)), ct.NAME, "batched_mm")
+    finally:
+        ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})))
+    assert len(taken) == 2 * len(model.model.layers)  # both GEMMs of every layer batched
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_use_table_refuses_a_decode_it_does_not_know():
+    with pytest.raises(cutlass_tune.runtime.MoEInputError, match="decode 'bmm' is not one of"):
+        ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), decode="bmm")
+
+
 def _custom_experts(gate=None, *, has_gate=True, act=None, post_norm=False):
     """A transformers experts module of 4 experts (hidden 16, intermediate 8) with `gate` as its
     `_apply_gate`, running the implementation its `config` names."""

@@ -66,6 +66,17 @@ void with_width(int width, Fn&& fn) {
   return fn(std::integral_constant<int, 1>{});
 }
 
+// Token t's top_k routed rows and weights into shared memory (rows[j] = inv[t * top_k + j]).
+template <bool WEIGHTED>
+__device__ void load_slots(const int64_t* __restrict__ inv, const float* __restrict__ w, int top_k, int64_t t,
+                           int64_t* rows, float* scales) {
+  for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+    rows[j] = inv[t * top_k + j];
+    scales[j] = WEIGHTED ? w[t * top_k + j] : 1.f;
+  }
+  __syncthreads();
+}
+
 template <typename T, int VEC, bool WEIGHTED>
 __global__ void gather_kernel(const T* __restrict__ x, const int64_t* __restrict__ inv, const float* __restrict__ w,
                               T* __restrict__ out, int top_k, int64_t vectors) {
@@ -73,11 +84,7 @@ __global__ void gather_kernel(const T* __restrict__ x, const int64_t* __restrict
   int64_t* rows = reinterpret_cast<int64_t*>(shared);
   float* scales = reinterpret_cast<float*>(rows + top_k);
   const int64_t t = blockIdx.x;
-  for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
-    rows[j] = inv[t * top_k + j];
-    scales[j] = WEIGHTED ? w[t * top_k + j] : 1.f;
-  }
-  __syncthreads();
+  load_slots<WEIGHTED>(inv, w, top_k, t, rows, scales);
   using P = Pack<T, VEC>;
   const P* src = reinterpret_cast<const P*>(x) + t * vectors;
   P* dst = reinterpret_cast<P*>(out);
@@ -103,11 +110,7 @@ __global__ void combine_kernel(const T* __restrict__ y, const int64_t* __restric
   int64_t* rows = reinterpret_cast<int64_t*>(shared);
   float* scales = reinterpret_cast<float*>(rows + top_k);
   const int64_t t = blockIdx.x;
-  for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
-    rows[j] = inv[t * top_k + j];
-    scales[j] = WEIGHTED ? w[t * top_k + j] : 1.f;
-  }
-  __syncthreads();
+  load_slots<WEIGHTED>(inv, w, top_k, t, rows, scales);
   using P = Pack<T, VEC>;
   const P* src = reinterpret_cast<const P*>(y);
   P* dst = reinterpret_cast<P*>(out) + t * vectors;
@@ -128,6 +131,19 @@ __global__ void combine_kernel(const T* __restrict__ y, const int64_t* __restric
 #pragma unroll
     for (int i = 0; i < VEC; ++i) q.v[i] = static_cast<T>(acc[i]);
     dst[v] = q;
+  }
+}
+
+// Which way a call moves rows: a gather writes each token row to its top_k routed rows, a
+// combine sums each token's top_k routed rows. One block per token either way.
+enum class Direction { kGather, kCombine };
+
+template <Direction D, typename T, int VEC, bool WEIGHTED>
+constexpr auto rows_kernel() {
+  if constexpr (D == Direction::kGather) {
+    return gather_kernel<T, VEC, WEIGHTED>;
+  } else {
+    return combine_kernel<T, VEC, WEIGHTED>;
   }
 }
 
@@ -190,66 +206,37 @@ void check_routing(const char* op, const at::Tensor& rows, const at::Tensor& inv
               op, ": rows must be float32, float16 or bfloat16, got ", rows.scalar_type());
 }
 
-at::Tensor moe_gather(const at::Tensor& x_in, const at::Tensor& inv_in, const c10::optional<at::Tensor>& weights_in,
-                      int64_t top_k) {
-  check_routing("cutlass_tune::moe_gather", x_in, inv_in, weights_in, top_k);
-  const int64_t slots = inv_in.numel(), tokens = slots / top_k, hidden = x_in.size(1);
-  TORCH_CHECK(x_in.size(0) == tokens, "cutlass_tune::moe_gather: x has ", x_in.size(0), " rows for ", tokens,
-              " tokens (", slots, " slots of top_k ", top_k, ")");
-  const c10::cuda::CUDAGuard guard(x_in.device());
-  const at::Tensor x = x_in.contiguous(), inv = inv_in.contiguous();
+// moe_gather (D kGather: `in` is x, T x H) and moe_combine (kCombine: `in` is y, S x H).
+template <Direction D>
+at::Tensor move_rows(const at::Tensor& in, const at::Tensor& inv_in, const c10::optional<at::Tensor>& weights_in,
+                     int64_t top_k) {
+  constexpr bool gather = D == Direction::kGather;
+  constexpr const char* op = gather ? "cutlass_tune::moe_gather" : "cutlass_tune::moe_combine";
+  check_routing(op, in, inv_in, weights_in, top_k);
+  const int64_t slots = inv_in.numel(), tokens = slots / top_k, hidden = in.size(1);
+  if constexpr (gather) {
+    TORCH_CHECK(in.size(0) == tokens, op, ": x has ", in.size(0), " rows for ", tokens, " tokens (", slots,
+                " slots of top_k ", top_k, ")");
+  } else {
+    TORCH_CHECK(in.size(0) == slots, op, ": y has ", in.size(0), " rows for ", slots, " routed slots");
+  }
+  const c10::cuda::CUDAGuard guard(in.device());
+  const at::Tensor src = in.contiguous(), inv = inv_in.contiguous();
   const at::Tensor weights = weights_in.has_value() ? weights_in->contiguous() : at::Tensor();
-  at::Tensor out = at::empty({slots, hidden}, x.options());
-  if (slots == 0 || hidden == 0) return out;
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  const size_t shared = top_k * (sizeof(int64_t) + sizeof(float));
-  const float* w = weights.defined() ? weights.data_ptr<float>() : nullptr;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gather", [&] {
-    const int width = vector_width<scalar_t>(hidden, {x.data_ptr(), out.data_ptr()});
-    const int64_t vectors = hidden / width;
-    const int threads = threads_for(vectors);
-    with_width<scalar_t>(width, [&](auto vec) {
-      constexpr int VEC = decltype(vec)::value;
-      if (w) {
-        gather_kernel<scalar_t, VEC, true><<<tokens, threads, shared, stream>>>(
-            x.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w, out.data_ptr<scalar_t>(), top_k, vectors);
-      } else {
-        gather_kernel<scalar_t, VEC, false><<<tokens, threads, shared, stream>>>(
-            x.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w, out.data_ptr<scalar_t>(), top_k, vectors);
-      }
-    });
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-
-at::Tensor moe_combine(const at::Tensor& y_in, const at::Tensor& inv_in, const c10::optional<at::Tensor>& weights_in,
-                       int64_t top_k) {
-  check_routing("cutlass_tune::moe_combine", y_in, inv_in, weights_in, top_k);
-  const int64_t slots = inv_in.numel(), tokens = slots / top_k, hidden = y_in.size(1);
-  TORCH_CHECK(y_in.size(0) == slots, "cutlass_tune::moe_combine: y has ", y_in.size(0), " rows for ", slots,
-              " routed slots");
-  const c10::cuda::CUDAGuard guard(y_in.device());
-  const at::Tensor y = y_in.contiguous(), inv = inv_in.contiguous();
-  const at::Tensor weights = weights_in.has_value() ? weights_in->contiguous() : at::Tensor();
-  at::Tensor out = at::empty({tokens, hidden}, y.options());
+  at::Tensor out = at::empty({gather ? slots : tokens, hidden}, src.options());
   if (tokens == 0 || hidden == 0) return out;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const size_t shared = top_k * (sizeof(int64_t) + sizeof(float));
   const float* w = weights.defined() ? weights.data_ptr<float>() : nullptr;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "moe_combine", [&] {
-    const int width = vector_width<scalar_t>(hidden, {y.data_ptr(), out.data_ptr()});
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), op, [&] {
+    const int width = vector_width<scalar_t>(hidden, {src.data_ptr(), out.data_ptr()});
     const int64_t vectors = hidden / width;
     const int threads = threads_for(vectors);
     with_width<scalar_t>(width, [&](auto vec) {
       constexpr int VEC = decltype(vec)::value;
-      if (w) {
-        combine_kernel<scalar_t, VEC, true><<<tokens, threads, shared, stream>>>(
-            y.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w, out.data_ptr<scalar_t>(), top_k, vectors);
-      } else {
-        combine_kernel<scalar_t, VEC, false><<<tokens, threads, shared, stream>>>(
-            y.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w, out.data_ptr<scalar_t>(), top_k, vectors);
-      }
+      const auto kernel = w ? rows_kernel<D, scalar_t, VEC, true>() : rows_kernel<D, scalar_t, VEC, false>();
+      kernel<<<tokens, threads, shared, stream>>>(src.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), w,
+                                                  out.data_ptr<scalar_t>(), top_k, vectors);
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -294,7 +281,7 @@ TORCH_LIBRARY_FRAGMENT(cutlass_tune, m) {
 }
 
 TORCH_LIBRARY_IMPL(cutlass_tune, CUDA, m) {
-  m.impl("moe_gather", &moe_gather);
-  m.impl("moe_combine", &moe_combine);
+  m.impl("moe_gather", &move_rows<Direction::kGather>);
+  m.impl("moe_combine", &move_rows<Direction::kCombine>);
   m.impl("moe_weights_grad", &moe_weights_grad);
 }

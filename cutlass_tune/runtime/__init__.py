@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ._moe import (
         ExpertActivation,
         GateForm,
+        MoEDecode,
         MoEExperts,
         MoEInputError,
         MoERouting,
@@ -63,8 +64,8 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call", "ExpertActivation", "Fallback",
            "FallbackReason", "Fp8Linear", "FusionDecision", "FusionPass", "GateForm", "Gemm", "GemmArgs",
-           "GemmInstance", "GroupedGemm", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine", "moe_experts",
-           "moe_gather", "moe_routing",
+           "GemmInstance", "GroupedGemm", "MoEDecode", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine",
+           "moe_experts", "moe_gather", "moe_routing",
            "KernelLoadError", "KernelRef", "KernelStatusError", "Kind", "LayerDecision", "Linear", "LoadedKernel",
            "Match", "MatmulInputError", "PatchReport", "Plan", "PlanCache", "Ready", "UnregisteredTableError",
            "Workspace", "activation_of", "cutlass_status_name", "eager_direct_allowed", "grouped_mm", "grouped_mm_op",
@@ -82,7 +83,7 @@ _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredT
            "grouped_mm": "_grouped", "grouped_problem_of": "_grouped", "torch_grouped_mm": "_grouped",
            "grouped_mm_op": "_grouped_op", "inductor_options": "_inductor", "FusionPass": "_inductor",
            "FusionDecision": "_inductor", **{name: "_moe" for name in (
-               "ExpertActivation", "GateForm", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine",
+               "ExpertActivation", "GateForm", "MoEDecode", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine",
                "moe_experts", "moe_gather", "moe_routing")}}
 
 

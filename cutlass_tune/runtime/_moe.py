@@ -40,13 +40,14 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .. import settings
 from .._torch import ACTIVATION
 from ..space import Activation
 from ._dispatch import eager_direct_allowed, input_not_taken
 from ._grouped import grouped_mm, torch_grouped_mm
 from ._grouped_op import grouped_mm_op
 from ._matmul import MatmulInputError
-from ._moe_routing import MoERouting, moe_combine, moe_gather, moe_routing
+from ._moe_routing import MoERouting, moe_combine, moe_gather, moe_routing, slot_routing
 from ._op import register_table, registered_table, table_key
 from ._table import BestTable
 
@@ -234,14 +235,52 @@ def _check_call(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
             raise MoEInputError(f"{name} is on {t.device} and the experts' weights on {device}")
 
 
+class MoEDecode(str, enum.Enum):
+    """How the layer runs its two GEMMs: the tuned grouped GEMMs over routed rows, or one
+    batched GEMM of each routed row against its own expert's weights (torch's `bmm` over the
+    gathered experts' weights, as transformers' "batched_mm" experts run at decode)."""
+
+    AUTO = "auto"
+    """Batched where tokens x top_k is at most `settings.moe_batched_rows()` (a measured
+    threshold; 0, the default, is never), else grouped."""
+    GROUPED = "grouped"
+    BATCHED = "batched"
+
+
+def moe_decode(decode: MoEDecode | str) -> MoEDecode:
+    """The `MoEDecode` a `decode` argument names. Raises MoEInputError."""
+    try:
+        return MoEDecode(decode)
+    except ValueError:
+        raise MoEInputError(f"decode {decode!r} is not one of {', '.join(d.value for d in MoEDecode)}") from None
+
+
+def runs_batched(decode: MoEDecode, routed_rows: int) -> bool:
+    """Whether a call of `routed_rows` (tokens x top_k, a shape: no host sync, and a guard
+    under torch.compile) runs the batched GEMMs."""
+    if decode is MoEDecode.AUTO:
+        return routed_rows <= settings.moe_batched_rows()
+    return decode is MoEDecode.BATCHED
+
+
+def _bmm(rows: torch.Tensor, weights: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """Each row through its own matrix: S x K rows, S x N x K matrices (S x K x N `transposed`)."""
+    if transposed:
+        return torch.bmm(rows.unsqueeze(1), weights).squeeze(1)
+    return torch.bmm(weights, rows.unsqueeze(-1)).squeeze(-1)
+
+
 def experts_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                     gate_up: torch.Tensor, down: torch.Tensor, layout: ExpertsLayout, key: str | None, *,
                     gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
-                    expert_parallel: bool = False,
-                    post: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                    expert_parallel: bool = False, post: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    decode: MoEDecode = MoEDecode.AUTO) -> torch.Tensor:
     """The layer on checked operands (`moe_experts`'s steps); `post` runs on the down GEMM's
     rows before the combine (transformers' post-expert norm)."""
     num_experts, top_k = layout.experts, top_k_index.shape[-1]
+    if runs_batched(decode, top_k_index.numel()):
+        return _batched_forward(hidden, top_k_index, top_k_weights, gate_up, down, layout, gate_up_bias=gate_up_bias,
+                                down_bias=down_bias, expert_parallel=expert_parallel, post=post)
     routing = moe_routing(top_k_index, num_experts)
     rows = moe_gather(hidden.to(gate_up.dtype), routing)
     ids = routing.sorted_ids
@@ -271,11 +310,40 @@ def experts_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weigh
     return moe_combine(y, routing, weights).to(hidden.dtype)
 
 
+def _batched_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                     gate_up: torch.Tensor, down: torch.Tensor, layout: ExpertsLayout, *,
+                     gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, expert_parallel: bool,
+                     post: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """The layer with batched GEMMs: slot s's row x[s // top_k] against its expert's own copy of
+    the weights (S x N x H gathered, as transformers' "batched_mm" does; no sort, no offsets),
+    then the same activation and combine as the grouped path."""
+    num_experts, top_k = layout.experts, top_k_index.shape[-1]
+    ids = top_k_index.reshape(-1)
+    sentinel = None
+    if expert_parallel:
+        sentinel = (ids >= num_experts).unsqueeze(-1)
+        ids = ids.clamp(max=num_experts - 1)
+    rows = hidden.to(gate_up.dtype).repeat_interleave(top_k, dim=0)
+    h = _bmm(rows, gate_up.index_select(0, ids), layout.transposed)
+    if gate_up_bias is not None:
+        h = h + gate_up_bias.index_select(0, ids)
+    h = layout.activation(h)
+    y = _bmm(h.to(down.dtype), down.index_select(0, ids), layout.transposed)
+    if down_bias is not None:
+        y = y + down_bias.index_select(0, ids)
+    if sentinel is not None:
+        y = y.masked_fill(sentinel, 0.0)
+    if post is not None:
+        y = post(y)
+    weights = top_k_weights.reshape(-1, top_k).float()
+    return moe_combine(y, slot_routing(top_k_index), weights).to(hidden.dtype)
+
+
 def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 gate_up: torch.Tensor, down: torch.Tensor, *, table: BestTable | str | Path | None,
                 activation: ExpertActivation | Activation | str = "silu", gate_up_bias: torch.Tensor | None = None,
                 down_bias: torch.Tensor | None = None, transposed: bool = False,
-                expert_parallel: bool = False) -> torch.Tensor:
+                expert_parallel: bool = False, decode: MoEDecode | str = "auto") -> torch.Tensor:
     """A MoE experts layer: out[t] = sum_j w[t, j] * down_e(act(gate_up_e(hidden[t]) + b1_e)) + b2_e
     (e = top_k_index[t, j], w = top_k_weights), as transformers' experts compute it, with both
     grouped GEMMs run by the table's tuned kernels (torch's grouped GEMM where the table has no
@@ -304,6 +372,10 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
         transposed: the weight stacks are E x in x out (transformers' `is_transposed`).
         expert_parallel: ids of E or more are other ranks' experts: their rows contribute zero
             (transformers' expert-parallel sentinels).
+        decode: "grouped": the grouped GEMMs; "batched": one `bmm` of each routed row against
+            its expert's gathered weights (transformers' "batched_mm"; for a few tokens);
+            "auto": batched up to `CUTLASS_TUNE_MOE_BATCHED_ROWS` routed rows (tokens x top_k,
+            a shape: CUDA graphs and torch.compile take either), grouped above.
 
     Returns:
         tokens x H of hidden's dtype.
@@ -311,13 +383,14 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     Raises:
         MoEInputError: weights that are not one experts layer, biases, routing or hidden of the
             wrong shape, mixed devices, an activation the layer does not compute or one the
-            weights' shapes contradict.
+            weights' shapes contradict, a `decode` that names no path.
     """
     layout = experts_layout(gate_up, down, activation, transposed, gate_up_bias, down_bias)
     _check_call(hidden, top_k_index, top_k_weights, layout, gate_up.device)
     key = None if table is None else table_key(table)
     return experts_forward(hidden, top_k_index, top_k_weights, gate_up, down, layout, key,
-                           gate_up_bias=gate_up_bias, down_bias=down_bias, expert_parallel=expert_parallel)
+                           gate_up_bias=gate_up_bias, down_bias=down_bias, expert_parallel=expert_parallel,
+                           decode=moe_decode(decode))
 
 
 class MoEExperts(torch.nn.Module):
@@ -332,9 +405,10 @@ class MoEExperts(torch.nn.Module):
     def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, *, table: BestTable | str | Path | None,
                  activation: ExpertActivation | Activation | str = "silu", gate_up_bias: torch.Tensor | None = None,
                  down_bias: torch.Tensor | None = None, transposed: bool = False,
-                 expert_parallel: bool = False) -> None:
+                 expert_parallel: bool = False, decode: MoEDecode | str = "auto") -> None:
         super().__init__()
         self.layout = experts_layout(gate_up, down, activation, transposed, gate_up_bias, down_bias)
+        self.decode = moe_decode(decode)
         self.table_key = None if table is None else table_key(table)
         self.expert_parallel = expert_parallel
         self.gate_up = _parameter(gate_up)
@@ -343,7 +417,8 @@ class MoEExperts(torch.nn.Module):
         self.down_bias = None if down_bias is None else _parameter(down_bias)
 
     @classmethod
-    def from_experts(cls, experts: Any, table: BestTable | str | Path | None) -> MoEExperts:
+    def from_experts(cls, experts: Any, table: BestTable | str | Path | None,
+                     decode: MoEDecode | str = "auto") -> MoEExperts:
         """The layer of a transformers (>= 5) experts module, sharing its parameters.
 
         Raises:
@@ -360,7 +435,8 @@ class MoEExperts(torch.nn.Module):
         return cls(gate_up, experts.down_proj, table=table, activation=plan.activation,
                    gate_up_bias=bias if experts.has_bias else None,
                    down_bias=experts.down_proj_bias if experts.has_bias else None,
-                   transposed=experts.is_transposed, expert_parallel=getattr(experts, "_is_expert_parallel", False))
+                   transposed=experts.is_transposed, expert_parallel=getattr(experts, "_is_expert_parallel", False),
+                   decode=decode)
 
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         """`moe_experts` on the module's weights. Raises MoEInputError for hidden or routing
@@ -368,12 +444,13 @@ class MoEExperts(torch.nn.Module):
         _check_call(hidden, top_k_index, top_k_weights, self.layout, self.gate_up.device)
         return experts_forward(hidden, top_k_index, top_k_weights, self.gate_up, self.down, self.layout,
                                self.table_key, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
-                               expert_parallel=self.expert_parallel)
+                               expert_parallel=self.expert_parallel, decode=self.decode)
 
     def extra_repr(self) -> str:
         layout = self.layout
         return (f"experts={layout.experts}, hidden={layout.hidden}, intermediate={layout.intermediate}, "
-                f"activation={layout.activation}, transposed={layout.transposed}, table={self.table_key!r}")
+                f"activation={layout.activation}, transposed={layout.transposed}, table={self.table_key!r}, "
+                f"decode={self.decode.value}")
 
 
 def _parameter(t: torch.Tensor) -> torch.nn.Parameter:
@@ -381,5 +458,5 @@ def _parameter(t: torch.Tensor) -> torch.nn.Parameter:
 
 
 
-__all__ = ["ExpertActivation", "ExpertsLayout", "GateForm", "MoEExperts", "MoEInputError", "MoERouting",
+__all__ = ["ExpertActivation", "ExpertsLayout", "GateForm", "MoEDecode", "MoEExperts", "MoEInputError", "MoERouting",
            "SWIGLU_OAI", "moe_combine", "moe_experts", "moe_gather", "moe_routing"]

@@ -53,8 +53,17 @@ _GATES: dict[str, _Gate] = {
 Each is checked against the module's own gate once, on its first eager call (`_probe`)."""
 
 
-def _qualified(fn: object) -> str:
+def _gate_name(cls: type) -> str:
+    """The qualified name of an experts class's `_apply_gate`."""
+    fn = getattr(cls, "_apply_gate", None)
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+_traced_gate_name = torch.compiler.assume_constant_result(_gate_name)
+"""`_gate_name` computed by Python while torch.compile traces (a constant of the graph): traced,
+Dynamo formats a function's `__qualname__` as "<attribute '__qualname__' of 'function'
+objects>" (torch 2.13), which names no gate, and every experts module compiled before its first
+eager call ran transformers' torch glue."""
 
 
 def experts_activation(experts: Any) -> ExpertActivation | str:
@@ -65,7 +74,7 @@ def experts_activation(experts: Any) -> ExpertActivation | str:
         if function is None or function is Activation.NONE:
             return f"its activation {type(getattr(experts, 'act_fn', None)).__name__} is not one the layer computes"
         return ExpertActivation(function, GateForm.NONE)
-    name = _qualified(getattr(type(experts), "_apply_gate", None))
+    name = (_traced_gate_name if torch.compiler.is_compiling() else _gate_name)(type(experts))
     gate = _GATES.get(name)
     if gate is None:
         return f"its gate {name} is not one the layer computes"

@@ -63,6 +63,14 @@ def moe_routing(top_k_index: torch.Tensor, num_experts: int) -> MoERouting:
     return MoERouting(sorted_ids, perm, inv, offsets, top_k)
 
 
+def slot_routing(top_k_index: torch.Tensor) -> MoERouting:
+    """The routing that keeps slot order (routed row s is slot s): what rows computed per slot,
+    unsorted (the batched GEMMs' rows), take to `moe_combine`. No offsets (no grouped GEMM)."""
+    slots = torch.arange(top_k_index.numel(), device=top_k_index.device)
+    return MoERouting(top_k_index.reshape(-1), slots, slots, slots.new_empty(0, dtype=torch.int32),
+                      top_k_index.shape[-1])
+
+
 # ---------------------------------------------------------------------------------------------
 # Gather and combine: torch's computation, the native kernels, autograd
 
@@ -144,38 +152,28 @@ def weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int
     return op(a, b, inv, top_k) if op is not None else _torch_weights_grad(a, b, inv, top_k)
 
 
-class _Gather(torch.autograd.Function):
+class _Rows(torch.autograd.Function):
+    """The gather (`combine` False) or the combine of rows, each the other's backward; the
+    weights' gradient is `weights_grad` with the token-side tensor first."""
+
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weights: torch.Tensor | None, perm: torch.Tensor, inv: torch.Tensor,
-                top_k: int) -> torch.Tensor:
-        ctx.top_k = top_k
-        ctx.save_for_backward(x if weights is not None and ctx.needs_input_grad[1] else None, weights, perm, inv)
-        return gather_rows(x, perm, inv, weights, top_k)
+    def forward(ctx: Any, t: torch.Tensor, weights: torch.Tensor | None, perm: torch.Tensor, inv: torch.Tensor,
+                top_k: int, combine: bool) -> torch.Tensor:
+        ctx.top_k, ctx.combine = top_k, combine
+        ctx.save_for_backward(t if weights is not None and ctx.needs_input_grad[1] else None, weights, perm, inv)
+        return (combine_rows if combine else gather_rows)(t, perm, inv, weights, top_k)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weights, perm, inv = ctx.saved_tensors
+        t, weights, perm, inv = ctx.saved_tensors
         grad = grad.contiguous()
-        d_x = combine_rows(grad, perm, inv, weights, ctx.top_k) if ctx.needs_input_grad[0] else None
-        d_w = weights_grad(x, grad, inv, ctx.top_k) if x is not None else None
-        return d_x, d_w, None, None, None
-
-
-class _Combine(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, weights: torch.Tensor | None, perm: torch.Tensor, inv: torch.Tensor,
-                top_k: int) -> torch.Tensor:
-        ctx.top_k = top_k
-        ctx.save_for_backward(y if weights is not None and ctx.needs_input_grad[1] else None, weights, perm, inv)
-        return combine_rows(y, perm, inv, weights, top_k)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        y, weights, perm, inv = ctx.saved_tensors
-        grad = grad.contiguous()
-        d_y = gather_rows(grad, perm, inv, weights, ctx.top_k) if ctx.needs_input_grad[0] else None
-        d_w = weights_grad(grad, y, inv, ctx.top_k) if y is not None else None
-        return d_y, d_w, None, None, None
+        adjoint = gather_rows if ctx.combine else combine_rows
+        d_t = adjoint(grad, perm, inv, weights, ctx.top_k) if ctx.needs_input_grad[0] else None
+        d_w = None
+        if t is not None:
+            tokens, rows = (grad, t) if ctx.combine else (t, grad)
+            d_w = weights_grad(tokens, rows, inv, ctx.top_k)
+        return d_t, d_w, None, None, None, None
 
 
 def _needs_grad(*tensors: torch.Tensor | None) -> bool:
@@ -195,7 +193,7 @@ def moe_gather(x: torch.Tensor, routing: MoERouting, weights: torch.Tensor | Non
     weights; its backward is a combine (deterministic: no atomics)."""
     weights = _weights(weights)
     if _needs_grad(x, weights):
-        return _Gather.apply(x, weights, routing.perm, routing.inv, routing.top_k)
+        return _Rows.apply(x, weights, routing.perm, routing.inv, routing.top_k, False)
     return gather_rows(x, routing.perm, routing.inv, weights, routing.top_k)
 
 
@@ -205,7 +203,7 @@ def moe_combine(y: torch.Tensor, routing: MoERouting, weights: torch.Tensor | No
     None: one). Differentiable in y and weights."""
     weights = _weights(weights)
     if _needs_grad(y, weights):
-        return _Combine.apply(y, weights, routing.perm, routing.inv, routing.top_k)
+        return _Rows.apply(y, weights, routing.perm, routing.inv, routing.top_k, True)
     return combine_rows(y, routing.perm, routing.inv, weights, routing.top_k)
 
 
@@ -234,7 +232,8 @@ def _op_backward(adjoint: Callable[..., torch.Tensor], combine: bool) -> Callabl
         d_x = adjoint(grad, inv, weights, ctx.top_k) if ctx.needs_input_grad[0] else None
         d_w = None
         if x is not None:
-            d_w = weights_grad(grad, x, inv, ctx.top_k) if combine else weights_grad(x, grad, inv, ctx.top_k)
+            tokens, rows = (grad, x) if combine else (x, grad)
+            d_w = weights_grad(tokens, rows, inv, ctx.top_k)
         return d_x, None, d_w, None
     return backward
 

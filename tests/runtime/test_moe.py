@@ -250,6 +250,7 @@ def test_torch_compile_of_the_module_takes_no_graph_break():
     (dict(top_k_weights=torch.zeros(7, 3)), "top_k_weights must be floating"),
     (dict(top_k_index=torch.zeros(7, 2)), "top_k_index must be 7 x top_k integer expert ids"),
     (dict(activation=ExpertActivation(Activation.GELU, GateForm.SWIGLU_OAI)), "silu's alpha form"),
+    (dict(decode="bmm"), "decode 'bmm' is not one of auto, grouped, batched"),
 ])
 def test_bad_input_is_a_one_line_error(change, message):
     gate_up, down, _, _ = layer()
@@ -303,3 +304,101 @@ def test_native_ops_registered_from_python_differentiate_and_compile(standin_ops
     x32, w32 = torch.randn(4, 8), weights.clone()
     want = moe_combine(moe_gather(x32, r, w32), r, w32)
     torch.testing.assert_close(compiled(x32, w32), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode: the batched GEMMs (one bmm per routed row against its expert's gathered weights)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(("tokens", "top_k"), [(7, 2), (1, 2), (5, 1)])
+def test_batched_decode_matches_a_per_token_loop(case, tokens, top_k):
+    spec = dict(CASES[case])
+    activation = spec.pop("activation")
+    gate_up, down, b1, b2 = layer(**spec)
+    index, weights = routed(tokens=tokens, top_k=top_k, used=[1, 4, 5])
+    x = torch.randn(tokens, 32)
+    got = moe_experts(x, index, weights, gate_up, down, table=EMPTY, activation=activation, gate_up_bias=b1,
+                      down_bias=b2, transposed=spec.get("transposed", False), decode="batched")
+    act = _moe.expert_activation(activation, spec.get("gated", True))
+    want = reference(x, index, weights, gate_up, down, act, b1, b2, spec.get("transposed", False))
+    assert got.dtype == x.dtype and got.shape == x.shape
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def _paths_taken(monkeypatch):
+    """Records which GEMMs the layer runs: "grouped" (`_grouped`) or "batched" (`_bmm`)."""
+    taken = []
+    grouped, bmm = _moe._grouped, _moe._bmm
+    monkeypatch.setattr(_moe, "_grouped", lambda *a: taken.append("grouped") or grouped(*a))
+    monkeypatch.setattr(_moe, "_bmm", lambda *a: taken.append("batched") or bmm(*a))
+    return taken
+
+
+@pytest.mark.parametrize(("decode", "threshold", "tokens", "want"), [
+    ("grouped", "64", 1, "grouped"),
+    ("batched", None, 64, "batched"),
+    ("auto", None, 1, "grouped"),  # no measured threshold: never batched
+    ("auto", "14", 7, "batched"),  # 7 tokens x top 2 = 14 routed rows: at the threshold
+    ("auto", "14", 8, "grouped"),  # 16 routed rows: past it
+])
+def test_decode_takes_the_path_the_option_and_threshold_name(monkeypatch, decode, threshold, tokens, want):
+    if threshold is None:
+        monkeypatch.delenv("CUTLASS_TUNE_MOE_BATCHED_ROWS", raising=False)
+    else:
+        monkeypatch.setenv("CUTLASS_TUNE_MOE_BATCHED_ROWS", threshold)
+    taken = _paths_taken(monkeypatch)
+    gate_up, down, _, _ = layer()
+    index, weights = routed(tokens=tokens, top_k=2)
+    moe_experts(torch.randn(tokens, 32), index, weights, gate_up, down, table=EMPTY, decode=decode)
+    assert taken == [want, want]
+    taken.clear()
+    MoEExperts(gate_up, down, table=EMPTY, decode=decode)(torch.randn(tokens, 32), index, weights)
+    assert taken == [want, want]
+
+
+def test_a_bad_batched_rows_setting_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv("CUTLASS_TUNE_MOE_BATCHED_ROWS", "many")
+    gate_up, down, _, _ = layer()
+    index, weights = routed(tokens=2, top_k=2)
+    with pytest.raises(cutlass_tune.errors.CutlassTuneError, match="CUTLASS_TUNE_MOE_BATCHED_ROWS='many' must be"):
+        moe_experts(torch.randn(2, 32), index, weights, gate_up, down, table=EMPTY)
+
+
+def test_batched_decode_gradients_and_sentinels_match_the_grouped_path():
+    gate_up, down, b1, b2 = layer(experts=4, bias=True)
+    index = torch.tensor([[0, 7], [3, 1], [9, 3]])  # 7 and 9: other ranks' experts
+    g = torch.Generator().manual_seed(5)
+    weights, x = torch.rand(3, 2, generator=g), torch.randn(3, 32, generator=g)
+    grads = []
+    for decode in ("grouped", "batched"):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, weights, gate_up, down, b1, b2)]
+        out = moe_experts(leaves[0], index, leaves[1], *leaves[2:4], table=EMPTY, gate_up_bias=leaves[4],
+                          down_bias=leaves[5], expert_parallel=True, decode=decode)
+        out.square().sum().backward()
+        grads.append([out.detach(), *(t.grad for t in leaves)])
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # float32 sums in other orders
+
+
+def test_batched_decode_compiles_fullgraph_without_a_sort_or_a_grouped_gemm():
+    """Guards the batched path keeping the grouped path's routing (a sort per decode step)."""
+    torch._dynamo.reset()
+    gate_up, down, _, _ = layer()
+    index, weights = routed(tokens=3, top_k=2)
+    x = torch.randn(3, 32)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def fn(x, index, weights):
+        return moe_experts(x, index, weights, gate_up, down, table=EMPTY, decode="batched")
+
+    got = torch.compile(fn, backend=backend, fullgraph=True)(x, index, weights)
+    torch.testing.assert_close(got, fn(x, index, weights))
+    (graph,) = graphs
+    ops = {str(n.target) for n in graph.graph.nodes if n.op in ("call_function", "call_method")}
+    assert any("bmm" in op for op in ops)
+    assert not any("sort" in op or "grouped_mm" in op for op in ops)

@@ -233,3 +233,71 @@ def test_module_form_matches_the_function():
     layer = cutlass_tune.nn.MoEExperts(gate_up, down, table=None)
     with torch.no_grad():
         assert torch.equal(layer(x, index, weights), moe_experts(x, index, weights, gate_up, down, table=None))
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode: the batched GEMMs
+
+
+def torch_batched_layer(x, index, weights, gate_up, down):
+    """transformers' "batched_mm" experts forward on the same weights."""
+    from types import SimpleNamespace
+
+    transformers = pytest.importorskip("transformers", minversion="5")
+    experts = SimpleNamespace(num_experts=E, has_gate=True, has_bias=False, is_transposed=False,
+                              has_post_expert_norm=False, _is_expert_parallel=False, gate_up_proj=gate_up,
+                              down_proj=down, act_fn=torch.nn.functional.silu)
+    experts._apply_gate = lambda h: transformers.integrations.moe._default_apply_gate(experts, h)
+    return transformers.integrations.moe.batched_mm_experts_forward(experts, x, index, weights)
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 64])
+def test_batched_decode_matches_transformers_batched_mm(tokens):
+    x, index, weights, gate_up, down = operands(tokens=tokens)
+    with torch.no_grad():
+        got = moe_experts(x, index, weights, gate_up, down, table=None, decode="batched")
+        close(got, torch_batched_layer(x, index, weights, gate_up, down), name="batched_mm")
+        close(got, moe_experts(x, index, weights, gate_up, down, table=None, decode="grouped"), name="grouped")
+
+
+def test_batched_decode_has_no_host_sync_and_replays_new_routing_in_a_cuda_graph():
+    x, index, weights, gate_up, down = operands(tokens=4)
+    with torch.no_grad():
+        moe_experts(x, index, weights, gate_up, down, table=None, decode="batched")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            moe_experts(x, index, weights, gate_up, down, table=None, decode="batched")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe_experts(x, index, weights, gate_up, down, table=None, decode="batched")
+        x2, index2, weights2, _, _ = operands(tokens=4, seed=1)
+        x.copy_(x2)
+        index.copy_(index2)
+        weights.copy_(weights2)
+        graph.replay()
+        close(out, torch_batched_layer(x, index, weights, gate_up, down))
+
+
+@pytest.mark.nvcc
+def test_auto_decode_under_torch_compile_takes_each_path_by_token_count(monkeypatch):
+    """Guards the decode choice reading a device value (a host sync, or one graph for both)."""
+    monkeypatch.setenv("CUTLASS_TUNE_MOE_BATCHED_ROWS", str(8 * TOP_K))
+    from cutlass_tune.runtime import _moe
+
+    taken = []
+    bmm, grouped = _moe._bmm, _moe._grouped
+    monkeypatch.setattr(_moe, "_bmm", lambda *a: taken.append("batched") or bmm(*a))
+    monkeypatch.setattr(_moe, "_grouped", lambda *a: taken.append("grouped") or grouped(*a))
+    torch._dynamo.reset()
+    key = register_table(experts_table(), key="moe-gpu")
+    compiled = torch.compile(lambda *t: moe_experts(*t, table=key), fullgraph=True)
+    with torch.no_grad():
+        for tokens, path in ((8, "batched"), (TOKENS, "grouped")):
+            taken.clear()
+            x, index, weights, gate_up, down = operands(tokens=tokens)
+            got = compiled(x, index, weights, gate_up, down)
+            assert taken == [path, path]  # traced once per path
+            close(got, torch_layer(x, index, weights, gate_up, down), name=path)
