@@ -8,7 +8,8 @@
 #
 # Optional: TEST_PATHS (GPU tests to run), FAMILIES and SPECS (the model runs: "TOKENS TAG FLAGS..."
 # entries separated by ';'), LAYER_SPECS (benchmarks/moe_layer.py runs: "FAMILY TOKENS MODE" entries
-# separated by ';', each with --profile), HOST=0 (no host table), PRE (a command run after the setup).
+# separated by ';', each with --profile), HOST=0 (no host table), PRE (a command run after the setup),
+# MODEL_RUNS ("FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-540}
@@ -41,6 +42,17 @@ if [ -n "${TEST_PATHS:-}" ]; then
   echo "tests rc=$? at ${SECONDS}s"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$out/gpu_tests.txt" | tail -30
 fi
 mkdir -p "$out/model"
+if [ -n "${MODEL_RUNS:-}" ]; then  # "FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS
+  IFS=';' read -ra runs <<< "$MODEL_RUNS"
+  for run in "${runs[@]}"; do
+    set -- $run; family=$1; tokens=$2; shift 2
+    [ "$(left)" -gt 100 ] || break
+    timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$state/moe-bundle" "$out/model" --family "$family" \
+      --tokens "$tokens" --profile --blocks 6 "$@" >> "$out/model-$family.txt" 2>&1
+    echo "model $run rc=$? at ${SECONDS}s"
+  done
+  FAMILIES=" "
+fi
 for family in ${FAMILIES:-qwen3_235b}; do
   IFS=';' read -ra specs <<< "${SPECS:-4096 infer-compile --compile;1 decode-graphs --compile --graphs --decode;4096 infer;64 decode-graphs --compile --graphs --decode}"
   for spec in "${specs[@]}"; do

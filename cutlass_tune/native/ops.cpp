@@ -10,6 +10,7 @@
 // autograd at C++ cost where no gradient is needed, and through C++ autograd Functions (the
 // Python formulas' backward, in C++) where one is.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -174,6 +175,7 @@ struct AddressHash {
 struct Entry {
   std::atomic<int> kind{PYTHON};
   std::string name;
+  std::string range;  // the profiler range of the problem (kernel and torch entries)
   cutlass_tune_create_fn create = nullptr;
   cutlass_tune_destroy_fn destroy = nullptr;
   cutlass_tune_initialize_fn initialize = nullptr;
@@ -237,10 +239,35 @@ std::shared_ptr<Entry> entry_of(const py::tuple& plan) {
     e->workspace = plan[4].cast<int>();
     e->workspace_bytes = plan[5].cast<int64_t>();
     e->initialize_every_launch = plan[6].cast<bool>();
+    e->range = plan[7].cast<std::string>();
+  } else if (kind == TORCH && plan.size() > 1) {
+    e->range = plan[1].cast<std::string>();
   }
   e->kind.store(kind);
   return e;
 }
+
+// The problem's profiler range around what C++ runs for an entry (a kernel or torch's operator;
+// the Python door opens its own), opened only while a profiler listens: a profile, and
+// tune-model's attribution of kernels to problems, see the native calls as the Python doors'.
+struct ProblemRange {
+  std::optional<at::RecordFunction> guard;
+  explicit ProblemRange(const Entry& e) {
+    if (e.range.empty() || !at::hasCallbacks()) {
+      return;
+    }
+    const int kind = e.kind.load();
+    if (kind != KERNEL && kind != TORCH) {
+      return;
+    }
+    guard.emplace(at::RecordScope::USER_SCOPE);
+    if (guard->isActive()) {
+      guard->before(e.range.c_str());
+    } else {
+      guard.reset();
+    }
+  }
+};
 
 // The entry of `sig`, resolved in Python on a miss (`resolve(op, *args)`).
 template <class... Args>
@@ -523,6 +550,7 @@ std::optional<at::Tensor> grouped_planned(const char* op, const std::string& tab
                                           const at::Tensor& b, const at::Tensor& offs,
                                           std::optional<at::ScalarType> out_dtype) {
   const int device = a.get_device();
+  const ProblemRange range(entry);
   switch (entry.kind.load()) {
     case KERNEL: {
       if (!(aligned(a) && aligned(b))) {
@@ -613,6 +641,7 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view ta
   sig.add(b);
   sig.add(out_dtype.has_value() ? static_cast<int64_t>(*out_dtype) : -1);
   auto entry = entry_for("mm", table, sig, a, b, table, out_dtype);
+  const ProblemRange range(*entry);
   switch (entry->kind.load()) {
     case KERNEL: {
       if (!(aligned(a2) && aligned(b))) {
@@ -678,6 +707,7 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   sig.add(gate.has_value() ? c : std::nullopt);
   sig.add(activation_id(activation_));
   auto entry = entry_for("linear", table, sig, x, weight, bias, activation, table, residual, gate);
+  const ProblemRange range(*entry);
   const int kind = entry->kind.load();
   if (kind == KERNEL && aligned(x2) && aligned(weight) && aligned(bias) && aligned(c)) {
     bool ran = false;
@@ -722,6 +752,7 @@ at::Tensor door_matmul(const at::Tensor& a, const at::Tensor& b, const std::stri
   sig.add(scale_b);
   sig.add_real(min_ratio);
   auto entry = entry_for("matmul", table, sig, a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+  const ProblemRange range(*entry);
   switch (entry->kind.load()) {
     case KERNEL: {
       const auto dtype = out_dtype.value_or(fp8(a.scalar_type()) ? at::kBFloat16 : a.scalar_type());

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from .. import settings
+from ..tables import PROFILER_RANGE
 from . import _dispatch
 from ._dispatch import Ready, Workspace, warn_once
 
@@ -241,20 +242,23 @@ def door_table(key: str) -> Any:
 
 def plan_entry(ready: Ready, torch_path: bool) -> tuple:
     """A plan as C++ holds it: (kind, kernel name, entry point addresses, argument template,
-    workspace policy, workspace bytes, initialize before every launch). A fallback is torch's
-    plain operator where `torch_path` (C++ calls it), else the Python door."""
+    workspace policy, workspace bytes, initialize before every launch, profiler range). A fallback
+    is torch's plain operator where `torch_path` (C++ calls it, in the same range), else the Python
+    door (which opens its own). The range (`PROFILER_RANGE` and the problem's name) is what a
+    profile attributes the call's kernels by, as the Python doors' ranges (tune-model reads them)."""
     plan = ready.plan
     if plan.kernel is None or ready.gemm is None:
         if plan.problem.m == 0 and plan.problem.grouped:
             return (ENTRY_EMPTY,)
-        return (ENTRY_TORCH,) if torch_path else (ENTRY_PYTHON,)
+        return (ENTRY_TORCH, PROFILER_RANGE + plan.problem.name) if torch_path else (ENTRY_PYTHON,)
     functions = ready.gemm.kernel._fn
     addresses = tuple(ctypes.cast(functions[name], ctypes.c_void_p).value for name in _ENTRY_POINTS)
     # A dense kernel with a workspace (Stream-K) is initialized before every launch on a
     # workspace of its own (as `Gemm.run` does for Stream-K).
     every = ready.launch is None and plan.workspace_bytes > 0
     workspace = _WORKSPACE[Workspace.PER_CALL] if every else _WORKSPACE[plan.workspace]
-    return (ENTRY_KERNEL, plan.kernel.name, addresses, plan.args, workspace, plan.workspace_bytes, every)
+    return (ENTRY_KERNEL, plan.kernel.name, addresses, plan.args, workspace, plan.workspace_bytes, every,
+            PROFILER_RANGE + plan.problem.name)
 
 
 def _resolve(op: str, *args: Any) -> tuple:

@@ -51,6 +51,28 @@ def grouped() -> dict:
     return out
 
 
+def profiled() -> dict:
+    """The problem's profiler range around a native launch of a tuned grouped kernel, as the
+    Python door opens it."""
+    from cutlass_tune.tables import PROFILER_RANGE
+
+    key = register_table(grouped_table(TABLE), key="native-profiled")
+    a, _, b, offs = operands()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.ops.cutlass_tune.grouped_mm(a, b, offs, key)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            torch.ops.cutlass_tune.grouped_mm(a, b, offs, key)
+            torch.cuda.synchronize()
+    ranges = [e for e in prof.events() if e.name.startswith(PROFILER_RANGE)]
+    kernels = [k.name for e in ranges for child in [e, *e.cpu_children] for k in child.kernels]
+    launches = [c.name for e in ranges for c in e.cpu_children]
+    return {"ranges": sorted({e.name[len(PROFILER_RANGE):] for e in ranges}), "launches": launches,
+            "kernels": kernels, "plans": _native._module.plans(key)}
+
+
 def fallback() -> dict:
     """A table without these experts: torch's grouped GEMM called from C++; another result type:
     the Python door."""

@@ -45,6 +45,14 @@ def test_a_tuned_grouped_kernel_runs_from_cpp_and_matches_torch(built):
     assert out["grad_python_calls"]["autograd"] == 0  # the C++ autograd Function, not the Python formula
 
 
+def test_a_native_launch_opens_the_problem_s_profiler_range(built):
+    """Guards tune-model on the H200: the native path opened no range, so no kernel time was
+    attributed to any problem inside the model."""
+    out = probe("profiled")
+    assert out["plans"] == [3] and len(out["ranges"]) == 1 and "grouped" in out["ranges"][0], out
+    assert out["launches"] or out["kernels"], out  # the launch (or its kernel) lies inside the range
+
+
 def test_a_fallback_calls_torch_from_cpp(built):
     out = probe("fallback")
     assert out["equal"] and out["plans"] == [0, 1]  # torch's grouped GEMM; float32: the Python door
