@@ -226,7 +226,8 @@ def fusion(cfg: KernelConfig) -> tuple[str, list[str]] | None:
     tree) and the statements that fill `args.epilogue.thread` from the kernel arguments `p`;
     None for the plain linear combination (a residual alone is one: beta * C with beta from
     the arguments). The config must be valid (`check_config`). A grouped kernel's is a fusion
-    operation of the ptr-array epilogue (LinCombEltAct: an activation)."""
+    operation of the ptr-array epilogue (LinCombEltAct: an activation), or with a GLU pair the
+    thread operation of the GLU collective (templates/gemm_sm90_glu_epilogue.cu.j2)."""
     if not fused(cfg):
         return None
     if cfg.epilogue.pair is not Pair.NONE:  # the GLU collective's thread operation (`_glu_values`)
