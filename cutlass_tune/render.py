@@ -19,6 +19,7 @@ from .errors import RenderError
 from .kernel import ABI_VERSION
 from .space import (
     ACTIVATIONS,
+    GLU_BLOCK,
     MAX_GROUPS,
     Activation,
     Broadcast,
@@ -32,6 +33,7 @@ from .space import (
     Layout,
     Node,
     NodeKind,
+    Pair,
     Scaling,
     TileScheduler,
     check_config,
@@ -86,6 +88,8 @@ _GROUPED_KERNEL_SCHEDULE_FP8_BLOCKWISE = {
 _GROUPED_EPILOGUE_SCHEDULE = {
     EpilogueSchedule.TMA: "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong",
     EpilogueSchedule.TMA_COOPERATIVE: "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative",
+    # The GLU collective's (it stores from the registers); the rules leave it to GLU kernels.
+    EpilogueSchedule.NO_SMEM: "cutlass::epilogue::PtrArrayNoSmemWarpSpecialized",
 }
 
 _ACTIVATION = {activation: facets.cutlass for activation, facets in ACTIVATIONS.items()}
@@ -187,7 +191,7 @@ VISITORS: Mapping[NodeKind, _Builder | None] = {
     NodeKind.RESIDUAL: _residual,
     NodeKind.ACTIVATION: _activation,
     NodeKind.GATE: _gate,
-    NodeKind.GLU: None,  # declared (space.NODES), not rendered yet
+    NodeKind.GLU: None,  # a collective epilogue of its own (`_GLU`), not a visitor
     NodeKind.ROW_SCALE: None,
 }
 """Each node kind's C++ visitor: built from the node, the visitor of its input and the kernel's
@@ -222,9 +226,13 @@ def fusion(cfg: KernelConfig) -> tuple[str, list[str]] | None:
     tree) and the statements that fill `args.epilogue.thread` from the kernel arguments `p`;
     None for the plain linear combination (a residual alone is one: beta * C with beta from
     the arguments). The config must be valid (`check_config`). A grouped kernel's is a fusion
-    operation of the ptr-array epilogue (LinCombEltAct: an activation)."""
+    operation of the ptr-array epilogue (LinCombEltAct: an activation), or with a GLU pair the
+    thread operation of the GLU collective (templates/gemm_sm90_glu_epilogue.cu.j2)."""
     if not fused(cfg):
         return None
+    if cfg.epilogue.pair is not Pair.NONE:  # the GLU collective's thread operation (`_glu_values`)
+        act = _member(cfg.epilogue, "activation", _ACTIVATION)
+        return f"cutlass_tune_glu::GluOp<ElementD, {act}>", ["args.epilogue.thread.alpha = p->alpha;"]
     # A swapped kernel's bias is one per row of its D: a column broadcast, which only the tree has.
     if cfg.scaling in (Scaling.TENSOR, Scaling.ROWCOL) or cfg.epilogue.gated or (cfg.swap_ab and cfg.epilogue.bias):
         tree = _tree(cfg)
@@ -307,7 +315,7 @@ def _plain_knobs(cfg: KernelConfig) -> dict[str, object]:
 def _check_operation(cfg: KernelConfig) -> None:
     """Raise RenderError unless the epilogue, scaling and grouping are values of their types:
     before the config's name or hash, which read them."""
-    operation = operation_problem(cfg.epilogue, cfg.scaling)
+    operation = operation_problem(cfg.epilogue, cfg.scaling, cfg.grouping)
     if operation:
         raise RenderError(operation)
     _member(cfg, "grouping", {g: g.value for g in Grouping})
@@ -356,9 +364,23 @@ def _operand_values(cfg: KernelConfig, render: KindRender, plain: Mapping[str, o
     }
 
 
+_GLU = {Pair.NONE: (False, 1, 1), Pair.INTERLEAVED: (True, 2, 2 * GLU_BLOCK)}
+"""Per pair: whether the kernel takes the GLU collective epilogue, D's columns per N (1, or 1/2:
+`pairs`), and the multiple N must be of (whole gate/up blocks). SPLIT pairs are not rendered."""
+
+
+def _glu_values(cfg: KernelConfig) -> dict[str, object]:
+    pair = cfg.epilogue.pair
+    if not isinstance(pair, Pair) or pair not in _GLU:
+        raise RenderError(f"pair must be one of {[p.value for p in _GLU]}, got {pair!r:.40}")
+    glu, pairs, n_multiple = _GLU[pair]
+    return {"glu": glu, "pairs": pairs, "n_multiple": n_multiple}
+
+
 def _kind_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
     """What every kind's block substitutes after the knobs."""
     return {
+        **_glu_values(cfg),
         "epilogue_tile_m": epilogue_tile(cfg)[0],
         **dict(zip(("fusion", "fusion_arguments"), fusion(cfg) or ("", []))),
         "blockwise": cfg.kind.blockwise,
@@ -429,6 +451,7 @@ def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:
         fused=any(fused(c) for c in configs),
         grouped=any(c.kind.grouped for c in configs),
         blockwise=any(c.kind.blockwise for c in configs),
+        glu=any(c.epilogue.pair is not Pair.NONE for c in configs),
     )
     key = hashlib.sha256(source.encode()).hexdigest()
     return RenderedKernel(source=source, configs=tuple(configs), key=key)

@@ -28,7 +28,9 @@ def test_render_spells_each_activation_and_builds_each_rendered_node_from_the_ta
     assert render._ACTIVATION == {a: f.cutlass for a, f in ACTIVATIONS.items()}
     assert set(render.VISITORS) == set(NodeKind)
     for kind, facets in NODES.items():
-        assert (render.VISITORS[kind] is not None) == bool(facets.rendered), kind
+        # The GLU pair is a collective epilogue of its own (render._GLU), not a visitor.
+        built = render.VISITORS[kind] is not None or (kind is NodeKind.GLU and render._GLU[Pair.INTERLEAVED][0])
+        assert built == bool(facets.rendered), kind
 
 
 @pytest.mark.parametrize("activation", list(Activation))
@@ -113,7 +115,7 @@ def test_each_node_s_gradient_is_its_torch_meaning_s(epilogue):
 
 def test_grouped_kernels_render_only_what_their_nodes_say():
     grouped = {kind for kind, facets in NODES.items() if Grouping.GROUPED in facets.rendered}
-    assert grouped == {NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.ACTIVATION}
+    assert grouped == {NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.ACTIVATION, NodeKind.GLU}
 
 
 _NEW_ACTIVATION = '''

@@ -80,8 +80,9 @@ def make_args(problem: Problem, runtime: RuntimeArgs, *, a: int, b: int, d: int,
 
     A grouped problem (`problem.grouped`): A is the M routed rows (M x K row-major), B the
     experts' weights one after another (E x N x K for `layout_b` COL, E x K x N for ROW), D the
-    M x N outputs; `offsets` is the device address of E int32 cumulative row ends
-    (`torch._grouped_mm`'s `offs`: group e has rows offsets[e-1]..offsets[e]).
+    M x N outputs (M x N/2 with a GLU pair: `Epilogue.output_shape`); `offsets` is the device
+    address of E int32 cumulative row ends (`torch._grouped_mm`'s `offs`: group e has rows
+    offsets[e-1]..offsets[e]).
     """
     if beta is None:
         beta = 1.0 if problem.epilogue.residual else 0.0

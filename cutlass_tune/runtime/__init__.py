@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
         moe_gather,
         moe_routing,
     )
+    from ._moe_glu import interleave_gate_up, split_gate_up
     from ._op import UnregisteredTableError, linear, mm, register_table
     from ._patch import LayerDecision, PatchReport, patch
     from ._table import BestTable, Match, PlanCache
@@ -69,8 +70,9 @@ __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call"
            "KernelLoadError", "KernelRef", "KernelStatusError", "Kind", "LayerDecision", "Linear", "LoadedKernel",
            "Match", "MatmulInputError", "PatchReport", "Plan", "PlanCache", "Ready", "UnregisteredTableError",
            "Workspace", "activation_of", "cutlass_status_name", "eager_direct_allowed", "grouped_mm", "grouped_mm_op",
-           "grouped_problem_of", "inductor_options", "linear", "make_args", "matmul", "mm", "operation_of", "patch",
-           "problem_of", "register_table", "resolve", "torch_gemm", "torch_grouped_mm"]
+           "grouped_problem_of", "inductor_options", "interleave_gate_up", "linear", "make_args", "matmul", "mm",
+           "operation_of", "patch", "problem_of", "register_table", "resolve", "split_gate_up", "torch_gemm",
+           "torch_grouped_mm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match", "PlanCache")
@@ -84,7 +86,8 @@ _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredT
            "grouped_mm_op": "_grouped_op", "inductor_options": "_inductor", "FusionPass": "_inductor",
            "FusionDecision": "_inductor", **{name: "_moe" for name in (
                "ExpertActivation", "GateForm", "MoEDecode", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine",
-               "moe_experts", "moe_gather", "moe_routing")}}
+               "moe_experts", "moe_gather", "moe_routing")},
+           "interleave_gate_up": "_moe_glu", "split_gate_up": "_moe_glu"}
 
 
 def __dir__() -> list[str]:

@@ -142,7 +142,8 @@ class NodeKind(str, enum.Enum):
     """activation(C) * value, C the gate's pre-activation (M x N, D's type)."""
     GLU = "glu"
     """The gated pair in one GEMM: D = activation(gate columns) * up columns of the value, so D
-    has half its N (`Pair`). Declared for the MoE layer, not rendered yet."""
+    has half its N (`Pair`). Rendered for grouped kernels with interleaved pairs (a collective
+    epilogue of its own: templates/gemm_sm90_glu_epilogue.cu.j2)."""
     ROW_SCALE = "row_scale"
     """value * r, one fp32 r per row of D (MoE routing weights). Declared, not rendered yet."""
 
@@ -254,7 +255,7 @@ NODES: Mapping[NodeKind, NodeFacets] = {
     NodeKind.RESIDUAL: NodeFacets(lambda node, m, n: (Operand("c", (m, n), Role.D),)),
     NodeKind.ACTIVATION: NodeFacets(_no_operands, rendered=frozenset(Grouping)),
     NodeKind.GATE: NodeFacets(lambda node, m, n: (Operand("c", (m, n), Role.D),)),
-    NodeKind.GLU: NodeFacets(_no_operands, output=_halved, rendered=frozenset()),
+    NodeKind.GLU: NodeFacets(_no_operands, output=_halved, rendered=frozenset({Grouping.GROUPED})),
     NodeKind.ROW_SCALE: NodeFacets(lambda node, m, n: (Operand("row_scale", (m,), Role.F32),), rendered=frozenset()),
 }
 """Every node kind's facets (`NodeFacets`)."""
@@ -276,9 +277,10 @@ class Epilogue:
     so the gate's activation and the product need no pass of their own. It excludes `residual`
     (both are C).
 
-    Declared for the MoE layer (a node each, not rendered yet: `NODES`): `pair`, the gate and up
-    projections in one GEMM of 2N' columns, D = activation(gate columns) * up columns (M x N');
-    `row_scale`, D's rows each times one fp32 value (routing weights), applied last.
+    For the MoE layer: `pair`, the gate and up projections in one GEMM of 2N' columns, D =
+    activation(gate columns) * up columns (M x N'), rendered for grouped kernels with interleaved
+    pairs (`NODES`); `row_scale`, D's rows each times one fp32 value (routing weights), applied
+    last (declared, not rendered yet).
 
     Written in files and stores as `name`: "none", or its parts joined by "+" in the order
     bias, activation, residual or gated or the pair ("glu", "glu-split"), "row-scale" (e.g.

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._epilogue import Activation, Epilogue, Pair, unrendered
+from ._epilogue import GLU_BLOCK, Activation, Epilogue, Pair, unrendered
 from ._operation import MAX_GROUPS, Operation, Problem
 from ._types import (
     AUTO_EPILOGUE_TILE,
@@ -220,7 +220,7 @@ def check_operands(cfg: KernelConfig) -> list[Rejection]:
         reject("dtype_output", "C and D must have the same type, one of bf16, f16, f32")
     if cfg.dtype_acc != DType.F32:
         reject("dtype_accumulator", "the accumulator must be f32")
-    operation = operation_problem(cfg.epilogue, cfg.scaling)
+    operation = operation_problem(cfg.epilogue, cfg.scaling, cfg.grouping)
     if operation:
         reject("operation", operation)
     elif cfg.scaling is not Scaling.NONE and not _fp8_inputs(cfg.dtype_a, cfg.dtype_b):
@@ -232,8 +232,10 @@ SCALING_INPUTS_REASON = ("fp8 scales (scaling tensor, rowcol or blockwise) apply
                          "only; a 16-bit GEMM scales by alpha")
 
 
-def operation_problem(epilogue: object, scaling: object) -> str | None:
-    """Whether an epilogue and a scaling are values of their types (they reach the C++)."""
+def operation_problem(epilogue: object, scaling: object, grouping: object = Grouping.NONE) -> str | None:
+    """Whether an epilogue and a scaling are values of their types (they reach the C++), and, but
+    for a grouped GEMM (`grouped_operation_problem` says what its kernels render), whether a
+    single GEMM's kernel renders the epilogue's nodes."""
     if not (isinstance(epilogue, Epilogue) and type(epilogue.bias) is bool and type(epilogue.residual) is bool
             and type(epilogue.gated) is bool and isinstance(epilogue.activation, Activation)
             and isinstance(epilogue.pair, Pair) and type(epilogue.row_scale) is bool):
@@ -242,7 +244,7 @@ def operation_problem(epilogue: object, scaling: object) -> str | None:
     why = epilogue.problem()
     if why:
         return f"epilogue: {why}"
-    missing = unrendered(epilogue.tree(), Grouping.NONE)
+    missing = () if grouping is Grouping.GROUPED else unrendered(epilogue.tree(), Grouping.NONE)
     if missing:
         return (f"epilogue {epilogue.name}: its {', '.join(k.value for k in missing)} node is declared but no "
                 "kernel renders it yet")
@@ -306,7 +308,8 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
     elif cfg.epilogue_tile_n != AUTO_EPILOGUE_TILE and cfg.tile_n % cfg.epilogue_tile_n:
         reject("epilogue_tile", f"epilogue tile N {cfg.epilogue_tile_n} does not divide tile N "
                f"{cfg.tile_n}")
-    if not cfg.epilogue_source and not tma_epilogue:
+    glu = cfg.epilogue.pair is not Pair.NONE  # its own no-smem collective (`_grouped_rejections`)
+    if not cfg.epilogue_source and not tma_epilogue and not glu:
         reject("epilogue_source", "a kernel without a C operand is built here with the TMA "
                "epilogues only (no_smem without C is not verified)")
     if cfg.epilogue.residual and not cfg.epilogue_source:
@@ -316,7 +319,7 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
     if cfg.scaling is Scaling.BLOCKWISE and not fused(cfg) and not tma_epilogue:
         reject("fusion_schedule", "block-wise kernels are built with the TMA epilogues only (the no_smem "
                "epilogue after the block-wise mainloop is not verified): use tma or tma_cooperative")
-    elif fused(cfg) and not tma_epilogue:
+    elif fused(cfg) and not tma_epilogue and not glu:
         reject("fusion_schedule", f"the {cfg.epilogue.name} epilogue"
                + (f" with {cfg.scaling.value} scaling" if cfg.scaling is not Scaling.NONE else "")
                + " is a fusion CUTLASS builds on the TMA epilogues only (no_smem takes a plain "
@@ -382,12 +385,16 @@ def grouped_operation_problem(op: Operation) -> str | None:
     type out, and fp8 e4m3 in with block-wise scales and bf16 out (the forward of fp8 MoE experts,
     DeepSeek-V3's recipe: CUTLASS 4.2's ptr-array FP8Blockwise mainloop, one scale pointer of A
     and one of B per expert), every other fp8 grouping refused. The epilogue's nodes are those a
-    grouped kernel renders (`NODES`: an activation, through the ptr-array LinCombEltAct), on
-    16-bit inputs; the fp8 one takes the plain epilogue."""
+    grouped kernel renders (`NODES`: an activation, through the ptr-array LinCombEltAct, or a GLU
+    pair interleaved in blocks of `GLU_BLOCK`), on 16-bit inputs; the fp8 one takes the plain
+    epilogue."""
     missing = unrendered(op.epilogue.tree(), Grouping.GROUPED)
     if missing:
-        return (f"a grouped GEMM's epilogue takes an activation at most: its {', '.join(k.value for k in missing)} "
-                "node is not built for grouped kernels")
+        return (f"a grouped GEMM's epilogue takes an activation or a GLU pair at most: its "
+                f"{', '.join(k.value for k in missing)} node is not built for grouped kernels")
+    if op.epilogue.pair is Pair.SPLIT:
+        return (f"a grouped GLU kernel reads gate and up interleaved in blocks of {GLU_BLOCK} (pair "
+                f"{Pair.INTERLEAVED.value}): lay the weights out once with runtime.interleave_gate_up")
     if not op.epilogue.is_plain and _fp8_inputs(op.dtype_a, op.dtype_b):
         return "an fp8 grouped GEMM takes the plain epilogue (fused fp8 grouped kernels are not built)"
     if _fp8_inputs(op.dtype_a, op.dtype_b):
@@ -415,7 +422,12 @@ def _grouped_rejections(cfg: KernelConfig) -> list[Rejection]:
     why = grouped_operation_problem(cfg)
     if why:
         out.append(Rejection("grouped_operation", why))
-    if cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:
+    # A GLU tile holds whole gate/up pairs: tile N is a multiple of 16 = 2 * GLU_BLOCK already.
+    if cfg.epilogue.pair is not Pair.NONE:
+        if cfg.epilogue_schedule is not EpilogueSchedule.NO_SMEM or cfg.epilogue_source:
+            out.append(Rejection("grouped_epilogue", "a grouped GLU kernel stores D from the registers "
+                                 "(epilogue no_smem) and reads no C (epilogue_source false)"))
+    elif cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:
         out.append(Rejection("grouped_epilogue", "a grouped kernel takes the ptr-array TMA epilogue "
                              "(tma with ping-pong, tma_cooperative with cooperative)"))
     return out
@@ -447,12 +459,12 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("epilogue_pairing", ("kernel_schedule", "epilogue_schedule")),
     ("stream_k_schedule", ("tile_scheduler", "kernel_schedule")),
     ("epilogue_tile", ("epilogue_tile_n", "epilogue_schedule", "tile_n")),
-    ("epilogue_source", ("epilogue_source", "epilogue_schedule")),
+    ("epilogue_source", ("epilogue_source", "epilogue_schedule", "epilogue")),
     ("residual_source", ("epilogue", "epilogue_source")),
     ("fusion_schedule", ("epilogue", "scaling", "epilogue_schedule")),
     ("grouped_schedule", ("grouping", "kernel_schedule", "tile_scheduler")),
     ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "dtype_d", "epilogue", "scaling")),
-    ("grouped_epilogue", ("grouping", "epilogue_schedule")),
+    ("grouped_epilogue", ("grouping", "epilogue_schedule", "epilogue", "epilogue_source")),
     ("blockwise_registers", ("scaling", "tile_n", "tile_m", "kernel_schedule")),
     ("smem_stages", _SMEM_READS),
     ("smem_capacity", _SMEM_READS),
@@ -489,9 +501,12 @@ def check_problem(problem: Problem) -> list[Rejection]:
     if fp8 and (problem.layout_a, problem.layout_b) != (Layout.ROW, Layout.COL):
         out.append(Rejection("fp8_layout", "fp8 inputs need layout tn: A row-major (M x K) and "
                              "B column-major (stored N x K)"))
-    operation = operation_problem(problem.epilogue, problem.scaling)
+    operation = operation_problem(problem.epilogue, problem.scaling, problem.grouping)
     if operation:
         out.append(Rejection("operation", operation))
+    elif problem.epilogue.pair is not Pair.NONE and problem.n % (2 * GLU_BLOCK):
+        out.append(Rejection("glu_shape", f"a GLU pair needs N a multiple of {2 * GLU_BLOCK} (blocks of "
+                             f"{GLU_BLOCK} gate and {GLU_BLOCK} up columns), not {problem.n}"))
     elif problem.scaling is not Scaling.NONE and not fp8:
         out.append(Rejection("scaling_inputs", SCALING_INPUTS_REASON))
     elif problem.scaling is Scaling.BLOCKWISE and problem.grouped and problem.k % BLOCKWISE_K:

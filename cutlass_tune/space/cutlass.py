@@ -232,6 +232,8 @@ def _grouped_smem_usage(cfg: KernelConfig, stage_bytes: int, epi: int) -> SmemUs
     counts the epilogue's three in the epilogue's SharedStorage. Exact (stages and bytes) for
     the 13 grouped kernels measured with CUTLASS 4.2 (tests/compile/test_nvcc_grouped.py) and
     the block-wise fp8 ones of tests/compile/test_nvcc_grouped_blockwise.py."""
+    if cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM:
+        return _grouped_no_smem_usage(cfg, stage_bytes)
     epi_tensors = epi // 1024 * 1024  # epilogue_smem_bytes: D (and C) buffers, then barriers (no fusion)
     epi_barriers = epi - epi_tensors
     # The buffers align to their swizzle (8 rows of the swizzle's width), and the empty
@@ -258,3 +260,25 @@ def _grouped_smem_usage(cfg: KernelConfig, stage_bytes: int, epi: int) -> SmemUs
     return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=epi, epilogue_reuses_mainloop=False,
                      kernel_bytes=total - stages * stage_bytes - epi)
 
+
+
+def _grouped_no_smem_usage(cfg: KernelConfig, stage_bytes: int) -> SmemUsage:
+    """A ptr-array kernel whose epilogue stores from the registers (the GLU collective, under
+    CUTLASS's Sm90TmaWarpSpecializedAdapter): its storage and its tensor maps are empty structs
+    (a byte each, padded to the kernel's 128-byte units), and it adds no barriers. Exact for the
+    two kernels of tests/compile/test_nvcc_grouped_glu.py (cooperative 128x192: 5 stages,
+    205,696 bytes; ping-pong 64x128: 9 stages, 222,208)."""
+    scheduler_barriers = 2 * 8 * _GROUP_SCHEDULER_STAGES
+    if cfg.stages == AUTO_STAGES:
+        capacity = (SMEM_CAPACITY_BYTES - 2 * _TMA_DESCRIPTOR_BYTES - scheduler_barriers) // 128 * 128
+        stages = (capacity - 128) // stage_bytes  # StageCountAutoCarveout of the 1-byte storage
+    else:
+        stages = cfg.stages
+    order_barriers = 16 + (32 if cfg.kernel_schedule is KernelSchedule.PINGPONG else 0)
+    pipelines = scheduler_barriers + 16 * stages + order_barriers
+    responses = 16 * _GROUP_SCHEDULER_STAGES
+    tensors = _round_up(_mainloop_tensor_bytes(cfg, stages) + 1, 128)
+    tensor_maps = 2 * _TMA_DESCRIPTOR_BYTES + 128
+    total = _round_up(tensors + pipelines + responses + tensor_maps, 128)
+    return SmemUsage(stages=stages, stage_bytes=stage_bytes, epilogue_bytes=0, epilogue_reuses_mainloop=False,
+                     kernel_bytes=total - stages * stage_bytes)
