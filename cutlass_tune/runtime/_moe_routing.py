@@ -15,9 +15,11 @@ Gather and combine are each other's adjoint: the gather's backward is a combine,
 a gather scaled by the weights, and the weights' gradient <a[t], b[inv[t * top_k + j]]> is one
 function for both (`weights_grad`). Where the native extension is built
 (`cutlass_tune/native/moe.cu`: `torch.ops.cutlass_tune.moe_gather`, `.moe_combine`,
-`.moe_weights_grad`) CUDA tensors take its kernels, with the fakes and autograd registered here
-(`register_native`); elsewhere torch ops compute the same values (index_select, a weighted sum
-over top_k in fp32), deterministic too.
+`.moe_weights_grad`) CUDA tensors take its kernels, with the fakes registered here
+(`register_native`) and the autograd of gather and combine in C++ (`native/ops.cpp`, the formula
+of `_setup` and `_op_backward` below, which register only for operators without it); elsewhere
+torch ops compute the same values (index_select, a weighted sum over top_k in fp32), deterministic
+too.
 """
 
 from __future__ import annotations
@@ -238,11 +240,18 @@ def _op_backward(adjoint: Callable[..., torch.Tensor], combine: bool) -> Callabl
     return backward
 
 
+def has_autograd(qualname: str) -> bool:
+    """Whether the operator `qualname` ("namespace::name") has a kernel at the Autograd key: the
+    native library's C++ one for moe_gather and moe_combine (native/ops.cpp), or one registered
+    here before."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "Autograd")
+
+
 def register_native(namespace: str = "cutlass_tune") -> bool:
     """Find the native MoE operators in `torch.ops.<namespace>`, register their fake
-    implementations and autograd (so torch.compile traces them with no graph break, and a direct
-    call is differentiable), and let CUDA tensors take them. Idempotent. Returns whether all of
-    `NATIVE_OPS` were found."""
+    implementations and, where the library registered none in C++, their autograd (so
+    torch.compile traces them with no graph break, and a direct call is differentiable), and let
+    CUDA tensors take them. Idempotent. Returns whether all of `NATIVE_OPS` were found."""
     ops = getattr(torch.ops, namespace)
     found = {name: getattr(ops, name) for name in NATIVE_OPS if hasattr(ops, name)}
     if len(found) != len(NATIVE_OPS):
@@ -253,10 +262,10 @@ def register_native(namespace: str = "cutlass_tune") -> bool:
     for name, fake in fakes.items():
         torch.library.register_fake(f"{namespace}::{name}", fake)
     gather, combine = found["moe_gather"], found["moe_combine"]
-    torch.library.register_autograd(f"{namespace}::moe_gather", _op_backward(combine, combine=False),
-                                    setup_context=_setup)
-    torch.library.register_autograd(f"{namespace}::moe_combine", _op_backward(gather, combine=True),
-                                    setup_context=_setup)
+    for name, backward in (("moe_gather", _op_backward(combine, combine=False)),
+                           ("moe_combine", _op_backward(gather, combine=True))):
+        if not has_autograd(f"{namespace}::{name}"):
+            torch.library.register_autograd(f"{namespace}::{name}", backward, setup_context=_setup)
     _native.clear()
     _native.update(found, namespace=namespace)
     return True
