@@ -156,7 +156,8 @@ def weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int
 
 class _Rows(torch.autograd.Function):
     """The gather (`combine` False) or the combine of rows, each the other's backward; the
-    weights' gradient is `weights_grad` with the token-side tensor first."""
+    weights' gradient is `weights_grad` with the token-side tensor first. The torch path's
+    autograd (the native operators carry their own)."""
 
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, weights: torch.Tensor | None, perm: torch.Tensor, inv: torch.Tensor,
@@ -194,9 +195,12 @@ def moe_gather(x: torch.Tensor, routing: MoERouting, weights: torch.Tensor | Non
     type; weights tokens x top_k, applied in float32; None: one). Differentiable in x and
     weights; its backward is a combine (deterministic: no atomics)."""
     weights = _weights(weights)
+    op = _native_op("moe_gather", x, weights)
+    if op is not None:  # differentiable itself (the library's C++ autograd)
+        return op(x, routing.inv, weights, routing.top_k)
     if _needs_grad(x, weights):
         return _Rows.apply(x, weights, routing.perm, routing.inv, routing.top_k, False)
-    return gather_rows(x, routing.perm, routing.inv, weights, routing.top_k)
+    return _torch_gather(x, routing.perm, routing.inv, weights, routing.top_k)
 
 
 def moe_combine(y: torch.Tensor, routing: MoERouting, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -204,9 +208,12 @@ def moe_combine(y: torch.Tensor, routing: MoERouting, weights: torch.Tensor | No
     in one deterministic pass (tokens x H, y's type; weights tokens x top_k, applied in float32;
     None: one). Differentiable in y and weights."""
     weights = _weights(weights)
+    op = _native_op("moe_combine", y, weights)
+    if op is not None:  # differentiable itself (the library's C++ autograd)
+        return op(y, routing.inv, weights, routing.top_k)
     if _needs_grad(y, weights):
         return _Rows.apply(y, weights, routing.perm, routing.inv, routing.top_k, True)
-    return combine_rows(y, routing.perm, routing.inv, weights, routing.top_k)
+    return _torch_combine(y, routing.perm, routing.inv, weights, routing.top_k)
 
 
 def _fake_rows(x: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None, top_k: int) -> torch.Tensor:

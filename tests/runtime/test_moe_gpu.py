@@ -265,16 +265,21 @@ def test_native_gradients_match_the_torch_path(name, dtype, grads):
     w0 = torch.rand(tokens, top_k, device="cuda")
     grad = torch.randn(tokens * (1 if name == "moe_combine" else top_k), hidden, device="cuda", dtype=dtype)
     results = []
-    for run in ("native", "torch"):
+    for run in ("native", "function", "torch"):
         t = t0.clone().requires_grad_(grads != "weights")
         w = None if grads == "unweighted" else w0.clone().requires_grad_(grads != "rows")
         if run == "native":
             out = getattr(torch.ops.cutlass_tune, name)(t, r.inv, w, top_k)
+        elif run == "function":  # the package's function takes the operator and its C++ autograd
+            out = (moe_combine if name == "moe_combine" else moe_gather)(t, r, w)
+            assert "MoeRowsFunction" in out.grad_fn.name()
         else:
             out = _torch_rows(name, t, r, w)
         out.backward(grad)
         results.append((out.detach(), t.grad, None if w is None else w.grad))
-    (out, d_t, d_w), (want, want_t, want_w) = results
+    (out, d_t, d_w), function, (want, want_t, want_w) = results
+    for got, same in zip((out, d_t, d_w), function, strict=True):
+        assert (got is None and same is None) or torch.equal(got, same)
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out, want, **tol)
     assert (d_t is None) == (want_t is None) and (d_w is None) == (want_w is None)
