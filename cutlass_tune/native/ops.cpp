@@ -1,4 +1,5 @@
-// The operators torch.ops.cutlass_tune.mm, .linear and .grouped_mm in C++, and the module
+// The operators torch.ops.cutlass_tune.mm, .linear and .grouped_mm in C++ (and, in the CUDA build,
+// the autograd of moe.cu's moe_gather and moe_combine), and the module
 // cutlass_tune_native that attaches them to the package's Python side (runtime/_native.py).
 //
 // Per call on CUDA: a signature of the tensors' metadata (sizes, strides, dtypes, devices and the
