@@ -77,6 +77,7 @@ def test_auto_columns_are_the_configs_columns():
     for name, values in direct.items():
         assert np.array_equal(cols[name][rows], values), name
     assert [auto.config_of(c.tolist()) for c in chosen[:20]] == list(auto)[:20]
+    assert [tuple(c) for c in chosen.tolist()] == list(auto.all_value_indices())  # built from the walk's graph
 
 
 def test_diverse_order_takes_each_group_best_first():
