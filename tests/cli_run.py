@@ -12,11 +12,21 @@ import signal
 import subprocess
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from unittest import mock
 
 REPO = Path(__file__).resolve().parents[1]
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _fresh_warning_filters() -> None:
+    """The warning filters of a fresh interpreter (pytest's own record warnings instead of
+    printing them), each warning shown once per place as there."""
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category, append=True)
 
 
 def cli(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -34,7 +44,9 @@ def cli(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
     code = 0
     try:
         os.chdir(cwd)
-        with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                warnings.catch_warnings():
+            _fresh_warning_filters()
             try:
                 main()
             except SystemExit as e:
@@ -44,6 +56,8 @@ def cli(*args: object, cwd: Path = REPO) -> subprocess.CompletedProcess:
             except Exception:
                 traceback.print_exc()
                 code = 1
+            finally:
+                logging.captureWarnings(False)  # main's captureWarnings(True) is taken once per process
     finally:
         os.chdir(here)
         for s, handler in handlers.items():
