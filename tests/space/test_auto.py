@@ -82,6 +82,7 @@ def brute_force(auto):
                          ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol", "e4m3-blockwise",
                               "bf16-grouped", "e4m3-grouped", "e4m3-grouped-blockwise"])
 def test_the_count_is_the_count_of_the_listed_product(operation):
+    """Slow: lists the COUNTED product config by config (a few seconds per operation) to check the count against."""
     auto = AutoKernels(operation, COUNTED)
     counts, valid = brute_force(auto)
     census = auto.census()
@@ -95,6 +96,7 @@ def test_the_count_is_the_count_of_the_listed_product(operation):
 
 
 def test_the_valid_configs_hold_with_narrow_b_scale_granularities():
+    """Slow: lists its product config by config, as the count must be compared with."""
     # Valid configs only: the census names another rule than check_config for some block-wise
     # configs of tile N 128 that two rules refuse, as it did before scale_n (same counts on main).
     auto = AutoKernels(FP8_BLOCKWISE, {**COUNTED, "tile_n": (32, 64, 128), "scale_n": (32, 64, 128)})
@@ -284,6 +286,7 @@ def test_bad_shapes_are_one_line(shapes, dtype, layout, expected):
 
 
 def test_an_fp8_rowcol_kind_holds_the_fp8_knobs_and_the_ab_swap():
+    """Slow: walks the fp8 row-wise bias+gelu kind whole (the knob values it holds are the claim)."""
     from cutlass_tune.search._seeds import FP8_DEFAULTS, FP8_SMALL_M_DEFAULTS
 
     auto = AutoKernels(FP8_ROWCOL)
