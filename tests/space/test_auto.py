@@ -286,10 +286,11 @@ def test_bad_shapes_are_one_line(shapes, dtype, layout, expected):
 
 
 def test_an_fp8_rowcol_kind_holds_the_fp8_knobs_and_the_ab_swap():
-    """Slow: walks the fp8 row-wise bias+gelu kind whole (the knob values it holds are the claim)."""
+    """Slow: walks the fp8 row-wise bias+gelu kind whole (the knob values it holds are the claim; the
+    process keeps the walk for test_spec_epilogue.py's kind)."""
     from cutlass_tune.search._seeds import FP8_DEFAULTS, FP8_SMALL_M_DEFAULTS
 
-    auto = AutoKernels(FP8_ROWCOL)
+    auto = shared_walk(FP8_ROWCOL)
     for knobs in FP8_DEFAULTS + FP8_SMALL_M_DEFAULTS:
         assert KernelConfig.for_operation(FP8_ROWCOL, epilogue_source=False, **knobs) in auto, knobs
     seen = auto.values_in_valid()
