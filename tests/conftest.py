@@ -17,6 +17,29 @@ import sqlalchemy as sa
 
 POSTGRES_ENV = "CUTLASS_TUNE_TEST_POSTGRES_URL"
 
+_TEMP_ROOT_ROOM = 4 * 2**30
+
+
+def _temp_root_in_memory() -> None:
+    """Put pytest's numbered temporary folders (`tmp_path`) on /dev/shm where it is a writable,
+    executable RAM filesystem with a few GiB free, unless the caller chose a root: the SQLite
+    stores the tests build commit thousands of times, and each commit waits on the disk (10 ms
+    on a virtual disk: a 60-trial sweep test spent 60 s in commits). Nothing a test asserts
+    depends on the disk; pytest keeps the last three runs' folders there, as under /tmp."""
+    shm = "/dev/shm"
+    if "PYTEST_DEBUG_TEMPROOT" in os.environ or not os.path.isdir(shm) or not os.access(shm, os.W_OK | os.X_OK):
+        return
+    try:
+        fs = os.statvfs(shm)
+    except OSError:
+        return
+    if fs.f_flag & os.ST_NOEXEC or fs.f_bavail * fs.f_frsize < _TEMP_ROOT_ROOM:
+        return  # tests run the fake nvcc and GPU scripts they write there
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = shm
+
+
+_temp_root_in_memory()
+
 
 def _hopper_visible() -> bool:
     try:

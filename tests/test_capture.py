@@ -2,7 +2,6 @@
 meta device, so on any CPU."""
 
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +14,8 @@ from torch import nn
 from cutlass_tune import cli
 from cutlass_tune.capture import Target, capture_gemms, load_target, space_files
 from cutlass_tune.space import Activation, DType, Epilogue, Layout, Problem, Scaling, layout_code, load_space
+
+from .cli_run import cli as run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 ROW, COL = Layout.ROW, Layout.COL
@@ -378,8 +379,7 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path, monkeypatch, capsys):
 # The command as the console script: a real process, and the written file through `space`.
 
 def run(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd)
+    return run_cli(*args, cwd=cwd)  # in this process: the command's output and exit code
 
 
 def test_the_written_space_file_expands_with_the_space_command(tmp_path):

@@ -9,10 +9,14 @@ import pytest
 from cutlass_tune import __version__
 from cutlass_tune.settings import DEFAULT_STORE
 
+from .cli_run import cli
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run(*args, **kw):
+    if set(kw) <= {"cwd"}:  # in this process: the command's output and exit code
+        return cli(*args, **kw)
     return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)],
                           capture_output=True, text=True, **{"cwd": REPO, **kw})
 

@@ -41,6 +41,7 @@ def call_site():
 @pytest.mark.parametrize(("name", "scaling", "count"), [("fp8_suite", Scaling.ROWCOL, 10),
                                                          ("fp8_blockwise_suite", Scaling.BLOCKWISE, 11)])
 def test_each_suite_holds_llm_shapes_from_decode_to_prefill_each_with_valid_configs(name, scaling, count):
+    """Slow: counts the valid configs of the suite's fp8 kind (its walk, seconds; the process keeps it)."""
     space = load_space(BENCHMARKS / "configs" / f"{name}.yaml")
     assert len(space.problems) == count >= 8
     assert [p.m for p in space.problems] == sorted(p.m for p in space.problems)

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from .cli_run import cli
+
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "tests" / "report" / "data" / "best-v2.csv"  # bf16 tn rows at 4096 x 6656 x 6656 and others
 
@@ -25,8 +27,7 @@ def small():
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "tune-model", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO)
+    return cli("tune-model", *args)  # in this process: the command's output and exit code
 
 
 def one_line_error(r):

@@ -81,7 +81,7 @@ def auto_columns(auto: AutoKernels) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every valid config of `auto` as `config_columns`, without building a config per row
     (one per distinct combination of the knobs CUTLASS resolves), and the value indices of
     each (`AutoKernels.config_of` builds one back)."""
-    chosen = np.array(list(auto.all_value_indices()), dtype=np.int16).reshape(-1, len(auto.knobs))
+    chosen = _value_indices(auto)
     values = {knob.name: (d, vals) for d, (knob, vals) in enumerate(auto.knobs)}
 
     def pick(name: str, part: int | None = None) -> np.ndarray:
@@ -94,18 +94,51 @@ def auto_columns(auto: AutoKernels) -> tuple[dict[str, np.ndarray], np.ndarray]:
         out[name] = pick(name).astype(np.float64)
     out["cluster_m"], out["cluster_n"] = pick("cluster", 0).astype(np.float64), pick("cluster", 1).astype(np.float64)
     out["swap_ab"] = pick("swap_ab").astype(np.float64)
-    # The resolved columns: one config per distinct combination of the knobs they depend on.
+    d, schedulers = values["tile_scheduler"]
+    out["stream_k"] = np.array([s is TileScheduler.STREAM_K for s in schedulers], dtype=np.float64)[chosen[:, d]]
+    out["fast_accum"] = pick("fp8_fast_accum").astype(np.float64)
+    # The other columns: one config per distinct combination of the knobs they depend on
+    # (those of `_resolve`'s key and the columns read straight off a knob).
     resolved_by = ("tile_m", "tile_n", "tile_k", "stages", "kernel_schedule", "epilogue_schedule",
-                   "epilogue_tile_n", "epilogue_source", "tile_scheduler", "fp8_fast_accum")
-    keys = np.stack([chosen[:, values[n][0]] for n in resolved_by], axis=1)
-    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+                   "epilogue_tile_n", "epilogue_source")
+    first, inverse = _unique_rows([chosen[:, values[n][0]] for n in resolved_by])
     configs = [KernelConfig.for_operation(auto.operation, **{n: values[n][1][v] for n, v in zip(resolved_by, row)})
-               for row in unique]
+               for row in chosen[first][:, [values[n][0] for n in resolved_by]].tolist()]
     per_unique = config_columns(configs)
     for name in _COLUMNS:
         if name not in out:
-            out[name] = per_unique[name][inverse.reshape(-1)]
+            out[name] = per_unique[name][inverse]
     return out, chosen
+
+
+def _value_indices(auto: AutoKernels) -> np.ndarray:
+    """`auto.all_value_indices()` as an array (a row per valid config), built a knob at a time
+    from `auto.graph()`: each row of the layer above repeated once per edge of its branch."""
+    at_branch = np.zeros(1, dtype=np.int64)  # the graph entry each row has reached
+    columns: list[np.ndarray] = []
+    for layer in auto.graph():
+        counts = np.array([len(edges) for edges in layer], dtype=np.int64)
+        edges = np.array([edge for out in layer for edge in out], dtype=np.int64).reshape(-1, 2)
+        per_row = counts[at_branch]
+        parent = np.repeat(np.arange(len(at_branch)), per_row)
+        first_edge = (np.cumsum(counts) - counts)[at_branch] - (np.cumsum(per_row) - per_row)
+        edge = np.repeat(first_edge, per_row) + np.arange(int(per_row.sum()))
+        columns = [c[parent] for c in columns] + [edges[edge, 0].astype(np.int16)]
+        at_branch = edges[edge, 1]
+    if not columns:  # no knob: the one config, where it is valid
+        return np.zeros((len(auto), 0), dtype=np.int16)
+    return np.stack(columns, axis=1)
+
+
+def _unique_rows(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of small non-negative integer columns, in sorted order: the index of
+    each one's first row, and each row's distinct row. One number per row (np.unique over
+    rows sorts them as bytes, seconds for hundreds of thousands)."""
+    code = np.zeros(len(columns[0]) if columns else 0, dtype=np.int64)
+    for column in columns:
+        code = code * (int(column.max(initial=0)) + 1) + column
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
 
 
 # ---- features -------------------------------------------------------------------------------
@@ -185,9 +218,9 @@ class Pool:
 
     def __init__(self, cols: dict[str, np.ndarray], build: Any):
         self.cols, self._build = cols, build
-        groups = np.stack([cols[g] for g in GROUP_KNOBS], axis=1)
-        _, self.group = np.unique(groups, axis=0, return_inverse=True)
-        self.group = self.group.reshape(-1)
+        # Each group knob's values by rank (its distinct values, sorted), then the groups.
+        ranks = [np.unique(cols[g], return_inverse=True)[1].reshape(-1) for g in GROUP_KNOBS]
+        self.group = _unique_rows(ranks)[1]
         plain = (cols["stages_auto"] * 4 + cols["epilogue_auto"] * 2
                  + (cols["tile_k"] * cols["in_bits"] == 128 * 8) * 8 + cols["sourceless"])
         order = np.lexsort((-plain, self.group))  # by group, the plainest first

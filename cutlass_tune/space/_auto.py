@@ -287,6 +287,31 @@ class AutoKernels(Sequence[KernelConfig]):
                 continue
             stack.extend(((*chosen, v), below) for v, below in reversed(branch.next))
 
+    def graph(self) -> list[list[tuple[tuple[int, int], ...]]]:
+        """The valid configs as a layered graph, for building their table in a few array steps
+        per knob (`search._features`) instead of a step per config: at each depth (knobs set,
+        `knobs` order) one entry per distinct branch, its (value index of the next knob, entry
+        at the next depth) pairs in order; the root is entry 0 of depth 0. The paths from the
+        root to the last depth are `all_value_indices`, in its order."""
+        layers: list[list[tuple[tuple[int, int], ...]]] = []
+        frontier = [self._root]
+        for _ in self.knobs:
+            index: dict[int, int] = {}
+            deeper: list[_Branch] = []
+            layer = []
+            for branch in frontier:
+                edges = []
+                for v, below in branch.next:
+                    at = index.get(id(below))
+                    if at is None:
+                        at = index[id(below)] = len(deeper)
+                        deeper.append(below)
+                    edges.append((v, at))
+                layer.append(tuple(edges))
+            layers.append(layer)
+            frontier = deeper
+        return layers
+
     def config_of(self, chosen: Sequence[int]) -> KernelConfig:
         """The config of one entry of `all_value_indices` (or of `value_indices`)."""
         return self._config(chosen)
@@ -307,7 +332,12 @@ class AutoKernels(Sequence[KernelConfig]):
         return not _rules.check_config(cfg)
 
     def values_in_valid(self) -> dict[str, tuple[Any, ...]]:
-        """Each knob's values that some valid config holds, in declaration order of the knob."""
+        """Each knob's values that some valid config holds, in declaration order of the knob
+        (a copy of the map kept from the first call: each knob's parameters ask for it)."""
+        return dict(self._values_in_valid)
+
+    @functools.cached_property
+    def _values_in_valid(self) -> dict[str, tuple[Any, ...]]:
         seen: dict[int, set[int]] = {d: set() for d in range(len(self.knobs))}
         stack, visited = [(0, self._root)], set()
         while stack:

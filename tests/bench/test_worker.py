@@ -1,4 +1,7 @@
-"""Worker isolation without a GPU: fake runners crash, hang, fail and misbehave in the child."""
+"""Worker isolation without a GPU: fake runners crash, hang, fail and misbehave in the child.
+
+Slow: each test starts its worker processes (spawned: a fresh interpreter that imports torch, a
+few seconds each), and the hang tests wait out their timeouts; the processes are what is tested."""
 
 import multiprocessing
 import os

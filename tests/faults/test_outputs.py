@@ -18,6 +18,8 @@ from cutlass_tune.cli._console import PlainConsole, visible
 from cutlass_tune.cli._sweep_display import SweepLog, sweep_table
 from cutlass_tune.tables import read_table
 
+from ..cli_run import cli
+
 REPO = Path(__file__).resolve().parent.parent.parent
 STORE = REPO / "results" / "llama33b-nvidia-h200.sqlite"
 
@@ -113,6 +115,8 @@ FAKE_NVCC = REPO / "tests" / "compile" / "fake_nvcc.py"
 
 
 def _cli(*args, **kw) -> subprocess.CompletedProcess:
+    if not kw:
+        return cli(*args)  # in this process: the command's output and exit code
     return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=120, cwd=REPO, **kw)
 

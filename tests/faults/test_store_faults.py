@@ -12,6 +12,8 @@ import cutlass_tune
 from cutlass_tune.measurement import TimingScheme
 from cutlass_tune.store import ResultStore, StoreError
 
+from ..cli_run import cli
+
 REAL = Path(__file__).resolve().parents[2] / "results" / "quick-nvidia-h200.sqlite"
 
 
@@ -53,8 +55,7 @@ def test_every_reading_command_gives_one_line_and_exit_2(damage, command, tmp_pa
     store = damage(tmp_path)
     before = store.read_bytes()
     args = [a.format(tmp=tmp_path) for a in command]
-    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *args, "--storage", str(store)],
-                          capture_output=True, text=True, timeout=120)
+    done = cli(*args, "--storage", store, cwd=Path.cwd())  # in this process: its output and exit code
     assert done.returncode == 2, done.stderr[-2000:]
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
     if not (command == ["confirm"] and damage in (_bad_figure, _bad_status)):  # a CPU host stops at the GPU
@@ -107,8 +108,7 @@ def test_announcing_a_sweep_on_a_damaged_store_raises_store_error(tmp_path):
 def test_upgrading_a_damaged_store_is_one_line_and_writes_nothing(damage, tmp_path):
     store = damage(tmp_path)
     before = store.read_bytes()
-    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "upgrade", "--storage", str(store)],
-                          capture_output=True, text=True, timeout=120)
+    done = cli("upgrade", "--storage", store, cwd=Path.cwd())
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is damaged" in done.stderr, done.stderr
     assert store.read_bytes() == before
 
@@ -272,8 +272,7 @@ def test_upgrade_without_storage_refuses_and_leaves_the_default_store(tmp_path):
 def test_dashboard_of_a_store_whose_study_table_is_damaged_is_one_line(tmp_path):
     """Guards the dashboard's Optuna reads (outside the store's error wrapper: a 468-line traceback, exit 1)."""
     store = _edited(tmp_path, "alter table studies rename column study_name to name")
-    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "dashboard", "--storage", str(store), "-o",
-                           str(tmp_path / "d.html")], capture_output=True, text=True, timeout=120)
+    done = cli("dashboard", "--storage", store, "-o", tmp_path / "d.html", cwd=Path.cwd())
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
     assert "study_name" in done.stderr and not (tmp_path / "d.html").exists()

@@ -1,12 +1,12 @@
 """Storage URLs that do not parse, name no driver or no server: one line, exit 2, no password."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cutlass_tune.store import ResultStore, StoreError, shown_url
+
+from ..cli_run import cli
 
 SECRET = "S3cret"
 QUICK = Path(__file__).resolve().parents[2] / "configs" / "quick.yaml"
@@ -35,8 +35,7 @@ def test_the_store_refuses_in_one_line_without_the_password(url):
 @pytest.mark.parametrize("url", URLS[:2] + URLS[-2:])
 def test_every_reading_command_gives_one_line_and_exit_2(command, url, tmp_path):
     args = [a.format(tmp=tmp_path) for a in command]
-    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *args, "--storage", url],
-                          capture_output=True, text=True, timeout=120)
+    done = cli(*args, "--storage", url, cwd=Path.cwd())  # in this process: its output and exit code
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert SECRET not in done.stderr + done.stdout

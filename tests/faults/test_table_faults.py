@@ -3,7 +3,6 @@
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +11,8 @@ import pytest
 from cutlass_tune import load_best
 from cutlass_tune.report import write_bundle
 from cutlass_tune.tables import BestTableError, BundleError, read_bundle
+
+from ..cli_run import cli
 
 V2 = Path(__file__).resolve().parents[1] / "report" / "data" / "best-v2.csv"
 
@@ -102,8 +103,7 @@ def test_the_commands_refuse_an_out_of_range_table(tmp_path, command, changes):
     # Regression: `best` printed a table with swizzle 3 (exit 0); k 10^30 was an OverflowError traceback.
     path = _table(tmp_path, **changes)
     args = [a.format(tmp=tmp_path) for a in command]
-    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *args, "--storage", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    done = _cli(*args, "--storage", str(path))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
     assert not (tmp_path / "b").exists()
 
@@ -121,8 +121,7 @@ def test_a_bundle_row_naming_another_configs_kernel_is_one_line(tmp_path):
     (bundle / "best.json").write_text(json.dumps(rows))
     with pytest.raises(BundleError, match=f"row 1: config_hash {rows[0]['config_hash']} is not its config's"):
         read_bundle(bundle)
-    done = subprocess.run([sys.executable, "-m", "cutlass_tune.cli", "best", "--storage", str(bundle)],
-                          capture_output=True, text=True, timeout=120)
+    done = _cli("best", "--storage", str(bundle))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is not its config's" in done.stderr
 
 
@@ -152,8 +151,7 @@ def _damaged_store(tmp_path: Path, sql: str) -> str:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *args], capture_output=True, text=True,
-                          timeout=120)
+    return cli(*args, cwd=Path.cwd())  # in this process: the command's output and exit code
 
 
 FASTEST = "(SELECT id FROM ct_measurements ORDER BY tflops DESC LIMIT 1)"

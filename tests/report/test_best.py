@@ -1,6 +1,4 @@
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,13 +11,14 @@ from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
 from cutlass_tune.tables import COLUMNS, BestTableError
 
+from ..cli_run import cli
+
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO)
+    return cli(*args)  # in this process: the commands' output and exit codes, not the interpreter
 
 
 def test_committed_sweep_gives_one_best_row_per_problem():

@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -21,14 +19,15 @@ from cutlass_tune.space import KernelConfig, check_config
 from cutlass_tune.store import StoreError
 from cutlass_tune.tables import BestTableError
 
+from ..cli_run import cli
+
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"
 V2 = Path(__file__).resolve().parent / "data" / "best-v2.csv"
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO)
+    return cli(*args)  # in this process: the commands' output and exit codes, not the interpreter
 
 
 def one_line_error(call, match):

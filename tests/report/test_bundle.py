@@ -20,14 +20,15 @@ from cutlass_tune.space import KernelConfig
 from cutlass_tune.status import Status
 from cutlass_tune.tables import BundleError, read_bundle
 
+from ..cli_run import cli
+
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"
 BUILT_WITH = {"nvcc": "13.0.88", "cutlass": "4.2.0"}
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO)
+    return cli(*args)  # in this process: the commands' output and exit codes, not the interpreter
 
 
 @pytest.fixture

@@ -16,12 +16,16 @@ from cutlass_tune.report._dashboard import write_dashboard
 from cutlass_tune.runtime import BestTable
 from cutlass_tune.store import StoreError
 
+from ..cli_run import cli
+
 REPO = Path(__file__).resolve().parents[2]
 STORE = REPO / "results" / "sweep-nvidia-h200.sqlite"
 COMMITTED = sorted((REPO / "benchmarks" / "results").rglob("*.sqlite.gz"))
 
 
 def run(*args, env=None):
+    if env is None:
+        return cli(*args)  # in this process: the commands' output and exit codes
     return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)], capture_output=True,
                           text=True, cwd=REPO, env=env)
 

@@ -1,8 +1,6 @@
 import math
 import re
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -16,6 +14,8 @@ from cutlass_tune.space import Activation, Epilogue, KernelConfig, Problem, Runt
 from cutlass_tune.status import Status
 from cutlass_tune.store import ResultStore
 
+from ..cli_run import cli
+
 REPO = Path(__file__).resolve().parents[2]
 STORE_URL = f"sqlite:///{REPO / 'results' / 'sweep-nvidia-h200.sqlite'}"
 PROBLEMS = [f"{s}x{s}x{s}_bf16bf16bf16_tn" for s in (1024, 4096, 8192)]
@@ -26,8 +26,7 @@ CFG = KernelConfig(tile_n=256, cluster_m=2)
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO)
+    return cli(*args)  # in this process: the commands' output and exit codes, not the interpreter
 
 
 def ok(config=CFG, tflops=600.0, runtime=RuntimeArgs(), **kw):

@@ -1,4 +1,6 @@
-"""Killing a sweep process (SIGKILL, SIGINT) loses at most the measurements in flight (one per GPU)."""
+"""Killing a sweep process (SIGKILL, SIGINT) loses at most the measurements in flight (one per GPU).
+
+Slow: each test starts the sweep process it kills (a fresh interpreter, seconds)."""
 
 import collections
 import signal

@@ -77,6 +77,7 @@ def test_auto_columns_are_the_configs_columns():
     for name, values in direct.items():
         assert np.array_equal(cols[name][rows], values), name
     assert [auto.config_of(c.tolist()) for c in chosen[:20]] == list(auto)[:20]
+    assert [tuple(c) for c in chosen.tolist()] == list(auto.all_value_indices())  # built from the walk's graph
 
 
 def test_diverse_order_takes_each_group_best_first():
@@ -95,6 +96,7 @@ def test_committed_configs_read_back_with_their_hashes():
 
 
 def test_the_committed_observations_fit_in_seconds():
+    """Slow: fits the prior on every committed H200 measurement and ranks a whole 16-bit kind: the time is the claim."""
     observations = committed_observations(committed_frame(), "NVIDIA H200", "events")
     assert len({o.problem for o in observations}) >= 70 and all(o.ratio for o in observations)
     start = time.monotonic()
@@ -196,6 +198,7 @@ def sweep(space, tmp_path, **settings):
 
 
 def test_an_auto_sweep_is_led_by_the_prior_beyond_the_hand_written_lists(tmp_path, no_committed):
+    """Slow: a kernels: auto sweep of two problems, refitted as results come (the behaviour under test)."""
     space = space_for_shapes("4096x1280x8192,2048x4096x4096")
     run, state, compiled, store = sweep(space, tmp_path)
     assert isinstance(run.strategy, PriorStrategy) and run.strategy.fits >= 2  # at the start, then refitted
@@ -280,6 +283,7 @@ def test_each_problem_of_an_auto_space_is_ranked_from_the_configs_of_its_own_ope
 
 
 def test_an_activation_s_problem_is_led_by_the_ping_pong_tile_that_led_every_fused_shape(tmp_path, no_committed):
+    """Slow: walks the bias+gelu kind its sweep ranks (seconds; no other test has it)."""
     # Guards the epilogue-gap finding (benchmarks/epilogue_gap.md): ping-pong 128x128 led all 24
     # bias+activation problems; a prior without that evidence (here, fitted on nothing) picked other
     # tiles first and never reached it in 4 configs.

@@ -46,6 +46,7 @@ def test_a_swapped_configs_tiles_run_over_the_transposed_problem():
 
 def test_an_fp8_problem_is_led_by_the_fp8_defaults_and_its_prior_learns_fp8_once_it_has_results(
         tmp_path, caplog, no_committed):  # noqa: F811
+    """Slow: walks the fp8 row-wise kind (618,368 valid configs, seconds) that its sweep's prior ranks."""
     space = space_for_shapes("32x4096x4096,4096x4096x4096", dtype="e4m3", scaling="rowcol")
     with caplog.at_level(logging.INFO, logger="cutlass_tune.search._prior_strategy"):
         run, _, compiled, _ = sweep(space, tmp_path, trials=6, batch=2)

@@ -1,6 +1,8 @@
 """Sweeps sharing one store (several hosts on one PostgreSQL, or several processes on one file):
 a config is measured by the sweep that claimed it first; the others wait for its results, and
-take it over if that sweep dies."""
+take it over if that sweep dies.
+
+Slow: the sweeps race as separate processes, each importing the search stage (seconds each)."""
 
 import collections
 import dataclasses

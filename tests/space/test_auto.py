@@ -26,6 +26,7 @@ from cutlass_tune.space import (
     space_for_shapes,
 )
 from cutlass_tune.space._rules import CONFIG_RULES, check_combinations
+from cutlass_tune.space._spec import _auto_kernels as shared_walk  # the process's walk of a kind, as spaces share it
 
 BF16 = Operation()
 FP8 = Operation(dtype_a=DType.E4M3, dtype_b=DType.E4M3)
@@ -81,6 +82,7 @@ def brute_force(auto):
                          ids=["bf16", "e4m3", "e4m3-nt", "bf16-fused", "e4m3-rowcol", "e4m3-blockwise",
                               "bf16-grouped", "e4m3-grouped", "e4m3-grouped-blockwise"])
 def test_the_count_is_the_count_of_the_listed_product(operation):
+    """Slow: lists the COUNTED product config by config (a few seconds per operation) to check the count against."""
     auto = AutoKernels(operation, COUNTED)
     counts, valid = brute_force(auto)
     census = auto.census()
@@ -94,6 +96,7 @@ def test_the_count_is_the_count_of_the_listed_product(operation):
 
 
 def test_the_valid_configs_hold_with_narrow_b_scale_granularities():
+    """Slow: lists its product config by config, as the count must be compared with."""
     # Valid configs only: the census names another rule than check_config for some block-wise
     # configs of tile N 128 that two rules refuse, as it did before scale_n (same counts on main).
     auto = AutoKernels(FP8_BLOCKWISE, {**COUNTED, "tile_n": (32, 64, 128), "scale_n": (32, 64, 128)})
@@ -149,11 +152,40 @@ def test_each_rule_reads_only_the_fields_it_declares():
             assert all(field in reads for rule, reads in CONFIG_RULES if rule in changed), (cfg.name, field, changed)
 
 
-def test_a_16_bit_kind_is_counted_whole_in_seconds():
-    start = time.monotonic()
-    auto = AutoKernels(BF16)
+@dataclasses.dataclass(frozen=True)
+class _Walk:
+    auto: AutoKernels
+    seconds: float
+    rule_checks: int
+
+
+@pytest.fixture(scope="module")
+def bf16_walk():
+    """One fresh walk of the 16-bit kind (seconds), timed and with its rule checks counted, which
+    the tests of its time, its checks and its indices share."""
+    from cutlass_tune.space import _rules
+
+    calls = 0
+    real = _rules.check_combinations
+
+    def counted(cfg):
+        nonlocal calls
+        calls += 1
+        return real(cfg)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_rules, "check_combinations", counted)
+        start = time.monotonic()
+        auto = AutoKernels(BF16)
+        auto.census()
+        seconds = time.monotonic() - start
+    return _Walk(auto, seconds, calls)
+
+
+def test_a_16_bit_kind_is_counted_whole_in_seconds(bf16_walk):
+    auto = bf16_walk.auto
     census = auto.census()
-    assert time.monotonic() - start < 20
+    assert bf16_walk.seconds < 20
     # 3 x 16 x 4 tiles, 9 clusters, 16 stage counts, 3 x 3 schedules, 2 tile schedulers,
     # 17 epilogue subtiles, with and without C
     assert census.total == 3 * 16 * 4 * 9 * 16 * 3 * 3 * 2 * 17 * 2
@@ -171,7 +203,7 @@ def test_a_16_bit_kind_is_counted_whole_in_seconds():
 
 
 def test_a_grouped_kind_holds_only_what_ptr_array_kernels_are_built_for():
-    auto = AutoKernels(GROUPED)
+    auto = shared_walk(GROUPED)
     census = auto.census()
     assert census.total == AutoKernels(BF16).total and 0 < census.valid == len(auto) < 190_240
     assert {"grouped_schedule", "grouped_epilogue"} <= set(census.invalid)
@@ -183,8 +215,8 @@ def test_a_grouped_kind_holds_only_what_ptr_array_kernels_are_built_for():
     assert AutoKernels(FP8_GROUPED).census().valid == 0
 
 
-def test_indices_and_membership_agree():
-    auto = AutoKernels(BF16)
+def test_indices_and_membership_agree(bf16_walk):
+    auto = bf16_walk.auto
     for i in (0, 1, 777, len(auto) // 2, len(auto) - 1, -1):
         chosen = auto.value_indices(i)
         assert auto.config_of(chosen) == auto[i] and auto[i] in auto
@@ -197,16 +229,18 @@ def test_indices_and_membership_agree():
 
 def test_a_space_file_of_kernels_auto(tmp_path):
     path = tmp_path / "auto.yaml"
-    path.write_text("problems: [{m: 4096, n: [1280, 4096], k: 8192}]\ndtypes: [bf16, f16]\nlayouts: [tn, nt]\n"
+    # Two kinds (each kind is walked, seconds apiece; the tn one is the process's shared walk): a
+    # file's kinds are its dtypes times its layouts, whatever their number.
+    path.write_text("problems: [{m: 4096, n: [1280, 4096], k: 8192}]\ndtypes: [bf16]\nlayouts: [tn, nt]\n"
                     "kernels: auto\nruntime: {swizzle: [1, 4]}\n")
     sp = load_space(path)
-    assert len(sp.problems) == 8 and len(sp.auto) == 4
+    assert len(sp.problems) == 4 and len(sp.auto) == 2
     census = sp.census()
-    assert census.valid == len(sp.valid) == 4 * 190_240 and census.total == 4 * 16_920_576
-    problem = Problem(4096, 1280, 8192, dtype_a=DType.F16, dtype_b=DType.F16, dtype_d=DType.F16,
-                      layout_a=Layout.COL, layout_b=Layout.ROW)
+    assert census.valid == len(sp.valid) == 2 * 190_240 and census.total == 2 * 16_920_576
+    problem = Problem(4096, 1280, 8192, layout_a=Layout.COL, layout_b=Layout.ROW)
     kind = sp.auto_for(problem)
-    assert kind is not None and kind.operation.layout_a is Layout.COL and kind.operation.dtype_a is DType.F16
+    assert kind is not None and kind.operation.layout_a is Layout.COL and kind.operation.dtype_a is DType.BF16
+    assert sp.auto_for(dataclasses.replace(problem, dtype_a=DType.F16, dtype_b=DType.F16, dtype_d=DType.F16)) is None
     assert sp.holds(kind[5]) and not sp.holds(KernelConfig.for_operation(BF16, tile_n=8 * 3))
     first = next(iter(sp.classify()))
     assert first[1] == [] and first[0] == sp.candidates[0]
@@ -252,38 +286,34 @@ def test_bad_shapes_are_one_line(shapes, dtype, layout, expected):
 
 
 def test_an_fp8_rowcol_kind_holds_the_fp8_knobs_and_the_ab_swap():
+    """Slow: walks the fp8 row-wise bias+gelu kind whole (the knob values it holds are the claim; the
+    process keeps the walk for test_spec_epilogue.py's kind)."""
     from cutlass_tune.search._seeds import FP8_DEFAULTS, FP8_SMALL_M_DEFAULTS
 
-    auto = AutoKernels(FP8_ROWCOL)
+    auto = shared_walk(FP8_ROWCOL)
     for knobs in FP8_DEFAULTS + FP8_SMALL_M_DEFAULTS:
         assert KernelConfig.for_operation(FP8_ROWCOL, epilogue_source=False, **knobs) in auto, knobs
     seen = auto.values_in_valid()
     assert set(seen["tile_k"]) >= {128, 256} and set(seen["swap_ab"]) == {False, True}
     assert set(seen["cluster"]) >= {(2, 1), (1, 2)} and set(seen["fp8_fast_accum"]) == {False, True}
     # every unswapped config has its swapped twin, and a few more fit: the swapped bias is a column
-    # broadcast read from global memory, with no row in the epilogue's shared memory
-    unswapped = AutoKernels(FP8_ROWCOL, {"swap_ab": (False,)}).census().valid
-    assert unswapped < auto.census().valid - unswapped
-    # an fp8 kind without row-wise scales has no swapped kernel
-    assert set(AutoKernels(FP8).values_in_valid()["swap_ab"]) == {False}
+    # broadcast read from global memory, with no row in the epilogue's shared memory (counted in the
+    # walk already made: a walk of the unswapped product alone took seconds)
+    at = [knob.name for knob, _ in auto.knobs].index("swap_ab")
+    swap_values = auto.knobs[at][1]
+    unswapped = sum(1 for chosen in auto.all_value_indices() if not swap_values[chosen[at]])
+    assert 0 < unswapped < auto.census().valid - unswapped
+    # an fp8 kind without row-wise scales has no swapped kernel (the swapped product alone: its
+    # rule refuses it early in the walk, where the whole kind's walk takes seconds)
+    swapped = AutoKernels(FP8, {"swap_ab": (True,)}).census()
+    assert swapped.valid == 0 and "swap_ab" in swapped.invalid
 
 
-def test_the_walk_checks_each_rule_once_per_value_of_the_fields_it_reads(monkeypatch):
+def test_the_walk_checks_each_rule_once_per_value_of_the_fields_it_reads(bf16_walk):
     # Guards the walk's speed (users wait on it in `space --shapes` and every kernels: auto sweep): it
     # ran every rule on all 311,297 branches of a 16-bit kind, where a rule's verdict depends on its
     # own fields alone (a cluster shape: 9 values); the leaves, whose smem rules read most fields, remain.
-    from cutlass_tune.space import _rules
-
-    calls = 0
-    real = _rules.check_combinations
-
-    def counted(cfg):
-        nonlocal calls
-        calls += 1
-        return real(cfg)
-
-    monkeypatch.setattr(_rules, "check_combinations", counted)
-    auto = AutoKernels(BF16)
+    auto = bf16_walk.auto
     assert auto.census().valid == 190_240
     leaves = len({tuple(auto.value_indices(i)[:-1]) for i in range(0, len(auto), 7)})  # some distinct leaf parents
-    assert leaves < calls < 60_000
+    assert leaves < bf16_walk.rule_checks < 60_000

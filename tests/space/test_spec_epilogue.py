@@ -21,7 +21,7 @@ from cutlass_tune.space import (
     sweep_space,
 )
 
-BIAS_SILU = Epilogue(bias=True, activation=Activation.SILU)
+BIAS_GELU = Epilogue(bias=True, activation=Activation.GELU)
 
 
 def write(tmp_path, text):
@@ -78,14 +78,15 @@ def test_bad_epilogue_or_scaling_is_one_line(tmp_path, text, key, message):
 
 
 def test_shapes_carry_epilogue_and_scaling_into_an_auto_space():
-    sp = space_for_shapes("1024x4096x4096", dtype="e4m3", epilogue="bias+silu", scaling="rowcol")
+    # bias+gelu: the kind test_auto.py walks too (a walk is seconds, and the process keeps one per kind)
+    sp = space_for_shapes("1024x4096x4096", dtype="e4m3", epilogue="bias+gelu", scaling="rowcol")
     (problem,) = sp.problems
-    assert problem.epilogue == BIAS_SILU and problem.scaling is Scaling.ROWCOL
+    assert problem.epilogue == BIAS_GELU and problem.scaling is Scaling.ROWCOL
     (kind,) = sp.auto
-    assert kind.operation.epilogue == BIAS_SILU and sp.auto_for(problem) is kind
+    assert kind.operation.epilogue == BIAS_GELU and sp.auto_for(problem) is kind
     assert sp.auto_for(Problem(1024, 4096, 4096, dtype_a=DType.E4M3, dtype_b=DType.E4M3)) is None
     some = kind[: 50]
-    assert all(c.epilogue == BIAS_SILU and c.scaling is Scaling.ROWCOL and not check_config(c) for c in some)
+    assert all(c.epilogue == BIAS_GELU and c.scaling is Scaling.ROWCOL and not check_config(c) for c in some)
     # the fusion needs a TMA epilogue: auto never proposes no_smem for it
     assert EpilogueSchedule.NO_SMEM not in kind.values_in_valid()["epilogue_schedule"]
 

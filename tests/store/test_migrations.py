@@ -2,7 +2,6 @@
 
 import fnmatch
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from cutlass_tune.space import KernelConfig, Problem, RuntimeArgs
 from cutlass_tune.status import Status
 from cutlass_tune.store import SCHEMA_VERSION, ResultStore, StoreError, _migrate, _sql
 
+from .. import cli_run
 from ..racing import start_together, wait_for_files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,9 +88,8 @@ def _revisions(url):
         engine.dispose()
 
 
-def cli(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "cutlass_tune.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, **kwargs)
+def cli(*args):
+    return cli_run.cli(*args, cwd=Path.cwd())  # in this process: the commands' output and exit codes
 
 
 def test_a_store_from_before_migrations_is_read_as_it_is(schema1_url):
