@@ -15,7 +15,8 @@ The attention's score and value products are left out (a flash kernel in the rea
 Linear a table tunes): the output projection reads q gated by v, so every Linear's input depends
 on the one before it. The Linears read their table from `TABLE_KEY`, the key `tune-model` binds
 each step's table to; where nothing is bound there (`shapes`, a plain forward) an empty table is,
-and every call takes torch._scaled_mm's path.
+and every call takes torch._scaled_mm's path. Compiled (`--mode compiled`), the Linears' calls
+stay outside the graphs (`EagerFp8Linear`): Inductor compiles the norms, gates and residuals.
 """
 
 from __future__ import annotations
@@ -34,9 +35,19 @@ HIDDEN, INTERMEDIATE = 4096, 14336
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 
 
+class EagerFp8Linear(Fp8Linear):
+    """`Fp8Linear` whose call torch.compile leaves to Python (a graph break around each): its
+    `matmul` then reads the table bound to `TABLE_KEY` at every call, as `tune-model` needs (it
+    binds another table between steps), where a trace could keep the table it first read."""
+
+    @torch.compiler.disable
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return super().forward(input)
+
+
 def _fp8(in_features: int, out_features: int) -> Fp8Linear:
     """A random bf16 Linear (no bias) quantized row-wise, on the current default device."""
-    return Fp8Linear.from_linear(torch.nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16),
+    return EagerFp8Linear.from_linear(torch.nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16),
                                  TABLE_KEY, scaling="rowwise")
 
 

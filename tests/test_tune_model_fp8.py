@@ -126,3 +126,19 @@ def test_tune_model_writes_in_model_ratios_of_the_fp8_model_with_the_gpu_faked(t
     tuned = BestTable.load(out).frame.set_index("problem")
     assert set(tuned.index) == set(torch_us)
     assert tuned["in_model_ratio"].tolist() == pytest.approx([1 / 0.8] * len(torch_us))
+
+
+@pytest.mark.gpu
+def test_the_compiled_fp8_model_times_every_linear_call_in_its_problems_range():
+    """Guards tune-model's attribution on the compiled fp8 model: each Fp8Linear call, outside
+    the graphs, opens its problem's profiler range with GPU work under it (torch's path here)."""
+    from cutlass_tune.bench._in_model import Mode, bind, build_step, profiled_steps
+    from cutlass_tune.search._in_model import kernel_times
+
+    empty = BestTable(pd.DataFrame())
+    bind(empty)
+    step = build_step(load_target(f"{MODEL}:build", {"tokens": 128, "layers": 1}), Mode.COMPILED)
+    names = {p.name: p.name for p in problems_at(128)}
+    times = kernel_times(profiled_steps(step, [empty, empty], 2), names)
+    assert sorted(times) == [0, 1, 2, 3]
+    assert all(set(step_times) == set(names) and min(step_times.values()) > 0 for step_times in times.values())
