@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# In-model tuning of a dense fp8 model on one GPU (benchmarks/regimes.md, "Dense fp8 model"): the
+# row-wise fp8 GEMMs of 4 Llama-3-8B-shaped blocks (benchmarks/tune_model_fp8.py) at 128 and 2048
+# tokens recorded by `shapes`, swept, confirmed in the sustained and idle-gap regimes, exported, then
+# tuned inside the compiled model; last, per GEMM the sweep, sustained, idle-gap and in-model ratios
+# side by side (OUT/ratios.txt). tune-model's A/B of the whole step (in-model table against the
+# exported, sustained-chosen one, and torch's path) is at the last token count.
+#
+#   benchmarks/gpu_tune_model_fp8.sh OUTDIR    (state in TUNE_MODEL_DIR, default /tmp/tune-model-fp8;
+#                                              each finished step is skipped on a rerun)
+# A call stops starting steps when fewer than a step's seconds are left of TUNE_MODEL_SECONDS (default
+# 340): run it again (same OUTDIR) to go on. Wheels carried in .whl/ are installed when optuna or
+# CUTLASS's headers are missing.
+set -uo pipefail
+out=${1:?output directory}
+state=${TUNE_MODEL_DIR:-/tmp/tune-model-fp8}
+budget=${TUNE_MODEL_SECONDS:-340}
+trials=${TRIALS:-8}
+mode=${MODE:-compiled}
+model=benchmarks/tune_model_fp8.py
+mkdir -p "$out" "$state"
+. benchmarks/gpu_env.sh || exit
+left() { echo $((budget - SECONDS)); }
+ct() { python3 -m cutlass_tune.cli "$@"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  git log -1 --format='%h %s' 2>/dev/null; } > "$out/gpu.txt"
+cat "$out/gpu.txt"
+store=$state/fp8.sqlite
+
+# step NAME NEEDED_SECONDS COMMAND...: run once (marker $state/NAME.done), output in $out/NAME.txt
+step() {
+  local name=$1 need=$2; shift 2
+  [ -e "$state/$name.done" ] && return 0
+  if [ "$(left)" -lt "$need" ]; then echo "$name: $(left) s left, run again to go on"; return 1; fi
+  timeout -k 10 $(( $(left) - 5 )) "$@" > "$out/$name.txt" 2>&1 && touch "$state/$name.done"
+  local rc=$?; echo "$name rc=$rc"; tail -12 "$out/$name.txt" | cut -c1-220
+  return $rc
+}
+
+step shapes 20 ct shapes "$model:both" -o "$state/fp8.yaml" || exit
+step sweep 150 ct sweep "$state/fp8.yaml" --trials "$trials" --storage "$store" || exit
+step confirm-sustained 60 ct confirm --storage "$store" --top 2 --passes 2 --regime sustained || exit
+step confirm-idle-gap 60 ct confirm --storage "$store" --top 2 --passes 2 --regime idle-gap:1000us || exit
+# export writes a directory that must not exist yet: a failed one is removed before the next try
+[ -e "$state/export.done" ] || rm -rf "$state/bundle"
+step export 60 ct export --storage "$store" -o "$state/bundle" || exit
+step tune-model 120 ct tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
+  --tokens 128 --tokens 2048 --mode "$mode" --out "$state/tuned.csv" || exit
+cp "$state/tuned.csv" "$out/"
+ct best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
+python3 - "$out/fp8-best.csv" "$state/tuned.csv" <<'PY' | tee "$out/ratios.txt"
+import sys
+
+import pandas as pd
+
+from cutlass_tune.tables import regime_figures
+
+best, tuned = (pd.read_csv(p).set_index("problem") for p in sys.argv[1:])
+print(f"{'problem':46} {'sweep':>6} {'sustained':>9} {'idle-gap':>8} {'in-model':>8}  in-model kernel")
+for problem, r in best.iterrows():
+    regimes = {name.split(":")[0]: ratio for name, ratio, _, _ in regime_figures(r)}
+    t = tuned.loc[problem] if problem in tuned.index else None
+    in_model = float("nan") if t is None else t["in_model_ratio"]
+    same = "-" if t is None else "the table's" if t["config_hash"] == r["config_hash"] else f"another ({t['kernel']})"
+    print(f"{problem:46} {r['sweep_ratio']:6.3f} {regimes.get('sustained', float('nan')):9.3f} "
+          f"{regimes.get('idle-gap', float('nan')):8.3f} {in_model:8.3f}  {same}")
+PY
