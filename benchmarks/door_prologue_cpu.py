@@ -4,10 +4,12 @@ signature stands in for (`_native.door`), on CPU tensors (the prologue reads no 
 
     PYTHONPATH=. python3 benchmarks/door_prologue_cpu.py [--calls 20000] [--reps 15]
 
-Run from a checkout's root: it times that checkout's package (PYTHONPATH=.). Prints microseconds per call,
-the fastest of `--reps` blocks of `--calls` calls, for each door's call and for the no-op
-called directly (the floor); the prologue is their difference. To compare two checkouts on a
-shared host, run them alternately, several times each.
+Run from a checkout's root: it times that checkout's package (PYTHONPATH=.). Prints
+microseconds per call, the fastest of `--reps` blocks of `--calls` calls: each door called as a
+function imported once, then as the package's attribute (`cutlass_tune.matmul`, as a model's code
+and benchmarks/host_path.py call it), and the no-op called directly (the floor); the prologue is
+a door's time less the floor. To compare two checkouts on a shared host, run them alternately,
+several times each.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import timeit
 import pandas as pd
 import torch
 
+import cutlass_tune
 from cutlass_tune.runtime import BestTable, _native, grouped_mm, matmul
 
 
@@ -56,6 +59,8 @@ def main() -> None:
         "matmul (bf16)": lambda: matmul(a, b, table),
         "matmul (fp8 row-wise)": lambda: matmul(a8, b8, table, scale_a=sa, scale_b=sb),
         "grouped_mm (bf16)": lambda: grouped_mm(a, w, offs, table=table),
+        "cutlass_tune.matmul (bf16)": lambda: cutlass_tune.matmul(a, b, table),
+        "cutlass_tune.grouped_mm": lambda: cutlass_tune.grouped_mm(a, w, offs, table=table),
     }
     with torch.no_grad():
         for name, call in cases.items():
