@@ -4,6 +4,7 @@ loaded, and (nvcc mark: one g++ run of about a minute against the installed CPU 
 build loaded in a fresh process: schemas, CPU results, fake shapes, autograd, torch.compile.
 tests/runtime/test_native_gpu.py runs it on CUDA."""
 
+import importlib
 import json
 import os
 import re
@@ -385,6 +386,8 @@ class _RecordingDoor:
 
 @pytest.fixture
 def door(monkeypatch):
+    # The operators first, with the library as it is: importing them attaches their Python parts to it.
+    importlib.import_module("cutlass_tune.runtime._grouped_op")
     recording = _RecordingDoor()
     monkeypatch.setattr(_native, "door", recording)
     monkeypatch.setattr(_native, "_module", recording)
