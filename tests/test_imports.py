@@ -70,3 +70,15 @@ def test_dir_lists_the_lazily_imported_public_names():
              "assert set(r.__all__) <= set(dir(r)), dir(r)")
     assert loaded(probe, "torch") == []  # listing the names imports none of them
     assert loaded("import cutlass_tune\nfor n in cutlass_tune.__all__:\n    getattr(cutlass_tune, n)", "torch")
+
+
+def test_a_lazily_imported_name_is_kept_in_its_package_once_served():
+    # Guards the doors' host time: `cutlass_tune.matmul` ran the package's __getattr__ (an import
+    # statement, microseconds) on every call of the door.
+    probe = ("import cutlass_tune, cutlass_tune.runtime as r\n"
+             "assert 'matmul' not in vars(cutlass_tune) and 'grouped_mm' not in vars(r)\n"
+             "from cutlass_tune.runtime import _grouped, _matmul\n"
+             "assert cutlass_tune.matmul is _matmul.matmul and r.grouped_mm is _grouped.grouped_mm\n"
+             "assert vars(cutlass_tune)['matmul'] is _matmul.matmul and vars(r)['grouped_mm'] is _grouped.grouped_mm\n"
+             "assert vars(r)['matmul'] is _matmul.matmul  # served to the package above, by the runtime's")
+    assert loaded(probe, "torch") == ["torch"]

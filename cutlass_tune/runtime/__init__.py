@@ -96,6 +96,14 @@ def __dir__() -> list[str]:
 
 
 def __getattr__(name: str) -> Any:
+    # Kept in the module once served: a module's `__getattr__` runs on every access of a name it
+    # serves (2.5-7 us for `cutlass_tune.matmul` and `.grouped_mm`, more than their own host time).
+    value = _lazy(name)
+    globals()[name] = value
+    return value
+
+
+def _lazy(name: str) -> Any:
     # Imported on first use: a host pays for pandas (the tables) and torch only when it uses them.
     if name in _TABLES:
         from .. import tables

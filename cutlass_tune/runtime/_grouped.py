@@ -53,7 +53,7 @@ from ._dispatch import (
     prepare,
     sm_count,
 )
-from ._matmul import Gemm, MatmulInputError, activation_of, k_not_whole
+from ._matmul import _MIN_RATIO, _NO_ACTIVATION, _TENSOR, Gemm, MatmulInputError, activation_of, k_not_whole
 from ._table import BestTable
 
 _DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16)}
@@ -349,7 +349,7 @@ KERNEL_CLASSES[Kind.GROUPED] = GroupedGemm
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: BestTable | str | Path,
                out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
                scale_b: torch.Tensor | None = None, keep_workspace: bool = True,
-               min_ratio: float = 1.0, activation: Activation | str = Activation.NONE) -> torch.Tensor:
+               min_ratio: float = _MIN_RATIO, activation: Activation | str = Activation.NONE) -> torch.Tensor:
     """MoE experts' GEMMs in one launch: out[offs[e-1]:offs[e]] = a[offs[e-1]:offs[e]] @ b[e]
     through the table's tuned grouped kernel for these experts (torch._grouped_mm's 2D x 3D
     case; see the module docstring for the operands).
@@ -395,16 +395,22 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, table: B
             misaligned or strided operands; fp8 without both scales, scales of 16-bit inputs,
             scales of the wrong shape, dtype, device or layout.
     """
-    if not (isinstance(a, torch.Tensor) and isinstance(offs, torch.Tensor)):
+    # As in `matmul`, each test's first half is the common call's, by identity.
+    if not ((type(a) is _TENSOR or isinstance(a, torch.Tensor)) and (type(offs) is _TENSOR
+                                                                      or isinstance(offs, torch.Tensor))):
         name, t = ("a", a) if not isinstance(a, torch.Tensor) else ("offs", offs)
         raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-    table = table if isinstance(table, BestTable) else load_table(str(table))
+    if type(table) is not BestTable:
+        table = table if isinstance(table, BestTable) else load_table(str(table))
     native = _native.door
-    if (native is not None and scale_a is scale_b is None and activation == "none" and isinstance(b, torch.Tensor)
-            and (out_dtype is None or isinstance(out_dtype, torch.dtype)) and isinstance(min_ratio, (int, float))
+    if (native is not None and scale_a is scale_b is None and (activation is _NO_ACTIVATION or activation == "none")
+            and (type(b) is _TENSOR or isinstance(b, torch.Tensor))
+            and (out_dtype is None or isinstance(out_dtype, torch.dtype))
+            and (min_ratio is _MIN_RATIO or isinstance(min_ratio, (int, float)))
             and not _profiler_enabled()):
         # The native library's path: the same plan, checked and resolved once per signature.
-        return native.grouped_mm(a, b, offs, _native.door_key(table), out_dtype, bool(keep_workspace), min_ratio)
+        return native.grouped_mm(a, b, offs, table.plans.native_key or _native.door_key(table), out_dtype,
+                                 keep_workspace if keep_workspace is True else bool(keep_workspace), min_ratio)
     return run_grouped(table, a, b, offs, out_dtype, keep_workspace, min_ratio, scale_a=scale_a, scale_b=scale_b,
                        activation=activation)
 

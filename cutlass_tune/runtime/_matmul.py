@@ -534,12 +534,18 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
     return one
 
 
+_TENSOR = torch.Tensor
+_NO_ACTIVATION = Activation.NONE
+_MIN_RATIO = 1.0
+"""The doors' default min_ratio, one object: the common call's test is by identity."""
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
            out_dtype: torch.dtype | None = None, *, bias: torch.Tensor | None = None,
            activation: Activation | str = Activation.NONE, c: torch.Tensor | None = None, alpha: float = 1.0,
            beta: float | None = None, scale_a: torch.Tensor | None = None,
            scale_b: torch.Tensor | None = None, gate: torch.Tensor | None = None,
-           min_ratio: float = 1.0) -> torch.Tensor:
+           min_ratio: float = _MIN_RATIO) -> torch.Tensor:
     """activation(s * (a @ b) + beta * c + bias), or with a `gate` activation(gate) * (s * (a @
     b) + bias), through the best kernel the table has for this problem, its epilogue and
     scaling; plainly a @ b.
@@ -581,16 +587,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
             dtype or device; an unknown activation; beta without c; both c and gate.
     """
     native = _native.door
-    if (native is not None and bias is c is gate is beta is None and alpha == 1.0 and activation == "none"
-            and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and (scale_a is None or isinstance(scale_a, torch.Tensor) and (scale_a.dim() < 2 or scale_a.shape[1] == 1))
-            and (scale_b is None or isinstance(scale_b, torch.Tensor))
-            and (out_dtype is None or isinstance(out_dtype, torch.dtype)) and isinstance(min_ratio, (int, float))
+    # Each test's first half is the common call's (arguments left at their defaults, plain tensors, a
+    # BestTable) by identity, a few tens of nanoseconds less than its second half, which decides the rest.
+    if (native is not None and bias is c is gate is beta is None and alpha == 1.0
+            and (activation is _NO_ACTIVATION or activation == "none")
+            and (type(a) is _TENSOR or isinstance(a, torch.Tensor))
+            and (type(b) is _TENSOR or isinstance(b, torch.Tensor))
+            and (scale_a is None or (type(scale_a) is _TENSOR or isinstance(scale_a, torch.Tensor))
+                 and (scale_a.dim() < 2 or scale_a.shape[1] == 1))
+            and (scale_b is None or type(scale_b) is _TENSOR or isinstance(scale_b, torch.Tensor))
+            and (out_dtype is None or isinstance(out_dtype, torch.dtype))
+            and (min_ratio is _MIN_RATIO or isinstance(min_ratio, (int, float)))
             and not _profiler_enabled()):
         # The native library's path: the same plan, checked and resolved once per signature (`_resolve_door`);
         # not for block-wise scales (M x K/128), which the Python door expands for the kernel.
-        table = table if isinstance(table, BestTable) else load_table(str(table))
-        return native.matmul(a, b, _native.door_key(table), out_dtype, scale_a, scale_b, min_ratio)
+        if type(table) is not BestTable:
+            table = table if isinstance(table, BestTable) else load_table(str(table))
+        return native.matmul(a, b, table.plans.native_key or _native.door_key(table), out_dtype, scale_a, scale_b,
+                             min_ratio)
     return _matmul(a, b, table, out_dtype, bias, activation, c, alpha, beta, scale_a, scale_b, gate, min_ratio)
 
 

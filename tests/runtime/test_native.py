@@ -4,6 +4,7 @@ loaded, and (nvcc mark: one g++ run of about a minute against the installed CPU 
 build loaded in a fresh process: schemas, CPU results, fake shapes, autograd, torch.compile.
 tests/runtime/test_native_gpu.py runs it on CUDA."""
 
+import importlib
 import json
 import os
 import re
@@ -385,6 +386,8 @@ class _RecordingDoor:
 
 @pytest.fixture
 def door(monkeypatch):
+    # The operators first, with the library as it is: importing them attaches their Python parts to it.
+    importlib.import_module("cutlass_tune.runtime._grouped_op")
     recording = _RecordingDoor()
     monkeypatch.setattr(_native, "door", recording)
     monkeypatch.setattr(_native, "_module", recording)
@@ -444,3 +447,50 @@ def test_a_door_key_is_forgotten_with_its_table(door):
     del table
     gc.collect()
     assert key in door.forgotten and key not in _native._door_tables
+
+
+def test_the_doors_take_the_native_path_for_defaults_given_as_other_objects(door):
+    """Guards the doors' fast tests (by identity): equal values, subclasses and a table's later
+    calls take the native path as the defaults do."""
+    import torch
+
+    from cutlass_tune.runtime import _matmul, grouped_mm, matmul
+
+    table = _empty_table()
+    a, b, offs = torch.ones(8, 8), torch.nn.Parameter(torch.ones(8, 8)), torch.ones(2, dtype=torch.int32)
+    matmul(a, b, table, alpha=1, activation=_matmul.Activation.NONE.value, min_ratio=1)
+    matmul(a, b, table, min_ratio=float("1"))
+    grouped_mm(a, torch.nn.Parameter(torch.ones(2, 8, 8)), offs, table=table, activation="none", min_ratio=1,
+               keep_workspace=1)
+    assert [call[0] for call in door.calls] == ["matmul", "matmul", "grouped_mm"]
+    assert door.calls[0][7] == 1 and type(door.calls[0][7]) is int and door.calls[2][6] is True
+    assert len({door.calls[0][3], door.calls[1][3], door.calls[2][4]}) == 1  # the table's one key, read back
+
+
+@pytest.mark.parametrize("epilogue", [{"bias": "t"}, {"c": "t"}, {"gate": "t"}, {"beta": 1.0}, {"alpha": 2.0},
+                                      {"activation": "relu"}, {"scale_a": "t", "scale_b": "t", "block": True}])
+def test_matmul_with_any_argument_off_its_default_keeps_the_python_door(door, epilogue):
+    """Guards the fast test of the plain call: one argument off its default goes the Python way."""
+    import torch
+
+    from cutlass_tune.runtime import MatmulInputError, matmul
+
+    kwargs = {name: torch.ones(8, 8) if value == "t" else value for name, value in epilogue.items() if name != "block"}
+    if "block" in epilogue:  # block-wise scales: M x K/128 and K/128 x N/128
+        kwargs = {"scale_a": torch.ones(8, 2), "scale_b": torch.ones(2, 1)}
+    with pytest.raises(MatmulInputError):  # CPU tensors: the Python door says they must be on CUDA
+        matmul(torch.ones(8, 256), torch.ones(256, 8), _empty_table(), **kwargs)
+    assert door.calls == []
+
+
+def test_the_doors_keep_the_python_path_under_the_profiler(door):
+    """Guards the profiler test: tune-model reads each problem's kernel time from the Python door's range."""
+    import torch
+
+    from cutlass_tune.runtime import MatmulInputError, grouped_mm, matmul
+
+    with torch.autograd.profiler.profile(), pytest.raises(MatmulInputError):
+        matmul(torch.ones(8, 8), torch.ones(8, 8), _empty_table())
+    with torch.autograd.profiler.profile(), pytest.raises(MatmulInputError):
+        grouped_mm(torch.ones(2, 8), torch.ones(2, 8, 8), torch.ones(2, dtype=torch.int32), table=_empty_table())
+    assert door.calls == []
