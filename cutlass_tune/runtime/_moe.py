@@ -277,7 +277,7 @@ def experts_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weigh
                     decode: MoEDecode = MoEDecode.AUTO) -> torch.Tensor:
     """The layer on checked operands (`moe_experts`'s steps); `post` runs on the down GEMM's
     rows before the combine (transformers' post-expert norm)."""
-    num_experts, top_k = layout.experts, top_k_index.shape[-1]
+    num_experts = layout.experts
     if runs_batched(decode, top_k_index.numel()):
         return _batched_forward(hidden, top_k_index, top_k_weights, gate_up, down, layout, gate_up_bias=gate_up_bias,
                                 down_bias=down_bias, expert_parallel=expert_parallel, post=post)
@@ -300,13 +300,21 @@ def experts_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weigh
     h = layout.activation(h)
     second = down if layout.transposed else down.transpose(-2, -1)
     y = _grouped(h.to(down.dtype), second, routing.offsets, key)
+    return _combined(y, ids, sentinel, routing, hidden, top_k_weights, down_bias=down_bias, post=post)
+
+
+def _combined(y: torch.Tensor, ids: torch.Tensor, sentinel: torch.Tensor | None, routing: MoERouting,
+              hidden: torch.Tensor, top_k_weights: torch.Tensor, *, down_bias: torch.Tensor | None,
+              post: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """Both paths' end: the down GEMM's rows (y, one per slot of `routing`'s order, experts
+    `ids`) with their bias, another rank's rows zeroed, `post`, then combined back to tokens."""
     if down_bias is not None:
         y = y + down_bias.index_select(0, ids)
     if sentinel is not None:
         y = y.masked_fill(sentinel, 0.0)
     if post is not None:
         y = post(y)
-    weights = top_k_weights.reshape(-1, top_k).float()
+    weights = top_k_weights.reshape(-1, top_k_weights.shape[-1]).float()
     return moe_combine(y, routing, weights).to(hidden.dtype)
 
 
@@ -329,14 +337,8 @@ def _batched_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weig
         h = h + gate_up_bias.index_select(0, ids)
     h = layout.activation(h)
     y = _bmm(h.to(down.dtype), down.index_select(0, ids), layout.transposed)
-    if down_bias is not None:
-        y = y + down_bias.index_select(0, ids)
-    if sentinel is not None:
-        y = y.masked_fill(sentinel, 0.0)
-    if post is not None:
-        y = post(y)
-    weights = top_k_weights.reshape(-1, top_k).float()
-    return moe_combine(y, slot_routing(top_k_index), weights).to(hidden.dtype)
+    return _combined(y, ids, sentinel, slot_routing(top_k_index), hidden, top_k_weights, down_bias=down_bias,
+                     post=post)
 
 
 def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
