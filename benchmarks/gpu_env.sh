@@ -10,3 +10,12 @@ if ! python3 -c "import $needs" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/nul
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
+# gpu_facts FILE: the GPU, torch (and transformers where installed) and the checkout's commit,
+# written to FILE and printed.
+gpu_facts() {
+  { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+    python3 -c "import importlib.util, torch; t = importlib.util.find_spec('transformers') and __import__('transformers'); \
+print('torch', torch.__version__, 'cuda', torch.version.cuda, *(('transformers', t.__version__) if t else ()))"
+    git log -1 --format='%h %s' 2>/dev/null; } > "$1"
+  cat "$1"
+}

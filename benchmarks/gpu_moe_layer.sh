@@ -47,10 +47,7 @@ trap 'cp -r "$res/." "$out/" 2>/dev/null' EXIT
 GPU_ENV_NEEDS=transformers . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 ct() { python3 -m cutlass_tune.cli "$@"; }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
-  git log -1 --format='%h %s' 2>/dev/null; } > "$res/gpu.txt"
-cat "$res/gpu.txt"
+gpu_facts "$res/gpu.txt"
 pending=0
 
 # 1. the bundles: NAME GZ PATTERN (a regular expression over the best table's problem names)

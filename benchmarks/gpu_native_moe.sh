@@ -18,8 +18,7 @@ state=/tmp/native-moe; out=$state/results; mkdir -p "$final" "$out"
 trap 'tar czf "$final/results.tgz" -C "$out" .' EXIT
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"; } | tee "$out/gpu.txt"
+gpu_facts "$out/gpu.txt"
 python3 -m cutlass_tune.cli native --build > "$out/native.txt" 2>&1 &
 export_cut() {  # NAME GZ PATTERN: the store's best rows whose problem matches, exported
   local name=$1 gz=$2 pattern=$3

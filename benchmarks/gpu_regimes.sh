@@ -22,10 +22,7 @@ mkdir -p "$out" "$state"
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 ct() { python3 -m cutlass_tune.cli "$@"; }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-  git log -1 --format='%h %s' 2>/dev/null; } > "$out/gpu.txt"
-cat "$out/gpu.txt"
+gpu_facts "$out/gpu.txt"
 
 moe_store=benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz
 moe_problems="32768x3072x4096_* 49152x2048x1408_* 65536x5760x2880_* 2048x3072x4096_*"

@@ -14,10 +14,7 @@ mkdir -p "$out" "$state"
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 ct() { python3 -m cutlass_tune.cli "$@"; }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
-  git log -1 --format='%h %s' 2>/dev/null; } > "$out/gpu.txt"
-cat "$out/gpu.txt"
+gpu_facts "$out/gpu.txt"
 
 gz=benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz
 [ -e "$state/moe.sqlite" ] || gunzip -c "$gz" > "$state/moe.sqlite"
