@@ -12,7 +12,8 @@
 // reads its token row once (gather) or its top_k routed rows once (combine) in 16-byte vectors
 // where the rows allow, and accumulates in fp32 in the order j = 0 .. top_k - 1, so every call
 // gives the same bits (no atomics). Gather and combine are each other's adjoint; the autograd
-// that says so lives in Python (register_autograd), as do the fake implementations.
+// that says so is ops.cpp's (its Autograd kernels, in this CUDA build only); the fake
+// implementations are Python's (runtime/_moe_routing.py).
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

@@ -1,4 +1,5 @@
-// The operators torch.ops.cutlass_tune.mm, .linear and .grouped_mm in C++, and the module
+// The operators torch.ops.cutlass_tune.mm, .linear and .grouped_mm in C++ (and, in the CUDA build,
+// the autograd of moe.cu's moe_gather and moe_combine), and the module
 // cutlass_tune_native that attaches them to the package's Python side (runtime/_native.py).
 //
 // Per call on CUDA: a signature of the tensors' metadata (sizes, strides, dtypes, devices and the
@@ -1037,6 +1038,78 @@ at::Tensor grouped_mm_autograd(const at::Tensor& a, const at::Tensor& b, const a
   return GroupedMmFunction::apply(a, b, offs, table, out_dtype);
 }
 
+#if CUTLASS_TUNE_NATIVE_CUDA
+
+// The MoE glue's operators (moe.cu, built with the .cu sources): gather and combine are each
+// other's adjoint, and the routing weights' gradient of either is moe_weights_grad with the
+// token-side tensor first. runtime/_moe_routing.py's `_setup` and `_op_backward` in C++, so a
+// call pays no Python autograd kernel (the Python formula registers only where this does not).
+using MoeRowsOp = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t);
+using MoeWeightsGradOp = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
+
+const c10::TypedOperatorHandle<MoeRowsOp>& moe_rows_op(bool combine) {
+  static auto gather =
+      c10::Dispatcher::singleton().findSchemaOrThrow("cutlass_tune::moe_gather", "").typed<MoeRowsOp>();
+  static auto combine_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("cutlass_tune::moe_combine", "").typed<MoeRowsOp>();
+  return combine ? combine_op : gather;
+}
+
+const c10::TypedOperatorHandle<MoeWeightsGradOp>& moe_weights_grad_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cutlass_tune::moe_weights_grad", "")
+                       .typed<MoeWeightsGradOp>();
+  return op;
+}
+
+// The gather (`combine` false) or the combine of rows; edges x (or y), inv, then weights where given.
+template <bool COMBINE>
+struct MoeRowsFunction : public torch::autograd::Function<MoeRowsFunction<COMBINE>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& inv,
+                            const std::optional<at::Tensor>& weights, int64_t top_k) {
+    at::Tensor out;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      out = moe_rows_op(COMBINE).call(x, inv, weights, top_k);
+    }
+    const bool weighted = weights.has_value() && weights->defined();
+    // x is needed again only for the weights' gradient.
+    ctx->save_for_backward({weighted && ctx->needs_input_grad(2) ? x : at::Tensor(), inv,
+                            weighted ? *weights : at::Tensor()});
+    ctx->saved_data["top_k"] = top_k;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &inv = saved[1], &weights = saved[2];
+    const int64_t top_k = ctx->saved_data["top_k"].toInt();
+    const at::Tensor grad = grads[0].contiguous();
+    at::Tensor grad_x, grad_weights;
+    if (ctx->needs_input_grad(0)) {  // the adjoint: a gather's is a combine, a combine's a gather
+      grad_x = moe_rows_op(!COMBINE).call(grad, inv, weights.defined() ? std::optional<at::Tensor>(weights)
+                                                                       : std::nullopt, top_k);
+    }
+    if (x.defined()) {  // <token row, routed row>
+      grad_weights = COMBINE ? moe_weights_grad_op().call(grad, x, inv, top_k)
+                             : moe_weights_grad_op().call(x, grad, inv, top_k);
+    }
+    return {grad_x, at::Tensor(), grad_weights, at::Tensor()};
+  }
+};
+
+template <bool COMBINE>
+at::Tensor moe_rows_autograd(const at::Tensor& x, const at::Tensor& inv, const std::optional<at::Tensor>& weights,
+                             int64_t top_k) {
+  if (!needs_grad({&x, maybe(weights)})) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return moe_rows_op(COMBINE).call(x, inv, weights, top_k);
+  }
+  return MoeRowsFunction<COMBINE>::apply(x, inv, weights, top_k);
+}
+
+#endif  // CUTLASS_TUNE_NATIVE_CUDA
+
 at::Tensor mm_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view table,
                        std::optional<at::ScalarType> out_dtype) {
   if (!needs_grad({&a, &b})) {
@@ -1084,6 +1157,11 @@ TORCH_LIBRARY_IMPL(cutlass_tune, Autograd, m) {
   m.impl("mm", &cutlass_tune_native::mm_autograd);
   m.impl("linear", &cutlass_tune_native::linear_autograd);
   m.impl("grouped_mm", &cutlass_tune_native::grouped_mm_autograd);
+#if CUTLASS_TUNE_NATIVE_CUDA
+  // Their schemas and CUDA kernels are moe.cu's.
+  m.impl("moe_gather", &cutlass_tune_native::moe_rows_autograd<false>);
+  m.impl("moe_combine", &cutlass_tune_native::moe_rows_autograd<true>);
+#endif
 }
 
 TORCH_LIBRARY_IMPL(cutlass_tune, CUDA, m) {

@@ -15,9 +15,11 @@ Gather and combine are each other's adjoint: the gather's backward is a combine,
 a gather scaled by the weights, and the weights' gradient <a[t], b[inv[t * top_k + j]]> is one
 function for both (`weights_grad`). Where the native extension is built
 (`cutlass_tune/native/moe.cu`: `torch.ops.cutlass_tune.moe_gather`, `.moe_combine`,
-`.moe_weights_grad`) CUDA tensors take its kernels, with the fakes and autograd registered here
-(`register_native`); elsewhere torch ops compute the same values (index_select, a weighted sum
-over top_k in fp32), deterministic too.
+`.moe_weights_grad`) CUDA tensors take its kernels, with the fakes registered here
+(`register_native`) and the autograd of gather and combine in C++ (`native/ops.cpp`, the formula
+of `_setup` and `_op_backward` below, which register only for operators without it); elsewhere
+torch ops compute the same values (index_select, a weighted sum over top_k in fp32), deterministic
+too.
 """
 
 from __future__ import annotations
@@ -154,7 +156,8 @@ def weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int
 
 class _Rows(torch.autograd.Function):
     """The gather (`combine` False) or the combine of rows, each the other's backward; the
-    weights' gradient is `weights_grad` with the token-side tensor first."""
+    weights' gradient is `weights_grad` with the token-side tensor first. The torch path's
+    autograd (the native operators carry their own)."""
 
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, weights: torch.Tensor | None, perm: torch.Tensor, inv: torch.Tensor,
@@ -192,9 +195,12 @@ def moe_gather(x: torch.Tensor, routing: MoERouting, weights: torch.Tensor | Non
     type; weights tokens x top_k, applied in float32; None: one). Differentiable in x and
     weights; its backward is a combine (deterministic: no atomics)."""
     weights = _weights(weights)
+    op = _native_op("moe_gather", x, weights)
+    if op is not None:  # differentiable itself (the library's C++ autograd)
+        return op(x, routing.inv, weights, routing.top_k)
     if _needs_grad(x, weights):
         return _Rows.apply(x, weights, routing.perm, routing.inv, routing.top_k, False)
-    return gather_rows(x, routing.perm, routing.inv, weights, routing.top_k)
+    return _torch_gather(x, routing.perm, routing.inv, weights, routing.top_k)
 
 
 def moe_combine(y: torch.Tensor, routing: MoERouting, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -202,9 +208,12 @@ def moe_combine(y: torch.Tensor, routing: MoERouting, weights: torch.Tensor | No
     in one deterministic pass (tokens x H, y's type; weights tokens x top_k, applied in float32;
     None: one). Differentiable in y and weights."""
     weights = _weights(weights)
+    op = _native_op("moe_combine", y, weights)
+    if op is not None:  # differentiable itself (the library's C++ autograd)
+        return op(y, routing.inv, weights, routing.top_k)
     if _needs_grad(y, weights):
         return _Rows.apply(y, weights, routing.perm, routing.inv, routing.top_k, True)
-    return combine_rows(y, routing.perm, routing.inv, weights, routing.top_k)
+    return _torch_combine(y, routing.perm, routing.inv, weights, routing.top_k)
 
 
 def _fake_rows(x: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None, top_k: int) -> torch.Tensor:
@@ -238,11 +247,18 @@ def _op_backward(adjoint: Callable[..., torch.Tensor], combine: bool) -> Callabl
     return backward
 
 
+def has_autograd(qualname: str) -> bool:
+    """Whether the operator `qualname` ("namespace::name") has a kernel at the Autograd key: the
+    native library's C++ one for moe_gather and moe_combine (native/ops.cpp), or one registered
+    here before."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "Autograd")
+
+
 def register_native(namespace: str = "cutlass_tune") -> bool:
     """Find the native MoE operators in `torch.ops.<namespace>`, register their fake
-    implementations and autograd (so torch.compile traces them with no graph break, and a direct
-    call is differentiable), and let CUDA tensors take them. Idempotent. Returns whether all of
-    `NATIVE_OPS` were found."""
+    implementations and, where the library registered none in C++, their autograd (so
+    torch.compile traces them with no graph break, and a direct call is differentiable), and let
+    CUDA tensors take them. Idempotent. Returns whether all of `NATIVE_OPS` were found."""
     ops = getattr(torch.ops, namespace)
     found = {name: getattr(ops, name) for name in NATIVE_OPS if hasattr(ops, name)}
     if len(found) != len(NATIVE_OPS):
@@ -253,10 +269,10 @@ def register_native(namespace: str = "cutlass_tune") -> bool:
     for name, fake in fakes.items():
         torch.library.register_fake(f"{namespace}::{name}", fake)
     gather, combine = found["moe_gather"], found["moe_combine"]
-    torch.library.register_autograd(f"{namespace}::moe_gather", _op_backward(combine, combine=False),
-                                    setup_context=_setup)
-    torch.library.register_autograd(f"{namespace}::moe_combine", _op_backward(gather, combine=True),
-                                    setup_context=_setup)
+    for name, backward in (("moe_gather", _op_backward(combine, combine=False)),
+                           ("moe_combine", _op_backward(gather, combine=True))):
+        if not has_autograd(f"{namespace}::{name}"):
+            torch.library.register_autograd(f"{namespace}::{name}", backward, setup_context=_setup)
     _native.clear()
     _native.update(found, namespace=namespace)
     return True

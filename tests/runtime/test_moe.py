@@ -306,6 +306,36 @@ def test_native_ops_registered_from_python_differentiate_and_compile(standin_ops
     torch.testing.assert_close(compiled(x32, w32), want)
 
 
+def test_register_native_keeps_an_autograd_the_library_registered(monkeypatch):
+    """Guards the Python formula replacing (or clashing with) the native library's C++ autograd."""
+    monkeypatch.setattr(_moe_routing, "_native", {})
+    name = "cutlass_tune_moe_test_cxx"
+    lib = torch.library.Library(name, "DEF")
+    try:
+        for schema in ("moe_gather(Tensor x, Tensor inv, Tensor? weights, int top_k) -> Tensor",
+                       "moe_combine(Tensor y, Tensor inv, Tensor? weights, int top_k) -> Tensor",
+                       "moe_weights_grad(Tensor a, Tensor b, Tensor inv, int top_k) -> Tensor"):
+            lib.define(schema)
+        lib.impl("moe_gather", lambda x, inv, w, k: x.index_select(0, inv.argsort() // k), "CPU")
+        lib.impl("moe_combine", lambda y, inv, w, k: _moe_routing._torch_combine(y, None, inv, w, k), "CPU")
+        lib.impl("moe_weights_grad", _moe_routing._torch_weights_grad, "CPU")
+        # the library's own autograd for the gather (a marker gradient), none for the combine
+        torch.library.register_autograd(f"{name}::moe_gather", lambda ctx, grad: (torch.full_like(grad[:2], 7.0),
+                                                                                 None, None, None))
+        assert _moe_routing.register_native(name)
+        assert _moe_routing.has_autograd(f"{name}::moe_combine")  # registered by register_native
+        ops = getattr(torch.ops, name)
+        x = torch.randn(2, 4, requires_grad=True)
+        inv = torch.arange(4)
+        ops.moe_gather(x, inv, None, 2).sum().backward()
+        assert torch.equal(x.grad, torch.full((2, 4), 7.0))  # the library's, kept
+        y = torch.randn(4, 4, requires_grad=True)
+        ops.moe_combine(y, inv, None, 2).sum().backward()
+        assert torch.equal(y.grad, torch.ones(4, 4))  # the Python formula's: a gather of ones
+    finally:
+        lib._destroy()
+
+
 # ---------------------------------------------------------------------------------------------
 # Decode: the batched GEMMs (one bmm per routed row against its expert's gathered weights)
 

@@ -228,6 +228,68 @@ def test_native_ops_under_compile_and_in_a_cuda_graph():
         torch.testing.assert_close(out, fn(x, w, index))
 
 
+def _torch_rows(name, t, r, weights):
+    """The torch path of the operator `name` (differentiable by torch's own autograd)."""
+    rows = _moe_routing._torch_combine if name == "moe_combine" else _moe_routing._torch_gather
+    return rows(t, r.perm, r.inv, weights, r.top_k)
+
+
+@native
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", ["moe_gather", "moe_combine"])
+def test_native_autograd_is_the_librarys_cxx_kernel(name):
+    """Guards the Python autograd kernel (register_autograd) running on every call, no_grad too."""
+    table = torch._C._dispatch_dump(f"cutlass_tune::{name}")
+    autograd = [line for line in table.splitlines() if line.startswith("Autograd[alias]:")]
+    assert len(autograd) == 1 and "ops.cpp" in autograd[0] and "unboxed" in autograd[0], table
+    index = torch.rand(16, 8, device="cuda").topk(2, dim=-1).indices
+    r = moe_routing(index, 8)
+    t = torch.randn(16 if name == "moe_gather" else 32, 64, device="cuda", requires_grad=True)
+    w = torch.rand(16, 2, device="cuda", requires_grad=True)
+    out = getattr(torch.ops.cutlass_tune, name)(t, r.inv, w, 2)
+    assert "MoeRowsFunction" in out.grad_fn.name()
+    with torch.no_grad():
+        assert getattr(torch.ops.cutlass_tune, name)(t, r.inv, w, 2).grad_fn is None
+
+
+@native
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", ["moe_gather", "moe_combine"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("grads", ["both", "rows", "weights", "unweighted"])
+def test_native_gradients_match_the_torch_path(name, dtype, grads):
+    tokens, top_k, hidden = 96, 2, 256
+    index = torch.rand(tokens, 8, device="cuda").topk(top_k, dim=-1).indices
+    r = moe_routing(index, 8)
+    t0 = torch.randn(tokens * (top_k if name == "moe_combine" else 1), hidden, device="cuda", dtype=dtype)
+    w0 = torch.rand(tokens, top_k, device="cuda")
+    grad = torch.randn(tokens * (1 if name == "moe_combine" else top_k), hidden, device="cuda", dtype=dtype)
+    results = []
+    for run in ("native", "function", "torch"):
+        t = t0.clone().requires_grad_(grads != "weights")
+        w = None if grads == "unweighted" else w0.clone().requires_grad_(grads != "rows")
+        if run == "native":
+            out = getattr(torch.ops.cutlass_tune, name)(t, r.inv, w, top_k)
+        elif run == "function":  # the package's function takes the operator and its C++ autograd
+            out = (moe_combine if name == "moe_combine" else moe_gather)(t, r, w)
+            assert "MoeRowsFunction" in out.grad_fn.name()
+        else:
+            out = _torch_rows(name, t, r, w)
+        out.backward(grad)
+        results.append((out.detach(), t.grad, None if w is None else w.grad))
+    (out, d_t, d_w), function, (want, want_t, want_w) = results
+    for got, same in zip((out, d_t, d_w), function, strict=True):
+        assert (got is None and same is None) or torch.equal(got, same)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, want, **tol)
+    assert (d_t is None) == (want_t is None) and (d_w is None) == (want_w is None)
+    if d_t is not None:
+        torch.testing.assert_close(d_t, want_t, **tol)
+    if d_w is not None:
+        assert d_w.dtype == torch.float32
+        torch.testing.assert_close(d_w.reshape(want_w.shape), want_w, rtol=1e-2, atol=5e-2)
+
+
 def test_module_form_matches_the_function():
     x, index, weights, gate_up, down = operands(tokens=128)
     layer = cutlass_tune.nn.MoEExperts(gate_up, down, table=None)
