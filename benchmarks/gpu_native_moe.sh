@@ -37,7 +37,8 @@ wait
 echo "setup done at ${SECONDS}s"; tail -2 "$out/native.txt"
 [ -z "${PRE:-}" ] || { eval "$PRE" > "$out/pre.txt" 2>&1; echo "pre rc=$?"; tail -25 "$out/pre.txt"; }
 if [ -n "${TEST_PATHS:-}" ]; then
-  timeout -k 10 ${TEST_SECONDS:-200} python3 -m pytest -m gpu -n "${JOBS:-6}" -q -p no:cacheprovider -rA $TEST_PATHS > "$out/gpu_tests.txt" 2>&1
+  # SIGINT, not SIGTERM: pytest stops as at ^C and still prints what passed and what failed
+  timeout -s INT -k 30 ${TEST_SECONDS:-200} python3 -m pytest -m gpu -n "${JOBS:-6}" -q -p no:cacheprovider -rA $TEST_PATHS > "$out/gpu_tests.txt" 2>&1
   echo "tests rc=$? at ${SECONDS}s"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$out/gpu_tests.txt" | tail -30
 fi
 mkdir -p "$out/model"

@@ -284,7 +284,8 @@ def _block(fn: Callable[[], object], count: int, cuda: bool) -> float:
 def _kernels(prof: object) -> list[tuple[str, float]]:
     """The device kernels of a profile in launch order: (name, microseconds)."""
     events = [e for e in prof.events()  # type: ignore[attr-defined]
-              if e.device_type == torch.autograd.DeviceType.CUDA]
+              if e.device_type == torch.autograd.DeviceType.CUDA
+              and not getattr(e, "is_user_annotation", False)]  # a range around a launch, not a kernel
     events.sort(key=lambda e: e.time_range.start)
     return [(e.name, e.time_range.elapsed_us()) for e in events]
 

@@ -86,10 +86,11 @@ def tune_model(
     mine = table.for_gpu(name)
     if mine.frame.empty:
         raise TuneModelError(f"{table_source} has no row tuned on this GPU ({name}; it has {', '.join(table.gpus)})")
+    _progress(began, f"captured the model's GEMMs: {sum(len(p) for p in plans.values())} problems of the table")
     choices: list = []
     step = None
     for n, problems in plans.items():
-        found, step = _tune_at(target, n, mine, problems, run_mode, rounds)
+        found, step = _tune_at(target, n, mine, problems, run_mode, rounds, began)
         choices += found
     from ..search._in_model import tuned_frame
 
@@ -100,6 +101,7 @@ def tune_model(
         write_table(tuned, table_out, fmt, source=table_source)
         out.print(f"wrote {table_out}: in-model ratios of {len(choices)} problems")
     if blocks and step is not None:
+        _progress(began, f"A/B of the whole step: {blocks} blocks a side")
         _ab(step, counts[-1], mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks)
     out.print(f"tune-model took {time.perf_counter() - began:.0f} s")
 
@@ -124,7 +126,14 @@ def _arguments(tokens: int | None) -> dict[str, int] | None:
     return None if tokens is None else {"tokens": tokens}
 
 
-def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, mode, rounds: int):
+def _progress(began: float, what: str) -> None:
+    """One line of where a long run is, with the seconds since it began (a step under
+    torch.compile or a kernel's nvcc takes minutes, and a silent run cannot be told from a hung one)."""
+    out.print(f"[{time.perf_counter() - began:5.0f} s] {what}")
+
+
+def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, mode, rounds: int,
+             began: float):
     """One token count: the profiled rotation of the candidates and the choice (printed); returns
     the choices and the model's step."""
     from ..bench._in_model import bind, build_step, precompile, profiled_steps
@@ -133,12 +142,19 @@ def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, 
 
     steps = schedule(problems)
     frames = [step_frame(table.frame, s) for s in steps]
-    precompile([c.row for p in problems for c in p.candidates
-                if c.row is not None and c.row["config_hash"] not in table.bundled])  # a bundle's are built
+    unbuilt = [c.row for p in problems for c in p.candidates
+               if c.row is not None and c.row["config_hash"] not in table.bundled]  # a bundle's are built
+    if unbuilt:
+        _progress(began, f"compiling the kernels of {len(unbuilt)} candidates outside the table's bundle")
+        precompile(unbuilt)
     tables = [BestTable(f, bundled=table.bundled) for f in frames]
     bind(table)
     step = build_step(load_target(target, _arguments(tokens)), mode)
+    _progress(began, f"model built; {len(steps)} candidate steps a round, each run once "
+              f"({mode.value}{': the first compiles the model' if mode.value == 'compiled' else ''}), "
+              f"then {rounds} profiled rounds")
     events = profiled_steps(step, tables, rounds)
+    _progress(began, "profiled")
     names = {name: c.problem for c in problems for name in c.names}
     choices = choose(problems, steps * rounds, kernel_times(events, names))
     shown = Table("problem", "candidate", "in-model us", "vs torch", "", box=None, pad_edge=False)

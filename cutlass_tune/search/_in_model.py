@@ -177,6 +177,12 @@ def _is_gpu(event: Any) -> bool:
     return str(getattr(event, "device_type", "")).endswith("CUDA")
 
 
+def _is_kernel(event: Any) -> bool:
+    """A GPU kernel, not a range: a profiler range open around a launch shows on the GPU as a user
+    annotation spanning its kernels (counted, the kernels would count twice)."""
+    return _is_gpu(event) and not getattr(event, "is_user_annotation", False)
+
+
 def _gpu_us(event: Any) -> float:
     span = event.time_range
     return float(span.end - span.start)
@@ -218,7 +224,7 @@ def kernel_times(events: Iterable[EventLike], names: Mapping[str, str]) -> dict[
             a range of another name (a GEMM the table does not cover) is left out.
     """
     events = list(events)
-    launched = {int(e.id): _gpu_us(e) for e in events if _is_gpu(e)}
+    launched = {int(e.id): _gpu_us(e) for e in events if _is_kernel(e)}
     out: dict[int, dict[str, float]] = {}
     for event in events:
         if _is_gpu(event) or event.cpu_parent is not None or not event.name.startswith(STEP_PREFIX):
@@ -233,7 +239,7 @@ def kernel_times(events: Iterable[EventLike], names: Mapping[str, str]) -> dict[
 
 def kernel_spans(events: Iterable[Any]) -> list[tuple[float, float]]:
     """The GPU kernels' (start, end) in microseconds, from the profiler's events."""
-    return [(float(e.time_range.start), float(e.time_range.end)) for e in events if _is_gpu(e)]
+    return [(float(e.time_range.start), float(e.time_range.end)) for e in events if _is_kernel(e)]
 
 
 def duty_cycle(spans: Iterable[tuple[float, float]]) -> RegimeSpec | None:

@@ -128,6 +128,7 @@ class Event:
     id: int = 0
     device_type: str = "DeviceType.CPU"
     time_range: Span = dataclasses.field(default_factory=lambda: Span(0.0, 0.0))
+    is_user_annotation: bool = False
 
 
 def tree(name, *children, kernels=(), id=0):
@@ -241,6 +242,21 @@ def test_the_duty_cycle_of_the_profiled_steps_is_an_as_captured_regime():
     spec = duty_cycle(kernel_spans(events))
     assert spec is not None and spec.name == f"as-captured:{round(150 / 190, 3):g}:20us"
     assert duty_cycle([(0, 10), (10, 20)]) is None and duty_cycle([]) is None  # never idle, nothing run
+
+
+def test_a_range_shown_on_the_gpu_is_neither_a_kernel_nor_busy_time():
+    """Regression: a range open around native launches (the problem's, the step's) is a GPU user
+    annotation spanning its kernels; counted as a kernel it doubled the kernel time and made
+    the whole step busy."""
+    door = RANGE_PREFIX + "p"
+    launch = Event("cudaLaunchKernel", id=7)
+    step = tree(STEP_PREFIX + "0", tree(door, launch))
+    kernel = gpu_kernel(7, 40.0)
+    shown = Event(door, id=7, device_type="DeviceType.CUDA", time_range=Span(990.0, 1100.0), is_user_annotation=True)
+    whole = Event(STEP_PREFIX + "0", device_type="DeviceType.CUDA", time_range=Span(0.0, 5000.0),
+                  is_user_annotation=True)
+    assert kernel_times(flat(step) + [kernel, shown, whole], {"p": "P"}) == {0: {"P": 40.0}}
+    assert kernel_spans([kernel, shown, whole]) == [(1000.0, 1040.0)]
 
 
 def test_a_real_profiles_events_are_read_on_the_cpu():
