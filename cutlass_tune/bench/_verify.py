@@ -413,7 +413,8 @@ def _grouped_reference(ops: Operands) -> torch.Tensor:
     if scale_b is not None:
         assert ops.scale_a is not None
         a.mul_(_expand_blocks(ops.scale_a, 1, p.m, p.k))
-    out = torch.empty(ops.d.shape, dtype=torch.float32, device=ops.d.device)
+    # The product is M x N; D is narrower where the epilogue pairs columns (a GLU's M x N/2).
+    out = torch.empty((p.m, p.n), dtype=torch.float32, device=ops.d.device)
     for expert, (lo, hi) in enumerate(group_bounds(p)):
         if hi > lo:
             weight = ops.b_kn[expert].t().float()  # N x K

@@ -59,6 +59,22 @@ def test_the_grouped_reference_multiplies_each_experts_rows_by_its_weight():
     assert torch.allclose(ref[25:], ops.a[25:].float() @ w[2].t())
 
 
+def test_the_grouped_reference_of_a_glu_pair_is_the_gated_half_of_the_product():
+    """Regression: the reference wrote the M x N product into D's M x N/2 shape and failed to
+    reshape it for the pair (every GLU kernel measured as a runtime error)."""
+    from cutlass_tune.space import Epilogue
+
+    p = Problem.experts(2, 32, 48, 40, routing=Routing.HISTOGRAM, group_rows=(25, 15),
+                        epilogue=Epilogue.parse("silu+glu"))
+    ops = _ops(p)
+    ref = reference(ops)
+    assert ops.d.shape == ref.shape == (40, 16)
+    z = torch.cat([ops.a[:25].float() @ ops.b[0].float().t(), ops.a[25:].float() @ ops.b[1].float().t()])
+    blocks = z.reshape(40, 2, 2, 8)  # gate and up interleaved by 8 columns
+    want = torch.nn.functional.silu(blocks[:, :, 0]) * blocks[:, :, 1]
+    assert torch.allclose(ref, want.reshape(40, 16))
+
+
 def test_zipf_routing_gives_the_first_expert_the_most_rows():
     ops = _ops(ZIPF)
     rows = ZIPF.group_rows
