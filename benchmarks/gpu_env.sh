@@ -16,6 +16,7 @@ gpu_facts() {
   { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
     python3 -c "import importlib.util, torch; t = importlib.util.find_spec('transformers') and __import__('transformers'); \
 print('torch', torch.__version__, 'cuda', torch.version.cuda, *(('transformers', t.__version__) if t else ()))"
-    git log -1 --format='%h %s' 2>/dev/null; } > "$1"
+    # COMMIT names the tree where the copy on the GPU host carries a stale .git (its files are newer)
+    if [ -n "${COMMIT:-}" ]; then echo "commit $COMMIT"; else git log -1 --format='%h %s' 2>/dev/null; fi; } > "$1"
   cat "$1"
 }

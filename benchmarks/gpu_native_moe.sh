@@ -9,7 +9,8 @@
 # Optional: TEST_PATHS (GPU tests to run), FAMILIES and SPECS (the model runs: "TOKENS TAG FLAGS..."
 # entries separated by ';'), LAYER_SPECS (benchmarks/moe_layer.py runs: "FAMILY TOKENS MODE" entries
 # separated by ';', each with --profile), HOST=0 (no host table), PRE (a command run after the setup),
-# MODEL_RUNS ("FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS).
+# MODEL_RUNS ("FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS), FP8=1 (the
+# fp8 row-wise entries at M 16-64 at the call site: benchmarks/fp8_call_site.py).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-540}
@@ -29,10 +30,11 @@ export_cut() {  # NAME GZ PATTERN: the store's best rows whose problem matches, 
   python3 -m cutlass_tune.cli export --storage "$state/$name-rows.csv" -o "$state/$name-bundle" > "$out/$name-export.txt" 2>&1
   echo "$name export rc=$?"
 }
-export_cut moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz 'x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_' &
+export_cut moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
+  'x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_|x5760x2880_|x2880x2880_' &  # Qwen3-235B, DeepSeek-V2-Lite, GPT-OSS
 export_cut dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
   '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' &
-export_cut fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^16x6144x4096_' &
+export_cut fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^(16|32|64)x' &
 wait
 echo "setup done at ${SECONDS}s"; tail -2 "$out/native.txt"
 [ -z "${PRE:-}" ] || { eval "$PRE" > "$out/pre.txt" 2>&1; echo "pre rc=$?"; tail -25 "$out/pre.txt"; }
@@ -80,5 +82,9 @@ if [ "${HOST:-1}" = 1 ] && [ "$(left)" -gt 70 ]; then
   timeout -k 10 $(( $(left) - 5 )) python3 benchmarks/host_path.py "$out/host_path" --table "$state/dense-bundle" \
     --table "$state/moe-bundle" --table "$state/fp8-bundle" --reps 9 > "$out/host_path.txt" 2>&1
   echo "host_path rc=$?"; grep "^|" "$out/host_path.txt" | head -45
+fi
+if [ "${FP8:-0}" = 1 ] && [ "$(left)" -gt 40 ]; then  # fp8 row-wise at M 16-64 called from Python and in graphs
+  timeout -k 10 $(( $(left) - 5 )) python3 benchmarks/fp8_call_site.py "$state/fp8-bundle" "$out/fp8" > "$out/fp8_call_site.txt" 2>&1
+  echo "fp8 call site rc=$?"; tail -20 "$out/fp8_call_site.txt"
 fi
 ls -R "$out" | head -40
