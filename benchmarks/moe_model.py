@@ -20,7 +20,10 @@ the speedup is then over the faster of the two torch paths (`strongest_torch`).
   With `--graphs`, Inductor's CUDA graphs too (what `mode="reduce-overhead"` turns on), as a
   serving loop replays a small batch's step: no host time per call is left in the step.
 - `--train`: one training step (forward with labels, the loss, backward): loss and every
-  parameter's gradient of both compared (bf16 tolerance), time per step.
+  parameter's gradient of both compared, time per step. A gradient is close within 2e-2 or
+  within 1.5x torch's own disagreement for it (transformers' "eager" experts against
+  "grouped_mm", one untimed step): the router's gradient cancels through the top-k
+  normalization, and two of torch's own bf16 paths differ by 0.1-0.15 there.
 - `--profile`: after the timing, one step of each implementation under torch.profiler: the
   step's host time against its GPU kernels' time (in the JSON too, `profile`: wall, all kernels,
   the grouped GEMM kernels, the kernels named for the MoE glue, the rest) and the 25 operators
@@ -92,6 +95,29 @@ DECODE_TOKENS = 256
 GRAD_TOLERANCE = 2e-2
 """Largest relative error (norm) of a gradient between the two implementations: bf16 products
 accumulated in another order (our dA kernels, torch's) differ by a few 1e-3."""
+FLOOR_IMPLEMENTATION = "eager"
+"""transformers' own second bf16 path for the experts (its loop over experts), run once in a
+training step beside "grouped_mm": how far two of torch's own paths disagree per parameter."""
+FLOOR_MARGIN = 1.5
+"""A gradient is close where its error is within GRAD_TOLERANCE or within FLOOR_MARGIN times
+torch's own disagreement for that parameter. The router's weights need it: their gradient flows
+through the top-k weights' normalization and cancels, so two valid bf16 orders of the same sums
+differ by 0.14 relative there (measured between transformers' "eager" and "batched_mm" experts on
+a 4-layer Qwen3-MoE on the CPU), far beyond 2e-2, for torch's paths as for ours."""
+
+
+def grads_close(errors: dict[str, float], floors: dict[str, float]) -> tuple[bool, dict[str, object] | None]:
+    """Whether every gradient's error is within `GRAD_TOLERANCE` or `FLOOR_MARGIN` x its floor
+    (torch's own disagreement; none measured: the tolerance alone), and the worst parameter by
+    error over its allowance (name, error, floor) where there is one."""
+    def allowed(name: str) -> float:
+        return max(GRAD_TOLERANCE, FLOOR_MARGIN * floors.get(name, 0.0))
+
+    if not errors:
+        return True, None
+    name = max(errors, key=lambda n: errors[n] / allowed(n))
+    worst = {"parameter": name, "error": errors[name], "floor": floors.get(name), "allowed": allowed(name)}
+    return errors[name] <= allowed(name), worst
 
 
 def _model(family: str, layers: int):
@@ -163,9 +189,16 @@ def run(args: argparse.Namespace) -> dict:
             breaks[name] = _graph_breaks()
         if args.train:
             grads[name] = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
+    if args.train:  # torch's own disagreement per gradient: a second path of its own, once
+        model.set_experts_implementation(FLOOR_IMPLEMENTATION)
+        with torch.compiler.set_stance("force_eager"):  # its loop over experts is not worth compiling
+            step()
+        grads[FLOOR_IMPLEMENTATION] = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
     error = relative(outputs[ct.NAME], outputs["grouped_mm"])
     grad_errors = {n: relative(grads[ct.NAME][n], g) for n, g in grads.get("grouped_mm", {}).items()
                    if n in grads[ct.NAME] and g.norm() > 0}
+    grad_floors = {n: relative(grads[FLOOR_IMPLEMENTATION][n], grads["grouped_mm"][n]) for n in grad_errors
+                   if n in grads.get(FLOOR_IMPLEMENTATION, {})}
     grads.clear()
     blocks: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # warm up both
@@ -184,7 +217,7 @@ def run(args: argparse.Namespace) -> dict:
             path = args.out_dir / f"{args.family}-{args.tokens}-{_mode(args)}-profile-{name}.txt"
             profiles[name] = _profile(step, path)
     spec = FAMILIES[args.family]
-    worst = max(grad_errors.items(), key=lambda kv: kv[1]) if grad_errors else None
+    close, worst = grads_close(grad_errors, grad_floors) if args.train else (None, None)
     return {
         "family": args.family, "tokens": args.tokens, "layers": args.layers, "mode": _mode(args),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
@@ -194,8 +227,7 @@ def run(args: argparse.Namespace) -> dict:
         "gain_split_ms": gain_split(profiles[strongest], profiles[ct.NAME], ms[strongest], ms[ct.NAME])
         if profiles else None,
         "relative_error": error, "graph_breaks": breaks, "first_call_s": first_s, "fallbacks": fallbacks,
-        "grad_max_relative_error": None if worst is None else {"parameter": worst[0], "error": worst[1]},
-        "grads_close": None if worst is None else worst[1] < GRAD_TOLERANCE,
+        "grad_max_relative_error": worst, "grads_close": close,
         "wall_s": round(time.perf_counter() - began, 1),
     }
 

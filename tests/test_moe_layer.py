@@ -111,3 +111,18 @@ def test_the_gain_splits_into_gemms_glue_and_what_the_kernels_do_not_explain(scr
             "combine": 0.10}
     split = script.gain_split(torch_parts, ours, 3.2, 2.5)
     assert split == pytest.approx({"total": 0.7, "gemms": 0.32, "glue": 0.35, "host_and_gaps": 0.03})
+
+
+def test_a_gradient_is_close_within_the_tolerance_or_torchs_own_disagreement(script):
+    """The router's gradient cancels through the top-k normalization: two of torch's own bf16
+    paths differ by about 0.14 there, so it is held to that floor, not to 2e-2."""
+    import moe_model
+
+    floors = {"gate.weight": 0.14, "experts.down_proj": 0.004}
+    ok, worst = moe_model.grads_close({"gate.weight": 0.11, "experts.down_proj": 0.008}, floors)
+    assert ok and worst["parameter"] == "gate.weight" and worst["allowed"] == pytest.approx(0.21)
+    ok, worst = moe_model.grads_close({"gate.weight": 0.11, "experts.down_proj": 0.03}, floors)
+    assert not ok and worst["parameter"] == "experts.down_proj"  # 0.03 > max(2e-2, 1.5 x 0.004)
+    ok, worst = moe_model.grads_close({"gate.weight": 0.11}, {})  # no floor measured: the tolerance alone
+    assert not ok and worst["floor"] is None
+    assert moe_model.grads_close({}, {}) == (True, None)
