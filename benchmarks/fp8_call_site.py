@@ -22,7 +22,11 @@ goals: row-wise geomean >= 1.00 and none below 0.97; block-wise geomean >= 1.20 
 measured slower than torch runs torch's path (with fast accumulation where the kernel has it), as
 a caller's would; the table names those "torch kept".
 
-    python3 benchmarks/fp8_call_site.py TABLE_OR_STORE OUTDIR [--budget-ms 1500] [--min-ratio 1.0]
+    python3 benchmarks/fp8_call_site.py TABLE_OR_STORE OUTDIR [--budget-ms 1500] [--min-ratio 1.0] [--trace]
+
+`--trace`: per entry, where a call's time goes from Python: 40 calls of each side (the operand
+copies in turn, as the loop calls them) under torch.profiler, the operators and runtime calls of
+most host time and every kernel with its count, to OUTDIR/trace-<problem>.txt.
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ def _entries(table: cutlass_tune.BestTable) -> list[dict]:
     return [r for r in table.frame.to_dict("records") if str(r.get("scaling", "none")) in checked]
 
 
-def main(source: str, outdir: Path, budget_ms: float, min_ratio: float) -> None:
+def main(source: str, outdir: Path, budget_ms: float, min_ratio: float, trace: bool = False) -> None:
     device = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(device)
     loaded = cutlass_tune.BestTable.load(source)
@@ -161,9 +165,10 @@ def main(source: str, outdir: Path, budget_ms: float, min_ratio: float) -> None:
             free, _ = torch.cuda.mem_get_info(device)
             copies = [first] + [first.copy() for _ in range(
                 rotation_count(first.nbytes, props.L2_cache_size, memory_bytes=free) - 1)]
-            ours = [(lambda o=o: cutlass_tune.matmul(o.a_mk, o.b_kn, table=table, scale_a=o.scale_a,
-                                                     scale_b=o.scale_b, min_ratio=min_ratio)) for o in copies]
-            sides = [ours, [functools.partial(theirs_call, o) for o in copies]]
+            ours: list[Callable[[], object]] = [
+                functools.partial(cutlass_tune.matmul, o.a_mk, o.b_kn, table=table, scale_a=o.scale_a,
+                                  scale_b=o.scale_b, min_ratio=min_ratio) for o in copies]
+            sides: list[list[Callable[[], object]]] = [ours, [functools.partial(theirs_call, o) for o in copies]]
             if problem.scaling is Scaling.ROWCOL:
                 sides.append([functools.partial(fast_accum_path, o) for o in copies])
             for mode in ("graph", "loop"):
@@ -175,6 +180,8 @@ def main(source: str, outdir: Path, budget_ms: float, min_ratio: float) -> None:
                                 "ratio_default_accum": torch_sides[0].median_ms / tuned.median_ms}
                 if len(torch_sides) > 1:
                     record[mode]["torch_fast_accum_ms"] = torch_sides[1].median_ms
+            if trace:
+                _trace(outdir / f"trace-{problem.name}.txt", {"ours": ours, "torch": sides[1]})
         except (RuntimeError, ValueError, CutlassTuneError) as err:
             record["error"] = f"{type(err).__name__}: {err}"[:300]
         with path.open("a") as f:
@@ -182,6 +189,25 @@ def main(source: str, outdir: Path, budget_ms: float, min_ratio: float) -> None:
         done[problem.name] = record
         print(json.dumps(record), flush=True)
     print("\n".join(table_lines(list(done.values()))))
+
+
+def _trace(path: Path, sides: dict[str, Sequence[Callable[[], object]]], calls: int = 40) -> None:
+    """`calls` calls of each side from Python under torch.profiler (the host's operators and
+    runtime calls, the GPU's kernels), after as many unprofiled: the text to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    text = []
+    for name, launches in sides.items():
+        for i in range(calls):
+            launches[i % len(launches)]()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(calls):
+                launches[i % len(launches)]()
+            torch.cuda.synchronize()
+        text.append(f"== {name}: {calls} calls\n" + prof.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=90))
+    path.write_text("\n".join(text))
 
 
 def table_lines(records: Sequence[dict]) -> list[str]:
@@ -217,5 +243,6 @@ if __name__ == "__main__":
     parser.add_argument("--min-ratio", type=float, default=1.0,
                         help="matmul's min_ratio: torch's path where the table measured its kernel below it "
                              "(0: every entry's kernel runs)")
+    parser.add_argument("--trace", action="store_true", help="profile 40 calls of each side per entry")
     cli = parser.parse_args()
-    main(cli.source, cli.outdir, cli.budget_ms, cli.min_ratio)
+    main(cli.source, cli.outdir, cli.budget_ms, cli.min_ratio, cli.trace)

@@ -84,7 +84,7 @@ if [ "${HOST:-1}" = 1 ] && [ "$(left)" -gt 70 ]; then
   echo "host_path rc=$?"; grep "^|" "$out/host_path.txt" | head -45
 fi
 if [ "${FP8:-0}" = 1 ] && [ "$(left)" -gt 40 ]; then  # fp8 row-wise at M 16-64 called from Python and in graphs
-  timeout -k 10 $(( $(left) - 5 )) python3 benchmarks/fp8_call_site.py "$state/fp8-bundle" "$out/fp8" > "$out/fp8_call_site.txt" 2>&1
+  timeout -k 10 $(( $(left) - 5 )) python3 benchmarks/fp8_call_site.py "$state/fp8-bundle" "$out/fp8" ${FP8_TRACE:+--trace} > "$out/fp8_call_site.txt" 2>&1
   echo "fp8 call site rc=$?"; tail -20 "$out/fp8_call_site.txt"
 fi
 ls -R "$out" | head -40
