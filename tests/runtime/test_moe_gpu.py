@@ -363,3 +363,37 @@ def test_auto_decode_under_torch_compile_takes_each_path_by_token_count(monkeypa
             got = compiled(x, index, weights, gate_up, down)
             assert taken == [path, path]  # traced once per path
             close(got, torch_layer(x, index, weights, gate_up, down), name=path)
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_biased_clamped_swiglu_layer_matches_the_float64_reference_on_cuda(expert_parallel):
+    """GPT-OSS's form (biases, the clamped SwiGLU on interleaved columns, weights E x in x out)
+    through the native glue, the down bias entering the combine as a tokens x experts product;
+    with expert parallelism another rank's slots (ids past the experts) add nothing, bias included."""
+    from cutlass_tune.runtime._moe import SWIGLU_OAI
+
+    from .test_moe import reference
+
+    experts, hidden, inter, top_k, tokens = 8, 256, 128, 4, 96
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    weights, index = torch.randn(tokens, experts, generator=g).softmax(-1).topk(top_k, dim=-1)
+    if expert_parallel:
+        index[::3, 0] = experts + 1  # another rank's expert
+    gate_up = (torch.randn(experts, hidden, 2 * inter, generator=g) / 16).to(torch.bfloat16)
+    down = (torch.randn(experts, inter, hidden, generator=g) / 16).to(torch.bfloat16)
+    b1 = (torch.randn(experts, 2 * inter, generator=g) / 4).to(torch.bfloat16)
+    b2 = (torch.randn(experts, hidden, generator=g) / 4).to(torch.bfloat16)
+    leaves = [t.cuda().requires_grad_(t.is_floating_point()) for t in (x, weights, gate_up, down, b1, b2)]
+    got = moe_experts(leaves[0], index.cuda(), leaves[1], leaves[2], leaves[3], table=None, activation=SWIGLU_OAI,
+                      gate_up_bias=leaves[4], down_bias=leaves[5], transposed=True, expert_parallel=expert_parallel)
+    kept = index < experts
+    want = reference(x, index.clamp(max=experts - 1), weights * kept, gate_up, down, SWIGLU_OAI, b1, b2,
+                     transposed=True)
+    close(got.cpu(), want)
+    got.float().square().sum().backward()
+    assert leaves[5].grad is not None and torch.isfinite(leaves[5].grad).all()
+    # the down bias's gradient: sum over tokens of 2 out[t] * (sum of the weights of its slots routed to e)
+    per_expert = torch.zeros(tokens, experts, dtype=torch.float64).scatter_add(
+        1, index.clamp(max=experts - 1), (weights * kept).double())
+    close(leaves[5].grad.cpu(), per_expert.t() @ (2 * got.detach().cpu().double()), name="down bias")
