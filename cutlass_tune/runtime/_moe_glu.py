@@ -180,6 +180,14 @@ def _lay_out(gate_up: torch.Tensor, transposed: bool, alternating: bool) -> torc
         return interleave_gate_up(split)
 
 
+def _version(t: torch.Tensor) -> int:
+    """t's version counter; -1 for an inference tensor (made under torch.inference_mode), which has none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 def glu_weights(gate_up: torch.Tensor, transposed: bool, alternating: bool) -> torch.Tensor | None:
     """The layer's gate_up weights interleaved for the GLU kernel (E x 2I x H contiguous),
     made once per weight and kept while the weight's storage lives and its version stays (an
@@ -195,7 +203,7 @@ def glu_weights(gate_up: torch.Tensor, transposed: bool, alternating: bool) -> t
     key = (storage._cdata, gate_up.storage_offset(), gate_up.shape, gate_up.stride(), gate_up.dtype, transposed,
            alternating)
     found = _laid_out.get(key)
-    version = gate_up._version
+    version = _version(gate_up)
     if found is not None and found[1] == version and not found[0].expired():
         return found[2]
     with _laid_out_lock:
