@@ -180,6 +180,30 @@ def _lay_out(gate_up: torch.Tensor, transposed: bool, alternating: bool) -> torc
         return interleave_gate_up(split)
 
 
+def _lay_out_in_a_thread(gate_up: torch.Tensor, transposed: bool, alternating: bool, device: int) -> torch.Tensor:
+    """`_lay_out` by a thread of its own, finished on the device before it returns: CUDA graph
+    trees send every allocation of the thread that warms them up to their graphs' pool, whose
+    memory must not outlive a run, and these weights are kept."""
+    torch.cuda.current_stream(device).synchronize()  # the weights' last writes, seen by the other thread's stream
+    made: list[torch.Tensor] = []
+    failed: list[BaseException] = []
+
+    def lay_out() -> None:
+        try:
+            with torch.cuda.device(device):
+                made.append(_lay_out(gate_up, transposed, alternating))
+                torch.cuda.current_stream(device).synchronize()
+        except BaseException as err:  # noqa: BLE001 - raised again in the caller's thread
+            failed.append(err)
+
+    worker = threading.Thread(target=lay_out, name="cutlass_tune GLU weights")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+    return made[0]
+
+
 def _version(t: torch.Tensor) -> int:
     """t's version counter; -1 for an inference tensor (made under torch.inference_mode), which has none."""
     try:
@@ -196,8 +220,8 @@ def glu_weights(gate_up: torch.Tensor, transposed: bool, alternating: bool) -> t
     before capturing).
 
     `gate_up`: E x 2I x H, gate rows then up rows (`alternating`: one by one), or E x H x 2I
-    `transposed`. Thread-safe. Where torch.compile's CUDA graph trees route the stream's
-    allocations to their pool, the copy is made on a side stream (kept memory must not live there).
+    `transposed`. Thread-safe. Where torch.compile's CUDA graph trees route this thread's
+    allocations to their pool (their warm-up), the copy is made by another thread (`_lay_out_in_a_thread`).
     """
     storage = gate_up.untyped_storage()
     key = (storage._cdata, gate_up.storage_offset(), gate_up.shape, gate_up.stride(), gate_up.dtype, transposed,
@@ -213,13 +237,7 @@ def glu_weights(gate_up: torch.Tensor, transposed: bool, alternating: bool) -> t
             return None
         device = gate_up.get_device()
         if gate_up.is_cuda and not _may_keep(device, current_stream(device)):
-            here = torch.cuda.current_stream(device)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(here)
-            with torch.cuda.stream(side):
-                laid = _lay_out(gate_up, transposed, alternating)
-            here.wait_stream(side)
-            laid.record_stream(here)
+            laid = _lay_out_in_a_thread(gate_up, transposed, alternating, device)
         else:
             laid = _lay_out(gate_up, transposed, alternating)
         _laid_out[key] = (StorageWeakRef(storage), version, laid)
