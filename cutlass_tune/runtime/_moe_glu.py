@@ -112,7 +112,8 @@ def _table_row(key: str, device: int, problem: Problem) -> str:
     except BestTableError:
         return (f"the table has no row of {problem.operation.name} for {problem.groups} experts of "
                 f"{problem.n}x{problem.k} on this GPU (tune it: cutlass-tune sweep --shapes "
-                f"e{problem.groups}:{problem.m}x{problem.n}x{problem.k} --epilogue {problem.epilogue.name})")
+                f"e{problem.groups}:ROWSx{problem.n}x{problem.k} --epilogue {problem.epilogue.name}, ROWS the "
+                "routed rows: tokens x top_k)")
     return ""
 
 

@@ -141,7 +141,7 @@ def test_without_a_glu_row_the_layer_runs_unfused_and_names_the_sweep(taken):
     finally:
         glu._device_rows = monkey
     assert "no row of bf16bf16bf16_tn_grouped_silu+glu for 6 experts of 32x32" in why
-    assert "cutlass-tune sweep --shapes e6:14x32x32 --epilogue silu+glu" in why
+    assert "cutlass-tune sweep --shapes e6:ROWSx32x32 --epilogue silu+glu" in why
 
 
 def test_gradients_needed_or_glu_off_run_unfused(glu_row, taken):
@@ -229,3 +229,20 @@ def test_the_layers_glu_problem_is_the_one_a_glu_sweep_tunes():
     [swept] = sweep_space(None, "e128:32768x3072x4096", epilogue="silu+glu", routing="zipf").problems
     assert swept.operation == problem.operation and (swept.groups, swept.n, swept.k) == (128, 3072, 4096)
     assert swept.name == problem.name.replace("-uniform", "-zipf")
+
+
+def test_torchs_path_of_a_glu_problem_is_act_gate_times_up_of_the_split_weights():
+    """What `grouped_mm`'s plan runs where the table's GLU kernel cannot: the GEMM on the
+    interleaved weights, then the pair (D of N/2)."""
+    from cutlass_tune.runtime._grouped import _torch_path
+
+    torch.manual_seed(0)
+    split = torch.randn(3, 32, 16).bfloat16()  # E x 2I x H, gate rows then up rows
+    rows = torch.randn(9, 16).bfloat16()
+    offs = torch.tensor([4, 4, 9], dtype=torch.int32)
+    problem = Problem.experts(3, 32, 16, 9, layout_b=Layout.COL, epilogue=Epilogue.parse("gelu+glu"))
+    got = _torch_path(problem, rows, glu.interleave_gate_up(split).transpose(-2, -1), offs, None, None)
+    h = torch.cat([rows[:4] @ split[0].T, rows[4:9] @ split[2].T])
+    want = torch.nn.functional.gelu(h[:, :16]) * h[:, 16:]
+    assert got.shape == (9, 16)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
