@@ -8,15 +8,17 @@ Off CUDA no table has a row of this GPU: the tests stand in for the table's answ
 weights; tests/runtime/test_moe_glu_gpu.py runs the GLU kernel."""
 
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+from cutlass_tune.errors import ConfigFileError
 from cutlass_tune.runtime import BestTable, _dispatch, register_table
 from cutlass_tune.runtime import _moe_glu as glu
 from cutlass_tune.runtime._moe import SWIGLU_OAI, ExpertActivation, GateForm, MoEExperts, experts_layout, moe_experts
-from cutlass_tune.space import Activation, Epilogue, Layout, Problem, sweep_space
+from cutlass_tune.space import Activation, Epilogue, EpilogueSchedule, Layout, Problem, check_config, sweep_space
 from cutlass_tune.tables import experts_cells
 
 from .test_moe import layer, routed
@@ -246,3 +248,23 @@ def test_torchs_path_of_a_glu_problem_is_act_gate_times_up_of_the_split_weights(
     want = torch.nn.functional.gelu(h[:, :16]) * h[:, 16:]
     assert got.shape == (9, 16)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("shapes", "epilogue", "why"), [
+    ("e8:64x24x32", "silu+glu", "glu_shape: a GLU pair needs N a multiple of 16"),
+    ("e8:64x32x32", "silu+glu-split", "lay the weights out once with runtime.interleave_gate_up"),
+    ("64x32x32", "silu+glu", "its glu node is declared but no kernel renders it yet"),
+])
+def test_a_glu_sweep_of_a_problem_no_glu_kernel_runs_is_a_one_line_error(shapes, epilogue, why):
+    with pytest.raises(ConfigFileError, match=why):
+        sweep_space(None, shapes, epilogue=epilogue)
+
+
+def test_the_glu_benchmark_space_is_eight_glu_kernels_of_the_layers_problem():
+    space = sweep_space(Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "moe_glu_bf16.yaml")
+    [problem] = space.problems
+    assert problem.name == "32768x3072x4096_bf16bf16bf16_tn_grouped_silu+glu_e128-zipf"
+    assert len(space.valid) == 8
+    for cfg in space.valid:
+        assert cfg.epilogue == problem.epilogue and cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM
+        assert check_config(cfg) == [] and not cfg.epilogue_source
