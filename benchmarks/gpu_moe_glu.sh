@@ -26,12 +26,13 @@ moe_rows() {
   python3 -m cutlass_tune.cli best --storage "$state/moe.sqlite" --format csv -o "$state/moe-best.csv" > /dev/null &&
   python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
     "$state/moe-best.csv" "$state/moe-rows.csv" 'x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e' &&
-  python3 -m cutlass_tune.cli export --storage "$state/moe-rows.csv" -o "$state/moe-bundle"
+  python3 -m cutlass_tune.cli export --storage "$state/moe-rows.csv" -o "$state/moe-bundle" --jobs 6
 }
 moe_rows > "$out/moe-export.txt" 2>&1 &
 moe_pid=$!
 timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_glu_bf16.yaml \
-  --strategy optuna --trials "${TRIALS:-8}" --batch 8 --jobs 10 --storage "$state/glu.sqlite" > "$out/sweep.txt" 2>&1
+  --strategy optuna --trials "${TRIALS:-8}" --batch 8 --jobs 10 --storage "$state/glu.sqlite" \
+  > "$out/sweep.txt" 2>&1
 echo "sweep rc=$? at ${SECONDS}s"; tail -12 "$out/sweep.txt"
 python3 -m cutlass_tune.cli best --storage "$state/glu.sqlite" > "$out/glu-best.txt" 2>&1
 python3 -m cutlass_tune.cli best --storage "$state/glu.sqlite" --format csv -o "$state/glu-best.csv" >> "$out/glu-best.txt" 2>&1
