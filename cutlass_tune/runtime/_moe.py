@@ -17,7 +17,7 @@ Steps (S = tokens x top_k routed rows, slot s = t * top_k + j):
    act(gate) * up ("silu+glu", on gate_up weights interleaved once), where the layer can run it:
    an unclamped act(gate) * up, no gate_up bias, 16-bit weights, a GLU row of this GPU in the
    table (`_moe_glu.glu_reason`), no gradient needed, `glu` on. Elsewhere the pass runs as
-   before, and a GLU activation that does not run fused says why once per cause.
+   before; which path a layer takes and why is logged once (INFO) and is `MoEExperts.glu_path`.
 5. The down grouped GEMM, with no epilogue of its own.
 6. Combine (`moe_combine`): out[t] = sum_j w[t, j] * y[inv[t * top_k + j]] in one deterministic
    pass (no atomics; fp32 accumulation).

@@ -15,6 +15,7 @@ the GEMM of 2I columns and the activation pass.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -29,6 +30,8 @@ from ._grouped import _may_keep, run_grouped, torch_grouped_mm
 from ._matmul import MatmulInputError
 from ._moe import ExpertActivation, ExpertsLayout, GateForm, MoEInputError
 from ._op import _TAGS, _on_device_of, registered_table
+
+_log = logging.getLogger(__name__)
 
 
 def _blocks(weight: torch.Tensor, name: str) -> tuple[int, int, int]:
@@ -107,6 +110,8 @@ def _table_row(key: str, device: int, problem: Problem) -> str:
     rows, other_gpu = _device_rows(registered_table(key), device)
     if other_gpu is not None:
         return other_gpu
+    if rows.frame.empty:  # a table of no rows (torch's everywhere) has no operation columns to look in
+        return "the table has no rows"
     try:
         rows.find(problem.m, problem.n, problem.k, problem.operation, groups=problem.groups)
     except BestTableError:
@@ -130,8 +135,9 @@ def _glu_reason(key: str | None, device: int, experts: int, hidden: int, interme
                 function: str, form: str, interleaved: bool, limit: float | None, bias: bool) -> str:
     """`glu_reason` on plain values: torch.compile calls it once while tracing and keeps its
     answer (no guard: a table registered again later still runs, its plan falls back to torch
-    where it has no GLU row). Said once per cause as a RuntimeWarning for a gated layer on a
-    CUDA device that does not run fused (a layer off CUDA runs no kernel: nothing to say)."""
+    where it has no GLU row). Logged once per answer (INFO, this module's logger) for a gated
+    layer on a CUDA device: which path and why. Not a warning: the unfused path is no fallback to
+    torch (its GEMMs are the table's), and a table tuned before GLU rows existed is the common case."""
     table = registered_table(key) if key is not None else None
     cache_key = (key, id(table), device, experts, hidden, intermediate, dtype, function, form, interleaved, limit,
                  bias)
@@ -149,9 +155,12 @@ def _glu_reason(key: str | None, device: int, experts: int, hidden: int, interme
         reason = "no table"
     else:
         reason = _table_row(key, device, problem)
-    if reason and activation.gated and _runs_kernels(device):
-        warn_once(f"moe glu {reason}", f"cutlass_tune.moe_experts: the gate_up GEMM and the activation run apart: "
-                  f"{reason}")
+    if activation.gated and _runs_kernels(device):
+        layer = f"{experts} experts of {2 * intermediate}x{hidden} ({dtype}, {activation.form.value} {function})"
+        if isinstance(problem, Problem) and not reason:
+            _log.info("cutlass_tune.moe_experts: %s: gate_up runs the GLU kernel (%s)", layer, problem.operation.name)
+        else:
+            _log.info("cutlass_tune.moe_experts: %s: the gate_up GEMM and the activation run apart: %s", layer, reason)
     _reasons[cache_key] = reason
     return reason
 

@@ -7,6 +7,7 @@ Off CUDA no table has a row of this GPU: the tests stand in for the table's answ
 (`_moe_glu._table_row`), and the stage's operator computes with torch on the interleaved
 weights; tests/runtime/test_moe_glu_gpu.py runs the GLU kernel."""
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -99,18 +100,20 @@ def test_expert_parallel_sentinels_contribute_zero_on_the_glu_path(glu_row, take
     (dict(bias=True), "silu", "gate_up has a bias"),
     (dict(dtype=torch.float32), "silu", "the GLU kernels take bfloat16 or float16"),
 ])
-def test_a_layer_the_glu_node_cannot_express_runs_unfused_and_says_why_once(glu_row, taken, monkeypatch, spec,
-                                                                             activation, why):
+def test_a_layer_the_glu_node_cannot_express_runs_unfused_and_says_why_once(glu_row, taken, monkeypatch, caplog,
+                                                                             spec, activation, why):
     monkeypatch.setattr(glu, "_runs_kernels", lambda device: True)  # said for layers on a GPU only
     spec = {"dtype": torch.bfloat16, **spec}
     gate_up, down, b1, b2 = layer(**spec)
-    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad(), \
+            caplog.at_level(logging.INFO, logger=glu.__name__):
         warnings.simplefilter("always")
         for _ in range(2):
             call(gate_up, down, activation=activation, gate_up_bias=b1, down_bias=b2,
                  transposed=spec.get("transposed", False))
     assert taken == ["unfused", "unfused"]
-    said = [str(w.message) for w in caught if "gate_up GEMM and the activation run apart" in str(w.message)]
+    assert not [w for w in caught if "cutlass_tune" in str(w.message)]  # no fallback to torch: no warning
+    said = [r.getMessage() for r in caplog.records if "run apart" in r.getMessage()]
     if why is None:
         assert said == []
     else:
@@ -144,6 +147,22 @@ def test_without_a_glu_row_the_layer_runs_unfused_and_names_the_sweep(taken):
         glu._device_rows = monkey
     assert "no row of bf16bf16bf16_tn_grouped_silu+glu for 6 experts of 32x32" in why
     assert "cutlass-tune sweep --shapes e6:ROWSx32x32 --epilogue silu+glu" in why
+    try:  # a table of no rows, as a test's or torch's-only one, on a GPU
+        glu._device_rows = lambda t, device: (t, None)
+        assert glu._table_row(EMPTY, 0, problem) == "the table has no rows"
+    finally:
+        glu._device_rows = monkey
+
+
+def test_the_glu_path_is_logged_once_per_layer(glu_row, monkeypatch, caplog):
+    monkeypatch.setattr(glu, "_runs_kernels", lambda device: True)
+    gate_up, down, _, _ = bf16_layer()
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger=glu.__name__):
+        for _ in range(3):
+            call(gate_up, down)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["cutlass_tune.moe_experts: 6 experts of 32x32 (bfloat16, glu silu): gate_up runs the GLU kernel "
+                    "(bf16bf16bf16_tn_grouped_silu+glu)"]
 
 
 def test_gradients_needed_or_glu_off_run_unfused(glu_row, taken):
