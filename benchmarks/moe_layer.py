@@ -2,7 +2,7 @@
 
     python3 benchmarks/moe_layer.py TABLE OUT [--family qwen3_235b] [--tokens 4096 ...]
                                     [--mode eager|compiled|graphs] [--train] [--profile]
-                                    [--blocks 10] [--block 10] [--tiny] [--force]
+                                    [--blocks 10] [--block 10] [--tiny] [--force] [--sides a,b]
     python3 benchmarks/moe_layer.py summary OUT       # the table of every run in OUT
 
 One experts module of a family (benchmarks/moe_model.py's FAMILIES: qwen3_moe, qwen3_235b,
@@ -21,6 +21,9 @@ the same weights and routing:
   routed rows where it beats "moe_experts"), and "tuned_gemms": the tuned grouped GEMMs inside
   transformers' torch glue (`cutlass_tune.transformers.glue_forward`, what the "cutlass_tune"
   experts ran before the layer owned its glue): against the layer, the glue's share of the gain.
+  Where the layer has its GLU stage (`glu`): "moe_experts" runs with `glu=False` (the gate_up GEMM
+  and the activation pass apart) and "moe_glu" with `glu=True` (one GLU kernel where TABLE has
+  the GLU row of the gate_up problem, e.g. "silu+glu"; the "cutlass_tune" experts run it too).
   A side the package lacks is a one-line skip.
 
 Modes: `eager`; `compiled` (each side a function of one call through torch.compile, default
@@ -73,7 +76,7 @@ CLOSE = 2e-2
 DECODE_TOKENS = 256
 """Up to this many tokens transformers' "batched_mm" runs too (its decode regime)."""
 TORCH_SIDES = ("grouped_mm", "batched_mm")
-OURS_SIDES = ("cutlass_tune", "moe_experts", "moe_batched", "tuned_gemms")
+OURS_SIDES = ("cutlass_tune", "moe_experts", "moe_glu", "moe_batched", "tuned_gemms")
 PARTS = ("routing", "gather", "gate_up GEMM", "activation", "down GEMM", "combine")
 TINY = dict(experts=8, top_k=2, hidden=64, moe_intermediate=32)
 _GEMM = re.compile(r"gemm|cutlass|nvjet|xmma|cublas|bmm|sm90_|KernelPtrArray|KernelTma", re.IGNORECASE)
@@ -229,13 +232,19 @@ def sides(experts: torch.nn.Module, key: str, tokens: int, family: str) -> dict[
         if experts.is_transposed:
             extra["transposed"] = True
         activation = "swiglu_oai" if family == "gpt_oss" else experts.config.hidden_act
-        decodes = "decode" in inspect.signature(layer).parameters
-        for name, decode in (("moe_experts", "grouped"), ("moe_batched", "batched")):
+        parameters = inspect.signature(layer).parameters
+        decodes, glu = "decode" in parameters, "glu" in parameters
+        for name, decode in (("moe_experts", "grouped"), ("moe_glu", "grouped"), ("moe_batched", "batched")):
             if name == "moe_batched" and (tokens > DECODE_TOKENS or not decodes):
                 if tokens <= DECODE_TOKENS:
                     out[name] = "the package's moe_experts has no decode option"
                 continue
-            kwargs = {**extra, "decode": decode} if decodes else extra
+            if name == "moe_glu" and not glu:
+                out[name] = "the package's moe_experts has no GLU stage"
+                continue
+            kwargs = {**extra, "decode": decode} if decodes else dict(extra)
+            if glu:
+                kwargs["glu"] = name == "moe_glu"
             out[name] = (lambda kwargs: lambda h, i, w: layer(h, i, w, gate_up, experts.down_proj, table=key,
                                                               activation=activation, **kwargs))(kwargs)
     return out
@@ -329,6 +338,8 @@ def run_case(args: argparse.Namespace, experts: torch.nn.Module, key: str, token
     grad_out = torch.randn_like(hidden) if args.train else None
     params = [p for p in experts.parameters()]
     found = sides(experts, key, tokens, args.family)
+    if getattr(args, "sides", None):
+        found = {name: how for name, how in found.items() if name in args.sides or name == "grouped_mm"}
     calls: dict[str, Callable[[], object]] = {}
     skipped = {name: how for name, how in found.items() if isinstance(how, str)}
     outputs, grads, first_s, fallbacks = {}, {}, {}, {}
@@ -447,7 +458,8 @@ def case_name(args: argparse.Namespace, tokens: int) -> str:
 def summary(out_dir: Path) -> str:
     """One line per case of `out_dir`'s JSON files."""
     lines = [f"{'family':<12} {'tokens':>6} {'mode':<15} {'torch best':<11} {'torch ms':>9} {'ct ms':>8} "
-             f"{'layer ms':>9} {'bmm ms':>8} {'ct x':>6} {'layer x':>7} {'bmm x':>6} {'gemms x':>7} {'max err':>8} "
+             f"{'layer ms':>9} {'glu ms':>8} {'bmm ms':>8} {'ct x':>6} {'layer x':>7} {'glu x':>6} {'bmm x':>6} "
+             f"{'gemms x':>7} {'max err':>8} "
              f"{'fallbacks':>9}  skipped"]
     for path in sorted(out_dir.glob("*.json")):
         try:
@@ -470,7 +482,8 @@ def summary(out_dir: Path) -> str:
         mode = r["mode"] + ("-train" if r.get("train") else "")
         lines.append(f"{r['family']:<12} {r['tokens']:>6} {mode:<15} {best or '-':<11} "
                      f"{ms(best) if best else '-':>9} {ms('cutlass_tune'):>8} {ms('moe_experts'):>9} "
-                     f"{ms('moe_batched'):>8} {x('cutlass_tune'):>6} {x('moe_experts'):>7} {x('moe_batched'):>6} "
+                     f"{ms('moe_glu'):>8} {ms('moe_batched'):>8} {x('cutlass_tune'):>6} {x('moe_experts'):>7} "
+                     f"{x('moe_glu'):>6} {x('moe_batched'):>6} "
                      f"{x('tuned_gemms'):>7} "
                      f"{max(errors) if errors else math.nan:>8.1e} {fallbacks:>9}  {skipped}")
     return "\n".join(lines)
@@ -490,6 +503,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--tiny", action="store_true", help="tiny widths (8 experts of 32, top 2, hidden 64)")
     parser.add_argument("--force", action="store_true", help="run cases whose JSON exists")
+    parser.add_argument("--sides", type=lambda text: [s for s in text.split(",") if s],
+                        help="only these sides, comma-separated (grouped_mm, the reference, always runs)")
     args = parser.parse_args(argv)
     if args.mode == "graphs" and args.train:
         parser.error("--mode graphs is for inference (no --train)")

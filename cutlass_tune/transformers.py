@@ -17,6 +17,8 @@ At decode sizes the layer may run batched GEMMs instead (`use_table(table, decod
 `CUTLASS_TUNE_MOE_BATCHED_ROWS`): transformers switches only its own "grouped_mm" experts to
 "batched_mm" while generating. Experts whose shapes the table has not tuned run torch's grouped
 GEMM (one warning per shape), so the model's outputs never depend on the table, only its speed.
+In inference, where the table has the GLU row of a layer's gate_up problem (e.g. "silu+glu"), the
+fused layer runs its gate_up GEMM with the activation in the epilogue (`moe_experts`'s GLU stage).
 The operator has a backward and no graph break under torch.compile; eager inference (no
 gradient needed, nothing traced) calls the kernel without the operator's dispatch, with a
 workspace kept per thread and stream.

@@ -68,8 +68,8 @@ def test_the_summary_has_a_line_per_case_and_skips_other_files(script, tmp_path)
     (tmp_path / "profile.json").write_text("[1]")
     lines = script.summary(tmp_path).splitlines()
     assert len(lines) == 3
-    assert lines[1].split() == ["qwen3_235b", "4096", "compiled", "grouped_mm", "3.000", "2.000", "-", "-", "1.500",
-                                "-", "-", "-", "1.0e-03", "0", "moe_experts"]
+    assert lines[1].split() == ["qwen3_235b", "4096", "compiled", "grouped_mm", "3.000", "2.000", "-", "-", "-",
+                                "1.500", "-", "-", "-", "-", "1.0e-03", "0", "moe_experts"]
     assert lines[2].split()[:3] == ["deepseek_v2", "1", "graphs-train"]
 
 
@@ -87,7 +87,7 @@ def test_a_tiny_eager_case_compares_every_side_with_grouped_mm(script, tmp_path,
     assert script.main(argv) == 0
     result = json.loads((tmp_path / "qwen3_moe-8-eager-tiny.json").read_text())
     sides = result["sides"]
-    assert {"grouped_mm", "batched_mm", "cutlass_tune", "moe_experts", "moe_batched"} <= {
+    assert {"grouped_mm", "batched_mm", "cutlass_tune", "moe_experts", "moe_glu", "moe_batched"} <= {
         n for n, s in sides.items() if not s["skip"]}
     assert all(s["close"] and len(s["blocks_ms"]) == 2 for s in sides.values() if not s["skip"])
     assert result["strongest_torch"] in ("grouped_mm", "batched_mm") and "cutlass_tune" in result["speedup"]

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch._C._autograd import _profiler_enabled
 
-from .._torch import ACTIVATION, BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockwise
+from .._torch import ACTIVATION, BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockwise, glu_halves
 from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
-from ..space import Activation, DType, Epilogue, Layout, Problem, Scaling, check_problem
+from ..space import Activation, DType, Epilogue, Layout, Pair, Problem, Scaling, check_problem
 from ..tables import PROFILER_RANGE
 from . import _native
 from ._dispatch import (
@@ -117,10 +117,12 @@ def grouped_scales(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor | Non
 
 def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                        out_dtype: torch.dtype | None = None, scale_a: torch.Tensor | None = None,
-                       scale_b: torch.Tensor | None = None, activation: Activation = Activation.NONE) -> Problem:
+                       scale_b: torch.Tensor | None = None, activation: Activation = Activation.NONE,
+                       pair: Pair = Pair.NONE) -> Problem:
     """The grouped `Problem` the tensors of a `grouped_mm` call pose (its routing uniform: the
     real counts are on the device); fp8 inputs with block-wise scales (`grouped_scales`) pose the
-    block-wise operation. Raises MatmulInputError with what to fix."""
+    block-wise operation; `pair` a GLU pair of b's N columns (D of N/2: the MoE layer's gate_up
+    with its activation in the epilogue). Raises MatmulInputError with what to fix."""
     for name, t in (("a", a), ("b", b), ("offs", offs)):
         if not isinstance(t, torch.Tensor):
             raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
@@ -162,7 +164,7 @@ def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     def posed(rows: int) -> Problem:
         return Problem.experts(e, n, k, rows, dtype_a=dtype, dtype_b=dtype, dtype_d=out, layout_b=_b_layout(b),
                                scaling=Scaling.NONE if scales is None else Scaling.BLOCKWISE,
-                               epilogue=Epilogue(activation=activation))
+                               epilogue=Epilogue(activation=activation, pair=pair))
 
     problem = posed(m)
     # No routed rows (an expert-parallel rank given no tokens) pose an empty result, as torch's:
@@ -272,7 +274,7 @@ class GroupedGemm(Gemm):
     def launch_of(self, plan: Plan) -> GroupedLaunch:
         """The `GroupedLaunch` of `plan` (its arguments and workspace size, worked out once)."""
         return GroupedLaunch(plan.problem, plan.device, GemmArgs.from_buffer_copy(plan.args), plan.workspace_bytes,
-                             (plan.problem.m, plan.problem.n), self._dtype_d)
+                             plan.problem.epilogue.output_shape(plan.problem.m, plan.problem.n), self._dtype_d)
 
     def run_grouped(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                     out: torch.Tensor | None = None, *, scale_a: torch.Tensor | None = None,
@@ -423,20 +425,24 @@ def _scale_key(t: object) -> object:
 def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None,
                 keep_workspace: bool, min_ratio: float, check: Callable[[], None] | None = None, *,
                 scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
-                activation: Activation | str = Activation.NONE) -> torch.Tensor:
+                activation: Activation | str = Activation.NONE, pair: Pair = Pair.NONE) -> torch.Tensor:
     """`grouped_mm` on a loaded table, for its callers' hot path (the operator's): `check`, if
     given, runs only where the call's signature has no plan yet (a signature found there passed
-    it once; its checks are functions of the signature alone)."""
+    it once; its checks are functions of the signature alone). `pair`: the GLU gate_up problem
+    (`grouped_problem_of`), its result M x N/2."""
     device = a.get_device()
+    # A GLU pair shares the activation's place in the key: the signatures of plain calls are the
+    # native door's (`_resolve_door`, the operator's `_signature`) and stay as they are.
     signature = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
-                 offs.dtype, out_dtype, _scale_key(scale_a), _scale_key(scale_b), min_ratio, keep_workspace, activation)
+                 offs.dtype, out_dtype, _scale_key(scale_a), _scale_key(scale_b), min_ratio, keep_workspace,
+                 activation if pair is Pair.NONE else (activation, pair))
     ready = table.plans.get(signature)
     call = None
     if ready is None or not (device >= 0 and b.get_device() == device and offs.get_device() == device
                              and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
         if check is not None:
             check()
-        problem = grouped_problem_of(a, b, offs, out_dtype, scale_a, scale_b, activation_of(activation))
+        problem = grouped_problem_of(a, b, offs, out_dtype, scale_a, scale_b, activation_of(activation), pair)
         call = Call(Kind.GROUPED, problem, device, min_ratio, signature, keep_workspace)
         ready = prepare(table, call)
     if _profiler_enabled():  # `tune-model` reads each problem's kernel time from this range
@@ -456,15 +462,21 @@ def _run_ready(table: BestTable, ready: Ready, call: Call | None, a: torch.Tenso
         except KernelStatusError as err:
             call = call or Call(Kind.GROUPED, plan.problem, plan.device, min_ratio, signature, keep_workspace)
             plan = cannot_implement(table, call, ready, err).plan
-    if plan.problem.m == 0:
-        return a.new_empty((0, plan.problem.n), dtype=TORCH_DTYPE[plan.problem.dtype_d])
+    problem = plan.problem
+    if problem.m == 0:
+        return a.new_empty(problem.epilogue.output_shape(0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
     return _torch_path(plan.problem, a, b, offs, scale_a, scale_b)
 
 
 def _torch_path(problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                 scale_a: torch.Tensor | None, scale_b: torch.Tensor | None) -> torch.Tensor:
-    """torch's computation of a checked call: its grouped GEMM, after dequantizing block-wise fp8."""
-    activate = ACTIVATION[problem.epilogue.activation]
+    """torch's computation of a checked call: its grouped GEMM, after dequantizing block-wise fp8,
+    then the epilogue's activation (of a GLU pair's gate, times its up)."""
+    epilogue = problem.epilogue
+    if epilogue.pair is not Pair.NONE:
+        gate, up = glu_halves(torch_grouped_mm(a, b, offs, TORCH_DTYPE[problem.dtype_d]), epilogue.pair)
+        return ACTIVATION[epilogue.activation](gate) * up
+    activate = ACTIVATION[epilogue.activation]
     if problem.scaling is Scaling.BLOCKWISE:
         scales = grouped_scales(a, b, scale_a, scale_b)
         assert scales is not None, "a block-wise problem was posed by its scales"

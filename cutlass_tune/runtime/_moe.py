@@ -12,8 +12,12 @@ Steps (S = tokens x top_k routed rows, slot s = t * top_k + j):
 2. Gather (`moe_gather`): routed row inv[s] = x[s // top_k].
 3. The gate_up grouped GEMM (`grouped_mm` through the table; torch's where it has no row).
 4. The activation (`ExpertActivation`): act(gate) * up, GPT-OSS's clamped SwiGLU, or act(h) for
-   non-gated experts, as torch computes them. A gated epilogue fused into the GEMM is a later
-   stage; today it is a pass of its own.
+   non-gated experts, as torch computes them, in a pass of its own; or, the GLU stage
+   (`_moe_glu.gate_up_glu`), steps 3 and 4 in one grouped kernel whose epilogue computes
+   act(gate) * up ("silu+glu", on gate_up weights interleaved once), where the layer can run it:
+   an unclamped act(gate) * up, no gate_up bias, 16-bit weights, a GLU row of this GPU in the
+   table (`_moe_glu.glu_reason`), no gradient needed, `glu` on. Elsewhere the pass runs as
+   before; which path a layer takes and why is logged once (INFO) and is `MoEExperts.glu_path`.
 5. The down grouped GEMM, with no epilogue of its own.
 6. Combine (`moe_combine`): out[t] = sum_j w[t, j] * y[inv[t * top_k + j]] in one deterministic
    pass (no atomics; fp32 accumulation).
@@ -274,9 +278,10 @@ def experts_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weigh
                     gate_up: torch.Tensor, down: torch.Tensor, layout: ExpertsLayout, key: str | None, *,
                     gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
                     expert_parallel: bool = False, post: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                    decode: MoEDecode = MoEDecode.AUTO) -> torch.Tensor:
+                    decode: MoEDecode = MoEDecode.AUTO, glu: bool = True) -> torch.Tensor:
     """The layer on checked operands (`moe_experts`'s steps); `post` runs on the down GEMM's
-    rows before the combine (transformers' post-expert norm)."""
+    rows before the combine (transformers' post-expert norm); `glu`: the GLU stage where it can
+    run (`runs_glu`)."""
     num_experts = layout.experts
     if runs_batched(decode, top_k_index.numel()):
         return _batched_forward(hidden, top_k_index, top_k_weights, gate_up, down, layout, gate_up_bias=gate_up_bias,
@@ -291,16 +296,34 @@ def experts_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weigh
         sentinel = (ids >= num_experts).unsqueeze(-1)
         ids = ids.clamp(max=num_experts - 1)
         rows = rows.masked_fill(sentinel, 0.0)
-    first = gate_up if layout.transposed else gate_up.transpose(-2, -1)
-    h = _grouped(rows, first, routing.offsets, key)
-    if gate_up_bias is not None:
-        h = h + gate_up_bias.index_select(0, ids)
-    if sentinel is not None:
-        h = h.masked_fill(sentinel, 0.0)
-    h = layout.activation(h)
+    if glu and key is not None and runs_glu(layout, gate_up, key, gate_up_bias, hidden, down, down_bias,
+                                             top_k_weights):
+        h = _moe_glu.gate_up_glu(rows, gate_up, routing.offsets, key, layout)
+        if sentinel is not None:  # act(0) * 0 = 0: as the unfused path's zeroed rows give
+            h = h.masked_fill(sentinel, 0.0)
+    else:
+        first = gate_up if layout.transposed else gate_up.transpose(-2, -1)
+        h = _grouped(rows, first, routing.offsets, key)
+        if gate_up_bias is not None:
+            h = h + gate_up_bias.index_select(0, ids)
+        if sentinel is not None:
+            h = h.masked_fill(sentinel, 0.0)
+        h = layout.activation(h)
     second = down if layout.transposed else down.transpose(-2, -1)
     y = _grouped(h.to(down.dtype), second, routing.offsets, key)
     return _combined(y, ids, sentinel, routing, hidden, top_k_index, top_k_weights, down_bias=down_bias, post=post)
+
+
+def runs_glu(layout: ExpertsLayout, gate_up: torch.Tensor, key: str, gate_up_bias: torch.Tensor | None,
+             *tensors: torch.Tensor | None) -> bool:
+    """Whether a grouped call of the layer runs the GLU stage: the layer can
+    (`_moe_glu.glu_reason`) and no gradient is needed (the GLU kernel keeps neither gate nor up
+    for a backward: under autograd the GEMM and the activation run apart, as before)."""
+    if torch.is_grad_enabled():
+        for t in (gate_up, gate_up_bias, *tensors):
+            if t is not None and t.requires_grad:
+                return False
+    return not _moe_glu.glu_reason(layout, gate_up, key, gate_up_bias)
 
 
 def _combined(y: torch.Tensor, ids: torch.Tensor, sentinel: torch.Tensor | None, routing: MoERouting,
@@ -364,7 +387,7 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
                 gate_up: torch.Tensor, down: torch.Tensor, *, table: BestTable | str | Path | None,
                 activation: ExpertActivation | Activation | str = "silu", gate_up_bias: torch.Tensor | None = None,
                 down_bias: torch.Tensor | None = None, transposed: bool = False,
-                expert_parallel: bool = False, decode: MoEDecode | str = "auto") -> torch.Tensor:
+                expert_parallel: bool = False, decode: MoEDecode | str = "auto", glu: bool = True) -> torch.Tensor:
     """A MoE experts layer: out[t] = sum_j w[t, j] * down_e(act(gate_up_e(hidden[t]) + b1_e)) + b2_e
     (e = top_k_index[t, j], w = top_k_weights), as transformers' experts compute it, with both
     grouped GEMMs run by the table's tuned kernels (torch's grouped GEMM where the table has no
@@ -397,6 +420,10 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
             its expert's gathered weights (transformers' "batched_mm"; for a few tokens);
             "auto": batched up to `CUTLASS_TUNE_MOE_BATCHED_ROWS` routed rows (tokens x top_k,
             a shape: CUDA graphs and torch.compile take either), grouped above.
+        glu: the grouped path's GLU stage where it can run (act(gate) * up in the gate_up
+            GEMM's epilogue: an unclamped gated activation, no gate_up bias, 16-bit weights, a
+            GLU row of this GPU in the table, no gradient needed; gate_up interleaved once per
+            weight and version); False: the GEMM and the activation pass apart, always.
 
     Returns:
         tokens x H of hidden's dtype.
@@ -411,7 +438,7 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     key = None if table is None else table_key(table)
     return experts_forward(hidden, top_k_index, top_k_weights, gate_up, down, layout, key,
                            gate_up_bias=gate_up_bias, down_bias=down_bias, expert_parallel=expert_parallel,
-                           decode=moe_decode(decode))
+                           decode=moe_decode(decode), glu=glu)
 
 
 class MoEExperts(torch.nn.Module):
@@ -420,14 +447,17 @@ class MoEExperts(torch.nn.Module):
     Built from weight stacks (`MoEExperts(gate_up, down, table=...)`, parameters of their own
     unless given as Parameters) or from a transformers experts module (`from_experts`, sharing
     its parameters). `forward(hidden, top_k_index, top_k_weights)`; state_dict keys gate_up,
-    down, gate_up_bias, down_bias.
+    down, gate_up_bias, down_bias (the GLU stage's interleaved weights are no state: kept beside
+    the weight, `_moe_glu.glu_weights`). `glu_path` (and the repr) says whether its grouped
+    calls run the GLU stage and why not.
     """
 
     def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, *, table: BestTable | str | Path | None,
                  activation: ExpertActivation | Activation | str = "silu", gate_up_bias: torch.Tensor | None = None,
                  down_bias: torch.Tensor | None = None, transposed: bool = False,
-                 expert_parallel: bool = False, decode: MoEDecode | str = "auto") -> None:
+                 expert_parallel: bool = False, decode: MoEDecode | str = "auto", glu: bool = True) -> None:
         super().__init__()
+        self.glu = glu
         self.layout = experts_layout(gate_up, down, activation, transposed, gate_up_bias, down_bias)
         self.decode = moe_decode(decode)
         self.table_key = None if table is None else table_key(table)
@@ -439,7 +469,7 @@ class MoEExperts(torch.nn.Module):
 
     @classmethod
     def from_experts(cls, experts: Any, table: BestTable | str | Path | None,
-                     decode: MoEDecode | str = "auto") -> MoEExperts:
+                     decode: MoEDecode | str = "auto", glu: bool = True) -> MoEExperts:
         """The layer of a transformers (>= 5) experts module, sharing its parameters.
 
         Raises:
@@ -457,7 +487,7 @@ class MoEExperts(torch.nn.Module):
                    gate_up_bias=bias if experts.has_bias else None,
                    down_bias=experts.down_proj_bias if experts.has_bias else None,
                    transposed=experts.is_transposed, expert_parallel=getattr(experts, "_is_expert_parallel", False),
-                   decode=decode)
+                   decode=decode, glu=glu)
 
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         """`moe_experts` on the module's weights. Raises MoEInputError for hidden or routing
@@ -465,19 +495,33 @@ class MoEExperts(torch.nn.Module):
         _check_call(hidden, top_k_index, top_k_weights, self.layout, self.gate_up.device)
         return experts_forward(hidden, top_k_index, top_k_weights, self.gate_up, self.down, self.layout,
                                self.table_key, gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
-                               expert_parallel=self.expert_parallel, decode=self.decode)
+                               expert_parallel=self.expert_parallel, decode=self.decode, glu=self.glu)
+
+    @property
+    def glu_path(self) -> str:
+        """Which path the grouped calls' gate_up and activation take: "glu" (one GLU kernel),
+        or "unfused: " and why (gradients needed counts only inside a call)."""
+        if not self.glu:
+            return "unfused: glu off"
+        if self.table_key is None:
+            return "unfused: no table"
+        why = _moe_glu.glu_reason(self.layout, self.gate_up, self.table_key, self.gate_up_bias)
+        return f"unfused: {why}" if why else "glu"
 
     def extra_repr(self) -> str:
         layout = self.layout
         return (f"experts={layout.experts}, hidden={layout.hidden}, intermediate={layout.intermediate}, "
                 f"activation={layout.activation}, transposed={layout.transposed}, table={self.table_key!r}, "
-                f"decode={self.decode.value}")
+                f"decode={self.decode.value}, glu={self.glu_path!r}")
 
 
 def _parameter(t: torch.Tensor) -> torch.nn.Parameter:
     return t if isinstance(t, torch.nn.Parameter) else torch.nn.Parameter(t, requires_grad=t.is_floating_point())
 
 
+
+# Last: the GLU stage's module reads this one's types (a module object, so either may be imported first).
+from . import _moe_glu  # noqa: E402
 
 __all__ = ["ExpertActivation", "ExpertsLayout", "GateForm", "MoEDecode", "MoEExperts", "MoEInputError", "MoERouting",
            "SWIGLU_OAI", "moe_combine", "moe_experts", "moe_gather", "moe_routing"]

@@ -634,3 +634,19 @@ runtime: {raster: [along_n], swizzle: [1], splits: [1, 2, 4], decomposition: [he
     assert all(len(s.study.trials) <= 4 for s in Studies(splits, store.url, sampler="tpe", seed=0,
                                                           arch=SweepSettings().arch, gpu=FakeBench.gpu_name,
                                                           run_id="look"))
+
+
+def test_a_glu_gate_up_problem_sweeps_like_any_other(tmp_path):
+    """benchmarks/configs/moe_glu_bf16.yaml (Qwen3-235B's gate_up with silu+glu): eight trials
+    compile and measure its eight GLU kernels, once each."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "moe_glu_bf16.yaml"
+    compiler, bench = FakeCompiler(), FakeBench()
+    state = make(load_space(path), tmp_path, bench=bench, compiler=compiler, trials=8, batch=8,
+                 strategy="optuna")[0].run()
+    compiled = [c for call in compiler.calls for c in call]
+    assert state.compiled == 8 and len({c.hash for c in compiled}) == 8
+    assert all(c.epilogue.name == "silu+glu" for c in compiled)
+    assert {h for h, _, _ in bench.measured} == {c.hash for c in compiled}
+    assert {p for _, p, _ in bench.measured} == {"32768x3072x4096_bf16bf16bf16_tn_grouped_silu+glu_e128-zipf"}

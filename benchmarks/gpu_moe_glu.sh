@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call on one H200 for the MoE layer's GLU stage (benchmarks/moe_glu.md): the Qwen3-235B gate_up
+# GLU problem (128 experts, 32768x3072x4096 zipf, epilogue silu+glu) swept over the eight kernels of
+# benchmarks/configs/moe_glu_bf16.yaml, its best row exported in one bundle with the committed MoE
+# store's Qwen3-235B rows (gate_up and down), then the layer (benchmarks/moe_layer.py, qwen3_235b,
+# 4096 tokens, compiled, inference) with the GLU stage off ("moe_experts") and on ("moe_glu", and
+# the "cutlass_tune" experts) against torch's "grouped_mm". Results under OUTDIR (results.tgz).
+#
+#   benchmarks/gpu_moe_glu.sh OUTDIR      (BUDGET seconds, default 300)
+#
+# Optional: TESTS=1 also runs the GLU GPU tests (tests/runtime/test_moe_glu_gpu.py,
+# tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 8).
+set -uo pipefail
+final=${1:?output directory}
+budget=${BUDGET:-300}
+state=/tmp/moe-glu; out=$state/results; mkdir -p "$final" "$out"
+# the device hands back a few files only: everything travels as one archive
+trap 'tar czf "$final/results.tgz" -C "$out" .' EXIT
+. benchmarks/gpu_env.sh || exit
+left() { echo $((budget - SECONDS)); }
+gpu_facts "$out/gpu.txt"
+# The MoE store's Qwen3-235B rows, exported alone first so that their kernels compile (into the
+# kernel cache) while the sweep compiles its own; the final export finds both in the cache.
+moe_rows() {
+  gunzip -c benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz > "$state/moe.sqlite" &&
+  python3 -m cutlass_tune.cli best --storage "$state/moe.sqlite" --format csv -o "$state/moe-best.csv" > /dev/null &&
+  python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
+    "$state/moe-best.csv" "$state/moe-rows.csv" 'x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e' &&
+  python3 -m cutlass_tune.cli export --storage "$state/moe-rows.csv" -o "$state/moe-bundle" --jobs 6
+}
+moe_rows > "$out/moe-export.txt" 2>&1 &
+moe_pid=$!
+timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_glu_bf16.yaml \
+  --strategy optuna --trials "${TRIALS:-8}" --batch 8 --jobs 10 --storage "$state/glu.sqlite" \
+  > "$out/sweep.txt" 2>&1
+echo "sweep rc=$? at ${SECONDS}s"; tail -12 "$out/sweep.txt"
+python3 -m cutlass_tune.cli best --storage "$state/glu.sqlite" > "$out/glu-best.txt" 2>&1
+python3 -m cutlass_tune.cli best --storage "$state/glu.sqlite" --format csv -o "$state/glu-best.csv" >> "$out/glu-best.txt" 2>&1
+cat "$out/glu-best.txt"
+wait "$moe_pid"; echo "moe rows export rc=$? at ${SECONDS}s"; tail -3 "$out/moe-export.txt"
+python3 -c "import sys, pandas as pd; pd.concat([pd.read_csv(p) for p in sys.argv[2:]]).to_csv(sys.argv[1], index=False)" \
+  "$out/table.csv" "$state/moe-rows.csv" "$state/glu-best.csv" &&
+python3 -m cutlass_tune.cli export --storage "$out/table.csv" -o "$state/bundle" > "$out/export.txt" 2>&1
+echo "export rc=$? at ${SECONDS}s"; tail -3 "$out/export.txt"
+timeout -s INT -k 10 $(( $(left) - 10 )) python3 benchmarks/moe_layer.py "$state/bundle" "$out/layer" --family qwen3_235b \
+  --tokens 4096 --mode compiled --blocks 6 --block 5 --profile --sides cutlass_tune,moe_experts,moe_glu \
+  > "$out/layer.txt" 2>&1
+echo "layer rc=$? at ${SECONDS}s"; grep -E "fallback|skipped" "$out/layer.txt" | head -8
+python3 benchmarks/moe_layer.py summary "$out/layer"
+grep -h "^==" "$out/layer/"*-profile.txt 2>/dev/null
+if [ "${TESTS:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then
+  timeout -s INT -k 10 $(( $(left) - 5 )) python3 -m pytest -m gpu -q -p no:cacheprovider -rA -s \
+    tests/runtime/test_moe_glu_gpu.py tests/compile/test_gpu_grouped_glu.py > "$out/gpu_tests.txt" 2>&1
+  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|GLU kernel" "$out/gpu_tests.txt" | tail -20
+fi
