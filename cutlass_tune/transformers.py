@@ -17,8 +17,9 @@ At decode sizes the layer may run batched GEMMs instead (`use_table(table, decod
 `CUTLASS_TUNE_MOE_BATCHED_ROWS`): transformers switches only its own "grouped_mm" experts to
 "batched_mm" while generating. Experts whose shapes the table has not tuned run torch's grouped
 GEMM (one warning per shape), so the model's outputs never depend on the table, only its speed.
-In inference, where the table has the GLU row of a layer's gate_up problem (e.g. "silu+glu"), the
-fused layer runs its gate_up GEMM with the activation in the epilogue (`moe_experts`'s GLU stage).
+With `use_table(table, glu=True)`, in inference, where the table has the GLU row of a layer's
+gate_up problem (e.g. "silu+glu"), the fused layer runs its gate_up GEMM with the activation in
+the epilogue (`moe_experts`'s GLU stage; off by default: slower than the two passes on an H200).
 The operator has a backward and no graph break under torch.compile; eager inference (no
 gradient needed, nothing traced) calls the kernel without the operator's dispatch, with a
 workspace kept per thread and stream.
@@ -63,9 +64,10 @@ class NoTableError(CutlassTuneError, RuntimeError):
 _lock = threading.Lock()
 _table_set = False
 _decode = MoEDecode.AUTO
+_glu = False
 
 
-def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto") -> str:
+def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto", glu: bool = False) -> str:
     """The best-config table the "cutlass_tune" experts of every model in this process run
     (replacing an earlier one, also for graphs compiled with it). Thread-safe.
 
@@ -75,6 +77,9 @@ def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto"
             up to `CUTLASS_TUNE_MOE_BATCHED_ROWS` routed rows, grouped above), "grouped" or
             "batched". transformers switches only its own "grouped_mm" experts to "batched_mm"
             at decode; this is the "cutlass_tune" experts' own choice, made per call by shape.
+        glu: the fused layer's GLU stage in inference where the table has a GLU row
+            (`moe_experts`'s `glu`; off by default: on an H200 it was slower than the GEMM and
+            the activation pass apart, benchmarks/moe_glu.md).
 
     Returns:
         Its key (`TABLE_KEY`).
@@ -84,7 +89,7 @@ def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto"
         MoEInputError: a `decode` that names no path.
         BestTableError, BundleError, StoreError: a path that cannot be read as a table.
     """
-    global _table_set, _decode
+    global _table_set, _decode, _glu
     if not isinstance(table, (BestTable, str, os.PathLike)):
         hint = " (a best-config frame: BestTable(frame))" if hasattr(table, "columns") else ""
         raise MatmulInputError(f"use_table takes a BestTable or a path, not {type(table).__name__}{hint}")
@@ -93,6 +98,7 @@ def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto"
         key = register_table(table, key=TABLE_KEY)
         _table_set = True
         _decode = chosen
+        _glu = bool(glu)
     return key
 
 
@@ -197,7 +203,8 @@ def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_i
         gate_up_bias=(self.gate_up_proj_bias if gated else self.up_proj_bias) if self.has_bias else None,
         down_bias=self.down_proj_bias if self.has_bias else None,
         expert_parallel=getattr(self, "_is_expert_parallel", False),
-        post=self.post_expert_norm if getattr(self, "has_post_expert_norm", False) else None, decode=_decode)
+        post=self.post_expert_norm if getattr(self, "has_post_expert_norm", False) else None, decode=_decode,
+        glu=_glu)
 
 
 ExpertsInterface.register(NAME, cutlass_tune_experts_forward)

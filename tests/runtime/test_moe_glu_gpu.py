@@ -73,11 +73,11 @@ def test_the_glu_kernel_runs_the_layers_gate_up_and_matches_the_unfused_path(key
     ran = []
     stage = glu.gate_up_glu
     monkeypatch.setattr(glu, "gate_up_glu", lambda *a: ran.append(a[0].shape) or stage(*a))
-    assert MoEExperts(gate_up, down, table=key).glu_path == "glu"
+    assert MoEExperts(gate_up, down, table=key, glu=True).glu_path == "glu"
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
-        got = moe_experts(x, index, weights, gate_up, down, table=key)
-        again = moe_experts(x, index, weights, gate_up, down, table=key)
+        got = moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
+        again = moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
     no_fallback(caught)
     assert ran == [(ROWS, H)] * 2 and torch.equal(got, again)
     close(got, _unfused(x, index, weights, gate_up, down, key))
@@ -91,7 +91,7 @@ def test_the_glu_layer_under_torch_compile_takes_no_graph_break(key, mode):
     torch._dynamo.reset()
     x, index, weights, gate_up, down = operands()
     want = _unfused(x, index, weights, gate_up, down, key)
-    module = MoEExperts(gate_up, down, table=key)
+    module = MoEExperts(gate_up, down, table=key, glu=True)
     compiled = torch.compile(module, fullgraph=True, mode=mode)
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
@@ -104,13 +104,13 @@ def test_the_glu_layer_under_torch_compile_takes_no_graph_break(key, mode):
 def test_the_glu_layer_in_a_cuda_graph_replays_new_routing(key):
     x, index, weights, gate_up, down = operands()
     with torch.no_grad():
-        moe_experts(x, index, weights, gate_up, down, table=key)  # lays the GLU weights out before capture
+        moe_experts(x, index, weights, gate_up, down, table=key, glu=True)  # lays the GLU weights out before capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with torch.cuda.graph(graph):
-                out = moe_experts(x, index, weights, gate_up, down, table=key)
+                out = moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
         no_fallback(caught)
         x2, index2, weights2, _, _ = operands(seed=1)
         x.copy_(x2)
@@ -124,7 +124,7 @@ def test_the_glu_layer_in_a_cuda_graph_replays_new_routing(key):
 def test_a_weight_updated_in_place_is_laid_out_again(key):
     x, index, weights, gate_up, down = operands()
     with torch.no_grad():
-        moe_experts(x, index, weights, gate_up, down, table=key)
+        moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
         gate_up.mul_(-1)
-        got = moe_experts(x, index, weights, gate_up, down, table=key)
+        got = moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
     close(got, _unfused(x, index, weights, gate_up, down, key))

@@ -88,7 +88,7 @@ def test_expert_parallel_sentinels_contribute_zero_on_the_glu_path(glu_row, take
     weights = torch.rand(4, 2)
     x = torch.randn(4, 32).bfloat16()
     with torch.no_grad():
-        got = moe_experts(x, index, weights, gate_up, down, table=EMPTY, expert_parallel=True)
+        got = moe_experts(x, index, weights, gate_up, down, table=EMPTY, expert_parallel=True, glu=True)
         want = moe_experts(x, index, weights, gate_up, down, table=EMPTY, expert_parallel=True, glu=False)
     assert taken == ["glu", "unfused"] and torch.equal(got, want)
 
@@ -118,7 +118,8 @@ def test_a_layer_the_glu_node_cannot_express_runs_unfused_and_says_why_once(glu_
         assert said == []
     else:
         assert len(said) == 1 and why in said[0]
-    module = MoEExperts(gate_up, down, table=EMPTY, activation=activation, gate_up_bias=b1, down_bias=b2)
+    module = MoEExperts(gate_up, down, table=EMPTY, activation=activation, gate_up_bias=b1, down_bias=b2,
+                        glu=True)
     assert module.glu_path.startswith("unfused: ") and (why is None or why in module.glu_path)
 
 
@@ -177,7 +178,8 @@ def test_gradients_needed_or_glu_off_run_unfused(glu_row, taken):
     assert taken == ["unfused", "unfused", "glu"]
     module = MoEExperts(gate_up, down, table=EMPTY, glu=False)
     assert module.glu_path == "unfused: glu off" and "glu='unfused: glu off'" in repr(module)
-    assert MoEExperts(gate_up, down, table=EMPTY).glu_path == "glu"
+    assert MoEExperts(gate_up, down, table=EMPTY, glu=True).glu_path == "glu"
+    assert MoEExperts(gate_up, down, table=EMPTY).glu_path == "unfused: glu off"  # off unless asked
 
 
 def test_batched_decode_is_not_the_glu_path(glu_row, taken):
@@ -192,7 +194,7 @@ def test_the_weights_are_laid_out_once_per_version(glu_row, monkeypatch):
     lay_out = glu._lay_out
     monkeypatch.setattr(glu, "_lay_out", lambda *a: laid.append(a[1:]) or lay_out(*a))
     gate_up, down, _, _ = bf16_layer()
-    module = MoEExperts(gate_up, down, table=EMPTY)
+    module = MoEExperts(gate_up, down, table=EMPTY, glu=True)
     index, weights = routed(tokens=5, top_k=2)
     x = torch.randn(5, 32).bfloat16()
     with torch.no_grad():
@@ -209,7 +211,7 @@ def test_the_weights_are_laid_out_once_per_version(glu_row, monkeypatch):
 def test_torch_compile_traces_the_glu_stage_with_no_graph_break(glu_row):
     torch._dynamo.reset()
     gate_up, down, _, _ = bf16_layer()
-    module = MoEExperts(gate_up, down, table=EMPTY)
+    module = MoEExperts(gate_up, down, table=EMPTY, glu=True)
     index, weights = routed(tokens=6, top_k=2)
     x = torch.randn(6, 32).bfloat16()
     graphs = []
