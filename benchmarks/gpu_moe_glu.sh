@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on one H200 for the MoE layer's GLU stage (benchmarks/moe_glu.md): the Qwen3-235B gate_up
-# GLU problem (128 experts, 32768x3072x4096 zipf, epilogue silu+glu) swept over the eight kernels of
+# GLU problem (128 experts, 32768x3072x4096 uniform, epilogue silu+glu) swept over the eleven kernels of
 # benchmarks/configs/moe_glu_bf16.yaml, its best row exported in one bundle with the committed MoE
 # store's Qwen3-235B rows (gate_up and down), then the layer (benchmarks/moe_layer.py, qwen3_235b,
 # 4096 tokens, compiled, inference) with the GLU stage off ("moe_experts") and on ("moe_glu", and
@@ -9,7 +9,7 @@
 #   benchmarks/gpu_moe_glu.sh OUTDIR      (BUDGET seconds, default 300)
 #
 # Optional: TESTS=1 also runs the GLU GPU tests (tests/runtime/test_moe_glu_gpu.py,
-# tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 8).
+# tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 11).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-300}
@@ -31,7 +31,7 @@ moe_rows() {
 moe_rows > "$out/moe-export.txt" 2>&1 &
 moe_pid=$!
 timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_glu_bf16.yaml \
-  --strategy optuna --trials "${TRIALS:-8}" --batch 8 --jobs 10 --storage "$state/glu.sqlite" \
+  --strategy optuna --trials "${TRIALS:-11}" --batch 11 --jobs 10 --storage "$state/glu.sqlite" \
   > "$out/sweep.txt" 2>&1
 echo "sweep rc=$? at ${SECONDS}s"; tail -12 "$out/sweep.txt"
 python3 -m cutlass_tune.cli best --storage "$state/glu.sqlite" > "$out/glu-best.txt" 2>&1

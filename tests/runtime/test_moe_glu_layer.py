@@ -281,11 +281,11 @@ def test_a_glu_sweep_of_a_problem_no_glu_kernel_runs_is_a_one_line_error(shapes,
         sweep_space(None, shapes, epilogue=epilogue)
 
 
-def test_the_glu_benchmark_space_is_eight_glu_kernels_of_the_layers_problem():
+def test_the_glu_benchmark_space_is_eleven_glu_kernels_of_the_layers_problem():
     space = sweep_space(Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "moe_glu_bf16.yaml")
     [problem] = space.problems
-    assert problem.name == "32768x3072x4096_bf16bf16bf16_tn_grouped_silu+glu_e128-zipf"
-    assert len(space.valid) == 8
+    assert problem.name == "32768x3072x4096_bf16bf16bf16_tn_grouped_silu+glu_e128-uniform"
+    assert len(space.valid) == 11
     for cfg in space.valid:
         assert cfg.epilogue == problem.epilogue and cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM
         assert check_config(cfg) == [] and not cfg.epilogue_source
