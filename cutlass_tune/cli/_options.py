@@ -37,7 +37,7 @@ SPACE_FILE = typer.Argument(None, help=f"{_FILE_HELP}; without it, --shapes over
                             callback=space_file)
 SHAPES = typer.Option(None, "--shapes", help="MxNxK[,MxNxK...]: tune these shapes, over every valid config or, with "
                       "a file, over its knobs; MoE experts as one grouped GEMM: eE:ROWSxNxK (e128:32768x1536x2048: "
-                      "128 experts, 32768 routed rows)")
+                      "128 experts, 32768 routed rows); their weight gradients: dwE:ROWSxNxK")
 DTYPE = typer.Option(None, "--dtype", help="with --shapes: IN or IN:OUT types (default bf16, or the file's)")
 LAYOUT = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, or the file's)")
 EPILOGUE = typer.Option(None, "--epilogue", help="with --shapes: what the GEMM's last pass computes, e.g. bias+silu, "
