@@ -44,8 +44,8 @@ EPILOGUE = typer.Option(None, "--epilogue", help="with --shapes: what the GEMM's
                         "gelu_tanh, residual (default none, or the file's)")
 SCALING = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor, rowcol or blockwise "
                        "(1x128 A, 128x128 B) scales, as torch._scaled_mm takes them (default none, or the file's)")
-ROUTING = typer.Option(None, "--routing", help="with grouped --shapes (eE:ROWSxNxK): how the rows fall over the "
-                       "experts: uniform, zipf, or both as uniform,zipf (default uniform)")
+ROUTING = typer.Option(None, "--routing", help="with grouped --shapes (eE: or dwE:ROWSxNxK): how the rows fall over "
+                       "the experts: uniform, zipf, or both as uniform,zipf (default uniform)")
 JOBS = typer.Option(None, "--jobs", "-j", min=1, envvar="CUTLASS_TUNE_JOBS",
                     help="parallel nvcc jobs (default: bounded by cores and memory)")
 CACHE_DIR = typer.Option(None, "--cache-dir", envvar="CUTLASS_TUNE_CACHE_DIR",

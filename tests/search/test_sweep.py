@@ -598,6 +598,14 @@ def test_a_sweep_of_weight_gradients_measures_their_own_kernels_beside_the_forwa
     wgrad = {c.hash for c in compiled if c.grouping is Grouping.GROUPED_K}
     assert wgrad and all(not c.epilogue_source for c in compiled if c.grouping is Grouping.GROUPED_K)
     assert {h for h, p, _ in bench.measured if "_grouped-k_" in p} == wgrad
+    # Regression: the best table once left the weight gradients' rows out as damaged (experts on a
+    # row it took for a single GEMM's).
+    from cutlass_tune.report import load_best
+
+    best = load_best(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    wgrad_rows = best[best["grouping"] == Grouping.GROUPED_K.value]
+    assert len(wgrad_rows) == 1 and int(wgrad_rows["groups"].iloc[0]) == 8
+    assert wgrad_rows["ratio"].notna().all()
 
 
 def _study_names(space, url):
