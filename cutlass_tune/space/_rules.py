@@ -419,16 +419,13 @@ def _grouped_rejections(cfg: KernelConfig) -> list[Rejection]:
         out.append(Rejection("grouped_schedule", "a grouped kernel runs the ptr-array cooperative or "
                              "ping-pong schedule with the persistent group scheduler (no tma_ws, no "
                              "Stream-K)"))
-    if cfg.grouping is Grouping.GROUPED_K:
-        why = grouped_k_operation_problem(cfg)
-        if why:
-            out.append(Rejection("grouped_operation", why))
-        if cfg.epilogue_source:
-            out.append(Rejection("grouped_epilogue", "a weight-gradient kernel writes dW = G^T X whole: no C "
-                                 "(epilogue_source false)"))
-    why = None if cfg.grouping is Grouping.GROUPED_K else grouped_operation_problem(cfg)
+    k_grouped = cfg.grouping is Grouping.GROUPED_K
+    why = grouped_k_operation_problem(cfg) if k_grouped else grouped_operation_problem(cfg)
     if why:
         out.append(Rejection("grouped_operation", why))
+    if k_grouped and cfg.epilogue_source:
+        out.append(Rejection("grouped_epilogue", "a weight-gradient kernel writes dW = G^T X whole: no C "
+                             "(epilogue_source false)"))
     # A GLU tile holds whole gate/up pairs: tile N is a multiple of 16 = 2 * GLU_BLOCK already.
     if cfg.epilogue.pair is not Pair.NONE:
         if cfg.epilogue_schedule is not EpilogueSchedule.NO_SMEM or cfg.epilogue_source:
@@ -470,7 +467,8 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("residual_source", ("epilogue", "epilogue_source")),
     ("fusion_schedule", ("epilogue", "scaling", "epilogue_schedule")),
     ("grouped_schedule", ("grouping", "kernel_schedule", "tile_scheduler")),
-    ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "dtype_d", "epilogue", "scaling")),
+    ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b", "epilogue",
+                           "scaling")),
     ("grouped_epilogue", ("grouping", "epilogue_schedule", "epilogue", "epilogue_source")),
     ("blockwise_registers", ("scaling", "tile_n", "tile_m", "kernel_schedule")),
     ("smem_stages", _SMEM_READS),
