@@ -366,6 +366,8 @@ class GroupedGemm(Gemm):
                                 or out.device != g.device):
             raise MatmulInputError(f"out must be a contiguous {shape} {g.dtype} tensor on {g.device}, not "
                                    f"{tuple(out.shape)} {out.dtype}")
+        if problem.m == 0:  # no routed rows (an expert-parallel rank given no tokens): every dW_e is 0
+            return g.new_zeros(shape) if out is None else out.zero_()
         return self.run_grouped(problem, g, x, offs, out)
 
     def launch(self, plan: GroupedLaunch, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
