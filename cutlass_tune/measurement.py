@@ -241,7 +241,10 @@ class Baseline(str, enum.Enum):
     def applies(self, problem: Operation) -> bool:
         """Whether this torch path computes `problem`'s function (every one does but CUBLASLT,
         which computes a bias with ReLU or tanh GELU on 16-bit inputs into their own type, and
-        nothing else: no residual, gate, scaling or erf GELU)."""
+        nothing else: no residual, gate, scaling or erf GELU; and the expert loop and the dense
+        GEMM, which are written for the forward's experts, not their weight gradients)."""
+        if self in (Baseline.EXPERT_LOOP, Baseline.DENSE):  # the forward's sides; not built for dW
+            return problem.grouping is not Grouping.GROUPED_K
         if self is not Baseline.CUBLASLT:
             return True
         e = problem.epilogue
@@ -259,6 +262,7 @@ operation is plain, torch eager where it has a fused epilogue or fp8 scales; a g
 torch._grouped_mm."""
 BASELINES.add(lambda op: Baseline.CUBLAS if op.is_plain else Baseline.EAGER, grouping=Grouping.NONE)
 BASELINES.add(lambda op: Baseline.GROUPED_MM, grouping=Grouping.GROUPED)
+BASELINES.add(lambda op: Baseline.GROUPED_MM, grouping=Grouping.GROUPED_K)
 
 LT_ACTIVATIONS = frozenset(a for a, facets in ACTIVATIONS.items() if facets.cublaslt)
 """The activations cuBLASLt's epilogue computes as torch defines them (`_addmm_activation`'s

@@ -419,7 +419,8 @@ def _grouped_values(cfg: KernelConfig, render: KindRender) -> dict[str, object]:
     _check(cfg)
     plain = _plain_knobs(cfg)
     values = _operand_values(cfg, render, plain, render.kernel_schedules.get(cfg.kind.inputs, {}))
-    return {**values, **plain, "max_groups": MAX_GROUPS, **_kind_values(cfg, render)}
+    return {**values, **plain, "max_groups": MAX_GROUPS, "grouped_k": cfg.grouping is Grouping.GROUPED_K,
+            **_kind_values(cfg, render)}
 
 
 RENDERERS.add(KindRender("gemm_sm90_kernel.cu.j2", {
@@ -428,6 +429,10 @@ RENDERERS.add(KindRender("gemm_sm90_kernel.cu.j2", {
 RENDERERS.add(KindRender("gemm_sm90_grouped_kernel.cu.j2", {
     Inputs.WIDE: _GROUPED_KERNEL_SCHEDULE, Inputs.FP8_BLOCKWISE: _GROUPED_KERNEL_SCHEDULE_FP8_BLOCKWISE,
 }, _GROUPED_EPILOGUE_SCHEDULE, _grouped_values), grouping=Grouping.GROUPED)
+# The weight gradient (dW_e = G_e^T X_e): the same ptr-array kernel over an M-major A and an
+# N-major B, its builder giving each group its rows as K (the template's `grouped_k` block).
+RENDERERS.add(KindRender("gemm_sm90_grouped_kernel.cu.j2", {Inputs.WIDE: _GROUPED_KERNEL_SCHEDULE},
+                         _GROUPED_EPILOGUE_SCHEDULE, _grouped_values), grouping=Grouping.GROUPED_K)
 
 
 def render_unit(configs: Sequence[KernelConfig]) -> RenderedKernel:

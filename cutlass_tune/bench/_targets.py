@@ -462,6 +462,14 @@ def _grouped_blockwise_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -
                       dequantize_blockwise(weights, scale_b, BLOCKWISE_K).transpose(-2, -1), offs=offsets)
 
 
+@GROUPED_MM_CALLS.register(grouping=Grouping.GROUPED_K)
+def _weight_gradient_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[], torch.Tensor]:
+    """The weight gradient as torch's backward of a grouped GEMM computes it: G^T (N x M, a view)
+    times X over K-ragged groups, `grouped_mm(g.t(), x, offs=offsets)`, E x N x K."""
+    g_t, x, offsets = ops.a.t(), ops.b, ops.offsets
+    return lambda: fn(g_t, x, offs=offsets)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExpertGemm:
     """One GEMM of routed rows by one expert's weight as torch runs it for a grouped kind

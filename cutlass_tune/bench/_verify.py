@@ -29,6 +29,11 @@ the same bounds relative to that expert's reference: a wrong expert cannot hide 
 A block-wise fp8 grouped problem's scales are those of fp8 MoE code: A's M x K/128 row-major
 (each routed row's groups together), B's E x N/128 x K/128 (each expert's weight's blocks); its
 reference multiplies the dequantized rows by each expert's dequantized weight.
+
+A weight-gradient problem's (`Grouping.GROUPED_K`) operands are the output gradient G (A: M x N
+row-major), the input X (B: M x K row-major), both with rows sorted by expert, the same offsets,
+and dW (D: E x N x K); its reference is each expert's G_e^T X_e in fp32, zero for an expert
+without rows, and each expert's dW_e is checked on its own: an empty expert's must be exactly 0.
 """
 
 from __future__ import annotations
@@ -180,6 +185,8 @@ class Grouped:
     weights: Callable[[Problem, tuple[int, ...]], tuple[int, ...]]
     offsets: Callable[[Problem, torch.device | str], torch.Tensor | None]
     compare: Callable[[torch.Tensor, torch.Tensor, Problem], Verdict]
+    shapes: Callable[[Problem], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] | None = None
+    """The shapes of A, B and D where they are not the GEMM's (A M x K, B from `weights`, D M x N)."""
 
 
 GROUPINGS: KindRegistry[Grouped] = KindRegistry("operand layout")
@@ -196,18 +203,22 @@ FILLS: KindRegistry[Callable[[Operands, torch.Generator], None]] = KindRegistry(
 def allocate(problem: Problem, device: torch.device | str) -> Operands:
     """Uninitialized operands for `problem` on `device`."""
     p = problem
-    a_shape = (p.m, p.k) if p.layout_a is Layout.ROW else (p.k, p.m)
+    a_shape: tuple[int, ...] = (p.m, p.k) if p.layout_a is Layout.ROW else (p.k, p.m)
     b_shape: tuple[int, ...] = (p.n, p.k) if p.layout_b is Layout.COL else (p.k, p.n)
     grouped = GROUPINGS[p.kind]
     d_type = TORCH_DTYPE[p.dtype_d]
+    b_shape = grouped.weights(p, b_shape)
+    d_shape: tuple[int, ...] = p.epilogue.output_shape(p.m, p.n)
+    if grouped.shapes is not None:
+        a_shape, b_shape, d_shape = grouped.shapes(p)
     scales = SCALES[p.kind](p, device)
     extra = {o.name: torch.empty(o.shape, dtype=d_type if o.role is Role.D else torch.float32, device=device)
              for o in p.epilogue.operands(p.m, p.n)}
     return Operands(
         problem=p,
         a=torch.empty(a_shape, dtype=TORCH_DTYPE[p.dtype_a], device=device),
-        b=torch.empty(grouped.weights(p, b_shape), dtype=TORCH_DTYPE[p.dtype_b], device=device),
-        d=torch.empty(p.epilogue.output_shape(p.m, p.n), dtype=d_type, device=device),
+        b=torch.empty(b_shape, dtype=TORCH_DTYPE[p.dtype_b], device=device),
+        d=torch.empty(d_shape, dtype=d_type, device=device),
         c=extra.get("c"),
         bias=extra.get("bias"),
         scale_a=scales[0] if scales else None,
@@ -305,6 +316,16 @@ def _fill_grouped_blockwise_inputs(ops: Operands, generator: torch.Generator) ->
     _fill_blockwise(ops.a_mk, ops.scale_a, 1, generator)
     for weight, scale in zip(ops.b_kn.transpose(-2, -1), ops.scale_b):
         _fill_blockwise(weight, scale, BLOCKWISE_K, generator)
+
+
+@FILLS.register(grouping=Grouping.GROUPED_K)
+def _fill_gradient_inputs(ops: Operands, generator: torch.Generator) -> None:
+    """G and X normal, scaled so that dW's entries are about N(0, 1) at the mean rows per expert
+    (each expert sums its own rows)."""
+    p = ops.problem
+    sigma = max(1, p.m // max(1, p.groups)) ** -0.25
+    for t in (ops.a, ops.b):
+        t.normal_(0.0, sigma, generator=generator)
 
 
 def _fill_scaled(q: torch.Tensor, scale: torch.Tensor, generator: torch.Generator) -> None:
@@ -424,6 +445,17 @@ def _grouped_reference(ops: Operands) -> torch.Tensor:
     return out
 
 
+@REFERENCES.register(grouping=Grouping.GROUPED_K)
+def _weight_gradient_reference(ops: Operands) -> torch.Tensor:
+    """dW_e = G_e^T X_e of each expert in fp32 (E x N x K), zero for an expert without rows."""
+    p = ops.problem
+    out = torch.zeros((p.groups, p.n, p.k), dtype=torch.float32, device=ops.d.device)
+    for expert, (lo, hi) in enumerate(group_bounds(p)):
+        if hi > lo:
+            torch.matmul(ops.a[lo:hi].t().float(), ops.b[lo:hi].float(), out=out[expert])
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     status: Status
@@ -479,6 +511,22 @@ def compare_groups(out: torch.Tensor, ref: torch.Tensor, problem: Problem) -> Ve
     return compare(out, ref, problem.dtype_d, fp8_inputs=fp8)
 
 
+def compare_gradients(out: torch.Tensor, ref: torch.Tensor, problem: Problem) -> Verdict:
+    """`compare` of each expert's dW_e (E x N x K) on its own, then of the whole: an expert without
+    rows must hold exact zeros ("expert 5 (no rows): 12 of 65536 elements are not 0")."""
+    for expert, (lo, hi) in enumerate(group_bounds(problem)):
+        if hi == lo:
+            nonzero = out[expert].numel() - int((out[expert] == 0).sum())  # NaN is not 0 either
+            if nonzero:
+                return Verdict(Status.WRONG_RESULT, None, f"expert {expert} (no rows): {nonzero} of "
+                               f"{out[expert].numel()} elements are not 0")
+        else:
+            verdict = compare(out[expert], ref[expert], problem.dtype_d)
+            if verdict.status is not Status.OK:
+                return dataclasses.replace(verdict, reason=f"expert {expert} (rows {lo}:{hi}): {verdict.reason}")
+    return compare(out.reshape(-1, problem.k), ref.reshape(-1, problem.k), problem.dtype_d)
+
+
 def verify_launch(launch: Callable[[], None], ops: Operands, ref: torch.Tensor) -> Verdict:
     """Poison D with NaN, launch once, wait, and compare D with `ref` (each expert's rows on
     their own for a grouped problem, `compare_groups`).
@@ -501,3 +549,6 @@ GROUPINGS.add(Grouped(weights=lambda p, shape: shape, offsets=lambda p, device: 
               grouping=Grouping.NONE)
 GROUPINGS.add(Grouped(weights=lambda p, shape: (p.groups, *shape), offsets=group_offsets, compare=compare_groups),
               grouping=Grouping.GROUPED)
+GROUPINGS.add(Grouped(weights=lambda p, shape: shape, offsets=group_offsets, compare=compare_gradients,
+                      shapes=lambda p: ((p.m, p.n), (p.m, p.k), (p.groups, p.n, p.k))),
+              grouping=Grouping.GROUPED_K)

@@ -37,15 +37,15 @@ SPACE_FILE = typer.Argument(None, help=f"{_FILE_HELP}; without it, --shapes over
                             callback=space_file)
 SHAPES = typer.Option(None, "--shapes", help="MxNxK[,MxNxK...]: tune these shapes, over every valid config or, with "
                       "a file, over its knobs; MoE experts as one grouped GEMM: eE:ROWSxNxK (e128:32768x1536x2048: "
-                      "128 experts, 32768 routed rows)")
+                      "128 experts, 32768 routed rows); their weight gradients: dwE:ROWSxNxK")
 DTYPE = typer.Option(None, "--dtype", help="with --shapes: IN or IN:OUT types (default bf16, or the file's)")
 LAYOUT = typer.Option(None, "--layout", help="with --shapes: tn, nt, nn or tt (default tn, or the file's)")
 EPILOGUE = typer.Option(None, "--epilogue", help="with --shapes: what the GEMM's last pass computes, e.g. bias+silu, "
                         "gelu_tanh, residual (default none, or the file's)")
 SCALING = typer.Option(None, "--scaling", help="with --shapes and fp8 --dtype: tensor, rowcol or blockwise "
                        "(1x128 A, 128x128 B) scales, as torch._scaled_mm takes them (default none, or the file's)")
-ROUTING = typer.Option(None, "--routing", help="with grouped --shapes (eE:ROWSxNxK): how the rows fall over the "
-                       "experts: uniform, zipf, or both as uniform,zipf (default uniform)")
+ROUTING = typer.Option(None, "--routing", help="with grouped --shapes (eE: or dwE:ROWSxNxK): how the rows fall over "
+                       "the experts: uniform, zipf, or both as uniform,zipf (default uniform)")
 JOBS = typer.Option(None, "--jobs", "-j", min=1, envvar="CUTLASS_TUNE_JOBS",
                     help="parallel nvcc jobs (default: bounded by cores and memory)")
 CACHE_DIR = typer.Option(None, "--cache-dir", envvar="CUTLASS_TUNE_CACHE_DIR",

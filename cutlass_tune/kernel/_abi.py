@@ -82,7 +82,10 @@ def make_args(problem: Problem, runtime: RuntimeArgs, *, a: int, b: int, d: int,
     experts' weights one after another (E x N x K for `layout_b` COL, E x K x N for ROW), D the
     M x N outputs (M x N/2 with a GLU pair: `Epilogue.output_shape`); `offsets` is the device
     address of E int32 cumulative row ends (`torch._grouped_mm`'s `offs`: group e has rows
-    offsets[e-1]..offsets[e]).
+    offsets[e-1]..offsets[e]). A weight-gradient problem (`Grouping.GROUPED_K`) takes the same
+    arguments for dW_e = G_e^T X_e: `a` is G (M x N row-major), `b` is X (M x K row-major), `d`
+    is dW (E x N x K row-major), M the routed rows, N and K dW's; the kernel writes every
+    expert's dW_e, 0 for one without rows.
     """
     if beta is None:
         beta = 1.0 if problem.epilogue.residual else 0.0

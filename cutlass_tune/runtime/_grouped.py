@@ -36,7 +36,7 @@ from torch._C._autograd import _profiler_enabled
 
 from .._torch import ACTIVATION, BLOCKWISE_GROUP, TORCH_DTYPE, dequantize_blockwise, glu_halves
 from ..kernel import GemmArgs, KernelStatusError, bind_primary_context, make_args
-from ..space import Activation, DType, Epilogue, Layout, Pair, Problem, Scaling, check_problem
+from ..space import Activation, DType, Epilogue, Grouping, Layout, Pair, Problem, Scaling, check_problem
 from ..tables import PROFILER_RANGE
 from . import _native
 from ._dispatch import (
@@ -175,6 +175,65 @@ def grouped_problem_of(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     return problem
 
 
+def weight_grad_problem_of(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> Problem:
+    """The weight-gradient `Problem` (`Grouping.GROUPED_K`) of dW_e = g_e^T x_e: `g` the output
+    gradient (M x N), `x` the input (M x K), both row-major with rows sorted by expert, `offs` E
+    int32 cumulative row ends (the forward's); dW is E x N x K. Its routing uniform (the real
+    counts are on the device). Raises MatmulInputError with what to fix."""
+    for name, t in (("g", g), ("x", x), ("offs", offs)):
+        if not isinstance(t, torch.Tensor):
+            raise MatmulInputError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    if g.dim() != 2 or x.dim() != 2 or g.shape[0] != x.shape[0]:
+        raise MatmulInputError(f"g and x must be 2-D with the same rows (M x N and M x K), not {tuple(g.shape)} and "
+                               f"{tuple(x.shape)}")
+    if g.dtype not in _DTYPES or x.dtype != g.dtype:
+        raise MatmulInputError(f"g is {g.dtype} and x is {x.dtype}: the weight-gradient kernels take both bfloat16 "
+                               "or both float16")
+    (m, n), k = g.shape, x.shape[1]
+    if offs.dtype != torch.int32 or offs.dim() != 1 or offs.shape[0] < 1:
+        raise MatmulInputError(f"offs must be E int32 values (one row end per expert), not {offs.dtype} of shape "
+                               f"{tuple(offs.shape)}")
+    if n % ALIGNMENT or k % ALIGNMENT:
+        raise MatmulInputError(f"N {n} and K {k} must be multiples of {ALIGNMENT} (each expert's first row is read "
+                               "by TMA in 16-byte units)")
+    for name, t, width in (("g", g, n), ("x", x, k)):
+        if t.stride() != (width, 1) and m > 1:
+            raise MatmulInputError(f"{name} {tuple(t.shape)} with strides {t.stride()} is not row-major contiguous: "
+                                   "call .contiguous() first")
+    for name, t in (("g", g), ("x", x), ("offs", offs)):
+        if t.device.type != "cuda":
+            raise MatmulInputError(f"{name} is on {t.device}: the tuned kernels run on a CUDA device")
+        if t.device != g.device:
+            raise MatmulInputError(f"g, x and offs must be on one device, not {g.device}, {x.device} and "
+                                   f"{offs.device}")
+    for name, t in (("g", g), ("x", x)):
+        if t.data_ptr() % 16:
+            raise MatmulInputError(f"{name} starts at an address that is not 16-byte aligned (TMA needs it)")
+    dtype, e = _DTYPES[g.dtype], offs.shape[0]
+    problem = Problem.experts(e, n, k, m, dtype_a=dtype, dtype_b=dtype, dtype_d=dtype, layout_a=Layout.COL,
+                              layout_b=Layout.ROW, grouping=Grouping.GROUPED_K)
+    why = check_problem(problem if m else Problem.experts(e, n, k, e, **problem.operation_fields()))
+    if why:
+        raise MatmulInputError(f"{e} experts' weight gradients of {n}x{k} over {m} rows: {why[0].reason}")
+    return problem
+
+
+def torch_weight_grad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """dW_e = g_e^T x_e (E x N x K) as torch's backward of a grouped GEMM computes it:
+    `torch._grouped_mm(g.t(), x, offs=offs)`."""
+    grouped = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if grouped is None:
+        raise MatmulInputError(f"torch {torch.__version__} has no grouped GEMM (torch._grouped_mm)")
+    return grouped(g.t(), x, offs=offs)
+
+
+def _out_shape(problem: Problem) -> tuple[int, ...]:
+    """The result of a grouped launch: E x N x K for the weight gradient, else D's rows."""
+    if problem.grouping is Grouping.GROUPED_K:
+        return (problem.groups, problem.n, problem.k)
+    return problem.epilogue.output_shape(problem.m, problem.n)
+
+
 def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """What `grouped_mm` runs where no tuned kernel can: torch's grouped GEMM (F.grouped_mm,
@@ -243,7 +302,7 @@ class GroupedLaunch:
     device: int
     args: GemmArgs
     workspace_bytes: int
-    out_shape: tuple[int, int]
+    out_shape: tuple[int, ...]
     out_dtype: torch.dtype
 
 
@@ -255,8 +314,7 @@ class GroupedGemm(Gemm):
         """The per-problem part of a launch on CUDA device `device` (host calls only)."""
         args = make_args(problem, self.runtime, a=0, b=0, d=0, device_id=device, sm_count=sm_count(device),
                          offsets=0)
-        return GroupedLaunch(problem, device, args, self.kernel.workspace_size(args),
-                             problem.epilogue.output_shape(problem.m, problem.n),
+        return GroupedLaunch(problem, device, args, self.kernel.workspace_size(args), _out_shape(problem),
                              self._dtype_d)
 
     def template(self, problem: Problem, device: int) -> tuple[GemmArgs, int]:
@@ -274,7 +332,7 @@ class GroupedGemm(Gemm):
     def launch_of(self, plan: Plan) -> GroupedLaunch:
         """The `GroupedLaunch` of `plan` (its arguments and workspace size, worked out once)."""
         return GroupedLaunch(plan.problem, plan.device, GemmArgs.from_buffer_copy(plan.args), plan.workspace_bytes,
-                             plan.problem.epilogue.output_shape(plan.problem.m, plan.problem.n), self._dtype_d)
+                             _out_shape(plan.problem), self._dtype_d)
 
     def run_grouped(self, problem: Problem, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                     out: torch.Tensor | None = None, *, scale_a: torch.Tensor | None = None,
@@ -283,6 +341,34 @@ class GroupedGemm(Gemm):
         workspace of this call (see `launch`). Raises KernelStatusError."""
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         return self.launch(self.prepare(problem, device), a, b, offs, out, scale_a=scale_a, scale_b=scale_b)
+
+    def run_weight_grad(self, g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+        """dW_e = g_e^T x_e of every expert (E x N x K, 0 for an expert without rows) with this
+        weight-gradient kernel (`Grouping.GROUPED_K`), as `run_grouped` launches: the tensors
+        checked (`weight_grad_problem_of`), a workspace of this call. `out`, if given, is a
+        contiguous E x N x K tensor of g's type.
+
+        Raises:
+            MatmulInputError: the kernel is not a weight-gradient one, or the tensors do not pose
+                its problem.
+            KernelStatusError: CUTLASS refuses the problem.
+        """
+        if self.config.grouping is not Grouping.GROUPED_K:
+            raise MatmulInputError(f"{self.config.name} is not a weight-gradient kernel (grouping "
+                                   f"{Grouping.GROUPED_K.value})")
+        problem = weight_grad_problem_of(g, x, offs)
+        if problem.operation != self.config.operation:
+            raise MatmulInputError(f"{self.config.name} computes {self.config.operation.name}; g and x pose "
+                                   f"{problem.operation.name}")
+        shape = _out_shape(problem)
+        if out is not None and (tuple(out.shape) != shape or out.dtype != g.dtype or not out.is_contiguous()
+                                or out.device != g.device):
+            raise MatmulInputError(f"out must be a contiguous {shape} {g.dtype} tensor on {g.device}, not "
+                                   f"{tuple(out.shape)} {out.dtype}")
+        if problem.m == 0:  # no routed rows (an expert-parallel rank given no tokens): every dW_e is 0
+            return g.new_zeros(shape) if out is None else out.zero_()
+        return self.run_grouped(problem, g, x, offs, out)
 
     def launch(self, plan: GroupedLaunch, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
                out: torch.Tensor | None = None, *, keep_workspace: bool = False,

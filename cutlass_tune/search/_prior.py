@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .._files import shipped
-from ..space import KernelConfig, Operation, Problem, Routing
+from ..space import Grouping, KernelConfig, Operation, Problem, Routing
 from ..status import Status
 from ..store import ResultStore
 from ._features import FEATURES, Pool, config_columns, features
@@ -109,8 +109,9 @@ def committed_rows(frame: pd.DataFrame, gpu: str | None = None, method: str | No
     if "grouping" not in rows:
         rows = rows.iloc[:0] if grouped else rows
     else:
-        is_grouped = rows["grouping"] == "grouped"
-        rows = rows[is_grouped if grouped else ~is_grouped]
+        is_grouped = rows["grouping"] == Grouping.GROUPED.value  # the weight gradients' rows are neither
+        any_grouped = rows["grouping"].isin([Grouping.GROUPED.value, Grouping.GROUPED_K.value])
+        rows = rows[is_grouped if grouped else ~any_grouped]
     if gpu is not None and (rows["gpu"] == gpu).any():
         rows = rows[rows["gpu"] == gpu]
     if method is not None and (rows["method"] == method).any():

@@ -258,11 +258,14 @@ class PriorFamily:
 
 FAMILIES: KindRegistry[PriorFamily] = KindRegistry("prior family")
 """The prior family of each kind: 16-bit GEMMs "plain", fp8 ones (scaled in the epilogue or
-block-wise) "fp8", grouped GEMMs "grouped"."""
+block-wise) "fp8", grouped GEMMs and their weight gradients "grouped"."""
 FAMILIES.add(PriorFamily("plain"))
 FAMILIES.add(PriorFamily("fp8", fp8_defaults), grouping=Grouping.NONE, inputs=Inputs.FP8)
 FAMILIES.add(PriorFamily("fp8", fp8_defaults), grouping=Grouping.NONE, inputs=Inputs.FP8_BLOCKWISE)
 FAMILIES.add(PriorFamily("grouped", grouped_defaults), grouping=Grouping.GROUPED)
+# The weight gradients share the grouped prior's fit for now (their own once measured rows exist),
+# led by their own hand-picked configs (`GROUPED_K_DEFAULTS`).
+FAMILIES.add(PriorFamily("grouped", grouped_defaults), grouping=Grouping.GROUPED_K)
 
 
 def _family(problem: Problem) -> str:

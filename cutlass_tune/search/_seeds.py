@@ -73,6 +73,16 @@ GROUPED_BLOCKWISE_DEFAULTS = (
     dict(tile_m=64, tile_n=128, tile_k=128, cluster_m=2, cluster_n=1, **_PINGPONG),
     dict(tile_m=128, tile_n=128, tile_k=128, cluster_m=1, cluster_n=2, **_COOPERATIVE),
 )
+# Weight-gradient (K-grouped) configs picked by hand, not yet measured: each expert's dW_e is one
+# N x K output reduced over its routed rows (thousands in a training step), the shape of a large
+# dense GEMM, so the forward's wide tiles lead; cluster 1x1 first, then 2x1 (multicast of X).
+GROUPED_K_DEFAULTS = (
+    dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=128, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_PINGPONG),
+    dict(tile_m=256, tile_n=128, tile_k=64, cluster_m=1, cluster_n=1, **_COOPERATIVE),
+    dict(tile_m=128, tile_n=256, tile_k=64, cluster_m=2, cluster_n=1, **_COOPERATIVE),
+)
 # fp8 (e4m3/e5m2) configs picked by hand from public figures, best first: vLLM's CUTLASS 3.x
 # row-wise kernels on an H100 (ping-pong FP8FastAccum 128x128x128 with a 2x1 cluster at about
 # 0.98 of torch._scaled_mm at 4096^3; 64x128x128 ping-pong for M up to 128; cooperative
@@ -254,6 +264,7 @@ DEFAULT_KNOBS.add(_fp8_knobs, grouping=Grouping.NONE, inputs=Inputs.FP8_BLOCKWIS
 DEFAULT_KNOBS.add(lambda problem: GROUPED_DEFAULTS, grouping=Grouping.GROUPED)
 DEFAULT_KNOBS.add(lambda problem: GROUPED_BLOCKWISE_DEFAULTS, grouping=Grouping.GROUPED,
                   inputs=Inputs.FP8_BLOCKWISE)
+DEFAULT_KNOBS.add(lambda problem: GROUPED_K_DEFAULTS, grouping=Grouping.GROUPED_K)
 
 
 def fused_defaults(problem: Problem, space: SearchSpace) -> list[KernelConfig]:

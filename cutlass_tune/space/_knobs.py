@@ -247,7 +247,7 @@ class KernelConfig(Operation):
             operands += f"_{self.dtype_c.value}{self.dtype_d.value}"
         if self.dtype_acc != DType.F32:
             operands += f"_acc{self.dtype_acc.value}"
-        grouped = "_grouped" if self.grouped else ""
+        grouped = f"_{self.grouping.value}" if self.grouped else ""
         return f"{operands}_{self.layout}{grouped}" + "".join(k.in_name(self) for k in self.knobs) + self.fused
 
 

@@ -24,8 +24,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ._epilogue import Epilogue
 from ._types import DType, Grouping, Layout, Routing, Scaling, layout_code
 
+GROUPINGS = frozenset({Grouping.GROUPED, Grouping.GROUPED_K})
+"""The groupings of a group of GEMMs (experts and routed rows): `Operation.grouped`."""
 _LAYOUTS = {layout_code(a, b): (a, b) for a in Layout for b in Layout}
-_NAME = re.compile(r"(?P<dtypes>[a-z0-9]+)_(?P<layout>[tn]{2})(?P<grouped>_grouped)?(?P<rest>(?:_.+)?)")
+_NAME = re.compile(r"(?P<dtypes>[a-z0-9]+)_(?P<layout>[tn]{2})(?P<grouped>_grouped(?:-k)?)?(?P<rest>(?:_.+)?)")
 _SCALINGS = {s.value for s in Scaling if s is not Scaling.NONE}
 _DTYPES = re.compile("|".join(sorted((d.value for d in DType), key=len, reverse=True)))
 
@@ -56,8 +58,9 @@ class Operation:
     epilogue: Epilogue = Epilogue()
     scaling: Scaling = Scaling.NONE
     grouping: Grouping = Grouping.NONE
-    """GROUPED: a group of GEMMs, one per MoE expert (`Grouping`); a `Problem` of it carries
-    the experts and their routed rows."""
+    """GROUPED: a group of GEMMs, one per MoE expert (`Grouping`); GROUPED_K: their weight
+    gradients, a group whose reduction runs over each expert's rows. A `Problem` of either
+    carries the experts and their routed rows."""
 
     @property
     def operation(self) -> Operation:
@@ -80,8 +83,8 @@ class Operation:
 
     @property
     def grouped(self) -> bool:
-        """A group of GEMMs, one per expert (`Grouping.GROUPED`)."""
-        return self.grouping is Grouping.GROUPED
+        """A group of GEMMs, one per expert (`Grouping.GROUPED` or `Grouping.GROUPED_K`)."""
+        return self.grouping in GROUPINGS
 
     @property
     def kind(self) -> OperationKind:
@@ -99,13 +102,13 @@ class Operation:
     def name(self) -> str:
         """E.g. "bf16bf16bf16_tn", "e4m3e4m3bf16_tn_bias+silu_scale-rowcol", "bf16bf16bf16_tn_grouped"
         (`parse` reads it)."""
-        grouped = "_grouped" if self.grouped else ""
+        grouped = f"_{self.grouping.value}" if self.grouped else ""
         return f"{self.dtype_a.value}{self.dtype_b.value}{self.dtype_d.value}_{self.layout}{grouped}{self.fused}"
 
     @property
     def words(self) -> str:
         """The epilogue and scaling for a message: "the plain a @ b", "bias+silu", "bias+silu, scale-rowcol"."""
-        parts = (["grouped"] if self.grouped else []) + (
+        parts = ([self.grouping.value] if self.grouped else []) + (
             [] if self.epilogue.is_plain else [self.epilogue.name]) + (
             [] if self.scaling is Scaling.NONE else [f"scale-{self.scaling.value}"])
         return ", ".join(parts) or "the plain a @ b"
@@ -126,7 +129,7 @@ class Operation:
         layout_a, layout_b = _LAYOUTS[found["layout"]]
         out = cls(dtype_a=DType(dtypes[0]), dtype_b=DType(dtypes[1]), dtype_d=DType(dtypes[2]), layout_a=layout_a,
                   layout_b=layout_b, epilogue=Epilogue.parse(rest[1:]) if rest else Epilogue(), scaling=scaling,
-                  grouping=Grouping.GROUPED if found["grouped"] else Grouping.NONE)
+                  grouping=Grouping(found["grouped"][1:]) if found["grouped"] else Grouping.NONE)
         if out.name != text:
             raise ValueError(f"operation {text[:60]!r}: write it as {out.name!r}")
         return out
@@ -183,7 +186,7 @@ class OperationKind:
 
     @property
     def grouped(self) -> bool:
-        return self.grouping is Grouping.GROUPED
+        return self.grouping in GROUPINGS
 
     @property
     def blockwise(self) -> bool:
@@ -192,8 +195,8 @@ class OperationKind:
 
     @property
     def name(self) -> str:
-        """E.g. "dense 16-bit", "grouped fp8-blockwise"."""
-        return f"{'grouped' if self.grouped else 'dense'} {self.inputs.value}"
+        """E.g. "dense 16-bit", "grouped fp8-blockwise", "grouped-k 16-bit"."""
+        return f"{self.grouping.value if self.grouped else 'dense'} {self.inputs.value}"
 
     def __str__(self) -> str:
         return self.name
@@ -259,7 +262,8 @@ def _key_name(key: tuple[Grouping | None, Inputs | None]) -> str:
     grouping, inputs = key
     if key == (None, None):
         return "the default"
-    return " ".join([{None: "any", Grouping.NONE: "dense", Grouping.GROUPED: "grouped"}[grouping],
+    return " ".join([{None: "any", Grouping.NONE: "dense", Grouping.GROUPED: "grouped",
+                      Grouping.GROUPED_K: Grouping.GROUPED_K.value}[grouping],
                      inputs.value if inputs else "inputs"])
 _DEFAULTS = Operation().operation_fields()
 

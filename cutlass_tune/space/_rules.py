@@ -325,7 +325,7 @@ def check_combinations(cfg: KernelConfig) -> list[Rejection]:
                + " is a fusion CUTLASS builds on the TMA epilogues only (no_smem takes a plain "
                "linear combination): use tma or tma_cooperative")
 
-    if cfg.grouping is Grouping.GROUPED:
+    if cfg.grouped:
         out.extend(_grouped_rejections(cfg))
 
     usage = smem_usage(cfg)
@@ -419,9 +419,13 @@ def _grouped_rejections(cfg: KernelConfig) -> list[Rejection]:
         out.append(Rejection("grouped_schedule", "a grouped kernel runs the ptr-array cooperative or "
                              "ping-pong schedule with the persistent group scheduler (no tma_ws, no "
                              "Stream-K)"))
-    why = grouped_operation_problem(cfg)
+    k_grouped = cfg.grouping is Grouping.GROUPED_K
+    why = grouped_k_operation_problem(cfg) if k_grouped else grouped_operation_problem(cfg)
     if why:
         out.append(Rejection("grouped_operation", why))
+    if k_grouped and cfg.epilogue_source:
+        out.append(Rejection("grouped_epilogue", "a weight-gradient kernel writes dW = G^T X whole: no C "
+                             "(epilogue_source false)"))
     # A GLU tile holds whole gate/up pairs: tile N is a multiple of 16 = 2 * GLU_BLOCK already.
     if cfg.epilogue.pair is not Pair.NONE:
         if cfg.epilogue_schedule is not EpilogueSchedule.NO_SMEM or cfg.epilogue_source:
@@ -463,7 +467,8 @@ CONFIG_RULES: tuple[tuple[str, frozenset[str]], ...] = tuple((rule, frozenset(re
     ("residual_source", ("epilogue", "epilogue_source")),
     ("fusion_schedule", ("epilogue", "scaling", "epilogue_schedule")),
     ("grouped_schedule", ("grouping", "kernel_schedule", "tile_scheduler")),
-    ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "dtype_d", "epilogue", "scaling")),
+    ("grouped_operation", ("grouping", "dtype_a", "dtype_b", "dtype_d", "layout_a", "layout_b", "epilogue",
+                           "scaling")),
     ("grouped_epilogue", ("grouping", "epilogue_schedule", "epilogue", "epilogue_source")),
     ("blockwise_registers", ("scaling", "tile_n", "tile_m", "kernel_schedule")),
     ("smem_stages", _SMEM_READS),
@@ -525,7 +530,7 @@ def check_problem(problem: Problem) -> list[Rejection]:
         ("A", problem.dtype_a, "K" if problem.layout_a is Layout.ROW else "M"),
         ("B", problem.dtype_b, "K" if problem.layout_b is Layout.COL else "N"),
         ("D", problem.dtype_d, "N"),
-    )
+    ) if problem.grouping is not Grouping.GROUPED_K else _grouped_k_contiguous(problem)
     for operand, dtype, dim in contiguous:
         align = alignment_elements(dtype)
         value = getattr(problem, dim.lower())
@@ -557,6 +562,9 @@ def _grouping_rejections(problem: Problem) -> list[Rejection]:
             or any(type(r) is not int or r < 0 for r in rows) or sum(rows) != problem.m):
         return [Rejection("groups", f"routed rows must be {groups} whole counts >= 0 (one per expert) "
                           f"summing to M={problem.m}")]
+    if problem.grouping is Grouping.GROUPED_K:
+        why = grouped_k_operation_problem(problem)
+        return [Rejection("grouped_operation", why)] if why else []
     out = []
     why = grouped_operation_problem(problem)
     if why:
@@ -565,6 +573,31 @@ def _grouping_rejections(problem: Problem) -> list[Rejection]:
         out.append(Rejection("grouped_layout", "a grouped GEMM's A is the routed rows, row-major (layout tn "
                              "or tt)"))
     return out
+
+
+def _grouped_k_contiguous(problem: Problem) -> tuple[tuple[str, DType, str], ...]:
+    """A weight gradient's contiguous dimensions, each a whole number of 16-byte TMA accesses so
+    that every expert's first row is aligned too: G's rows (N), X's rows (K), dW's rows (K).
+    The routed rows (M) run along the strides and may be any count."""
+    return (("G", problem.dtype_a, "N"), ("X", problem.dtype_b, "K"), ("D", problem.dtype_d, "K"))
+
+
+def grouped_k_operation_problem(op: Operation) -> str | None:
+    """Why the weight-gradient kernel (`Grouping.GROUPED_K`) does not compute `op`, or None. It
+    takes 16-bit G and X of one type and gives dW of the same, the plain product (no epilogue,
+    no scales), layout nt: each group's A is G_e^T (N x M_e, M-major) and its B is X_e (M_e x K,
+    N-major), row blocks of row-major tensors, the transposed loads TMA and wgmma take for 16-bit
+    types (fp8 wgmma reads K-major operands only, and here K is the routed rows)."""
+    if (op.dtype_a not in SUPPORTED_INPUTS or op.dtype_a.is_fp8 or op.dtype_b is not op.dtype_a
+            or op.dtype_d is not op.dtype_a or op.scaling is not Scaling.NONE):
+        return ("a weight-gradient grouped GEMM takes bf16 or f16 G and X and gives dW of the same type, "
+                "unscaled (fp8 wgmma reads K-major operands only)")
+    if not op.epilogue.is_plain:
+        return f"a weight-gradient grouped GEMM takes the plain epilogue, not {op.epilogue.name}"
+    if (op.layout_a, op.layout_b) != (Layout.COL, Layout.ROW):
+        return ("a weight-gradient grouped GEMM has layout nt: each expert's A is G_e^T (N x M_e, M-major) "
+                f"and its B is X_e (M_e x K, N-major), row blocks of row-major tensors; not {op.layout}")
+    return None
 
 
 def check_pair(cfg: KernelConfig, problem: Problem) -> list[Rejection]:
@@ -581,7 +614,7 @@ def check_runtime(cfg: KernelConfig, args: RuntimeArgs) -> list[Rejection]:
     stream_k = cfg.tile_scheduler is TileScheduler.STREAM_K
     if not stream_k and (args.splits != 1 or args.decomposition is not Decomposition.HEURISTIC):
         out.append(Rejection("stream_k_args", "splits and decomposition apply to Stream-K kernels only"))
-    if cfg.grouping is Grouping.GROUPED and args.swizzle != 1:
+    if cfg.grouped and args.swizzle != 1:
         out.append(Rejection("grouped_swizzle", "a grouped kernel launches one CTA per SM with no host problem "
                              "shapes, and CUTLASS's group scheduler then ignores max_swizzle_size: use swizzle 1"))
     if stream_k and args.splits > 1 and args.decomposition not in (

@@ -132,7 +132,9 @@ class _Problems(BaseModel):
 
     A grouped block (MoE experts, `Grouping.GROUPED`) gives `experts` and `rows` (the routed
     rows of all experts together: the problem's M) in place of m, and `routing` (default the
-    file's, else uniform); a histogram's counts give the rows when `rows` is left out."""
+    file's, else uniform); a histogram's counts give the rows when `rows` is left out.
+    `grouping: grouped-k` makes it the experts' weight gradients (`Grouping.GROUPED_K`: dW_e =
+    G_e^T X_e, n and k the weight's, layout nt whatever the file's layouts: the math fixes it)."""
 
     model_config = _STRICT
     m: Many[Size] | None = None
@@ -143,12 +145,14 @@ class _Problems(BaseModel):
     experts: Many[Experts] | None = None
     rows: Many[Size] | None = None
     routing: Many[RouteSpec] | None = None
+    grouping: Literal["grouped", "grouped-k"] | None = None
 
     @model_validator(mode="after")
     def _grouped_or_not(self) -> _Problems:
         if self.experts is None:
-            if self.rows is not None or self.routing is not None:
-                raise ValueError("rows and routing belong to a grouped block: give experts too (and no m)")
+            if self.rows is not None or self.routing is not None or self.grouping is not None:
+                raise ValueError("rows, routing and grouping belong to a grouped block: give experts too (and "
+                                 "no m)")
             if self.m is None:
                 raise ValueError("give m, n and k (or experts, rows, n and k for MoE experts)")
         elif self.m is not None:
@@ -336,11 +340,12 @@ def _expand_configs(spec: _SpaceFile, problems: Sequence[Problem]) -> list[Kerne
 def _expand_problems(path: str, spec: _SpaceFile) -> list[Problem]:
     out: dict[Problem, None] = {}  # in file order, each once
     for block, dtypes, layout in itertools.product(spec.problems, spec.dtypes, spec.layouts):
-        layout_a, layout_b = _LAYOUT_CODES[layout]
+        grouping = Grouping(block.grouping or Grouping.GROUPED.value)
+        layout_a, layout_b = _LAYOUT_CODES["nt" if grouping is Grouping.GROUPED_K else layout]
         for (experts, m, n, k, route), (epilogue, scaling) in itertools.product(
                 block.sizes(spec), _operations(block, spec)):
             grouped: dict[str, Any] = {} if route is None else {
-                "grouping": Grouping.GROUPED, "groups": experts, "routing": route.routing,
+                "grouping": grouping, "groups": experts, "routing": route.routing,
                 "group_rows": route.counts}
             p = Problem(m, n, k, dtype_a=dtypes.input, dtype_b=dtypes.input, dtype_d=dtypes.output,
                         layout_a=layout_a, layout_b=layout_b, epilogue=epilogue, scaling=scaling, **grouped)
@@ -348,7 +353,7 @@ def _expand_problems(path: str, spec: _SpaceFile) -> list[Problem]:
             if why:
                 operation = (f" {epilogue.name}" if not epilogue.is_plain else "") + (
                     f" scaling {scaling.value}" if scaling is not Scaling.NONE else "")
-                shape = f"{m}x{n}x{k}" if route is None else f"e{experts}:{m}x{n}x{k} {route.name}"
+                shape = f"{m}x{n}x{k}" if route is None else f"{_PREFIX[grouping]}{experts}:{m}x{n}x{k} {route.name}"
                 raise ConfigFileError(path, "problems", f"{shape} {layout}{operation}", str(why[0]))
             out.setdefault(p)
     return list(out)
@@ -559,17 +564,21 @@ SHAPES_RUNTIME = {"raster": ["along_m", "along_n"], "swizzle": [1, 4, 8],
                   "decomposition": ["heuristic", "data_parallel", "stream_k"]}
 """The run-time variants of a space of `--shapes` alone: those of configs/sm90_bf16.yaml (six per
 kernel, eighteen per Stream-K kernel)."""
-_SHAPE = re.compile(r"\s*(?:[eE](?P<experts>\d+)\s*:\s*)?(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*", re.ASCII)
+_SHAPE = re.compile(r"\s*(?:(?P<prefix>[eE]|[dD][wW])(?P<experts>\d+)\s*:\s*)?(?P<m>\d+)\s*[xX]\s*(?P<n>\d+)\s*[xX]\s*"
+                    r"(?P<k>\d+)\s*", re.ASCII)
 """MxNxK, or EXPERTS:ROWSxNxK for a grouped problem (`e128:32768x1536x2048`: 128 experts, 32768
-routed rows, N 1536, K 2048)."""
+routed rows, N 1536, K 2048), or dwEXPERTS:ROWSxNxK for their weight gradients (`dw128:32768x1536x2048`:
+dW_e = G_e^T X_e of E x 1536 x 2048, G 32768 x 1536, X 32768 x 2048)."""
+_PREFIX = {Grouping.GROUPED: "e", Grouping.GROUPED_K: "dw"}
+"""A grouped shape's prefix in `--shapes`, by grouping."""
 
 
 def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | None = None,
                      config: str | Path | None = None, epilogue: str | None = None,
                      scaling: str | None = None, routing: str | None = None) -> SearchSpace:
     """The space of `sweep --shapes`: the problems `shapes` lists (MxNxK, comma-separated; MoE
-    experts as eE:ROWSxNxK, each with every routing of `routing`, uniform and/or zipf, comma-separated,
-    default uniform), each
+    experts as eE:ROWSxNxK, their weight gradients as dwE:ROWSxNxK (layout nt always), each with
+    every routing of `routing`, uniform and/or zipf, comma-separated, default uniform), each
     of type `dtype` (IN or IN:OUT; fp8 gives bf16 out unless told) and `layout` (tn, nt, nn,
     tt), computing `epilogue` (an `Epilogue.name`: bias+silu, ...) with fp8 `scaling` (none,
     tensor, rowcol, blockwise); with `config`, that file's knobs and run-time variants, its types,
@@ -586,13 +595,15 @@ def space_for_shapes(shapes: str, *, dtype: str | None = None, layout: str | Non
         match = _SHAPE.fullmatch(item)
         if not match:
             raise ConfigFileError("--shapes", "", _shown(item.strip()), "give each shape as MxNxK, e.g. "
-                                  "4096x4096x4096, or MoE experts as eE:ROWSxNxK, e.g. e128:32768x1536x2048")
-        size = {"n": int(match[3]), "k": int(match[4])}
+                                  "4096x4096x4096, or MoE experts as eE:ROWSxNxK, e.g. e128:32768x1536x2048 "
+                                  "(dwE:ROWSxNxK for their weight gradients)")
+        size = {"n": int(match["n"]), "k": int(match["k"])}
         if match["experts"] is None:
-            problems.append({"m": int(match[2]), **size})
+            problems.append({"m": int(match["m"]), **size})
         else:
-            problems.append({"experts": int(match["experts"]), "rows": int(match[2]), **size,
-                             **({"routing": routes} if routes else {})})
+            grouping = Grouping.GROUPED_K if match["prefix"].lower() == "dw" else Grouping.GROUPED
+            problems.append({"experts": int(match["experts"]), "rows": int(match["m"]), **size,
+                             **({"routing": routes} if routes else {}), "grouping": grouping.value})
     if routes is not None:
         bad = next((r for r in routes if r not in (Routing.UNIFORM.value, Routing.ZIPF.value)), None)
         if bad is not None:

@@ -97,10 +97,19 @@ class Grouping(str, enum.Enum):
     (M x K, rows sorted by expert), B one N x K weight per expert (E x N x K, or its K x N
     view), D the M x N outputs; group e multiplies A's rows `offsets[e-1]:offsets[e]` by
     expert e's weight. CUTLASS runs it as one ptr-array grouped kernel.
+
+    GROUPED_K: the weight gradient of MoE experts, dW_e = G_e^T @ X_e, as torch's backward of
+    `torch._grouped_mm` computes it (`torch._grouped_mm(g.t(), x, offs)`): G is the output
+    gradient (M x N row-major), X the input (M x K row-major), both with rows sorted by expert,
+    D one N x K gradient per expert (E x N x K row-major; E x K x N is the same problem with G
+    and X swapped). Group e reduces over its rows `offsets[e-1]:offsets[e]`, so each group's
+    GEMM is (N, K, M_e): the reduction dimension is ragged, N and K fixed. Its A, G_e^T, is
+    M-major and its B, X_e, N-major (layout "nt"); an expert of no rows gets dW_e = 0.
     """
 
     NONE = "none"
     GROUPED = "grouped"
+    GROUPED_K = "grouped-k"
 
 
 class Routing(str, enum.Enum):

@@ -21,7 +21,6 @@ from ._types import (
     AUTO_STAGES,
     DType,
     EpilogueSchedule,
-    Grouping,
     KernelSchedule,
     Scaling,
 )
@@ -197,7 +196,7 @@ def smem_usage(cfg: KernelConfig) -> SmemUsage:
     b = cfg.tile_n * cfg.tile_k * cfg.dtype_b.bits // 8
     stage_bytes = _round_up(a + b + blockwise_scale_bytes(cfg), 128) + 16  # + full/empty barrier of PipelineTmaAsync
     epi = epilogue_smem_bytes(cfg)
-    if cfg.grouping is Grouping.GROUPED:
+    if cfg.grouped:
         return _grouped_smem_usage(cfg, stage_bytes, epi)
     if cfg.stages == AUTO_STAGES:
         capacity = SMEM_CAPACITY_BYTES // 128 * 128

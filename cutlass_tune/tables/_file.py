@@ -339,11 +339,15 @@ def _check_operation(row: Mapping[Any, Any], cfg: KernelConfig, where: str) -> N
             raise BestTableError(f"{where}: {column} {_shown(row[column])} is not its config's {own!r}")
 
 
+_GROUPED_CELLS = (Grouping.GROUPED.value, Grouping.GROUPED_K.value)
+"""The `grouping` cells of rows of experts: the forward's and their weight gradients'."""
+
+
 def _check_experts(row: Mapping[Any, Any], where: str) -> None:
     """A grouped row has experts and a routing, a single GEMM neither: a lookup of a grouped call
     matches the experts exactly."""
     groups = int(_as_number(row["groups"]))
-    if row["grouping"] == Grouping.GROUPED.value:
+    if row["grouping"] in _GROUPED_CELLS:
         if groups < 1 or row["routing"] == NO_ROUTING:
             raise BestTableError(f"{where}: a grouped row needs groups >= 1 and a routing, not groups {groups} and "
                                  f"routing {_shown(row['routing'])}")
@@ -375,7 +379,7 @@ def _check_knobs(frame: pd.DataFrame, wanted: list[dict], path: Path) -> None:
 
 def _own_baseline(row: Mapping[Any, Any]) -> str:
     """The baseline a row's `ratio` is to, by its operation's cells (`Baseline.of`)."""
-    if row.get("grouping") == Grouping.GROUPED.value:
+    if row.get("grouping") in _GROUPED_CELLS:
         return Baseline.GROUPED_MM.value
     plain = row.get("epilogue") == Epilogue().name and row.get("scaling") == Scaling.NONE.value
     return (Baseline.CUBLAS if plain else Baseline.EAGER).value

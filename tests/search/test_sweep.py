@@ -585,6 +585,29 @@ def test_a_sweep_of_grouped_problems_measures_the_kernels_it_compiles(tmp_path, 
         assert {h for h, p, _ in bench.measured if p == pp.problem.name} == {c.hash for c in compiled if c.grouped}
 
 
+@pytest.mark.parametrize("strategy", ["optuna", "prior"])
+def test_a_sweep_of_weight_gradients_measures_their_own_kernels_beside_the_forward(tmp_path, strategy):
+    from cutlass_tune.space import Grouping, sweep_space
+
+    sp = sweep_space(None, "dw8:4096x1536x2048,e8:4096x1536x2048")
+    compiler = FakeCompiler()
+    bench = FakeBench()
+    state = make(sp, tmp_path, bench, compiler, trials=6, batch=3, strategy=strategy)[0].run()
+    assert all(pp.measured > 0 for pp in state.problems) and state.invalid == 0
+    compiled = [c for call in compiler.calls for c in call]
+    wgrad = {c.hash for c in compiled if c.grouping is Grouping.GROUPED_K}
+    assert wgrad and all(not c.epilogue_source for c in compiled if c.grouping is Grouping.GROUPED_K)
+    assert {h for h, p, _ in bench.measured if "_grouped-k_" in p} == wgrad
+    # Regression: the best table once left the weight gradients' rows out as damaged (experts on a
+    # row it took for a single GEMM's).
+    from cutlass_tune.report import load_best
+
+    best = load_best(f"sqlite:///{tmp_path / 'store.sqlite'}")
+    wgrad_rows = best[best["grouping"] == Grouping.GROUPED_K.value]
+    assert len(wgrad_rows) == 1 and int(wgrad_rows["groups"].iloc[0]) == 8
+    assert wgrad_rows["ratio"].notna().all()
+
+
 def _study_names(space, url):
     return {s.name for s in Studies(space, url, sampler="tpe", seed=0, arch=SweepSettings().arch,
                                     gpu=FakeBench.gpu_name, run_id="look")}

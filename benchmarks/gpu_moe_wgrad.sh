@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 45's weight gradients on one GPU (benchmarks/moe_wgrad.md): the GROUPED_K kernels checked
+# (every expert against fp32 and torch._grouped_mm(g.t(), x, offs), empty experts exactly 0, graph
+# replay), then a sweep of the Qwen3-235B-A22B training step's two weight gradients at 4096 tokens
+# (dW of gate_up: G 32768 x 3072, X 32768 x 4096; of down: G 32768 x 4096, X 32768 x 1536) over
+# kernels: auto, paired with torch._grouped_mm, uniform and zipf routing; the best table last.
+#
+# Resumable across calls (one GPU command may run 10 minutes): each step marks itself done in the
+# state folder; a sweep stopped by the call's time resumes from its store.
+#   benchmarks/gpu_moe_wgrad.sh OUTDIR        (state in WGRAD_DIR, default results/moe_wgrad)
+set -uo pipefail
+out=${1:?output directory}
+state=${WGRAD_DIR:-results/moe_wgrad}
+budget=${WGRAD_SECONDS:-560}
+trials=${WGRAD_TRIALS:-24}
+mkdir -p "$out" "$state"
+if ! python3 -c "import optuna, sqlalchemy, alembic" 2>/dev/null && compgen -G ".whlmin/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whlmin/*.whl || exit
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
+store="$state/wgrad.sqlite"
+left() { echo $((budget - SECONDS)); }
+
+if [ ! -e "$state/checked" ]; then
+  timeout -k 10 $(( $(left) - 10 )) python3 -m pytest tests/compile/test_gpu_grouped_k.py \
+    tests/runtime/test_gpu_grouped_k.py -m gpu -p no:cacheprovider -v > "$state/tests.txt" 2>&1
+  rc=$?
+  python3 -m tests.compile.test_gpu_grouped_k "$state" >> "$state/tests.txt" 2>&1
+  echo "gpu tests rc=$rc"; tail -12 "$state/tests.txt"
+  [ "$rc" -eq 0 ] && touch "$state/checked"
+fi
+if [ -e "$state/checked" ] && [ ! -e "$state/swept" ] && [ "$(left)" -gt 120 ]; then
+  limit=$(( $(left) - 20 ))
+  echo "== $(date -u +%FT%TZ) sweep with $limit s" >> "$state/sweep.txt"
+  timeout -k 20 "$limit" python3 -m cutlass_tune.cli sweep --shapes dw128:32768x3072x4096,dw128:32768x4096x1536 \
+    --routing uniform,zipf --trials "$trials" --batch 8 --timeout $((limit * 6 / 10)) --storage "$store" \
+    >> "$state/sweep.txt" 2>&1
+  echo "sweep rc=$?"; tail -3 "$state/sweep.txt"
+  if tail -1 "$state/sweep.txt" | grep -q "stopped: trial budget reached\|stopped: no new configs proposed"; then
+    touch "$state/swept"
+  fi
+fi
+if [ -e "$store" ]; then
+  python3 -m cutlass_tune.cli best --storage "$store" --wide > "$state/best.txt" 2>&1
+  python3 -m cutlass_tune.cli best --storage "$store" --format csv -o "$state/wgrad-table.csv" >> "$state/best.txt" 2>&1
+  cat "$state/best.txt"
+fi
+tar czf "$out/moe-wgrad-state.tgz" -C "$state" .

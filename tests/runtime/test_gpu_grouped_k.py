@@ -1,0 +1,91 @@
+"""The weight-gradient launch on a Hopper GPU: `GroupedGemm.run_weight_grad` (a `Grouping.GROUPED_K`
+kernel, compiled on first use with nvcc) against torch._grouped_mm(g.t(), x, offs), the product
+torch's backward of a grouped GEMM computes, and against fp32, with empty experts (exactly 0),
+routed rows no tile divides, no rows at all, and a CUDA graph replayed over new offsets.
+
+Run on the GPU host: python3 -m pytest tests/runtime/test_gpu_grouped_k.py -m gpu -p no:cacheprovider -v"""
+
+import pytest
+import torch
+
+from cutlass_tune.runtime._grouped import GroupedGemm, torch_weight_grad
+
+from ..compile.test_nvcc_grouped_k import GROUPED_K
+
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
+
+N, K = 1536, 4096  # the down projection's dW at Qwen3-235B's widths, transposed: G 1536 wide, X 4096
+ROWS = (0, 3, 130, 0, 1025, 64, 7, 0)
+TOLERANCE = 1e-2
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    return GroupedGemm(GROUPED_K[0])
+
+
+def _operands(rows, seed=0):
+    gen = torch.Generator("cuda").manual_seed(seed)
+    m = sum(rows)
+    g = (torch.randn(m, N, generator=gen, device="cuda") * 0.1).bfloat16()
+    x = (torch.randn(m, K, generator=gen, device="cuda") * 0.1).bfloat16()
+    offs = torch.tensor(rows, dtype=torch.int32, device="cuda").cumsum(0).to(torch.int32)
+    return g, x, offs
+
+
+def _fp32(g, x, rows):
+    out, start = [], 0
+    for count in rows:
+        out.append(g[start:start + count].float().t() @ x[start:start + count].float())
+        start += count
+    return torch.stack(out)
+
+
+def _rel(got, want):
+    return float(torch.linalg.vector_norm(got.float() - want) / torch.linalg.vector_norm(want))
+
+
+def test_the_kernel_matches_torch_and_fp32_and_zeroes_empty_experts(gemm):
+    g, x, offs = _operands(ROWS)
+    out = torch.full((len(ROWS), N, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert gemm.run_weight_grad(g, x, offs, out) is out
+    torch.cuda.synchronize()
+    want = _fp32(g, x, ROWS)
+    for e, count in enumerate(ROWS):
+        if count:
+            assert _rel(out[e], want[e]) < TOLERANCE, (e, count)
+        else:
+            assert int((out[e] != 0).sum()) == 0, f"expert {e} has no rows: its dW must be 0"
+    used = torch.tensor([c > 0 for c in ROWS], device="cuda")
+    assert _rel(out[used], torch_weight_grad(g, x, offs).float()[used]) < TOLERANCE
+
+
+def test_no_rows_at_all_give_zeros_without_a_launch(gemm):
+    g, x = torch.empty(0, N, dtype=torch.bfloat16, device="cuda"), torch.empty(0, K, dtype=torch.bfloat16,
+                                                                                device="cuda")
+    offs = torch.zeros(4, dtype=torch.int32, device="cuda")
+    out = gemm.run_weight_grad(g, x, offs)
+    torch.cuda.synchronize()
+    assert out.shape == (4, N, K) and int((out != 0).sum()) == 0
+
+
+def test_a_graph_replay_reads_the_new_offsets(gemm):
+    rows_again = (7, 0, 1000, 200, 0, 19, 0, 3)
+    assert sum(rows_again) == sum(ROWS)
+    g, x, offs = _operands(ROWS)
+    out = torch.empty(len(ROWS), N, K, dtype=torch.bfloat16, device="cuda")
+    gemm.run_weight_grad(g, x, offs, out)  # compiled and initialized outside the capture
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        gemm.run_weight_grad(g, x, offs, out)
+    offs.copy_(torch.tensor(rows_again, dtype=torch.int32, device="cuda").cumsum(0))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = _fp32(g, x, rows_again)
+    for e, count in enumerate(rows_again):
+        if count:
+            assert _rel(out[e], want[e]) < TOLERANCE, (e, count)
+        else:
+            assert int((out[e] != 0).sum()) == 0, e
