@@ -197,7 +197,7 @@ def test_shapes_over_a_file_take_its_knobs_and_the_strategy_named(tmp_path, gpus
 @pytest.mark.parametrize("args, expected", [
     ([], "error: sweep: give a search-space file or --shapes MxNxK[,MxNxK...]\n"),
     (["--shapes", "64x64"], "error: --shapes = '64x64': give each shape as MxNxK, e.g. 4096x4096x4096, "
-     "or MoE experts as eE:ROWSxNxK, e.g. e128:32768x1536x2048\n"),
+     "or MoE experts as eE:ROWSxNxK, e.g. e128:32768x1536x2048 (dwE:ROWSxNxK for their weight gradients)\n"),
     (["--dtype", "f16"], "error: --dtype: goes with --shapes (a space file gives its own types and layouts)\n"),
 ])
 def test_a_sweep_without_a_space_is_one_line_and_exit_2(args, expected):
