@@ -20,3 +20,14 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, *(('transformers',
     if [ -n "${COMMIT:-}" ]; then echo "commit $COMMIT"; else git log -1 --format='%h %s' 2>/dev/null; fi; } > "$1"
   cat "$1"
 }
+# export_cut DIR NAME GZ PATTERN [EXPORT OPTIONS]: a committed store (GZ) unpacked to DIR/NAME.sqlite,
+# its best rows whose problem matches PATTERN (a regular expression) kept in DIR/NAME-rows.csv and
+# exported to DIR/NAME-bundle.
+export_cut() {
+  local dir=$1 name=$2 gz=$3 pattern=$4; shift 4
+  gunzip -c "$gz" > "$dir/$name.sqlite" &&
+  python3 -m cutlass_tune.cli best --storage "$dir/$name.sqlite" --format csv -o "$dir/$name-best.csv" > /dev/null &&
+  python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
+    "$dir/$name-best.csv" "$dir/$name-rows.csv" "$pattern" &&
+  python3 -m cutlass_tune.cli export --storage "$dir/$name-rows.csv" -o "$dir/$name-bundle" "$@"
+}

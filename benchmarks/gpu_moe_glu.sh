@@ -21,14 +21,8 @@ left() { echo $((budget - SECONDS)); }
 gpu_facts "$out/gpu.txt"
 # The MoE store's Qwen3-235B rows, exported alone first so that their kernels compile (into the
 # kernel cache) while the sweep compiles its own; the final export finds both in the cache.
-moe_rows() {
-  gunzip -c benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz > "$state/moe.sqlite" &&
-  python3 -m cutlass_tune.cli best --storage "$state/moe.sqlite" --format csv -o "$state/moe-best.csv" > /dev/null &&
-  python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
-    "$state/moe-best.csv" "$state/moe-rows.csv" 'x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e' &&
-  python3 -m cutlass_tune.cli export --storage "$state/moe-rows.csv" -o "$state/moe-bundle" --jobs 6
-}
-moe_rows > "$out/moe-export.txt" 2>&1 &
+export_cut "$state" moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
+  'x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e' --jobs 6 > "$out/moe-export.txt" 2>&1 &
 moe_pid=$!
 timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_glu_bf16.yaml \
   --strategy optuna --trials "${TRIALS:-11}" --batch 11 --jobs 10 --storage "$state/glu.sqlite" \

@@ -14,12 +14,8 @@ state=${WGRAD_DIR:-results/moe_wgrad}
 budget=${WGRAD_SECONDS:-560}
 trials=${WGRAD_TRIALS:-24}
 mkdir -p "$out" "$state"
-if ! python3 -c "import optuna, sqlalchemy, alembic" 2>/dev/null && compgen -G ".whlmin/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whlmin/*.whl || exit
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
+. benchmarks/gpu_env.sh || exit
+gpu_facts "$state/gpu.txt"
 store="$state/wgrad.sqlite"
 left() { echo $((budget - SECONDS)); }
 

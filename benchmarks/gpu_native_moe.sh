@@ -21,20 +21,15 @@ trap 'tar czf "$final/results.tgz" -C "$out" .' EXIT
 left() { echo $((budget - SECONDS)); }
 gpu_facts "$out/gpu.txt"
 python3 -m cutlass_tune.cli native --build > "$out/native.txt" 2>&1 &
-export_cut() {  # NAME GZ PATTERN: the store's best rows whose problem matches, exported
-  local name=$1 gz=$2 pattern=$3
-  gunzip -c "$gz" > "$state/$name.sqlite" &&
-  python3 -m cutlass_tune.cli best --storage "$state/$name.sqlite" --format csv -o "$state/$name-best.csv" > /dev/null &&
-  python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
-    "$state/$name-best.csv" "$state/$name-rows.csv" "$pattern" &&
-  python3 -m cutlass_tune.cli export --storage "$state/$name-rows.csv" -o "$state/$name-bundle" > "$out/$name-export.txt" 2>&1
-  echo "$name export rc=$?"
+export_cut_logged() {  # NAME GZ PATTERN: export_cut into the state folder, its output in OUT/NAME-export.txt
+  export_cut "$state" "$@" > "$out/$1-export.txt" 2>&1
+  echo "$1 export rc=$?"
 }
-export_cut moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
+export_cut_logged moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
   'x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_|x5760x2880_|x2880x2880_' &  # Qwen3-235B, DeepSeek-V2-Lite, GPT-OSS
-export_cut dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
+export_cut_logged dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
   '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' &
-export_cut fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^(16|32|64)x' &
+export_cut_logged fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^(16|32|64)x' &
 wait
 echo "setup done at ${SECONDS}s"; tail -2 "$out/native.txt"
 [ -z "${PRE:-}" ] || { eval "$PRE" > "$out/pre.txt" 2>&1; echo "pre rc=$?"; tail -25 "$out/pre.txt"; }
