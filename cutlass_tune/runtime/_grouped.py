@@ -218,10 +218,15 @@ def weight_grad_problem_of(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor)
     return problem
 
 
+def _torch_grouped() -> Callable[..., torch.Tensor] | None:
+    """torch's grouped GEMM: `F.grouped_mm`, else (older torch) `torch._grouped_mm`; None without one."""
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def torch_weight_grad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """dW_e = g_e^T x_e (E x N x K) as torch's backward of a grouped GEMM computes it:
     `torch._grouped_mm(g.t(), x, offs=offs)`."""
-    grouped = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    grouped = _torch_grouped()
     if grouped is None:
         raise MatmulInputError(f"torch {torch.__version__} has no grouped GEMM (torch._grouped_mm)")
     return grouped(g.t(), x, offs=offs)
@@ -240,7 +245,7 @@ def torch_grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     else torch._grouped_mm, else a loop over the experts, which reads offs on the host). An
     output type other than the inputs' that torch's kernel refuses is computed in float32 and cast."""
     dtype = out_dtype or a.dtype
-    grouped = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    grouped = _torch_grouped()
     if grouped is not None:
         if dtype == a.dtype:
             return grouped(a, b, offs=offs)
