@@ -22,12 +22,21 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, *(('transformers',
 }
 # export_cut DIR NAME GZ PATTERN [EXPORT OPTIONS]: a committed store (GZ) unpacked to DIR/NAME.sqlite,
 # its best rows whose problem matches PATTERN (a regular expression) kept in DIR/NAME-rows.csv and
-# exported to DIR/NAME-bundle.
+# exported to DIR/NAME-bundle. CUT_EXTRA: more stores (.sqlite or .sqlite.gz, space-separated) whose
+# best rows join the cut whole (the problems swept this call, e.g. by gpu_moe_wgrad.sh).
 export_cut() {
-  local dir=$1 name=$2 gz=$3 pattern=$4; shift 4
+  local dir=$1 name=$2 gz=$3 pattern=$4 extra i=0; shift 4
   gunzip -c "$gz" > "$dir/$name.sqlite" &&
   python3 -m cutlass_tune.cli best --storage "$dir/$name.sqlite" --format csv -o "$dir/$name-best.csv" > /dev/null &&
   python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
-    "$dir/$name-best.csv" "$dir/$name-rows.csv" "$pattern" &&
+    "$dir/$name-best.csv" "$dir/$name-rows.csv" "$pattern" || return
+  for extra in ${CUT_EXTRA:-}; do
+    [ -e "$extra" ] || { echo "export_cut: $extra is missing: left out"; continue; }
+    i=$((i + 1))
+    case $extra in *.gz) gunzip -c "$extra" > "$dir/$name-extra$i.sqlite";; *) cp "$extra" "$dir/$name-extra$i.sqlite";; esac
+    python3 -m cutlass_tune.cli best --storage "$dir/$name-extra$i.sqlite" --format csv -o "$dir/$name-extra$i.csv" > /dev/null &&
+    python3 -c "import sys, pandas as pd; pd.concat([pd.read_csv(sys.argv[1]), pd.read_csv(sys.argv[2])]).to_csv(sys.argv[1], index=False)" \
+      "$dir/$name-rows.csv" "$dir/$name-extra$i.csv" || return
+  done
   python3 -m cutlass_tune.cli export --storage "$dir/$name-rows.csv" -o "$dir/$name-bundle" "$@"
 }

@@ -189,12 +189,16 @@ def run(args: argparse.Namespace) -> dict:
             breaks[name] = _graph_breaks()
         if args.train:
             grads[name] = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
-    if args.train:  # torch's own disagreement per gradient: a second path of its own, once
-        model.set_experts_implementation(FLOOR_IMPLEMENTATION)
-        with torch.compiler.set_stance("force_eager"):  # its loop over experts is not worth compiling
-            step()
+    # torch's own disagreement (of the output; in training of each gradient too): a second path of
+    # its own, once. A family whose router picks among near-tied logits (random weights) flips
+    # experts for some tokens between any two bf16 paths, torch's among them.
+    model.set_experts_implementation(FLOOR_IMPLEMENTATION)
+    with torch.compiler.set_stance("force_eager"):  # its loop over experts is not worth compiling
+        floor_output = step().float()
+    if args.train:
         grads[FLOOR_IMPLEMENTATION] = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
     error = relative(outputs[ct.NAME], outputs["grouped_mm"])
+    error_floor = relative(floor_output, outputs["grouped_mm"])
     grad_errors = {n: relative(grads[ct.NAME][n], g) for n, g in grads.get("grouped_mm", {}).items()
                    if n in grads[ct.NAME] and g.norm() > 0}
     grad_floors = {n: relative(grads[FLOOR_IMPLEMENTATION][n], grads["grouped_mm"][n]) for n in grad_errors
@@ -226,7 +230,8 @@ def run(args: argparse.Namespace) -> dict:
         "speedup_over_grouped_mm": ms["grouped_mm"] / ms[ct.NAME], "profile": profiles,
         "gain_split_ms": gain_split(profiles[strongest], profiles[ct.NAME], ms[strongest], ms[ct.NAME])
         if profiles else None,
-        "relative_error": error, "graph_breaks": breaks, "first_call_s": first_s, "fallbacks": fallbacks,
+        "relative_error": error, "relative_error_floor": error_floor, "graph_breaks": breaks, "first_call_s": first_s,
+        "fallbacks": fallbacks,
         "grad_max_relative_error": worst, "grads_close": close,
         "wall_s": round(time.perf_counter() - began, 1),
     }
@@ -309,10 +314,15 @@ def _mode(args: argparse.Namespace) -> str:
             + ("-graphs" if args.graphs else "-compile" if args.compile else ""))
 
 
+def _floor(r: dict) -> str:
+    """torch's own disagreement beside a run's error ("-" for runs that did not measure it)."""
+    return "-" if r.get("relative_error_floor") is None else f"{r['relative_error_floor']:.1e}"
+
+
 def summary(out_dir: Path) -> str:
     """The table of every run's JSON in `out_dir`, one line each."""
     lines = [f"{'family':<11} {'tokens':>6} {'mode':<18} {'grouped_mm ms':>13} {'cutlass_tune ms':>15} "
-             f"{'speedup':>7} {'over':<10} {'rel.err':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}"]
+             f"{'speedup':>7} {'over':<10} {'rel.err':>8} {'floor':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}"]
     for path in sorted(out_dir.glob("*.json")):
         r = json.loads(path.read_text())
         if "family" not in r:
@@ -322,7 +332,7 @@ def summary(out_dir: Path) -> str:
         grads = "-" if r.get("grads_close") is None else ("ok" if r["grads_close"] else "FAIL")
         lines.append(f"{r['family']:<11} {r['tokens']:>6} {r['mode']:<18} {ms['grouped_mm']:>13.3f} "
                      f"{ms['cutlass_tune']:>15.3f} {r['speedup']:>7.3f} {r.get('strongest_torch', 'grouped_mm'):<10} "
-                     f"{r['relative_error']:>8.1e} {broke:>7} {grads:>6} {len(r['fallbacks']):>9}")
+                     f"{r['relative_error']:>8.1e} {_floor(r):>8} {broke:>7} {grads:>6} {len(r['fallbacks']):>9}")
     return "\n".join(lines)
 
 
