@@ -597,3 +597,6 @@ def _door(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, key: str, out_dt
 
 
 _native.register_door("grouped_mm door", _resolve_door, _door)
+# The door's native path (`_native.door`) is there once the library is loaded: with the door's own
+# import, so a process that calls the door and never imports the operators launches from C++ too.
+_native.load()

@@ -688,3 +688,6 @@ def _door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.dtype | N
 
 
 _native.register_door("matmul", _resolve_door, _door)
+# The door's native path (`_native.door`) is there once the library is loaded: with the door's own
+# import, so a process that calls the door and never imports the operators launches from C++ too.
+_native.load()
