@@ -2,8 +2,8 @@
 
 The user-facing API: `load_best` (best-config tables as pandas DataFrames), `BestTable`
 (lookups), `matmul` and `Gemm` (run tuned kernels on torch tensors), `grouped_mm` (MoE experts'
-grouped GEMM, torch._grouped_mm's operands), `moe_experts` (a MoE experts layer: routing, gather,
-both tuned grouped GEMMs, combine); for models, `patch` (swap a
+grouped GEMM, torch._grouped_mm's operands), `grouped_weight_grad` (its weight gradient),
+`moe_experts` (a MoE experts layer: routing, gather, both tuned grouped GEMMs, combine); for models, `patch` (swap a
 model's covered nn.Linear layers for `cutlass_tune.nn.Linear`), `inductor_options` (torch.compile options
 that fuse GEMMs with what follows them) and `register_table` (a table's
 key for the operator `torch.ops.cutlass_tune.mm`). Stages live in
@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from .runtime import BestTable as BestTable
     from .runtime import Gemm as Gemm
     from .runtime import grouped_mm as grouped_mm
+    from .runtime import grouped_weight_grad as grouped_weight_grad
     from .runtime import inductor_options as inductor_options
     from .runtime import matmul as matmul
     from .runtime import moe_experts as moe_experts
@@ -27,8 +28,8 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
 
 __version__ = "0.1.0"
 
-_RUNTIME = ("BestTable", "Gemm", "grouped_mm", "inductor_options", "matmul", "moe_experts", "patch",
-            "register_table")
+_RUNTIME = ("BestTable", "Gemm", "grouped_mm", "grouped_weight_grad", "inductor_options", "matmul", "moe_experts",
+            "patch", "register_table")
 _REPORT = ("load_best",)
 __all__ = [*_RUNTIME, *_REPORT, "__version__", "nn"]
 

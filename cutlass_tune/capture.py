@@ -98,8 +98,9 @@ KERNELS_FROM = {
 _OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2), "_addmm_activation": (1, 2),
              "_scaled_mm": (0, 1), "linear": (0, 1)}
 """The GEMM ops recorded, with the positions of their two operands."""
-_GROUPED_OPS = ("_grouped_mm", "grouped_mm")
-"""The grouped GEMM ops recorded: aten's and torch.ops.cutlass_tune's (a, b, offs first)."""
+_GROUPED_OPS = ("_grouped_mm", "grouped_mm", "grouped_weight_grad")
+"""The grouped GEMM ops recorded: aten's and torch.ops.cutlass_tune's (a, b, offs first; the
+weight gradient's g, x, offs, grouped along K as aten's 2-D x 2-D case)."""
 
 Matrix = tuple[int, int, int, int]
 """A 2-D operand: rows, columns, row stride, column stride."""

@@ -471,9 +471,9 @@ class _Experts(nn.Module):
     """MoE experts as transformers' "grouped_mm" runs them: routed rows sorted by expert, a gate_up
     stack (E x 2I x H) and a down stack (E x H x I), torch._grouped_mm on their transposes."""
 
-    def __init__(self, experts=8, hidden=64, inter=32, top_k=2):
+    def __init__(self, experts=8, hidden=64, inter=32, top_k=2, grouped=torch._grouped_mm):
         super().__init__()
-        self.top_k, self.experts = top_k, experts
+        self.top_k, self.experts, self.grouped = top_k, experts, grouped
         self.router = nn.Linear(hidden, experts, bias=False)
         self.gate_up = nn.Parameter(torch.randn(experts, 2 * inter, hidden) / 8)
         self.down = nn.Parameter(torch.randn(experts, hidden, inter) / 8)
@@ -485,8 +485,8 @@ class _Experts(nn.Module):
         rows = x[perm // self.top_k]
         counts = torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1)
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        gate, up = torch._grouped_mm(rows, self.gate_up.transpose(-2, -1), offs).chunk(2, dim=-1)
-        return torch._grouped_mm(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs)
+        gate, up = self.grouped(rows, self.gate_up.transpose(-2, -1), offs).chunk(2, dim=-1)
+        return self.grouped(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs)
 
 
 def test_moe_experts_are_grouped_problems_in_a_file_of_their_own(tmp_path):
@@ -510,6 +510,20 @@ def test_moe_backward_records_the_input_gradient_and_skips_the_weights(tmp_path)
     assert {(p.n, p.k, p.layout) for p in backward} == {(64, 64, "tt"), (32, 64, "tt")}
     skipped = [c for c, _ in captured.skipped() if c.op == "_grouped_mm"]
     assert len(skipped) == 2 and all(c.skipped.startswith("grouped along K") for c in skipped)
+
+
+def test_the_operators_backward_lists_its_weight_gradients_as_skipped(tmp_path):
+    """Guards `shapes --backward` on the operator: its dB (grouped_weight_grad) is listed, not lost."""
+    import pandas as pd
+
+    from cutlass_tune.runtime import BestTable, register_table
+
+    key = register_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), key="capture-experts")
+    model = _Experts(grouped=lambda a, b, offs: torch.ops.cutlass_tune.grouped_mm(a, b, offs, key))
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    captured = capture_gemms(target(model.to(torch.bfloat16), x), backward=True)
+    skipped = [c for c, _ in captured.skipped() if c.op == "grouped_weight_grad"]
+    assert len(skipped) == 2 and all(c.skipped.startswith("grouped along K") and c.backward for c in skipped)
 
 
 def test_moe_experts_of_a_transformers_model():

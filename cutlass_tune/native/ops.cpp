@@ -992,6 +992,26 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
+using WeightGradOp = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view);
+
+// dW_e = g_e^T x_e (E x N x K): the operator cutlass_tune::grouped_weight_grad, which
+// runtime/_grouped_op.py defines (a Python CUDA kernel: the table's tuned weight-gradient kernels),
+// through the dispatcher, so torch.compile traces it; torch's grouped GEMM where that module has not
+// defined it in this process.
+at::Tensor weight_grad(const at::Tensor& g, const at::Tensor& x, const at::Tensor& offs, const std::string& table) {
+  static std::optional<c10::TypedOperatorHandle<WeightGradOp>> op;
+  static std::mutex lock;
+  {
+    std::lock_guard<std::mutex> guard(lock);
+    if (!op.has_value()) {
+      if (auto found = c10::Dispatcher::singleton().findSchema({"cutlass_tune::grouped_weight_grad", ""})) {
+        op = found->typed<WeightGradOp>();
+      }
+    }
+  }
+  return op.has_value() ? op->call(g, x, offs, table) : at::_grouped_mm(g.t(), x, offs);
+}
+
 // b is the transpose(-2, -1) of a contiguous E x N x K stack (_grouped_op._weights_view).
 bool weights_view(const at::Tensor& b) { return !b.is_contiguous() && b.transpose(-2, -1).is_contiguous(); }
 
@@ -1021,9 +1041,10 @@ struct GroupedMmFunction : public torch::autograd::Function<GroupedMmFunction> {
       grad_a = grouped_mm_op().call(grad, b.transpose(-2, -1), offs, ctx->saved_data["table"].toStringRef(),
                                     std::nullopt);
     }
-    if (ctx->needs_input_grad(1)) {  // dB_e = A_e^T @ dY_e by torch's grouped GEMM, in b's layout
-      grad_b = ctx->saved_data["weights_view"].toBool() ? at::_grouped_mm(grad.t(), a, offs).transpose(-2, -1)
-                                                        : at::_grouped_mm(a.t(), grad, offs);
+    if (ctx->needs_input_grad(1)) {  // dB_e = A_e^T @ dY_e by the weight-gradient operator, in b's layout
+      const std::string table = ctx->saved_data["table"].toStringRef();
+      grad_b = ctx->saved_data["weights_view"].toBool() ? weight_grad(grad, a, offs, table).transpose(-2, -1)
+                                                        : weight_grad(a, grad, offs, table);
     }
     return {grad_a, grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
   }

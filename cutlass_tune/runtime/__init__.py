@@ -4,7 +4,9 @@
 table file, or a store through the tuner); `matmul` and `Gemm` run the tuned kernels on torch
 tensors, fused epilogues (bias, activation, residual) and fp8 scales included; `mm` and `linear`
 are the operators `torch.ops.cutlass_tune.mm`, `.linear` and `.grouped_mm` (a table bound
-to a key by `register_table`), for models and torch.compile; `Linear` and `patch` put them into models,
+to a key by `register_table`), for models and torch.compile (`.grouped_mm`'s backward runs
+`.grouped_weight_grad`, as `grouped_weight_grad` the tuned weight gradients); `Linear` and
+`patch` put them into models,
 `Fp8Linear` an fp8 e4m3 weight with row-wise or block-wise scales; `moe_experts` and
 `MoEExperts` a MoE experts layer (routing, gather, both grouped GEMMs, combine);
 `LoadedKernel` and the ABI's names come from `cutlass_tune.kernel`. Every one of them dispatches
@@ -42,7 +44,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     )
     from ._fp8_linear import Fp8Linear
     from ._grouped import GroupedGemm, grouped_mm, grouped_problem_of, torch_grouped_mm
-    from ._grouped_op import grouped_mm_op
+    from ._grouped_op import grouped_mm_op, grouped_weight_grad_op
     from ._inductor import FusionDecision, FusionPass, inductor_options
     from ._linear import Linear
     from ._matmul import Gemm, MatmulInputError, activation_of, matmul, operation_of, problem_of, torch_gemm
@@ -62,6 +64,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ._op import UnregisteredTableError, linear, mm, register_table
     from ._patch import LayerDecision, PatchReport, patch
     from ._table import BestTable, Match, PlanCache
+    from ._weight_grad import grouped_weight_grad
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call", "ExpertActivation", "Fallback",
            "FallbackReason", "Fp8Linear", "FusionDecision", "FusionPass", "GateForm", "Gemm", "GemmArgs",
@@ -70,9 +73,9 @@ __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call"
            "KernelLoadError", "KernelRef", "KernelStatusError", "Kind", "LayerDecision", "Linear", "LoadedKernel",
            "Match", "MatmulInputError", "PatchReport", "Plan", "PlanCache", "Ready", "UnregisteredTableError",
            "Workspace", "activation_of", "cutlass_status_name", "eager_direct_allowed", "grouped_mm", "grouped_mm_op",
-           "grouped_problem_of", "inductor_options", "interleave_gate_up", "linear", "make_args", "matmul", "mm",
-           "operation_of", "patch", "problem_of", "register_table", "resolve", "split_gate_up", "torch_gemm",
-           "torch_grouped_mm"]
+           "grouped_problem_of", "grouped_weight_grad", "grouped_weight_grad_op", "inductor_options",
+           "interleave_gate_up", "linear", "make_args", "matmul", "mm", "operation_of", "patch", "problem_of",
+           "register_table", "resolve", "split_gate_up", "torch_gemm", "torch_grouped_mm"]
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match", "PlanCache")
@@ -83,7 +86,8 @@ _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredT
            "Fp8Linear": "_fp8_linear",
            "patch": "_patch", "PatchReport": "_patch", "LayerDecision": "_patch", "GroupedGemm": "_grouped",
            "grouped_mm": "_grouped", "grouped_problem_of": "_grouped", "torch_grouped_mm": "_grouped",
-           "grouped_mm_op": "_grouped_op", "inductor_options": "_inductor", "FusionPass": "_inductor",
+           "grouped_mm_op": "_grouped_op", "grouped_weight_grad_op": "_grouped_op",
+           "grouped_weight_grad": "_weight_grad", "inductor_options": "_inductor", "FusionPass": "_inductor",
            "FusionDecision": "_inductor", **{name: "_moe" for name in (
                "ExpertActivation", "GateForm", "MoEDecode", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine",
                "moe_experts", "moe_gather", "moe_routing")},

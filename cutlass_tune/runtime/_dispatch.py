@@ -35,7 +35,7 @@ import torch
 
 from .._torch import TORCH_DTYPE
 from ..measurement import Baseline
-from ..space import Activation, DType, KernelConfig, Problem, RuntimeArgs, Scaling
+from ..space import Activation, DType, Grouping, KernelConfig, Problem, RuntimeArgs, Scaling
 from ..tables import BestTableError, BundledKernel
 from ._table import BestTable, Match
 
@@ -215,7 +215,9 @@ class Call:
 
     @property
     def door(self) -> str:
-        return "grouped_mm" if self.kind is Kind.GROUPED else "matmul"
+        if self.kind is not Kind.GROUPED:
+            return "matmul"
+        return "grouped_weight_grad" if self.problem.grouping is Grouping.GROUPED_K else "grouped_mm"
 
 
 @dataclasses.dataclass(frozen=True)

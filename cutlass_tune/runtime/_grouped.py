@@ -225,11 +225,17 @@ def _torch_grouped() -> Callable[..., torch.Tensor] | None:
 
 def torch_weight_grad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """dW_e = g_e^T x_e (E x N x K) as torch's backward of a grouped GEMM computes it:
-    `torch._grouped_mm(g.t(), x, offs=offs)`."""
+    `torch._grouped_mm(g.t(), x, offs=offs)`; without it (older torch) a loop over the experts,
+    which reads offs on the host. An expert of no rows gets zeros."""
     grouped = _torch_grouped()
-    if grouped is None:
-        raise MatmulInputError(f"torch {torch.__version__} has no grouped GEMM (torch._grouped_mm)")
-    return grouped(g.t(), x, offs=offs)
+    if grouped is not None:
+        return grouped(g.t(), x, offs=offs)
+    out = g.new_zeros((offs.shape[0], g.shape[1], x.shape[1]))
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        out[e] = (g[start:end].t().float() @ x[start:end].float()).to(g.dtype)
+        start = end
+    return out
 
 
 def _out_shape(problem: Problem) -> tuple[int, ...]:

@@ -24,9 +24,19 @@ Backward (`register_autograd`):
 - dA = dY @ B_e^T per group: the same operator on `b.transpose(-2, -1)`, a grouped problem
   with N and K swapped and the other layout of B (the E x N x K weight stack of a "tn" call is
   a contiguous "tt" operand), so a table with those grouped kernels serves it.
-- dB_e = A_e^T @ dY_e: torch's grouped GEMM of two 2-D operands grouped along K (what
-  torch._grouped_mm's own backward runs), in b's layout: for the transposed view of a weight
-  stack, dY_e^T @ A_e lands E x N x K like the weights.
+- dB_e = A_e^T @ dY_e: the operator `grouped_weight_grad` below, two 2-D operands grouped
+  along K, in b's layout: for the transposed view of a weight stack (`_weights_view`, nn.Linear
+  style) dW_e = dY_e^T @ A_e lands E x N x K like the weights and is handed back transposed;
+  for a contiguous E x K x N stack A_e^T @ dY_e lands E x K x N as it is.
+
+    grouped_weight_grad(Tensor g, Tensor x, Tensor offs, str table) -> Tensor
+
+dW_e = g_e^T x_e (E x N x K) by the table's tuned weight-gradient kernel (`Grouping.GROUPED_K`,
+`cutlass_tune.grouped_weight_grad`) where the dispatcher picks one as it does the forward's
+(min_ratio 1.0, one warning per fallback cause), else what torch._grouped_mm's own backward runs,
+torch._grouped_mm(g.t(), x, offs). It reads offs on the device only (CUDA graphs, torch.compile's
+AOTAutograd backward). Defined here with both kinds of `grouped_mm` (the native library's C++
+backward calls it through the dispatcher); its own backward (a double backward) is `grouped_mm`'s.
 """
 
 from __future__ import annotations
@@ -38,9 +48,10 @@ import torch
 from ..space import Activation
 from . import _native
 from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, prepare
-from ._grouped import grouped_problem_of, run_grouped, torch_grouped_mm
+from ._grouped import grouped_problem_of, run_grouped, torch_grouped_mm, torch_weight_grad
 from ._matmul import MatmulInputError
 from ._op import _TAGS, _on_device_of, registered_table
+from ._weight_grad import run_weight_grad
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None) -> None:
@@ -138,19 +149,61 @@ def _weights_view(b: torch.Tensor) -> bool:
     return not b.is_contiguous() and b.transpose(-2, -1).is_contiguous()
 
 
-def grad_b(a: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor, weights_view: bool) -> torch.Tensor:
-    """dB_e = A_e^T @ dY_e for every expert, E x K x N; for `weights_view` computed as the
-    transpose of dY_e^T @ A_e, stored E x N x K like the weights. An expert of no rows gets zeros."""
-    if hasattr(torch, "_grouped_mm"):
-        if weights_view:
-            return torch._grouped_mm(grad.t(), a, offs).transpose(-2, -1)
-        return torch._grouped_mm(a.t(), grad, offs)
-    out = a.new_zeros((offs.shape[0], a.shape[1], grad.shape[1]))
-    start = 0
-    for e, end in enumerate(offs.tolist()):
-        out[e] = a[start:end].t() @ grad[start:end]
-        start = end
-    return out
+def _check_weight_grad(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor) -> None:
+    """What every implementation of `grouped_weight_grad` (fake and real) refuses."""
+    torch._check(g.dim() == 2 and x.dim() == 2 and g.shape[0] == x.shape[0],
+                 lambda: f"cutlass_tune.grouped_weight_grad: g and x must be 2-D with the same rows (M x N and M x K), "
+                 f"not {tuple(g.shape)} and {tuple(x.shape)}")
+    torch._check(offs.dim() == 1 and offs.dtype == torch.int32,
+                 lambda: f"cutlass_tune.grouped_weight_grad: offs must be E int32 row ends, not {offs.dtype} of shape "
+                 f"{tuple(offs.shape)}")
+    torch._check(g.dtype == x.dtype,
+                 lambda: f"cutlass_tune.grouped_weight_grad: g is {g.dtype} and x is {x.dtype}: they must match")
+    torch._check(g.device == x.device == offs.device,
+                 lambda: f"cutlass_tune.grouped_weight_grad: g, x and offs are on {g.device}, {x.device} and "
+                 f"{offs.device}")
+
+
+def _weight_grad_cuda(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, table: str) -> torch.Tensor:
+    """dW_e = g_e^T x_e (E x N x K) by the tuned weight-gradient kernels of the table registered
+    under `table` (CUDA tensors), else torch's grouped GEMM (tensors no kernel takes: said once)."""
+    tuned = registered_table(table)
+    with _on_device_of(g):
+        try:
+            return run_weight_grad(tuned, g, x, offs, True, 1.0, lambda: _check_weight_grad(g, x, offs))
+        except MatmulInputError as err:
+            input_not_taken("grouped_weight_grad", err, "torch's grouped GEMM")
+            return torch_weight_grad(g, x, offs)
+
+
+def _weight_grad_cpu(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, table: str) -> torch.Tensor:
+    _check_weight_grad(g, x, offs)
+    registered_table(table)
+    return torch_weight_grad(g, x, offs)
+
+
+def _weight_grad_fake(g: torch.Tensor, x: torch.Tensor, offs: torch.Tensor, table: str) -> torch.Tensor:
+    _check_weight_grad(g, x, offs)
+    registered_table(table)
+    return g.new_empty((offs.shape[0], g.shape[1], x.shape[1]))
+
+
+def _weight_grad_setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    g, x, offs, table = inputs
+    needs_g, needs_x = ctx.needs_input_grad[:2]
+    ctx.save_for_backward(g if needs_x else None, x if needs_g else None, offs)
+    ctx.table = table
+
+
+def _weight_grad_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None,
+                                                                  None]:
+    # dW_e = g_e^T x_e: dg_e = x_e dW_e^T and dx_e = g_e dW_e, grouped GEMMs of the forward's kind.
+    g, x, offs = ctx.saved_tensors
+    grad = grad.contiguous()
+    needs_g, needs_x = ctx.needs_input_grad[:2]
+    grad_g = grouped_mm_op(x, grad.transpose(-2, -1), offs, ctx.table) if needs_g else None
+    grad_x = grouped_mm_op(g, grad, offs, ctx.table) if needs_x else None
+    return grad_g, grad_x, None, None
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
@@ -165,8 +218,11 @@ def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.
     grad = grad.to(ctx.dtype).contiguous()
     needs_a, needs_b = ctx.needs_input_grad[:2]
     grad_a = grouped_mm_op(grad, b.transpose(-2, -1), offs, ctx.table) if needs_a else None
-    grad_b_ = grad_b(a, grad, offs, ctx.weights_view) if needs_b else None
-    return grad_a, grad_b_, None, None, None
+    grad_b = None
+    if needs_b:  # in b's layout: an E x N x K weight stack's dW handed back as its transpose(-2, -1) view
+        grad_b = grouped_weight_grad_op(grad, a, offs, ctx.table).transpose(-2, -1) if ctx.weights_view else \
+            grouped_weight_grad_op(a, grad, offs, ctx.table)
+    return grad_a, grad_b, None, None, None
 
 
 if _native.load() is not None:
@@ -182,3 +238,10 @@ else:
     grouped_mm_op.register_kernel("cpu")(_grouped_mm_cpu)
     grouped_mm_op.register_fake(_grouped_mm_fake)
     grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
+
+grouped_weight_grad_op: Any = torch.library.custom_op("cutlass_tune::grouped_weight_grad", mutates_args=(),
+                                                      device_types="cuda", tags=_TAGS)(_weight_grad_cuda)
+"""The weight-gradient operator (defined here where the native library is loaded too)."""
+grouped_weight_grad_op.register_kernel("cpu")(_weight_grad_cpu)
+grouped_weight_grad_op.register_fake(_weight_grad_fake)
+grouped_weight_grad_op.register_autograd(_weight_grad_backward, setup_context=_weight_grad_setup_context)

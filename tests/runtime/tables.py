@@ -63,3 +63,22 @@ def grouped_rows(entries: Iterable[tuple[str, str, int, int, int, int]], routing
                      **cells(cfg), "decomposition": "heuristic", "swizzle": 1, **problem.operation.cells(),
                      **experts_cells(problem)})
     return pd.DataFrame(rows)[list(COLUMNS)]
+
+
+def weight_grad_table(entries: Iterable[tuple[int, int, int, int, float]], config: object = None) -> BestTable:
+    """A table of weight-gradient rows (grouping grouped-k, layout nt, bf16), one per (experts, n, k,
+    rows, ratio) with `config` (a `KernelConfig` of that operation; None: a cooperative 128x128x64
+    one), naming no GPU: the rows `grouped_weight_grad` and grouped_mm's backward look up."""
+    from cutlass_tune.space import Grouping, KernelConfig, Layout, Problem, cells
+    from cutlass_tune.tables import experts_cells
+
+    cfg = config if isinstance(config, KernelConfig) else KernelConfig(
+        grouping=Grouping.GROUPED_K, layout_a=Layout.COL, layout_b=Layout.ROW, epilogue_source=False)
+    rows = []
+    for experts, n, k, m, ratio in entries:
+        problem = Problem.experts(experts, n, k, m, **cfg.operation.operation_fields())
+        rows.append(dict(gpu="", problem=problem.name, m=m, n=n, k=k, kernel=cfg.name, config_hash=cfg.hash,
+                         config=json.dumps(cfg.to_dict(), sort_keys=True), **cells(cfg), raster="along_n", splits=1,
+                         decomposition="heuristic", swizzle=1, ratio=ratio, **problem.operation.cells(),
+                         **experts_cells(problem)))
+    return BestTable(pd.DataFrame(rows))

@@ -149,3 +149,43 @@ def test_no_routed_rows_pose_a_problem_of_m_0():
     empty = a[:0].contiguous().as_subclass(OnCuda)
     problem = grouped_problem_of(empty, b.as_subclass(OnCuda), torch.zeros_like(offs).as_subclass(OnCuda))
     assert (problem.m, problem.n, problem.k, problem.groups) == (0, b.shape[2], b.shape[1], b.shape[0])
+
+
+@pytest.mark.parametrize("layout", ["tn", "tt"])
+def test_double_backward_equals_torch(key, layout):
+    """Guards the gradient of the weight gradient (create_graph): the operator's own backward."""
+    a, w, b, offs = operands(layout, dtype=torch.float32, grad=True)
+    grad = torch.randn(OFFS[-1], N, requires_grad=True)
+
+    def second(mm):
+        (dw,) = torch.autograd.grad(mm(a, b, offs), w, grad, create_graph=True)
+        return torch.autograd.grad(dw.square().sum(), (a, grad))
+
+    got = second(lambda a, b, offs: torch.ops.cutlass_tune.grouped_mm(a, b, offs, key))
+    want = second(torch._grouped_mm)
+    for g, t in zip(got, want):
+        torch.testing.assert_close(g[:OFFS[-1]], t[:OFFS[-1]])
+
+
+def test_the_compiled_backward_runs_the_weight_gradient_operator(key):
+    """Guards dB under AOTAutograd: the backward graph holds grouped_weight_grad, and its gradients are eager's."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    a, w, b, offs = operands("tn", dtype=torch.float32, grad=True)
+    compiled = torch.compile(lambda a, w, offs: torch.ops.cutlass_tune.grouped_mm(a, w.transpose(-2, -1), offs, key),
+                             fullgraph=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    compiled(a, w, offs).square().sum().backward()
+    got = a.grad.clone(), w.grad.clone()
+    a.grad = w.grad = None
+    torch.ops.cutlass_tune.grouped_mm(a, b, offs, key).square().sum().backward()
+    torch.testing.assert_close(got[0], a.grad)
+    torch.testing.assert_close(got[1], w.grad)
+    backward = graphs[-1].code
+    assert "cutlass_tune.grouped_weight_grad" in backward and "aten._grouped_mm" not in backward

@@ -157,7 +157,9 @@ def test_backward_matches_torch():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.ops.cutlass_tune.grouped_mm(a, b, offs, key).backward(grad)
-    no_fallback(caught)  # dA is the table's tt problem of N and K swapped
+    # dA is the table's tt problem of N and K swapped; dB is torch's (the table has no weight-gradient
+    # row, said once: test_gpu_grouped_k.py runs a tuned one)
+    no_fallback([w for w in caught if "cutlass_tune.grouped_weight_grad" not in str(w.message)])
     got = a.grad.clone(), w.grad.clone()
     a.grad = w.grad = None
     torch._grouped_mm(a, b, offs).backward(grad)
