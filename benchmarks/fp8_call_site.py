@@ -141,7 +141,11 @@ def main(source: str, outdir: Path, budget_ms: float, min_ratio: float, trace: b
     options = TimingOptions(budget_ms=budget_ms, min_samples=5, method=TimingMethod.SUSTAINED, paired=True)
     monitor = ClockMonitor(device)
     generator = torch.Generator(device=f"cuda:{device}").manual_seed(0)
-    print(f"{props.name}; torch {torch.__version__}; sustained, rotating operands", flush=True)
+    from cutlass_tune.runtime import _native
+
+    assert callable(cutlass_tune.matmul)  # the door's import loads the library, as a user's first call does
+    door = "native" if _native.door is not None else f"Python ({_native.reason() or 'no native library'})"
+    print(f"{props.name}; torch {torch.__version__}; sustained, rotating operands; the door's path: {door}", flush=True)
     for row in _entries(table):
         problem = problem_of_row(row)
         if problem.name in done:
@@ -151,7 +155,7 @@ def main(source: str, outdir: Path, budget_ms: float, min_ratio: float, trace: b
         randomize(first, generator)
         record: dict = {"problem": problem.name, "scaling": problem.scaling.value, "m": problem.m, "n": problem.n,
                         "k": problem.k, "kernel": str(row["kernel"]), "claimed": row.get("ratio"),
-                        "baseline": baseline, "min_ratio": min_ratio}
+                        "baseline": baseline, "min_ratio": min_ratio, "door": door}
         claimed = float(row.get("ratio", math.nan))
         if min_ratio > 0 and not claimed >= min_ratio:
             record["runs"] = "torch"  # matmul keeps torch's path: the table measured its kernel slower
