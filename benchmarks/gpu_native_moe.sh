@@ -11,7 +11,7 @@
 # separated by ';', each with --profile), HOST=0 (no host table), PRE (a command run after the setup),
 # MODEL_RUNS ("FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS), FP8=1 (the
 # fp8 row-wise entries at M 16-64 at the call site: benchmarks/fp8_call_site.py), MOE_EXTRA (stores whose best
-# rows join the MoE bundle: export_cut's CUT_EXTRA), MOE_PATTERN (the MoE store's problems exported).
+# rows join the MoE bundle: export_cut's CUT_EXTRA; default the committed tt and weight-gradient stores), MOE_PATTERN (the MoE store's problems exported).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-540}
@@ -26,7 +26,7 @@ export_cut_logged() {  # NAME GZ PATTERN: export_cut into the state folder, its 
   export_cut "$state" "$@" > "$out/$1-export.txt" 2>&1
   echo "$1 export rc=$?"
 }
-CUT_EXTRA=${MOE_EXTRA:-} export_cut_logged moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
+CUT_EXTRA=${MOE_EXTRA-benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/tt.sqlite.gz benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/wgrad.sqlite.gz} export_cut_logged moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
   "${MOE_PATTERN:-x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_|x5760x2880_|x2880x2880_}" &  # Qwen3-235B, DeepSeek-V2-Lite, GPT-OSS
 export_cut_logged dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
   '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' &
