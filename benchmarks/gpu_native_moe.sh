@@ -35,9 +35,12 @@ wait
 echo "setup done at ${SECONDS}s"; tail -2 "$out/native.txt"
 [ -z "${PRE:-}" ] || { eval "$PRE" > "$out/pre.txt" 2>&1; echo "pre rc=$?"; tail -25 "$out/pre.txt"; }
 if [ -n "${TEST_PATHS:-}" ]; then
-  # SIGINT, not SIGTERM: pytest stops as at ^C and still prints what passed and what failed
-  timeout -s INT -k 30 ${TEST_SECONDS:-200} python3 -m pytest -m gpu -n "${JOBS:-6}" -q -p no:cacheprovider -rA $TEST_PATHS > "$out/gpu_tests.txt" 2>&1
-  echo "tests rc=$? at ${SECONDS}s"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$out/gpu_tests.txt" | tail -30
+  # SIGINT, not SIGTERM: pytest stops as at ^C. -v: each test's outcome is printed as it ends, since
+  # xdist's teardown on the interrupt can lose the summary (an INTERNALERROR in place of -rA's list).
+  timeout -s INT -k 30 ${TEST_SECONDS:-200} python3 -m pytest -m gpu -n "${JOBS:-6}" -v -p no:cacheprovider -rA $TEST_PATHS > "$out/gpu_tests.txt" 2>&1
+  echo "tests rc=$? at ${SECONDS}s"
+  grep -oE "(PASSED|FAILED|ERROR) tests/[^ ]+" "$out/gpu_tests.txt" | sort -u | awk '{n[$1]++} END {for (k in n) print k, n[k]}'
+  grep -E "(FAILED|ERROR) tests/|passed|failed" "$out/gpu_tests.txt" | tail -20
 fi
 mkdir -p "$out/model"
 if [ -n "${MODEL_RUNS:-}" ]; then  # "FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS
