@@ -83,6 +83,7 @@ _GEMM = re.compile(r"gemm|cutlass|nvjet|xmma|cublas|bmm|sm90_|KernelPtrArray|Ker
 _NOT_GEMM = re.compile(r"gather|combine|routing|scatter|sort|histc|cumsum|index|softmax|moe_", re.IGNORECASE)
 _GEMM_HELPER = re.compile(r"prepare|setup|arguments", re.IGNORECASE)
 _GATHER = re.compile(r"index|gather|embedding", re.IGNORECASE)
+_GROUPED = re.compile(r"GroupProblemShape|PtrArray|grouped", re.IGNORECASE)
 
 
 def is_gemm(name: str) -> bool:
@@ -95,7 +96,9 @@ def parts(kernels: list[tuple[str, float]]) -> dict[str, float]:
     (name, time). GEMM kernels form groups, each closed by a main GEMM kernel (a helper such as
     torch's argument builder joins the GEMM after it): the first group is gate_up, the last down,
     any between "other GEMM"; before gate_up index kernels are the gather, the rest routing;
-    between the GEMMs the activation; after down the combine. Without two groups, everything is
+    between the GEMMs the activation; after down the combine. Where some groups are grouped GEMMs,
+    gate_up and down are the first and last of those: a dense GEMM after the down GEMM is the
+    combine's (GPT-OSS's down bias, a tokens x experts product). Without two groups, everything is
     "unassigned"."""
     runs: list[tuple[int, int]] = []
     start: int | None = None
@@ -115,8 +118,10 @@ def parts(kernels: list[tuple[str, float]]) -> dict[str, float]:
     if len(runs) < 2:
         out["unassigned"] = sum(t for _, t in kernels)
         return out
-    (first, first_end), (last, last_end) = runs[0], runs[-1]
-    middle = {i for start, end in runs[1:-1] for i in range(start, end)}
+    grouped = [(start, end) for start, end in runs if any(_GROUPED.search(kernels[i][0]) for i in range(start, end))]
+    ends = grouped if len(grouped) >= 2 else runs
+    (first, first_end), (last, last_end) = ends[0], ends[-1]
+    middle = {i for start, end in runs if first_end <= start and end <= last for i in range(start, end)}
     for i, (name, t) in enumerate(kernels):
         if i < first:
             part = "gather" if _GATHER.search(name) else "routing"

@@ -50,6 +50,19 @@ def test_a_fused_layer_without_glue_kernels_and_a_call_without_two_gemms(script)
     assert (got["routing"], got["gate_up GEMM"], got["activation"], got["down GEMM"], got["combine"]) == \
         (2.0, 90.0, 0.0, 70.0, 20.0)
     assert script.parts([("cutlass::device_kernel<x>", 5.0), ("reduce", 1.0)])["unassigned"] == 6.0
+
+
+def test_a_dense_gemm_after_the_down_gemm_is_the_combine_s(script):
+    """Guards GPT-OSS's parts: its down bias (a tokens x experts product after the combine) was
+    taken for the down GEMM, and the down GEMM for an "other GEMM"."""
+    kernels = [("cutlass_tune_moe_gather", 3.0),
+               ("cutlass::device_kernel<GemmUniversal<GroupProblemShape<...>>>", 90.0), ("clamped_swiglu", 5.0),
+               ("cutlass::device_kernel<GemmUniversal<GroupProblemShape<...>>>", 40.0),
+               ("cutlass_tune_moe_combine", 2.0), ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_cublas", 4.0),
+               ("vectorized_elementwise_kernel<add>", 1.0)]
+    got = script.parts(kernels)
+    assert (got["gate_up GEMM"], got["activation"], got["down GEMM"], got["combine"], got.get("other GEMM", 0.0)) == \
+        (90.0, 5.0, 40.0, 7.0, 0.0)
     assert not script.is_gemm("moe_combine_kernel") and script.is_gemm("nvjet_sm90_tst_128x64")
 
 
