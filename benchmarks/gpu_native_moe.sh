@@ -11,7 +11,8 @@
 # separated by ';', each with --profile), HOST=0 (no host table), PRE (a command run after the setup),
 # MODEL_RUNS ("FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS), FP8=1 (the
 # fp8 row-wise entries at M 16-64 at the call site: benchmarks/fp8_call_site.py), MOE_EXTRA (stores whose best
-# rows join the MoE bundle: export_cut's CUT_EXTRA; default the committed tt and weight-gradient stores), MOE_PATTERN (the MoE store's problems exported).
+# rows join the MoE bundle: export_cut's CUT_EXTRA; default the committed tt and weight-gradient stores),
+# MODEL_TABLE (a table or store the model runs use in place of the MoE bundle, exported first)., MOE_PATTERN (the MoE store's problems exported).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-540}
@@ -31,6 +32,11 @@ CUT_EXTRA=${MOE_EXTRA-benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_swe
 export_cut_logged dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
   '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' &
 export_cut_logged fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^(16|32|64)x' &
+model_table=$state/moe-bundle
+if [ -n "${MODEL_TABLE:-}" ]; then  # the model runs' own table (e.g. tune-model's in-model table), exported
+  model_table=$state/model-bundle
+  python3 -m cutlass_tune.cli export --storage "$MODEL_TABLE" -o "$model_table" > "$out/model-export.txt" 2>&1 &
+fi
 wait
 echo "setup done at ${SECONDS}s"; tail -2 "$out/native.txt"
 [ -z "${PRE:-}" ] || { eval "$PRE" > "$out/pre.txt" 2>&1; echo "pre rc=$?"; tail -25 "$out/pre.txt"; }
@@ -48,7 +54,7 @@ if [ -n "${MODEL_RUNS:-}" ]; then  # "FAMILY TOKENS FLAGS..." entries separated 
   for run in "${runs[@]}"; do
     set -- $run; family=$1; tokens=$2; shift 2
     [ "$(left)" -gt 100 ] || break
-    timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$state/moe-bundle" "$out/model" --family "$family" \
+    timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$model_table" "$out/model" --family "$family" \
       --tokens "$tokens" --profile --blocks 6 "$@" >> "$out/model-$family.txt" 2>&1
     echo "model $run rc=$? at ${SECONDS}s"
   done
@@ -59,7 +65,7 @@ for family in ${FAMILIES:-qwen3_235b}; do
   for spec in "${specs[@]}"; do
     set -- $spec; tokens=$1; shift 2
     [ "$(left)" -gt 100 ] || break
-    timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$state/moe-bundle" "$out/model" --family "$family" \
+    timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$model_table" "$out/model" --family "$family" \
       --tokens "$tokens" --profile --blocks 6 "$@" >> "$out/model-$family.txt" 2>&1
     echo "model $family $tokens $* rc=$? at ${SECONDS}s"
   done
