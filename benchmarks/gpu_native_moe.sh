@@ -12,7 +12,8 @@
 # MODEL_RUNS ("FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS), FP8=1 (the
 # fp8 row-wise entries at M 16-64 at the call site: benchmarks/fp8_call_site.py), MOE_EXTRA (stores whose best
 # rows join the MoE bundle: export_cut's CUT_EXTRA; default the committed tt and weight-gradient stores),
-# MODEL_TABLE (a table or store the model runs use in place of the MoE bundle, exported first)., MOE_PATTERN (the MoE store's problems exported).
+# MODEL_TABLE (a table or store the model runs use in place of the MoE bundle, exported first), MOE_PATTERN
+# (the MoE store's problems exported).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-540}
