@@ -553,6 +553,22 @@ def test_moe_backward_records_the_forward_input_and_weight_gradients(grouped, co
     assert not [c for c, _ in captured.skipped() if c.op in (op, "grouped_mm")]
 
 
+def test_grouped_calls_no_kernel_takes_are_skipped_with_the_reason():
+    offs = torch.empty(4, dtype=torch.int32, device="meta")
+
+    def model(x):
+        torch._grouped_mm(meta(48, 32).t(), meta(48, 64), offs)  # G^T of a row-major G: a weight gradient
+        torch._grouped_mm(meta(32, 48), meta(48, 64), offs)  # G^T stored row-major: G is column-major
+        torch._grouped_mm(meta(4, 48, 32), meta(32, 64), offs)  # 3-D x 2-D
+        return x
+
+    captured = capture_gemms(target(model, meta(1)))
+    assert [(p.grouping.value, p.groups, p.n, p.k, p.m, p.layout) for p in captured.problems()] == [
+        ("grouped-k", 4, 32, 64, 48, "nt")]
+    assert [c.skipped.split(":")[0] for c, _ in captured.skipped()] == [
+        "operands G of strides (1, 48) and X of strides (64, 1)", "a 3-D x 2-D grouped GEMM"]
+
+
 def test_a_training_steps_weight_gradients_round_trip_through_the_space_file(tmp_path, monkeypatch):
     """Guards the written grouped-k file: `space` lists its problems valid and `sweep` plans it."""
     model = _Experts(experts=4, inter=40).to(torch.bfloat16)
