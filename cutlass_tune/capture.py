@@ -37,7 +37,13 @@ are recorded as grouped problems: the experts E, N, K and the routed rows M (tok
 top-k). On the meta device their routing is written as uniform; on a GPU the first call's
 real counts (the router's, from the offsets) are written as its histogram. They go to space
 files of their own, `<name>_<dtype>_<layout>_grouped.yaml`, in the grouped problem syntax:
-`{experts: 128, n: 1536, k: 2048, rows: 32768, routing: uniform}`.
+`{experts: 128, n: 1536, k: 2048, rows: 32768, routing: uniform}`. A backward adds the input
+gradients (dX = dY W_e: the same weights in the other layout, "tt" for nn.Linear-style stacks)
+and the weight gradients, which aten's backward runs as `_grouped_mm(g.t(), x, offs)` (two 2-D
+operands grouped along the rows) and the operator's as `grouped_weight_grad(g, x, offs)`: grouped-k
+problems (dW_e = G_e^T X_e, E x N x K over the forward's routed rows, layout nt), in files
+`<name>_<dtype>_nt_grouped-k.yaml`: `{experts: 128, n: 1536, k: 2048, rows: 32768, routing:
+uniform, grouping: grouped-k}`.
 
 Imports torch: the CLI imports this module inside the `shapes` command only.
 """
@@ -100,7 +106,7 @@ _OPERANDS = {"mm": (0, 1), "addmm": (1, 2), "bmm": (0, 1), "baddbmm": (1, 2), "_
 """The GEMM ops recorded, with the positions of their two operands."""
 _GROUPED_OPS = ("_grouped_mm", "grouped_mm", "grouped_weight_grad")
 """The grouped GEMM ops recorded: aten's and torch.ops.cutlass_tune's (a, b, offs first; the
-weight gradient's g, x, offs, grouped along K as aten's 2-D x 2-D case)."""
+weight gradient's g, x, offs, grouped along the rows as aten's 2-D x 2-D case)."""
 
 Matrix = tuple[int, int, int, int]
 """A 2-D operand: rows, columns, row stride, column stride."""
@@ -672,12 +678,20 @@ def _gemm_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, out_dt
 def _grouped_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, offs: Any,
                   out_dtype: torch.dtype) -> tuple[GemmCall, tuple[int, ...] | None]:
     """A grouped GEMM call as a grouped problem (uniform routing), with its routed rows per
-    expert where `offs` can be read (not on meta), or with why it is not one."""
+    expert where `offs` can be read (not on meta), or with why it is not one.
+
+    Routed rows by a weight stack (2-D x 3-D) is the experts' forward or input gradient
+    (`Grouping.GROUPED`); two 2-D operands grouped along the rows are their weight gradient
+    (`Grouping.GROUPED_K`): torch's backward runs it as `_grouped_mm(g.t(), x, offs)`,
+    `grouped_weight_grad` as `(g, x, offs)`, G M x N and X M x K, dW E x N x K."""
     types = "/".join(str(d).removeprefix("torch.") for d in (a.dtype, b.dtype, out_dtype))
+    if op == "grouped_weight_grad" or (a.dim() == 2 and b.dim() == 2):
+        g = a if op == "grouped_weight_grad" else a.t()  # aten's first operand is G^T: N x M, M-major
+        return _weight_grad_call(op, backward, g, b, offs, out_dtype, types)
     if a.dim() != 2 or b.dim() != 3:
         shape = f"{tuple(a.shape)} x {tuple(b.shape)} {types}"
-        why = ("grouped along K (the experts' weight gradient): the tuned grouped kernels run routed rows by a "
-               "weight stack (2-D x 3-D)")
+        why = (f"a {a.dim()}-D x {b.dim()}-D grouped GEMM: the tuned grouped kernels run routed rows by a weight "
+               "stack (2-D x 3-D) and its weight gradient (2-D x 2-D)")
         return GemmCall(op, backward, shape, None, why), None
     (m, k), (e, _, n) = a.shape, b.shape
     shown = f"{e} experts of {n}x{k}, {m} rows {types}"
@@ -695,21 +709,54 @@ def _grouped_call(op: str, backward: bool, a: torch.Tensor, b: torch.Tensor, off
                         "kernels take row-major routed rows and a contiguous weight stack or its transpose"), None
     problem = Problem.experts(e, n, k, m, dtype_a=DTYPE_OF[a.dtype], dtype_b=DTYPE_OF[b.dtype],
                               dtype_d=DTYPE_OF[out_dtype], layout_b=layout_b)
+    return _checked(op, backward, problem, offs)
+
+
+def _weight_grad_call(op: str, backward: bool, g: torch.Tensor, x: torch.Tensor, offs: Any,
+                      out_dtype: torch.dtype, types: str) -> tuple[GemmCall, tuple[int, ...] | None]:
+    """dW_e = G_e^T X_e of every expert (G M x N, X M x K, rows sorted by expert) as the
+    grouped-k problem `weight_grad_problem_of` looks up, or with why it is not one."""
+    if g.dim() != 2 or x.dim() != 2 or g.shape[0] != x.shape[0] or not isinstance(offs, torch.Tensor) \
+            or offs.dim() != 1:
+        shape = f"{tuple(g.shape)} x {tuple(x.shape)} {types}"
+        return GemmCall(op, backward, shape, None, "a weight gradient without 2-D operands of the same rows and "
+                        "one row end per expert"), None
+    (m, n), k, e = g.shape, x.shape[1], offs.shape[0]
+    shown = f"{e} experts' weight gradients of {n}x{k}, {m} rows {types}"
+    if any(d not in DTYPE_OF for d in (g.dtype, x.dtype, out_dtype)):
+        return GemmCall(op, backward, shown, None, f"a dtype without tuned kernels ({types})"), None
+    if _layout(_matrix(g)) is not Layout.ROW or _layout(_matrix(x)) is not Layout.ROW:
+        return GemmCall(op, backward, shown, None, f"operands G of strides {g.stride()} and X of strides "
+                        f"{x.stride()}: the weight-gradient kernels take G (M x N) and X (M x K) row-major"), None
+    problem = Problem.experts(e, n, k, m, dtype_a=DTYPE_OF[g.dtype], dtype_b=DTYPE_OF[x.dtype],
+                              dtype_d=DTYPE_OF[out_dtype], layout_a=Layout.COL, layout_b=Layout.ROW,
+                              grouping=Grouping.GROUPED_K)
+    return _checked(op, backward, problem, offs)
+
+
+def _checked(op: str, backward: bool, problem: Problem, offs: Any) -> tuple[GemmCall, tuple[int, ...] | None]:
+    """The call of a grouped problem, refused where no kernel runs it, with its routed rows
+    per expert where `offs` can be read."""
     refused = "; ".join(str(w) for w in check_problem(problem)) or None
     counts = None
     if isinstance(offs, torch.Tensor) and not offs.is_meta and refused is None:
+        e, m = problem.groups, problem.m
         ends = [0, *offs.tolist()]
         counts = tuple(ends[i + 1] - ends[i] for i in range(e))
         counts = counts[:-1] + (counts[-1] + m - ends[-1],)  # rows past the last end (sentinels) to the last expert
     return GemmCall(op, backward, problem.name, problem, refused), counts
 
 
-def _kernel_sections(dtype: DType) -> tuple[str, dict[str, Any]]:
+def _kernel_sections(dtype: DType, grouping: Grouping = Grouping.NONE) -> tuple[str, dict[str, Any]]:
     """The shipped space whose kernels a written space of inputs `dtype` sweeps, and its
-    `kernels` and `runtime` as they are there."""
+    `kernels` and `runtime` as they are there; for weight gradients (`Grouping.GROUPED_K`),
+    its kernels without a C operand, the only ones that compute them (rule `grouped_epilogue`)."""
     name = KERNELS_FROM[dtype]
     shipped = yaml.safe_load(bundled_config(name).read_text(encoding="utf-8"))
-    return name, {key: shipped[key] for key in ("kernels", "runtime") if key in shipped}
+    sections = {key: shipped[key] for key in ("kernels", "runtime") if key in shipped}
+    if grouping is Grouping.GROUPED_K and isinstance(sections.get("kernels"), dict):
+        sections["kernels"] = {**sections["kernels"], "epilogue_source": [False]}
+    return name, sections
 
 
 def space_files(capture: Capture, output: Path, label: str, *, backward: bool = False) -> list[SpaceFile]:
@@ -734,10 +781,10 @@ def space_files(capture: Capture, output: Path, label: str, *, backward: bool = 
     files = []
     for (dtype_in, dtype_out, layout, grouping), members in groups.items():
         tag = dtype_in.value if dtype_in == dtype_out else f"{dtype_in.value}-{dtype_out.value}"
-        grouped = "_grouped" if grouping is Grouping.GROUPED else ""
+        grouped = f"_{grouping.value}" if grouping is not Grouping.NONE else ""
         path = output if len(groups) == 1 else output.with_name(f"{output.stem}_{tag}_{layout}{grouped}{output.suffix}")
         group = f"{dtype_in.value if dtype_in == dtype_out else f'{dtype_in.value}->{dtype_out.value}'} {layout}"
-        group += " grouped" if grouped else ""
+        group += f" {grouping.value}" if grouped else ""
         text = _space_text(label, group, dtype_in, dtype_out, layout, [(p, problems[p]) for p in members], backward,
                            capture.histograms)
         files.append(SpaceFile(path, group, tuple(members), text))
@@ -747,13 +794,14 @@ def space_files(capture: Capture, output: Path, label: str, *, backward: bool = 
 def _space_text(label: str, group: str, dtype_in: DType, dtype_out: DType, layout: str,
                 problems: list[tuple[Problem, dict[str, int]]], backward: bool,
                 histograms: Mapping[Problem, tuple[int, ...]] = {}) -> str:
-    shipped, sections = _kernel_sections(dtype_in)
+    grouping = problems[0][0].grouping if problems else Grouping.NONE
+    shipped, sections = _kernel_sections(dtype_in, grouping)
     run = "forward and backward" if backward else "forward"
     lines = [
         f"# The distinct {group} GEMMs of {json.dumps(label)[1:-1]}, recorded by `cutlass-tune shapes` in one {run};",
         "# the comment on each problem counts its calls. M follows the example inputs' tokens.",
         f"# kernels and runtime: those of the shipped {shipped}; narrow them to sweep faster.",
-        *(_GROUPED_NOTE if problems and problems[0][0].grouped else []),
+        *_GROUPED_NOTES.get(grouping, []),
         f"description: {json.dumps(f'GEMMs of {label} ({group}, {run})')}",
         "problems:",
     ]
@@ -769,11 +817,20 @@ def _space_text(label: str, group: str, dtype_in: DType, dtype_out: DType, layou
     return "\n".join(lines) + "\n" + yaml.safe_dump(sections, sort_keys=False, default_flow_style=None)
 
 
-_GROUPED_NOTE = ["# Grouped GEMMs (MoE experts): rows are the routed rows (tokens times top-k); the rules leave out",
-                 "# the kernels a grouped GEMM cannot run (tma_ws, Stream-K)."]
+_GROUPED_NOTES = {
+    Grouping.GROUPED: [
+        "# Grouped GEMMs (MoE experts): rows are the routed rows (tokens times top-k); the rules leave out",
+        "# the kernels a grouped GEMM cannot run (tma_ws, Stream-K)."],
+    Grouping.GROUPED_K: [
+        "# The MoE experts' weight gradients (grouping: grouped-k): dW_e = G_e^T X_e, E x N x K, reduced",
+        "# over the forward's routed rows (rows); layout nt, as the math fixes it. The kernels read",
+        "# no C (epilogue_source false); the rules leave out those it cannot run (tma_ws, Stream-K)."],
+}
+"""The comment lines a grouped space file opens with, by grouping."""
 
 
 def _grouped_entry(p: Problem, counts: tuple[int, ...] | None) -> str:
     """A grouped problem in the space file's syntax: its routing uniform, or the histogram read."""
     routing = Routing.UNIFORM.value if counts is None else f"{{histogram: [{', '.join(map(str, counts))}]}}"
-    return f"experts: {p.groups}, n: {p.n}, k: {p.k}, rows: {p.m}, routing: {routing}"
+    grouping = f", grouping: {p.grouping.value}" if p.grouping is not Grouping.GROUPED else ""
+    return f"experts: {p.groups}, n: {p.n}, k: {p.k}, rows: {p.m}, routing: {routing}{grouping}"

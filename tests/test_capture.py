@@ -469,14 +469,21 @@ def test_written_space_gives_each_problem_its_epilogue(tmp_path):
 
 class _Experts(nn.Module):
     """MoE experts as transformers' "grouped_mm" runs them: routed rows sorted by expert, a gate_up
-    stack (E x 2I x H) and a down stack (E x H x I), torch._grouped_mm on their transposes."""
+    stack (E x 2I x H) and a down stack (E x H x I), torch._grouped_mm on their transposes; with
+    `contiguous`, stacks of the other layout (E x H x 2I and E x I x H) taken as they are."""
 
-    def __init__(self, experts=8, hidden=64, inter=32, top_k=2, grouped=torch._grouped_mm):
+    def __init__(self, experts=8, hidden=64, inter=32, top_k=2, grouped=torch._grouped_mm, contiguous=False):
         super().__init__()
-        self.top_k, self.experts, self.grouped = top_k, experts, grouped
+        self.top_k, self.experts, self.grouped, self.contiguous = top_k, experts, grouped, contiguous
         self.router = nn.Linear(hidden, experts, bias=False)
-        self.gate_up = nn.Parameter(torch.randn(experts, 2 * inter, hidden) / 8)
-        self.down = nn.Parameter(torch.randn(experts, hidden, inter) / 8)
+        gate_up, down = (experts, 2 * inter, hidden), (experts, hidden, inter)
+        if contiguous:
+            gate_up, down = (experts, hidden, 2 * inter), (experts, inter, hidden)
+        self.gate_up = nn.Parameter(torch.randn(gate_up) / 8)
+        self.down = nn.Parameter(torch.randn(down) / 8)
+
+    def _weights(self, w):
+        return w if self.contiguous else w.transpose(-2, -1)
 
     def forward(self, x):
         x = x.reshape(-1, x.shape[-1])
@@ -485,8 +492,8 @@ class _Experts(nn.Module):
         rows = x[perm // self.top_k]
         counts = torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1)
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        gate, up = self.grouped(rows, self.gate_up.transpose(-2, -1), offs).chunk(2, dim=-1)
-        return self.grouped(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs)
+        gate, up = self.grouped(rows, self._weights(self.gate_up), offs).chunk(2, dim=-1)
+        return self.grouped(torch.nn.functional.silu(gate) * up, self._weights(self.down), offs)
 
 
 def test_moe_experts_are_grouped_problems_in_a_file_of_their_own(tmp_path):
@@ -502,42 +509,157 @@ def test_moe_experts_are_grouped_problems_in_a_file_of_their_own(tmp_path):
     assert "{experts: 8, n: 64, k: 64, rows: 32, routing: uniform}  # 1 call: aten._grouped_mm" in files[1].text
 
 
-def test_moe_backward_records_the_input_gradient_and_skips_the_weights(tmp_path):
-    model = _Experts().to(torch.bfloat16)
-    x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
-    captured = capture_gemms(target(model, x), backward=True)
-    backward = [p for p, s in captured.problems().items() if p.grouped and "aten._grouped_mm (backward)" in s]
-    assert {(p.n, p.k, p.layout) for p in backward} == {(64, 64, "tt"), (32, 64, "tt")}
-    skipped = [c for c, _ in captured.skipped() if c.op == "_grouped_mm"]
-    assert len(skipped) == 2 and all(c.skipped.startswith("grouped along K") for c in skipped)
+def _operator(a, b, offs):
+    return torch.ops.cutlass_tune.grouped_mm(a, b, offs, "capture-experts")
 
 
-def test_the_operators_backward_lists_its_weight_gradients_as_skipped(tmp_path):
-    """Guards `shapes --backward` on the operator: its dB (grouped_weight_grad) is listed, not lost."""
+@pytest.fixture
+def operator_table():
+    """An empty table under the key `_operator` calls with: on meta only the operator's fake runs."""
     import pandas as pd
 
     from cutlass_tune.runtime import BestTable, register_table
 
-    key = register_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), key="capture-experts")
-    model = _Experts(grouped=lambda a, b, offs: torch.ops.cutlass_tune.grouped_mm(a, b, offs, key))
+    register_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), key="capture-experts")
+
+
+def _training_problems(captured):
+    """The grouped problems of a capture: (grouping, E, N, K, rows, layout, backward)."""
+    return {(p.grouping.value, p.groups, p.n, p.k, p.m, p.layout, any(s.endswith("(backward)") for s in sources))
+            for p, sources in captured.problems().items() if p.grouped}
+
+
+@pytest.mark.parametrize("grouped", ["aten", "operator"])
+@pytest.mark.parametrize("contiguous", [False, True], ids=["linear-stacks", "contiguous-stacks"])
+def test_moe_backward_records_the_forward_input_and_weight_gradients(grouped, contiguous, request):
+    """Guards `shapes --backward` on MoE experts: the weight gradients are grouped-k problems, not skipped."""
+    if grouped == "operator":
+        request.getfixturevalue("operator_table")
+    # 4 experts, hidden 64, intermediate 40 (gate_up 80 wide): N and K of each GEMM differ
+    model = _Experts(experts=4, inter=40, contiguous=contiguous,
+                     grouped=_operator if grouped == "operator" else torch._grouped_mm).to(torch.bfloat16)
     x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
-    captured = capture_gemms(target(model.to(torch.bfloat16), x), backward=True)
-    skipped = [c for c, _ in captured.skipped() if c.op == "grouped_weight_grad"]
-    assert len(skipped) == 2 and all(c.skipped.startswith("grouped along K") and c.backward for c in skipped)
+    captured = capture_gemms(target(model, x), backward=True)
+    forward, input_grad = ("tt", "tn") if contiguous else ("tn", "tt")
+    rows = 2 * 8 * 2  # tokens x top-k
+    # dW of gate_up and down, E x N x K as the call computes it: an nn.Linear-style stack's own
+    # shape, a contiguous E x K x N stack's (its gradient is G = the input rows, X = dY)
+    weights = [(64, 80), (40, 64)] if contiguous else [(80, 64), (64, 40)]
+    assert _training_problems(captured) == {
+        ("grouped", 4, 80, 64, rows, forward, False), ("grouped", 4, 64, 40, rows, forward, False),
+        ("grouped", 4, 64, 80, rows, input_grad, True), ("grouped", 4, 40, 64, rows, input_grad, True),
+        *(("grouped-k", 4, n, k, rows, "nt", True) for n, k in weights)}
+    op = "grouped_weight_grad" if grouped == "operator" else "_grouped_mm"
+    assert not [c for c, _ in captured.skipped() if c.op in (op, "grouped_mm")]
 
 
-def test_moe_experts_of_a_transformers_model():
+def test_grouped_calls_no_kernel_takes_are_skipped_with_the_reason():
+    offs = torch.empty(4, dtype=torch.int32, device="meta")
+
+    def model(x):
+        torch._grouped_mm(meta(48, 32).t(), meta(48, 64), offs)  # G^T of a row-major G: a weight gradient
+        torch._grouped_mm(meta(32, 48), meta(48, 64), offs)  # G^T stored row-major: G is column-major
+        torch._grouped_mm(meta(4, 48, 32), meta(32, 64), offs)  # 3-D x 2-D
+        return x
+
+    captured = capture_gemms(target(model, meta(1)))
+    assert [(p.grouping.value, p.groups, p.n, p.k, p.m, p.layout) for p in captured.problems()] == [
+        ("grouped-k", 4, 32, 64, 48, "nt")]
+    assert [c.skipped.split(":")[0] for c, _ in captured.skipped()] == [
+        "operands G of strides (1, 48) and X of strides (64, 1)", "a 3-D x 2-D grouped GEMM"]
+
+
+def test_a_training_steps_weight_gradients_round_trip_through_the_space_file(tmp_path, monkeypatch):
+    """Guards the written grouped-k file: `space` lists its problems valid and `sweep` plans it."""
+    model = _Experts(experts=4, inter=40).to(torch.bfloat16)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    captured = capture_gemms(target(model, x), backward=True)
+    files = space_files(captured, tmp_path / "train.yaml", "moe.py:build", backward=True)
+    # the forward's, the weight gradients' and the input gradients' (the router's 4-wide GEMM is skipped)
+    assert [f.path.name for f in files] == ["train_bf16_tn_grouped.yaml", "train_bf16_nt_grouped-k.yaml",
+                                            "train_bf16_tt_grouped.yaml"]
+    (written,) = [f for f in files if f.group == "bf16 nt grouped-k"]
+    assert yaml.safe_load(written.text)["problems"] == [
+        {"experts": 4, "n": 64, "k": 40, "rows": 32, "routing": "uniform", "grouping": "grouped-k"},
+        {"experts": 4, "n": 80, "k": 64, "rows": 32, "routing": "uniform", "grouping": "grouped-k"}]
+    written.path.write_text(written.text)
+    loaded = load_space(written.path)
+    assert loaded.problems == written.problems and all(p.grouping.value == "grouped-k" for p in loaded.problems)
+    assert loaded.valid and {c.grouping.value for c in loaded.valid} == {"grouped-k"}
+    r = run("space", written.path.name, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith(f"{written.path.name}: 2 problems, "), r.stdout + r.stderr
+    assert f"{len(loaded.valid)} valid" in r.stdout.splitlines()[0]
+    # sweep plans the file (its valid configs) and stops at the GPU, the first thing it needs
+    import cutlass_tune.cli._sweep
+
+    monkeypatch.setattr(cutlass_tune.cli._sweep, "surely_no_gpu", lambda: True)
+    r = run("sweep", written.path.name, cwd=tmp_path)
+    assert r.returncode == 2 and "no valid config" not in r.stderr and "no CUDA" in r.stderr, r.stderr
+
+
+MOE = """
+import torch
+from torch import nn
+
+
+class Experts(nn.Module):
+    def __init__(self, experts=4, hidden=64, inter=40, top_k=2):
+        super().__init__()
+        self.top_k, self.experts = top_k, experts
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.gate_up = nn.Parameter(torch.randn(experts, 2 * inter, hidden) / 8)
+        self.down = nn.Parameter(torch.randn(experts, hidden, inter) / 8)
+
+    def forward(self, x):
+        x = x.reshape(-1, x.shape[-1])
+        ids, perm = torch.sort(self.router(x).topk(self.top_k, dim=-1).indices.reshape(-1))
+        offs = torch.cumsum(torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1), 0,
+                            dtype=torch.int32)
+        gate, up = torch._grouped_mm(x[perm // self.top_k], self.gate_up.transpose(-2, -1), offs).chunk(2, -1)
+        return torch._grouped_mm(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs)
+
+
+def build():
+    return Experts().to(torch.bfloat16), (torch.randn(2, 8, 64, dtype=torch.bfloat16),)
+"""
+"""MoE experts on torch._grouped_mm, nn.Linear-style stacks; 16 tokens, top 2: 32 routed rows."""
+
+
+def test_shapes_backward_writes_the_weight_gradients_of_moe_experts(tmp_path):
+    model_file(tmp_path, MOE, "moe.py")
+    r = run("shapes", "moe.py:build", "--backward", "-o", "train.yaml", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    lines = r.stdout.splitlines()
+    grouped = [line.split() for line in lines if "aten._grouped_mm" in line]
+    # forward 2, weight gradients 2, input gradient 1 (down's: the inputs ask for no gradient), none skipped
+    assert len(grouped) == 5 and all(g[0].endswith("_e4-uniform") for g in grouped)
+    assert ["32x64x40_bf16bf16bf16_nt_grouped-k_e4-uniform", "1", "aten._grouped_mm", "(backward)"] in grouped
+    (wrote,) = [line for line in lines if line.startswith("wrote train_bf16_nt_grouped-k.yaml")]
+    assert wrote.startswith("wrote train_bf16_nt_grouped-k.yaml: 2 bf16 nt grouped-k problems, ")
+    assert wrote.endswith("tune them with `cutlass-tune sweep train_bf16_nt_grouped-k.yaml`")
+    assert int(wrote.split(", ")[1].split()[0]) > 0  # valid configs
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "training"])
+def test_moe_experts_of_a_transformers_model(backward):
     transformers = pytest.importorskip("transformers", minversion="5", reason="needs transformers >= 5")
     config = transformers.Qwen3MoeConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
         max_position_embeddings=64)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    captured = capture_gemms(target(model, torch.zeros(2, 8, dtype=torch.long)))
+    captured = capture_gemms(target(model, torch.zeros(2, 8, dtype=torch.long)), backward=backward)
     grouped = {p: s for p, s in captured.problems().items() if p.grouped}
-    assert {(p.groups, p.n, p.k, p.m): sum(s.values()) for p, s in grouped.items()} == {
-        (8, 64, 64, 32): 2, (8, 64, 32, 32): 2}  # gate_up (2 x 32 wide) and down, in each of 2 layers
+    # gate_up (2 x 48 wide) and down, in each of 2 layers; training adds their input gradients (tt)
+    # and weight gradients (grouped-k, E x N x K as the stacks are)
+    forward = {("grouped", 96, 64, "tn"): 2, ("grouped", 64, 48, "tn"): 2}
+    training = {("grouped", 64, 96, "tt"): 2, ("grouped", 48, 64, "tt"): 2,
+                ("grouped-k", 96, 64, "nt"): 2, ("grouped-k", 64, 48, "nt"): 2}
+    assert {(p.grouping.value, p.n, p.k, p.layout): sum(s.values()) for p, s in grouped.items()} == (
+        {**forward, **training} if backward else forward)
+    assert {(p.groups, p.m) for p in grouped} == {(8, 32)}  # 16 tokens, top 2
+    assert not [c for c, _ in captured.skipped() if c.op == "_grouped_mm"]
 
 
 @pytest.mark.gpu
@@ -549,3 +671,16 @@ def test_moe_routing_histogram_on_the_gpu(tmp_path):
     for p in problems:
         counts = p["routing"]["histogram"]
         assert len(counts) == 8 and sum(counts) == p["rows"] == 32
+
+
+@pytest.mark.gpu
+def test_moe_weight_gradients_routing_histogram_on_the_gpu(tmp_path):
+    """Guards the weight gradients' routing read on a GPU: the forward's counts, as for the forward."""
+    model = _Experts().to(torch.bfloat16)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    captured = capture_gemms(target(model, x), backward=True, device="cuda")
+    files = {f.group: f for f in space_files(captured, tmp_path / "moe.yaml", "moe", backward=True)}
+    forward = yaml.safe_load(files["bf16 tn grouped"].text)["problems"]
+    weights = yaml.safe_load(files["bf16 nt grouped-k"].text)["problems"]
+    assert len(weights) == 2 and all(p["grouping"] == "grouped-k" and p["rows"] == 32 for p in weights)
+    assert {tuple(p["routing"]["histogram"]) for p in weights} == {tuple(p["routing"]["histogram"]) for p in forward}
