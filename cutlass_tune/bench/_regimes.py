@@ -75,7 +75,8 @@ HEADROOM_MIN_US = 20.0
 
 
 def time_regime(sides: Sequence[Sequence[Launch]], spec: RegimeSpec, *, options: TimingOptions,
-                probe: Probe | None = None, capture: bool = True) -> list[TimingStats]:
+                probe: Probe | None = None, capture: bool = True,
+                names: Sequence[str] | None = None) -> list[TimingStats]:
     """Time each side's launches in the regime `spec`, sides alternating block by block.
 
     Args:
@@ -84,6 +85,7 @@ def time_regime(sides: Sequence[Sequence[Launch]], spec: RegimeSpec, *, options:
         spec: the regime; SUSTAINED is `time_sustained` (`capture` then says graph or Python loop).
         options: the sample budget (`budget_ms`, `min_samples`, `max_samples`, `warmup_ms`).
         probe: reads energy and the SM clock (None: no clock, no power).
+        names: what each side is, for the errors (default: its index).
 
     Returns:
         One `TimingStats` per side: per-call milliseconds, the median SM clock after its blocks,
@@ -94,6 +96,7 @@ def time_regime(sides: Sequence[Sequence[Launch]], spec: RegimeSpec, *, options:
     """
     if spec.regime is Regime.SUSTAINED:
         return time_sustained(sides, options=options, probe=probe, capture=capture)
+    named = list(names) if names is not None and len(names) == len(sides) else [f"side {i}" for i in range(len(sides))]
     calls = [_cycle(launches) for launches in sides]
     estimates = [_estimate_ms(call) for call in calls]
     filler = _Filler(spec)
@@ -134,22 +137,22 @@ def time_regime(sides: Sequence[Sequence[Launch]], spec: RegimeSpec, *, options:
             if reading.sm_mhz is not None:
                 clocks[side].append(reading.sm_mhz)
     if not all(times):
-        never = [i for i, t in enumerate(times) if not t]
-        raise RuntimeError(f"timing in regime {spec.name}: the host never got ahead of the GPU on side "
-                           f"{', '.join(map(str, never))} of {len(sides)} ({_drops(headroom)})")
+        never = [named[i] for i, t in enumerate(times) if not t]
+        raise RuntimeError(f"timing in regime {spec.name}: the host never got ahead of the GPU on "
+                           f"{', '.join(never)} ({_drops(named, headroom)})")
     stats = [dataclasses.replace(_sustained_stats(t, c, w), dropped=h.dropped)
              for t, c, w, h in zip(times, clocks, power, headroom)]
     slow = [i for i, (st, estimate) in enumerate(zip(stats, estimates)) if st.median_ms > MAX_SLOWDOWN * estimate]
     if slow:
-        read = "; ".join(f"side {i}: {stats[i].median_ms * 1000:.1f} us a call against {estimates[i] * 1000:.1f} us "
-                         "back to back" for i in slow)
+        read = "; ".join(f"{named[i]}: {stats[i].median_ms * 1000:.1f} us a call against "
+                         f"{estimates[i] * 1000:.1f} us back to back" for i in slow)
         raise RuntimeError(f"timing in regime {spec.name}: {read}, more than {MAX_SLOWDOWN:g}x: the events held "
-                           f"more than the call (the regime's gap or copy, or host time; {_drops(headroom)})")
+                           f"more than the call (the regime's gap or copy, or host time; {_drops(named, headroom)})")
     return stats
 
 
-def _drops(headroom: Sequence[_Headroom]) -> str:
-    return "calls dropped per side: " + ", ".join(str(h.dropped) for h in headroom)
+def _drops(named: Sequence[str], headroom: Sequence[_Headroom]) -> str:
+    return "calls dropped: " + ", ".join(f"{name} {h.dropped}" for name, h in zip(named, headroom))
 
 
 @dataclasses.dataclass
