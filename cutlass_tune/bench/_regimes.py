@@ -92,7 +92,8 @@ def time_regime(sides: Sequence[Sequence[Launch]], spec: RegimeSpec, *, options:
         its mean power in the regime and its energy per call (`power_w` times the median).
 
     Raises:
-        RuntimeError: a CUDA error, or a side whose every call was dropped.
+        RuntimeError: a CUDA error, a side whose every call was dropped, or a side read more than
+            `MAX_SLOWDOWN` times its time back to back (each named, with its dropped calls).
     """
     if spec.regime is Regime.SUSTAINED:
         return time_sustained(sides, options=options, probe=probe, capture=capture)
