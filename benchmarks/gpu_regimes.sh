@@ -45,15 +45,8 @@ confirm_in_regimes() {
   done
   ct best --storage "$state/$name.sqlite" --format csv -o "$out/$name-best.csv" >/dev/null
   COLUMNS=400 ct best --storage "$state/$name.sqlite" > "$out/$name-best.txt"
-  python3 - "$out/$name-best.csv" <<'PY' | tee "$out/$name-regimes.txt"
-import sys, pandas as pd
-from cutlass_tune.tables import regime_figures
-t = pd.read_csv(sys.argv[1])
-for r in t.to_dict("records"):
-    if any(not pd.isna(r.get(f"{c}_ratio")) for c in ("idle_gap", "interleaved", "as_captured")):
-        print(r["problem"][:48], "sweep", round(r["sweep_ratio"], 3),
-              "; ".join(f"{n} {x:.3f} {m:.0f} MHz {w:.0f} W" for n, x, m, w in regime_figures(r)))
-PY
+  python3 benchmarks/regimes_summary.py "$out/$name-best.csv" "$state/$name.sqlite" "${args[@]}" \
+    | tee "$out/$name-regimes.txt"
 }
 
 for phase in $phases; do

@@ -193,7 +193,8 @@ def _check_entry(table: BestTable, problem: Problem, kernel: str, claimed: float
     names = list(paths)
     delivered = []
     for mode in (modes if regime == SUSTAINED else (regime.name,)):
-        found = time_regime(sides, regime, options=options, probe=monitor.reading, capture=mode == "graph")
+        found = time_regime(sides, regime, options=options, probe=monitor.reading, capture=mode == "graph",
+                            names=["matmul", *(f"torch ({name})" for name in names)])
         delivered.append(Delivered(mode, found[0], found[1], dict(zip(names[1:], found[2:], strict=True))))
     return EntryCheck(problem, kernel, claimed, tuple(delivered))
 

@@ -208,7 +208,7 @@ class GpuRunner:
             before = self._clocks.read()
             for _attempt in range(2):
                 if timing.method is TimingMethod.SUSTAINED:
-                    stats, *found = self._time_sustained(job, variant, target, [s for _, s in sides], ops)
+                    stats, *found = self._time_sustained(job, variant, target, sides, ops)
                 else:
                     stats, *found = time_sides([target.launch] + [s.launch for _, s in sides], options=timing,
                                                flush=self._flush, prepare=target.rearm)
@@ -238,11 +238,14 @@ class GpuRunner:
             **{k: v for (prefix, _), st in zip(sides, found) for k, v in _side_figures(prefix, st).items()},
         )
 
-    def _time_sustained(self, job: Job, variant: RuntimeArgs, target: _Target, others: list[_Target],
+    def _time_sustained(self, job: Job, variant: RuntimeArgs, target: _Target, named: list[tuple[str, _Target]],
                         ops: Operands) -> list[TimingStats]:
-        """`time_sustained` of the target (and the sides timed with it) over rotating copies of
-        `ops`: each copy has its own kernel instance, initialized once on it. One `TimingStats`
-        for the target, then one per side."""
+        """`time_sustained` of the target (and the sides timed with it, by their figures' prefix)
+        over rotating copies of `ops`: each copy has its own kernel instance, initialized once on
+        it. One `TimingStats` for the target, then one per side."""
+        others = [side for _, side in named]
+        names = [Baseline.of(job.problem).value if job.is_baseline else "kernel",
+                 *(f"{prefix} side" for prefix, _ in named)]
         free, _total = torch.cuda.mem_get_info(self.device)
         count = rotation_count(ops.nbytes, self.env.l2_bytes, memory_bytes=free)
         copies = [ops] + [ops.copy() for _ in range(count - 1)]
@@ -259,7 +262,7 @@ class GpuRunner:
                     column.append(column[0].sibling())
                     column[-1].setup(RuntimeArgs(), c)
             sides = [[k.once for k in kernels]] + [[o.launch for o in column] for column in columns]
-            return time_regime(sides, job.timing.regime, options=job.timing, probe=self._clocks.reading)
+            return time_regime(sides, job.timing.regime, options=job.timing, probe=self._clocks.reading, names=names)
         finally:
             for k in kernels[1:]:
                 k.close()

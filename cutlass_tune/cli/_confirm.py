@@ -74,8 +74,23 @@ def confirm(
             failed = collections.Counter(m.status.value for m, _ in result.rows if m.status is not Status.OK)
             out.print(f"run {result.run_id} (regime {spec.name}): {len(result.rows)} measurements added to "
                       f"{store.shown}" + (f"; not ok: {dict(failed)}" if failed else ""))
+            for line in failures(result.rows):
+                out.print(line, markup=False, highlight=False)
     finally:
         bench.close()
+
+
+def failures(rows: list) -> list[str]:
+    """One line per distinct failure of a confirm run's measurements (problem, the kernel or the
+    torch baseline measured, status and the first line of its reason, with how many passes met
+    it): a count alone hid why the torch side of a grouped problem failed in a regime."""
+    seen: collections.Counter = collections.Counter()
+    for m, _ in rows:
+        if m.status is not Status.OK:
+            what = f"{m.kernel_name} (torch's side)" if m.is_baseline else f"{m.kernel_name} {m.runtime.name}"
+            reason = (m.reason.strip().splitlines() or ["no reason recorded"])[0][:300]
+            seen[(m.problem.name, what, m.status.value, reason)] += 1
+    return [f"  {status}: {problem} {what} ({n}x): {reason}" for (problem, what, status, reason), n in seen.items()]
 
 
 def _matching(chosen: list, patterns: list[str], shown: str) -> list:

@@ -230,20 +230,30 @@ def load_candidates(source: str | Path, top: int) -> pd.DataFrame:
 def _with_regimes(row: pd.Series, sustained: pd.DataFrame | None, regimed: pd.DataFrame) -> pd.Series:
     """`row` (a problem's pick) with its `REGIME_COLUMNS`: the sustained ones from its sustained
     confirm passes (`sustained`, None where it has none), each other regime's from the rows of the
-    same kernel variant measured in it (`regimed`), the medians over their passes; of a regime
-    confirmed with several parameters (two gap lengths), those of the last run. The dispatch
-    columns start empty (`check` and `tune-model` fill them)."""
+    same kernel measured in it (`regimed`), the medians over their passes; of a regime confirmed
+    with several parameters (two gap lengths), those of the last run. The kernel's rows of the
+    row's own run-time variant come first; where that variant was not measured in a regime, those
+    of the kernel's other run-time variants give its figures (their last run's): `confirm
+    --regime` times the candidates by sweep ratio, and the pick, by median confirmed ratio, may
+    be another raster or swizzle of the same kernel, whose figures in the regime differ from it
+    by what a run-time argument changes, where none would be shown at all. The dispatch columns
+    start empty (`check` and `tune-model` fill them)."""
     row = row.copy()
     for c in REGIME_COLUMNS:
         row[c] = "" if c.endswith("_regime") else math.nan
     row["call_site_ratio"], row["call_site_regime"], row["in_model_ratio"] = math.nan, "", math.nan
     found = {Regime.SUSTAINED: sustained}
-    same = regimed[(regimed["gpu"] == row["gpu"]) & (regimed["problem"] == row["problem"])
-                   & (regimed["config_hash"] == row["config_hash"]) & (regimed["runtime"] == row["runtime"])]
+    kernel = regimed[(regimed["gpu"] == row["gpu"]) & (regimed["problem"] == row["problem"])
+                     & (regimed["config_hash"] == row["config_hash"])]
+    variant = kernel["runtime"] == row["runtime"]
     for regime in Regime:
         if regime is Regime.SUSTAINED:
             continue
-        mine = same[same["_regime"].map(lambda name, r=regime: name.partition(":")[0] == r.value)]
+        of_regime = kernel["_regime"].map(lambda name, r=regime: name.partition(":")[0] == r.value).astype(bool)
+        mine = kernel[of_regime & variant]
+        if mine["ratio"].isna().all():
+            mine = kernel[of_regime & ~variant]
+            mine = mine[mine["run_id"] == mine["run_id"].iloc[-1]] if not mine.empty else mine
         if not mine.empty:
             found[regime] = mine[mine["_regime"] == mine["_regime"].iloc[-1]]
     for regime, runs in found.items():

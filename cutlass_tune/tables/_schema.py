@@ -36,8 +36,9 @@ grouped one). Tables written before it read with the ratio's baseline as the str
 (4) r is one of sustained, idle_gap, interleaved, as_captured: the regime confirmed in
 (`RegimeSpec.name`, "" where none), the median confirmed ratio in it, the kernel's SM clock and the
 board's power there. A regime's figures come from `confirm --regime` passes of the kernel the table
-chose (chosen by its sustained passes, else by the sweep); tables written before regimes read them
-as empty.
+chose (chosen by its sustained passes, else by the sweep): of the row's run-time variant, else of
+another run-time variant of that kernel timed in the regime; tables written before regimes read
+them as empty.
 (5) Empty where not measured. The dispatcher holds `min_ratio` against the first the row has of:
 in_model_ratio, call_site_ratio, the lowest of `ratio` and the regimes' ratios
 (`runtime.Match.dispatch_ratio`).

@@ -435,3 +435,36 @@ def test_best_and_the_dashboard_show_each_regimes_ratio_clock_and_power(store):
     console = Console(width=600, record=True)
     console.print(_table(load_best(store.url)))
     assert said in console.export_text()
+
+
+def test_a_regimes_figures_reach_the_best_row_from_another_run_time_variant_of_its_kernel(store):
+    """Guards against the regime columns staying empty where `best` picked another run-time variant
+    of the kernel `confirm --regime` timed (the MoE store: ralong_m picked, rheuristic confirmed)."""
+    by_sweep = candidates(store, top=2)  # PINGPONG's heuristic raster and COOP
+    swizzled = [dataclasses.replace(c, runtime=SWIZZLE_2) if c.config == PINGPONG else c for c in by_sweep]
+    at_cap = {(PINGPONG.hash, SWIZZLE_2.name): 1.00, (COOP.hash, RuntimeArgs().name): 0.99}
+    confirm(store, swizzled, FakeCompiler(), RegimeBench(at_cap, "sustained", 1440.0, 690.0), 2)
+    gaps = {(PINGPONG.hash, RuntimeArgs().name): 1.10, (COOP.hash, RuntimeArgs().name): 0.97}
+    confirm(store, by_sweep, FakeCompiler(), RegimeBench(gaps, "idle-gap:200us", 1980.0, 580.0), 2)
+    big = load_best(store.url).set_index("problem").loc[BIG.name]
+    assert (big["kernel"], big["runtime"], big["ratio"]) == (PINGPONG.name, SWIZZLE_2.name, pytest.approx(1.00))
+    assert (big["idle_gap_regime"], big["idle_gap_sm_mhz"]) == ("idle-gap:200us", 1980.0)
+    assert big["idle_gap_ratio"] == pytest.approx(1.10)  # the heuristic raster's, the kernel's only figure there
+    # where the row's own variant was timed in the regime, its figures come first
+    confirm(store, swizzled, FakeCompiler(), RegimeBench({(PINGPONG.hash, SWIZZLE_2.name): 1.07}, "idle-gap:200us",
+                                                         1970.0, 575.0), 2)
+    big = load_best(store.url).set_index("problem").loc[BIG.name]
+    assert big["idle_gap_ratio"] == pytest.approx(1.07) and big["idle_gap_sm_mhz"] == 1970.0
+
+
+def test_confirm_names_each_failure_with_its_reason():
+    """Guards against a confirm run printing only a count of failures (`not ok: {'runtime_error': 2}`)
+    while the reason sat in a store that did not come back from the GPU host."""
+    from cutlass_tune.cli._confirm import failures
+
+    said = "RuntimeError: timing in regime interleaved:64MiB: the host never got ahead of the GPU on side 1 of 3"
+    torch_side = dataclasses.replace(baseline(BIG), status=Status.RUNTIME_ERROR, reason=said + "\nmore")
+    wrong = kernel(BIG, COOP, ALONG_N, 1.0, Status.WRONG_RESULT)
+    lines = failures([(torch_side, None), (baseline(SMALL), None), (torch_side, None), (wrong, None)])
+    assert lines == [f"  runtime_error: {BIG.name} {torch_side.kernel_name} (torch's side) (2x): {said}",
+                     f"  wrong_result: {BIG.name} {COOP.name} {ALONG_N.name} (1x): rel error 0.9 > 0.01"]
