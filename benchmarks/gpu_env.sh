@@ -9,6 +9,14 @@ if ! python3 -c "import $needs" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/nul
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# A second transformers (a wheel cut by benchmarks/slim_wheel.py, and any newer dependency it
+# needs, in .whl/transformers-new/): installed to its own folder, used by `tf_new COMMAND...` only.
+tf_new() { echo "no transformers in .whl/transformers-new/" >&2; return 2; }
+if compgen -G ".whl/transformers-new/*.whl" >/dev/null &&
+   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tf-new \
+     .whl/transformers-new/*.whl; then
+  tf_new() { PYTHONPATH=/tmp/tf-new:$PYTHONPATH "$@"; }
+fi
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
 # gpu_facts FILE: the GPU, torch (and transformers where installed) and the checkout's commit,
 # written to FILE and printed.

@@ -13,7 +13,8 @@
 # fp8 row-wise entries at M 16-64 at the call site: benchmarks/fp8_call_site.py), MOE_EXTRA (stores whose best
 # rows join the MoE bundle: export_cut's CUT_EXTRA; default the committed tt and weight-gradient stores),
 # MODEL_TABLE (a table or store the model runs use in place of the MoE bundle, exported first), MOE_PATTERN
-# (the MoE store's problems exported).
+# (the MoE store's problems exported), TF_NEW=1 (MODEL_RUNS again with the transformers of
+# .whl/transformers-new/: benchmarks/slim_wheel.py).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-540}
@@ -59,6 +60,17 @@ if [ -n "${MODEL_RUNS:-}" ]; then  # "FAMILY TOKENS FLAGS..." entries separated 
       --tokens "$tokens" --profile --blocks 6 "$@" >> "$out/model-$family.txt" 2>&1
     echo "model $run rc=$? at ${SECONDS}s"
   done
+  if [ "${TF_NEW:-0}" = 1 ]; then  # the same runs against the newer transformers (gpu_env.sh's tf_new)
+    mkdir -p "$out/model-tf-new"
+    for run in "${runs[@]}"; do
+      set -- $run; family=$1; tokens=$2; shift 2
+      [ "$(left)" -gt 100 ] || break
+      tf_new timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$model_table" "$out/model-tf-new" \
+        --family "$family" --tokens "$tokens" --profile --blocks 6 "$@" >> "$out/model-tf-new-$family.txt" 2>&1
+      echo "model (new transformers) $run rc=$? at ${SECONDS}s"
+    done
+    python3 benchmarks/moe_model.py summary "$out/model-tf-new" 2>&1 | tail -8
+  fi
   FAMILIES=" "
 fi
 for family in ${FAMILIES:-qwen3_235b}; do
