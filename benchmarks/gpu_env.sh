@@ -31,10 +31,20 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, *(('transformers',
 # export_cut DIR NAME GZ PATTERN [EXPORT OPTIONS]: a committed store (GZ) unpacked to DIR/NAME.sqlite,
 # its best rows whose problem matches PATTERN (a regular expression) kept in DIR/NAME-rows.csv and
 # exported to DIR/NAME-bundle. CUT_EXTRA: more stores (.sqlite or .sqlite.gz, space-separated) whose
-# best rows join the cut whole (the problems swept this call, e.g. by gpu_moe_wgrad.sh).
+# best rows join the cut whole (the problems swept this call, e.g. by gpu_moe_wgrad.sh). The
+# dispatcher decides on no row measured by a sweep's single launches alone, so a store swept and
+# never confirmed is confirmed first: CUT_CONFIRM, `confirm` options for the cut's store (e.g.
+# "--problem P ..."), CUT_CONFIRM_EXTRA=1 for each extra store whole. One confirm at a time on the
+# GPU (a lock: the cuts run side by side); a failed confirm is said and its rows stay unconfirmed.
+cut_confirm() {  # STORE [CONFIRM OPTIONS]
+  local store=$1; shift
+  flock /tmp/cutlass-tune-gpu.lock python3 -m cutlass_tune.cli confirm --storage "$store" --top 1 --passes 2 "$@" \
+    > "$store.confirm.txt" 2>&1 || echo "export_cut: confirm of $store failed: $(tail -1 "$store.confirm.txt")"
+}
 export_cut() {
   local dir=$1 name=$2 gz=$3 pattern=$4 extra i=0; shift 4
-  gunzip -c "$gz" > "$dir/$name.sqlite" &&
+  gunzip -c "$gz" > "$dir/$name.sqlite" || return
+  [ -z "${CUT_CONFIRM:-}" ] || cut_confirm "$dir/$name.sqlite" $CUT_CONFIRM
   python3 -m cutlass_tune.cli best --storage "$dir/$name.sqlite" --format csv -o "$dir/$name-best.csv" > /dev/null &&
   python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
     "$dir/$name-best.csv" "$dir/$name-rows.csv" "$pattern" || return
@@ -42,6 +52,7 @@ export_cut() {
     [ -e "$extra" ] || { echo "export_cut: $extra is missing: left out"; continue; }
     i=$((i + 1))
     case $extra in *.gz) gunzip -c "$extra" > "$dir/$name-extra$i.sqlite";; *) cp "$extra" "$dir/$name-extra$i.sqlite";; esac
+    [ "${CUT_CONFIRM_EXTRA:-0}" != 1 ] || cut_confirm "$dir/$name-extra$i.sqlite"
     python3 -m cutlass_tune.cli best --storage "$dir/$name-extra$i.sqlite" --format csv -o "$dir/$name-extra$i.csv" > /dev/null &&
     python3 -c "import sys, pandas as pd; pd.concat([pd.read_csv(sys.argv[1]), pd.read_csv(sys.argv[2])]).to_csv(sys.argv[1], index=False)" \
       "$dir/$name-rows.csv" "$dir/$name-extra$i.csv" || return

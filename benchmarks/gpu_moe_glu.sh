@@ -28,6 +28,10 @@ timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep benchmark
   --strategy optuna --trials "${TRIALS:-11}" --batch 11 --jobs 10 --storage "$state/glu.sqlite" \
   > "$out/sweep.txt" 2>&1
 echo "sweep rc=$? at ${SECONDS}s"; tail -12 "$out/sweep.txt"
+# the dispatcher runs no kernel on a sweep's single launches alone: its leaders confirmed back to back
+timeout -k 10 $((budget * 10 / 100)) python3 -m cutlass_tune.cli confirm --storage "$state/glu.sqlite" --top 1 --passes 2 \
+  > "$out/confirm.txt" 2>&1
+echo "confirm rc=$? at ${SECONDS}s"; tail -3 "$out/confirm.txt"
 python3 -m cutlass_tune.cli best --storage "$state/glu.sqlite" > "$out/glu-best.txt" 2>&1
 python3 -m cutlass_tune.cli best --storage "$state/glu.sqlite" --format csv -o "$state/glu-best.csv" >> "$out/glu-best.txt" 2>&1
 cat "$out/glu-best.txt"

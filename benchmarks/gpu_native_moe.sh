@@ -13,7 +13,8 @@
 # fp8 row-wise entries at M 16-64 at the call site: benchmarks/fp8_call_site.py), MOE_EXTRA (stores whose best
 # rows join the MoE bundle: export_cut's CUT_EXTRA; default the committed tt and weight-gradient stores),
 # MODEL_TABLE (a table or store the model runs use in place of the MoE bundle, exported first), MOE_PATTERN
-# (the MoE store's problems exported), TF_NEW=1 (MODEL_RUNS again with the transformers of
+# (the MoE store's problems exported), MOE_CONFIRM_EXTRA=0 and DENSE_CONFIRM="" (no confirm of the MoE
+# extras and the dense cut before export: export_cut's; both were swept only), TF_NEW=1 (MODEL_RUNS again with the transformers of
 # .whl/transformers-new/: benchmarks/slim_wheel.py).
 set -uo pipefail
 final=${1:?output directory}
@@ -29,9 +30,10 @@ export_cut_logged() {  # NAME GZ PATTERN: export_cut into the state folder, its 
   export_cut "$state" "$@" > "$out/$1-export.txt" 2>&1
   echo "$1 export rc=$?"
 }
-CUT_EXTRA=${MOE_EXTRA-benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/tt.sqlite.gz benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/wgrad.sqlite.gz} export_cut_logged moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
+CUT_CONFIRM_EXTRA=${MOE_CONFIRM_EXTRA:-1} CUT_EXTRA=${MOE_EXTRA-benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/tt.sqlite.gz benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/wgrad.sqlite.gz} export_cut_logged moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
   "${MOE_PATTERN:-x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_|x5760x2880_|x2880x2880_}" &  # Qwen3-235B, DeepSeek-V2-Lite, GPT-OSS
-export_cut_logged dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
+CUT_CONFIRM=${DENSE_CONFIRM---problem 8192x1024x1024_bf16bf16bf16_tn --problem 8192x1024x1024_bf16bf16bf16_tn_bias --problem 8192x4096x1024_bf16bf16bf16_tn_bias+gelu} \
+  export_cut_logged dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
   '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' &
 export_cut_logged fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^(16|32|64)x' &
 model_table=$state/moe-bundle

@@ -321,8 +321,8 @@ def resolve(table: BestTable, call: Call) -> Plan:
         fast_accum = (not problem.grouped and problem.scaling is not Scaling.BLOCKWISE
                       and match.config.fp8_fast_accum)
         torch_words = "torch's grouped GEMM" if problem.grouped else "torch"
-        measured = f"has no ratio to {torch_words}" if math.isnan(ratio) else \
-            f"was measured at {ratio:.3f}x {torch_words}{source}"
+        measured = (f"was measured against {torch_words}{source}" if source else f"has no ratio to {torch_words}") \
+            if math.isnan(ratio) else f"was measured at {ratio:.3f}x {torch_words}{source}"
         where = problem.name if match.exact else f"{problem.name} (its nearest tuned problem)"
         return _fallback(call, FallbackReason.BELOW_MIN_RATIO,
                          f"the table's {name} for {where} {measured}, below min_ratio {call.min_ratio}",

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .._torch import TORCH_DTYPE
+from ..measurement import TimingMethod
 from ..space import ACTIVATIONS, Activation, DType, Epilogue, Problem, activation_of_module_class, check_problem
 from ._dispatch import device_table, eager_direct_allowed
 from ._linear import Linear
@@ -127,6 +128,12 @@ class _Coverage:
                 if column == "call_site_ratio":
                     measured = measured.where(~(measured > ratio), ratio)
                 ratio = measured.where(measured.map(math.isfinite), ratio)
+        if "method" in rows.columns:  # a claim of single launches alone holds nothing (as `Match.dispatch_ratio`)
+            figures = [pd.to_numeric(rows[c], errors="coerce").astype(float).map(math.isfinite)
+                       for c in ("call_site_ratio", "in_model_ratio") if c in rows.columns]
+            measured_here = pd.concat(figures, axis=1).any(axis=1) if figures else False
+            single = (rows["method"].astype(str) == TimingMethod.EVENTS.value) & ~measured_here
+            ratio = ratio.where(~single, math.nan)
         ms = rows["median_ms"] if "median_ms" in rows.columns else pd.Series(math.nan, index=rows.index)
         for dtype, n, k, m, r, t in zip(rows["dtype_a"], rows["n"], rows["k"], rows["m"], ratio, ms.astype(float)):
             self.tuned[(str(dtype), int(n), int(k))].append((int(m), float(r)))
@@ -156,7 +163,8 @@ class _Coverage:
             if min_ratio <= 0 or best >= min_ratio:
                 return None
             if math.isnan(best):
-                return f"{named} N={n}, K={k}: the table has no ratio to {baseline} to hold to min_ratio {min_ratio}"
+                return (f"{named} N={n}, K={k}: the table has no ratio to {baseline} to hold to min_ratio {min_ratio} "
+                        "(a sweep's single launches alone are not one: `cutlass-tune confirm` the table's store)")
             kept = "torch's GEMM is kept" if self.epilogue.is_plain else "torch's path is kept"
             return (f"{named} N={n}, K={k}: tuned at {best:.3f}x {baseline} at best, below min_ratio "
                     f"{min_ratio} ({kept})")

@@ -4,6 +4,7 @@ devices are faked by name (`torch.cuda.get_device_name`), loaded kernels by a st
 
 import ctypes
 import json
+import math
 import threading
 import warnings
 
@@ -152,6 +153,28 @@ def test_the_ratio_held_against_min_ratio_is_chosen_in_order(gpu, table, in_mode
         warnings.simplefilter("ignore")
         plan = resolve(table, call(min_ratio=0.0))
     assert plan.ratio == pytest.approx(want)
+
+
+@pytest.mark.parametrize(("method", "call_site", "runs"), [
+    ("events", float("nan"), False),   # a sweep's single launches alone: not a figure to decide on
+    ("events", 1.05, True),            # the call site measured it: that decides
+    ("sustained", float("nan"), True),  # confirmed as a model calls it
+    ("graph", float("nan"), True),
+    ("", float("nan"), True),          # a table written before the method was kept: its claim
+])
+def test_a_claim_of_single_launches_alone_runs_no_kernel(gpu, table, method, call_site, runs):
+    """Guards issue 46's rule: the dispatcher decides on in-model figures, then call-site ones,
+    never on a sweep's single launches (they read up to 8% above what a caller gets)."""
+    table.frame["method"] = [method, method]
+    table.frame["call_site_ratio"] = [call_site, float("nan")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = resolve(table, call())
+    assert (plan.kernel is not None) is runs
+    if not runs:
+        assert plan.fallback.reason is FallbackReason.BELOW_MIN_RATIO and math.isnan(plan.ratio)
+        assert "only by single launches (its claim 1.200; `cutlass-tune confirm`" in str(caught[0].message)
+        assert resolve(table, call(min_ratio=0.0)).kernel is not None  # min_ratio 0 runs every kernel
 
 
 def test_a_regime_below_min_ratio_names_the_regime(gpu, table):

@@ -154,6 +154,23 @@ def test_a_layers_in_model_ratio_decides_before_its_claim(tmp_path, ratio, in_mo
         assert f"tuned at {float(in_model):.3f}x cuBLAS at best, below min_ratio 1.0" in decided["q"][1]
 
 
+@pytest.mark.parametrize(("method", "in_model", "swapped"), [("events", "", False), ("events", "1.06", True),
+                                                        ("sustained", "", True)])
+def test_a_layer_is_not_swapped_on_single_launches_alone(tmp_path, method, in_model, swapped):
+    # Guards patch deciding on a sweep's single launches (issue 46), as the dispatcher does not.
+    path = tmp_path / "single.csv"
+    csv_table(path, [("bf16", "tn", 128, 64, 32)])
+    frame = pd.read_csv(path, dtype=str)
+    frame["ratio"], frame["strongest_ratio"], frame["method"], frame["in_model_ratio"] = "1.2", "1.2", method, in_model
+    frame.to_csv(path, index=False)
+    model = Block()
+    report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
+    decided = {d.name: (d.swapped, d.reason) for d in report.layers}
+    assert decided["q"][0] is swapped
+    if not swapped:
+        assert "no ratio to cuBLAS to hold to min_ratio 1.0 (a sweep's single launches alone" in decided["q"][1]
+
+
 def test_fused_entries_do_not_cover_a_plain_layer(tmp_path):
     # Guards against patch swapping a layer for rows of a bias+silu kernel: nn.Linear's GEMM
     # would find no plain kernel and the report would claim that kernel's ratio.
