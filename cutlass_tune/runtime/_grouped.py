@@ -560,6 +560,8 @@ def _run_ready(table: BestTable, ready: Ready, call: Call | None, a: torch.Tenso
             call = call or Call(Kind.GROUPED, plan.problem, plan.device, min_ratio, signature, keep_workspace)
             plan = cannot_implement(table, call, ready, err).plan
     problem = plan.problem
+    if problem.grouping is Grouping.GROUPED_K:  # a weight gradient (a = g, b = x): 0 for experts without rows
+        return a.new_zeros(_out_shape(problem)) if problem.m == 0 else torch_weight_grad(a, b, offs)
     if problem.m == 0:
         return a.new_empty(problem.epilogue.output_shape(0, problem.n), dtype=TORCH_DTYPE[problem.dtype_d])
     return _torch_path(plan.problem, a, b, offs, scale_a, scale_b)

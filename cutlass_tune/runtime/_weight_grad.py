@@ -17,15 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 import torch
 from torch._C._autograd import _profiler_enabled
 
-from ..kernel import KernelStatusError
 from ..tables import PROFILER_RANGE
-from ._dispatch import Call, Kind, Ready, cannot_implement, prepare, table_of
-from ._grouped import GroupedGemm, _out_shape, torch_weight_grad, weight_grad_problem_of
+from ._dispatch import Call, Kind, prepare, table_of
+from ._grouped import _run_ready, weight_grad_problem_of
 from ._matmul import _MIN_RATIO, MatmulInputError
 from ._table import BestTable
 
@@ -86,19 +84,6 @@ def run_weight_grad(table: BestTable, g: torch.Tensor, x: torch.Tensor, offs: to
         ready = prepare(table, call)
     if _profiler_enabled():  # `tune-model` reads each problem's kernel time from this range
         with torch.profiler.record_function(PROFILER_RANGE + ready.plan.problem.name):
-            return _run_ready(table, ready, call, g, x, offs, keep_workspace, min_ratio, signature)
-    return _run_ready(table, ready, call, g, x, offs, keep_workspace, min_ratio, signature)
+            return _run_ready(table, ready, call, g, x, offs, keep_workspace, min_ratio, signature, None, None)
+    return _run_ready(table, ready, call, g, x, offs, keep_workspace, min_ratio, signature, None, None)
 
-
-def _run_ready(table: BestTable, ready: Ready, call: Call | None, g: torch.Tensor, x: torch.Tensor,
-               offs: torch.Tensor, keep_workspace: bool, min_ratio: float, signature: tuple) -> torch.Tensor:
-    plan, gemm, launch = ready
-    if launch is not None:
-        try:
-            return cast(GroupedGemm, gemm).launch(launch, g, x, offs, keep_workspace=keep_workspace)
-        except KernelStatusError as err:
-            call = call or Call(Kind.GROUPED, plan.problem, plan.device, min_ratio, signature, keep_workspace)
-            plan = cannot_implement(table, call, ready, err).plan
-    if plan.problem.m == 0:  # no routed rows: every dW_e is 0, as torch's
-        return g.new_zeros(_out_shape(plan.problem))
-    return torch_weight_grad(g, x, offs)

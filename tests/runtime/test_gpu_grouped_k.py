@@ -52,17 +52,22 @@ def _rel(got, want):
     return float(torch.linalg.vector_norm(got.float() - want) / torch.linalg.vector_norm(want))
 
 
+def _assert_experts(got, want, rows):
+    """Each expert's dW within TOLERANCE of fp32, an expert without rows exactly 0."""
+    for e, count in enumerate(rows):
+        if count:
+            assert _rel(got[e], want[e]) < TOLERANCE, (e, count)
+        else:
+            assert int((got[e] != 0).sum()) == 0, f"expert {e} has no rows: its dW must be 0"
+
+
 def test_the_kernel_matches_torch_and_fp32_and_zeroes_empty_experts(gemm):
     g, x, offs = _operands(ROWS)
     out = torch.full((len(ROWS), N, K), float("nan"), dtype=torch.bfloat16, device="cuda")
     assert gemm.run_weight_grad(g, x, offs, out) is out
     torch.cuda.synchronize()
     want = _fp32(g, x, ROWS)
-    for e, count in enumerate(ROWS):
-        if count:
-            assert _rel(out[e], want[e]) < TOLERANCE, (e, count)
-        else:
-            assert int((out[e] != 0).sum()) == 0, f"expert {e} has no rows: its dW must be 0"
+    _assert_experts(out, want, ROWS)
     used = torch.tensor([c > 0 for c in ROWS], device="cuda")
     assert _rel(out[used], torch_weight_grad(g, x, offs).float()[used]) < TOLERANCE
 
@@ -91,11 +96,7 @@ def test_a_graph_replay_reads_the_new_offsets(gemm):
     graph.replay()
     torch.cuda.synchronize()
     want = _fp32(g, x, rows_again)
-    for e, count in enumerate(rows_again):
-        if count:
-            assert _rel(out[e], want[e]) < TOLERANCE, (e, count)
-        else:
-            assert int((out[e] != 0).sum()) == 0, e
+    _assert_experts(out, want, rows_again)
 
 
 @pytest.fixture
@@ -139,11 +140,7 @@ def test_the_backward_of_grouped_mm_runs_the_tuned_weight_gradient(launches, lay
     assert any(r.gemm is not None and r.plan.problem.grouping is Grouping.GROUPED_K for r in table.plans.entries())
     want = _fp32(grad, a, ROWS) if layout == "tn" else _fp32(a, grad, ROWS)
     assert w.grad.shape == w.shape and w.grad.is_contiguous()
-    for e, count in enumerate(ROWS):
-        if count:
-            assert _rel(w.grad[e], want[e]) < TOLERANCE, (e, count)
-        else:
-            assert int((w.grad[e] != 0).sum()) == 0, f"expert {e} has no rows: its dW must be 0"
+    _assert_experts(w.grad, want, ROWS)
     torch_grad = torch_weight_grad(grad, a, offs) if layout == "tn" else torch_weight_grad(a, grad, offs)
     used = torch.tensor([c > 0 for c in ROWS], device="cuda")
     assert _rel(w.grad[used], torch_grad.float()[used]) < TOLERANCE
@@ -168,8 +165,4 @@ def test_the_operator_in_a_cuda_graph_reads_the_new_offsets(launches):
     torch.cuda.synchronize()
     assert len(launches) == 2
     want = _fp32(g, x, rows_again)
-    for e, count in enumerate(rows_again):
-        if count:
-            assert _rel(out[e], want[e]) < TOLERANCE, (e, count)
-        else:
-            assert int((out[e] != 0).sum()) == 0, e
+    _assert_experts(out, want, rows_again)

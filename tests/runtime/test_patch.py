@@ -138,37 +138,34 @@ def test_a_layer_whose_tuned_kernels_measured_slower_than_cublas_keeps_torchs_ge
                                                  min_ratio=0.99).swapped] == ["q", "tied"]
 
 
+def _q_decided(tmp_path, **columns):
+    """What patch decides for Block's q layer on a one-row table (bf16 tn 128x64x32) with `columns` set."""
+    path = tmp_path / "one-row.csv"
+    csv_table(path, [("bf16", "tn", 128, 64, 32)])
+    frame = pd.read_csv(path, dtype=str).assign(**columns)
+    frame.to_csv(path, index=False)
+    report = cutlass_tune.patch(Block(), BestTable.load(path), cuda_only=False)
+    return {d.name: (d.swapped, d.reason) for d in report.layers}["q"]
+
+
 @pytest.mark.parametrize(("ratio", "in_model", "swapped"), [("1.05", "0.93", False), ("0.97", "1.06", True)])
 def test_a_layers_in_model_ratio_decides_before_its_claim(tmp_path, ratio, in_model, swapped):
     # Guards patch deciding on a sweep's claim where tune-model measured the kernel inside the model.
-    path = tmp_path / "in-model.csv"
-    csv_table(path, [("bf16", "tn", 128, 64, 32)])
-    frame = pd.read_csv(path, dtype=str)
-    frame["ratio"], frame["strongest_ratio"], frame["in_model_ratio"] = ratio, ratio, in_model
-    frame.to_csv(path, index=False)
-    model = Block()
-    report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
-    decided = {d.name: (d.swapped, d.reason) for d in report.layers}
-    assert decided["q"][0] is swapped
+    swapped_q, reason = _q_decided(tmp_path, ratio=ratio, strongest_ratio=ratio, in_model_ratio=in_model)
+    assert swapped_q is swapped
     if not swapped:
-        assert f"tuned at {float(in_model):.3f}x cuBLAS at best, below min_ratio 1.0" in decided["q"][1]
+        assert f"tuned at {float(in_model):.3f}x cuBLAS at best, below min_ratio 1.0" in reason
 
 
 @pytest.mark.parametrize(("method", "in_model", "swapped"), [("events", "", False), ("events", "1.06", True),
                                                         ("sustained", "", True)])
 def test_a_layer_is_not_swapped_on_single_launches_alone(tmp_path, method, in_model, swapped):
     # Guards patch deciding on a sweep's single launches (issue 46), as the dispatcher does not.
-    path = tmp_path / "single.csv"
-    csv_table(path, [("bf16", "tn", 128, 64, 32)])
-    frame = pd.read_csv(path, dtype=str)
-    frame["ratio"], frame["strongest_ratio"], frame["method"], frame["in_model_ratio"] = "1.2", "1.2", method, in_model
-    frame.to_csv(path, index=False)
-    model = Block()
-    report = cutlass_tune.patch(model, BestTable.load(path), cuda_only=False)
-    decided = {d.name: (d.swapped, d.reason) for d in report.layers}
-    assert decided["q"][0] is swapped
+    swapped_q, reason = _q_decided(tmp_path, ratio="1.2", strongest_ratio="1.2", method=method,
+                                   in_model_ratio=in_model)
+    assert swapped_q is swapped
     if not swapped:
-        assert "no ratio to cuBLAS to hold to min_ratio 1.0 (a sweep's single launches alone" in decided["q"][1]
+        assert "no ratio to cuBLAS to hold to min_ratio 1.0 (a sweep's single launches alone" in reason
 
 
 def test_fused_entries_do_not_cover_a_plain_layer(tmp_path):

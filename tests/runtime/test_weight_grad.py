@@ -57,7 +57,7 @@ def faked(monkeypatch):
         computed.append((g, x))
         return torch.zeros(offs.shape[0], g.shape[1], x.shape[1], dtype=g.dtype)
 
-    monkeypatch.setattr(_weight_grad, "torch_weight_grad", by_torch)
+    monkeypatch.setattr(_grouped, "torch_weight_grad", by_torch)
     _dispatch.clear_loaded()
     yield computed
     _dispatch.clear_loaded()
