@@ -9,7 +9,9 @@
 #   benchmarks/gpu_moe_glu.sh OUTDIR      (BUDGET seconds, default 300)
 #
 # Optional: TESTS=1 also runs the GLU GPU tests (tests/runtime/test_moe_glu_gpu.py,
-# tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 11).
+# tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 11); PLAIN_ROWS (a
+# table CSV whose Qwen3-235B gate_up and down rows the bundle takes in place of the committed store's,
+# e.g. tune-model's in-model table).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-300}
@@ -21,8 +23,15 @@ left() { echo $((budget - SECONDS)); }
 gpu_facts "$out/gpu.txt"
 # The MoE store's Qwen3-235B rows, exported alone first so that their kernels compile (into the
 # kernel cache) while the sweep compiles its own; the final export finds both in the cache.
-export_cut "$state" moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
-  'x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e' --jobs 6 > "$out/moe-export.txt" 2>&1 &
+plain='x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e'
+if [ -n "${PLAIN_ROWS:-}" ]; then
+  python3 -c "import sys, pandas as pd; d = pd.read_csv(sys.argv[1]); d[d.problem.str.contains(sys.argv[2])].to_csv(sys.argv[3], index=False)" \
+    "$PLAIN_ROWS" "$plain" "$state/moe-rows.csv" &&
+  python3 -m cutlass_tune.cli export --storage "$state/moe-rows.csv" -o "$state/moe-plain" --jobs 6 > "$out/moe-export.txt" 2>&1 &
+else
+  export_cut "$state" moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz "$plain" --jobs 6 \
+    > "$out/moe-export.txt" 2>&1 &
+fi
 moe_pid=$!
 timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_glu_bf16.yaml \
   --strategy optuna --trials "${TRIALS:-11}" --batch 11 --jobs 10 --storage "$state/glu.sqlite" \
