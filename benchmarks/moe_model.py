@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> dict:
     import cutlass_tune.transformers as ct
 
     began = time.perf_counter()
-    ct.use_table(args.table)
+    ct.use_table(args.table, glu=not args.no_glu)
     model = _model(args.family, args.layers)
     model.train(args.train)
     if args.compile:
@@ -225,7 +225,8 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "family": args.family, "tokens": args.tokens, "layers": args.layers, "mode": _mode(args),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "table": str(args.table), **{k: spec[k] for k in ("experts", "top_k", "hidden", "moe_intermediate")},
+        "table": str(args.table), "glu": not args.no_glu,
+        **{k: spec[k] for k in ("experts", "top_k", "hidden", "moe_intermediate")},
         "median_ms": ms, "blocks_ms": blocks, "strongest_torch": strongest, "speedup": ms[strongest] / ms[ct.NAME],
         "speedup_over_grouped_mm": ms["grouped_mm"] / ms[ct.NAME], "profile": profiles,
         "gain_split_ms": gain_split(profiles[strongest], profiles[ct.NAME], ms[strongest], ms[ct.NAME])
@@ -311,7 +312,7 @@ def gain_split(torch_side: dict, ours: dict, torch_ms: float, ours_ms: float) ->
 
 def _mode(args: argparse.Namespace) -> str:
     return (("train" if args.train else "decode" if args.decode else "infer")
-            + ("-graphs" if args.graphs else "-compile" if args.compile else ""))
+            + ("-graphs" if args.graphs else "-compile" if args.compile else "") + ("-noglu" if args.no_glu else ""))
 
 
 def _floor(r: dict) -> str:
@@ -353,6 +354,8 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--profile", action="store_true", help="profile one step of each implementation")
+    parser.add_argument("--no-glu", action="store_true",
+                        help="the cutlass_tune experts without their GLU stage (use_table(table, glu=False))")
     args = parser.parse_args()
     if args.graphs and (args.train or not args.compile):
         parser.error("--graphs goes with --compile, for inference")

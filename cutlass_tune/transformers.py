@@ -17,9 +17,10 @@ At decode sizes the layer may run batched GEMMs instead (`use_table(table, decod
 `CUTLASS_TUNE_MOE_BATCHED_ROWS`): transformers switches only its own "grouped_mm" experts to
 "batched_mm" while generating. Experts whose shapes the table has not tuned run torch's grouped
 GEMM (one warning per shape), so the model's outputs never depend on the table, only its speed.
-With `use_table(table, glu=True)`, in inference, where the table has the GLU row of a layer's
-gate_up problem (e.g. "silu+glu"), the fused layer runs its gate_up GEMM with the activation in
-the epilogue (`moe_experts`'s GLU stage; off by default: slower than the two passes on an H200).
+In inference, where the table has the GLU row of a layer's gate_up problem (e.g. "silu+glu"),
+the fused layer runs its gate_up GEMM with the activation in the epilogue (`moe_experts`'s GLU
+stage, on gate_up weights interleaved once and kept beside the model's; `use_table(table,
+glu=False)` turns it off).
 The operator has a backward and no graph break under torch.compile; eager inference (no
 gradient needed, nothing traced) calls the kernel without the operator's dispatch, with a
 workspace kept per thread and stream.
@@ -64,10 +65,10 @@ class NoTableError(CutlassTuneError, RuntimeError):
 _lock = threading.Lock()
 _table_set = False
 _decode = MoEDecode.AUTO
-_glu = False
+_glu = True
 
 
-def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto", glu: bool = False) -> str:
+def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto", glu: bool = True) -> str:
     """The best-config table the "cutlass_tune" experts of every model in this process run
     (replacing an earlier one, also for graphs compiled with it). Thread-safe.
 
@@ -78,8 +79,8 @@ def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto"
             "batched". transformers switches only its own "grouped_mm" experts to "batched_mm"
             at decode; this is the "cutlass_tune" experts' own choice, made per call by shape.
         glu: the fused layer's GLU stage in inference where the table has a GLU row
-            (`moe_experts`'s `glu`; off by default: on an H200 it was slower than the GEMM and
-            the activation pass apart, benchmarks/moe_glu.md).
+            (`moe_experts`'s `glu`, on by default; False: the GEMM and the activation pass
+            apart, and no interleaved copy of the gate_up weights).
 
     Returns:
         Its key (`TABLE_KEY`).

@@ -63,7 +63,6 @@ import torch
 import torch.nn.functional as F
 
 from .._torch import (
-    ACTIVATION,
     SCALED_MM_K_BLOCKS,
     TORCH_DTYPE,
     apply_nodes,
@@ -87,7 +86,7 @@ from ..space import (
     RuntimeArgs,
     Scaling,
 )
-from ._verify import Operands, Verdict, compare, group_bounds, verify_launch
+from ._verify import PRODUCT_NODES, Operands, Verdict, compare, group_bounds, verify_launch
 
 
 class Target:
@@ -444,11 +443,19 @@ GROUPED_MM_CALLS: KindRegistry[Callable[[Callable[..., torch.Tensor], Operands],
 @GROUPED_MM_CALLS.register(grouping=Grouping.GROUPED)
 def _grouped_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[], torch.Tensor]:
     a, b, offsets = ops.a_mk, ops.b_kn, ops.offsets
-    activation = ops.problem.epilogue.activation
-    if activation is not Activation.NONE:  # a fused grouped problem: torch's activation after its GEMM
-        act = ACTIVATION[activation]
-        return lambda: act(fn(a, b, offs=offsets))
+    after = epilogue_after_gemm(ops.problem)
+    if after is not None:  # a fused grouped problem: torch's epilogue after its GEMM
+        return lambda: after(fn(a, b, offs=offsets))
     return lambda: fn(a, b, offs=offsets)
+
+
+def epilogue_after_gemm(problem: Problem) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What a grouped problem's epilogue does after the GEMM, as torch computes it on the M x N
+    product (an activation; a GLU pair's act(gate) * up, M x N/2); None where it does nothing."""
+    nodes = [node for node in problem.epilogue.tree().walk() if node.kind not in PRODUCT_NODES]
+    if not nodes:
+        return None
+    return lambda value: apply_nodes(nodes, value, {})
 
 
 @GROUPED_MM_CALLS.register(grouping=Grouping.GROUPED, inputs=Inputs.FP8_BLOCKWISE)
@@ -508,11 +515,12 @@ class ExpertLoopTarget(Target):
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         gemm = EXPERT_GEMMS[self._problem.kind]
         bounds = [(e, lo, hi) for e, (lo, hi) in enumerate(group_bounds(self._problem)) if hi > lo]
-        self._calls = [gemm.bind(ops, e, slice(lo, hi), ops.d[lo:hi]) for e, lo, hi in bounds]
-        activation = self._problem.epilogue.activation
-        if activation is not Activation.NONE:  # a fused grouped problem: torch's activation after its GEMMs
-            act, d = ACTIVATION[activation], ops.d
-            self._calls.append(lambda: d.copy_(act(d)))
+        after, d = epilogue_after_gemm(self._problem), ops.d
+        # the product is M x N where D is narrower (a GLU pair's M x N/2): a tensor of its own
+        product = d if d.shape[1] == self._problem.n else d.new_empty((self._problem.m, self._problem.n))
+        self._calls = [gemm.bind(ops, e, slice(lo, hi), product[lo:hi]) for e, lo, hi in bounds]
+        if after is not None:  # a fused grouped problem: torch's epilogue after its GEMMs
+            self._calls.append(lambda: d.copy_(after(product)))
         return _first_call_fails(self._calls, Baseline.EXPERT_LOOP) if gemm.tried else None
 
     def launch(self) -> None:
@@ -541,15 +549,15 @@ class DenseTarget(Target):
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         gemm = EXPERT_GEMMS[self._problem.kind]
         self._out = out = torch.empty_like(ops.d)
-        call = gemm.bind(ops, self._expert, slice(None), out)
-        activation = self._problem.epilogue.activation
-        if activation is not Activation.NONE:  # a fused grouped problem: torch's activation after its GEMM
-            act = ACTIVATION[activation]
+        after = epilogue_after_gemm(self._problem)
+        product = out if out.shape[1] == self._problem.n else out.new_empty((self._problem.m, self._problem.n))
+        call = gemm.bind(ops, self._expert, slice(None), product)
+        if after is not None:  # a fused grouped problem: torch's epilogue after its GEMM
 
-            def gemm_then_activation() -> object:
+            def gemm_then_epilogue() -> object:
                 call()
-                return out.copy_(act(out))
-            self._call = gemm_then_activation
+                return out.copy_(after(product))
+            self._call = gemm_then_epilogue
         else:
             self._call = call
         return _first_call_fails([self._call], Baseline.DENSE) if gemm.tried else None

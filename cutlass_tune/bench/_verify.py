@@ -390,13 +390,13 @@ def reference(ops: Operands) -> torch.Tensor:
     float32 operands, C entering with beta 1): activation(s * (A @ B) + bias + C) or, gated,
     activation(C) * (s * (A @ B) + bias)."""
     out = REFERENCES[ops.problem.kind](ops)
-    nodes = [node for node in ops.problem.epilogue.tree().walk() if node.kind not in _PRODUCT_NODES]
+    nodes = [node for node in ops.problem.epilogue.tree().walk() if node.kind not in PRODUCT_NODES]
     inputs = {"c": None if ops.c is None else ops.c.float(), "bias": None if ops.bias is None else ops.bias.float(),
               "row_scale": ops.row_scale}
     return apply_nodes(nodes, out, inputs)
 
 
-_PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE)
+PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE)
 """The nodes `reference` computes with its GEMM (the scales multiplied in)."""
 
 REFERENCES: KindRegistry[Callable[[Operands], torch.Tensor]] = KindRegistry("fp32 product")

@@ -278,7 +278,7 @@ def experts_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weigh
                     gate_up: torch.Tensor, down: torch.Tensor, layout: ExpertsLayout, key: str | None, *,
                     gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
                     expert_parallel: bool = False, post: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                    decode: MoEDecode = MoEDecode.AUTO, glu: bool = False) -> torch.Tensor:
+                    decode: MoEDecode = MoEDecode.AUTO, glu: bool = True) -> torch.Tensor:
     """The layer on checked operands (`moe_experts`'s steps); `post` runs on the down GEMM's
     rows before the combine (transformers' post-expert norm); `glu`: the GLU stage where it can
     run (`runs_glu`)."""
@@ -390,7 +390,7 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
                 gate_up: torch.Tensor, down: torch.Tensor, *, table: BestTable | str | Path | None,
                 activation: ExpertActivation | Activation | str = "silu", gate_up_bias: torch.Tensor | None = None,
                 down_bias: torch.Tensor | None = None, transposed: bool = False,
-                expert_parallel: bool = False, decode: MoEDecode | str = "auto", glu: bool = False) -> torch.Tensor:
+                expert_parallel: bool = False, decode: MoEDecode | str = "auto", glu: bool = True) -> torch.Tensor:
     """A MoE experts layer: out[t] = sum_j w[t, j] * down_e(act(gate_up_e(hidden[t]) + b1_e)) + b2_e
     (e = top_k_index[t, j], w = top_k_weights), as transformers' experts compute it, with both
     grouped GEMMs run by the table's tuned kernels (torch's grouped GEMM where the table has no
@@ -426,9 +426,10 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
         glu: the grouped path's GLU stage where it can run (act(gate) * up in the gate_up
             GEMM's epilogue: an unclamped gated activation, no gate_up bias, 16-bit weights, a
             GLU row of this GPU in the table, no gradient needed; gate_up interleaved once per
-            weight and version); False (the default): the GEMM and the activation pass apart.
-            Off unless asked: on an H200 at Qwen3-235B's widths the GLU kernel took 2.05 ms
-            where the tuned GEMM and the activation pass took 1.89 (benchmarks/moe_glu.md).
+            weight and version: one more E x 2I x H copy of the weights, made only where the
+            table has the GLU row); False: the GEMM and the activation pass apart. On by default:
+            on an H200 at Qwen3-235B's widths, 4096 tokens compiled, a GLU kernel swept on the
+            layer's uniform routing took the layer from 3.01 to 2.72 ms (benchmarks/moe_glu.md).
 
     Returns:
         tokens x H of hidden's dtype.
@@ -460,7 +461,7 @@ class MoEExperts(torch.nn.Module):
     def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, *, table: BestTable | str | Path | None,
                  activation: ExpertActivation | Activation | str = "silu", gate_up_bias: torch.Tensor | None = None,
                  down_bias: torch.Tensor | None = None, transposed: bool = False,
-                 expert_parallel: bool = False, decode: MoEDecode | str = "auto", glu: bool = False) -> None:
+                 expert_parallel: bool = False, decode: MoEDecode | str = "auto", glu: bool = True) -> None:
         super().__init__()
         self.glu = glu
         self.layout = experts_layout(gate_up, down, activation, transposed, gate_up_bias, down_bias)
@@ -474,7 +475,7 @@ class MoEExperts(torch.nn.Module):
 
     @classmethod
     def from_experts(cls, experts: Any, table: BestTable | str | Path | None,
-                     decode: MoEDecode | str = "auto", glu: bool = False) -> MoEExperts:
+                     decode: MoEDecode | str = "auto", glu: bool = True) -> MoEExperts:
         """The layer of a transformers (>= 5) experts module, sharing its parameters.
 
         Raises:

@@ -141,6 +141,24 @@ def test_torch_grouped_mm_and_the_expert_loop_compute_the_reference(layout_b):
         assert verdict.status is Status.OK and verdict.rel_error < 1e-2, (kind, verdict.reason)
 
 
+@pytest.mark.skipif(grouped_mm() is None, reason="this torch has no grouped GEMM")
+def test_torch_s_sides_of_a_glu_problem_compute_the_gated_half():
+    """Regression: torch's sides of a GLU problem applied the activation to every column of the
+    M x N product (`confirm` recorded torch's side of the GLU problem as a runtime error, its D
+    being M x N/2)."""
+    from cutlass_tune.space import Epilogue
+
+    p = Problem.experts(2, 32, 48, 40, routing=Routing.HISTOGRAM, group_rows=(25, 15),
+                        epilogue=Epilogue.parse("silu+glu"))
+    ops = _ops(p)
+    ref = reference(ops)
+    for kind in (Baseline.GROUPED_MM, Baseline.EXPERT_LOOP, Baseline.DENSE):
+        target = baseline_target(p, kind)
+        assert target.setup(RuntimeArgs(), ops) is None, kind
+        verdict = target.check(ops, ref)
+        assert verdict.status is Status.OK and verdict.rel_error < 1e-2, (kind, verdict.reason)
+
+
 def test_the_dense_gemm_is_checked_on_the_rows_it_shares_with_the_grouped_problem():
     ops = _ops(ZIPF)
     ref = reference(ops)

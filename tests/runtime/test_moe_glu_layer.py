@@ -179,7 +179,7 @@ def test_gradients_needed_or_glu_off_run_unfused(glu_row, taken):
     module = MoEExperts(gate_up, down, table=EMPTY, glu=False)
     assert module.glu_path == "unfused: glu off" and "glu='unfused: glu off'" in repr(module)
     assert MoEExperts(gate_up, down, table=EMPTY, glu=True).glu_path == "glu"
-    assert MoEExperts(gate_up, down, table=EMPTY).glu_path == "unfused: glu off"  # off unless asked
+    assert MoEExperts(gate_up, down, table=EMPTY).glu_path == "glu"  # on unless turned off
 
 
 def test_batched_decode_is_not_the_glu_path(glu_row, taken):
