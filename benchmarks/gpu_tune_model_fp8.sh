@@ -9,8 +9,10 @@
 #   benchmarks/gpu_tune_model_fp8.sh OUTDIR    (state in TUNE_MODEL_DIR, default /tmp/tune-model-fp8;
 #                                              each finished step is skipped on a rerun)
 # A call stops starting steps when fewer than a step's seconds are left of TUNE_MODEL_SECONDS (default
-# 340): run it again (same OUTDIR) to go on. Wheels carried in .whl/ are installed when optuna or
-# CUTLASS's headers are missing.
+# 340): run it again (same OUTDIR) to go on. The device hands a machine back when idle, and the state
+# with it: every call leaves the state (store, problems, step markers; not the bundle, which export
+# remakes) in OUTDIR/state.tgz, and RESUME=PATH (such a state.tgz committed or carried) starts the
+# next call from it. Wheels carried in .whl/ are installed when optuna or CUTLASS's headers are missing.
 set -uo pipefail
 out=${1:?output directory}
 state=${TUNE_MODEL_DIR:-/tmp/tune-model-fp8}
@@ -19,6 +21,8 @@ trials=${TRIALS:-8}
 mode=${MODE:-compiled}
 model=benchmarks/tune_model_fp8.py
 mkdir -p "$out" "$state"
+if [ -n "${RESUME:-}" ] && [ ! -e "$state/fp8.sqlite" ]; then tar xzf "$RESUME" -C "$state" || exit; fi
+trap 'tar czf "$out/state.tgz" --exclude=./bundle -C "$state" .' EXIT
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 ct() { python3 -m cutlass_tune.cli "$@"; }
@@ -35,14 +39,14 @@ step() {
   return $rc
 }
 
-step shapes 20 ct shapes "$model:both" -o "$state/fp8.yaml" || exit
-step sweep 150 ct sweep "$state/fp8.yaml" --trials "$trials" --storage "$store" || exit
-step confirm-sustained 60 ct confirm --storage "$store" --top 2 --passes 2 --regime sustained || exit
-step confirm-idle-gap 60 ct confirm --storage "$store" --top 2 --passes 2 --regime idle-gap:1000us || exit
+step shapes 20 python3 -m cutlass_tune.cli shapes "$model:both" -o "$state/fp8.yaml" || exit
+step sweep 150 python3 -m cutlass_tune.cli sweep "$state/fp8.yaml" --trials "$trials" --storage "$store" || exit
+step confirm-sustained 60 python3 -m cutlass_tune.cli confirm --storage "$store" --top 2 --passes 2 --regime sustained || exit
+step confirm-idle-gap 60 python3 -m cutlass_tune.cli confirm --storage "$store" --top 2 --passes 2 --regime idle-gap:1000us || exit
 # export writes a directory that must not exist yet: a failed one is removed before the next try
 [ -e "$state/export.done" ] || rm -rf "$state/bundle"
-step export 60 ct export --storage "$store" -o "$state/bundle" || exit
-step tune-model 120 ct tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
+step export 60 python3 -m cutlass_tune.cli export --storage "$store" -o "$state/bundle" || exit
+step tune-model 120 python3 -m cutlass_tune.cli tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
   --tokens 128 --tokens 2048 --mode "$mode" --out "$state/tuned.csv" || exit
 cp "$state/tuned.csv" "$out/"
 ct best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
