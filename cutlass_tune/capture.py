@@ -43,7 +43,11 @@ and the weight gradients, which aten's backward runs as `_grouped_mm(g.t(), x, o
 operands grouped along the rows) and the operator's as `grouped_weight_grad(g, x, offs)`: grouped-k
 problems (dW_e = G_e^T X_e, E x N x K over the forward's routed rows, layout nt), in files
 `<name>_<dtype>_nt_grouped-k.yaml`: `{experts: 128, n: 1536, k: 2048, rows: 32768, routing:
-uniform, grouping: grouped-k}`.
+uniform, grouping: grouped-k}`. Without a backward, a gate_up GEMM whose output's halves make
+act(gate) * up (transformers' `chunk(2, -1)`, then the activation and the product) is recorded
+twice: as itself, and as its GLU twin (epilogue "<activation>+glu", the layer's GLU stage: the
+GEMM and the pair in one kernel), in `<name>_<dtype>_<layout>_grouped_glu.yaml` with the kernels
+a GLU pair runs.
 
 Imports torch: the CLI imports this module inside the `shapes` command only.
 """
@@ -76,8 +80,10 @@ from .space import (
     Activation,
     DType,
     Epilogue,
+    EpilogueSchedule,
     Grouping,
     Layout,
+    Pair,
     Problem,
     Routing,
     Scaling,
@@ -137,10 +143,13 @@ class GemmCall:
     """The GEMM the tuned kernels would run; None where the call is not one (batched, strided)."""
     skipped: str | None
     """Why the call is not written to a space file; None where it is."""
+    fused: str = ""
+    """The ops after the GEMM its problem's epilogue takes in, where they are recorded apart from
+    the op ("silu(gate) * up": a grouped GEMM's gated pair)."""
 
     @property
     def source(self) -> str:
-        return f"aten.{self.op}" + (" (backward)" if self.backward else "")
+        return f"aten.{self.op}" + (f" + {self.fused}" if self.fused else "") + (" (backward)" if self.backward else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +320,7 @@ def capture_gemms(target: Target, *, backward: bool = False, device: str = "meta
         raise CaptureError(f"{target.label}: cannot move the model to {where}: {_raised(err)}") from err
     args = _moved(target.args, where)
     kwargs = _moved(target.kwargs, where)
-    recorder = _GemmRecorder()
+    recorder = _GemmRecorder(glu=not backward)
     try:
         with (contextlib.nullcontext() if backward else torch.no_grad()), recorder, _users_code():
             outputs = model(*args, **kwargs)
@@ -377,9 +386,12 @@ class _GemmRecorder(TorchDispatchMode):
     """Counts the GEMM ops dispatched while it is active (the autograd engine carries it to the
     threads that run a GPU's backward)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, glu: bool = True) -> None:
         super().__init__()
         self.backward = False
+        self.glu = glu
+        """Whether a grouped GEMM's gated pair is recorded as its GLU twin too (inference: the
+        layer's GLU stage does not run under autograd)."""
         self.calls: collections.Counter[GemmCall] = collections.Counter()
         self.histograms: dict[Problem, tuple[int, ...]] = {}
         self._lock = threading.Lock()
@@ -389,12 +401,17 @@ class _GemmRecorder(TorchDispatchMode):
         self._activated: dict[int, _Activated] = {}
         """Per thread, a GEMM taken with its activation while the activation's result may yet be
         the gate of a gated product."""
+        self._pairs: dict[int, _GatedPair] = {}
+        """Per thread, its last forward grouped GEMM's output, followed to a gated product of its
+        halves (`_follow_pair`)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         op = func.overloadpacket.__name__
         thread = threading.get_ident()
+        if thread in self._pairs:
+            self._follow_pair(thread, op, args, kwargs, result)
         pending = self._pending.pop(thread, None)
         activated = self._activated.get(thread)
         if activated is not None:
@@ -422,10 +439,10 @@ class _GemmRecorder(TorchDispatchMode):
             self._record(pending)
         if op in _GROUPED_OPS and isinstance(result, torch.Tensor) and len(args) > 2:
             call, counts = _grouped_call(op, self.backward, args[0], args[1], args[2], result.dtype)
-            with self._lock:
-                self.calls[call] += 1
-                if counts is not None and call.problem is not None:
-                    self.histograms.setdefault(call.problem, counts)
+            self._count(call, counts)
+            if self.glu and call.problem is not None and call.skipped is None and not self.backward \
+                    and call.problem.grouping is Grouping.GROUPED and call.problem.epilogue.is_plain:
+                self._pairs[thread] = _GatedPair(call, counts, result)
         elif op in _OPERANDS and isinstance(result, torch.Tensor) and len(args) > _OPERANDS[op][1]:
             i, j = _OPERANDS[op]
             epilogue, scaling, why = _operation(op, args, kwargs, result)
@@ -443,6 +460,7 @@ class _GemmRecorder(TorchDispatchMode):
             self._record(pending)
         self._activated.clear()
         self._pending.clear()
+        self._pairs.clear()
         return super().__exit__(*exc)
 
     def _gated(self, op: str, args: Sequence[Any], held: _Activated, up: _Pending) -> bool:
@@ -466,6 +484,45 @@ class _GemmRecorder(TorchDispatchMode):
         call = _gemm_call(p.op, p.backward, p.a, p.b, p.output.dtype, p.epilogue, p.scaling, p.unsupported)
         with self._lock:
             self.calls[call] += 1
+
+    def _count(self, call: GemmCall, counts: tuple[int, ...] | None) -> None:
+        with self._lock:
+            self.calls[call] += 1
+            if counts is not None and call.problem is not None:
+                self.histograms.setdefault(call.problem, counts)
+
+    def _follow_pair(self, thread: int, op: str, args: Sequence[Any], kwargs: Mapping[str, Any],
+                     result: Any) -> None:
+        """A MoE layer's act(gate) * up on the halves of a grouped GEMM's output (transformers'
+        `chunk(2, -1)`, or two slices of the last dimension), followed op by op; at the product,
+        the GLU twin of the grouped problem (epilogue "<activation>+glu": the layer's GLU stage
+        runs the GEMM and the pair as one kernel) is recorded beside the plain one."""
+        pair = self._pairs[thread]
+        n = pair.output.shape[-1]
+        if op == "split" and args and args[0] is pair.output and isinstance(result, (list, tuple)) \
+                and len(result) == 2 and all(isinstance(t, torch.Tensor) and t.shape[-1] * 2 == n for t in result) \
+                and _argument(args, kwargs, 2, "dim", 0) in (-1, pair.output.dim() - 1):
+            pair.gate, pair.up = result
+        elif op == "slice" and args and args[0] is pair.output and isinstance(result, torch.Tensor) \
+                and _argument(args, kwargs, 1, "dim", 0) in (-1, pair.output.dim() - 1) \
+                and _argument(args, kwargs, 4, "step", 1) == 1:
+            bounds = (_argument(args, kwargs, 2, "start", None) or 0, _argument(args, kwargs, 3, "end", None))
+            if bounds == (0, n // 2):
+                pair.gate = result
+            elif bounds[0] == n // 2 and (bounds[1] is None or bounds[1] >= n):
+                pair.up = result
+        elif pair.gate is not None and args and args[0] is pair.gate \
+                and (activation := activation_of_op(op, kwargs.get("approximate", "none"))) is not None:
+            pair.activated, pair.activation = result, activation
+        elif op == "mul" and len(args) == 2 and pair.activated is not None and pair.up is not None \
+                and {id(a) for a in args} == {id(pair.activated), id(pair.up)}:
+            del self._pairs[thread]
+            plain = pair.call.problem
+            assert plain is not None and pair.activation is not None  # set with the call and the activated half
+            glu = dataclasses.replace(plain, epilogue=Epilogue(activation=pair.activation, pair=Pair.INTERLEAVED))
+            refused = "; ".join(str(w) for w in check_problem(glu)) or None
+            fused = f"{pair.activation.value}(gate) * up"
+            self._count(GemmCall(pair.call.op, False, glu.name, glu, refused, fused=fused), pair.counts)
 
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "alias"}
@@ -528,6 +585,20 @@ class _Pending:
     epilogue: Epilogue
     scaling: Scaling
     unsupported: str | None
+
+
+@dataclasses.dataclass
+class _GatedPair:
+    """A forward grouped GEMM's call and output, and what of a gated product of its halves has
+    been seen: the gate and up halves, the gate's activation and its result."""
+
+    call: GemmCall
+    counts: tuple[int, ...] | None
+    output: torch.Tensor
+    gate: torch.Tensor | None = None
+    up: torch.Tensor | None = None
+    activation: Activation | None = None
+    activated: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -747,15 +818,22 @@ def _checked(op: str, backward: bool, problem: Problem, offs: Any) -> tuple[Gemm
     return GemmCall(op, backward, problem.name, problem, refused), counts
 
 
-def _kernel_sections(dtype: DType, grouping: Grouping = Grouping.NONE) -> tuple[str, dict[str, Any]]:
+def _kernel_sections(dtype: DType, grouping: Grouping = Grouping.NONE, *,
+                     glu: bool = False) -> tuple[str, dict[str, Any]]:
     """The shipped space whose kernels a written space of inputs `dtype` sweeps, and its
     `kernels` and `runtime` as they are there; for weight gradients (`Grouping.GROUPED_K`),
-    its kernels without a C operand, the only ones that compute them (rule `grouped_epilogue`)."""
+    its kernels without a C operand, the only ones that compute them (rule `grouped_epilogue`);
+    for a GLU pair (`glu`), its kernels with the register-store epilogue and no C, the only ones
+    that write one (rule `grouped_epilogue`)."""
     name = KERNELS_FROM[dtype]
     shipped = yaml.safe_load(bundled_config(name).read_text(encoding="utf-8"))
     sections = {key: shipped[key] for key in ("kernels", "runtime") if key in shipped}
-    if grouping is Grouping.GROUPED_K and isinstance(sections.get("kernels"), dict):
-        sections["kernels"] = {**sections["kernels"], "epilogue_source": [False]}
+    if isinstance(sections.get("kernels"), dict):
+        if grouping is Grouping.GROUPED_K:
+            sections["kernels"] = {**sections["kernels"], "epilogue_source": [False]}
+        if glu:
+            sections["kernels"] = {**sections["kernels"], "epilogue_schedule": [EpilogueSchedule.NO_SMEM.value],
+                                   "epilogue_source": [False]}
     return name, sections
 
 
@@ -775,16 +853,17 @@ def space_files(capture: Capture, output: Path, label: str, *, backward: bool = 
         example = f" (first: {first.shape} {first.source}: {first.skipped})" if first else ""
         raise CaptureError(f"{label}: no GEMM the tuned kernels can take: {calls} call{'s' if calls != 1 else ''}, "
                            f"all skipped{example}")
-    groups: dict[tuple[DType, DType, str, Grouping], list[Problem]] = {}
+    groups: dict[tuple[DType, DType, str, Grouping, bool], list[Problem]] = {}
     for p in problems:
-        groups.setdefault((p.dtype_a, p.dtype_d, layout_code(p.layout_a, p.layout_b), p.grouping), []).append(p)
+        key = (p.dtype_a, p.dtype_d, layout_code(p.layout_a, p.layout_b), p.grouping, p.epilogue.pair is not Pair.NONE)
+        groups.setdefault(key, []).append(p)
     files = []
-    for (dtype_in, dtype_out, layout, grouping), members in groups.items():
+    for (dtype_in, dtype_out, layout, grouping, glu), members in groups.items():
         tag = dtype_in.value if dtype_in == dtype_out else f"{dtype_in.value}-{dtype_out.value}"
-        grouped = f"_{grouping.value}" if grouping is not Grouping.NONE else ""
+        grouped = (f"_{grouping.value}" if grouping is not Grouping.NONE else "") + ("_glu" if glu else "")
         path = output if len(groups) == 1 else output.with_name(f"{output.stem}_{tag}_{layout}{grouped}{output.suffix}")
         group = f"{dtype_in.value if dtype_in == dtype_out else f'{dtype_in.value}->{dtype_out.value}'} {layout}"
-        group += f" {grouping.value}" if grouped else ""
+        group += (f" {grouping.value}" if grouping is not Grouping.NONE else "") + (" glu" if glu else "")
         text = _space_text(label, group, dtype_in, dtype_out, layout, [(p, problems[p]) for p in members], backward,
                            capture.histograms)
         files.append(SpaceFile(path, group, tuple(members), text))
@@ -795,13 +874,15 @@ def _space_text(label: str, group: str, dtype_in: DType, dtype_out: DType, layou
                 problems: list[tuple[Problem, dict[str, int]]], backward: bool,
                 histograms: Mapping[Problem, tuple[int, ...]] = {}) -> str:
     grouping = problems[0][0].grouping if problems else Grouping.NONE
-    shipped, sections = _kernel_sections(dtype_in, grouping)
+    glu = bool(problems) and problems[0][0].epilogue.pair is not Pair.NONE
+    shipped, sections = _kernel_sections(dtype_in, grouping, glu=glu)
     run = "forward and backward" if backward else "forward"
     lines = [
         f"# The distinct {group} GEMMs of {json.dumps(label)[1:-1]}, recorded by `cutlass-tune shapes` in one {run};",
         "# the comment on each problem counts its calls. M follows the example inputs' tokens.",
         f"# kernels and runtime: those of the shipped {shipped}; narrow them to sweep faster.",
         *_GROUPED_NOTES.get(grouping, []),
+        *(_GLU_NOTES if glu else []),
         f"description: {json.dumps(f'GEMMs of {label} ({group}, {run})')}",
         "problems:",
     ]
@@ -828,9 +909,16 @@ _GROUPED_NOTES = {
 }
 """The comment lines a grouped space file opens with, by grouping."""
 
+_GLU_NOTES = [
+    "# The gate_up GEMMs with their gated pair in the epilogue (\"<activation>+glu\": D = act(gate) * up,",
+    "# half of N), as the MoE layer's GLU stage runs them; the plain gate_up problems are in the grouped file.",
+    "# The kernels: the shipped ones with the register-store epilogue and no C, the only ones a GLU pair runs."]
+"""The comment lines a space file of GLU problems opens with."""
+
 
 def _grouped_entry(p: Problem, counts: tuple[int, ...] | None) -> str:
     """A grouped problem in the space file's syntax: its routing uniform, or the histogram read."""
     routing = Routing.UNIFORM.value if counts is None else f"{{histogram: [{', '.join(map(str, counts))}]}}"
     grouping = f", grouping: {p.grouping.value}" if p.grouping is not Grouping.GROUPED else ""
-    return f"experts: {p.groups}, n: {p.n}, k: {p.k}, rows: {p.m}, routing: {routing}{grouping}"
+    epilogue = f", epilogue: {p.epilogue.name}" if not p.epilogue.is_plain else ""
+    return f"experts: {p.groups}, n: {p.n}, k: {p.k}, rows: {p.m}, routing: {routing}{grouping}{epilogue}"

@@ -13,7 +13,7 @@ from torch import nn
 
 from cutlass_tune import cli
 from cutlass_tune.capture import Target, capture_gemms, load_target, space_files
-from cutlass_tune.space import Activation, DType, Epilogue, Layout, Problem, Scaling, layout_code, load_space
+from cutlass_tune.space import Activation, DType, Epilogue, Layout, Pair, Problem, Scaling, layout_code, load_space
 
 from .cli_run import cli as run_cli
 
@@ -499,14 +499,62 @@ class _Experts(nn.Module):
 def test_moe_experts_are_grouped_problems_in_a_file_of_their_own(tmp_path):
     model = _Experts().to(torch.bfloat16)
     captured = capture_gemms(target(model, torch.randn(2, 8, 64, dtype=torch.bfloat16)))
-    grouped = [p for p in captured.problems() if p.grouped]
+    grouped = [p for p in captured.problems() if p.grouped and p.epilogue.is_plain]
     assert [(p.groups, p.n, p.k, p.m, p.layout) for p in grouped] == [(8, 64, 64, 32, "tn"), (8, 64, 32, 32, "tn")]
     files = space_files(captured, tmp_path / "moe.yaml", "moe.py:build")
-    assert [f.path.name for f in files] == ["moe_bf16_tn.yaml", "moe_bf16_tn_grouped.yaml"]
+    assert [f.path.name for f in files] == ["moe_bf16_tn.yaml", "moe_bf16_tn_grouped.yaml",
+                                           "moe_bf16_tn_grouped_glu.yaml"]
     problems = yaml.safe_load(files[1].text)["problems"]
     assert problems == [{"experts": 8, "n": 64, "k": 64, "rows": 32, "routing": "uniform"},
                         {"experts": 8, "n": 64, "k": 32, "rows": 32, "routing": "uniform"}]
     assert "{experts: 8, n: 64, k: 64, rows: 32, routing: uniform}  # 1 call: aten._grouped_mm" in files[1].text
+
+
+def test_a_gated_pair_after_a_grouped_gemm_is_recorded_as_its_glu_twin(tmp_path):
+    """The gate_up GEMM whose halves make silu(gate) * up is recorded plain and as the GLU problem
+    the layer's GLU stage looks up, in a space file of its own whose kernels a GLU pair runs."""
+    model = _Experts().to(torch.bfloat16)
+    captured = capture_gemms(target(model, torch.randn(2, 8, 64, dtype=torch.bfloat16)))
+    glu = {p: s for p, s in captured.problems().items() if p.epilogue.pair is not Pair.NONE}
+    assert [(p.groups, p.n, p.k, p.m, p.epilogue.name) for p in glu] == [(8, 64, 64, 32, "silu+glu")]
+    assert list(glu.values()) == [{"aten._grouped_mm + silu(gate) * up": 1}]
+    (path, text) = [(f.path.name, f.text) for f in space_files(captured, tmp_path / "moe.yaml", "moe.py:build")][2]
+    space = yaml.safe_load(text)
+    assert path == "moe_bf16_tn_grouped_glu.yaml"
+    assert space["problems"] == [{"experts": 8, "n": 64, "k": 64, "rows": 32, "routing": "uniform",
+                                  "epilogue": "silu+glu"}]
+    assert space["kernels"]["epilogue_schedule"] == ["no_smem"] and space["kernels"]["epilogue_source"] == [False]
+    (tmp_path / path).write_text(text)
+    sp = load_space(tmp_path / path)
+    assert [p.name for p in sp.problems] == [next(iter(glu)).name] and len(sp.valid) > 0
+    from cutlass_tune.runtime import _moe, _moe_glu  # the problem the layer's GLU stage looks up
+
+    layout = _moe.experts_layout(model.gate_up, model.down, "silu", transposed=False)
+    assert _moe_glu.glu_problem(layout, torch.bfloat16, 32).name == next(iter(glu)).name
+
+
+@pytest.mark.parametrize("between", ["slices", "no-product", "backward"])
+def test_no_glu_twin_without_the_gated_pair_of_the_forward(between):
+    """Only act(gate) * up of the two halves makes the twin: the halves taken by slices do too, an
+    activation alone does not, and a training capture records none (no GLU stage under autograd)."""
+
+    class Sliced(_Experts):
+        def forward(self, x):
+            x = x.reshape(-1, x.shape[-1])
+            ids, perm = torch.sort(self.router(x).topk(self.top_k, dim=-1).indices.reshape(-1))
+            offs = torch.cumsum(torch.histc(ids.float(), bins=self.experts, min=0, max=self.experts - 1), 0,
+                                dtype=torch.int32)
+            h = torch._grouped_mm(x[perm // self.top_k], self.gate_up.transpose(-2, -1), offs)
+            n = h.shape[-1] // 2
+            mixed = torch.nn.functional.silu(h[:, :n]) * h[:, n:] if between != "no-product" \
+                else torch.nn.functional.silu(h[:, :n]) + h[:, n:]
+            return torch._grouped_mm(mixed, self.down.transpose(-2, -1), offs)
+
+    model = Sliced().to(torch.bfloat16)
+    captured = capture_gemms(target(model, torch.randn(2, 8, 64, dtype=torch.bfloat16)),
+                             backward=between == "backward")
+    glu = [p.name for p in captured.problems() if p.epilogue.pair is not Pair.NONE]
+    assert glu == (["32x64x64_bf16bf16bf16_tn_grouped_silu+glu_e8-uniform"] if between == "slices" else [])
 
 
 def _operator(a, b, offs):
@@ -654,10 +702,13 @@ def test_moe_experts_of_a_transformers_model(backward):
     # gate_up (2 x 48 wide) and down, in each of 2 layers; training adds their input gradients (tt)
     # and weight gradients (grouped-k, E x N x K as the stacks are)
     forward = {("grouped", 96, 64, "tn"): 2, ("grouped", 64, 48, "tn"): 2}
+    glu = {("grouped", 96, 64, "tn", "silu+glu"): 2}  # the gate_up GEMM's GLU twin, inference only
     training = {("grouped", 64, 96, "tt"): 2, ("grouped", 48, 64, "tt"): 2,
                 ("grouped-k", 96, 64, "nt"): 2, ("grouped-k", 64, 48, "nt"): 2}
-    assert {(p.grouping.value, p.n, p.k, p.layout): sum(s.values()) for p, s in grouped.items()} == (
-        {**forward, **training} if backward else forward)
+    assert {(p.grouping.value, p.n, p.k, p.layout): sum(s.values()) for p, s in grouped.items()
+            if p.epilogue.is_plain} == ({**forward, **training} if backward else forward)
+    assert {(p.grouping.value, p.n, p.k, p.layout, p.epilogue.name): sum(s.values()) for p, s in grouped.items()
+            if not p.epilogue.is_plain} == ({} if backward else glu)
     assert {(p.groups, p.m) for p in grouped} == {(8, 32)}  # 16 tokens, top 2
     assert not [c for c, _ in captured.skipped() if c.op == "_grouped_mm"]
 
