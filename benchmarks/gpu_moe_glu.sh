@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# One call on one H200 for the MoE layer's GLU stage (benchmarks/moe_glu.md): the Qwen3-235B gate_up
-# GLU problem (128 experts, 32768x3072x4096 uniform, epilogue silu+glu) swept over the eleven kernels of
-# benchmarks/configs/moe_glu_bf16.yaml, its best row exported in one bundle with the committed MoE
-# store's Qwen3-235B rows (gate_up and down), then the layer (benchmarks/moe_layer.py, qwen3_235b,
-# 4096 tokens, compiled, inference) with the GLU stage off ("moe_experts") and on ("moe_glu", and
-# the "cutlass_tune" experts) against torch's "grouped_mm". Results under OUTDIR (results.tgz).
+# One call on one H200 for the MoE layer's GLU stage (benchmarks/moe_glu.md): the gate_up GLU
+# problems of benchmarks/configs/moe_glu_bf16.yaml (Qwen3-235B: 128 experts, 32768x3072x4096;
+# DeepSeek-V2-Lite: 64 experts, 24576x2816x2048; uniform, epilogue silu+glu) swept over its eleven
+# kernels, the best rows exported in one bundle with the committed MoE store's rows of the two
+# families (gate_up and down), then the layer of each of FAMILIES (benchmarks/moe_layer.py, 4096
+# tokens, compiled, inference) with the GLU stage off ("moe_experts") and on ("moe_glu", and the
+# "cutlass_tune" experts) against torch's "grouped_mm". Results under OUTDIR (results.tgz).
 #
 #   benchmarks/gpu_moe_glu.sh OUTDIR      (BUDGET seconds, default 300)
 #
 # Optional: TESTS=1 also runs the GLU GPU tests (tests/runtime/test_moe_glu_gpu.py,
 # tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 11); PLAIN_ROWS (a
 # table CSV whose Qwen3-235B gate_up and down rows the bundle takes in place of the committed store's,
-# e.g. tune-model's in-model table).
+# e.g. tune-model's in-model table); FAMILIES (default "qwen3_235b deepseek_v2").
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-300}
@@ -23,7 +24,7 @@ left() { echo $((budget - SECONDS)); }
 gpu_facts "$out/gpu.txt"
 # The MoE store's Qwen3-235B rows, exported alone first so that their kernels compile (into the
 # kernel cache) while the sweep compiles its own; the final export finds both in the cache.
-plain='x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e'
+plain='x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e|x2816x2048_bf16bf16bf16_tn_grouped_e|x2048x1408_bf16bf16bf16_tn_grouped_e'
 if [ -n "${PLAIN_ROWS:-}" ]; then
   python3 -c "import sys, pandas as pd; d = pd.read_csv(sys.argv[1]); d[d.problem.str.contains(sys.argv[2])].to_csv(sys.argv[3], index=False)" \
     "$PLAIN_ROWS" "$plain" "$state/moe-rows.csv" &&
@@ -49,10 +50,13 @@ python3 -c "import sys, pandas as pd; pd.concat([pd.read_csv(p) for p in sys.arg
   "$out/table.csv" "$state/moe-rows.csv" "$state/glu-best.csv" &&
 python3 -m cutlass_tune.cli export --storage "$out/table.csv" -o "$state/bundle" > "$out/export.txt" 2>&1
 echo "export rc=$? at ${SECONDS}s"; tail -3 "$out/export.txt"
-timeout -s INT -k 10 $(( $(left) - 10 )) python3 benchmarks/moe_layer.py "$state/bundle" "$out/layer" --family qwen3_235b \
-  --tokens 4096 --mode compiled --blocks 6 --block 5 --profile --sides cutlass_tune,moe_experts,moe_glu \
-  > "$out/layer.txt" 2>&1
-echo "layer rc=$? at ${SECONDS}s"; grep -E "fallback|skipped" "$out/layer.txt" | head -8
+for family in ${FAMILIES:-qwen3_235b deepseek_v2}; do
+  [ "$(left)" -gt 40 ] || break
+  timeout -s INT -k 10 $(( $(left) - 10 )) python3 benchmarks/moe_layer.py "$state/bundle" "$out/layer" --family "$family" \
+    --tokens 4096 --mode compiled --blocks 6 --block 5 --profile --sides cutlass_tune,moe_experts,moe_glu \
+    > "$out/layer-$family.txt" 2>&1
+  echo "layer $family rc=$? at ${SECONDS}s"; grep -E "fallback|skipped" "$out/layer-$family.txt" | head -8
+done
 python3 benchmarks/moe_layer.py summary "$out/layer"
 grep -h "^==" "$out/layer/"*-profile.txt 2>/dev/null
 if [ "${TESTS:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then

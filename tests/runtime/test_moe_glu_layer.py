@@ -281,11 +281,11 @@ def test_a_glu_sweep_of_a_problem_no_glu_kernel_runs_is_a_one_line_error(shapes,
         sweep_space(None, shapes, epilogue=epilogue)
 
 
-def test_the_glu_benchmark_space_is_eleven_glu_kernels_of_the_layers_problem():
+def test_the_glu_benchmark_space_is_eleven_glu_kernels_of_the_layers_problems():
     space = sweep_space(Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "moe_glu_bf16.yaml")
-    [problem] = space.problems
-    assert problem.name == "32768x3072x4096_bf16bf16bf16_tn_grouped_silu+glu_e128-uniform"
+    assert [p.name for p in space.problems] == ["32768x3072x4096_bf16bf16bf16_tn_grouped_silu+glu_e128-uniform",
+                                                 "24576x2816x2048_bf16bf16bf16_tn_grouped_silu+glu_e64-uniform"]
     assert len(space.valid) == 11
     for cfg in space.valid:
-        assert cfg.epilogue == problem.epilogue and cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM
+        assert cfg.epilogue == space.problems[0].epilogue and cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM
         assert check_config(cfg) == [] and not cfg.epilogue_source

@@ -660,8 +660,8 @@ runtime: {raster: [along_n], swizzle: [1], splits: [1, 2, 4], decomposition: [he
 
 
 def test_a_glu_gate_up_problem_sweeps_like_any_other(tmp_path):
-    """benchmarks/configs/moe_glu_bf16.yaml (Qwen3-235B's gate_up with silu+glu): eleven trials
-    compile and measure its eleven GLU kernels, once each."""
+    """benchmarks/configs/moe_glu_bf16.yaml (Qwen3-235B's and DeepSeek-V2-Lite's gate_up with
+    silu+glu): eleven trials compile its eleven GLU kernels once each and measure each on both."""
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "configs" / "moe_glu_bf16.yaml"
@@ -672,4 +672,5 @@ def test_a_glu_gate_up_problem_sweeps_like_any_other(tmp_path):
     assert state.compiled == 11 and len({c.hash for c in compiled}) == 11
     assert all(c.epilogue.name == "silu+glu" for c in compiled)
     assert {h for h, _, _ in bench.measured} == {c.hash for c in compiled}
-    assert {p for _, p, _ in bench.measured} == {"32768x3072x4096_bf16bf16bf16_tn_grouped_silu+glu_e128-uniform"}
+    assert {p for _, p, _ in bench.measured} == {"32768x3072x4096_bf16bf16bf16_tn_grouped_silu+glu_e128-uniform",
+                                                 "24576x2816x2048_bf16bf16bf16_tn_grouped_silu+glu_e64-uniform"}
