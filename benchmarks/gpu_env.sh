@@ -17,6 +17,21 @@ if compgen -G ".whl/transformers-new/*.whl" >/dev/null &&
      .whl/transformers-new/*.whl; then
   tf_new() { PYTHONPATH=/tmp/tf-new:$PYTHONPATH "$@"; }
 fi
+# model_runs TABLE DIR NAME [PREFIX...]: each MODEL_RUNS entry ("FAMILY TOKENS FLAGS...", entries
+# separated by ';') through benchmarks/moe_model.py on TABLE into DIR/NAME (a command such as tf_new
+# prefixed), its log DIR/NAME-FAMILY.txt; stops where fewer than 100 s are left of the caller's `left`.
+model_runs() {
+  local table=$1 dir=$2 name=$3 run family tokens flags runs; shift 3
+  IFS=';' read -ra runs <<< "${MODEL_RUNS:-}"
+  mkdir -p "$dir/$name"
+  for run in "${runs[@]}"; do
+    read -r family tokens flags <<< "$run"
+    [ "$(left)" -gt 100 ] || break
+    "$@" timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$table" "$dir/$name" \
+      --family "$family" --tokens "$tokens" --profile --blocks 6 $flags >> "$dir/$name-$family.txt" 2>&1
+    echo "$name $run rc=$? at ${SECONDS}s"
+  done
+}
 export CUTLASS_TUNE_CACHE_DIR=${CUTLASS_TUNE_CACHE_DIR:-/tmp/cutlass-tune-cache}
 # gpu_facts FILE: the GPU, torch (and transformers where installed) and the checkout's commit,
 # written to FILE and printed.

@@ -12,7 +12,8 @@
 # Optional: TESTS=1 also runs the GLU GPU tests (tests/runtime/test_moe_glu_gpu.py,
 # tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 11); PLAIN_ROWS (a
 # table CSV whose Qwen3-235B gate_up and down rows the bundle takes in place of the committed store's,
-# e.g. tune-model's in-model table); FAMILIES (default "qwen3_235b deepseek_v2").
+# e.g. tune-model's in-model table); FAMILIES (default "qwen3_235b deepseek_v2"); MODEL_RUNS (model forwards
+# on the same bundle, gpu_env.sh's model_runs; TF_NEW=1 again under the newer transformers).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-300}
@@ -59,6 +60,11 @@ for family in ${FAMILIES:-qwen3_235b deepseek_v2}; do
 done
 python3 benchmarks/moe_layer.py summary "$out/layer"
 grep -h "^==" "$out/layer/"*-profile.txt 2>/dev/null
+if [ -n "${MODEL_RUNS:-}" ]; then  # the model forwards on the same bundle (gpu_env.sh's model_runs)
+  model_runs "$state/bundle" "$out" model
+  [ "${TF_NEW:-0}" != 1 ] || model_runs "$state/bundle" "$out" model-tf-new tf_new
+  for name in model model-tf-new; do [ ! -d "$out/$name" ] || python3 benchmarks/moe_model.py summary "$out/$name" 2>&1 | tail -8; done
+fi
 if [ "${TESTS:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then
   timeout -s INT -k 10 $(( $(left) - 5 )) python3 -m pytest -m gpu -q -p no:cacheprovider -rA -s \
     tests/runtime/test_moe_glu_gpu.py tests/compile/test_gpu_grouped_glu.py > "$out/gpu_tests.txt" 2>&1

@@ -53,24 +53,10 @@ if [ -n "${TEST_PATHS:-}" ]; then
   grep -E "(FAILED|ERROR) tests/|passed|failed" "$out/gpu_tests.txt" | tail -20
 fi
 mkdir -p "$out/model"
-# model_runs NAME [PREFIX...]: each MODEL_RUNS entry through moe_model.py into OUT/NAME (a command
-# such as tf_new prefixed), its log OUT/NAME-FAMILY.txt
-model_runs() {
-  local name=$1 run family tokens flags; shift
-  mkdir -p "$out/$name"
-  for run in "${runs[@]}"; do
-    read -r family tokens flags <<< "$run"
-    [ "$(left)" -gt 100 ] || break
-    "$@" timeout -k 10 $(( $(left) - 60 )) python3 benchmarks/moe_model.py "$model_table" "$out/$name" \
-      --family "$family" --tokens "$tokens" --profile --blocks 6 $flags >> "$out/$name-$family.txt" 2>&1
-    echo "$name $run rc=$? at ${SECONDS}s"
-  done
-}
 if [ -n "${MODEL_RUNS:-}" ]; then  # "FAMILY TOKENS FLAGS..." entries separated by ';', in place of FAMILIES x SPECS
-  IFS=';' read -ra runs <<< "$MODEL_RUNS"
-  model_runs model
+  model_runs "$model_table" "$out" model
   if [ "${TF_NEW:-0}" = 1 ]; then  # the same runs against the newer transformers (gpu_env.sh's tf_new)
-    model_runs model-tf-new tf_new
+    model_runs "$model_table" "$out" model-tf-new tf_new
     python3 benchmarks/moe_model.py summary "$out/model-tf-new" 2>&1 | tail -8
   fi
   FAMILIES=" "
