@@ -14,7 +14,10 @@ files under these path prefixes are left out, but those under a `--keep` prefix.
     python3 benchmarks/slim_wheel.py transformers-5.24.0-py3-none-any.whl .whl/transformers-new --models DEFAULT
     python3 benchmarks/slim_wheel.py nvidia_cutlass-4.2.0.0-py3-none-any.whl .whl \\
       --drop cutlass_library/source/examples/ --drop cutlass_library/source/tools/ \\
-      --keep cutlass_library/source/tools/util/include/
+      --keep cutlass_library/source/tools/util/include/ --drop cutlass_cppgen/
+    python3 benchmarks/slim_wheel.py sqlalchemy-2.1.9-cp312-...whl .whl --drop-compiled \\
+      --drop sqlalchemy/testing/ --drop sqlalchemy/dialects/mysql/ --drop sqlalchemy/dialects/oracle/ \\
+      --drop sqlalchemy/dialects/mssql/
 """
 
 from __future__ import annotations
@@ -30,12 +33,16 @@ _MODELS = "transformers/models/"
 
 
 def slim(wheel: Path, out_dir: Path, *, models: tuple[str, ...] | None = None, drop: tuple[str, ...] = (),
-         keep: tuple[str, ...] = ()) -> Path:
+         keep: tuple[str, ...] = (), compiled: bool = False) -> Path:
     """Write `wheel` without the files the options leave out into `out_dir`, same file name;
-    return its path. Raises SystemExit naming a model folder the wheel does not have, or a cut
-    that leaves nothing out (a prefix misspelt)."""
+    return its path. `compiled`: leave out the extension modules that have a Python source of
+    the same module in the wheel (SQLAlchemy's Cython builds of its own pure-Python modules,
+    which it imports where the extension is missing). Raises SystemExit naming a model folder the
+    wheel does not have, or a cut that leaves nothing out (a prefix misspelt)."""
     with zipfile.ZipFile(wheel) as source:
         names = source.namelist()
+        sources = set(names)
+        twins = {n for n in names if compiled and n.endswith(".so") and f"{n.split('.', 1)[0]}.py" in sources}
         if models is not None:
             present = {n.split("/")[2] for n in names if n.startswith(_MODELS) and n.count("/") >= 3}
             missing = sorted(set(models) - present)
@@ -44,6 +51,8 @@ def slim(wheel: Path, out_dir: Path, *, models: tuple[str, ...] | None = None, d
             wanted = {*models, "auto"}
 
         def kept(name: str) -> bool:
+            if name in twins:
+                return False
             if models is not None and name.startswith(_MODELS) and name.count("/") >= 3:
                 return name.split("/")[2] in wanted
             return not name.startswith(drop) or name.startswith(keep)
@@ -69,12 +78,15 @@ def main(argv: list[str] | None = None) -> int:
                         f"{','.join(FAMILIES)})")
     parser.add_argument("--drop", action="append", default=[], help="leave out files under this path prefix")
     parser.add_argument("--keep", action="append", default=[], help="but keep those under this prefix")
+    parser.add_argument("--drop-compiled", action="store_true",
+                        help="leave out extension modules whose Python source the wheel holds too")
     args = parser.parse_args(argv)
     if not zipfile.is_zipfile(args.wheel):
         raise SystemExit(f"{args.wheel}: not a wheel (zip) file")
     models = None if args.models is None else (
         FAMILIES if args.models == "DEFAULT" else tuple(m for m in args.models.split(",") if m))
-    target = slim(args.wheel, args.out_dir, models=models, drop=tuple(args.drop), keep=tuple(args.keep))
+    target = slim(args.wheel, args.out_dir, models=models, drop=tuple(args.drop), keep=tuple(args.keep),
+                  compiled=args.drop_compiled)
     print(f"{target}: {target.stat().st_size / 1e6:.2f} MB (from {args.wheel.stat().st_size / 1e6:.2f} MB)")
     return 0
 

@@ -46,6 +46,18 @@ def test_drop_leaves_out_prefixes_but_what_keep_names(wheel, tmp_path):
     assert set(got) == set(FILES) - {"lib/source/tools/profiler/p.cu", "lib/source/examples/e.cu"}
 
 
+def test_drop_compiled_leaves_out_only_extensions_with_their_python_source(tmp_path):
+    """SQLAlchemy imports its pure-Python module where its Cython build is missing: that build goes,
+    an extension without a source (the only code of its module) stays."""
+    path = tmp_path / "sa-1.0-cp312-cp312-linux_x86_64.whl"
+    names = ["sa/_row_cy.py", "sa/_row_cy.cpython-312-x86_64-linux-gnu.so", "sa/_only.cpython-312-x86_64-linux-gnu.so"]
+    with zipfile.ZipFile(path, "w") as z:
+        for name in names:
+            z.writestr(name, name)
+    got = _names(slim_wheel.slim(path, tmp_path / "out", compiled=True))
+    assert set(got) == {"sa/_row_cy.py", "sa/_only.cpython-312-x86_64-linux-gnu.so"}
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"models": ("qwen3_moe", "nope")}, "has no model folders nope"),
     ({"drop": ("misspelt/",)}, "the options leave nothing out"),
