@@ -51,6 +51,10 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, *(('transformers',
 # never confirmed is confirmed first: CUT_CONFIRM, `confirm` options for the cut's store (e.g.
 # "--problem P ..."), CUT_CONFIRM_EXTRA=1 for each extra store whole. One confirm at a time on the
 # GPU (a lock: the cuts run side by side); a failed confirm is said and its rows stay unconfirmed.
+cut_rows() {  # TABLE.csv OUT.csv PATTERN: the table's rows whose problem matches PATTERN (a regular expression)
+  python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
+    "$1" "$2" "$3"
+}
 cut_confirm() {  # STORE [CONFIRM OPTIONS]
   local store=$1; shift
   flock /tmp/cutlass-tune-gpu.lock python3 -m cutlass_tune.cli confirm --storage "$store" --top 1 --passes 2 "$@" \
@@ -61,8 +65,7 @@ export_cut() {
   gunzip -c "$gz" > "$dir/$name.sqlite" || return
   [ -z "${CUT_CONFIRM:-}" ] || cut_confirm "$dir/$name.sqlite" $CUT_CONFIRM
   python3 -m cutlass_tune.cli best --storage "$dir/$name.sqlite" --format csv -o "$dir/$name-best.csv" > /dev/null &&
-  python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
-    "$dir/$name-best.csv" "$dir/$name-rows.csv" "$pattern" || return
+  cut_rows "$dir/$name-best.csv" "$dir/$name-rows.csv" "$pattern" || return
   for extra in ${CUT_EXTRA:-}; do
     [ -e "$extra" ] || { echo "export_cut: $extra is missing: left out"; continue; }
     i=$((i + 1))

@@ -27,8 +27,7 @@ gpu_facts "$out/gpu.txt"
 # kernel cache) while the sweep compiles its own; the final export finds both in the cache.
 plain='x3072x4096_bf16bf16bf16_tn_grouped_e|x4096x1536_bf16bf16bf16_tn_grouped_e|x2816x2048_bf16bf16bf16_tn_grouped_e|x2048x1408_bf16bf16bf16_tn_grouped_e'
 if [ -n "${PLAIN_ROWS:-}" ]; then
-  python3 -c "import sys, pandas as pd; d = pd.read_csv(sys.argv[1]); d[d.problem.str.contains(sys.argv[2])].to_csv(sys.argv[3], index=False)" \
-    "$PLAIN_ROWS" "$plain" "$state/moe-rows.csv" &&
+  cut_rows "$PLAIN_ROWS" "$state/moe-rows.csv" "$plain" &&
   python3 -m cutlass_tune.cli export --storage "$state/moe-rows.csv" -o "$state/moe-plain" --jobs 6 > "$out/moe-export.txt" 2>&1 &
 else
   export_cut "$state" moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz "$plain" --jobs 6 \

@@ -25,7 +25,7 @@ if [ -n "${RESUME:-}" ] && [ ! -e "$state/fp8.sqlite" ]; then tar xzf "$RESUME" 
 trap 'tar czf "$out/state.tgz" --exclude=./bundle -C "$state" .' EXIT
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
-ct() { python3 -m cutlass_tune.cli "$@"; }
+ct=(python3 -m cutlass_tune.cli)  # an array, not a function: `timeout` runs it
 gpu_facts "$out/gpu.txt"
 store=$state/fp8.sqlite
 
@@ -39,17 +39,17 @@ step() {
   return $rc
 }
 
-step shapes 20 python3 -m cutlass_tune.cli shapes "$model:both" -o "$state/fp8.yaml" || exit
-step sweep 150 python3 -m cutlass_tune.cli sweep "$state/fp8.yaml" --trials "$trials" --storage "$store" || exit
-step confirm-sustained 60 python3 -m cutlass_tune.cli confirm --storage "$store" --top 2 --passes 2 --regime sustained || exit
-step confirm-idle-gap 60 python3 -m cutlass_tune.cli confirm --storage "$store" --top 2 --passes 2 --regime idle-gap:1000us || exit
+step shapes 20 "${ct[@]}" shapes "$model:both" -o "$state/fp8.yaml" || exit
+step sweep 150 "${ct[@]}" sweep "$state/fp8.yaml" --trials "$trials" --storage "$store" || exit
+step confirm-sustained 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 2 --regime sustained || exit
+step confirm-idle-gap 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 2 --regime idle-gap:1000us || exit
 # export writes a directory that must not exist yet: a failed one is removed before the next try
 [ -e "$state/export.done" ] || rm -rf "$state/bundle"
-step export 60 python3 -m cutlass_tune.cli export --storage "$store" -o "$state/bundle" || exit
-step tune-model 120 python3 -m cutlass_tune.cli tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
+step export 60 "${ct[@]}" export --storage "$store" -o "$state/bundle" || exit
+step tune-model 120 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
   --tokens 128 --tokens 2048 --mode "$mode" --out "$state/tuned.csv" || exit
 cp "$state/tuned.csv" "$out/"
-ct best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
+"${ct[@]}" best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
 python3 - "$out/fp8-best.csv" "$state/tuned.csv" <<'PY' | tee "$out/ratios.txt"
 import sys
 

@@ -42,7 +42,7 @@ def slim(wheel: Path, out_dir: Path, *, models: tuple[str, ...] | None = None, d
     with zipfile.ZipFile(wheel) as source:
         names = source.namelist()
         sources = set(names)
-        twins = {n for n in names if compiled and n.endswith(".so") and f"{n.split('.', 1)[0]}.py" in sources}
+        twins = {n for n in names if compiled and n.endswith(".so") and _module_source(n) in sources}
         if models is not None:
             present = {n.split("/")[2] for n in names if n.startswith(_MODELS) and n.count("/") >= 3}
             missing = sorted(set(models) - present)
@@ -68,6 +68,12 @@ def slim(wheel: Path, out_dir: Path, *, models: tuple[str, ...] | None = None, d
                 if kept(info.filename):
                     out.writestr(info, b"" if info.filename.endswith(".dist-info/RECORD") else source.read(info))
     return target
+
+
+def _module_source(extension: str) -> str:
+    """The Python source of an extension module's path: "a/b/_m.cpython-312-x86_64-linux-gnu.so" -> "a/b/_m.py"."""
+    folder, _, name = extension.rpartition("/")
+    return f"{folder}/{name.split('.', 1)[0]}.py" if folder else f"{name.split('.', 1)[0]}.py"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -440,7 +440,7 @@ class _GemmRecorder(TorchDispatchMode):
         if op in _GROUPED_OPS and isinstance(result, torch.Tensor) and len(args) > 2:
             call, counts = _grouped_call(op, self.backward, args[0], args[1], args[2], result.dtype)
             self._count(call, counts)
-            if self.glu and call.problem is not None and call.skipped is None and not self.backward \
+            if self.glu and call.problem is not None and call.skipped is None \
                     and call.problem.grouping is Grouping.GROUPED and call.problem.epilogue.is_plain:
                 self._pairs[thread] = _GatedPair(call, counts, result)
         elif op in _OPERANDS and isinstance(result, torch.Tensor) and len(args) > _OPERANDS[op][1]:

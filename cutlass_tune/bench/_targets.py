@@ -86,7 +86,7 @@ from ..space import (
     RuntimeArgs,
     Scaling,
 )
-from ._verify import PRODUCT_NODES, Operands, Verdict, compare, group_bounds, verify_launch
+from ._verify import Operands, Verdict, compare, epilogue_tail, group_bounds, verify_launch
 
 
 class Target:
@@ -452,7 +452,7 @@ def _grouped_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable
 def epilogue_after_gemm(problem: Problem) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """What a grouped problem's epilogue does after the GEMM, as torch computes it on the M x N
     product (an activation; a GLU pair's act(gate) * up, M x N/2); None where it does nothing."""
-    nodes = [node for node in problem.epilogue.tree().walk() if node.kind not in PRODUCT_NODES]
+    nodes = epilogue_tail(problem)
     if not nodes:
         return None
     return lambda value: apply_nodes(nodes, value, {})

@@ -44,7 +44,7 @@ from collections.abc import Callable
 import torch
 
 from .._torch import FP8_DTYPES, TORCH_DTYPE, apply_nodes
-from ..space import BLOCKWISE_K, DType, Grouping, Inputs, KindRegistry, Layout, NodeKind, Problem, Role, Scaling
+from ..space import BLOCKWISE_K, DType, Grouping, Inputs, KindRegistry, Layout, Node, NodeKind, Problem, Role, Scaling
 from ..status import Status
 
 TOLERANCE = {DType.BF16: 1e-2, DType.F16: 2e-3, DType.F32: 1e-4}
@@ -390,14 +390,19 @@ def reference(ops: Operands) -> torch.Tensor:
     float32 operands, C entering with beta 1): activation(s * (A @ B) + bias + C) or, gated,
     activation(C) * (s * (A @ B) + bias)."""
     out = REFERENCES[ops.problem.kind](ops)
-    nodes = [node for node in ops.problem.epilogue.tree().walk() if node.kind not in PRODUCT_NODES]
+    nodes = epilogue_tail(ops.problem)
     inputs = {"c": None if ops.c is None else ops.c.float(), "bias": None if ops.bias is None else ops.bias.float(),
               "row_scale": ops.row_scale}
     return apply_nodes(nodes, out, inputs)
 
 
-PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE)
+_PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE)
 """The nodes `reference` computes with its GEMM (the scales multiplied in)."""
+
+
+def epilogue_tail(problem: Problem) -> list[Node]:
+    """The problem's epilogue nodes after its product (`_PRODUCT_NODES`), in the tree's order."""
+    return [node for node in problem.epilogue.tree().walk() if node.kind not in _PRODUCT_NODES]
 
 REFERENCES: KindRegistry[Callable[[Operands], torch.Tensor]] = KindRegistry("fp32 product")
 """The fp32 product s * (A @ B) of each kind, before its epilogue (`reference`), by its grouping."""
