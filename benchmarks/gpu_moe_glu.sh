@@ -9,7 +9,7 @@
 #
 #   benchmarks/gpu_moe_glu.sh OUTDIR      (BUDGET seconds, default 300)
 #
-# Optional: TESTS=1 also runs the GLU GPU tests (tests/runtime/test_moe_glu_gpu.py,
+# Optional: TESTS=1 also runs the GLU GPU tests (GLU_TESTS, default tests/runtime/test_moe_glu_gpu.py
 # tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 11); PLAIN_ROWS (a
 # table CSV whose Qwen3-235B gate_up and down rows the bundle takes in place of the committed store's,
 # e.g. tune-model's in-model table); FAMILIES (default "qwen3_235b deepseek_v2"); MODEL_RUNS (model forwards
@@ -65,7 +65,8 @@ if [ -n "${MODEL_RUNS:-}" ]; then  # the model forwards on the same bundle (gpu_
   for name in model model-tf-new; do [ ! -d "$out/$name" ] || python3 benchmarks/moe_model.py summary "$out/$name" 2>&1 | tail -8; done
 fi
 if [ "${TESTS:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then
+  # shellcheck disable=SC2086  # GLU_TESTS is a list of pytest arguments
   timeout -s INT -k 10 $(( $(left) - 5 )) python3 -m pytest -m gpu -q -p no:cacheprovider -rA -s \
-    tests/runtime/test_moe_glu_gpu.py tests/compile/test_gpu_grouped_glu.py > "$out/gpu_tests.txt" 2>&1
+    ${GLU_TESTS:-tests/runtime/test_moe_glu_gpu.py tests/compile/test_gpu_grouped_glu.py} > "$out/gpu_tests.txt" 2>&1
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|GLU kernel" "$out/gpu_tests.txt" | tail -20
 fi

@@ -75,13 +75,16 @@ from .._torch import (
 from ..measurement import Baseline
 from ..space import (
     BLOCKWISE_K,
+    GLU_BLOCK,
     Activation,
     DType,
     Grouping,
     Inputs,
     KindRegistry,
+    Layout,
     Node,
     NodeKind,
+    Pair,
     Problem,
     RuntimeArgs,
     Scaling,
@@ -442,6 +445,7 @@ GROUPED_MM_CALLS: KindRegistry[Callable[[Callable[..., torch.Tensor], Operands],
 
 @GROUPED_MM_CALLS.register(grouping=Grouping.GROUPED)
 def _grouped_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable[[], torch.Tensor]:
+    ops = torch_operands(ops)
     a, b, offsets = ops.a_mk, ops.b_kn, ops.offsets
     after = epilogue_after_gemm(ops.problem)
     if after is not None:  # a fused grouped problem: torch's epilogue after its GEMM
@@ -451,11 +455,28 @@ def _grouped_mm_call(fn: Callable[..., torch.Tensor], ops: Operands) -> Callable
 
 def epilogue_after_gemm(problem: Problem) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """What a grouped problem's epilogue does after the GEMM, as torch computes it on the M x N
-    product (an activation; a GLU pair's act(gate) * up, M x N/2); None where it does nothing."""
-    nodes = epilogue_tail(problem)
+    product of `torch_operands` (an activation; a GLU pair's act(gate) * up, M x N/2, of the
+    split halves); None where it does nothing."""
+    nodes = [dataclasses.replace(node, pair=Pair.SPLIT) if node.pair is Pair.INTERLEAVED else node
+             for node in epilogue_tail(problem)]
     if not nodes:
         return None
     return lambda value: apply_nodes(nodes, value, {})
+
+
+def torch_operands(ops: Operands) -> Operands:
+    """The operands torch's sides of a problem compute on: the problem's own, but for a GLU pair
+    the kernel reads interleaved (`Pair.INTERLEAVED`), whose weights torch's sides take in the
+    order a model keeps them, gate rows then up rows (`Pair.SPLIT`, transformers' gate_up_proj):
+    their act(gate) * up then reads the product's halves as views, as a model's torch code does,
+    where the interleaved order would time two copies of the product as well. Same math, the
+    same result; the copy is made once, at setup."""
+    if not any(node.pair is Pair.INTERLEAVED for node in epilogue_tail(ops.problem)):
+        return ops
+    n = ops.problem.n
+    order = torch.arange(n, device=ops.b.device).reshape(n // (2 * GLU_BLOCK), 2, GLU_BLOCK).transpose(0, 1)
+    dim = ops.b.dim() - (2 if ops.problem.layout_b is Layout.COL else 1)  # the weights' N
+    return dataclasses.replace(ops, b=ops.b.index_select(dim, order.reshape(n)))
 
 
 @GROUPED_MM_CALLS.register(grouping=Grouping.GROUPED, inputs=Inputs.FP8_BLOCKWISE)
@@ -515,6 +536,7 @@ class ExpertLoopTarget(Target):
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         gemm = EXPERT_GEMMS[self._problem.kind]
         bounds = [(e, lo, hi) for e, (lo, hi) in enumerate(group_bounds(self._problem)) if hi > lo]
+        ops = torch_operands(ops)
         after, d = epilogue_after_gemm(self._problem), ops.d
         # the product is M x N where D is narrower (a GLU pair's M x N/2): a tensor of its own
         product = d if d.shape[1] == self._problem.n else d.new_empty((self._problem.m, self._problem.n))
@@ -549,6 +571,7 @@ class DenseTarget(Target):
     def setup(self, variant: RuntimeArgs, ops: Operands) -> str | None:
         gemm = EXPERT_GEMMS[self._problem.kind]
         self._out = out = torch.empty_like(ops.d)
+        ops = torch_operands(ops)
         after = epilogue_after_gemm(self._problem)
         product = out if out.shape[1] == self._problem.n else out.new_empty((self._problem.m, self._problem.n))
         call = gemm.bind(ops, self._expert, slice(None), product)

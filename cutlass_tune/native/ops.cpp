@@ -546,19 +546,21 @@ void refuse(const char* op, const std::string& table, Entry& e, int code) {
 }
 
 // What a grouped entry computes: its kernel, torch's grouped GEMM, an empty result; nullopt
-// where the Python door computes the call instead.
+// where the Python door computes the call instead. `glu`: the kernel's epilogue pairs gate and
+// up columns (a GLU gate_up problem), its result M x N/2; torch's path for it is the Python door's.
 std::optional<at::Tensor> grouped_planned(const char* op, const std::string& table, Entry& entry, const at::Tensor& a,
                                           const at::Tensor& b, const at::Tensor& offs,
-                                          std::optional<at::ScalarType> out_dtype) {
+                                          std::optional<at::ScalarType> out_dtype, bool glu = false) {
   const int device = a.get_device();
   const ProblemRange range(entry);
+  const int64_t cols = glu ? b.size(2) / 2 : b.size(2);
   switch (entry.kind.load()) {
     case KERNEL: {
       if (!(aligned(a) && aligned(b))) {
         break;
       }
       c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-      at::Tensor out = at::empty({a.size(0), b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+      at::Tensor out = at::empty({a.size(0), cols}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
       cutlass_tune_args args = entry.args;
       args.a = a.data_ptr();
       args.b = b.data_ptr();
@@ -574,9 +576,12 @@ std::optional<at::Tensor> grouped_planned(const char* op, const std::string& tab
       break;
     }
     case TORCH:
+      if (glu) {
+        break;
+      }
       return at::_grouped_mm(a, b, offs);
     case EMPTY:
-      return at::empty({0, b.size(2)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+      return at::empty({0, cols}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
     default:
       break;
   }
@@ -792,6 +797,28 @@ at::Tensor door_grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::T
   return call_door("grouped_mm door", a, b, offs, table, out_dtype, keep_workspace, min_ratio);
 }
 
+// The MoE layer's GLU stage (runtime/_moe_glu.py): act(gate) * up of routed rows `a` through the
+// interleaved gate_up weights `b` (E x K x N, the transpose of the laid-out E x N x K) by the
+// table's grouped GLU kernel, the result M x N/2; resolved once per signature as the doors are
+// (min_ratio 0: the layer chose the stage by the table's figures), the rest in Python.
+at::Tensor door_grouped_glu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
+                            const std::string& activation) {
+  if (a.dim() != 2 || b.dim() != 3 || offs.dim() != 1 || !a.is_cuda() || !(aligned(a) && aligned(b))) {
+    return call_door("grouped_glu door", a, b, offs, table, activation);
+  }
+  Signature sig;
+  sig.add(-2);  // the GLU door's signatures: never equal to another door's of the same table key
+  sig.add(a);
+  sig.add(b);
+  sig.add(offs);
+  sig.add(activation_id(activation));
+  auto entry = entry_for("grouped_glu door", table, sig, a, b, offs, table, activation);
+  if (auto out = grouped_planned("grouped_glu", table, *entry, a, b, offs, std::nullopt, true)) {
+    return *out;
+  }
+  return call_door("grouped_glu door", a, b, offs, table, activation);
+}
+
 #else  // no CUDA in this torch: CUDA tensors cannot exist, and the Python door takes any that might
 
 at::Tensor door_matmul(const at::Tensor& a, const at::Tensor& b, const std::string& table,
@@ -803,6 +830,11 @@ at::Tensor door_matmul(const at::Tensor& a, const at::Tensor& b, const std::stri
 at::Tensor door_grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
                            std::optional<at::ScalarType> out_dtype, bool keep_workspace, double min_ratio) {
   return call_door("grouped_mm door", a, b, offs, table, out_dtype, keep_workspace, min_ratio);
+}
+
+at::Tensor door_grouped_glu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
+                            const std::string& activation) {
+  return call_door("grouped_glu door", a, b, offs, table, activation);
 }
 
 at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, c10::string_view table,
@@ -1240,6 +1272,10 @@ PYBIND11_MODULE(cutlass_tune_native, m) {
   m.def("grouped_mm", &door_grouped_mm, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("table"),
         py::arg("out_dtype"), py::arg("keep_workspace"), py::arg("min_ratio"),
         "cutlass_tune.grouped_mm's native path (runtime/_grouped.py), by the plan of the door's table key.");
+  m.def("grouped_glu", &door_grouped_glu, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("table"),
+        py::arg("activation"),
+        "The MoE layer's GLU stage's native path (runtime/_moe_glu.py): act(gate) * up by the grouped GLU "
+        "kernel of the door's table key.");
   m.def(
       "hook_calls",
       [] {

@@ -519,6 +519,17 @@ def _scale_key(t: object) -> object:
     return (t.shape, t.stride(), t.dtype, t.device) if isinstance(t, torch.Tensor) else t
 
 
+def grouped_signature(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None,
+                      min_ratio: float, keep_workspace: bool, activation: Activation | str = Activation.NONE,
+                      pair: Pair = Pair.NONE, scale_a: tuple | None = None, scale_b: tuple | None = None) -> tuple:
+    """A grouped call's plan signature (`run_grouped`'s, the native doors' resolvers'): what the
+    plan depends on. A GLU pair shares the activation's place in the key, so the signatures of
+    plain calls are the operator's (`_grouped_op._signature`) as they were."""
+    return ("grouped", a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
+            offs.dtype, out_dtype, scale_a, scale_b, min_ratio, keep_workspace,
+            activation if pair is Pair.NONE else (activation, pair))
+
+
 def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None,
                 keep_workspace: bool, min_ratio: float, check: Callable[[], None] | None = None, *,
                 scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
@@ -528,11 +539,8 @@ def run_grouped(table: BestTable, a: torch.Tensor, b: torch.Tensor, offs: torch.
     it once; its checks are functions of the signature alone). `pair`: the GLU gate_up problem
     (`grouped_problem_of`), its result M x N/2."""
     device = a.get_device()
-    # A GLU pair shares the activation's place in the key: the signatures of plain calls are the
-    # native door's (`_resolve_door`, the operator's `_signature`) and stay as they are.
-    signature = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
-                 offs.dtype, out_dtype, _scale_key(scale_a), _scale_key(scale_b), min_ratio, keep_workspace,
-                 activation if pair is Pair.NONE else (activation, pair))
+    signature = grouped_signature(a, b, offs, out_dtype, min_ratio, keep_workspace, activation, pair,
+                                  _scale_key(scale_a), _scale_key(scale_b))
     ready = table.plans.get(signature)
     call = None
     if ready is None or not (device >= 0 and b.get_device() == device and offs.get_device() == device
@@ -592,8 +600,7 @@ def _resolve_door(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, key: str
     table = _native.door_table(key)
     device = a.get_device()
     problem = grouped_problem_of(a, b, offs, out_dtype, None, None, Activation.NONE)
-    signature = ("grouped", device, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, offs.shape,
-                 offs.dtype, out_dtype, None, None, min_ratio, keep_workspace, Activation.NONE)
+    signature = grouped_signature(a, b, offs, out_dtype, min_ratio, keep_workspace)
     ready = table.plans.get(signature) or prepare(table, Call(Kind.GROUPED, problem, device, min_ratio, signature,
                                                               keep_workspace))
     return _native.plan_entry(ready, torch_path=out_dtype in (None, a.dtype))

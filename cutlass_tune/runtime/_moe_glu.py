@@ -16,6 +16,7 @@ the GEMM of 2I columns and the activation pass.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any
 
@@ -25,11 +26,22 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from .._torch import ACTIVATION, glu_halves
 from ..space import GLU_BLOCK, Activation, DType, Epilogue, Layout, Pair, Problem
 from ..tables import BestTableError
-from ._dispatch import _device_rows, current_stream, eager_direct_allowed, input_not_taken, warn_once
-from ._grouped import _may_keep, run_grouped, torch_grouped_mm
+from . import _native
+from ._dispatch import (
+    Call,
+    Kind,
+    _device_rows,
+    current_stream,
+    eager_direct_allowed,
+    input_not_taken,
+    prepare,
+    warn_once,
+)
+from ._grouped import _may_keep, grouped_problem_of, grouped_signature, run_grouped, torch_grouped_mm
 from ._matmul import MatmulInputError
 from ._moe import ExpertActivation, ExpertsLayout, GateForm, MoEInputError
 from ._op import _TAGS, _on_device_of, registered_table
+from ._table import BestTable, Match
 
 _log = logging.getLogger(__name__)
 
@@ -113,13 +125,42 @@ def _table_row(key: str, device: int, problem: Problem) -> str:
     if rows.frame.empty:  # a table of no rows (torch's everywhere) has no operation columns to look in
         return "the table has no rows"
     try:
-        rows.find(problem.m, problem.n, problem.k, problem.operation, groups=problem.groups)
+        glu = rows.find(problem.m, problem.n, problem.k, problem.operation, groups=problem.groups)
     except BestTableError:
         return (f"the table has no row of {problem.operation.name} for {problem.groups} experts of "
                 f"{problem.n}x{problem.k} on this GPU (tune it: cutlass-tune sweep --shapes "
                 f"e{problem.groups}:ROWSx{problem.n}x{problem.k} --epilogue {problem.epilogue.name}, ROWS the "
                 "routed rows: tokens x top_k)")
-    return ""
+    return _slower_than_apart(rows, problem, glu)
+
+
+def _figure(match: Match) -> float:
+    """A row's ratio as the dispatcher reads it (`Match.dispatch_ratio`), its claim where that
+    is a sweep's single launches (NaN there)."""
+    ratio, _ = match.dispatch_ratio()
+    return ratio if math.isfinite(ratio) else match.ratio
+
+
+def _slower_than_apart(rows: BestTable, problem: Problem, glu: Match) -> str:
+    """Why the GLU row's kernel loses to the gate_up GEMM and the activation pass run apart, or ''
+    where it does not. The GLU row's ratio r_g is to torch's GEMM and activation (T + t); the
+    path apart runs the plain row's kernel (r_p to torch's GEMM T) or torch's GEMM, whichever is
+    faster: T / max(r_p, 1) + t. The GLU kernel's (T + t) / r_g is no more where r_g >= max(r_p, 1).
+    Compared at the GLU row's routed rows; without a plain row, r_p is torch's GEMM's 1."""
+    routed = int(glu.row["m"])
+    plain_problem = Problem.experts(problem.groups, problem.n, problem.k, routed, dtype_a=problem.dtype_a,
+                                    dtype_b=problem.dtype_b, dtype_d=problem.dtype_d, layout_b=Layout.COL)
+    try:
+        plain = _figure(rows.find(routed, problem.n, problem.k, plain_problem.operation, groups=problem.groups))
+    except BestTableError:
+        plain = math.nan
+    apart = f"the plain gate_up kernel's {plain:.3f}x torch's GEMM" if plain > 1.0 else "torch's path (1.0)"
+    plain = max(plain, 1.0) if math.isfinite(plain) else 1.0
+    ours = _figure(glu)
+    if ours >= plain:
+        return ""
+    return (f"the table's GLU kernel for {problem.groups} experts of {problem.n}x{problem.k} was measured at "
+            f"{ours:.3f}x torch's GEMM and activation, below {apart}")
 
 
 def _runs_kernels(device: int) -> bool:
@@ -275,20 +316,50 @@ def _unlaid(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Tensor, key: 
 def _gate_up_glu_cuda(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Tensor, table: str, activation: str,
                       transposed: bool, alternating: bool) -> torch.Tensor:
     """act(gate) * up of each routed row through its expert's gate_up (`gate_up_glu`) by the
-    table's grouped GLU kernel (min_ratio 0: the kernel replaces the GEMM and the activation
-    pass, and its row's ratio is to torch's GEMM alone); torch where the table has no row of
-    this GPU or the tensors are ones no kernel takes (one warning per cause)."""
+    table's grouped GLU kernel (min_ratio 0: the layer chose the stage by the table's figures,
+    `glu_reason`), launched from C++ where the native library is loaded (`_glu_door`); torch
+    where the table has no row of this GPU or the tensors are ones no kernel takes (one warning
+    per cause)."""
     function = Activation(activation)
     weights = glu_weights(gate_up, transposed, alternating)
     with _on_device_of(rows):
         if weights is None:
             return _unlaid(rows, gate_up, offs, table, function, transposed, alternating)
         try:
-            return run_grouped(registered_table(table), rows, weights.transpose(-2, -1), offs, None, True, 0.0,
-                               activation=function, pair=Pair.INTERLEAVED)
+            door = _native.door
+            if door is not None:
+                return door.grouped_glu(rows, weights.transpose(-2, -1), offs,
+                                        _native.door_key(registered_table(table)), activation)
+            return _glu_door_python(rows, weights.transpose(-2, -1), offs, registered_table(table), function)
         except MatmulInputError as err:
             input_not_taken("moe_experts", err, "torch's grouped GEMM and act(gate) * up")
             return _torch_glu(rows, weights, offs, function)
+
+
+def _glu_door_python(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: BestTable,
+                     function: Activation) -> torch.Tensor:
+    return run_grouped(table, a, b, offs, None, True, 0.0, activation=function, pair=Pair.INTERLEAVED)
+
+
+def _resolve_glu_door(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, key: str, activation: str) -> tuple:
+    """The native plan entry of a GLU stage's call (`_native.register_door`): its plan by the
+    Python path's signature (checked as that path checks it, raising as it does), its kernel, or
+    the Python path for every other outcome (torch's GEMM and activation are computed there)."""
+    table = _native.door_table(key)
+    function = Activation(activation)
+    signature = grouped_signature(a, b, offs, None, 0.0, True, function, Pair.INTERLEAVED)
+    ready = table.plans.get(signature)
+    if ready is None:
+        problem = grouped_problem_of(a, b, offs, None, None, None, function, Pair.INTERLEAVED)
+        ready = prepare(table, Call(Kind.GROUPED, problem, a.get_device(), 0.0, signature, True))
+    return _native.plan_entry(ready, torch_path=False)
+
+
+def _glu_door(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, key: str, activation: str) -> torch.Tensor:
+    return _glu_door_python(a, b, offs, _native.door_table(key), Activation(activation))
+
+
+_native.register_door("grouped_glu door", _resolve_glu_door, _glu_door)
 
 
 def _gate_up_glu_cpu(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Tensor, table: str, activation: str,

@@ -299,12 +299,43 @@ def host() -> dict:
     return out
 
 
+def glu() -> dict:
+    """The MoE layer's GLU stage through the library (runtime/_moe_glu.py, `grouped_glu`): the
+    layer's output against its unfused path, a repeat calling no Python hook (every operator of
+    the layer from the C++ maps), the GLU door's plan, and the host time of one stage call."""
+    from cutlass_tune.runtime import _moe_glu
+    from cutlass_tune.runtime._moe import experts_layout, moe_experts
+    from cutlass_tune.runtime._op import registered_table
+    from tests.runtime.test_moe_glu_gpu import ROWS, H, glu_table
+    from tests.runtime.test_moe_glu_gpu import E as EXPERTS
+    from tests.runtime.test_moe_glu_gpu import operands as layer_operands
+
+    key = register_table(glu_table(), key="native-glu")
+    x, index, weights, gate_up, down = layer_operands()
+    out = {"native": _native.door is not None}
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        got = moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
+        want = moe_experts(x, index, weights, gate_up, down, table=key, glu=False)
+        before = _native._module.hook_calls() if _native._module is not None else None
+        again = moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
+        if before is not None:
+            out["repeat_calls"] = python_calls(before)
+            out["glu_plans"] = _native._module.plans(_native.door_key(registered_table(key)))
+        layout = experts_layout(gate_up, down, "silu", False)
+        rows = torch.randn(ROWS, H, dtype=torch.bfloat16, device="cuda")
+        offs = (torch.arange(1, EXPERTS + 1, device="cuda") * (ROWS // EXPERTS)).to(torch.int32)
+        out["stage_us"] = round(_host_us(lambda: _moe_glu.gate_up_glu(rows, gate_up, offs, key, layout)), 2)
+    out.update(error=error(got, want), repeat_equal=torch.equal(got, again), said=said(caught))
+    return out
+
+
 if __name__ == "__main__":
     # As tests/conftest.py's `_tables_of_any_hopper` does for the GPU tests: the tables' rows
     # (tuned on one Hopper, or on "any") serve whichever Hopper runs this.
     BestTable.for_gpu = lambda self, name: self  # type: ignore[method-assign]
     scenario = sys.argv[1]
     found = {"available": _native.available(), "cuda": _native.cuda(), "reason": _native.reason()}
-    if scenario != "host":
+    if scenario not in ("host", "glu"):  # these two also run on the Python path (CUTLASS_TUNE_NATIVE=0)
         assert found["available"] and found["cuda"], found
     print(json.dumps({**found, **globals()[scenario]()}))

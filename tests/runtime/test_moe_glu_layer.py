@@ -155,6 +155,37 @@ def test_without_a_glu_row_the_layer_runs_unfused_and_names_the_sweep(taken):
         glu._device_rows = monkey
 
 
+@pytest.mark.parametrize("glu_ratio,plain_ratio,loses", [
+    (1.20, 1.10, False),   # the GLU kernel's gain over torch's GEMM and activation is the larger
+    (1.05, 1.10, True),    # the plain kernel and the pass are faster (DeepSeek-V2-Lite's layer, H200)
+    (1.02, 0.95, False),   # the plain row is below torch's GEMM: apart, torch's GEMM runs
+    (0.98, None, True),    # no plain row: apart is torch's GEMM and activation
+])
+def test_a_glu_row_slower_than_the_gemm_and_activation_apart_keeps_them_apart(glu_ratio, plain_ratio, loses):
+    gate_up, down, _, _ = bf16_layer()
+    problem = glu.glu_problem(experts_layout(gate_up, down, "silu", False), torch.bfloat16, 14)
+    plain = Problem.experts(6, 32, 32, 96, layout_b=Layout.COL)
+    tuned = Problem.experts(6, 32, 32, 96, layout_b=Layout.COL, epilogue=problem.epilogue)
+    rows = [dict(gpu="NVIDIA H200", problem=tuned.name, m=96, n=32, k=32, ratio=glu_ratio,
+                 **tuned.operation.cells(), **experts_cells(tuned))]
+    if plain_ratio is not None:
+        rows.append(dict(gpu="NVIDIA H200", problem=plain.name, m=96, n=32, k=32, ratio=plain_ratio,
+                         **plain.operation.cells(), **experts_cells(plain)))
+    key = register_table(BestTable(pd.DataFrame(rows)), key=f"moe-glu-apart-{glu_ratio}-{plain_ratio}")
+    monkey = glu._device_rows
+    try:
+        glu._device_rows = lambda t, device: (t.for_gpu("NVIDIA H200"), None)
+        why = glu._table_row(key, 0, problem)
+    finally:
+        glu._device_rows = monkey
+    if not loses:
+        assert why == ""
+    else:
+        assert why.startswith(f"the table's GLU kernel for 6 experts of 32x32 was measured at {glu_ratio:.3f}x "
+                              "torch's GEMM and activation, below ")
+        assert ("plain gate_up kernel's 1.100x" in why) if plain_ratio else why.endswith("torch's path (1.0)")
+
+
 def test_the_glu_path_is_logged_once_per_layer(glu_row, monkeypatch, caplog):
     monkeypatch.setattr(glu, "_runs_kernels", lambda device: True)
     gate_up, down, _, _ = bf16_layer()
@@ -289,3 +320,30 @@ def test_the_glu_benchmark_space_is_eleven_glu_kernels_of_the_layers_problems():
     for cfg in space.valid:
         assert cfg.epilogue == space.problems[0].epilogue and cfg.epilogue_schedule is EpilogueSchedule.NO_SMEM
         assert check_config(cfg) == [] and not cfg.epilogue_source
+
+
+def test_the_glu_stage_launches_through_the_native_door(monkeypatch):
+    """Where the native library is loaded, the stage's kernel launches from C++ (`grouped_glu`,
+    resolved in Python once per signature) on the laid-out weights, by the table's door key;
+    its resolver checks a call as the Python path does."""
+    from cutlass_tune.runtime import _native
+    from cutlass_tune.runtime._matmul import MatmulInputError
+    from cutlass_tune.runtime._op import registered_table
+
+    calls = []
+
+    class Door:
+        def grouped_glu(self, *args):
+            calls.append(args)
+            return "native"
+
+    monkeypatch.setattr(_native, "door", Door())
+    gate_up, _, _, _ = bf16_layer()
+    rows, offs = torch.randn(14, 32).bfloat16(), torch.tensor([2, 4, 6, 8, 10, 14], dtype=torch.int32)
+    assert glu._gate_up_glu_cuda(rows, gate_up, offs, EMPTY, "silu", False, False) == "native"
+    (a, b, o, key, activation), = calls
+    assert a is rows and o is offs and activation == "silu"
+    assert torch.equal(b, glu.interleave_gate_up(gate_up).transpose(-2, -1))
+    assert key == _native.door_key(registered_table(EMPTY))
+    with pytest.raises(MatmulInputError, match="a is on cpu: the tuned kernels run on a CUDA device"):
+        glu._resolve_glu_door(a, b, o, key, activation)
