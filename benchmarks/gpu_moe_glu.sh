@@ -68,5 +68,5 @@ if [ "${TESTS:-0}" = 1 ] && [ "$(left)" -gt 60 ]; then
   # shellcheck disable=SC2086  # GLU_TESTS is a list of pytest arguments
   timeout -s INT -k 10 $(( $(left) - 5 )) python3 -m pytest -m gpu -q -p no:cacheprovider -rA -s \
     ${GLU_TESTS:-tests/runtime/test_moe_glu_gpu.py tests/compile/test_gpu_grouped_glu.py} > "$out/gpu_tests.txt" 2>&1
-  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|GLU kernel" "$out/gpu_tests.txt" | tail -20
+  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|GLU kernel|^glu " "$out/gpu_tests.txt" | tail -20
 fi
