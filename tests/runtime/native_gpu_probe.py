@@ -330,6 +330,48 @@ def glu() -> dict:
     return out
 
 
+def glu_parts() -> dict:
+    """Where the GLU stage's host time goes (us a call, the GPU kept busy), native library
+    loaded: the stage, the C++ GLU door and the Python path on the same laid-out weights, the
+    plain grouped door on the same rows (N = 2I), torch's grouped GEMM, the weights' lookup;
+    and the Python hooks C++ called during the C++ door's loop (a signature handed back to the
+    Python door would show there)."""
+    from cutlass_tune.runtime import _moe_glu
+    from cutlass_tune.runtime._moe import experts_layout
+    from cutlass_tune.runtime._op import registered_table
+    from cutlass_tune.space import Activation
+    from tests.runtime.test_moe_glu_gpu import E as EXPERTS
+    from tests.runtime.test_moe_glu_gpu import H, ROWS, glu_table
+    from tests.runtime.test_moe_glu_gpu import operands as layer_operands
+
+    key = register_table(glu_table(), key="native-glu-parts")
+    table = registered_table(key)
+    door_key = _native.door_key(table)
+    _, _, _, gate_up, down = layer_operands()
+    layout = experts_layout(gate_up, down, "silu", False)
+    rows = torch.randn(ROWS, H, dtype=torch.bfloat16, device="cuda")
+    offs = (torch.arange(1, EXPERTS + 1, device="cuda") * (ROWS // EXPERTS)).to(torch.int32)
+    weights = _moe_glu.glu_weights(gate_up, False, False)
+    wt = weights.transpose(-2, -1)
+    door = _native.door
+    calls = {
+        "stage": lambda: _moe_glu.gate_up_glu(rows, gate_up, offs, key, layout),
+        "cpp glu door": lambda: door.grouped_glu(rows, wt, offs, door_key, "silu"),
+        "python glu path": lambda: _moe_glu._glu_door_python(rows, wt, offs, table, Activation.SILU),
+        "cpp plain door": lambda: door.grouped_mm(rows, gate_up.transpose(-2, -1), offs, door_key, None, True, 0.0),
+        "torch grouped": lambda: torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs),
+        "weights lookup": lambda: _moe_glu.glu_weights(gate_up, False, False),
+    }
+    out = {}
+    with torch.no_grad():
+        for name, call in calls.items():
+            before = _native._module.hook_calls()
+            out[name] = round(_host_us(call), 2)
+            out[f"{name} hooks"] = python_calls(before)
+    out["plans"] = _native._module.plans(door_key)
+    return out
+
+
 if __name__ == "__main__":
     # As tests/conftest.py's `_tables_of_any_hopper` does for the GPU tests: the tables' rows
     # (tuned on one Hopper, or on "any") serve whichever Hopper runs this.
