@@ -340,8 +340,8 @@ def glu_parts() -> dict:
     from cutlass_tune.runtime._moe import experts_layout
     from cutlass_tune.runtime._op import registered_table
     from cutlass_tune.space import Activation
+    from tests.runtime.test_moe_glu_gpu import ROWS, H, glu_table
     from tests.runtime.test_moe_glu_gpu import E as EXPERTS
-    from tests.runtime.test_moe_glu_gpu import H, ROWS, glu_table
     from tests.runtime.test_moe_glu_gpu import operands as layer_operands
 
     key = register_table(glu_table(), key="native-glu-parts")
