@@ -112,14 +112,16 @@ native_operators = False
 no door skips it."""
 
 
-def eager_direct_allowed(*tensors: torch.Tensor | None) -> bool:
+def eager_direct_allowed(*tensors: torch.Tensor | None, native_op: bool = True) -> bool:
     """Whether eager code may call a kernel without its torch operator (the operator's
-    dispatch costs more host time than a small GEMM's kernel takes; never where the operators are
-    native, `native_operators`): every tensor given is on
+    dispatch costs more host time than a small GEMM's kernel takes; never where the operator is
+    one the native library defines and it is loaded, `native_operators`: its C++ dispatch is the
+    cheaper path; `native_op` False for an operator defined in Python): every tensor given is on
     CUDA, none needs a gradient, nothing is compiled or traced (torch.compile, export), and no
     dispatch mode (fake tensors, `cutlass-tune shapes`) must see the operator. The one decision
-    for every door (`Linear`, `patch`'s gated MLP, the transformers experts)."""
-    if native_operators or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+    for every door (`Linear`, `patch`'s gated MLP, the transformers experts, the MoE layer's GLU
+    stage)."""
+    if (native_op and native_operators) or torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:  # a loop, not all(...): a generator costs a microsecond of a call's host path

@@ -347,3 +347,22 @@ def test_the_glu_stage_launches_through_the_native_door(monkeypatch):
     assert key == _native.door_key(registered_table(EMPTY))
     with pytest.raises(MatmulInputError, match="a is on cpu: the tuned kernels run on a CUDA device"):
         glu._resolve_glu_door(a, b, o, key, activation)
+
+
+def test_the_stage_is_called_without_its_python_operator_where_the_native_library_is_loaded(monkeypatch):
+    """Regression (H200): with the native library loaded, eager code went through the stage's
+    Python custom op (`eager_direct_allowed` keeps native operators' cheaper C++ dispatch), 58 us
+    a stage call against 20 us for its C++ launch."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(_dispatch, "native_operators", True)
+    cuda = SimpleNamespace(is_cuda=True, requires_grad=False)
+    assert not _dispatch.eager_direct_allowed(cuda, cuda)  # a native operator: its dispatch
+    assert _dispatch.eager_direct_allowed(cuda, cuda, native_op=False)  # a Python one: the direct call
+    direct = []
+    monkeypatch.setattr(glu, "eager_direct_allowed", lambda *t, native_op=True: direct.append(native_op) or True)
+    monkeypatch.setattr(glu, "_gate_up_glu_cuda", lambda *args: "direct")
+    gate_up, down, _, _ = bf16_layer()
+    layout = experts_layout(gate_up, down, "silu", False)
+    assert glu.gate_up_glu(torch.ones(2, 32), gate_up, torch.ones(6, dtype=torch.int32), EMPTY, layout) == "direct"
+    assert direct == [False]
