@@ -13,7 +13,9 @@
 # tests/compile/test_gpu_grouped_glu.py) at the end, if time is left; TRIALS (default 11); PLAIN_ROWS (a
 # table CSV whose Qwen3-235B gate_up and down rows the bundle takes in place of the committed store's,
 # e.g. tune-model's in-model table); FAMILIES (default "qwen3_235b deepseek_v2"); MODEL_RUNS (model forwards
-# on the same bundle, gpu_env.sh's model_runs; TF_NEW=1 again under the newer transformers).
+# on the same bundle, gpu_env.sh's model_runs; TF_NEW=1 again under the newer transformers); ROUTING=captured
+# sweeps the GLU problems with the routing each family's router gives (`shapes --device cuda` of one
+# layer) instead of the uniform ones.
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-300}
@@ -34,7 +36,27 @@ else
     > "$out/moe-export.txt" 2>&1 &
 fi
 moe_pid=$!
-timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep benchmarks/configs/moe_glu_bf16.yaml \
+space=benchmarks/configs/moe_glu_bf16.yaml
+if [ "${ROUTING:-uniform}" = captured ]; then
+  # The GLU problems with the routing the layer's router gives (a histogram), recorded from one
+  # layer of each family run on the GPU (benchmarks/tune_model_qwen3.py's *_routed), swept over the
+  # same eleven kernels as the uniform ones.
+  for family in ${FAMILIES:-qwen3_235b deepseek_v2}; do
+    timeout -k 10 120 python3 -m cutlass_tune.cli shapes "benchmarks/tune_model_qwen3.py:${family}_routed" \
+      --device cuda -o "$state/cap-$family.yaml" > "$out/shapes-$family.txt" 2>&1
+    echo "shapes $family rc=$? at ${SECONDS}s"; grep -h "grouped_glu" "$out/shapes-$family.txt" | head -3
+  done
+  python3 - "$space" "$state/glu-captured.yaml" "$state"/cap-*_grouped_glu.yaml > "$out/space.txt" 2>&1 <<'PY'
+import sys, yaml
+space = yaml.safe_load(open(sys.argv[1]))
+space["problems"] = [p for f in sys.argv[3:] for p in yaml.safe_load(open(f))["problems"]]
+space["description"] = "the GLU problems of benchmarks/configs/moe_glu_bf16.yaml with their routers' routing"
+yaml.safe_dump(space, open(sys.argv[2], "w"), sort_keys=False)
+print(f"{len(space['problems'])} captured GLU problems, the kernels of {sys.argv[1]}")
+PY
+  cat "$out/space.txt"; space=$state/glu-captured.yaml
+fi
+timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep "$space" \
   --strategy optuna --trials "${TRIALS:-11}" --batch 11 --jobs 10 --storage "$state/glu.sqlite" \
   > "$out/sweep.txt" 2>&1
 echo "sweep rc=$? at ${SECONDS}s"; tail -12 "$out/sweep.txt"

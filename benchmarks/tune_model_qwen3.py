@@ -26,3 +26,28 @@ def build(tokens: int = 4096, family: str = "qwen3_235b"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
                                                               experts_implementation="cutlass_tune")
         return model, (torch.randint(0, VOCAB, (1, tokens)),)
+
+
+def _torch_experts(family: str, tokens: int = 4096):
+    """One layer of `family` with transformers' "grouped_mm" experts, built on the GPU with its
+    random router, and one sequence of `tokens` random ids: what `cutlass-tune shapes --device
+    cuda` runs to record the experts' GEMMs with the router's real routing (a histogram per
+    grouped problem; on the meta device, or from zero ids, it would be uniform or degenerate)."""
+    spec = FAMILIES[family]
+    config = getattr(transformers, spec["config"])(vocab_size=VOCAB, num_hidden_layers=1,
+                                                   max_position_embeddings=32768, **spec["kwargs"])
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+                                                              experts_implementation="grouped_mm")
+        return model, (torch.randint(0, VOCAB, (1, tokens)),)
+
+
+def qwen3_235b_routed():
+    """`_torch_experts` of Qwen3-235B-A22B's widths at 4096 tokens (gpu_moe_glu.sh ROUTING=captured)."""
+    return _torch_experts("qwen3_235b")
+
+
+def deepseek_v2_routed():
+    """`_torch_experts` of DeepSeek-V2-Lite's widths at 4096 tokens (gpu_moe_glu.sh ROUTING=captured)."""
+    return _torch_experts("deepseek_v2")
