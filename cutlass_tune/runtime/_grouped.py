@@ -521,7 +521,7 @@ def _scale_key(t: object) -> object:
 
 def grouped_signature(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype | None,
                       min_ratio: float, keep_workspace: bool, activation: Activation | str = Activation.NONE,
-                      pair: Pair = Pair.NONE, scale_a: tuple | None = None, scale_b: tuple | None = None) -> tuple:
+                      pair: Pair = Pair.NONE, scale_a: object = None, scale_b: object = None) -> tuple:
     """A grouped call's plan signature (`run_grouped`'s, the native doors' resolvers'): what the
     plan depends on. A GLU pair shares the activation's place in the key, so the signatures of
     plain calls are the operator's (`_grouped_op._signature`) as they were."""

@@ -317,9 +317,9 @@ def _gate_up_glu_cuda(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Ten
                       transposed: bool, alternating: bool) -> torch.Tensor:
     """act(gate) * up of each routed row through its expert's gate_up (`gate_up_glu`) by the
     table's grouped GLU kernel (min_ratio 0: the layer chose the stage by the table's figures,
-    `glu_reason`), launched from C++ where the native library is loaded (`_glu_door`); torch
-    where the table has no row of this GPU or the tensors are ones no kernel takes (one warning
-    per cause)."""
+    `glu_reason`), launched from C++ where the native library is loaded (its `grouped_glu`,
+    resolved by `_resolve_glu_door`); torch where the table has no row of this GPU or the
+    tensors are ones no kernel takes (one warning per cause)."""
     function = Activation(activation)
     weights = glu_weights(gate_up, transposed, alternating)
     with _on_device_of(rows):
