@@ -77,7 +77,7 @@ for family in ${FAMILIES:-qwen3_235b deepseek_v2}; do
   timeout -s INT -k 10 $(( $(left) - 10 )) python3 benchmarks/moe_layer.py "$state/bundle" "$out/layer" --family "$family" \
     --tokens 4096 --mode compiled --blocks 6 --block 5 --profile --sides cutlass_tune,moe_experts,moe_glu \
     > "$out/layer-$family.txt" 2>&1
-  echo "layer $family rc=$? at ${SECONDS}s"; grep -E "fallback|skipped" "$out/layer-$family.txt" | head -8
+  echo "layer $family rc=$? at ${SECONDS}s"; grep -E "fallback|skipped|gate_up path" "$out/layer-$family.txt" | head -8
 done
 python3 benchmarks/moe_layer.py summary "$out/layer"
 grep -h "^==" "$out/layer/"*-profile.txt 2>/dev/null

@@ -443,6 +443,7 @@ def run_case(args: argparse.Namespace, experts: torch.nn.Module, key: str, token
         "transformers": transformers.__version__, "table": str(args.table),
         **{k: spec[k] for k in ("experts", "top_k", "hidden", "moe_intermediate")},
         "native": native_state(), "moe_native_kernels": _moe_native(),
+        "glu_path": glu_path(experts, key, args.family),
         "sides": sides_out, "strongest_torch": strongest, "speedup": speedup,
         "wall_s": round(time.perf_counter() - began, 1),
     }
@@ -454,6 +455,24 @@ def _moe_native() -> bool | None:
         return bool(importlib.import_module("cutlass_tune.runtime._moe").native_available())
     except (ImportError, AttributeError):
         return None
+
+
+def glu_path(experts: torch.nn.Module, key: str, family: str) -> str:
+    """The gate_up path the layer takes on this table with its GLU stage on ("glu", or "apart: "
+    and why: `_moe_glu.glu_reason`, which also weighs the GLU row against the plain row); "" where
+    the package has no GLU stage."""
+    try:
+        glu = importlib.import_module("cutlass_tune.runtime._moe_glu")
+        layout_of = importlib.import_module("cutlass_tune.runtime._moe").experts_layout
+    except (ImportError, AttributeError):
+        return ""
+    gate_up = experts.gate_up_proj if experts.has_gate else experts.up_proj
+    bias = getattr(experts, "gate_up_proj_bias" if experts.has_gate else "up_proj_bias", None) \
+        if experts.has_bias else None
+    activation = "swiglu_oai" if family == "gpt_oss" else experts.config.hidden_act
+    layout = layout_of(gate_up, experts.down_proj, activation, bool(experts.is_transposed))
+    why = glu.glu_reason(layout, gate_up, key, bias)
+    return f"apart: {why}" if why else "glu"
 
 
 def case_name(args: argparse.Namespace, tokens: int) -> str:
@@ -548,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         result = run_case(args, experts, key, tokens)
         path.write_text(json.dumps(result, indent=2) + "\n")
+        if result["glu_path"]:
+            print(f"{path.stem}: the GLU stage's gate_up path: {result['glu_path']}")
         for name, side in result["sides"].items():
             for message in side.get("fallbacks", []):
                 print(f"{name} fallback: {message}")

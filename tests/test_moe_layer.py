@@ -104,6 +104,7 @@ def test_a_tiny_eager_case_compares_every_side_with_grouped_mm(script, tmp_path,
         n for n, s in sides.items() if not s["skip"]}
     assert all(s["close"] and len(s["blocks_ms"]) == 2 for s in sides.values() if not s["skip"])
     assert result["strongest_torch"] in ("grouped_mm", "batched_mm") and "cutlass_tune" in result["speedup"]
+    assert result["glu_path"] == "apart: the weights are not on a CUDA device"  # the layer's own answer, recorded
     assert script.main(argv) == 0  # a case whose JSON exists is not run again
     assert "exists, skipped" in capsys.readouterr().out
 
