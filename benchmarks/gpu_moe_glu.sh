@@ -46,15 +46,9 @@ if [ "${ROUTING:-uniform}" = captured ]; then
       --device cuda -o "$state/cap-$family.yaml" > "$out/shapes-$family.txt" 2>&1
     echo "shapes $family rc=$? at ${SECONDS}s"; grep -h "grouped_glu" "$out/shapes-$family.txt" | head -3
   done
-  python3 - "$space" "$state/glu-captured.yaml" "$state"/cap-*_grouped_glu.yaml > "$out/space.txt" 2>&1 <<'PY'
-import sys, yaml
-space = yaml.safe_load(open(sys.argv[1]))
-space["problems"] = [p for f in sys.argv[3:] for p in yaml.safe_load(open(f))["problems"]]
-space["description"] = "the GLU problems of benchmarks/configs/moe_glu_bf16.yaml with their routers' routing"
-yaml.safe_dump(space, open(sys.argv[2], "w"), sort_keys=False)
-print(f"{len(space['problems'])} captured GLU problems, the kernels of {sys.argv[1]}")
-PY
-  cat "$out/space.txt"; space=$state/glu-captured.yaml
+  if python3 benchmarks/glu_space.py "$state/glu-captured.yaml" "$state"/cap-*_grouped_glu.yaml > "$out/space.txt" 2>&1
+  then space=$state/glu-captured.yaml; else echo "no captured GLU problems: the uniform ones are swept"; fi
+  cat "$out/space.txt"
 fi
 timeout -k 10 $((budget * 55 / 100)) python3 -m cutlass_tune.cli sweep "$space" \
   --strategy optuna --trials "${TRIALS:-11}" --batch 11 --jobs 10 --storage "$state/glu.sqlite" \
