@@ -377,12 +377,18 @@ def _gate_up_glu_fake(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Ten
     return rows.new_empty((rows.shape[0], n // 2))
 
 
-gate_up_glu_op: Any = torch.library.custom_op("cutlass_tune::moe_gate_up_glu", mutates_args=(), device_types="cuda",
-                                              tags=_TAGS)(_gate_up_glu_cuda)
+# Defined with torch.library.Library, not custom_op: its kernels are called by the dispatcher
+# straight away (about 2 us a call on a 2-core CPU host), where custom_op's Python autograd and
+# checking layers cost 9 us a call for a trivial kernel (benchmarks/moe_glu.md).
+_lib = torch.library.Library("cutlass_tune", "FRAGMENT")
+_lib.define("moe_gate_up_glu(Tensor rows, Tensor gate_up, Tensor offs, str table, str activation, bool transposed, "
+            "bool alternating) -> Tensor", tags=tuple(_TAGS))
+_lib.impl("moe_gate_up_glu", _gate_up_glu_cuda, "CUDA")
+_lib.impl("moe_gate_up_glu", _gate_up_glu_cpu, "CPU")
+torch.library.register_fake("cutlass_tune::moe_gate_up_glu", _gate_up_glu_fake, lib=_lib)
+gate_up_glu_op: Any = torch.ops.cutlass_tune.moe_gate_up_glu.default
 """The GLU stage as an operator (torch.compile traces it with no graph break; CUDA graphs capture
-it). Forward only: the layer runs it where no gradient is needed (`glu_reason`)."""
-gate_up_glu_op.register_kernel("cpu")(_gate_up_glu_cpu)
-gate_up_glu_op.register_fake(_gate_up_glu_fake)
+it). Forward only, no autograd kernel: the layer runs it where no gradient is needed (`glu_reason`)."""
 
 
 def gate_up_glu(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Tensor, key: str,

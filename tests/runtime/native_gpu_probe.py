@@ -332,8 +332,9 @@ def glu() -> dict:
 
 def glu_parts() -> dict:
     """Where the GLU stage's host time goes (us a call, the GPU kept busy), native library
-    loaded: the stage, the C++ GLU door and the Python path on the same laid-out weights, the
-    plain grouped door on the same rows (N = 2I), torch's grouped GEMM, the weights' lookup;
+    loaded: the stage (eager: the direct call), its operator (eager, and compiled as
+    torch.compile's graphs call it), the C++ GLU door and the Python path on the same laid-out
+    weights, the plain grouped door on the same rows (N = 2I), torch's grouped GEMM, the weights' lookup;
     and the Python hooks C++ called during the C++ door's loop (a signature handed back to the
     Python door would show there)."""
     from cutlass_tune.runtime import _moe_glu
@@ -354,8 +355,12 @@ def glu_parts() -> dict:
     weights = _moe_glu.glu_weights(gate_up, False, False)
     wt = weights.transpose(-2, -1)
     door = _native.door
+    op = torch.ops.cutlass_tune.moe_gate_up_glu.default
+    compiled = torch.compile(lambda r, o: op(r, gate_up, o, key, "silu", False, False))
     calls = {
         "stage": lambda: _moe_glu.gate_up_glu(rows, gate_up, offs, key, layout),
+        "operator": lambda: op(rows, gate_up, offs, key, "silu", False, False),
+        "operator compiled": lambda: compiled(rows, offs),
         "cpp glu door": lambda: door.grouped_glu(rows, wt, offs, door_key, "silu"),
         "python glu path": lambda: _moe_glu._glu_door_python(rows, wt, offs, table, Activation.SILU),
         "cpp plain door": lambda: door.grouped_mm(rows, gate_up.transpose(-2, -1), offs, door_key, None, True, 0.0),
