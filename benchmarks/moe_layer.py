@@ -207,6 +207,19 @@ def _layer_call() -> Callable | None:
     return found
 
 
+def layer_weights(experts: torch.nn.Module, family: str) -> tuple[torch.Tensor, dict, str]:
+    """What `moe_experts` takes of transformers' experts module: its gate_up (or up) weights, the
+    keyword arguments for its biases and layout, and its activation's name."""
+    gate_up = experts.gate_up_proj if experts.has_gate else experts.up_proj
+    extra: dict = {}
+    if experts.has_bias:
+        extra = dict(gate_up_bias=getattr(experts, "gate_up_proj_bias" if experts.has_gate else "up_proj_bias"),
+                     down_bias=experts.down_proj_bias)
+    if experts.is_transposed:
+        extra["transposed"] = True
+    return gate_up, extra, "swiglu_oai" if family == "gpt_oss" else experts.config.hidden_act
+
+
 def sides(experts: torch.nn.Module, key: str, tokens: int, family: str) -> dict[str, Callable | str]:
     """Each side's call (hidden, top_k_index, top_k_weights) -> output, or why it is skipped."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS as found
@@ -229,14 +242,7 @@ def sides(experts: torch.nn.Module, key: str, tokens: int, family: str) -> dict[
     if layer is None:
         out["moe_experts"] = "the package has no cutlass_tune.moe_experts"
     else:
-        gate_up = experts.gate_up_proj if experts.has_gate else experts.up_proj
-        extra: dict = {}
-        if experts.has_bias:
-            extra = dict(gate_up_bias=getattr(experts, "gate_up_proj_bias" if experts.has_gate else "up_proj_bias"),
-                         down_bias=experts.down_proj_bias)
-        if experts.is_transposed:
-            extra["transposed"] = True
-        activation = "swiglu_oai" if family == "gpt_oss" else experts.config.hidden_act
+        gate_up, extra, activation = layer_weights(experts, family)
         parameters = inspect.signature(layer).parameters
         decodes, glu = "decode" in parameters, "glu" in parameters
         for name, decode in (("moe_experts", "grouped"), ("moe_glu", "grouped"), ("moe_batched", "batched")):
@@ -466,12 +472,9 @@ def glu_path(experts: torch.nn.Module, key: str, family: str) -> str:
         layout_of = importlib.import_module("cutlass_tune.runtime._moe").experts_layout
     except (ImportError, AttributeError):
         return ""
-    gate_up = experts.gate_up_proj if experts.has_gate else experts.up_proj
-    bias = getattr(experts, "gate_up_proj_bias" if experts.has_gate else "up_proj_bias", None) \
-        if experts.has_bias else None
-    activation = "swiglu_oai" if family == "gpt_oss" else experts.config.hidden_act
+    gate_up, extra, activation = layer_weights(experts, family)
     layout = layout_of(gate_up, experts.down_proj, activation, bool(experts.is_transposed))
-    why = glu.glu_reason(layout, gate_up, key, bias)
+    why = glu.glu_reason(layout, gate_up, key, extra.get("gate_up_bias"))
     return f"apart: {why}" if why else "glu"
 
 

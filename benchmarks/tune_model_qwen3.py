@@ -16,31 +16,25 @@ import cutlass_tune.transformers  # noqa: F401  (registers the "cutlass_tune" ex
 LAYERS = 4
 
 
-def build(tokens: int = 4096, family: str = "qwen3_235b"):
-    """(model, (input ids,)): one sequence of `tokens` tokens."""
+def build(tokens: int = 4096, family: str = "qwen3_235b", layers: int = LAYERS, experts: str = "cutlass_tune"):
+    """(model, (input ids,)): one sequence of `tokens` tokens; `experts` transformers' experts
+    implementation."""
     spec = FAMILIES[family]
-    config = getattr(transformers, spec["config"])(vocab_size=VOCAB, num_hidden_layers=LAYERS,
+    config = getattr(transformers, spec["config"])(vocab_size=VOCAB, num_hidden_layers=layers,
                                                    max_position_embeddings=32768, **spec["kwargs"])
     torch.manual_seed(0)
     with torch.device("cuda"):  # the random init of 128 experts takes minutes on the host's CPU
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
-                                                              experts_implementation="cutlass_tune")
+                                                              experts_implementation=experts)
         return model, (torch.randint(0, VOCAB, (1, tokens)),)
 
 
-def _torch_experts(family: str, tokens: int = 4096):
+def _torch_experts(family: str):
     """One layer of `family` with transformers' "grouped_mm" experts, built on the GPU with its
-    random router, and one sequence of `tokens` random ids: what `cutlass-tune shapes --device
-    cuda` runs to record the experts' GEMMs with the router's real routing (a histogram per
-    grouped problem; on the meta device, or from zero ids, it would be uniform or degenerate)."""
-    spec = FAMILIES[family]
-    config = getattr(transformers, spec["config"])(vocab_size=VOCAB, num_hidden_layers=1,
-                                                   max_position_embeddings=32768, **spec["kwargs"])
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
-                                                              experts_implementation="grouped_mm")
-        return model, (torch.randint(0, VOCAB, (1, tokens)),)
+    random router, and 4096 random ids: what `cutlass-tune shapes --device cuda` runs to record the
+    experts' GEMMs with the router's real routing (a histogram per grouped problem; on the meta
+    device, or from zero ids, it would be uniform or degenerate)."""
+    return build(family=family, layers=1, experts="grouped_mm")
 
 
 def qwen3_235b_routed():

@@ -129,7 +129,17 @@ def test_a_pair_of_partial_blocks_poses_no_glu_problem():
     assert why == "2I = 24 is not a multiple of 16 (gate and up in blocks of 8)"
 
 
-def test_without_a_glu_row_the_layer_runs_unfused_and_names_the_sweep(taken):
+def _asked_on_an_h200(key, problem):
+    """The table's answer for the GLU problem (`_table_row`) as on a CUDA device of an H200."""
+    monkey = glu._device_rows
+    try:
+        glu._device_rows = lambda t, device: (t.for_gpu("NVIDIA H200"), None)
+        return glu._table_row(key, 0, problem)
+    finally:
+        glu._device_rows = monkey
+
+
+def test_without_a_glu_row_the_layer_runs_unfused_and_names_the_sweep(taken, monkeypatch):
     """Off CUDA the real lookup answers; on a GPU a table without the row names the command."""
     gate_up, down, _, _ = bf16_layer()
     with torch.no_grad():
@@ -140,19 +150,12 @@ def test_without_a_glu_row_the_layer_runs_unfused_and_names_the_sweep(taken):
     table = BestTable(pd.DataFrame([dict(gpu="NVIDIA H200", problem=plain.name, m=14, n=32, k=32, ratio=1.2,
                                          **plain.operation.cells(), **experts_cells(plain))]))
     key = register_table(table, key="moe-glu-norow")
-    monkey = glu._device_rows
-    try:
-        glu._device_rows = lambda t, device: (t.for_gpu("NVIDIA H200"), None)
-        why = glu._table_row(key, 0, problem)
-    finally:
-        glu._device_rows = monkey
+    why = _asked_on_an_h200(key, problem)
     assert "no row of bf16bf16bf16_tn_grouped_silu+glu for 6 experts of 32x32" in why
     assert "cutlass-tune sweep --shapes e6:ROWSx32x32 --epilogue silu+glu" in why
-    try:  # a table of no rows, as a test's or torch's-only one, on a GPU
-        glu._device_rows = lambda t, device: (t, None)
-        assert glu._table_row(EMPTY, 0, problem) == "the table has no rows"
-    finally:
-        glu._device_rows = monkey
+    # a table of no rows, as a test's or torch's-only one, on a GPU
+    monkeypatch.setattr(glu, "_device_rows", lambda t, device: (t, None))
+    assert glu._table_row(EMPTY, 0, problem) == "the table has no rows"
 
 
 @pytest.mark.parametrize("glu_ratio,plain_ratio,loses", [
@@ -172,12 +175,7 @@ def test_a_glu_row_slower_than_the_gemm_and_activation_apart_keeps_them_apart(gl
         rows.append(dict(gpu="NVIDIA H200", problem=plain.name, m=96, n=32, k=32, ratio=plain_ratio,
                          **plain.operation.cells(), **experts_cells(plain)))
     key = register_table(BestTable(pd.DataFrame(rows)), key=f"moe-glu-apart-{glu_ratio}-{plain_ratio}")
-    monkey = glu._device_rows
-    try:
-        glu._device_rows = lambda t, device: (t.for_gpu("NVIDIA H200"), None)
-        why = glu._table_row(key, 0, problem)
-    finally:
-        glu._device_rows = monkey
+    why = _asked_on_an_h200(key, problem)
     if not loses:
         assert why == ""
     else:
