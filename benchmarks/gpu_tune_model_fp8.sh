@@ -4,7 +4,8 @@
 # tokens recorded by `shapes`, swept, confirmed in the sustained and idle-gap regimes, exported, then
 # tuned inside the compiled model; last, per GEMM the sweep, sustained, idle-gap and in-model ratios
 # side by side (OUT/ratios.txt). tune-model's A/B of the whole step (in-model table against the
-# exported, sustained-chosen one, and torch's path) is at the last token count.
+# exported, sustained-chosen one, torch's path through the product and the same model on torch's own
+# path, `build_torch`), each side's kernel time split from a profile, is at the last token count.
 #
 #   benchmarks/gpu_tune_model_fp8.sh OUTDIR    (state in TUNE_MODEL_DIR, default /tmp/tune-model-fp8;
 #                                              each finished step is skipped on a rerun)
@@ -22,6 +23,9 @@ mode=${MODE:-compiled}
 model=benchmarks/tune_model_fp8.py
 mkdir -p "$out" "$state"
 if [ -n "${RESUME:-}" ] && [ ! -e "$state/fp8.sqlite" ]; then tar xzf "$RESUME" -C "$state" || exit; fi
+# REDO="step ..." runs those steps again; a state without its bundle (state.tgz leaves it out) exports again
+for name in ${REDO:-}; do rm -f "$state/$name.done"; done
+[ -d "$state/bundle" ] || rm -f "$state/export.done"
 trap 'tar czf "$out/state.tgz" --exclude=./bundle -C "$state" .' EXIT
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
@@ -46,8 +50,8 @@ step confirm-idle-gap 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 
 # export writes a directory that must not exist yet: a failed one is removed before the next try
 [ -e "$state/export.done" ] || rm -rf "$state/bundle"
 step export 60 "${ct[@]}" export --storage "$store" -o "$state/bundle" || exit
-step tune-model 120 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
-  --tokens 128 --tokens 2048 --mode "$mode" --out "$state/tuned.csv" || exit
+step tune-model 180 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
+  --tokens 128 --tokens 2048 --mode "$mode" --out "$state/tuned.csv" --baseline "$model:build_torch" || exit
 cp "$state/tuned.csv" "$out/"
 "${ct[@]}" best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
 python3 - "$out/fp8-best.csv" "$state/tuned.csv" <<'PY' | tee "$out/ratios.txt"

@@ -3,7 +3,8 @@
 4096 -> 2 x 14336, down 14336 -> 4096, no biases), random weights, every Linear a
 `cutlass_tune.nn.Fp8Linear` (row-wise scales: one per output feature, one per token, the input
 quantized at each call), on the GPU (on the meta device where there is none): the model
-`tune-model` tunes in benchmarks/gpu_tune_model_fp8.sh.
+`tune-model` tunes in benchmarks/gpu_tune_model_fp8.sh; `build_torch` is the same model on torch's
+own path (quantization and torch._scaled_mm with fast accumulation), its `--baseline`.
 
     cutlass-tune shapes benchmarks/tune_model_fp8.py:both -o fp8.yaml    # both token counts' problems
     cutlass-tune tune-model benchmarks/tune_model_fp8.py:build --table TABLE --tokens 128 --tokens 2048 ...
@@ -16,7 +17,8 @@ Linear a table tunes): the output projection reads q gated by v, so every Linear
 on the one before it. The Linears read their table from `TABLE_KEY`, the key `tune-model` binds
 each step's table to; where nothing is bound there (`shapes`, a plain forward) an empty table is,
 and every call takes torch._scaled_mm's path. Compiled (`--mode compiled`), the Linears' calls
-stay outside the graphs (`EagerFp8Linear`): Inductor compiles the norms, gates and residuals.
+stay outside the graphs (`EagerFp8Linear`): Inductor compiles the norms, gates, residuals and
+the inputs' quantization.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import torch.nn.functional as F
 from cutlass_tune import BestTable, register_table
 from cutlass_tune.bench._in_model import TABLE_KEY
 from cutlass_tune.nn import Fp8Linear
+from cutlass_tune.runtime import matmul, torch_gemm
+from cutlass_tune.runtime._fp8 import quantize_rowwise
 from cutlass_tune.runtime._op import UnregisteredTableError, registered_table
 
 LAYERS = 4
@@ -36,13 +40,39 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 
 
 class EagerFp8Linear(Fp8Linear):
-    """`Fp8Linear` whose call torch.compile leaves to Python (a graph break around each): its
-    `matmul` then reads the table bound to `TABLE_KEY` at every call, as `tune-model` needs (it
-    binds another table between steps), where a trace could keep the table it first read."""
+    """Row-wise `Fp8Linear` (no bias) whose GEMM call torch.compile leaves to Python (a graph break
+    around it; the input's quantization stays in the graph): its `matmul` then reads the table
+    bound to `TABLE_KEY` at every call, as `tune-model` needs (it binds another table between
+    steps), where a trace could keep the table it first read."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        xq, scale_a = quantize_rowwise(input.reshape(-1, self.in_features))
+        return self._gemm(xq, scale_a).reshape(*input.shape[:-1], self.out_features)
 
     @torch.compiler.disable
+    def _gemm(self, xq: torch.Tensor, scale_a: torch.Tensor) -> torch.Tensor:
+        w = self.weight.t()
+        if xq.is_cuda:
+            return matmul(xq, w, registered_table(self.table_key), self.out_dtype, scale_a=scale_a,
+                          scale_b=self.weight_scale)
+        return torch_gemm(xq, w, self.out_dtype, scale_a=scale_a, scale_b=self.weight_scale)
+
+
+class TorchFp8Linear(torch.nn.Module):
+    """An `EagerFp8Linear`'s weights on torch's own path, the strongest torch offers for the math:
+    the input quantized the same way, then torch._scaled_mm with fast accumulation, all of it in
+    the graph under torch.compile (the baseline `tune-model --baseline` times the model against)."""
+
+    def __init__(self, linear: Fp8Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.weight_scale = linear.weight, linear.weight_scale
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return super().forward(input)
+        xq, scale_a = quantize_rowwise(input.reshape(-1, self.in_features))
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a, self.weight_scale, out_dtype=torch.bfloat16,
+                             use_fast_accum=True)
+        return y.reshape(*input.shape[:-1], self.out_features)
 
 
 def _fp8(in_features: int, out_features: int) -> Fp8Linear:
@@ -114,3 +144,13 @@ def build(tokens: int = TOKENS[-1], layers: int = LAYERS):
     with torch.device("cuda" if torch.cuda.is_available() else "meta"):
         model = Model(layers).eval()
         return model, (torch.randn(1, tokens, HIDDEN, dtype=torch.bfloat16),)
+
+
+def build_torch(tokens: int = TOKENS[-1], layers: int = LAYERS):
+    """`build`'s model (the same weights and input: the same seed) with every Linear on torch's own
+    path (`TorchFp8Linear`): `tune-model --baseline`'s torch side."""
+    model, inputs = build(tokens, layers)
+    for block in model.blocks:
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(block, name, TorchFp8Linear(getattr(block, name)))
+    return model, inputs

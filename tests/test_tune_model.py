@@ -139,8 +139,22 @@ def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_pa
     monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=None: "NVIDIA H200")
     monkeypatch.setattr(gpu, "precompile", lambda rows: None)
-    monkeypatch.setattr(gpu, "build_step", lambda target, mode: (lambda: None))
-    monkeypatch.setattr(gpu, "ab", lambda step, tables, blocks: [gpu.Side(label, (10.0, 10.5)) for label in tables])
+    built: list[bool] = []
+
+    def build_step(target, mode, *, patched=True):
+        built.append(patched)
+        return lambda: None
+
+    monkeypatch.setattr(gpu, "build_step", build_step)
+    sides: list[str] = []
+
+    def ab(steps, blocks):
+        """The in-model step 10 ms (8 of GEMM kernels, 1 of the rest), every other side 12 ms (9 and 1)."""
+        sides.extend(steps)
+        return [gpu.Side(label, (10.0, 10.5, 10.0) if i == 0 else (12.0, 12.5, 12.0),
+                         gpu.StepSplit(8000.0 if i == 0 else 9000.0, 1000.0)) for i, label in enumerate(steps)]
+
+    monkeypatch.setattr(gpu, "ab", ab)
 
     def profiled(step, tables, rounds):
         """torch's step 100 us for the problem, the table's kernel 80 us (+-1 by round)."""
@@ -156,9 +170,15 @@ def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_pa
     monkeypatch.setattr(gpu, "profiled_steps", profiled)
     out = tmp_path / "tuned.csv"
     r = CliRunner().invoke(app, ["tune-model", f"{model}:build", "--table", str(TABLE), "--out", str(out),
-                                 "--rounds", "3"], terminal_width=250)
+                                 "--rounds", "3", "--baseline", f"{model}:build"], terminal_width=250)
     assert r.exit_code == 0, r.output
     assert "A/B of the whole step" in r.output and "tune-model took" in r.output
+    # the model built patched for the rotation, the baseline unpatched for the A/B's torch side
+    assert built == [True, False]
+    assert sides == ["in-model", "input table", "torch via the product", "torch"]
+    # 2 ms a step saved: 1 in the GEMM kernels, none in the others, 1 in the host time and gaps
+    assert "in-model against torch: +2.000 ms a step = GEMM kernels +1.000 + other kernels +0.000 + host and " \
+           "gaps +1.000" in " ".join(r.output.split())
     assert len(ran) == 2 * 3 and ran[0].frame.empty and not ran[1].frame.empty  # torch, then the table's row
     tuned = BestTable.load(out)
     match = tuned.lookup(4096, 6656, 6656)

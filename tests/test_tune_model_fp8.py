@@ -12,7 +12,7 @@ import yaml
 
 from cutlass_tune.capture import capture_gemms, load_target
 from cutlass_tune.runtime import BestTable
-from cutlass_tune.search._in_model import InModelError, covered
+from cutlass_tune.search._in_model import TORCH_HELD, InModelError, covered
 from cutlass_tune.space import DType, Layout, Scaling
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +77,43 @@ def test_covered_meets_every_problem_of_a_table_made_of_them():
     assert all(c.names == {c.problem} and c.candidates[0].is_torch and len(c.candidates) == 2 for c in found)
 
 
+def test_the_baseline_is_the_same_model_on_torchs_own_path(widths):
+    """`build_torch` (tune-model's --baseline): the same weights and input as `build`, every Linear
+    quantizing its input and calling torch._scaled_mm itself (no table, no graph break)."""
+    model, (x,) = widths.build(tokens=16, layers=1)
+    base, (y,) = widths.build_torch(tokens=16, layers=1)
+    for name in ("qkv", "o", "gate_up", "down"):
+        ours, theirs = getattr(model.blocks[0], name), getattr(base.blocks[0], name)
+        assert isinstance(theirs, widths.TorchFp8Linear) and not isinstance(theirs, widths.Fp8Linear)
+        assert theirs.weight.shape == ours.weight.shape and theirs.weight.dtype == ours.weight.dtype
+        assert theirs.weight_scale.shape == ours.weight_scale.shape
+    assert x.shape == y.shape and base(y).shape == (1, 16, widths.HIDDEN)
+
+
+def test_torchs_step_runs_scaled_mm_with_the_fast_accumulation_the_kernels_were_measured_against(monkeypatch):
+    """Regression: torch's step ran on a table without rows, where the dispatcher runs
+    torch._scaled_mm without fast accumulation (5-10% slower at M 2048): the in-model ratios of
+    fast-accumulation kernels read 1.08-1.11 where the sweep read 0.98-1.00. The step keeps their
+    rows below any min_ratio, so the dispatcher falls back with fast accumulation."""
+    from cutlass_tune.runtime._dispatch import Call, FallbackReason, Kind, resolve
+    from cutlass_tune.search._in_model import schedule, step_frame
+
+    problems = problems_at(128)
+    frame = fake_table(problems)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: frame["gpu"].iloc[0])
+    assert frame["fp8_fast_accum"].astype(str).str.lower().eq("true").all()
+    found = covered(BestTable(frame), problems)
+    torch_step = step_frame(frame, schedule(found)[0])
+    assert len(torch_step) == len(problems) and (torch_step["in_model_ratio"] == TORCH_HELD).all()
+    for p in problems:
+        plan = resolve(BestTable(torch_step), Call(Kind.DENSE, p, 0, 1.0, ()))
+        assert plan.kernel is None and plan.fallback.reason is FallbackReason.BELOW_MIN_RATIO
+        assert plan.fallback.fast_accum and "with fast accumulation" in plan.fallback.path
+        # without a row (the step before), torch's path without fast accumulation
+        bare = resolve(BestTable(frame.iloc[:0]), Call(Kind.DENSE, p, 0, 1.0, ()))
+        assert bare.fallback.reason is FallbackReason.NO_ROW and not bare.fallback.fast_accum
+
+
 def test_the_committed_row_wise_store_covers_none_of_the_models_problems():
     """Why the model's shapes are swept first: the store holds one M per shape, none the model's."""
     with pytest.raises(InModelError, match="the table has none of the model's 4 GEMM problems"):
@@ -102,8 +139,8 @@ def test_tune_model_writes_in_model_ratios_of_the_fp8_model_with_the_gpu_faked(t
     monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=None: "NVIDIA H200")
     monkeypatch.setattr(gpu, "precompile", lambda rows: None)
-    monkeypatch.setattr(gpu, "build_step", lambda target, mode: (lambda: None))
-    monkeypatch.setattr(gpu, "ab", lambda step, tables, blocks: [gpu.Side(label, (10.0, 10.5)) for label in tables])
+    monkeypatch.setattr(gpu, "build_step", lambda target, mode, patched=True: (lambda: None))
+    monkeypatch.setattr(gpu, "ab", lambda steps, blocks: [gpu.Side(label, (10.0, 10.5)) for label in steps])
     torch_us = {p.name: 10.0 + p.m * p.n * p.k / 1e9 for p in problems}
 
     def profiled(step, tables, rounds):
@@ -111,9 +148,11 @@ def test_tune_model_writes_in_model_ratios_of_the_fp8_model_with_the_gpu_faked(t
         events = []
         for r in range(rounds):
             for i, t in enumerate(tables):
-                doors = [tree(RANGE_PREFIX + name, kernels=[us if t.frame.empty else 0.8 * us])
+                # torch's step: the fast-accumulation rows held below min_ratio (TORCH_HELD)
+                torch_step = (t.frame["in_model_ratio"] == TORCH_HELD).all()
+                doors = [tree(RANGE_PREFIX + name, kernels=[us if torch_step else 0.8 * us])
                          for name, us in torch_us.items()
-                         if t.frame.empty or name in set(t.frame["problem"])]
+                         if torch_step or name in set(t.frame["problem"])]
                 events += [tree(f"{STEP_PREFIX}{r * len(tables) + i}", *doors), *doors]
         return events
 

@@ -33,7 +33,7 @@ from ..compile import KernelCache, compile_kernels
 from ..runtime._op import register_table
 from ..runtime._patch import patch
 from ..runtime._table import BestTable
-from ..search._in_model import STEP_PREFIX
+from ..search._in_model import STEP_PREFIX, StepSplit, step_split
 from ..space import KernelConfig
 
 TABLE_KEY = "cutlass_tune.transformers"
@@ -63,16 +63,18 @@ def bind(table: BestTable) -> None:
     ct.use_table(table)
 
 
-def build_step(target: Target, mode: Mode) -> Callable[[], object]:
+def build_step(target: Target, mode: Mode, *, patched: bool = True) -> Callable[[], object]:
     """The model's step: its forward under no_grad on its inputs, on the current GPU; its Linears
-    patched onto `TABLE_KEY` (bind a table first), compiled in `Mode.COMPILED`."""
+    patched onto `TABLE_KEY` (bind a table first; not for a baseline model, `patched` False),
+    compiled in `Mode.COMPILED`."""
     device = torch.device("cuda", torch.cuda.current_device())
     with _users_code():
         model = _moved_model(target.model, device)
     args, kwargs = _moved(target.args, device), _moved(target.kwargs, device)
     if isinstance(model, torch.nn.Module):
         model.eval()
-        patch(model, TABLE_KEY, min_ratio=0.0, min_kernel_us=0.0)
+        if patched:
+            patch(model, TABLE_KEY, min_ratio=0.0, min_kernel_us=0.0)
     run = torch.compile(model) if mode is Mode.COMPILED else model
 
     def step() -> object:
@@ -118,6 +120,8 @@ class Side:
 
     label: str
     blocks_ms: tuple[float, ...]
+    split: StepSplit | None = None
+    """Its kernel time per step by kind, from profiled steps (None: not profiled)."""
 
     @property
     def median_ms(self) -> float:
@@ -140,18 +144,36 @@ def _block_ms(step: Callable[[], object], count: int) -> float:
     return start.elapsed_time(end) / count
 
 
-def ab(step: Callable[[], object], tables: Mapping[str, BestTable], *, blocks: int = 10, block: int = 5) -> list[Side]:
-    """The whole step on each table, in alternating blocks of `block` steps (CUDA events), after
-    one warm block each."""
-    for table in tables.values():
+def profiled_split(step: Callable[[], object], count: int = 5) -> StepSplit:
+    """The kernel time per step of `count` steps under torch.profiler, GEMMs apart (`step_split`)."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(count):
+            step()
+        torch.cuda.synchronize()
+    return step_split(prof.events(), count)
+
+
+def ab(steps: Mapping[str, tuple[Callable[[], object], BestTable]], *, blocks: int = 10, block: int = 5,
+       profile: bool = True) -> list[Side]:
+    """Each side's step (a step and the table bound while it runs), in alternating blocks of
+    `block` steps (CUDA events), after one warm block each; then, with `profile`, `block` steps of
+    each under the profiler for its kernel time by kind."""
+    for step, table in steps.values():
         bind(table)
         _block_ms(step, 2)
-    times: dict[str, list[float]] = {label: [] for label in tables}
+    times: dict[str, list[float]] = {label: [] for label in steps}
     for _ in range(blocks):
-        for label, table in tables.items():
+        for label, (step, table) in steps.items():
             bind(table)
             times[label].append(_block_ms(step, block))
-    return [Side(label, tuple(v)) for label, v in times.items()]
+    splits: dict[str, StepSplit | None] = dict.fromkeys(steps)
+    if profile:
+        for label, (step, table) in steps.items():
+            bind(table)
+            splits[label] = profiled_split(step, block)
+    return [Side(label, tuple(v), splits[label]) for label, v in times.items()]
 
 
 def clock() -> float:

@@ -41,6 +41,10 @@ def tune_model(
                                        "--out only: a store has no regime for them yet)"),
     rounds: int = typer.Option(ROUNDS, "--rounds", min=1, help="profiled steps per candidate"),
     blocks: int = typer.Option(10, "--blocks", min=0, help="A/B blocks per side (0: no A/B)"),
+    baseline: str | None = typer.Option(
+        None, "--baseline", metavar="FILE.py:FUNCTION", help="the same model on torch's own path (same weights and "
+        "inputs; called as FUNCTION is): the A/B's torch side. Without it, torch's side is the model on a table "
+        "without rows (torch's path through the product's doors)"),
     gpu: int = GPU,
 ) -> None:
     """Run the model's step with the table's leading candidates per GEMM problem, rotating them
@@ -49,7 +53,8 @@ def tune_model(
     problems by the doors' profiler ranges), keep per problem the fastest there or torch's path
     where torch is as fast, write the table with `in_model_ratio` (the figure the dispatcher then
     holds `min_ratio` against), and end with an A/B of the whole step: the in-model table against
-    the input table and against torch (alternating blocks, CUDA events)."""
+    the input table and against torch (alternating blocks, CUDA events), each side's step then
+    profiled for where the difference lies (GEMM kernels, other kernels, host time and gaps)."""
     began = time.perf_counter()
     from ..bench._in_model import Mode
 
@@ -102,7 +107,14 @@ def tune_model(
         out.print(f"wrote {table_out}: in-model ratios of {len(choices)} problems")
     if blocks and step is not None:
         _progress(began, f"A/B of the whole step: {blocks} blocks a side")
-        _ab(step, counts[-1], mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks)
+        baseline_step = None
+        if baseline is not None:
+            from ..bench._in_model import build_step
+            from ..capture import load_target
+
+            _progress(began, f"building the baseline {baseline}")
+            baseline_step = build_step(load_target(baseline, _arguments(counts[-1])), run_mode, patched=False)
+        _ab(step, counts[-1], mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks, baseline_step)
     out.print(f"tune-model took {time.perf_counter() - began:.0f} s")
 
 
@@ -174,21 +186,44 @@ def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, 
     return choices, step
 
 
-def _ab(step, tokens: int | None, table: BestTable, tuned: BestTable, blocks: int) -> None:
-    """The whole step on the in-model table, the input table and torch's path, alternating blocks."""
-    from ..bench._in_model import ab
+VIA_PRODUCT = "torch via the product"
+"""The A/B side of the model on a table without rows: torch's path through the product's doors."""
 
-    sides = ab(step, {"in-model": tuned, "input table": table, "torch": BestTable(table.frame.iloc[:0])},
-               blocks=blocks)
-    by = {s.label: s for s in sides}
-    shown = Table("step on", "ms", "spread", "in-model speedup", box=None, pad_edge=False)
+
+def _ab(step, tokens: int | None, table: BestTable, tuned: BestTable, blocks: int, baseline=None) -> None:
+    """The whole step on the in-model table, the input table and torch's path (the baseline
+    model's step where there is one, and the model on a table without rows), alternating
+    blocks; then where the in-model step's time differs from each other side's."""
+    from ..bench._in_model import ab
+    from ..search._in_model import GainSplit
+
+    empty = BestTable(table.frame.iloc[:0])
+    steps = {"in-model": (step, tuned), "input table": (step, table), VIA_PRODUCT: (step, empty)}
+    if baseline is not None:
+        steps["torch"] = (baseline, empty)
+    sides = ab(steps, blocks=blocks)
+    ours = sides[0]
+    shown = Table("step on", "ms", "spread", "in-model speedup", "GEMM kernels ms", "other kernels ms",
+                  "rest ms", box=None, pad_edge=False)
     for side in sides:
-        speedup = side.median_ms / by["in-model"].median_ms
+        speedup = side.median_ms / ours.median_ms
+        kinds = ["-"] * 3 if side.split is None else [
+            f"{side.split.gemm_us / 1e3:.3f}", f"{side.split.other_us / 1e3:.3f}",
+            f"{side.median_ms - side.split.kernels_us / 1e3:.3f}"]
         shown.add_row(side.label, f"{side.median_ms:.3f}", f"{side.spread:.1%}",
-                      f"{speedup:.3f}" if math.isfinite(speedup) else "-")
+                      f"{speedup:.3f}" if math.isfinite(speedup) else "-", *kinds)
     out.print(f"A/B of the whole step{f' at {tokens} tokens' if tokens else ''}, {blocks} alternating blocks "
-              "of 5 steps each (CUDA events; spread: (p80 - p20) / median):")
+              "of 5 steps each (CUDA events; spread: (p80 - p20) / median); kernel time per step from 5 "
+              "profiled steps; rest: the step less its kernels (host time the GPU waits on, gaps):")
     out.print(shown)
+    if ours.split is None:
+        return
+    for side in sides[1:]:
+        if side.split is None:
+            continue
+        gain = GainSplit.of(ours.median_ms, ours.split, side.median_ms, side.split)
+        out.print(f"in-model against {side.label}: {gain.total_ms:+.3f} ms a step = GEMM kernels {gain.gemm_ms:+.3f} "
+                  f"+ other kernels {gain.other_kernels_ms:+.3f} + host and gaps {gain.host_and_gaps_ms:+.3f}")
 
 
 def _table_format(path: Path | None) -> str:

@@ -12,12 +12,18 @@ the GPU (bench/_in_model.py runs the steps):
 - `schedule`: candidate i of every problem in step i (all problems at once, so the step count is
   the candidates' count); a problem with fewer candidates runs its table row again. Step 0 is
   torch's path for every problem, run on a table without rows: a dense problem whose row is
-  missing would take the nearest tuned problem's kernel, not torch's (`BestTable.find`).
+  missing would take the nearest tuned problem's kernel, not torch's (`BestTable.find`). An fp8
+  kernel with fast accumulation keeps its row there, held below any `min_ratio` (`TORCH_HELD`):
+  torch's path is then torch._scaled_mm with fast accumulation, the one the kernel was measured
+  against (without a row the dispatcher runs it without, 5-10% slower at M 2048).
 - `step_frame`: the table a step runs: the full table with each covered problem's row replaced
   by its candidate of the step, held above any `min_ratio` (`HELD`) so that the dispatcher runs it.
 - `kernel_times`: the profiler's events of the steps, attributed to problems by the ranges the
   doors open while a profiler runs (`RANGE_PREFIX` + the problem's name) inside each step's range
   (`STEP_PREFIX` + its index); each range's GPU kernel time is summed per problem per step.
+- `step_split`: a profiled step's kernel time split into GEMM kernels (by name: the product's,
+  cuBLAS's, torch's grouped and Inductor's template GEMMs) and the rest, for the A/B's account of
+  where a step's gain comes from (`GainSplit`: the GEMMs, the other kernels, host time and gaps).
 - `choose`, `tuned_frame`: per problem the candidate of least median time, torch's path where
   torch's is as fast or faster (a tie keeps torch: no gain for a kernel's risk), and the table
   with each covered row the best kernel's, its `in_model_ratio` torch's time over the kernel's
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -52,6 +59,12 @@ problem's name (runtime: `grouped_mm`, `matmul`)."""
 HELD = 1.0e6
 """The `in_model_ratio` of a candidate's row in a step's table: above any `min_ratio`, so the
 dispatcher runs the candidate whatever its claim (step tables are never written)."""
+
+
+TORCH_HELD = 0.0
+"""The `in_model_ratio` of an fp8 fast-accumulation row in torch's step: below any `min_ratio`, so
+the dispatcher runs torch's path with the row's accumulation (Fp8Linear and `matmul` hold their
+calls to a `min_ratio` of 1)."""
 
 
 class InModelError(CutlassTuneError):
@@ -142,11 +155,24 @@ def schedule(problems: Sequence[Covered]) -> list[dict[str, Candidate]]:
             for i in range(steps)]
 
 
+def _fast_accumulating(row: pd.Series) -> bool:
+    """A dense fp8 row-wise (or per-tensor) kernel with fast accumulation: torch's path it was
+    measured against is torch._scaled_mm with fast accumulation, which the dispatcher runs where
+    the row is held below `min_ratio`, not where there is no row."""
+    return (str(row.get("fp8_fast_accum", "")).lower() == "true" and str(row.get("scaling", "")) != "blockwise"
+            and str(row.get("grouping", "none")) in ("none", "nan", ""))
+
+
 def step_frame(frame: pd.DataFrame, step: Mapping[str, Candidate]) -> pd.DataFrame:
     """The table a step runs: `frame` with each problem of `step` holding its candidate's row (at
-    `HELD`); a step of torch's path for every problem holds no row at all (see the module)."""
+    `HELD`). A step of torch's path for every problem holds no row (see the module) but the rows of
+    fp8 kernels with fast accumulation, held at `TORCH_HELD`: torch._scaled_mm then runs with fast
+    accumulation, as the kernels were measured against (without a row, it runs without)."""
     if all(c.is_torch for c in step.values()):
-        return frame.iloc[:0].copy()
+        fast = frame[frame["problem"].isin(set(step)) & frame.apply(_fast_accumulating, axis=1)].copy() \
+            if len(frame) else frame.iloc[:0].copy()
+        fast["in_model_ratio"] = TORCH_HELD
+        return fast
     kept = frame[~frame["problem"].isin(set(step))]
     rows = [c.row.copy() for c in step.values() if c.row is not None]
     for row in rows:
@@ -259,6 +285,63 @@ def duty_cycle(spans: Iterable[tuple[float, float]]) -> RegimeSpec | None:
     if round(busy, 3) >= 1:
         return None
     return RegimeSpec.as_captured(busy=round(busy, 3), gap_us=max(0.1, round(statistics.mean(gaps), 1)))
+
+
+_GEMM_KERNEL = re.compile(r"gemm|xmma|nvjet|PtrArray|GroupProblemShape|grouped_mm|build_group_arguments|triton_tem_",
+                          re.IGNORECASE)
+"""GEMM kernels by name: CUTLASS's (`cutlass::gemm::kernel::...`, the product's and torch's grouped
+GEMM), cuBLAS's (`sm90_xmma_gemm_...`, `nvjet_...`), the product's grouped arguments builder and
+Inductor's template GEMMs (`triton_tem_fused_mm...`). The product's MoE glue kernels
+(`cutlass_tune::...gather_kernel`, `combine_kernel`) are not GEMMs."""
+
+
+def is_gemm_kernel(name: str) -> bool:
+    """Whether a GPU kernel of this name is a GEMM (`_GEMM_KERNEL`)."""
+    return bool(_GEMM_KERNEL.search(name))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSplit:
+    """One profiled step's GPU kernel time, microseconds: its GEMM kernels' and the rest's."""
+
+    gemm_us: float
+    other_us: float
+
+    @property
+    def kernels_us(self) -> float:
+        return self.gemm_us + self.other_us
+
+
+def step_split(events: Iterable[Any], steps: int = 1) -> StepSplit:
+    """The kernel time per step of `steps` profiled steps' events, GEMMs apart (`is_gemm_kernel`)."""
+    gemm = other = 0.0
+    for event in events:
+        if _is_kernel(event):
+            if is_gemm_kernel(event.name):
+                gemm += _gpu_us(event)
+            else:
+                other += _gpu_us(event)
+    return StepSplit(gemm / steps, other / steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class GainSplit:
+    """Where one step's time differs from another's, milliseconds (positive: the other step is
+    slower): the GEMM kernels, the other kernels, and the rest of the step (host time the GPU
+    waits on, gaps between kernels), the step times' difference less the kernels'."""
+
+    total_ms: float
+    gemm_ms: float
+    other_kernels_ms: float
+
+    @property
+    def host_and_gaps_ms(self) -> float:
+        return self.total_ms - self.gemm_ms - self.other_kernels_ms
+
+    @classmethod
+    def of(cls, ours_ms: float, ours: StepSplit, theirs_ms: float, theirs: StepSplit) -> GainSplit:
+        return cls(theirs_ms - ours_ms, (theirs.gemm_us - ours.gemm_us) / 1e3,
+                   (theirs.other_us - ours.other_us) / 1e3)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,14 +15,18 @@ from cutlass_tune.search._in_model import (
     TORCH,
     Candidate,
     Covered,
+    GainSplit,
     InModelError,
+    StepSplit,
     choose,
     covered,
     duty_cycle,
+    is_gemm_kernel,
     kernel_spans,
     kernel_times,
     schedule,
     step_frame,
+    step_split,
     tuned_frame,
 )
 from cutlass_tune.space import DType, Layout, Problem
@@ -275,3 +279,36 @@ def test_a_real_profiles_events_are_read_on_the_cpu():
     events = list(prof.events())
     assert kernel_times(events, {"p": "P"}) == {0: {"P": 0.0}, 1: {"P": 0.0}}
     assert kernel_spans(events) == []
+
+
+@pytest.mark.parametrize("name, gemm", [
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<...> >(...)", True),
+    ("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128_warpgroupsize1x1x1", True),
+    ("nvjet_hsh_256x128_64x4_2x1_v_bz_coopA_NTN", True),
+    ("void build_group_arguments<Builder>(Builder)", True),
+    ("triton_tem_fused_mm_0", True),
+    ("void cutlass_tune::moe::gather_kernel<c10::BFloat16>(...)", False),
+    ("void cutlass_tune::moe::combine_kernel<c10::BFloat16>(...)", False),
+    ("triton_per_fused__to_copy_abs_amax_clamp_0", False),
+    ("void at::native::vectorized_elementwise_kernel<4, ...>", False),
+    ("void flash::flash_fwd_kernel<...>", False),
+])
+def test_gemm_kernels_are_told_by_name(name, gemm):
+    assert is_gemm_kernel(name) is gemm
+
+
+def test_a_steps_kernel_time_splits_into_gemms_and_the_rest_and_a_gain_into_its_parts():
+    def kernel(name, us):
+        return Event(name, device_type="DeviceType.CUDA", time_range=Span(0.0, us))
+
+    shown = Event(RANGE_PREFIX + "p", device_type="DeviceType.CUDA", time_range=Span(0.0, 500.0),
+                  is_user_annotation=True)
+    # two steps: GEMMs 300 + 100 us, the rest 40 + 60 us; a range on the GPU and a CPU op count for nothing
+    events = [kernel("sm90_xmma_gemm_bf16", 300.0), kernel("triton_poi_fused_add", 40.0), shown, tree("aten::mm"),
+              kernel("cutlass::gemm::kernel", 100.0), kernel("cutlass_tune::moe::combine_kernel", 60.0)]
+    split = step_split(events, steps=2)
+    assert (split.gemm_us, split.other_us, split.kernels_us) == (200.0, 50.0, 250.0)
+    # ours 1.0 ms a step (kernels 0.25), theirs 1.5 ms (GEMMs 0.3, the rest 0.05): 0.5 ms = 0.1 + 0 + 0.4
+    gain = GainSplit.of(1.0, split, 1.5, StepSplit(300.0, 50.0))
+    assert gain.total_ms == pytest.approx(0.5) and gain.gemm_ms == pytest.approx(0.1)
+    assert gain.other_kernels_ms == pytest.approx(0.0) and gain.host_and_gaps_ms == pytest.approx(0.4)
