@@ -25,7 +25,7 @@ fi
 if [ ! -e "$state/tuned.csv" ] && [ "$(left)" -gt 60 ]; then
   timeout -k 10 $(( $(left) - 5 )) python3 -m cutlass_tune.cli tune-model benchmarks/tune_model_qwen3.py:build \
     --table "$state/moe-bundle" --storage "$state/moe.sqlite" --candidates 3 --tokens 4096 --mode compiled \
-    --out "$state/tuned.csv" > "$out/tune_model.txt" 2>&1
+    --baseline benchmarks/tune_model_qwen3.py:build_torch --out "$state/tuned.csv" > "$out/tune_model.txt" 2>&1
   echo "tune-model rc=$?"
 fi
 tail -40 "$out/tune_model.txt" 2>/dev/null

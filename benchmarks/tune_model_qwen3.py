@@ -2,7 +2,8 @@
 random bf16 weights, on the GPU, its experts the "cutlass_tune" ones: the model `tune-model` tunes
 in benchmarks/gpu_tune_model.sh.
 
-    cutlass-tune tune-model benchmarks/tune_model_qwen3.py:build --table TABLE --tokens 4096 ...
+    cutlass-tune tune-model benchmarks/tune_model_qwen3.py:build --table TABLE --tokens 4096 \
+        --baseline benchmarks/tune_model_qwen3.py:build_torch ...
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def build(tokens: int = 4096, family: str = "qwen3_235b", layers: int = LAYERS, 
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
                                                               experts_implementation=experts)
         return model, (torch.randint(0, VOCAB, (1, tokens)),)
+
+
+def build_torch(tokens: int = 4096, family: str = "qwen3_235b", layers: int = LAYERS):
+    """`build`'s model (same seed: the same weights and ids) with transformers' "grouped_mm"
+    experts: `tune-model --baseline`'s torch side."""
+    return build(tokens, family, layers, experts="grouped_mm")
 
 
 def _torch_experts(family: str):
