@@ -44,6 +44,12 @@ histogram, offsets) and gather (index kernels); the first GEMM group gate_up, th
 over top-k). The parts show how much of a gain is the tuned GEMMs and how much the glue; written
 to the case's JSON and OUT/<case>-profile.txt.
 
+Host time (CUDA, eager and compiled inference): each side's host milliseconds per call with the GPU
+kept busy (`_blocks.host_ms`: blocks of 20 calls enqueued behind a sleep kernel, the median of 9),
+`host_ms` in the JSON, "host us a call" in the summary; "(waited)" marks a side whose call waits on
+the GPU (a host sync), whose figure is then not host time. A model whose step waits on its host
+(DeepSeek-V2-Lite's, compiled) loses what its layers cost the host beyond torch's.
+
 Writes OUT/<family>-<tokens>-<mode>[-train].json per case (a case whose JSON exists is skipped
 unless `--force`: the GPU script resumes); prints the summary last. Without CUDA the same cases
 run on the CPU (`--tiny` widths, eager and compiled; graphs skipped) for checking the script.
@@ -67,7 +73,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _blocks import relative  # beside this script
+from _blocks import host_ms, relative  # beside this script
 from host_path import native_state  # beside this script
 from moe_model import FAMILIES, GRAD_TOLERANCE  # beside this script
 
@@ -77,6 +83,9 @@ DECODE_TOKENS = 256
 """Up to this many tokens transformers' "batched_mm" runs too (its decode regime)."""
 TORCH_SIDES = ("grouped_mm", "batched_mm")
 OURS_SIDES = ("cutlass_tune", "moe_experts", "moe_glu", "moe_batched", "tuned_gemms")
+HOST_CALLS = 20
+"""Calls per host-time block (`_blocks.host_ms`): a DeepSeek-V2-Lite layer launches about 25
+kernels, so a block stays under the launch queue's depth."""
 PARTS = ("routing", "gather", "gate_up GEMM", "activation", "down GEMM", "combine")
 TINY = dict(experts=8, top_k=2, hidden=64, moe_intermediate=32)
 _GEMM = re.compile(r"gemm|cutlass|nvjet|xmma|cublas|bmm|sm90_|KernelPtrArray|KernelTma", re.IGNORECASE)
@@ -413,6 +422,9 @@ def run_case(args: argparse.Namespace, experts: torch.nn.Module, key: str, token
         for name in order if round_ % 2 == 0 else order[::-1]:
             blocks[name].append(_block(calls[name], args.block, cuda))
     ms = {name: statistics.median(times) for name, times in blocks.items()}
+    host: dict[str, tuple[float, bool]] = {}
+    if cuda and args.mode != "graphs" and not args.train:
+        host = {name: host_ms(fn, HOST_CALLS) for name, fn in calls.items()}
     torch_ms = {n: ms[n] for n in TORCH_SIDES if n in ms}
     strongest = min(torch_ms, key=torch_ms.__getitem__) if torch_ms else None
     profiled: dict[str, dict] = {}
@@ -432,6 +444,8 @@ def run_case(args: argparse.Namespace, experts: torch.nn.Module, key: str, token
             side.update(median_ms=ms[name], p20_ms=q[0], p80_ms=q[-1], blocks_ms=blocks[name],
                         relative_error=errors[name], close=errors[name] < CLOSE, first_call_s=first_s[name],
                         fallbacks=fallbacks[name])
+            if name in host:
+                side.update(host_ms=host[name][0], host_waited=host[name][1])
             if name in grad_errors and grad_errors[name]:
                 worst = max(grad_errors[name].items(), key=lambda kv: kv[1])
                 side.update(grad_max_relative_error={"tensor": worst[0], "error": worst[1]},
@@ -507,6 +521,10 @@ def summary(out_dir: Path) -> str:
         fallbacks = sum(len(v.get("fallbacks", [])) for v in s.values())
         skipped = ",".join(n for n, v in s.items() if v.get("skip"))
         mode = r["mode"] + ("-train" if r.get("train") else "")
+        host = "  ".join(f"{n} {v['host_ms'] * 1e3:.0f}{' (waited)' if v.get('host_waited') else ''}"
+                         for n, v in s.items() if "host_ms" in v)
+        if host:
+            skipped = (skipped + "  " if skipped else "") + f"host us a call: {host}"
         lines.append(f"{r['family']:<12} {r['tokens']:>6} {mode:<15} {best or '-':<11} "
                      f"{ms(best) if best else '-':>9} {ms('cutlass_tune'):>8} {ms('moe_experts'):>9} "
                      f"{ms('moe_glu'):>8} {ms('moe_batched'):>8} {x('cutlass_tune'):>6} {x('moe_experts'):>7} "

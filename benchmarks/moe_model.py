@@ -30,6 +30,10 @@ the speedup is then over the faster of the two torch paths (`strongest_torch`).
   of most host time, then
   five steps under cProfile (the Python functions of most own and most cumulative time), to
   OUT_DIR/<family>-<tokens>-<mode>-profile-<implementation>.txt (where a model waits on the host).
+- Inference without `--graphs`: each implementation's host milliseconds per step, the GPU kept
+  busy (`_blocks.host_ms`, one step enqueued behind a sleep kernel, median of 9), `host_ms` in
+  the JSON and the summary's last column ("waited": the step syncs with the GPU, so the figure
+  is not host time). No profiler: the figure a host-bound step pays.
 
 Sustained timing: blocks of `--block` steps of each implementation in turn, each block timed by
 CUDA events, the median block per step reported (alternating keeps clocks and heat alike for
@@ -48,7 +52,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from _blocks import block_ms, relative  # beside this script
+from _blocks import block_ms, host_ms, relative  # beside this script
 
 VOCAB = 8192
 DEVICE = "cuda"
@@ -214,6 +218,11 @@ def run(args: argparse.Namespace) -> dict:
             blocks[name].append(block_ms(step, args.block))
     ms = {name: statistics.median(times) for name, times in blocks.items()}
     strongest = min((n for n in names if n != ct.NAME), key=ms.__getitem__)
+    host: dict[str, tuple[float, bool]] = {}
+    if not (args.graphs or args.train):  # a step's host time, the GPU kept busy (one step a block: its launches
+        for name in names:               # stay under the launch queue's depth)
+            model.set_experts_implementation(name)
+            host[name] = host_ms(step, 1)
     profiles = {}
     if args.profile:
         for name in names:
@@ -231,6 +240,7 @@ def run(args: argparse.Namespace) -> dict:
         "speedup_over_grouped_mm": ms["grouped_mm"] / ms[ct.NAME], "profile": profiles,
         "gain_split_ms": gain_split(profiles[strongest], profiles[ct.NAME], ms[strongest], ms[ct.NAME])
         if profiles else None,
+        "host_ms": {n: h[0] for n, h in host.items()}, "host_waited": {n: h[1] for n, h in host.items()},
         "relative_error": error, "relative_error_floor": error_floor, "graph_breaks": breaks, "first_call_s": first_s,
         "fallbacks": fallbacks,
         "grad_max_relative_error": worst, "grads_close": close,
@@ -320,10 +330,20 @@ def _floor(r: dict) -> str:
     return "-" if r.get("relative_error_floor") is None else f"{r['relative_error_floor']:.1e}"
 
 
+def _host(r: dict) -> str:
+    """The step's host milliseconds on each side ("waited": the step syncs, so it is not host time)."""
+    host, waited = r.get("host_ms") or {}, r.get("host_waited") or {}
+    if not host:
+        return "-"
+    return " / ".join(f"{host[n]:.2f}{' waited' if waited.get(n) else ''}" if n in host else "-"
+                      for n in ("grouped_mm", "cutlass_tune"))
+
+
 def summary(out_dir: Path) -> str:
     """The table of every run's JSON in `out_dir`, one line each."""
     lines = [f"{'family':<11} {'tokens':>6} {'mode':<18} {'grouped_mm ms':>13} {'cutlass_tune ms':>15} "
-             f"{'speedup':>7} {'over':<10} {'rel.err':>8} {'floor':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}"]
+             f"{'speedup':>7} {'over':<10} {'rel.err':>8} {'floor':>8} {'breaks':>7} {'grads':>6} {'fallbacks':>9}  "
+             "host ms a step (grouped_mm / cutlass_tune)"]
     for path in sorted(out_dir.glob("*.json")):
         r = json.loads(path.read_text())
         if "family" not in r:
@@ -333,7 +353,8 @@ def summary(out_dir: Path) -> str:
         grads = "-" if r.get("grads_close") is None else ("ok" if r["grads_close"] else "FAIL")
         lines.append(f"{r['family']:<11} {r['tokens']:>6} {r['mode']:<18} {ms['grouped_mm']:>13.3f} "
                      f"{ms['cutlass_tune']:>15.3f} {r['speedup']:>7.3f} {r.get('strongest_torch', 'grouped_mm'):<10} "
-                     f"{r['relative_error']:>8.1e} {_floor(r):>8} {broke:>7} {grads:>6} {len(r['fallbacks']):>9}")
+                     f"{r['relative_error']:>8.1e} {_floor(r):>8} {broke:>7} {grads:>6} {len(r['fallbacks']):>9}  "
+                     f"{_host(r)}")
     return "\n".join(lines)
 
 
