@@ -46,7 +46,9 @@ if [ "${ROUTING:-uniform}" = captured ]; then
       --device cuda -o "$state/cap-$family.yaml" > "$out/shapes-$family.txt" 2>&1
     echo "shapes $family rc=$? at ${SECONDS}s"; grep -h "grouped_glu" "$out/shapes-$family.txt" | head -3
   done
-  if python3 benchmarks/glu_space.py "$state/glu-captured.yaml" "$state"/cap-*_grouped_glu.yaml > "$out/space.txt" 2>&1
+  # torch's experts pose the plain grouped problems (cap-*_grouped.yaml), whose gate_up glu_space.py makes a GLU problem
+  shopt -s nullglob; captured=("$state"/cap-*_grouped_glu.yaml "$state"/cap-*_grouped.yaml); shopt -u nullglob
+  if [ ${#captured[@]} -gt 0 ] && python3 benchmarks/glu_space.py "$state/glu-captured.yaml" "${captured[@]}" > "$out/space.txt" 2>&1
   then space=$state/glu-captured.yaml; else echo "no captured GLU problems: the uniform ones are swept"; fi
   cat "$out/space.txt"
 fi

@@ -47,3 +47,27 @@ def test_a_missing_or_empty_capture_is_one_line_and_exit_2(script, tmp_path, cap
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"glu_space: {empty}: no problems" and err[1].startswith("glu_space: [Errno 2]")
     assert not (tmp_path / "out.yaml").exists()
+
+
+GROUPED = """\
+problems:
+  - {experts: 4, n: 64, k: 32, rows: 40, routing: {histogram: [20, 10, 0, 10]}}
+  - {experts: 4, n: 32, k: 32, rows: 40, routing: {histogram: [20, 10, 0, 10]}}
+dtypes: [bf16]
+layouts: [tn]
+"""
+
+
+def test_the_gate_up_of_a_plain_grouped_capture_becomes_its_glu_problem(script, tmp_path):
+    """torch's "grouped_mm" experts pose plain grouped problems: gate_up (N 2I = 64, K H = 32) and
+    down (N H = 32, K I = 32); the gate_up is swept as the GLU problem with its routing."""
+    captured = tmp_path / "cap-x_bf16_tn_grouped.yaml"
+    captured.write_text(GROUPED)
+    out = tmp_path / "glu.yaml"
+    assert script.main([str(out), str(captured)]) == 0
+    space = load_space(out)
+    found = [(p.n, p.k, p.group_rows, p.epilogue.name) for p in space.problems]
+    assert found == [(64, 32, (20, 10, 0, 10), "silu+glu")]
+    alone = tmp_path / "cap-y_bf16_tn_grouped.yaml"
+    alone.write_text(GROUPED.replace("n: 32, k: 32", "n: 48, k: 32"))  # no down problem of this gate_up
+    assert script.main([str(tmp_path / "none.yaml"), str(alone)]) == 2
