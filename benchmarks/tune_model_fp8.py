@@ -16,9 +16,10 @@ The attention's score and value products are left out (a flash kernel in the rea
 Linear a table tunes): the output projection reads q gated by v, so every Linear's input depends
 on the one before it. The Linears read their table from `TABLE_KEY`, the key `tune-model` binds
 each step's table to; where nothing is bound there (`shapes`, a plain forward) an empty table is,
-and every call takes torch._scaled_mm's path. Compiled (`--mode compiled`), the Linears' calls
-stay outside the graphs (`EagerFp8Linear`): Inductor compiles the norms, gates, residuals and
-the inputs' quantization.
+and every call takes torch._scaled_mm's path. Compiled (`--mode compiled`), each Linear's GEMM is
+the operator `torch.ops.cutlass_tune.scaled_mm` inside the one graph (it reads the table bound to
+`TABLE_KEY` at every call, so `tune-model` switches tables between steps with no retrace);
+Inductor compiles the norms, gates, residuals and the inputs' quantization around it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import torch.nn.functional as F
 from cutlass_tune import BestTable, register_table
 from cutlass_tune.bench._in_model import TABLE_KEY
 from cutlass_tune.nn import Fp8Linear
-from cutlass_tune.runtime import matmul, torch_gemm
 from cutlass_tune.runtime._fp8 import quantize_rowwise
 from cutlass_tune.runtime._op import UnregisteredTableError, registered_table
 
@@ -39,27 +39,8 @@ HIDDEN, INTERMEDIATE = 4096, 14336
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 
 
-class EagerFp8Linear(Fp8Linear):
-    """Row-wise `Fp8Linear` (no bias) whose GEMM call torch.compile leaves to Python (a graph break
-    around it; the input's quantization stays in the graph): its `matmul` then reads the table
-    bound to `TABLE_KEY` at every call, as `tune-model` needs (it binds another table between
-    steps), where a trace could keep the table it first read."""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        xq, scale_a = quantize_rowwise(input.reshape(-1, self.in_features))
-        return self._gemm(xq, scale_a).reshape(*input.shape[:-1], self.out_features)
-
-    @torch.compiler.disable
-    def _gemm(self, xq: torch.Tensor, scale_a: torch.Tensor) -> torch.Tensor:
-        w = self.weight.t()
-        if xq.is_cuda:
-            return matmul(xq, w, registered_table(self.table_key), self.out_dtype, scale_a=scale_a,
-                          scale_b=self.weight_scale)
-        return torch_gemm(xq, w, self.out_dtype, scale_a=scale_a, scale_b=self.weight_scale)
-
-
 class TorchFp8Linear(torch.nn.Module):
-    """An `EagerFp8Linear`'s weights on torch's own path, the strongest torch offers for the math:
+    """An `Fp8Linear`'s weights on torch's own path, the strongest torch offers for the math:
     the input quantized the same way, then torch._scaled_mm with fast accumulation, all of it in
     the graph under torch.compile (the baseline `tune-model --baseline` times the model against)."""
 
@@ -77,7 +58,7 @@ class TorchFp8Linear(torch.nn.Module):
 
 def _fp8(in_features: int, out_features: int) -> Fp8Linear:
     """A random bf16 Linear (no bias) quantized row-wise, on the current default device."""
-    return EagerFp8Linear.from_linear(torch.nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16),
+    return Fp8Linear.from_linear(torch.nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16),
                                  TABLE_KEY, scaling="rowwise")
 
 

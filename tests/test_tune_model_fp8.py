@@ -169,8 +169,9 @@ def test_tune_model_writes_in_model_ratios_of_the_fp8_model_with_the_gpu_faked(t
 
 @pytest.mark.gpu
 def test_the_compiled_fp8_model_times_every_linear_call_in_its_problems_range():
-    """Guards tune-model's attribution on the compiled fp8 model: each Fp8Linear call, outside
-    the graphs, opens its problem's profiler range with GPU work under it (torch's path here)."""
+    """Guards tune-model's attribution on the compiled fp8 model: each Fp8Linear call, its GEMM
+    the scaled operator inside the graph, opens its problem's profiler range with GPU work under
+    it (torch's path here)."""
     from cutlass_tune.bench._in_model import Mode, bind, build_step, profiled_steps
     from cutlass_tune.search._in_model import kernel_times
 

@@ -164,3 +164,27 @@ def test_an_input_of_other_features_names_the_shape(table):
     module = Fp8Linear.from_linear(_linear(), table)
     with pytest.raises(MatmulInputError, match=r"takes \[\.\.\., 256\], not \[2, 128\]"):
         module(torch.zeros(2, 128, dtype=torch.bfloat16))
+
+
+def test_the_scaled_operator_compiles_with_no_graph_break_and_computes_torch_s_math(table):
+    """`scaled_mm_op`, what Fp8Linear calls under torch.compile: traced whole (fullgraph), the
+    table by its key; on the CPU torch's math (`torch_gemm`), bias included."""
+    from cutlass_tune.runtime import register_table, torch_gemm
+    from cutlass_tune.runtime._fp8_linear import scaled_mm_op
+
+    key = register_table(table, key="fp8-linear-op")
+    torch.manual_seed(0)
+    a, sa = quantize_rowwise(torch.randn(32, 64))
+    w, sw = quantize_rowwise(torch.randn(48, 64))
+    bias = torch.randn(48).to(torch.bfloat16)
+    want = torch_gemm(a, w.t(), torch.bfloat16, bias=bias, scale_a=sa, scale_b=sw.reshape(1, -1))
+
+    def fn(a, w, sa, sw, bias):
+        return scaled_mm_op(a, w.t(), sa, sw.reshape(1, -1), bias, key, torch.bfloat16) * 2
+
+    got = torch.compile(fn, fullgraph=True)(a, w, sa, sw, bias)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want * 2)
+    with torch.device("meta"):  # the fake kernel: the shape and type, nothing computed
+        out = scaled_mm_op(torch.empty(8, 64, dtype=a.dtype), torch.empty(64, 16, dtype=a.dtype),
+                           torch.empty(8, 1), torch.empty(1, 16), None, key, torch.float16)
+    assert (out.shape, out.dtype) == ((8, 16), torch.float16)

@@ -98,3 +98,19 @@ def test_the_tuned_kernel_matches_torch_on_the_same_operands(scaling):
             torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-3 * want.abs().max().item())
         else:  # torch's block-wise path may be the dequantized bf16 product: compare by norm
             assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("scaling", ["rowwise", "blockwise"])
+def test_under_torch_compile_the_tuned_gemm_is_an_operator_with_no_graph_break(scaling):
+    """Compiled whole (fullgraph: a graph break raises), the module's output is its eager one:
+    the quantization compiled around the operator, the tuned kernel inside it."""
+    module = _module(_kernel_table(KERNELS[scaling]), scaling)
+    x = _x(512)
+    compiled = torch.compile(module, fullgraph=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = compiled(x)
+    assert not [w for w in caught if "cutlass_tune" in str(w.message)], [str(w.message) for w in caught]
+    want = module(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
