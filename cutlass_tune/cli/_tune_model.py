@@ -52,9 +52,10 @@ def tune_model(
     candidate's kernels inside the step (torch.profiler's CUPTI kernel times, attributed to
     problems by the doors' profiler ranges), keep per problem the fastest there or torch's path
     where torch is as fast, write the table with `in_model_ratio` (the figure the dispatcher then
-    holds `min_ratio` against), and end with an A/B of the whole step: the in-model table against
-    the input table and against torch (alternating blocks, CUDA events), each side's step then
-    profiled for where the difference lies (GEMM kernels, other kernels, host time and gaps)."""
+    holds `min_ratio` against), and end with an A/B of the whole step at each token count: the
+    in-model table against the input table and against torch (alternating blocks, CUDA events),
+    each side's step then profiled for where the difference lies (GEMM kernels, other kernels,
+    host time and gaps)."""
     began = time.perf_counter()
     from ..bench._in_model import Mode
 
@@ -93,9 +94,9 @@ def tune_model(
         raise TuneModelError(f"{table_source} has no row tuned on this GPU ({name}; it has {', '.join(table.gpus)})")
     _progress(began, f"captured the model's GEMMs: {sum(len(p) for p in plans.values())} problems of the table")
     choices: list = []
-    step = None
+    steps = {}
     for n, problems in plans.items():
-        found, step = _tune_at(target, n, mine, problems, run_mode, rounds, began)
+        found, steps[n] = _tune_at(target, n, mine, problems, run_mode, rounds, began)
         choices += found
     from ..search._in_model import tuned_frame
 
@@ -105,16 +106,17 @@ def tune_model(
 
         write_table(tuned, table_out, fmt, source=table_source)
         out.print(f"wrote {table_out}: in-model ratios of {len(choices)} problems")
-    if blocks and step is not None:
-        _progress(began, f"A/B of the whole step: {blocks} blocks a side")
+    for n, step in steps.items() if blocks else ():
+        where = f" at {n} tokens" if n else ""
         baseline_step = None
         if baseline is not None:
             from ..bench._in_model import build_step
             from ..capture import load_target
 
-            _progress(began, f"building the baseline {baseline}")
-            baseline_step = build_step(load_target(baseline, _arguments(counts[-1])), run_mode, patched=False)
-        _ab(step, counts[-1], mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks, baseline_step)
+            _progress(began, f"building the baseline {baseline}{where}")
+            baseline_step = build_step(load_target(baseline, _arguments(n)), run_mode, patched=False)
+        _progress(began, f"A/B of the whole step{where}: {blocks} blocks a side")
+        _ab(step, n, mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks, baseline_step)
     out.print(f"tune-model took {time.perf_counter() - began:.0f} s")
 
 
