@@ -158,8 +158,8 @@ def profiled_split(step: Callable[[], object], count: int = 5) -> StepSplit:
 def ab(steps: Mapping[str, tuple[Callable[[], object], BestTable]], *, blocks: int = 10, block: int = 5,
        profile: bool = True) -> list[Side]:
     """Each side's step (a step and the table bound while it runs), in alternating blocks of
-    `block` steps (CUDA events), after one warm block each; then, with `profile`, `block` steps of
-    each under the profiler for its kernel time by kind."""
+    `block` steps (CUDA events), after one warm block each; then, with `profile`, its kernel time
+    by kind: the median of `block` profiled steps, one of each side in turn."""
     for step, table in steps.values():
         bind(table)
         _block_ms(step, 2)
@@ -170,9 +170,15 @@ def ab(steps: Mapping[str, tuple[Callable[[], object], BestTable]], *, blocks: i
             times[label].append(_block_ms(step, block))
     splits: dict[str, StepSplit | None] = dict.fromkeys(steps)
     if profile:
-        for label, (step, table) in steps.items():
-            bind(table)
-            splits[label] = profiled_split(step, block)
+        # one profiled step of each side in turn, `block` rounds: each side's kernels at the clocks
+        # the others meet (profiling one side's steps after another's read 14% apart on an H200)
+        got: dict[str, list[StepSplit]] = {label: [] for label in steps}
+        for _ in range(block):
+            for label, (step, table) in steps.items():
+                bind(table)
+                got[label].append(profiled_split(step, 1))
+        splits = {label: StepSplit(statistics.median(s.gemm_us for s in v), statistics.median(s.other_us for s in v))
+                  for label, v in got.items()}
     return [Side(label, tuple(v), splits[label]) for label, v in times.items()]
 
 
