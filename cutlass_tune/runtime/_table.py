@@ -219,6 +219,14 @@ class PlanCache:
         return iter(list(self._entries))
 
 
+def _matching(frame: pd.DataFrame, wanted: Mapping[str, str]) -> pd.DataFrame:
+    """The rows of `frame` whose operation columns hold `wanted`; none from a table without rows
+    (a `BestTable(pd.DataFrame())`, torch's path everywhere, has no columns to compare)."""
+    if frame.empty or any(c not in frame.columns for c in wanted):
+        return frame.iloc[:0]
+    return frame[functools.reduce(operator.and_, (frame[c] == v for c, v in wanted.items()))]
+
+
 class BestTable:
     """Lookups into a best-config table (a DataFrame of the columns of `cutlass_tune.tables`).
 
@@ -319,11 +327,11 @@ class BestTable:
     def _nearest_rows(self, m: int, n: int, k: int, groups: int, wanted: Mapping[str, str]) -> Match:
         """The grouped row of `groups` experts, N and K whose routed rows are nearest M (log scale)."""
         m, n, k, groups = _sizes(m=m, n=n, k=k, groups=groups)
-        f = self.frame
-        same = f[functools.reduce(operator.and_, (f[c] == v for c, v in wanted.items()))]
-        experts = same[(same["groups"] == groups) & (same["n"] == n) & (same["k"] == k)]
+        same = _matching(self.frame, wanted)
+        experts = same[(same["groups"] == groups) & (same["n"] == n) & (same["k"] == k)] if not same.empty else same
         if experts.empty:
-            tuned = sorted({f"{e} experts of {nn}x{kk}" for e, nn, kk in zip(same["groups"], same["n"], same["k"])})
+            tuned = sorted({f"{e} experts of {nn}x{kk}" for e, nn, kk in zip(same["groups"], same["n"], same["k"])}) \
+                if not same.empty else []
             raise BestTableError(f"no tuned grouped problem of {groups} experts of {n}x{k} for {wanted['dtype_a']} "
                                  f"{wanted['layout']} (the table has: {', '.join(tuned) or 'none'})")
         distance = (experts["m"].map(math.log2) - math.log2(m)).abs()
@@ -364,10 +372,11 @@ class BestTable:
         """The row nearest to M x N x K among those whose operation columns hold `wanted`."""
         m, n, k = _sizes(m=m, n=n, k=k)
         f = self.frame
-        same = f[functools.reduce(operator.and_, (f[c] == v for c, v in wanted.items()))]
+        same = _matching(f, wanted)
         if same.empty:
             tuned = sorted({f"{a} -> {d} {lay}{_shown_operation(e, s)}" for a, d, lay, e, s
-                            in zip(f["dtype_a"], f["dtype_d"], f["layout"], f["epilogue"], f["scaling"])})
+                            in zip(f["dtype_a"], f["dtype_d"], f["layout"], f["epilogue"], f["scaling"])}) \
+                if not f.empty else []
             asked = wanted["dtype_a"] + (f" -> {wanted['dtype_d']}" if "dtype_d" in wanted else "")
             raise BestTableError(f"no tuned problem for {asked} {wanted['layout']}"
                                  f"{_shown_operation(wanted['epilogue'], wanted['scaling'])} "

@@ -106,6 +106,19 @@ def test_a_problem_not_tuned_runs_the_nearest_rows_kernel(gpu, table):
     assert plan.kernel is not None and not plan.exact and plan.ratio == pytest.approx(1.2)
 
 
+def test_a_table_of_no_columns_is_torch_s_path_everywhere_not_a_key_error(gpu):
+    """Regression: `BestTable(pd.DataFrame())` (what benchmarks/tune_model_fp8.py registers for
+    a plain forward) raised KeyError 'dtype_a' on a CUDA call's lookup: the fp8 model's GPU test
+    failed on it twice. No columns is no rows: torch's path, said once."""
+    empty = BestTable(pd.DataFrame())
+    plan = resolve(empty, call())
+    assert plan.kernel is None and plan.fallback.reason is FallbackReason.NO_ROW
+    assert plan.fallback.detail == "no tuned problem for bf16 -> bf16 tn (the table has: none)"
+    grouped = Problem.experts(8, 64, 32, 100, layout_b=Layout.COL)
+    plan = resolve(empty, Call(Kind.GROUPED, grouped, 0, 1.0, ("g",)))
+    assert plan.fallback.reason is FallbackReason.NO_ROW and "(the table has: none)" in plan.fallback.detail
+
+
 @pytest.mark.parametrize(("min_ratio", "runs"), [(1.0, False), (0.8, True), (0.0, True)])
 def test_a_row_below_min_ratio_falls_back_with_its_ratio(gpu, table, min_ratio, runs):
     with warnings.catch_warnings(record=True) as caught:
