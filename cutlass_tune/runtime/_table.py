@@ -11,7 +11,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -335,7 +335,7 @@ class BestTable:
             raise BestTableError(f"no tuned grouped problem of {groups} experts of {n}x{k} for {wanted['dtype_a']} "
                                  f"{wanted['layout']} (the table has: {', '.join(tuned) or 'none'})")
         distance = (experts["m"].map(math.log2) - math.log2(m)).abs()
-        best = distance.idxmin()
+        best: Any = distance.idxmin()  # an index label
         return Match(row=experts.loc[best], exact=bool(distance[best] == 0.0), distance=float(distance[best]))
 
     def lookup(self, m: int, n: int, k: int, dtype: object = "bf16", layout: str = "tn",
@@ -383,5 +383,5 @@ class BestTable:
                                  f"(the table has: {', '.join(tuned) or 'none'})")
         distance = same.apply(lambda r: math.dist((math.log2(m), math.log2(n), math.log2(k)),
                                                   (math.log2(r["m"]), math.log2(r["n"]), math.log2(r["k"]))), axis=1)
-        best = distance.idxmin()
+        best: Any = distance.idxmin()  # an index label
         return Match(row=same.loc[best], exact=bool(distance[best] == 0.0), distance=float(distance[best]))
