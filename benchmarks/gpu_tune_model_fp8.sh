@@ -5,7 +5,7 @@
 # tuned inside the compiled model; last, per GEMM the sweep, sustained, idle-gap and in-model ratios
 # side by side (OUT/ratios.txt). tune-model's A/B of the whole step (in-model table against the
 # exported, sustained-chosen one, torch's path through the product and the same model on torch's own
-# path, `build_torch`), each side's kernel time split from a profile, is at the last token count.
+# path, `build_torch`), each side's kernel time split from a profile, is at each token count.
 #
 #   benchmarks/gpu_tune_model_fp8.sh OUTDIR    (state in TUNE_MODEL_DIR, default /tmp/tune-model-fp8;
 #                                              each finished step is skipped on a rerun)
@@ -50,7 +50,7 @@ step confirm-idle-gap 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 
 # export writes a directory that must not exist yet: a failed one is removed before the next try
 [ -e "$state/export.done" ] || rm -rf "$state/bundle"
 step export 60 "${ct[@]}" export --storage "$store" -o "$state/bundle" || exit
-step tune-model 180 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
+step tune-model 240 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
   --tokens 128 --tokens 2048 --mode "$mode" --out "$state/tuned.csv" --baseline "$model:build_torch" || exit
 cp "$state/tuned.csv" "$out/"
 "${ct[@]}" best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
