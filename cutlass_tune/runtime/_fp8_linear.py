@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +28,7 @@ from ..space import Scaling
 from ._dispatch import OUT_DTYPES
 from ._fp8 import E4M3, quantize_blockwise_activations, quantize_blockwise_weight, quantize_rowwise
 from ._matmul import MatmulInputError, matmul, torch_gemm
-from ._op import _TAGS, _on_device_of, registered_table, table_key
+from ._op import registered_table, scaled_mm_op, table_key
 from ._table import BestTable
 
 _SCALINGS = {"rowwise": Scaling.ROWCOL, Scaling.ROWCOL.value: Scaling.ROWCOL,
@@ -78,43 +77,6 @@ def _quantize_rowwise_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 _WEIGHT_QUANTIZERS: dict[Scaling, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = {
     Scaling.ROWCOL: _quantize_rowwise_weight, Scaling.BLOCKWISE: quantize_blockwise_weight}
-
-
-def _scaled_mm_cuda(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                    bias: torch.Tensor | None, table: str, out_dtype: torch.dtype) -> torch.Tensor:
-    with _on_device_of(a):
-        return matmul(a, b, registered_table(table), out_dtype, bias=bias, scale_a=scale_a, scale_b=scale_b)
-
-
-def _scaled_mm_cpu(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                   bias: torch.Tensor | None, table: str, out_dtype: torch.dtype) -> torch.Tensor:
-    registered_table(table)
-    return torch_gemm(a, b, out_dtype, bias=bias, scale_a=scale_a, scale_b=scale_b)
-
-
-def _scaled_mm_fake(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                    bias: torch.Tensor | None, table: str, out_dtype: torch.dtype) -> torch.Tensor:
-    registered_table(table)
-    torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
-                 lambda: f"cutlass_tune.scaled_mm: a {list(a.shape)} and b {list(b.shape)} do not chain")
-    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
-
-
-# Defined with torch.library.Library, not custom_op (its kernels called by the dispatcher straight
-# away: benchmarks/moe_glu.md's registration costs); inference only, no autograd kernel.
-_lib = torch.library.Library("cutlass_tune", "FRAGMENT")
-_lib.define("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str table, "
-            "ScalarType out_dtype) -> Tensor", tags=tuple(_TAGS))
-_lib.impl("scaled_mm", _scaled_mm_cuda, "CUDA")
-_lib.impl("scaled_mm", _scaled_mm_cpu, "CPU")
-torch.library.register_fake("cutlass_tune::scaled_mm", _scaled_mm_fake, lib=_lib)
-scaled_mm_op: Any = torch.ops.cutlass_tune.scaled_mm.default
-"""`matmul` of fp8 operands with their scales (and a bias) as an operator, the table by its
-registered key: what `Fp8Linear` calls under torch.compile, where a call of `matmul` itself (the
-native library's door, a Python function Dynamo does not trace) would break the graph at every
-Linear: on an H200 a 4-block Llama-3-8B-shaped fp8 model at 2048 tokens stepped in 7.0-7.3 ms so
-against 3.1 ms for the same model on torch._scaled_mm compiled whole (benchmarks/fp8.md, "In the
-model")."""
 
 
 class Fp8Linear(torch.nn.Module):

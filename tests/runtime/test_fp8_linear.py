@@ -170,7 +170,7 @@ def test_the_scaled_operator_compiles_with_no_graph_break_and_computes_torch_s_m
     """`scaled_mm_op`, what Fp8Linear calls under torch.compile: traced whole (fullgraph), the
     table by its key; on the CPU torch's math (`torch_gemm`), bias included."""
     from cutlass_tune.runtime import register_table, torch_gemm
-    from cutlass_tune.runtime._fp8_linear import scaled_mm_op
+    from cutlass_tune.runtime._op import scaled_mm_op
 
     key = register_table(table, key="fp8-linear-op")
     torch.manual_seed(0)
@@ -188,3 +188,17 @@ def test_the_scaled_operator_compiles_with_no_graph_break_and_computes_torch_s_m
         out = scaled_mm_op(torch.empty(8, 64, dtype=a.dtype), torch.empty(64, 16, dtype=a.dtype),
                            torch.empty(8, 1), torch.empty(1, 16), None, key, torch.float16)
     assert (out.shape, out.dtype) == ((8, 16), torch.float16)
+
+
+def test_the_scaled_operator_is_there_once_a_table_is_registered():
+    """docs/api.md's compiled path: `register_table` alone (no Fp8Linear imported) defines the
+    operators a compiled model calls, `scaled_mm` with `mm`."""
+    import subprocess
+    import sys
+
+    code = ("import torch, pandas, cutlass_tune; "
+            "cutlass_tune.register_table(cutlass_tune.BestTable(pandas.DataFrame())); "
+            "print(hasattr(torch.ops.cutlass_tune, 'scaled_mm'), hasattr(torch.ops.cutlass_tune, 'mm'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True"]
