@@ -12,6 +12,7 @@ Rows (operator, mode), each against the torch call a model would make instead:
 | linear bias+gelu | torch._addmm_activation(use_gelu=True) (tanh GELU) | torch.ops.cutlass_tune.linear(.., "gelu") |
 | linear bias+relu | torch._addmm_activation | torch.ops.cutlass_tune.linear(..., "relu") |
 | grouped_mm | torch._grouped_mm | torch.ops.cutlass_tune.grouped_mm |
+| scaled_mm (fp8 row-wise) | torch._scaled_mm | torch.ops.cutlass_tune.scaled_mm (no autograd: not with grad) |
 | fp8 row-wise (door) | torch._scaled_mm | cutlass_tune.matmul(..., scale_a=, scale_b=) |
 | matmul (door) | torch.mm | cutlass_tune.matmul |
 | grouped_mm (door) | torch._grouped_mm | cutlass_tune.grouped_mm |
@@ -229,6 +230,15 @@ class Builder:
         gb = (torch.randn(e, en, ek, dtype=bf16, device=dev) / ek**0.5).transpose(-2, -1)
         offs = torch.arange(1, e + 1, device=dev, dtype=torch.int32) * (rows_ // e)
 
+        fm, fn, fk = self.sizes["fp8"]
+        a8 = torch.randn(fm, fk, device=dev).to(torch.float8_e4m3fn)
+        b8 = torch.randn(fn, fk, device=dev).to(torch.float8_e4m3fn).t()
+        sa = torch.rand(fm, 1, device=dev) + 0.5
+        sb = torch.rand(1, fn, device=dev) + 0.5
+
+        def scaled(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+            return torch._scaled_mm(a, b, scale_a=s, scale_b=u, out_dtype=bf16)
+
         def weights(grad: bool) -> tuple[torch.Tensor, ...]:
             return tuple(t.detach().requires_grad_(grad) for t in (w, bias, gw, gbias, gb))
 
@@ -250,6 +260,10 @@ class Builder:
                 self.row("grouped_mm", mode, lambda a, b, o: torch._grouped_mm(a, b, o),
                          lambda t, key: lambda a, b, o: ops.grouped_mm(a, b, o, key), (ga, gb_, offs), grad=grad),
             ]
+            if not grad:  # inference only (Fp8Linear's, compiled): no autograd kernel
+                out.append(self.row("scaled_mm (fp8 row-wise)", mode, scaled,
+                                    lambda t, key: lambda a, b, s, u: ops.scaled_mm(a, b, s, u, None, key, bf16),
+                                    (a8, b8, sa, sb)))
         if "direct" not in modes:
             return out
         with torch.no_grad():
@@ -264,14 +278,8 @@ class Builder:
             if not cuda:
                 out.append(Row("fp8 row-wise (door)", "direct", skip="needs CUDA (fp8 GEMMs)"))
             else:
-                fm, fn, fk = self.sizes["fp8"]
-                a8 = torch.randn(fm, fk, device=dev).to(torch.float8_e4m3fn)
-                b8 = torch.randn(fn, fk, device=dev).to(torch.float8_e4m3fn).t()
-                sa = torch.rand(fm, 1, device=dev) + 0.5
-                sb = torch.rand(1, fn, device=dev) + 0.5
                 out.append(self.row(
-                    "fp8 row-wise (door)", "direct",
-                    lambda a, b, s, u: torch._scaled_mm(a, b, scale_a=s, scale_b=u, out_dtype=torch.bfloat16),
+                    "fp8 row-wise (door)", "direct", scaled,
                     lambda t, key: lambda a, b, s, u: cutlass_tune.matmul(a, b, t, scale_a=s, scale_b=u),
                     (a8, b8, sa, sb)))
         return out

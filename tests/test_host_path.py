@@ -88,7 +88,8 @@ def test_the_cpu_mode_runs_end_to_end(script, tmp_path, capsys):
                         "--native", "on"]) == 0
     result = json.loads((tmp_path / "host_path.json").read_text())
     timed = [r for r in result["rows"] if not r["skip"]]
-    assert {r["operator"] for r in timed} == {"mm", "linear bias", "linear bias+gelu", "linear bias+relu", "grouped_mm"}
+    assert {r["operator"] for r in timed} == {"mm", "linear bias", "linear bias+gelu", "linear bias+relu", "grouped_mm",
+                                             "scaled_mm (fp8 row-wise)"}
     assert all(len(b["torch"]) == 2 == len(b["ours"]) for b in result["blocks"]["on"])
     assert all(r["torch_us"] > 0 and r["ours_us"] > 0 for r in timed)
     assert (tmp_path / "host_path.md").read_text() in capsys.readouterr().out
