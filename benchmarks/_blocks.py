@@ -25,21 +25,24 @@ def block_ms(fn: Callable[[], object], count: int) -> float:
     return start.elapsed_time(end) / count
 
 
-def host_ms(fn: Callable[[], object], count: int, reps: int = 9) -> tuple[float, bool]:
-    """Host milliseconds per call of `fn`, the GPU kept busy (a sleep kernel enqueued ahead of each
-    block of `count` calls, so the host only enqueues and never waits): the median of `reps`
-    blocks, and whether a call waited on the GPU (a block as long as the sleep: a host sync in
-    `fn`, whose figure is then the sleep's, not host time). Keep `count` calls' launches under the
-    launch queue's depth (about a thousand), past which a launch waits too."""
-    fn()
+def host_ms(fn: Callable[[], object], count: int, reps: int = 9, *, busy_cycles: int = BUSY_CYCLES,
+            warm: int = 1) -> tuple[float, bool]:
+    """Host milliseconds per call of `fn`, the GPU kept busy (a sleep kernel of `busy_cycles`
+    enqueued ahead of each block of `count` calls, so the host only enqueues and never waits),
+    after `warm` calls: the median of `reps` blocks, and whether a call waited on the GPU (a block
+    as long as the sleep: a host sync in `fn`, whose figure is then the sleep's, not host time).
+    Keep `count` calls' launches under the launch queue's depth (about a thousand), past which a
+    launch waits too."""
+    for _ in range(warm):
+        fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    torch.cuda._sleep(BUSY_CYCLES)
+    torch.cuda._sleep(busy_cycles)
     torch.cuda.synchronize()
     sleep_s = time.perf_counter() - start
     blocks = []
     for _ in range(reps):
-        torch.cuda._sleep(BUSY_CYCLES)
+        torch.cuda._sleep(busy_cycles)
         start = time.perf_counter()
         for _ in range(count):
             fn()

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _blocks import host_ms  # beside this script
 
 CASES = [  # (name, experts, n, k, tokens, top_k)
     ("qwen3 gate_up", 128, 1536, 2048, 512, 8), ("qwen3 down", 128, 2048, 768, 512, 8),
@@ -41,20 +40,9 @@ CASES = [  # (name, experts, n, k, tokens, top_k)
 
 def host_us(fn: Callable[[], object], calls: int, reps: int) -> float:
     """Median CPU microseconds per call of `fn`, enqueued behind a GPU sleep long enough for all
-    of a block's calls."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
+    of a block's calls (`_blocks.host_ms`)."""
     cycles = int(torch.cuda.get_device_properties(0).clock_rate * 1e3 * calls * 400e-6)  # 400 us per call
-    times = []
-    for _ in range(reps):
-        torch.cuda._sleep(cycles)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    return host_ms(fn, calls, reps, busy_cycles=cycles, warm=3)[0] * 1e3
 
 
 def main() -> int:

@@ -40,7 +40,7 @@ from ._dispatch import (
 from ._grouped import _may_keep, grouped_problem_of, grouped_signature, run_grouped, torch_grouped_mm
 from ._matmul import MatmulInputError
 from ._moe import ExpertActivation, ExpertsLayout, GateForm, MoEInputError
-from ._op import _TAGS, _on_device_of, registered_table
+from ._op import _on_device_of, forward_op, registered_table
 from ._table import BestTable, Match
 
 _log = logging.getLogger(__name__)
@@ -404,16 +404,9 @@ def _gate_up_glu_fake(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Ten
     return rows.new_empty((rows.shape[0], n // 2))
 
 
-# Defined with torch.library.Library, not custom_op: its kernels are called by the dispatcher
-# straight away (about 2 us a call on a 2-core CPU host), where custom_op's Python autograd and
-# checking layers cost 9 us a call for a trivial kernel (benchmarks/moe_glu.md).
-_lib = torch.library.Library("cutlass_tune", "FRAGMENT")
-_lib.define("moe_gate_up_glu(Tensor rows, Tensor gate_up, Tensor offs, str table, str activation, bool transposed, "
-            "bool alternating) -> Tensor", tags=tuple(_TAGS))
-_lib.impl("moe_gate_up_glu", _gate_up_glu_cuda, "CUDA")
-_lib.impl("moe_gate_up_glu", _gate_up_glu_cpu, "CPU")
-torch.library.register_fake("cutlass_tune::moe_gate_up_glu", _gate_up_glu_fake, lib=_lib)
-gate_up_glu_op: Any = torch.ops.cutlass_tune.moe_gate_up_glu.default
+gate_up_glu_op: Any = forward_op("moe_gate_up_glu(Tensor rows, Tensor gate_up, Tensor offs, str table, str activation, "
+                                 "bool transposed, bool alternating) -> Tensor", _gate_up_glu_cuda, _gate_up_glu_cpu,
+                                 _gate_up_glu_fake)
 """The GLU stage as an operator (torch.compile traces it with no graph break; CUDA graphs capture
 it). Forward only, no autograd kernel: the layer runs it where no gradient is needed (`glu_reason`)."""
 

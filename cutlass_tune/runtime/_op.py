@@ -50,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -533,15 +533,27 @@ def _scaled_mm_fake(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sca
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
-# Defined with torch.library.Library, not custom_op (its kernels called by the dispatcher straight
-# away: benchmarks/moe_glu.md's registration costs); inference only, no autograd kernel.
-_scaled_lib = torch.library.Library("cutlass_tune", "FRAGMENT")
-_scaled_lib.define("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str table, "
-            "ScalarType out_dtype) -> Tensor", tags=tuple(_TAGS))
-_scaled_lib.impl("scaled_mm", _scaled_mm_cuda, "CUDA")
-_scaled_lib.impl("scaled_mm", _scaled_mm_cpu, "CPU")
-torch.library.register_fake("cutlass_tune::scaled_mm", _scaled_mm_fake, lib=_scaled_lib)
-scaled_mm_op: Any = torch.ops.cutlass_tune.scaled_mm.default
+_forward_libs: list[torch.library.Library] = []
+"""The fragments `forward_op` defined (kept: a fragment dropped undefines its operator)."""
+
+
+def forward_op(schema: str, cuda: Callable, cpu: Callable, fake: Callable) -> Any:
+    """An inference operator of the cutlass_tune namespace with Python kernels (CUDA, CPU, fake) and
+    no autograd kernel: defined with torch.library.Library, not custom_op, so the dispatcher calls
+    its kernels straight away (about 2 us a call on a 2-core CPU host, where custom_op's autograd
+    and checking layers cost 9: benchmarks/op_registration_cpu.py). Returns its default overload."""
+    name = schema.split("(", 1)[0]
+    lib = torch.library.Library("cutlass_tune", "FRAGMENT")
+    lib.define(schema, tags=tuple(_TAGS))
+    lib.impl(name, cuda, "CUDA")
+    lib.impl(name, cpu, "CPU")
+    torch.library.register_fake(f"cutlass_tune::{name}", fake, lib=lib)
+    _forward_libs.append(lib)
+    return getattr(torch.ops.cutlass_tune, name).default
+
+
+scaled_mm_op: Any = forward_op("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str table, "
+                               "ScalarType out_dtype) -> Tensor", _scaled_mm_cuda, _scaled_mm_cpu, _scaled_mm_fake)
 """`matmul` of fp8 operands with their scales (and a bias) as an operator, the table by its
 registered key, held to `matmul`'s default min_ratio: what `Fp8Linear` calls under torch.compile,
 where a call of `matmul` itself (the native library's door, a Python function Dynamo does not
