@@ -270,9 +270,11 @@ def _profile(step, path: Path) -> dict:
     gpu_ms = sum(e.self_device_time_total for e in events) / 1e3
     # A profiler range open around a launch (the doors' problem ranges) shows on the GPU too, as a
     # user annotation spanning its kernels: counted, it would count those kernels twice.
-    split = {"wall_ms": wall_ms, **kernel_split([(e.name, e.time_range.elapsed_us()) for e in prof.events()
-                                                 if e.device_type == torch.autograd.DeviceType.CUDA
-                                                 and not getattr(e, "is_user_annotation", False)])}
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    idle = gpu_gaps(kernels)
+    split = {"wall_ms": wall_ms, **kernel_split([(name, end - start) for name, start, end in kernels]),
+             "gpu_idle_ms": idle["idle_ms"]}
     host = cProfile.Profile()
     start = time.perf_counter()
     host.enable()
@@ -287,10 +289,32 @@ def _profile(step, path: Path) -> dict:
     stats.sort_stats("cumulative").print_stats(45)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"step {wall_ms:.3f} ms wall under the profiler; GPU kernels {gpu_ms:.3f} ms\n"
+                    + f"GPU idle between the step's first and last kernel: {idle['idle_ms']:.3f} ms; longest gaps "
+                    + "(us, the kernel before -> the kernel after):\n"
+                    + "".join(f"  {us:8.1f}  {before[:60]} -> {after[:60]}\n" for us, before, after in idle["longest"])
                     + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70) + "\n"
                     + f"\n== cProfile of 5 steps: {enqueued_ms:.3f} ms per step to enqueue under it\n"
                     + text.getvalue())
     return split
+
+
+def gpu_gaps(kernels: list[tuple[str, float, float]], longest: int = 12) -> dict:
+    """Where the GPU waits within a step: kernels as (name, start us, end us), on any streams;
+    the milliseconds between the first kernel's start and the last one's end that no kernel
+    covers, and the `longest` such gaps as (us, the kernel that ended before, the one that
+    started after), longest first. A host-bound step shows its host time here."""
+    spans = sorted((start, end, name) for name, start, end in kernels)
+    gaps: list[tuple[float, str, str]] = []
+    if not spans:
+        return {"idle_ms": 0.0, "longest": []}
+    reach, last = spans[0][1], spans[0][2]
+    for start, end, name in spans[1:]:
+        if start > reach:
+            gaps.append((start - reach, last, name))
+        if end > reach:
+            reach, last = end, name
+    gaps.sort(key=lambda g: -g[0])
+    return {"idle_ms": sum(g[0] for g in gaps) / 1e3, "longest": gaps[:longest]}
 
 
 _GROUPED_GEMM = re.compile(r"PtrArray|GroupProblemShape|grouped_gemm|grouped_mm", re.IGNORECASE)

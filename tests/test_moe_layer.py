@@ -118,6 +118,16 @@ def test_the_model_profile_splits_grouped_gemms_from_the_glue_and_the_rest(scrip
     assert split == pytest.approx({"kernels_ms": 0.5, "grouped_gemm_ms": 0.31, "moe_glue_ms": 0.04, "other_ms": 0.15})
 
 
+def test_the_model_profile_finds_where_the_gpu_waits_between_kernels(script):
+    import moe_model
+
+    # two streams overlap (b inside a's span), then the GPU waits 30 us, then 5 us
+    idle = moe_model.gpu_gaps([("a", 0.0, 100.0), ("b", 20.0, 60.0), ("c", 130.0, 150.0), ("d", 155.0, 160.0)])
+    assert idle["idle_ms"] == pytest.approx(0.035)
+    assert idle["longest"] == [(30.0, "a", "c"), (5.0, "c", "d")]
+    assert moe_model.gpu_gaps([]) == {"idle_ms": 0.0, "longest": []}
+
+
 def test_the_gain_splits_into_gemms_glue_and_what_the_kernels_do_not_explain(script):
     torch_parts = {"routing": 0.06, "gather": 0.13, "gate_up GEMM": 1.71, "activation": 0.07, "down GEMM": 0.67,
                    "combine": 0.45}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One MoE family from nothing on one GPU (benchmarks/moe_layer.md): its expert GEMMs swept as the
+# README's MoE commands do (`sweep --shapes`), confirmed in the sustained regime, exported (the
+# native library built with the bundle), then the experts layer and the 4-layer model at 4096
+# tokens, compiled, each against transformers' "grouped_mm" experts with a profile.
+#
+#   FAMILY=gpt_oss SHAPES=e32:16384x5760x2880,e32:16384x2880x2880 LAYOUT=tt \
+#     benchmarks/gpu_moe_family.sh OUTDIR
+#
+# FAMILY: a family of benchmarks/moe_model.py; SHAPES: its grouped problems (eE:ROWSxNxK, ROWS the
+# routed rows: tokens x top_k); LAYOUT: tn (weights E x out x in) or tt (E x in x out, GPT-OSS's);
+# TRIALS (default 12) configs compiled per problem; TOKENS (default 4096); MODEL_FLAGS more
+# moe_model.py flags; BUDGET seconds (default 540): a step that does not fit is skipped, said.
+# State in FAMILY_DIR (default /tmp/moe-family): a rerun on the same machine skips what is done.
+set -uo pipefail
+out=${1:?output directory}
+family=${FAMILY:?FAMILY}; shapes=${SHAPES:?SHAPES}; layout=${LAYOUT:-tn}
+trials=${TRIALS:-12}; tokens=${TOKENS:-4096}; budget=${BUDGET:-540}
+state=${FAMILY_DIR:-/tmp/moe-family}
+mkdir -p "$out" "$state"
+. benchmarks/gpu_env.sh || exit
+left() { echo $((budget - SECONDS)); }
+ct=(python3 -m cutlass_tune.cli)
+gpu_facts "$out/gpu.txt"
+store=$state/$family.sqlite
+
+step() {  # NAME NEEDED_SECONDS COMMAND...: once (marker $state/NAME.done), output in $out/NAME.txt
+  local name=$1 need=$2; shift 2
+  [ -e "$state/$name.done" ] && return 0
+  if [ "$(left)" -lt "$need" ]; then echo "$name: $(left) s left, run again to go on"; return 1; fi
+  timeout -k 10 $(( $(left) - 5 )) "$@" > "$out/$name.txt" 2>&1 && touch "$state/$name.done"
+  local rc=$?; echo "$name rc=$rc at ${SECONDS}s"; tail -8 "$out/$name.txt" | cut -c1-220
+  return $rc
+}
+
+step sweep 200 "${ct[@]}" sweep --shapes "$shapes" --layout "$layout" --dtype bf16 --routing uniform \
+  --trials "$trials" --storage "$store" || exit
+step confirm 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 2 --regime sustained || exit
+[ -e "$state/export.done" ] || rm -rf "$state/bundle"
+step export 120 "${ct[@]}" export --storage "$store" -o "$state/bundle" || exit
+"${ct[@]}" best --storage "$store" --format csv -o "$out/$family-best.csv" > /dev/null
+gzip -c "$store" > "$out/$family.sqlite.gz"
+step layer 90 python3 benchmarks/moe_layer.py "$state/bundle" "$out/layer" --family "$family" --tokens "$tokens" \
+  --mode compiled --profile
+step model 150 python3 benchmarks/moe_model.py "$state/bundle" "$out/model" --family "$family" --tokens "$tokens" \
+  --compile --profile --blocks 6 ${MODEL_FLAGS:-}
+python3 benchmarks/moe_model.py summary "$out/model" 2>/dev/null | tail -4
+echo "done at ${SECONDS}s"
