@@ -177,6 +177,7 @@ struct Entry {
   std::atomic<int> kind{PYTHON};
   std::string name;
   std::string range;  // the profiler range of the problem (kernel and torch entries)
+  bool fast_accum = false;  // a torch entry of fp8 operands: torch._scaled_mm's fast accumulation
   cutlass_tune_create_fn create = nullptr;
   cutlass_tune_destroy_fn destroy = nullptr;
   cutlass_tune_initialize_fn initialize = nullptr;
@@ -243,6 +244,7 @@ std::shared_ptr<Entry> entry_of(const py::tuple& plan) {
     e->range = plan[7].cast<std::string>();
   } else if (kind == TORCH && plan.size() > 1) {
     e->range = plan[1].cast<std::string>();
+    e->fast_accum = plan.size() > 2 && plan[2].cast<bool>();
   }
   e->kind.store(kind);
   return e;
@@ -771,11 +773,56 @@ at::Tensor door_matmul(const at::Tensor& a, const at::Tensor& b, const std::stri
       break;
     }
     case TORCH:
+      if (scaled) {  // fp8 with per-tensor or row-wise scales: the Python fallback's call
+        return at::_scaled_mm(a, b, *scale_a, *scale_b, std::nullopt, std::nullopt,
+                              out_dtype.value_or(at::kBFloat16), entry->fast_accum);
+      }
       return at::mm(a, b);
     default:
       break;
   }
   return call_door("matmul", a, b, table, out_dtype, scale_a, scale_b, min_ratio);
+}
+
+// The fp8 operator `scaled_mm` (runtime/_op.py: what Fp8Linear calls under torch.compile): a @ b
+// with per-tensor or row-wise scales (and a bias) by the table's kernel, resolved once per
+// signature in Python as `mm` is (matmul's default min_ratio); where the table keeps torch,
+// torch._scaled_mm with the fast accumulation the Python fallback uses (the entry's
+// `fast_accum`). Block-wise scales, and calls the checks refuse, go to the Python kernel.
+at::Tensor scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                          const std::optional<at::Tensor>& bias, c10::string_view table_, at::ScalarType out_dtype) {
+  std::string table(table_);
+  const std::optional<at::ScalarType> dtype(out_dtype);
+  if (a.dim() != 2 || b.dim() != 2 || scale_a.dim() > 2 || scale_b.dim() > 2 || !a.is_cuda() ||
+      !(aligned(a) && aligned(b) && aligned(scale_a) && aligned(scale_b) && aligned(bias))) {
+    return call_door("scaled_mm", a, b, scale_a, scale_b, bias, table, dtype);
+  }
+  Signature sig;
+  sig.add(-4);  // the scaled operator's signatures: never equal to another operator's of the same table key
+  sig.add(a);
+  sig.add(b);
+  sig.add(scale_a);
+  sig.add(scale_b);
+  sig.add(bias);
+  sig.add(static_cast<int64_t>(out_dtype));
+  auto entry = entry_for("scaled_mm", table, sig, a, b, scale_a, scale_b, bias, table, dtype);
+  const ProblemRange range(*entry);
+  switch (entry->kind.load()) {
+    case KERNEL: {
+      bool ran = false;
+      try {
+        return dense("scaled_mm", *entry, a, b, out_dtype, bias, std::nullopt, &ran, scale_a, scale_b);
+      } catch (const Refused& r) {
+        refuse("scaled_mm", table, *entry, r.code);
+      }
+      break;
+    }
+    case TORCH:
+      return at::_scaled_mm(a, b, scale_a, scale_b, bias, std::nullopt, out_dtype, entry->fast_accum);
+    default:
+      break;
+  }
+  return call_door("scaled_mm", a, b, scale_a, scale_b, bias, table, dtype);
 }
 
 at::Tensor door_grouped_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
@@ -845,6 +892,12 @@ at::Tensor grouped_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::T
 at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view table,
                    std::optional<at::ScalarType> out_dtype) {
   return call_door("mm", a, b, std::string(table), out_dtype);
+}
+
+at::Tensor scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                          const std::optional<at::Tensor>& bias, c10::string_view table, at::ScalarType out_dtype) {
+  return call_door("scaled_mm", a, b, scale_a, scale_b, bias, std::string(table),
+                   std::optional<at::ScalarType>(out_dtype));
 }
 
 at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -1204,6 +1257,10 @@ TORCH_LIBRARY_FRAGMENT(cutlass_tune, m) {
         tags(), torch::_RegisterOrVerify::REGISTER);
   m.def(torch::schema("grouped_mm(Tensor a, Tensor b, Tensor offs, str table, ScalarType? out_dtype=None) -> Tensor"),
         tags(), torch::_RegisterOrVerify::REGISTER);
+  // Forward only (fp8 operands take no gradient): no Autograd kernel.
+  m.def(torch::schema("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str table, "
+                      "ScalarType out_dtype) -> Tensor"),
+        tags(), torch::_RegisterOrVerify::REGISTER);
 }
 
 TORCH_LIBRARY_IMPL(cutlass_tune, Autograd, m) {
@@ -1221,6 +1278,7 @@ TORCH_LIBRARY_IMPL(cutlass_tune, CUDA, m) {
   m.impl("mm", &cutlass_tune_native::mm_cuda);
   m.impl("linear", &cutlass_tune_native::linear_cuda);
   m.impl("grouped_mm", &cutlass_tune_native::grouped_mm_cuda);
+  m.impl("scaled_mm", &cutlass_tune_native::scaled_mm_cuda);
 }
 
 PYBIND11_MODULE(cutlass_tune_native, m) {

@@ -666,9 +666,9 @@ def _resolve_door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.d
                   scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, min_ratio: float) -> tuple:
     """The native plan entry of a `matmul` call with no epilogue (`_native.register_door`): the
     door's own checks (they raise as the door does), its plan by the door's signature (one plan
-    cache for both paths), its kernel, torch.mm for 16-bit inputs of the result's type where the
-    table keeps torch, else the Python door (fp8's torch._scaled_mm, block-wise scales, which a
-    kernel reads expanded)."""
+    cache for both paths), its kernel, where the table keeps torch torch.mm for 16-bit inputs of
+    the result's type and torch._scaled_mm for fp8 ones with their per-tensor or row-wise scales,
+    else the Python door (fp8 without scales; block-wise scales, which a kernel reads expanded)."""
     table = _native.door_table(key)
     problem = problem_of(a, b, out_dtype, scale_a=scale_a, scale_b=scale_b)
     if problem.scaling is Scaling.BLOCKWISE:
@@ -678,7 +678,8 @@ def _resolve_door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.d
     ready = table.plans.get(signature) or prepare(table, Call(Kind.DENSE, problem, a.get_device(), min_ratio,
                                                               signature))
     plain = scale_a is None and a.dtype in (torch.bfloat16, torch.float16) and out_dtype in (None, a.dtype)
-    return _native.plan_entry(ready, plain)
+    scaled = scale_a is not None and scale_b is not None  # torch._scaled_mm with them (not block-wise: above)
+    return _native.plan_entry(ready, plain or scaled)
 
 
 def _door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.dtype | None, scale_a: torch.Tensor | None,

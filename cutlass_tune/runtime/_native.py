@@ -1,5 +1,5 @@
-"""The operators' native library: `torch.ops.cutlass_tune.mm`, `.linear` and `.grouped_mm`
-defined in C++ (`cutlass_tune/native/ops.cpp`) with no Python per call on the hot path.
+"""The operators' native library: `torch.ops.cutlass_tune.mm`, `.linear`, `.grouped_mm` and
+`.scaled_mm` defined in C++ (`cutlass_tune/native/ops.cpp`) with no Python per call on the hot path.
 
 Where the extension is built for this torch (`cutlass-tune native --build`, or `export`, which
 carries it in the bundle) `load()` imports it when the operators' modules (`_op`, `_grouped_op`)
@@ -46,6 +46,8 @@ from ..tables import PROFILER_RANGE
 from . import _dispatch
 from ._dispatch import Ready, Workspace, warn_once
 
+NATIVE_SCHEMAS = ("mm", "linear", "grouped_mm", "scaled_mm")
+"""The operators the library defines (native/ops.cpp; the MoE glue's are moe.cu's)."""
 ENTRY_PYTHON, ENTRY_TORCH, ENTRY_EMPTY, ENTRY_KERNEL = 0, 1, 2, 3
 """What a C++ plan entry runs (ops.cpp's EntryKind)."""
 _WORKSPACE = {Workspace.NONE: 0, Workspace.KEPT: 1, Workspace.PER_CALL: 2}
@@ -125,7 +127,7 @@ def _import() -> ModuleType | None:
         failed = next((o for o in outcomes if o is not None), None)
         _why = failed.reason if failed is not None else "not built for this torch (cutlass-tune native --build)"
         return None
-    defined = [op for op in ("mm", "linear", "grouped_mm") if _defined(f"cutlass_tune::{op}")]
+    defined = [op for op in NATIVE_SCHEMAS if _defined(f"cutlass_tune::{op}")]
     if defined:  # loading it would define them again, which aborts the process
         _why = f"the operators ({', '.join(defined)}) were defined in Python before the native library could load"
         return None
@@ -243,14 +245,18 @@ def door_table(key: str) -> Any:
 def plan_entry(ready: Ready, torch_path: bool) -> tuple:
     """A plan as C++ holds it: (kind, kernel name, entry point addresses, argument template,
     workspace policy, workspace bytes, initialize before every launch, profiler range). A fallback
-    is torch's plain operator where `torch_path` (C++ calls it, in the same range), else the Python
-    door (which opens its own). The range (`PROFILER_RANGE` and the problem's name) is what a
+    is torch's plain operator where `torch_path` (C++ calls it, in the same range; for fp8 operands
+    with their scales torch._scaled_mm, with fast accumulation where the fallback says so), else
+    the Python door (which opens its own). The range (`PROFILER_RANGE` and the problem's name) is what a
     profile attributes the call's kernels by, as the Python doors' ranges (tune-model reads them)."""
     plan = ready.plan
     if plan.kernel is None or ready.gemm is None:
         if plan.problem.m == 0 and plan.problem.grouped:
             return (ENTRY_EMPTY,)
-        return (ENTRY_TORCH, PROFILER_RANGE + plan.problem.name) if torch_path else (ENTRY_PYTHON,)
+        if not torch_path:
+            return (ENTRY_PYTHON,)
+        fast_accum = plan.fallback is not None and plan.fallback.fast_accum
+        return (ENTRY_TORCH, PROFILER_RANGE + plan.problem.name, fast_accum)
     functions = ready.gemm.kernel._fn
     addresses = tuple(ctypes.cast(functions[name], ctypes.c_void_p).value for name in _ENTRY_POINTS)
     # A dense kernel with a workspace (Stream-K) is initialized before every launch on a

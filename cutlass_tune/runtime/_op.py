@@ -58,10 +58,10 @@ import torch
 
 from .._torch import FP8_DTYPES, backward_nodes
 from ..errors import CutlassTuneError
-from ..space import Activation, Epilogue, NodeKind, Problem
+from ..space import Activation, Epilogue, NodeKind, Problem, Scaling
 from . import _native
 from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, load_table, prepare
-from ._matmul import MatmulInputError, matmul, problem_of, torch_gemm
+from ._matmul import _MIN_RATIO, MatmulInputError, matmul, problem_of, torch_gemm
 from ._table import BestTable
 
 
@@ -533,6 +533,29 @@ def _scaled_mm_fake(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sca
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
 
 
+def _resolve_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                    bias: torch.Tensor | None, table: str, out_dtype: torch.dtype) -> tuple:
+    """The native plan entry of a `scaled_mm` call's signature: the plan `matmul` makes for the
+    same call (its signature: one plan cache for both paths, matmul's default min_ratio), its
+    kernel, or torch._scaled_mm where the table keeps torch (C++ calls it, with fast accumulation
+    where the fallback says so); block-wise scales and calls the checks refuse go to the Python
+    kernel (`_scaled_mm_cuda`), which says why once."""
+    tuned = registered_table(table)
+    try:
+        problem = problem_of(a, b, out_dtype, bias=bias, scale_a=scale_a, scale_b=scale_b)
+    except MatmulInputError:
+        return (_native.ENTRY_PYTHON,)
+    if problem.scaling is Scaling.BLOCKWISE:
+        return (_native.ENTRY_PYTHON,)
+    signature = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype,
+                 Activation.NONE, _MIN_RATIO, *(None if t is None else (t.shape, t.stride(), t.dtype)
+                                                for t in (bias, None, scale_a, scale_b, None)))
+    with _on_device_of(a):
+        ready = tuned.plans.get(signature) or prepare(tuned, Call(Kind.DENSE, problem, a.get_device(), _MIN_RATIO,
+                                                                  signature))
+    return _native.plan_entry(ready, True)
+
+
 _forward_libs: list[torch.library.Library] = []
 """The fragments `forward_op` defined (kept: a fragment dropped undefines its operator)."""
 
@@ -552,10 +575,19 @@ def forward_op(schema: str, cuda: Callable, cpu: Callable, fake: Callable) -> An
     return getattr(torch.ops.cutlass_tune, name).default
 
 
-scaled_mm_op: Any = forward_op("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str table, "
-                               "ScalarType out_dtype) -> Tensor", _scaled_mm_cuda, _scaled_mm_cpu, _scaled_mm_fake)
+if _native.load() is not None:
+    scaled_mm_op: Any = torch.ops.cutlass_tune.scaled_mm.default
+    _scaled_lib = torch.library.Library("cutlass_tune", "IMPL")
+    _scaled_lib.impl("scaled_mm", _scaled_mm_cpu, "CPU")
+    torch.library.register_fake("cutlass_tune::scaled_mm", _scaled_mm_fake, lib=_scaled_lib)
+    _native.register_door("scaled_mm", _resolve_scaled, _scaled_mm_cuda)
+else:
+    scaled_mm_op = forward_op("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, str table, "
+                              "ScalarType out_dtype) -> Tensor", _scaled_mm_cuda, _scaled_mm_cpu, _scaled_mm_fake)
 """`matmul` of fp8 operands with their scales (and a bias) as an operator, the table by its
-registered key, held to `matmul`'s default min_ratio: what `Fp8Linear` calls under torch.compile,
+registered key, held to `matmul`'s default min_ratio: defined by the native library where it is
+loaded (its C++ CUDA kernel launches the plan `_resolve_scaled` made, or torch._scaled_mm, with
+no Python per call), else here with Python kernels. What `Fp8Linear` calls under torch.compile,
 where a call of `matmul` itself (the native library's door, a Python function Dynamo does not
 trace) would break the graph at every Linear: on an H200 a 4-block Llama-3-8B-shaped fp8 model
 at 2048 tokens stepped in 7.0-7.3 ms so against 3.1 ms for the same model on torch._scaled_mm

@@ -246,6 +246,55 @@ def doors() -> dict:
     return out
 
 
+def scaled() -> dict:
+    """The fp8 operator `scaled_mm` (what Fp8Linear calls under torch.compile) from C++: a tuned
+    row-wise kernel with a bias, its repeat calling no Python hook; a fast-accumulation row held
+    below matmul's min_ratio (no kernel loaded): torch._scaled_mm from C++ with fast accumulation,
+    bit for bit the Python fallback's; host time of each beside torch._scaled_mm's own."""
+    import dataclasses
+
+    from cutlass_tune.runtime._fp8 import quantize_rowwise
+    from tests.runtime.test_fp8_linear_gpu import KERNELS, _kernel_table, _module
+
+    table = _kernel_table(KERNELS["rowwise"])
+    key = register_table(table, key="native-scaled")
+    held = _kernel_table(dataclasses.replace(KERNELS["rowwise"], fp8_fast_accum=True)).frame.assign(ratio=0.5)
+    kept_key = register_table(BestTable(held), key="native-scaled-kept")
+    module = _module(table, "rowwise")
+    x = torch.randn(64, module.in_features, dtype=torch.bfloat16, device="cuda")
+    xq, sa = quantize_rowwise(x)
+    w, ws, bias = module.weight.t(), module.weight_scale, module.bias
+    op = torch.ops.cutlass_tune.scaled_mm.default
+    hooks = _native._module
+    out: dict = {"native": _native.door is not None}
+
+    def repeat(table_key: str, name: str) -> torch.Tensor:
+        before = hooks.hook_calls() if hooks is not None else None
+        again = op(xq, w, sa, ws, bias, table_key, torch.bfloat16)
+        if before is not None:
+            out[name] = python_calls(before)
+        return again
+
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        want = torch._scaled_mm(xq, w, sa, ws, bias=bias, out_dtype=torch.bfloat16)
+        want_fast = torch._scaled_mm(xq, w, sa, ws, bias=bias, out_dtype=torch.bfloat16, use_fast_accum=True)
+        got = op(xq, w, sa, ws, bias, key, torch.bfloat16)
+        again = repeat(key, "repeat_calls")
+        kept = op(xq, w, sa, ws, bias, kept_key, torch.bfloat16)
+        kept_again = repeat(kept_key, "kept_repeat_calls")
+        if hooks is not None:
+            out["plans"], out["kept_plans"] = hooks.plans(key), hooks.plans(kept_key)
+        out["op_us"] = round(_host_us(lambda: op(xq, w, sa, ws, bias, key, torch.bfloat16)), 2)
+        out["kept_us"] = round(_host_us(lambda: op(xq, w, sa, ws, bias, kept_key, torch.bfloat16)), 2)
+        out["torch_us"] = round(_host_us(lambda: torch._scaled_mm(xq, w, sa, ws, bias=bias, out_dtype=torch.bfloat16,
+                                                                   use_fast_accum=True)), 2)
+    out.update(error=error(got, want), repeat_equal=torch.equal(got, again),
+               kept_equal=torch.equal(kept, want_fast) and torch.equal(kept_again, want_fast),
+               said=[m for m in said(caught) if "below min_ratio" not in m])
+    return out
+
+
 def _host_us(call) -> float:
     """Host time of one call (us), the GPU kept busy: median of 15 blocks of 100 calls."""
     call()
@@ -383,6 +432,6 @@ if __name__ == "__main__":
     BestTable.for_gpu = lambda self, name: self  # type: ignore[method-assign]
     scenario = sys.argv[1]
     found = {"available": _native.available(), "cuda": _native.cuda(), "reason": _native.reason()}
-    if scenario not in ("host", "glu"):  # these two also run on the Python path (CUTLASS_TUNE_NATIVE=0)
+    if scenario not in ("host", "glu", "scaled"):  # these also run on the Python path (CUTLASS_TUNE_NATIVE=0)
         assert found["available"] and found["cuda"], found
     print(json.dumps({**found, **globals()[scenario]()}))

@@ -153,7 +153,9 @@ out = {"available": _native.available(), "reason": _native.reason(), "cuda": _na
 out["layout"] = _native._module.args_layout()
 out["gemm_args"] = {name: getattr(GemmArgs, name).offset for name, _ in GemmArgs._fields_}
 out["gemm_args"]["sizeof"] = __import__("ctypes").sizeof(GemmArgs)
-out["schemas"] = {n: str(getattr(torch.ops.cutlass_tune, n).default._schema) for n in ("mm", "linear", "grouped_mm")}
+out["schemas"] = {n: str(getattr(torch.ops.cutlass_tune, n).default._schema)
+                  for n in ("mm", "linear", "grouped_mm", "scaled_mm")}
+out["scaled_is_native"] = _op.scaled_mm_op is torch.ops.cutlass_tune.scaled_mm.default
 out["mm_is_native"] = _op.mm is torch.ops.cutlass_tune.mm.default
 register_table(BestTable(pd.DataFrame(columns=["m", "n", "k", "gpu", "config_hash", "config", "dtype_a", "dtype_d",
                                                "layout", "epilogue", "scaling"])), "k")
@@ -211,7 +213,10 @@ def test_the_built_library_defines_the_operators_in_a_fresh_process(built):
         "linear": "cutlass_tune::linear(Tensor x, Tensor weight, Tensor? bias, str activation, str table, "
                   "Tensor? residual=None, Tensor? gate=None) -> Tensor",
         "grouped_mm": "cutlass_tune::grouped_mm(Tensor a, Tensor b, Tensor offs, str table, "
-                      "ScalarType? out_dtype=None) -> Tensor"}
+                      "ScalarType? out_dtype=None) -> Tensor",
+        "scaled_mm": "cutlass_tune::scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
+                     "str table, ScalarType out_dtype) -> Tensor"}
+    assert out["scaled_is_native"]
     assert out["mm"] and out["mm_grads"] and out["no_grad_has_no_grad_fn"]
     assert out["grad_fn"].endswith("<cutlass_tune_native::MmFunction>")  # the C++ autograd Function
     assert out["hook_calls"]["autograd"] == 0  # every gradient above came without the Python formula
@@ -304,13 +309,15 @@ def test_the_cpp_autograd_functions_give_torch_s_gradients(built):
 @pytest.mark.nvcc
 def test_the_operators_cpu_tests_pass_on_the_native_library(built):
     """The Python path's tests of the operators (schemas, opcheck, fake tensors, gradients,
-    torch.compile, the checks) run again with the operators the library's."""
+    torch.compile, the checks; the fp8 Linear's scaled operator) run again with the operators the
+    library's."""
     env = {**os.environ, "CUTLASS_TUNE_CACHE_DIR": str(built), "CUTLASS_TUNE_NATIVE": "1"}
     check = "from cutlass_tune.runtime import _native, _op, _grouped_op; assert _native.available(), _native.reason()"
     subprocess.run([sys.executable, "-c", check], check=True, cwd=REPO, env=env)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
                            "not nvcc and not postgresql and not gpu", "tests/runtime/test_op.py",
-                           "tests/runtime/test_grouped.py", "tests/runtime/test_grouped_launch.py"],
+                           "tests/runtime/test_grouped.py", "tests/runtime/test_grouped_launch.py",
+                           "tests/runtime/test_fp8_linear.py"],
                           capture_output=True, text=True, cwd=REPO, env=env)
     assert done.returncode == 0, done.stdout[-3000:]
 

@@ -128,3 +128,18 @@ def test_the_moe_glu_stage_launches_from_cpp(built):
     assert native["glu_plans"] == [3], native  # a kernel entry
     assert native["repeat_calls"] == {"resolve": 0, "door": 0, "autograd": 0}, native
     assert native["stage_us"] < python["stage_us"], (native, python)
+
+
+def test_the_fp8_operator_launches_from_cpp_and_keeps_torch_from_cpp(built):
+    """`scaled_mm` (Fp8Linear's GEMM under torch.compile): the tuned kernel from C++ with no Python
+    hook on a repeat; a row held below min_ratio runs torch._scaled_mm from C++ with the kernel's
+    fast accumulation, bit for bit what the Python fallback computes; both cost less host time a
+    call than the Python path's."""
+    native = probe("scaled")
+    python = probe("scaled", CUTLASS_TUNE_NATIVE="0")
+    assert native["native"] and not python["native"]
+    assert native["error"] < 1e-2 and native["repeat_equal"] and native["said"] == [], native
+    assert native["plans"] == [3] and native["kept_plans"] == [1], native  # a kernel entry, a torch entry
+    assert native["repeat_calls"] == native["kept_repeat_calls"] == {"resolve": 0, "door": 0, "autograd": 0}, native
+    assert native["kept_equal"] and python["kept_equal"], (native, python)
+    assert native["op_us"] < python["op_us"] and native["kept_us"] < python["kept_us"], (native, python)
