@@ -1,7 +1,10 @@
 # Sourced by the GPU scripts (`. benchmarks/gpu_env.sh || exit`, from the repository root): the
 # wheels carried in .whl/ installed to /tmp/site where the GPU host lacks one of the package's
 # dependencies it imports (or those named in GPU_ENV_NEEDS), this checkout first on PYTHONPATH, and
-# the kernel cache in /tmp (CUTLASS_TUNE_CACHE_DIR, unless set).
+# the kernel cache in /tmp (CUTLASS_TUNE_CACHE_DIR, unless set). The lent H200 host of 2026-11-29
+# lacked optuna, sqlalchemy, alembic, cutlass_library (nvidia-cutlass), platformdirs, pydantic,
+# colorlog and mako: their wheels (pydantic's with pydantic-core, annotated-types and
+# typing-inspection) are what .whl/ needs; SQLAlchemy's and CUTLASS's cut by benchmarks/slim_wheel.py.
 needs="optuna, sqlalchemy, alembic, cutlass_library, platformdirs, typer, rich, filelock, pydantic, pynvml"
 needs+="${GPU_ENV_NEEDS:+, $GPU_ENV_NEEDS}"
 if ! python3 -c "import $needs" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
