@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -537,6 +538,10 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
 _TENSOR = torch.Tensor
 _NO_ACTIVATION = Activation.NONE
 _MIN_RATIO = 1.0
+_compiled_door: Callable[..., torch.Tensor] | None = None
+"""What `matmul` calls while torch.compile traces it (`_op.compiled_matmul`, set when the
+operators' module is imported): the operator `torch.ops.cutlass_tune.matmul` on the table's key,
+one node of the graph, instead of the native door Dynamo cannot trace (a graph break a call)."""
 """The doors' default min_ratio, one object: the common call's test is by identity."""
 
 
@@ -586,6 +591,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
             misaligned or non-contiguous tensors; a bias, residual or scale of the wrong shape,
             dtype or device; an unknown activation; beta without c; both c and gate.
     """
+    if _compiled_door is not None and torch.compiler.is_compiling():
+        return _compiled_door(a, b, table, out_dtype, bias, activation, c, alpha, beta, scale_a, scale_b, gate,
+                              min_ratio)
     native = _native.door
     # Each test's first half is the common call's (arguments left at their defaults, plain tensors, a
     # BestTable) by identity, a few tens of nanoseconds less than its second half, which decides the rest.
@@ -692,3 +700,5 @@ _native.register_door("matmul", _resolve_door, _door)
 # The door's native path (`_native.door`) is there once the library is loaded: with the door's own
 # import, so a process that calls the door and never imports the operators launches from C++ too.
 _native.load()
+# Last: the operators' module sets `_compiled_door` (it imports this one's names, all defined by now).
+from . import _op  # noqa: E402,F401

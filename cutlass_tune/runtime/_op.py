@@ -59,9 +59,10 @@ import torch
 from .._torch import FP8_DTYPES, backward_nodes
 from ..errors import CutlassTuneError
 from ..space import Activation, Epilogue, NodeKind, Problem, Scaling
+from . import _matmul as _matmul_module
 from . import _native
 from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, load_table, prepare
-from ._matmul import _MIN_RATIO, MatmulInputError, matmul, problem_of, torch_gemm
+from ._matmul import _MIN_RATIO, MatmulInputError, beta_of, matmul, problem_of, torch_gemm
 from ._table import BestTable
 
 
@@ -556,6 +557,36 @@ def _resolve_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sca
     return _native.plan_entry(ready, True)
 
 
+def _matmul_cuda(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None,
+                 bias: torch.Tensor | None, activation: str, c: torch.Tensor | None, alpha: float, beta: float | None,
+                 scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, gate: torch.Tensor | None,
+                 min_ratio: float) -> torch.Tensor:
+    with _on_device_of(a):
+        return matmul(a, b, registered_table(table), out_dtype, bias=bias, activation=activation, c=c, alpha=alpha,
+                      beta=beta, scale_a=scale_a, scale_b=scale_b, gate=gate, min_ratio=min_ratio)
+
+
+def _matmul_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None,
+                bias: torch.Tensor | None, activation: str, c: torch.Tensor | None, alpha: float, beta: float | None,
+                scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, gate: torch.Tensor | None,
+                min_ratio: float) -> torch.Tensor:
+    # torch's path for the same math, as the other operators' CPU kernels compute it (a graph
+    # traced on a machine with no GPU runs); `matmul` itself takes CUDA tensors only.
+    registered_table(table)
+    return torch_gemm(a, b, result_dtype(a.dtype, out_dtype), bias=bias, activation=activation, c=c, alpha=alpha,
+                      beta=beta_of(c, beta), scale_a=scale_a, scale_b=scale_b, gate=gate)
+
+
+def _matmul_fake(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None,
+                 bias: torch.Tensor | None, activation: str, c: torch.Tensor | None, alpha: float, beta: float | None,
+                 scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, gate: torch.Tensor | None,
+                 min_ratio: float) -> torch.Tensor:
+    registered_table(table)
+    torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+                 lambda: f"cutlass_tune.matmul: a {list(a.shape)} and b {list(b.shape)} must be M x K and K x N")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=result_dtype(a.dtype, out_dtype))
+
+
 _forward_libs: list[torch.library.Library] = []
 """The fragments `forward_op` defined (kept: a fragment dropped undefines its operator)."""
 
@@ -592,3 +623,34 @@ where a call of `matmul` itself (the native library's door, a Python function Dy
 trace) would break the graph at every Linear: on an H200 a 4-block Llama-3-8B-shaped fp8 model
 at 2048 tokens stepped in 7.0-7.3 ms so against 3.1 ms for the same model on torch._scaled_mm
 compiled whole (benchmarks/fp8.md, "In the model")."""
+
+
+matmul_op: Any = forward_op("matmul(Tensor a, Tensor b, str table, ScalarType? out_dtype, Tensor? bias, "
+                            "str activation, Tensor? c, float alpha, float? beta, Tensor? scale_a, "
+                            "Tensor? scale_b, Tensor? gate, float min_ratio) -> Tensor",
+                            _matmul_cuda, _matmul_cpu, _matmul_fake)
+"""`cutlass_tune.matmul` as an operator, every argument as the function takes it and the table by
+its registered key: what `matmul` runs while torch.compile traces it (`compiled_matmul`), so a
+compiled model that calls the function keeps one graph. Its CUDA kernel is `matmul` itself (the
+native door where the library is loaded): a Python kernel, some microseconds of host time a call
+more than `mm`, `linear` and `scaled_mm`, which a model that runs many small GEMMs should call."""
+
+
+@torch.compiler.assume_constant_result
+def _traced_key(table: BestTable | str | Path) -> str:
+    """`table_key` at trace time: Dynamo calls it once and keeps the key (a table object guarded by
+    identity, a path by value), with no graph break for the registration."""
+    return table_key(table)
+
+
+def compiled_matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path, out_dtype: torch.dtype | None,
+                    bias: torch.Tensor | None, activation: Activation | str, c: torch.Tensor | None, alpha: float,
+                    beta: float | None, scale_a: torch.Tensor | None, scale_b: torch.Tensor | None,
+                    gate: torch.Tensor | None, min_ratio: float) -> torch.Tensor:
+    """`matmul`'s arguments through `matmul_op` (what `matmul` calls under torch.compile)."""
+    name = activation.value if isinstance(activation, Activation) else activation
+    return matmul_op(a, b, _traced_key(table), out_dtype, bias, name, c, float(alpha),
+                     None if beta is None else float(beta), scale_a, scale_b, gate, float(min_ratio))
+
+
+_matmul_module._compiled_door = compiled_matmul

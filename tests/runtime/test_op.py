@@ -165,6 +165,40 @@ def test_compiles_with_no_graph_break_and_matches_eager(key):
     torch.testing.assert_close(got, (x.grad, w.grad, bias.grad), rtol=1e-4, atol=1e-4)
 
 
+def test_matmul_under_torch_compile_is_one_operator_call_and_no_graph_break(key):
+    """The function `matmul` traced by Dynamo: `torch.ops.cutlass_tune.matmul` on the table's key
+    (its CPU kernel computes torch's path here), every argument kept, and no graph break."""
+    from cutlass_tune.runtime._op import registered_table
+
+    table = registered_table(key)
+    w, bias, c = torch.randn(32, 16), torch.randn(16), torch.randn(8, 16)
+
+    def layer(x, table):
+        return cutlass_tune.matmul(x, w, table, bias=bias, activation="relu", c=c, alpha=0.5, beta=2.0) * 3
+
+    x = torch.randn(8, 32)
+    assert torch._dynamo.explain(layer)(x, table).graph_break_count == 0
+    got = torch.compile(layer, fullgraph=True)(x, table)
+    torch.testing.assert_close(got, torch.relu(0.5 * (x @ w) + 2.0 * c + bias) * 3, rtol=1e-4, atol=1e-4)
+    # a registered key and a table object reach the same table; another object, its own key
+    for given in (key, BestTable(table.frame)):
+        torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x, given), got, rtol=1e-4, atol=1e-4)
+
+
+def test_the_matmul_operator_checks_schema_and_fake_shapes(key):
+    from cutlass_tune.runtime._op import matmul_op
+
+    assert str(matmul_op._schema).startswith("cutlass_tune::matmul(Tensor a, Tensor b, str table, ScalarType? "
+                                             "out_dtype, Tensor? bias, str activation")
+    torch.library.opcheck(matmul_op, (torch.randn(4, 8), torch.randn(8, 6), key, None, torch.randn(6), "gelu", None,
+                                      1.0, None, None, None, None, 1.0), test_utils=("test_schema", "test_faketensor"))
+    with FakeTensorMode():
+        a8 = torch.empty(4, 32, dtype=torch.float8_e4m3fn)
+        out = matmul_op(a8, torch.empty(32, 16, dtype=torch.float8_e4m3fn), key, None, None, "none", None, 1.0,
+                        None, torch.empty(4, 1), torch.empty(1, 16), None, 1.0)
+        assert out.shape == (4, 16) and out.dtype == torch.bfloat16  # fp8 in: bfloat16 out, as matmul gives
+
+
 # On a Hopper GPU: the tuned kernels (compiled on first use) against torch.
 
 def _relative_error(got, want):
@@ -241,6 +275,17 @@ def test_compiled_fullgraph_matches_eager_on_cuda(tuned):
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
     for g, e in zip(grads, (x.grad, w.grad, bias.grad)):
         assert _relative_error(g, e) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_compiled_matmul_runs_the_tuned_kernel_as_eager_matmul_does(tuned):
+    table, _ = tuned
+    a = torch.randn(256, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda").t()
+    want = cutlass_tune.matmul(a, w, table)
+    compiled = torch.compile(lambda a: cutlass_tune.matmul(a, w, table) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(a), want * 2, rtol=0, atol=0)  # the same path, bit for bit
 
 
 SIZES = [pytest.param(1024, id="persistent"), pytest.param(8192, id="stream-k")]
