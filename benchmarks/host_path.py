@@ -264,6 +264,10 @@ class Builder:
                 out.append(self.row("scaled_mm (fp8 row-wise)", mode, scaled,
                                     lambda t, key: lambda a, b, s, u: ops.scaled_mm(a, b, s, u, None, key, bf16),
                                     (a8, b8, sa, sb)))
+            if not grad and cuda:  # the function (CUDA tensors only): its native door eagerly, the
+                # `matmul` operator compiled
+                out.append(self.row("matmul (function)", mode, lambda a, b: torch.mm(a, b),
+                                    lambda t, key: lambda a, b: cutlass_tune.matmul(a, b, t), (x, w_.t())))
         if "direct" not in modes:
             return out
         with torch.no_grad():
