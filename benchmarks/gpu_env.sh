@@ -13,6 +13,10 @@ if ! python3 -c "import $needs" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/nul
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# The device tool brings back at most 8 files from $OUT, two folders down: a script whose outputs
+# are more (gpu_tune_model_fp8.sh writes 11) runs into a folder outside $OUT, packed last:
+# `pack_out /tmp/o "$OUT/all.tgz"`.
+pack_out() { tar czf "$2" -C "$1" . ; }
 # A second transformers (a wheel cut by benchmarks/slim_wheel.py, and any newer dependency it
 # needs, in .whl/transformers-new/): installed to its own folder, used by `tf_new COMMAND...` only.
 tf_new() { echo "no transformers in .whl/transformers-new/" >&2; return 2; }

@@ -50,7 +50,7 @@ step confirm-idle-gap 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 
 # export writes a directory that must not exist yet: a failed one is removed before the next try
 [ -e "$state/export.done" ] || rm -rf "$state/bundle"
 step export 60 "${ct[@]}" export --storage "$store" -o "$state/bundle" || exit
-step tune-model 240 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
+step tune-model 170 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
   --tokens 128 --tokens 2048 --mode "$mode" --out "$state/tuned.csv" --baseline "$model:build_torch" || exit
 cp "$state/tuned.csv" "$out/"
 "${ct[@]}" best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
