@@ -538,11 +538,11 @@ def _unit_scale(device: torch.device) -> torch.Tensor:
 _TENSOR = torch.Tensor
 _NO_ACTIVATION = Activation.NONE
 _MIN_RATIO = 1.0
+"""The doors' default min_ratio, one object: the common call's test is by identity."""
 _compiled_door: Callable[..., torch.Tensor] | None = None
 """What `matmul` calls while torch.compile traces it (`_op.compiled_matmul`, set when the
 operators' module is imported): the operator `torch.ops.cutlass_tune.matmul` on the table's key,
 one node of the graph, instead of the native door Dynamo cannot trace (a graph break a call)."""
-"""The doors' default min_ratio, one object: the common call's test is by identity."""
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
@@ -571,6 +571,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     below `min_ratio` of torch's time there (torch kept where it wins); for an fp8 kernel with
     fast accumulation, torch._scaled_mm's fast accumulation, the path the kernel was measured
     against.
+
+    Under torch.compile the call traces as one node, the operator `torch.ops.cutlass_tune.matmul`
+    (no graph break; a Python kernel: `torch.ops.cutlass_tune.mm`, `.linear` and `.scaled_mm` cost
+    a compiled model less host time a call).
 
     Args:
         bias: N values of the result's dtype, one per output column (nn.Linear's bias).

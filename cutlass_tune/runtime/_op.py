@@ -619,10 +619,10 @@ else:
 registered key, held to `matmul`'s default min_ratio: defined by the native library where it is
 loaded (its C++ CUDA kernel launches the plan `_resolve_scaled` made, or torch._scaled_mm, with
 no Python per call), else here with Python kernels. What `Fp8Linear` calls under torch.compile,
-where a call of `matmul` itself (the native library's door, a Python function Dynamo does not
-trace) would break the graph at every Linear: on an H200 a 4-block Llama-3-8B-shaped fp8 model
-at 2048 tokens stepped in 7.0-7.3 ms so against 3.1 ms for the same model on torch._scaled_mm
-compiled whole (benchmarks/fp8.md, "In the model")."""
+where a call of `matmul` itself broke the graph at every Linear (on an H200 a 4-block
+Llama-3-8B-shaped fp8 model at 2048 tokens stepped in 7.0-7.3 ms so against 3.1 ms for the same
+model on torch._scaled_mm compiled whole: benchmarks/fp8.md, "In the model") and now costs the
+`matmul` operator's Python kernel a call."""
 
 
 matmul_op: Any = forward_op("matmul(Tensor a, Tensor b, str table, ScalarType? out_dtype, Tensor? bias, "
