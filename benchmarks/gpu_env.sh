@@ -17,6 +17,16 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # are more (gpu_tune_model_fp8.sh writes 11) runs into a folder outside $OUT, packed last:
 # `pack_out /tmp/o "$OUT/all.tgz"`.
 pack_out() { tar czf "$2" -C "$1" . ; }
+# step NAME NEEDED_SECONDS COMMAND...: a resumable script's step, run once (marker $state/NAME.done),
+# its output in $out/NAME.txt, skipped with a word where the caller's `left` is under NEEDED_SECONDS.
+step() {
+  local name=$1 need=$2; shift 2
+  [ -e "$state/$name.done" ] && return 0
+  if [ "$(left)" -lt "$need" ]; then echo "$name: $(left) s left, run again to go on"; return 1; fi
+  timeout -k 10 $(( $(left) - 5 )) "$@" > "$out/$name.txt" 2>&1 && touch "$state/$name.done"
+  local rc=$?; echo "$name rc=$rc at ${SECONDS}s"; tail -12 "$out/$name.txt" | cut -c1-220
+  return $rc
+}
 # A second transformers (a wheel cut by benchmarks/slim_wheel.py, and any newer dependency it
 # needs, in .whl/transformers-new/): installed to its own folder, used by `tf_new COMMAND...` only.
 tf_new() { echo "no transformers in .whl/transformers-new/" >&2; return 2; }

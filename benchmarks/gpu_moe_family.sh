@@ -24,15 +24,6 @@ ct=(python3 -m cutlass_tune.cli)
 gpu_facts "$out/gpu.txt"
 store=$state/$family.sqlite
 
-step() {  # NAME NEEDED_SECONDS COMMAND...: once (marker $state/NAME.done), output in $out/NAME.txt
-  local name=$1 need=$2; shift 2
-  [ -e "$state/$name.done" ] && return 0
-  if [ "$(left)" -lt "$need" ]; then echo "$name: $(left) s left, run again to go on"; return 1; fi
-  timeout -k 10 $(( $(left) - 5 )) "$@" > "$out/$name.txt" 2>&1 && touch "$state/$name.done"
-  local rc=$?; echo "$name rc=$rc at ${SECONDS}s"; tail -8 "$out/$name.txt" | cut -c1-220
-  return $rc
-}
-
 step sweep 200 "${ct[@]}" sweep --shapes "$shapes" --layout "$layout" --dtype bf16 --routing uniform \
   --trials "$trials" --storage "$store" || exit
 step confirm 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 2 --regime sustained || exit

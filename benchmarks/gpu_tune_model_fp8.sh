@@ -33,16 +33,6 @@ ct=(python3 -m cutlass_tune.cli)  # an array, not a function: `timeout` runs it
 gpu_facts "$out/gpu.txt"
 store=$state/fp8.sqlite
 
-# step NAME NEEDED_SECONDS COMMAND...: run once (marker $state/NAME.done), output in $out/NAME.txt
-step() {
-  local name=$1 need=$2; shift 2
-  [ -e "$state/$name.done" ] && return 0
-  if [ "$(left)" -lt "$need" ]; then echo "$name: $(left) s left, run again to go on"; return 1; fi
-  timeout -k 10 $(( $(left) - 5 )) "$@" > "$out/$name.txt" 2>&1 && touch "$state/$name.done"
-  local rc=$?; echo "$name rc=$rc"; tail -12 "$out/$name.txt" | cut -c1-220
-  return $rc
-}
-
 step shapes 20 "${ct[@]}" shapes "$model:both" -o "$state/fp8.yaml" || exit
 step sweep 150 "${ct[@]}" sweep "$state/fp8.yaml" --trials "$trials" --storage "$store" || exit
 step confirm-sustained 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 2 --regime sustained || exit

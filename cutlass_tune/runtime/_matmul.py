@@ -674,24 +674,31 @@ def _operand_key(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype)
 
 
-def _resolve_door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.dtype | None,
-                  scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, min_ratio: float) -> tuple:
-    """The native plan entry of a `matmul` call with no epilogue (`_native.register_door`): the
-    door's own checks (they raise as the door does), its plan by the door's signature (one plan
-    cache for both paths), its kernel, where the table keeps torch torch.mm for 16-bit inputs of
-    the result's type and torch._scaled_mm for fp8 ones with their per-tensor or row-wise scales,
-    else the Python door (fp8 without scales; block-wise scales, which a kernel reads expanded)."""
-    table = _native.door_table(key)
-    problem = problem_of(a, b, out_dtype, scale_a=scale_a, scale_b=scale_b)
+def door_entry(table: BestTable, a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype | None,
+               scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, min_ratio: float,
+               bias: torch.Tensor | None = None) -> tuple:
+    """The native plan entry of a `matmul` call with no epilogue (a bias at most): `matmul`'s checks
+    (they raise as the door does), its plan by `matmul`'s signature (one plan cache for both
+    paths), its kernel, where the table keeps torch torch.mm for 16-bit inputs of the result's
+    type and torch._scaled_mm for fp8 ones with their per-tensor or row-wise scales, else the
+    Python door (fp8 without scales; block-wise scales, which a kernel reads expanded)."""
+    problem = problem_of(a, b, out_dtype, bias=bias, scale_a=scale_a, scale_b=scale_b)
     if problem.scaling is Scaling.BLOCKWISE:
         return (_native.ENTRY_PYTHON,)
     signature = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype,
-                 Activation.NONE, min_ratio, None, None, _operand_key(scale_a), _operand_key(scale_b), None)
+                 Activation.NONE, min_ratio, _operand_key(bias), None, _operand_key(scale_a), _operand_key(scale_b),
+                 None)
     ready = table.plans.get(signature) or prepare(table, Call(Kind.DENSE, problem, a.get_device(), min_ratio,
                                                               signature))
     plain = scale_a is None and a.dtype in (torch.bfloat16, torch.float16) and out_dtype in (None, a.dtype)
     scaled = scale_a is not None and scale_b is not None  # torch._scaled_mm with them (not block-wise: above)
     return _native.plan_entry(ready, plain or scaled)
+
+
+def _resolve_door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.dtype | None,
+                  scale_a: torch.Tensor | None, scale_b: torch.Tensor | None, min_ratio: float) -> tuple:
+    """The native plan entry of a `matmul` call with no epilogue (`_native.register_door`): `door_entry`."""
+    return door_entry(_native.door_table(key), a, b, out_dtype, scale_a, scale_b, min_ratio)
 
 
 def _door(a: torch.Tensor, b: torch.Tensor, key: str, out_dtype: torch.dtype | None, scale_a: torch.Tensor | None,

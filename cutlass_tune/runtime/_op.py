@@ -58,11 +58,11 @@ import torch
 
 from .._torch import FP8_DTYPES, backward_nodes
 from ..errors import CutlassTuneError
-from ..space import Activation, Epilogue, NodeKind, Problem, Scaling
+from ..space import Activation, Epilogue, NodeKind, Problem
 from . import _matmul as _matmul_module
 from . import _native
 from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, load_table, prepare
-from ._matmul import _MIN_RATIO, MatmulInputError, beta_of, matmul, problem_of, torch_gemm
+from ._matmul import _MIN_RATIO, MatmulInputError, beta_of, door_entry, matmul, problem_of, torch_gemm
 from ._table import BestTable
 
 
@@ -537,24 +537,16 @@ def _scaled_mm_fake(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sca
 def _resolve_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                     bias: torch.Tensor | None, table: str, out_dtype: torch.dtype) -> tuple:
     """The native plan entry of a `scaled_mm` call's signature: the plan `matmul` makes for the
-    same call (its signature: one plan cache for both paths, matmul's default min_ratio), its
-    kernel, or torch._scaled_mm where the table keeps torch (C++ calls it, with fast accumulation
-    where the fallback says so); block-wise scales and calls the checks refuse go to the Python
-    kernel (`_scaled_mm_cuda`), which says why once."""
+    same call (`door_entry`, at matmul's default min_ratio), its kernel, or torch._scaled_mm where
+    the table keeps torch (C++ calls it, with fast accumulation where the fallback says so);
+    block-wise scales and calls the checks refuse go to the Python kernel (`_scaled_mm_cuda`),
+    which says why once."""
     tuned = registered_table(table)
     try:
-        problem = problem_of(a, b, out_dtype, bias=bias, scale_a=scale_a, scale_b=scale_b)
+        with _on_device_of(a):
+            return door_entry(tuned, a, b, out_dtype, scale_a, scale_b, _MIN_RATIO, bias)
     except MatmulInputError:
         return (_native.ENTRY_PYTHON,)
-    if problem.scaling is Scaling.BLOCKWISE:
-        return (_native.ENTRY_PYTHON,)
-    signature = (a.get_device(), a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, out_dtype,
-                 Activation.NONE, _MIN_RATIO, *(None if t is None else (t.shape, t.stride(), t.dtype)
-                                                for t in (bias, None, scale_a, scale_b, None)))
-    with _on_device_of(a):
-        ready = tuned.plans.get(signature) or prepare(tuned, Call(Kind.DENSE, problem, a.get_device(), _MIN_RATIO,
-                                                                  signature))
-    return _native.plan_entry(ready, True)
 
 
 def _matmul_cuda(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None,
