@@ -3,7 +3,8 @@
 # row-wise fp8 GEMMs of 4 Llama-3-8B-shaped blocks (benchmarks/tune_model_fp8.py) at 128 and 2048
 # tokens recorded by `shapes`, swept, confirmed in the sustained and idle-gap regimes, exported, then
 # tuned inside the compiled model; last, per GEMM the sweep, sustained, idle-gap and in-model ratios
-# side by side (OUT/ratios.txt). tune-model's A/B of the whole step (in-model table against the
+# side by side (OUT/ratios.txt). MODES (default compiled; e.g. "compiled graphs") and TOKENS (default
+# "128 2048") choose tune-model's runs. tune-model's A/B of the whole step (in-model table against the
 # exported, sustained-chosen one, torch's path through the product and the same model on torch's own
 # path, `build_torch`), each side's kernel time split from a profile, is at each token count.
 #
@@ -19,7 +20,8 @@ out=${1:?output directory}
 state=${TUNE_MODEL_DIR:-/tmp/tune-model-fp8}
 budget=${TUNE_MODEL_SECONDS:-340}
 trials=${TRIALS:-8}
-mode=${MODE:-compiled}
+modes=${MODES:-compiled}   # tune-model's modes, each a step of its own: compiled, graphs, eager
+tokens=${TOKENS:-128 2048}
 model=benchmarks/tune_model_fp8.py
 mkdir -p "$out" "$state"
 if [ -n "${RESUME:-}" ] && [ ! -e "$state/fp8.sqlite" ]; then tar xzf "$RESUME" -C "$state" || exit; fi
@@ -40,9 +42,15 @@ step confirm-idle-gap 60 "${ct[@]}" confirm --storage "$store" --top 2 --passes 
 # export writes a directory that must not exist yet: a failed one is removed before the next try
 [ -e "$state/export.done" ] || rm -rf "$state/bundle"
 step export 60 "${ct[@]}" export --storage "$store" -o "$state/bundle" || exit
-step tune-model 170 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
-  --tokens 128 --tokens 2048 --mode "$mode" --out "$state/tuned.csv" --baseline "$model:build_torch" || exit
-cp "$state/tuned.csv" "$out/"
+counts=(); for n in $tokens; do counts+=(--tokens "$n"); done
+first=1
+for mode in $modes; do  # the first mode's table is tuned.csv (ratios.txt reads it), the others' tuned-MODE.csv
+  if [ -n "$first" ]; then name=tune-model; tuned=$state/tuned.csv
+  else name=tune-model-$mode; tuned=$state/tuned-$mode.csv; fi
+  step "$name" 170 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
+    "${counts[@]}" --mode "$mode" --out "$tuned" --baseline "$model:build_torch" || exit
+  cp "$tuned" "$out/"; first=
+done
 "${ct[@]}" best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
 python3 - "$out/fp8-best.csv" "$state/tuned.csv" <<'PY' | tee "$out/ratios.txt"
 import sys

@@ -66,8 +66,7 @@ def test_a_table_without_a_problem_of_the_model_is_one_line(model):
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (["--mode", "graphs"], "--mode graphs: not supported yet"),
-    (["--mode", "fast"], "--mode 'fast': use eager or compiled"),
+    (["--mode", "fast"], "--mode 'fast': use eager, compiled or graphs"),
     (["--out", "t.txt"], "--out t.txt: expected a .csv, .json or .parquet file"),
 ])
 def test_bad_options_are_one_line(model, args, said):
@@ -121,9 +120,11 @@ def test_a_tiny_moe_model_is_tuned_in_the_model(tmp_path):
     assert len(ratios) >= 1 and (ratios > 0).all()
 
 
-def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["compiled", "graphs"])
+def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_path, monkeypatch, mode):
     """The whole command on recorded kernel times: the table written holds the in-model kernel's
-    ratio, which the dispatcher then holds min_ratio against."""
+    ratio, which the dispatcher then holds min_ratio against. In graphs mode the candidates rotate
+    in the compiled step and the A/B replays each side captured with its own table bound."""
     from typer.testing import CliRunner
 
     import cutlass_tune.bench as bench
@@ -146,6 +147,15 @@ def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_pa
         return lambda: None
 
     monkeypatch.setattr(gpu, "build_step", build_step)
+    captured: list[tuple[int, bool]] = []
+
+    def graphed(step):
+        from cutlass_tune.runtime._op import registered_table
+
+        captured.append((id(step), registered_table(gpu.TABLE_KEY).frame.empty))
+        return step
+
+    monkeypatch.setattr(gpu, "graphed", graphed)
     sides: list[str] = []
 
     def ab(steps, blocks):
@@ -170,8 +180,14 @@ def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_pa
     monkeypatch.setattr(gpu, "profiled_steps", profiled)
     out = tmp_path / "tuned.csv"
     r = CliRunner().invoke(app, ["tune-model", f"{model}:build", "--table", str(TABLE), "--out", str(out),
-                                 "--rounds", "3", "--baseline", f"{model}:build"], terminal_width=250)
+                                 "--rounds", "3", "--baseline", f"{model}:build", "--mode", mode],
+                           terminal_width=250)
     assert r.exit_code == 0, r.output
+    if mode == "graphs":  # the model's step thrice (in-model, input table, empty table), the baseline's once
+        assert [empty for _, empty in captured] == [False, False, True, True] and len({i for i, _ in captured}) == 2
+        assert "each side a CUDA graph" in r.output
+    else:
+        assert captured == []
     assert "A/B of the whole step" in r.output and "tune-model took" in r.output
     # the model built patched for the rotation, the baseline unpatched for the A/B's torch side
     assert built == [True, False]

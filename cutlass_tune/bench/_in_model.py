@@ -7,10 +7,11 @@ the same weights, the same compiled graph (the operators take the key, a constan
 table up at each call). The model's Linears are patched onto that key too (`patch` with
 `min_ratio=0`: every covered layer runs the table's kernel; the table decides per step).
 
-Modes: eager (the forward under no_grad), compiled (`torch.compile` of the model, default mode).
-CUDA graphs would replay the kernels captured with the first step's table: a graph per candidate
-index, and the kernels attributed by launch order, not by the doors' ranges (which a replay does
-not open); not done yet.
+Modes: eager (the forward under no_grad), compiled (`torch.compile` of the model, default mode),
+graphs (the compiled step captured in a CUDA graph and replayed, as a server's decode runs). A
+replay runs the kernels captured with the table bound at capture and opens none of the doors'
+ranges, which the candidates' kernel times are attributed by: in graphs mode the candidates rotate
+in the compiled step, and the A/B replays each side's step captured with its own table (`graphed`).
 """
 
 from __future__ import annotations
@@ -76,13 +77,30 @@ def build_step(target: Target, mode: Mode, *, patched: bool = True) -> Callable[
         model.eval()
         if patched:
             patch(model, TABLE_KEY, min_ratio=0.0, min_kernel_us=0.0)
-    run = torch.compile(model) if mode is Mode.COMPILED else model
+    run = torch.compile(model) if mode in (Mode.COMPILED, Mode.GRAPHS) else model
 
     def step() -> object:
         with torch.no_grad():
             return run(*args, **kwargs)
 
     return step
+
+
+def graphed(step: Callable[[], object], warm: int = 3) -> Callable[[], object]:
+    """`step` captured in a CUDA graph with the table bound now: warmed on a side stream (every
+    plan resolved, the compiled graph's first runs done), captured once; the result replays it
+    (the same inputs, the step's output in the graph's own memory)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warm):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    torch.cuda.synchronize()
+    return graph.replay
 
 
 def precompile(rows: Sequence[pd.Series]) -> None:

@@ -30,7 +30,8 @@ def tune_model(
                                      "takes) whose problems the model runs"),
     tokens: list[int] = typer.Option(None, "--tokens", min=1, help="token counts to tune at, one run of the model "
                                      "each (repeat the option); default: the inputs FUNCTION() returns"),
-    mode: str = typer.Option("eager", "--mode", help="eager, or compiled (torch.compile of the model)"),
+    mode: str = typer.Option("eager", "--mode", help="eager, compiled (torch.compile of the model), or graphs "
+                             "(the compiled step replayed from a CUDA graph in the A/B; candidates timed compiled)"),
     candidates: int = typer.Option(3, "--candidates", min=1, help="kernel candidates per problem at most (besides "
                                    "torch's path): the store's leading confirmed variants, else the table's row"),
     table_out: Path | None = typer.Option(
@@ -62,10 +63,7 @@ def tune_model(
     try:
         run_mode = Mode(mode)
     except ValueError:
-        raise TuneModelError(f"--mode {mode!r}: use eager or compiled") from None
-    if run_mode is Mode.GRAPHS:
-        raise TuneModelError("--mode graphs: not supported yet (a replay opens no profiler range to attribute "
-                             "kernels by); use compiled")
+        raise TuneModelError(f"--mode {mode!r}: use eager, compiled or graphs") from None
     fmt = _table_format(table_out)
     if table_out is not None:
         check_output(table_out, table_source)
@@ -116,7 +114,8 @@ def tune_model(
             _progress(began, f"building the baseline {baseline}{where}")
             baseline_step = build_step(load_target(baseline, _arguments(n)), run_mode, patched=False)
         _progress(began, f"A/B of the whole step{where}: {blocks} blocks a side")
-        _ab(step, n, mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks, baseline_step)
+        _ab(step, n, mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks, baseline_step,
+            graphs=run_mode is Mode.GRAPHS)
     out.print(f"tune-model took {time.perf_counter() - began:.0f} s")
 
 
@@ -192,17 +191,23 @@ VIA_PRODUCT = "torch via the product"
 """The A/B side of the model on a table without rows: torch's path through the product's doors."""
 
 
-def _ab(step, tokens: int | None, table: BestTable, tuned: BestTable, blocks: int, baseline=None) -> None:
+def _ab(step, tokens: int | None, table: BestTable, tuned: BestTable, blocks: int, baseline=None, *,
+        graphs: bool = False) -> None:
     """The whole step on the in-model table, the input table and torch's path (the baseline
     model's step where there is one, and the model on a table without rows), alternating
-    blocks; then where the in-model step's time differs from each other side's."""
-    from ..bench._in_model import ab
+    blocks; then where the in-model step's time differs from each other side's. `graphs`: each
+    side's step captured in a CUDA graph with its table bound, and replayed."""
+    from ..bench._in_model import ab, bind, graphed
     from ..search._in_model import GainSplit
 
     empty = BestTable(table.frame.iloc[:0])
     steps = {"in-model": (step, tuned), "input table": (step, table), VIA_PRODUCT: (step, empty)}
     if baseline is not None:
         steps["torch"] = (baseline, empty)
+    if graphs:
+        for label, (run, bound) in steps.items():
+            bind(bound)
+            steps[label] = (graphed(run), bound)
     sides = ab(steps, blocks=blocks)
     ours = sides[0]
     shown = Table("step on", "ms", "spread", "in-model speedup", "GEMM kernels ms", "other kernels ms",
@@ -214,7 +219,8 @@ def _ab(step, tokens: int | None, table: BestTable, tuned: BestTable, blocks: in
             f"{side.median_ms - side.split.kernels_us / 1e3:.3f}"]
         shown.add_row(side.label, f"{side.median_ms:.3f}", f"{side.spread:.1%}",
                       f"{speedup:.3f}" if math.isfinite(speedup) else "-", *kinds)
-    out.print(f"A/B of the whole step{f' at {tokens} tokens' if tokens else ''}, {blocks} alternating blocks "
+    out.print(f"A/B of the whole step{f' at {tokens} tokens' if tokens else ''}{', each side a CUDA graph' if graphs else ''}"
+              f", {blocks} alternating blocks "
               "of 5 steps each (CUDA events; spread: (p80 - p20) / median); kernel time per step: the median of 5 "
               "profiled steps, the sides in turn; rest: the step less its kernels (host time the GPU waits on, gaps):")
     out.print(shown)

@@ -202,7 +202,10 @@ using Plans = std::unordered_map<Signature, std::shared_ptr<Entry>, SignatureHas
 
 struct Tables {
   std::shared_mutex mu;
-  std::unordered_map<std::string, Plans> plans;
+  std::unordered_map<std::string, Plans> plans;  // by plan set: a table key, or the set a key is bound to
+  // An operator's table key -> the plan set of the table bound to it (`bind`): rebinding a key to
+  // a table it had before finds that table's plans again instead of resolving every signature anew.
+  std::unordered_map<std::string, std::string> bound;
 };
 
 Tables* tables() {
@@ -210,10 +213,16 @@ Tables* tables() {
   return t;
 }
 
+// The plan set of a table key (the caller holds t->mu).
+const std::string& plan_set(const Tables* t, const std::string& table) {
+  auto found = t->bound.find(table);
+  return found == t->bound.end() ? table : found->second;
+}
+
 std::shared_ptr<Entry> find_entry(const std::string& table, const Signature& sig) {
   auto* t = tables();
   std::shared_lock<std::shared_mutex> lock(t->mu);
-  auto found = t->plans.find(table);
+  auto found = t->plans.find(plan_set(t, table));
   if (found == t->plans.end()) {
     return nullptr;
   }
@@ -287,7 +296,7 @@ std::shared_ptr<Entry> entry_for(const char* op, const std::string& table, const
   }
   auto* t = tables();
   std::unique_lock<std::shared_mutex> lock(t->mu);
-  return t->plans[table].emplace(sig, entry).first->second;
+  return t->plans[plan_set(t, table)].emplace(sig, entry).first->second;
 }
 
 template <class... Args>
@@ -1308,13 +1317,23 @@ PYBIND11_MODULE(cutlass_tune_native, m) {
           t->plans.clear();
         }
       },
-      py::arg("table") = py::none(), "Forget the plans of a table key (all keys: None).");
+      py::arg("table") = py::none(), "Forget the plans of a table key or plan set (all: None).");
+  m.def(
+      "bind",
+      [](const std::string& table, const std::string& set) {
+        auto* t = tables();
+        std::unique_lock<std::shared_mutex> lock(t->mu);
+        t->bound[table] = set;
+      },
+      py::arg("table"), py::arg("set"),
+      "Bind an operator's table key to a plan set (the bound table's own): the key's calls find and "
+      "keep their plans there from now on.");
   m.def(
       "plans",
       [](const std::string& table) {
         auto* t = tables();
         std::shared_lock<std::shared_mutex> lock(t->mu);
-        auto found = t->plans.find(table);
+        auto found = t->plans.find(plan_set(t, table));
         std::vector<int> kinds;
         if (found != t->plans.end()) {
           for (const auto& item : found->second) {

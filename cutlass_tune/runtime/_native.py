@@ -73,6 +73,8 @@ door: ModuleType | None = None
 """The loaded library where it launches CUDA kernels (the function doors' native path), else None."""
 _door_tables: dict[str, weakref.ref] = {}
 _door_keys = itertools.count(1)
+_OPERATORS = "/operators"
+"""The suffix of a table's operator plan set after its door key (`operator_plans`)."""
 _tried = False
 _why: str | None = None
 _bundles: list[Path] = []
@@ -168,9 +170,24 @@ def cuda() -> bool:
 
 
 def forget(table: str | None = None) -> None:
-    """Drop the native plans of a table key (every key: None): `register_table` rebinding a key."""
+    """Drop the native plans of a table key or plan set (all of them: None)."""
     if _module is not None:
         _module.forget(table)
+
+
+def bind(key: str, table: Any) -> None:
+    """Bind an operator's table key to `table`'s own plan set (`register_table`): calls on the key
+    find that table's plans, kept while the table lives and its plans are not cleared, so a key
+    bound to one table, then another, then the first again (tune-model's A/B between steps)
+    resolves no signature twice."""
+    if _module is not None:
+        _module.bind(key, operator_plans(table))
+
+
+def operator_plans(table: Any) -> str:
+    """The plan set of the operators' calls on `table` (beside its function doors' set, `door_key`:
+    the same signature may be planned differently by an operator and a door)."""
+    return door_key(table) + _OPERATORS
 
 
 def build(retry: bool = True) -> Any:
@@ -227,12 +244,16 @@ def door_key(table: Any) -> str:
 
 
 def _forgetter(key: str) -> Callable[[], None]:
-    return lambda: forget(key)
+    def forget_both() -> None:
+        forget(key)
+        forget(key + _OPERATORS)
+
+    return forget_both
 
 
 def _forget_door(key: str) -> None:
     _door_tables.pop(key, None)
-    forget(key)
+    _forgetter(key)()
 
 
 def door_table(key: str) -> Any:

@@ -103,7 +103,7 @@ def register_table(table: BestTable | str | Path, key: str | None = None) -> str
         if key is None:
             key = next(f"table-{n}" for n in itertools.count(len(_tables) + 1) if f"table-{n}" not in _tables)
         _tables[key] = loaded
-    _native.forget(key)  # the native plans of a key bound before were the other table's
+    _native.bind(key, loaded)  # the key's calls use `loaded`'s own plans (kept across rebinding)
     return key
 
 

@@ -259,7 +259,8 @@ def scaled() -> dict:
     table = _kernel_table(KERNELS["rowwise"])
     key = register_table(table, key="native-scaled")
     held = _kernel_table(dataclasses.replace(KERNELS["rowwise"], fp8_fast_accum=True)).frame.assign(ratio=0.5)
-    kept_key = register_table(BestTable(held), key="native-scaled-kept")
+    held_table = BestTable(held)
+    kept_key = register_table(held_table, key="native-scaled-kept")
     module = _module(table, "rowwise")
     x = torch.randn(64, module.in_features, dtype=torch.bfloat16, device="cuda")
     xq, sa = quantize_rowwise(x)
@@ -285,6 +286,12 @@ def scaled() -> dict:
         kept_again = repeat(kept_key, "kept_repeat_calls")
         if hooks is not None:
             out["plans"], out["kept_plans"] = hooks.plans(key), hooks.plans(kept_key)
+            # the key bound to the other table and back (tune-model's A/B): each table's plans kept
+            register_table(held_table, key=key)
+            rebound = repeat(key, "rebound_calls")
+            register_table(table, key=key)
+            back = repeat(key, "back_calls")
+            out["rebound_equal"] = torch.equal(rebound, want_fast) and torch.equal(back, got)
         out["op_us"] = round(_host_us(lambda: op(xq, w, sa, ws, bias, key, torch.bfloat16)), 2)
         out["kept_us"] = round(_host_us(lambda: op(xq, w, sa, ws, bias, kept_key, torch.bfloat16)), 2)
         out["torch_us"] = round(_host_us(lambda: torch._scaled_mm(xq, w, sa, ws, bias=bias, out_dtype=torch.bfloat16,

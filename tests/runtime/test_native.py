@@ -377,7 +377,7 @@ class _RecordingDoor:
     """What `_native.door` is on a CUDA host, recording its calls and answering a tensor."""
 
     def __init__(self):
-        self.calls, self.forgotten = [], []
+        self.calls, self.forgotten, self.bound = [], [], []
 
     def matmul(self, *args):
         self.calls.append(("matmul", *args))
@@ -389,6 +389,9 @@ class _RecordingDoor:
 
     def forget(self, key):
         self.forgotten.append(key)
+
+    def bind(self, key, plans):
+        self.bound.append((key, plans))
 
 
 @pytest.fixture
@@ -424,7 +427,7 @@ def test_matmul_without_an_epilogue_takes_the_native_door_once_per_table_key(doo
     assert door.calls[1][4:] == (torch.float32, None, None, 0) and door.calls[2][5:] == (None, False, 1.0)
     assert _native.door_table(keys[0]) is table
     table.plans.clear()  # the table's plans dropped: the library's copies too
-    assert door.forgotten == [keys[0]]
+    assert door.forgotten == [keys[0], keys[0] + "/operators"]
 
 
 def test_matmul_with_an_epilogue_or_bad_operands_keeps_the_python_door(door):
@@ -443,6 +446,25 @@ def test_matmul_with_an_epilogue_or_bad_operands_keeps_the_python_door(door):
     with pytest.raises(MatmulInputError):  # block-wise scales: expanded for the kernel in Python
         matmul(torch.ones(8, 256), torch.ones(256, 8), table, scale_a=torch.ones(8, 2), scale_b=torch.ones(2, 1))
     assert door.calls == []
+
+
+def test_a_table_key_rebound_finds_each_table_s_own_plans_again(door):
+    """register_table binds an operator key to the table's plan set (not a fresh one each time):
+    a key bound to one table, another and the first again (tune-model's A/B) resolves nothing
+    twice; the set is the table's, beside its doors' and forgotten with them."""
+    from cutlass_tune.runtime import register_table
+
+    first, second = _empty_table(), _empty_table()
+    for table in (first, second, first):
+        register_table(table, key="ab")
+    register_table(first, key="other")
+    sets = [plans for _, plans in door.bound]
+    assert [key for key, _ in door.bound] == ["ab", "ab", "ab", "other"]
+    assert sets[0] == sets[2] == sets[3] != sets[1]
+    assert sets[0] == _native.door_key(first) + "/operators" != _native.door_key(first)
+    assert door.forgotten == []  # rebinding drops no plans
+    first.plans.clear()
+    assert door.forgotten == [_native.door_key(first), sets[0]]
 
 
 def test_a_door_key_is_forgotten_with_its_table(door):

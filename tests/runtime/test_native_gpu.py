@@ -142,4 +142,7 @@ def test_the_fp8_operator_launches_from_cpp_and_keeps_torch_from_cpp(built):
     assert native["plans"] == [3] and native["kept_plans"] == [1], native  # a kernel entry, a torch entry
     assert native["repeat_calls"] == native["kept_repeat_calls"] == {"resolve": 0, "door": 0, "autograd": 0}, native
     assert native["kept_equal"] and python["kept_equal"], (native, python)
+    # the key bound to the held table (whose plans the other key made) and back: nothing resolved again
+    assert native["rebound_equal"], native
+    assert native["rebound_calls"] == native["back_calls"] == {"resolve": 0, "door": 0, "autograd": 0}, native
     assert native["op_us"] < python["op_us"] and native["kept_us"] < python["kept_us"], (native, python)
