@@ -12,12 +12,17 @@
 # TRIALS (default 12) configs compiled per problem; TOKENS (default 4096); MODEL_FLAGS more
 # moe_model.py flags; BUDGET seconds (default 540): a step that does not fit is skipped, said.
 # State in FAMILY_DIR (default /tmp/moe-family): a rerun on the same machine skips what is done.
+# The device hands a machine back when idle, and the state with it: every call leaves the state
+# (store, bundle, step markers) in OUTDIR/state.tgz, and RESUME=PATH (that file, carried) starts the
+# next call from it.
 set -uo pipefail
 out=${1:?output directory}
 family=${FAMILY:?FAMILY}; shapes=${SHAPES:?SHAPES}; layout=${LAYOUT:-tn}
 trials=${TRIALS:-12}; tokens=${TOKENS:-4096}; budget=${BUDGET:-540}
 state=${FAMILY_DIR:-/tmp/moe-family}
 mkdir -p "$out" "$state"
+if [ -n "${RESUME:-}" ] && [ ! -e "$state/$family.sqlite" ]; then tar xzf "$RESUME" -C "$state" || exit; fi
+trap 'tar czf "$out/state.tgz" -C "$state" .' EXIT
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 ct=(python3 -m cutlass_tune.cli)

@@ -63,7 +63,7 @@ from . import _matmul as _matmul_module
 from . import _native
 from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, load_table, prepare
 from ._matmul import _MIN_RATIO, MatmulInputError, beta_of, door_entry, matmul, problem_of, torch_gemm
-from ._table import BestTable
+from ._table import BestTable, traced_table
 
 
 class UnregisteredTableError(CutlassTuneError, LookupError):
@@ -629,10 +629,17 @@ more than `mm`, `linear` and `scaled_mm`, which a model that runs many small GEM
 
 
 @torch.compiler.assume_constant_result
-def _traced_key(table: BestTable | str | Path) -> str:
-    """`table_key` at trace time: Dynamo calls it once and keeps the key (a table object guarded by
-    identity, a path by value), with no graph break for the registration."""
+def _traced_key(table: str | Path) -> str:
+    """`table_key` at trace time: Dynamo calls it once and keeps the key (a path or key, by value),
+    with no graph break for the registration."""
     return table_key(table)
+
+
+@torch.compiler.assume_constant_result
+def _traced_object_key(trace_key: str) -> str:
+    """A table object's key at trace time: the object bound to its `trace_key` (Dynamo reads the
+    attribute as a constant; not every torch takes the object itself as one)."""
+    return register_table(traced_table(trace_key), key=trace_key)
 
 
 def compiled_matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path, out_dtype: torch.dtype | None,
@@ -641,7 +648,8 @@ def compiled_matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | P
                     gate: torch.Tensor | None, min_ratio: float) -> torch.Tensor:
     """`matmul`'s arguments through `matmul_op` (what `matmul` calls under torch.compile)."""
     name = activation.value if isinstance(activation, Activation) else activation
-    return matmul_op(a, b, _traced_key(table), out_dtype, bias, name, c, float(alpha),
+    key = _traced_object_key(table.trace_key) if isinstance(table, BestTable) else _traced_key(table)
+    return matmul_op(a, b, key, out_dtype, bias, name, c, float(alpha),
                      None if beta is None else float(beta), scale_a, scale_b, gate, float(min_ratio))
 
 

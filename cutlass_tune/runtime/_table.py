@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import numbers
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -227,6 +229,16 @@ def _matching(frame: pd.DataFrame, wanted: Mapping[str, str]) -> pd.DataFrame:
     return frame[functools.reduce(operator.and_, (frame[c] == v for c, v in wanted.items()))]
 
 
+_objects = itertools.count(1)
+_traced_tables: weakref.WeakValueDictionary[str, BestTable] = weakref.WeakValueDictionary()
+"""The live tables by `trace_key`."""
+
+
+def traced_table(key: str) -> BestTable:
+    """The live table whose `trace_key` is `key` (KeyError where it was collected)."""
+    return _traced_tables[key]
+
+
 class BestTable:
     """Lookups into a best-config table (a DataFrame of the columns of `cutlass_tune.tables`).
 
@@ -249,6 +261,10 @@ class BestTable:
         self.plans: PlanCache = PlanCache()
         """The plans of the calls run on this table, by call signature (`cutlass_tune.runtime._dispatch`)."""
         self._devices: dict[int, BestTable] = {}  # the rows each CUDA device may use (runtime's device_table)
+        self.trace_key = f"table-object-{next(_objects)}"
+        """A name of this table unique in the process, which torch.compile reads as a constant
+        (`matmul` traced binds the table to it: `_op.compiled_matmul`)."""
+        _traced_tables[self.trace_key] = self
 
     @property
     def gpus(self) -> list[str]:

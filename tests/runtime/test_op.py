@@ -183,6 +183,11 @@ def test_matmul_under_torch_compile_is_one_operator_call_and_no_graph_break(key)
     # a registered key and a table object reach the same table; another object, its own key
     for given in (key, BestTable(table.frame)):
         torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x, given), got, rtol=1e-4, atol=1e-4)
+    # a table object in a closure: bound at trace time to its trace_key, read as a constant
+    held = BestTable(table.frame)
+    closure = torch.compile(lambda x: layer(x, held), fullgraph=True)
+    torch.testing.assert_close(closure(x), got, rtol=1e-4, atol=1e-4)
+    assert registered_table(held.trace_key) is held and held.trace_key != BestTable(table.frame).trace_key
 
 
 def test_the_matmul_operator_checks_schema_and_fake_shapes(key):
