@@ -4,7 +4,7 @@
 # tokens recorded by `shapes`, swept, confirmed in the sustained and idle-gap regimes, exported, then
 # tuned inside the compiled model; last, per GEMM the sweep, sustained, idle-gap and in-model ratios
 # side by side (OUT/ratios.txt). MODES (default compiled; e.g. "compiled graphs") and TOKENS (default
-# "128 2048") choose tune-model's runs. tune-model's A/B of the whole step (in-model table against the
+# "128 2048") choose tune-model's runs, BLOCKS its A/B's blocks a side (default 10). tune-model's A/B of the whole step (in-model table against the
 # exported, sustained-chosen one, torch's path through the product and the same model on torch's own
 # path, `build_torch`), each side's kernel time split from a profile, is at each token count.
 #
@@ -48,7 +48,7 @@ for mode in $modes; do  # the first mode's table is tuned.csv (ratios.txt reads 
   if [ -n "$first" ]; then name=tune-model; tuned=$state/tuned.csv
   else name=tune-model-$mode; tuned=$state/tuned-$mode.csv; fi
   step "$name" 170 "${ct[@]}" tune-model "$model:build" --table "$state/bundle" --storage "$store" --candidates 2 \
-    "${counts[@]}" --mode "$mode" --out "$tuned" --baseline "$model:build_torch" || exit
+    "${counts[@]}" --mode "$mode" --out "$tuned" --baseline "$model:build_torch" ${BLOCKS:+--blocks "$BLOCKS"} || exit
   cp "$tuned" "$out/"; first=
 done
 "${ct[@]}" best --storage "$store" --format csv -o "$out/fp8-best.csv" > /dev/null || exit
