@@ -219,8 +219,8 @@ def _ab(step, tokens: int | None, table: BestTable, tuned: BestTable, blocks: in
             f"{side.median_ms - side.split.kernels_us / 1e3:.3f}"]
         shown.add_row(side.label, f"{side.median_ms:.3f}", f"{side.spread:.1%}",
                       f"{speedup:.3f}" if math.isfinite(speedup) else "-", *kinds)
-    out.print(f"A/B of the whole step{f' at {tokens} tokens' if tokens else ''}{', each side a CUDA graph' if graphs else ''}"
-              f", {blocks} alternating blocks "
+    where = (f" at {tokens} tokens" if tokens else "") + (", each side a CUDA graph" if graphs else "")
+    out.print(f"A/B of the whole step{where}, {blocks} alternating blocks "
               "of 5 steps each (CUDA events; spread: (p80 - p20) / median); kernel time per step: the median of 5 "
               "profiled steps, the sides in turn; rest: the step less its kernels (host time the GPU waits on, gaps):")
     out.print(shown)

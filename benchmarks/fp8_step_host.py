@@ -1,0 +1,146 @@
+"""Where a compiled fp8 model's step spends host time: the product's side against torch's model.
+
+    TORCH_LOGS=output_code python3 benchmarks/fp8_step_host.py OUT [--tokens 128] [--table BUNDLE] \
+        2> OUT/output_code.txt
+
+The model of `benchmarks/tune_model_fp8.py` (4 Llama-3-8B-shaped fp8 blocks, 16 row-wise GEMMs a
+step), compiled (default mode), on two sides with the same weights: "product" (every Linear an
+`Fp8Linear`, its GEMM `torch.ops.cutlass_tune.scaled_mm` on `--table`, or on a table without rows:
+torch._scaled_mm called from C++, the plan's fast accumulation off as the fallback's default) and
+"torch" (`build_torch`: torch._scaled_mm with fast accumulation, called by Inductor directly).
+
+Measured per side, the sides alternating: the host time of a step with the GPU kept busy (a GPU
+sleep ahead of each block of steps, so the host only enqueues: its wall time per step, median of
+`--reps` blocks), the GPU time of a step (CUDA events, blocks back to back), and a cProfile of
+`--profile-steps` steps (the GPU kept busy likewise) written as OUT/cprofile-SIDE.txt, the top
+functions by own time. `TORCH_LOGS=output_code` puts Inductor's generated wrappers on stderr: what
+each side's step calls per GEMM. Writes OUT/step_host.json and prints one line a side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SLEEP_US_PER_STEP = 3000
+"""The GPU sleep per step ahead of a host-time block: longer than any side's host time a step."""
+
+
+def _sleep_for(steps: int) -> None:
+    props = torch.cuda.get_device_properties(0)
+    khz = getattr(props, "clock_rate", 0) or 1_980_000
+    torch.cuda._sleep(int(khz * 1e3 * steps * SLEEP_US_PER_STEP * 1e-6))
+
+
+def host_us(step: Callable[[], object], steps: int) -> float:
+    """Microseconds of host time a step: `steps` steps enqueued behind a GPU sleep."""
+    _sleep_for(steps)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    us = (time.perf_counter() - start) / steps * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def gpu_us(step: Callable[[], object], steps: int) -> float:
+    """Microseconds a step, steps back to back (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps * 1e3
+
+
+def profiled(step: Callable[[], object], steps: int, top: int = 40) -> str:
+    """The top `top` functions by own time over `steps` steps, the GPU kept busy."""
+    _sleep_for(steps)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        step()
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def sides(tokens: int, table: str | None) -> dict[str, Callable[[], object]]:
+    """Each side's compiled step (no_grad), warmed."""
+    import tune_model_fp8 as fp8
+
+    from cutlass_tune import BestTable, register_table
+    from cutlass_tune.bench._in_model import TABLE_KEY
+
+    if table is not None:
+        register_table(BestTable.load(table), key=TABLE_KEY)
+    out = {}
+    for name, build in (("product", fp8.build), ("torch", fp8.build_torch)):
+        model, (x,) = build(tokens)
+        run = torch.compile(model)
+
+        def step(run=run, x=x) -> object:
+            with torch.no_grad():
+                return run(x)
+
+        for _ in range(3):
+            step()
+        out[name] = step
+    torch.cuda.synchronize()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--table", help="a bundle or table for the product's side (default: none, torch's path)")
+    parser.add_argument("--steps", type=int, default=50, help="steps a block")
+    parser.add_argument("--reps", type=int, default=15, help="blocks a side, the sides alternating")
+    parser.add_argument("--profile-steps", type=int, default=200)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fp8_step_host.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    steps = sides(args.tokens, args.table)
+    host: dict[str, list[float]] = {name: [] for name in steps}
+    gpu: dict[str, list[float]] = {name: [] for name in steps}
+    for rep in range(args.reps):
+        order = list(steps) if rep % 2 == 0 else list(reversed(steps))
+        for name in order:
+            host[name].append(host_us(steps[name], args.steps))
+            gpu[name].append(gpu_us(steps[name], args.steps))
+    for name, step in steps.items():
+        (args.out / f"cprofile-{name}.txt").write_text(profiled(step, args.profile_steps))
+    from cutlass_tune.runtime import _native
+
+    result = {"tokens": args.tokens, "table": args.table, "native": _native.available(),
+              "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "host_us": host, "gpu_us": gpu,
+              "median": {name: {"host_us": statistics.median(host[name]), "gpu_us": statistics.median(gpu[name])}
+                         for name in steps}}
+    (args.out / "step_host.json").write_text(json.dumps(result, indent=1))
+    for name, m in result["median"].items():
+        print(f"{name:8} host {m['host_us']:8.1f} us a step ({m['host_us'] / 16:5.1f} a GEMM)  "
+              f"GPU back to back {m['gpu_us']:8.1f} us a step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
