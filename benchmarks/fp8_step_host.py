@@ -10,11 +10,12 @@ torch._scaled_mm called from C++, the plan's fast accumulation off as the fallba
 "torch" (`build_torch`: torch._scaled_mm with fast accumulation, called by Inductor directly).
 
 Measured per side, the sides alternating: the host time of a step with the GPU kept busy (a GPU
-sleep ahead of each block of steps, so the host only enqueues: its wall time per step, median of
-`--reps` blocks), the GPU time of a step (CUDA events, blocks back to back), and a cProfile of
-`--profile-steps` steps (the GPU kept busy likewise) written as OUT/cprofile-SIDE.txt, the top
-functions by own time. `TORCH_LOGS=output_code` puts Inductor's generated wrappers on stderr: what
-each side's step calls per GEMM. Writes OUT/step_host.json and prints one line a side.
+sleep ahead of each block of a few steps, so the host only enqueues: its wall time per step,
+median of `--reps` blocks; a block of more steps than CUDA's launch queue holds times the sleep),
+the GPU time of a step (CUDA events, blocks back to back), and a cProfile of `--profile-blocks`
+blocks (the GPU kept busy likewise) written as OUT/cprofile-SIDE.txt, the top functions by own
+time. `TORCH_LOGS=output_code` puts Inductor's generated wrappers on stderr: what each side's step
+calls per GEMM. Writes OUT/step_host.json and prints one line a side.
 """
 
 from __future__ import annotations
@@ -66,15 +67,17 @@ def gpu_us(step: Callable[[], object], steps: int) -> float:
     return start.elapsed_time(end) / steps * 1e3
 
 
-def profiled(step: Callable[[], object], steps: int, top: int = 40) -> str:
-    """The top `top` functions by own time over `steps` steps, the GPU kept busy."""
-    _sleep_for(steps)
+def profiled(step: Callable[[], object], steps: int, blocks: int, top: int = 40) -> str:
+    """The top `top` functions by own time over `blocks` blocks of `steps` steps, each block
+    enqueued behind a GPU sleep (the profile covers the enqueueing only)."""
     profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(steps):
-        step()
-    profile.disable()
-    torch.cuda.synchronize()
+    for _ in range(blocks):
+        _sleep_for(steps)
+        profile.enable()
+        for _ in range(steps):
+            step()
+        profile.disable()
+        torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
@@ -110,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--table", help="a bundle or table for the product's side (default: none, torch's path)")
-    parser.add_argument("--steps", type=int, default=50, help="steps a block")
-    parser.add_argument("--reps", type=int, default=15, help="blocks a side, the sides alternating")
-    parser.add_argument("--profile-steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=5,
+                        help="steps a block (few: a block's ~50 launches a step must fit CUDA's launch queue, "
+                             "else the host waits on the GPU and the block times the sleep)")
+    parser.add_argument("--reps", type=int, default=21, help="blocks a side, the sides alternating")
+    parser.add_argument("--profile-blocks", type=int, default=20, help="blocks of --steps steps profiled a side")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("fp8_step_host.py: needs a CUDA GPU", file=sys.stderr)
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             host[name].append(host_us(steps[name], args.steps))
             gpu[name].append(gpu_us(steps[name], args.steps))
     for name, step in steps.items():
-        (args.out / f"cprofile-{name}.txt").write_text(profiled(step, args.profile_steps))
+        (args.out / f"cprofile-{name}.txt").write_text(profiled(step, args.steps, args.profile_blocks))
     from cutlass_tune.runtime import _native
 
     result = {"tokens": args.tokens, "table": args.table, "native": _native.available(),
