@@ -52,3 +52,20 @@ def qwen3_235b_routed():
 def deepseek_v2_routed():
     """`_torch_experts` of DeepSeek-V2-Lite's widths at 4096 tokens (gpu_moe_glu.sh ROUTING=captured)."""
     return _torch_experts("deepseek_v2")
+
+
+def gpt_oss_routed():
+    """`_torch_experts` of GPT-OSS-20B's widths at 4096 tokens: its expert GEMMs with the router's
+    own routing (a sweep of uniform routing chose a gate_up kernel that ran at parity in the layer:
+    benchmarks/moe_layer.md, "GPT-OSS-20B-shaped from nothing")."""
+    return _torch_experts("gpt_oss")
+
+
+def gpt_oss(tokens: int = 4096):
+    """`build` of GPT-OSS-20B's widths: `tune-model benchmarks/tune_model_qwen3.py:gpt_oss`."""
+    return build(tokens, "gpt_oss")
+
+
+def gpt_oss_torch(tokens: int = 4096):
+    """`build_torch` of GPT-OSS-20B's widths: that tune-model's `--baseline`."""
+    return build_torch(tokens, "gpt_oss")
