@@ -11,7 +11,8 @@ torch._scaled_mm called from C++, the plan's fast accumulation off as the fallba
 
 Measured per side, the sides alternating: the host time of a step with the GPU kept busy (a GPU
 sleep ahead of each block of a few steps, so the host only enqueues: its wall time per step,
-median of `--reps` blocks; a block of more steps than CUDA's launch queue holds times the sleep),
+median of `--reps` blocks, `_blocks.host_ms`; a block of more steps than CUDA's launch queue
+holds times the sleep, which `host_waited` says),
 the GPU time of a step (CUDA events, blocks back to back), and a cProfile of `--profile-blocks`
 blocks (the GPU kept busy likewise) written as OUT/cprofile-SIDE.txt, the top functions by own
 time. `TORCH_LOGS=output_code` puts Inductor's generated wrappers on stderr: what each side's step
@@ -27,44 +28,11 @@ import json
 import pstats
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-SLEEP_US_PER_STEP = 3000
-"""The GPU sleep per step ahead of a host-time block: longer than any side's host time a step."""
-
-
-def _sleep_for(steps: int) -> None:
-    props = torch.cuda.get_device_properties(0)
-    khz = getattr(props, "clock_rate", 0) or 1_980_000
-    torch.cuda._sleep(int(khz * 1e3 * steps * SLEEP_US_PER_STEP * 1e-6))
-
-
-def host_us(step: Callable[[], object], steps: int) -> float:
-    """Microseconds of host time a step: `steps` steps enqueued behind a GPU sleep."""
-    _sleep_for(steps)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    us = (time.perf_counter() - start) / steps * 1e6
-    torch.cuda.synchronize()
-    return us
-
-
-def gpu_us(step: Callable[[], object], steps: int) -> float:
-    """Microseconds a step, steps back to back (CUDA events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / steps * 1e3
+from _blocks import BUSY_CYCLES, block_ms, host_ms  # beside this file
 
 
 def profiled(step: Callable[[], object], steps: int, blocks: int, top: int = 40) -> str:
@@ -72,7 +40,7 @@ def profiled(step: Callable[[], object], steps: int, blocks: int, top: int = 40)
     enqueued behind a GPU sleep (the profile covers the enqueueing only)."""
     profile = cProfile.Profile()
     for _ in range(blocks):
-        _sleep_for(steps)
+        torch.cuda._sleep(BUSY_CYCLES)
         profile.enable()
         for _ in range(steps):
             step()
@@ -126,18 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     steps = sides(args.tokens, args.table)
     host: dict[str, list[float]] = {name: [] for name in steps}
     gpu: dict[str, list[float]] = {name: [] for name in steps}
+    waited = dict.fromkeys(steps, False)  # a block that outlasted the GPU sleep timed the GPU, not the host
     for rep in range(args.reps):
         order = list(steps) if rep % 2 == 0 else list(reversed(steps))
         for name in order:
-            host[name].append(host_us(steps[name], args.steps))
-            gpu[name].append(gpu_us(steps[name], args.steps))
+            ms, late = host_ms(steps[name], args.steps, reps=1, warm=0)
+            host[name].append(ms * 1e3)
+            waited[name] |= late
+            gpu[name].append(block_ms(steps[name], args.steps) * 1e3)
     for name, step in steps.items():
         (args.out / f"cprofile-{name}.txt").write_text(profiled(step, args.steps, args.profile_blocks))
     from cutlass_tune.runtime import _native
 
     result = {"tokens": args.tokens, "table": args.table, "native": _native.available(),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "host_us": host, "gpu_us": gpu,
+              "host_us": host, "gpu_us": gpu, "host_waited": waited,
               "median": {name: {"host_us": statistics.median(host[name]), "gpu_us": statistics.median(gpu[name])}
                          for name in steps}}
     (args.out / "step_host.json").write_text(json.dumps(result, indent=1))

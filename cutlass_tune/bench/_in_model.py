@@ -37,6 +37,7 @@ from ..runtime._patch import patch
 from ..runtime._table import BestTable
 from ..search._in_model import STEP_PREFIX, StepSplit, step_split
 from ..space import KernelConfig
+from ._timing import _capture
 
 TABLE_KEY = "cutlass_tune.transformers"
 """The key every step's table is bound to: `cutlass_tune.transformers.TABLE_KEY`, which the
@@ -86,19 +87,11 @@ def build_step(target: Target, mode: Mode, *, patched: bool = True) -> Callable[
     return step
 
 
-def graphed(step: Callable[[], object], warm: int = 3) -> Callable[[], object]:
-    """`step` captured in a CUDA graph with the table bound now: warmed on a side stream (every
-    plan resolved, the compiled graph's first runs done), captured once; the result replays it
-    (the same inputs, the step's output in the graph's own memory)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warm):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+def graphed(step: Callable[[], object]) -> Callable[[], object]:
+    """`step` captured in a CUDA graph with the table bound now (`_timing._capture`: warmed on a
+    side stream, every plan resolved, then captured once); the result replays it (the same
+    inputs, the step's output in the graph's own memory)."""
+    graph = _capture(step, 1)
     torch.cuda.synchronize()
     return graph.replay
 
