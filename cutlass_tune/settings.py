@@ -9,6 +9,7 @@
 | CUTLASS_TUNE_COMPILE_TIMEOUT | seconds before one nvcc job is killed | 900 |
 | CUTLASS_TUNE_NVCC_MEMORY_GB | memory one nvcc job is assumed to peak at | 3.2 |
 | CUTLASS_TUNE_NATIVE | 0: the operators never load their native (C++) library | 1 |
+| CUTLASS_TUNE_EXTERN | 0: torch.compile calls the operators through the dispatcher, not as extern kernels | 1 |
 | CUTLASS_TUNE_MOE_BATCHED_ROWS | MoE `decode="auto"`: batched GEMMs up to this many tokens x top_k | 0 (never) |
 | CUTLASS_TUNE_STORE | the store `best`, `dashboard`, `export`, `confirm` read with no `--storage` | `DEFAULT_STORE` |
 """
@@ -102,6 +103,12 @@ def nvcc_path() -> str | None:
 def native_enabled() -> bool:
     """Whether the operators may load their native library (`CUTLASS_TUNE_NATIVE` is not "0")."""
     return _env("CUTLASS_TUNE_NATIVE") != "0"
+
+
+def extern_enabled() -> bool:
+    """Whether Inductor may call the operators as extern kernels with out= (`CUTLASS_TUNE_EXTERN`
+    is not "0"; runtime/_lowering.py)."""
+    return _env("CUTLASS_TUNE_EXTERN") != "0"
 
 
 def compile_jobs() -> int | None:

@@ -281,6 +281,40 @@ struct ProblemRange {
   }
 };
 
+// Inductor's out variants (`*_out` below; runtime/_lowering.py): the buffer Inductor allocated for
+// a call's result, which the call's kernel (or torch's out= operator) writes instead of a new
+// tensor. Taken once, by the first result of the call; a Python hook (resolve, door) never sees it.
+thread_local at::Tensor* out_target = nullptr;
+
+// The out variant's buffer as an M x N tensor where it fits a result of `dtype` on `device`
+// (contiguous, M * N elements), taken; else nullopt and the caller allocates.
+std::optional<at::Tensor> take_out(int64_t m, int64_t n, at::ScalarType dtype, const at::Device& device) {
+  at::Tensor* t = out_target;
+  if (t == nullptr) {
+    return std::nullopt;
+  }
+  out_target = nullptr;
+  if (!t->is_contiguous() || t->numel() != m * n || t->scalar_type() != dtype || t->device() != device) {
+    return std::nullopt;
+  }
+  return t->view({m, n});
+}
+
+// A result's M x N buffer: the out variant's where it fits, else a new tensor.
+at::Tensor result_buffer(int64_t m, int64_t n, const at::TensorOptions& options) {
+  if (auto out = take_out(m, n, options.dtype().toScalarType(), options.device())) {
+    return *out;
+  }
+  return at::empty({m, n}, options);
+}
+
+// Hides the out variant's buffer from a Python hook and what it calls, for the hook's duration.
+struct HiddenOut {
+  at::Tensor* saved = out_target;
+  HiddenOut() { out_target = nullptr; }
+  ~HiddenOut() { out_target = saved; }
+};
+
 // The entry of `sig`, resolved in Python on a miss (`resolve(op, *args)`).
 template <class... Args>
 std::shared_ptr<Entry> entry_for(const char* op, const std::string& table, const Signature& sig, const Args&... args) {
@@ -291,6 +325,7 @@ std::shared_ptr<Entry> entry_for(const char* op, const std::string& table, const
   require_hooks();
   hook_calls()->resolve.fetch_add(1, std::memory_order_relaxed);
   {
+    const HiddenOut hidden;
     py::gil_scoped_acquire gil;
     entry = entry_of(hooks()->resolve(op, to_python(args)...).template cast<py::tuple>());
   }
@@ -303,6 +338,7 @@ template <class... Args>
 at::Tensor call_door(const char* op, const Args&... args) {
   require_hooks();
   hook_calls()->door.fetch_add(1, std::memory_order_relaxed);
+  out_target = nullptr;  // the door's result is a tensor of its own
   py::gil_scoped_acquire gil;
   return hooks()->door(op, to_python(args)...).template cast<at::Tensor>();
 }
@@ -571,7 +607,7 @@ std::optional<at::Tensor> grouped_planned(const char* op, const std::string& tab
         break;
       }
       c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-      at::Tensor out = at::empty({a.size(0), cols}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+      at::Tensor out = result_buffer(a.size(0), cols, a.options().dtype(out_dtype.value_or(a.scalar_type())));
       cutlass_tune_args args = entry.args;
       args.a = a.data_ptr();
       args.b = b.data_ptr();
@@ -624,7 +660,7 @@ at::Tensor dense(const char* op, Entry& e, const at::Tensor& a2, const at::Tenso
                  const std::optional<at::Tensor>& scale_b = std::nullopt) {
   const int device = a2.get_device();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-  at::Tensor out = at::empty({a2.size(0), b.size(1)}, a2.options().dtype(out_dtype));
+  at::Tensor out = result_buffer(a2.size(0), b.size(1), a2.options().dtype(out_dtype));
   cutlass_tune_args args = e.args;
   args.a = a2.data_ptr();
   args.b = b.data_ptr();
@@ -676,7 +712,8 @@ at::Tensor mm_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view ta
       break;
     }
     case TORCH: {
-      at::Tensor out = at::mm(a2, b);
+      auto given = take_out(a2.size(0), b.size(1), a.scalar_type(), a.device());
+      at::Tensor out = given ? at::mm_out(*given, a2, b) : at::mm(a2, b);
       return a.dim() == 2 ? out : out.view(out_shape(a, b.size(1)));
     }
     default:
@@ -827,6 +864,9 @@ at::Tensor scaled_mm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Te
       break;
     }
     case TORCH:
+      if (auto given = take_out(a.size(0), b.size(1), out_dtype, a.device())) {
+        return at::_scaled_mm_out(*given, a, b, scale_a, scale_b, bias, std::nullopt, out_dtype, entry->fast_accum);
+      }
       return at::_scaled_mm(a, b, scale_a, scale_b, bias, std::nullopt, out_dtype, entry->fast_accum);
     default:
       break;
@@ -916,6 +956,49 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
 }
 
 #endif  // CUTLASS_TUNE_NATIVE_CUDA
+
+// ---------------------------------------------------------------------------------------------
+// Out variants: what Inductor calls in a compiled graph in place of the operators (an extern
+// kernel with out=, runtime/_lowering.py): the operator's CUDA kernel, its result written into
+// `out`, no dispatcher, no autograd layer and no output checks. A path that made a tensor of its
+// own (the Python door, torch's grouped GEMM, linear's torch fallback) is copied into `out`.
+
+struct OutTarget {
+  explicit OutTarget(at::Tensor& out) { out_target = &out; }
+  ~OutTarget() { out_target = nullptr; }
+};
+
+void into(at::Tensor& out, const at::Tensor& result) {
+  if (result.data_ptr() != out.data_ptr()) {
+    out.copy_(result.reshape(out.sizes()));
+  }
+}
+
+void mm_out(const at::Tensor& a, const at::Tensor& b, const std::string& table, std::optional<at::ScalarType> out_dtype,
+            at::Tensor out) {
+  const OutTarget target(out);
+  into(out, mm_cuda(a, b, table, out_dtype));
+}
+
+void linear_out(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                const std::string& activation, const std::string& table, const std::optional<at::Tensor>& residual,
+                const std::optional<at::Tensor>& gate, at::Tensor out) {
+  const OutTarget target(out);
+  into(out, linear_cuda(x, weight, bias, activation, table, residual, gate));
+}
+
+void grouped_mm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
+                    std::optional<at::ScalarType> out_dtype, at::Tensor out) {
+  const OutTarget target(out);
+  into(out, grouped_mm_cuda(a, b, offs, table, out_dtype));
+}
+
+void scaled_mm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                   const std::optional<at::Tensor>& bias, const std::string& table, at::ScalarType out_dtype,
+                   at::Tensor out) {
+  const OutTarget target(out);
+  into(out, scaled_mm_cuda(a, b, scale_a, scale_b, bias, table, out_dtype));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Autograd: below autograd at C++ cost where no gradient is needed; where one is, a C++ autograd
@@ -1353,6 +1436,16 @@ PYBIND11_MODULE(cutlass_tune_native, m) {
         py::arg("activation"),
         "The MoE layer's GLU stage's native path (runtime/_moe_glu.py): act(gate) * up by the grouped GLU "
         "kernel of the door's table key.");
+  m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("table"), py::arg("out_dtype"), py::kw_only(),
+        py::arg("out"), "`mm` writing its result into `out` (Inductor's extern kernel: runtime/_lowering.py).");
+  m.def("linear_out", &linear_out, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("activation"),
+        py::arg("table"), py::arg("residual"), py::arg("gate"), py::kw_only(), py::arg("out"),
+        "`linear` writing its result into `out`.");
+  m.def("grouped_mm_out", &grouped_mm_out, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("table"),
+        py::arg("out_dtype"), py::kw_only(), py::arg("out"), "`grouped_mm` writing its result into `out`.");
+  m.def("scaled_mm_out", &scaled_mm_out, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
+        py::arg("bias"), py::arg("table"), py::arg("out_dtype"), py::kw_only(), py::arg("out"),
+        "`scaled_mm` writing its result into `out`.");
   m.def(
       "hook_calls",
       [] {

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from ..space import Activation
-from . import _native
+from . import _lowering, _native
 from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, prepare
 from ._grouped import grouped_problem_of, run_grouped, torch_grouped_mm, torch_weight_grad
 from ._matmul import MatmulInputError
@@ -139,6 +139,7 @@ def _grouped_mm_cpu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table:
 
 def _grouped_mm_fake(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    _lowering.ensure()
     _check(a, b, offs, out_dtype)
     registered_table(table)  # a missing key fails when the graph is traced, not when it first runs
     return a.new_empty((a.shape[0], b.shape[2]), dtype=out_dtype or a.dtype)

@@ -41,6 +41,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from .._torch import ACTIVATION, DTYPE_OF
 from ..space import Activation, DType, Epilogue
+from . import _lowering
 from ._dispatch import device_table
 from ._op import registered_table, table_key
 from ._patch import MIN_KERNEL_US, _Coverage, operator_takes
@@ -219,6 +220,7 @@ class FusionPass(CustomGraphPass):
         return digest.digest()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        _lowering.ensure()  # the linear calls this pass puts in are lowered as extern kernels
         taken: set[torch.fx.Node] = set()
         fused = 0
         for node in reversed(list(graph.nodes)):  # users first: the widest pattern claims its nodes

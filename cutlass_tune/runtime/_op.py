@@ -60,7 +60,7 @@ from .._torch import FP8_DTYPES, backward_nodes
 from ..errors import CutlassTuneError
 from ..space import Activation, Epilogue, NodeKind, Problem
 from . import _matmul as _matmul_module
-from . import _native
+from . import _lowering, _native
 from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, load_table, prepare
 from ._matmul import _MIN_RATIO, MatmulInputError, beta_of, door_entry, matmul, problem_of, torch_gemm
 from ._table import BestTable, traced_table
@@ -206,6 +206,7 @@ def _mm_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype
 
 
 def _mm_fake(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    _lowering.ensure()
     _check(a, b, out_dtype)
     registered_table(table)  # a missing key fails when the graph is traced, not when it first runs
     return a.new_empty((*a.shape[:-1], b.shape[1]), dtype=result_dtype(a.dtype, out_dtype))
@@ -403,6 +404,7 @@ def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def _linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    _lowering.ensure()
     _check_linear(x, weight, bias, activation, residual, gate)
     registered_table(table)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
@@ -528,6 +530,7 @@ def _scaled_mm_cpu(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
 
 def _scaled_mm_fake(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                     bias: torch.Tensor | None, table: str, out_dtype: torch.dtype) -> torch.Tensor:
+    _lowering.ensure()
     registered_table(table)
     torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
                  lambda: f"cutlass_tune.scaled_mm: a {list(a.shape)} and b {list(b.shape)} do not chain")

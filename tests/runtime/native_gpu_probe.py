@@ -302,16 +302,17 @@ def scaled() -> dict:
     return out
 
 
-def _host_us(call) -> float:
-    """Host time of one call (us), the GPU kept busy: median of 15 blocks of 100 calls."""
+def _host_us(call, calls: int = 100) -> float:
+    """Host time of one call (us), the GPU kept busy: median of 15 blocks of `calls` calls (fewer
+    launches a block than CUDA's queue holds, or the host waits for the GPU)."""
     call()
     blocks = []
     for _ in range(15):
         torch.cuda._sleep(50_000_000)  # the GPU busy for the whole block: host time only
         start = time.perf_counter()
-        for _ in range(100):
+        for _ in range(calls):
             call()
-        blocks.append((time.perf_counter() - start) / 100 * 1e6)
+        blocks.append((time.perf_counter() - start) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(blocks)
 
@@ -431,6 +432,93 @@ def glu_parts() -> dict:
             out[f"{name} hooks"] = python_calls(before)
     out["plans"] = _native._module.plans(door_key)
     return out
+
+
+def extern() -> dict:
+    """The operators in a compiled graph as Inductor's extern kernels (runtime/_lowering.py): the
+    generated code's calls, the results against the operators called eagerly, the tuned kernels
+    writing into Inductor's buffers (no copy), no Python hook on a repeat; and the compiled host
+    time per GEMM of 16 chained fp8 row-wise GEMMs (the Fp8Linear shape, 64 rows) beside torch's
+    own compiled torch._scaled_mm. With CUTLASS_TUNE_EXTERN=0 the same graph calls the operators
+    through the dispatcher, as before."""
+    import dataclasses
+
+    from torch._inductor.utils import run_and_get_code
+
+    from cutlass_tune.runtime import _lowering
+    from cutlass_tune.runtime._fp8 import quantize_rowwise
+    from tests.runtime.test_fp8_linear_gpu import KERNELS, _kernel_table, _module
+
+    scaled_key = register_table(_kernel_table(KERNELS["rowwise"]), key="extern-scaled")
+    held = _kernel_table(dataclasses.replace(KERNELS["rowwise"], fp8_fast_accum=True)).frame.assign(ratio=0.5)
+    kept_key = register_table(BestTable(held), key="extern-scaled-kept")
+    dense_key = register_table(tuned_table(), key="extern-dense")
+    grouped_key = register_table(grouped_table(TABLE), key="extern-grouped")
+    module = _module(registered_table_of(scaled_key), "rowwise")
+    x = torch.randn(64, module.in_features, dtype=torch.bfloat16, device="cuda")
+    xq, sa = quantize_rowwise(x)
+    w8, ws, bias = module.weight.t(), module.weight_scale, module.bias
+    xd = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    wd = torch.randn(1024, 1024, dtype=torch.bfloat16, device="cuda") / 32
+    a, _, b, offs = operands()
+    ops = torch.ops.cutlass_tune
+    cases = {
+        "scaled": (lambda: ops.scaled_mm(xq, w8, sa, ws, bias, scaled_key, torch.bfloat16), True),
+        "scaled_kept": (lambda: ops.scaled_mm(xq, w8, sa, ws, None, kept_key, torch.bfloat16), True),
+        "mm": (lambda: ops.mm(xd, wd.t(), dense_key), True),
+        "linear_fallback": (lambda: ops.linear(xd, wd, None, "relu", dense_key), False),
+        "grouped": (lambda: ops.grouped_mm(a, b, offs, grouped_key), True),
+    }
+    out: dict = {"lowered_before": _lowering.lowered()}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (call, in_place) in cases.items():
+            torch._dynamo.reset()
+            compiled = torch.compile(lambda call=call: call() * 1, fullgraph=True)
+            got, codes = run_and_get_code(compiled)
+            code = "\n".join(codes)
+            out[f"{name}_calls"] = [line.strip() for line in code.splitlines() if "cutlass_tune" in line
+                                    and "import" not in line and not line.strip().startswith("#")]
+            out[f"{name}_equal"] = torch.equal(got, call() * 1)
+            before = _native._module.hook_calls()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                compiled()
+            out[f"{name}_repeat_calls"] = python_calls(before)
+            out[f"{name}_copies"] = sum(1 for e in prof.events() if e.name == "aten::copy_")
+            out[f"{name}_in_place"] = in_place
+    out["lowered"] = _lowering.lowered()
+
+    def chain(op_call):
+        def step(x):
+            for _ in range(16):
+                x = op_call(x)
+            return x
+        return step
+
+    w_sq = torch.randn(4096, 4096, device="cuda").to(torch.float8_e4m3fn).t()
+    s_row = torch.ones(64, 1, device="cuda")
+    s_col = torch.full((1, 4096), 1e-3, device="cuda")
+    ours = chain(lambda h: ops.scaled_mm(h.to(torch.float8_e4m3fn), w_sq, s_row, s_col, None, kept_key,
+                                          torch.bfloat16))
+    theirs = chain(lambda h: torch._scaled_mm(h.to(torch.float8_e4m3fn), w_sq, s_row, s_col,
+                                              out_dtype=torch.bfloat16, use_fast_accum=True))
+    h0 = torch.randn(64, 4096, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        torch._dynamo.reset()
+        ours_c, theirs_c = torch.compile(ours), torch.compile(theirs)
+        for _ in range(3):
+            ours_c(h0), theirs_c(h0)
+        rounds = [(_host_us(lambda: ours_c(h0), 20), _host_us(lambda: theirs_c(h0), 20)) for _ in range(3)]
+    out["chain_ours_us_per_gemm"] = round(statistics.median(r[0] for r in rounds) / 16, 2)
+    out["chain_torch_us_per_gemm"] = round(statistics.median(r[1] for r in rounds) / 16, 2)
+    out["extern"] = __import__("os").environ.get("CUTLASS_TUNE_EXTERN", "1")
+    return out
+
+
+def registered_table_of(key: str) -> BestTable:
+    from cutlass_tune.runtime._op import registered_table
+
+    return registered_table(key)
 
 
 if __name__ == "__main__":

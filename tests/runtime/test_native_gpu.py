@@ -146,3 +146,27 @@ def test_the_fp8_operator_launches_from_cpp_and_keeps_torch_from_cpp(built):
     assert native["rebound_equal"], native
     assert native["rebound_calls"] == native["back_calls"] == {"resolve": 0, "door": 0, "autograd": 0}, native
     assert native["op_us"] < python["op_us"] and native["kept_us"] < python["kept_us"], (native, python)
+
+
+def test_compiled_graphs_call_the_operators_as_extern_kernels(built):
+    """torch.compile calls each operator as the native library's out variant (runtime/_lowering.py):
+    `cutlass_tune_extern.<op>(..., out=buf)`, no dispatcher call; results equal to the eager
+    operator's; tuned kernels write into Inductor's buffer (no copy); a repeat calls no Python
+    hook; and a compiled chain of fp8 GEMMs costs less host time a GEMM than through the
+    dispatcher (CUTLASS_TUNE_EXTERN=0)."""
+    extern = probe("extern")
+    dispatcher = probe("extern", CUTLASS_TUNE_EXTERN="0")
+    for name in ("scaled", "scaled_kept", "mm", "linear_fallback", "grouped"):
+        calls = extern[f"{name}_calls"]
+        assert len(calls) == 1 and calls[0].startswith("cutlass_tune_extern."), (name, calls)
+        assert "_cpu(" not in calls[0], (name, calls)  # the native library's kernel, not the CPU's
+        assert calls[0].endswith(")") and ", out=buf" in calls[0], (name, calls)
+        assert extern[f"{name}_equal"], (name, extern)
+        assert extern[f"{name}_repeat_calls"] == {"resolve": 0, "door": 0, "autograd": 0}, (name, extern)
+        if extern[f"{name}_in_place"]:
+            assert extern[f"{name}_copies"] == 0, (name, extern)
+        first = dispatcher[f"{name}_calls"][0]
+        assert first.startswith("buf") and "torch.ops.cutlass_tune" in first, (name, first)
+        assert dispatcher[f"{name}_equal"], (name, dispatcher)
+    assert dispatcher["lowered"] == {}
+    assert extern["chain_ours_us_per_gemm"] < dispatcher["chain_ours_us_per_gemm"], (extern, dispatcher)

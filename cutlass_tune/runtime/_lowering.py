@@ -1,0 +1,190 @@
+"""Inductor calls the operators as extern kernels that write into its own buffer.
+
+Without this module a compiled graph calls `torch.ops.cutlass_tune.scaled_mm.default(...)` (or
+`mm`, `linear`, `grouped_mm`) through the dispatcher, then checks the result's sizes, strides
+and alignment: on an H200 host a compiled fp8 model's step spent about 13 us more per GEMM than
+torch's own graph, which calls `extern_kernels._scaled_mm(..., out=buf)` (benchmarks/host_path.md,
+"Extern kernels"). Here each operator gets an Inductor lowering that emits
+
+    cutlass_tune_extern.scaled_mm(a, b, scale_a, scale_b, None, 'table-key', torch.bfloat16, out=buf)
+
+where `cutlass_tune_extern` is this module and `scaled_mm` the native library's `scaled_mm_out`
+(native/ops.cpp): the same plans and kernels as the operator's CUDA kernel, its result written
+into the buffer Inductor allocated (no dispatcher, no autograd layer, no output checks).
+
+When it applies: the operator's result is on CUDA and the native library is loaded, or on the
+CPU (the operator's CPU kernel through the dispatcher, copied into the buffer: one code path for
+the CPU tests to exercise). Otherwise (CUDA without the native library, Inductor's C++ wrapper or
+AOTInductor) the lowering hands the call to Inductor's fallback, which calls the operator as
+before. `CUTLASS_TUNE_EXTERN=0` turns the lowerings off.
+
+When it is registered: importing `torch._inductor.lowering` costs seconds, so nothing here
+imports it. The operators' fake kernels call `ensure()`, which registers the lowerings once the
+lowering module is loaded; a compile traces the graph with fake tensors inside Inductor's entry
+(AOTAutograd) before it lowers, so the first compile of a process gets them. The generated code
+imports this module itself, so a graph loaded from Inductor's cache finds its kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .. import settings
+from . import _native
+from ._dispatch import warn_once
+
+OPERATORS = ("mm", "linear", "grouped_mm", "scaled_mm")
+"""The operators lowered to extern kernels (their native library's `<name>_out`)."""
+IMPORT = "from cutlass_tune.runtime import _lowering as cutlass_tune_extern"
+"""The line Inductor's generated code imports this module by."""
+_CPU = "_cpu"
+"""The suffix of an operator's CPU extern kernel (`mm_cpu`, ...)."""
+
+_registered = False
+_suspended = False
+_lowered: dict[str, int] = {}
+"""How many calls of each operator a lowering made extern kernels of (tests and benchmarks read it)."""
+
+
+def ensure() -> None:
+    """Register the lowerings where Inductor's lowering module is loaded and they are not yet
+    registered (cheap otherwise: what the operators' fake kernels call on every trace)."""
+    global _registered
+    if _registered or "torch._inductor.lowering" not in sys.modules:
+        return
+    _registered = True
+    if not settings.extern_enabled():
+        return
+    try:
+        _register()
+    except Exception as err:  # another torch's Inductor: the operators keep the dispatcher path
+        warn_once("lowering", f"cutlass_tune: the operators' Inductor lowerings cannot be registered "
+                              f"({type(err).__name__}: {err}); torch.compile calls them through the dispatcher")
+
+
+@contextlib.contextmanager
+def through_dispatcher() -> Iterator[None]:
+    """Graphs compiled inside (their first calls, where torch.compile compiles) call the
+    operators through the dispatcher, as without this module: a benchmark's other side. Inductor's
+    graph caches are off inside, so neither side is served the other's graph."""
+    global _suspended
+    import torch._functorch.config
+    import torch._inductor.config
+
+    _suspended = True
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
+            yield
+    finally:
+        _suspended = False
+
+
+def lowered() -> dict[str, int]:
+    """Calls lowered to extern kernels so far in this process, per operator."""
+    return dict(_lowered)
+
+
+def _native_out(name: str) -> Callable[..., None] | None:
+    door = _native.door
+    return getattr(door, f"{name}_out", None) if door is not None else None
+
+
+def _through_op(name: str) -> Callable[..., None]:
+    """The operator through the dispatcher, its result copied into `out` (the CPU's kernel)."""
+    op = getattr(torch.ops.cutlass_tune, name).default
+
+    def run(*args: Any, out: torch.Tensor) -> None:
+        out.copy_(op(*args).reshape(out.shape))
+
+    run.__name__ = f"{name}{_CPU}"
+    return run
+
+
+def __getattr__(attr: str) -> Callable[..., None]:
+    """The extern kernels the generated code calls (`cutlass_tune_extern.mm(...)`), looked up on
+    first use and kept as module attributes."""
+    name = attr.removesuffix(_CPU)
+    if name not in OPERATORS:
+        raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+    kernel = _native_out(name) if attr == name else None
+    if kernel is None:
+        kernel = _through_op(name)
+    globals()[attr] = kernel
+    return kernel
+
+
+def _is_tensor(kind: Any) -> bool:
+    if isinstance(kind, torch.OptionalType):
+        kind = kind.getElementType()
+    return isinstance(kind, torch.TensorType)
+
+
+def _register() -> None:
+    from torch._inductor.lowering import lowerings, register_lowering
+
+    for name in OPERATORS:
+        op = getattr(torch.ops.cutlass_tune, name).default
+        if op in lowerings:
+            continue
+        register_lowering(op, type_promotion_kind=None)(_lowering(name, op))
+
+
+def _lowering(name: str, op: Any) -> Callable[..., Any]:
+    from torch._inductor import ir
+    from torch._inductor.lowering import fallback_handler
+    from torch._inductor.utils import convert_shape_to_inductor
+    from torch._inductor.virtualized import V
+
+    arguments = [(a.name, _is_tensor(a.type), a.default_value if a.has_default_value() else None)
+                 for a in op._schema.arguments]
+
+    class NativeOut(ir.ExternKernelOut):
+        """The operator's extern kernel: its arguments in the schema's order, tensors from
+        `inputs` and the rest constants (`slots`), the result into Inductor's buffer."""
+
+        slots: tuple[tuple[bool, Any], ...] = ()
+
+        def codegen_args(self) -> list[str]:
+            wrapper = V.graph.wrapper_code
+            inputs = iter(self.inputs)
+            return [wrapper.val_to_arg_str(next(inputs) if is_input else value) for is_input, value in self.slots]
+
+        def codegen(self, wrapper: Any) -> None:
+            wrapper.add_import_once(IMPORT)
+            super().codegen(wrapper)
+
+    fallback = fallback_handler(op, add_to_fallback_set=False)
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        values = list(args) + [kwargs.get(arg, default) for arg, _, default in arguments[len(args):]]
+        val = V.graph.current_node.meta.get("val") if V.graph.current_node is not None else None
+        kernel = _kernel_name(name, val, V.graph.cpp_wrapper)
+        if kernel is None or not isinstance(val, torch.Tensor) or any(is_tensor and value is not None and not isinstance(value, ir.IRNode)
+                                 for (_, is_tensor, _), value in zip(arguments, values)):
+            return fallback(*args, **kwargs)
+        inputs = [ir.ExternKernel.realize_input(v) for v in values if isinstance(v, ir.IRNode)]
+        layout = ir.FixedLayout(val.device, val.dtype, convert_shape_to_inductor(val.size()))
+        node = NativeOut(layout=layout, inputs=inputs, python_kernel_name=f"cutlass_tune_extern.{kernel}")
+        node.slots = tuple((isinstance(v, ir.IRNode), None if isinstance(v, ir.IRNode) else v) for v in values)
+        _lowered[name] = _lowered.get(name, 0) + 1
+        return ir.TensorBox.create(node)
+
+    return lower
+
+
+def _kernel_name(name: str, val: Any, cpp_wrapper: bool) -> str | None:
+    """The extern kernel of a call whose result is `val` (a fake tensor), or None where the
+    operator is better called as before."""
+    if _suspended or cpp_wrapper or not isinstance(val, torch.Tensor):
+        return None
+    if val.device.type == "cuda" and _native_out(name) is not None:
+        return name
+    if val.device.type == "cpu":
+        return name + _CPU
+    return None

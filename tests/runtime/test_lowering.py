@@ -1,0 +1,160 @@
+"""The operators' Inductor lowerings on the CPU (runtime/_lowering.py): a compiled graph calls each
+operator as an extern kernel writing into Inductor's buffer (`cutlass_tune_extern.<op>_cpu(...,
+out=buf)`), not through the dispatcher, and computes what eager computes; `CUTLASS_TUNE_EXTERN=0`
+and the cases the lowering leaves (no native library on CUDA, Inductor's C++ wrapper) keep the
+dispatcher's call; a graph loaded from Inductor's cache in a fresh process finds its kernels.
+The CUDA kernels (the native library's `*_out`) are tests/runtime/test_native_gpu.py's."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+from cutlass_tune.runtime import BestTable, _lowering, register_table
+
+REPO = Path(__file__).resolve().parents[2]
+OPS = torch.ops.cutlass_tune
+
+
+@pytest.fixture(scope="module")
+def key():
+    return register_table(BestTable(pd.DataFrame()), key="test-lowering")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compile():
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        yield
+
+
+def _compiled(fn, *args):
+    with torch.no_grad():
+        want = fn(*args)
+        got, codes = run_and_get_code(torch.compile(fn, fullgraph=True), *args)
+    return want, got, "\n".join(codes)
+
+
+def _calls(code: str) -> list[str]:
+    return [line.strip() for line in code.splitlines() if "cutlass_tune" in line and not line.strip().startswith("#")]
+
+
+def test_mm_and_linear_are_extern_kernels_writing_into_inductor_s_buffer(key):
+    def step(a, w, bias, residual, gate):
+        x = OPS.mm(a, w.t(), key)
+        y = OPS.linear(torch.relu(x), w, bias, "gelu", key)
+        z = OPS.linear(y, w, None, "none", key, residual=residual)
+        return OPS.linear(z, w, bias, "silu", key, gate=gate) * 2
+
+    torch.manual_seed(0)
+    a, w, bias, residual, gate = (torch.randn(32, 64), torch.randn(64, 64), torch.randn(64), torch.randn(32, 64),
+                                  torch.randn(32, 64))
+    before = _lowering.lowered()
+    want, got, code = _compiled(step, a, w, bias, residual, gate)
+    torch.testing.assert_close(got, want)
+    calls = _calls(code)
+    assert calls[0] == "from cutlass_tune.runtime import _lowering as cutlass_tune_extern", calls
+    # the schema's order: tensors from the graph, None for an absent optional tensor, the constants
+    assert calls[1].startswith("cutlass_tune_extern.mm_cpu(") and calls[1].endswith("'test-lowering', None, out=buf0)")
+    assert ", 'gelu', 'test-lowering', None, None, out=" in calls[2], calls
+    assert ", None, 'none', 'test-lowering', arg3_1, None, out=" in calls[3], calls
+    assert ", 'silu', 'test-lowering', None, arg4_1, out=" in calls[4], calls
+    assert len(calls) == 5 and not any("torch.ops.cutlass_tune" in c or "assert_size_stride(buf" in c for c in calls)
+    after = _lowering.lowered()
+    assert after["mm"] - before.get("mm", 0) == 1 and after["linear"] - before.get("linear", 0) == 3
+
+
+def test_scaled_and_grouped_gemms_are_extern_kernels(key):
+    def step(x, w, w_scale, bias, experts, offs):
+        scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-4) / 448.0
+        xq = (x.float() / scale).to(torch.float8_e4m3fn)
+        y = OPS.scaled_mm(xq, w.t(), scale, w_scale, None, key, torch.bfloat16)
+        y = y + OPS.scaled_mm(xq, w.t(), scale, w_scale, bias, key, torch.bfloat16)
+        return OPS.grouped_mm(y, experts, offs, key)
+
+    torch.manual_seed(0)
+    x, w = torch.randn(32, 64, dtype=torch.bfloat16), torch.randn(64, 64).to(torch.float8_e4m3fn)
+    w_scale, bias = torch.rand(1, 64) + 0.5, torch.randn(64, dtype=torch.bfloat16)
+    experts, offs = torch.randn(4, 64, 32, dtype=torch.bfloat16), torch.tensor([8, 16, 24, 32], dtype=torch.int32)
+    want, got, code = _compiled(step, x, w, w_scale, bias, experts, offs)
+    torch.testing.assert_close(got, want)
+    calls = _calls(code)
+    scaled = [c for c in calls if c.startswith("cutlass_tune_extern.scaled_mm_cpu(")]
+    assert len(scaled) == 2 and ", None, 'test-lowering', torch.bfloat16, out=" in scaled[0], calls
+    assert ", arg3_1, 'test-lowering', torch.bfloat16, out=" in scaled[1], calls
+    grouped = [c for c in calls if c.startswith("cutlass_tune_extern.grouped_mm_cpu(")]
+    assert len(grouped) == 1 and re.search(r", arg5_1, 'test-lowering', None, out=buf\d+\)$", grouped[0]), calls
+    assert not any("torch.ops.cutlass_tune" in c for c in calls)
+
+
+def test_a_compiled_backward_lowers_the_gradient_gemms_too(key):
+    a = torch.randn(16, 32, requires_grad=True)
+    w = torch.randn(24, 32, requires_grad=True)
+    compiled = torch.compile(lambda a, w: OPS.mm(a, w.t(), key).square().sum())
+    before = _lowering.lowered().get("mm", 0)
+    compiled(a, w).backward()
+    want_a, want_w = a.grad.clone(), w.grad.clone()
+    a.grad = w.grad = None
+    (a @ w.t()).square().sum().backward()
+    torch.testing.assert_close(want_a, a.grad)
+    torch.testing.assert_close(want_w, w.grad)
+    assert _lowering.lowered()["mm"] - before >= 3  # the forward's and both gradients'
+
+
+def test_the_cases_the_lowering_leaves_to_the_dispatcher():
+    cpu = torch.empty(2, 3)
+    assert _lowering._kernel_name("mm", cpu, cpp_wrapper=False) == "mm_cpu"
+    assert _lowering._kernel_name("mm", cpu, cpp_wrapper=True) is None  # Inductor's C++ wrapper, AOTInductor
+    assert _lowering._kernel_name("mm", torch.empty(2, 3, device="meta"), cpp_wrapper=False) is None
+    assert _lowering._kernel_name("mm", None, cpp_wrapper=False) is None
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _lowering.nothing  # noqa: B018
+
+
+_FRESH = r"""
+import sys, pandas as pd, torch
+from torch._inductor.utils import run_and_get_code
+from cutlass_tune.runtime import BestTable, _lowering, register_table
+key = register_table(BestTable(pd.DataFrame()), key="fresh")
+torch.manual_seed(0)
+a, b = torch.randn(8, 16), torch.randn(16, 4)
+with torch.no_grad():
+    got, (code,) = run_and_get_code(torch.compile(lambda a, b: torch.ops.cutlass_tune.mm(a, b, key).relu()), a, b)
+assert torch.allclose(got, (a @ b).relu())
+print("EXTERN" if "cutlass_tune_extern.mm_cpu(" in code else "DISPATCHER" if "torch.ops.cutlass_tune.mm" in code
+      else "NEITHER", _lowering.lowered().get("mm", 0))
+"""
+
+
+def _fresh(tmp_path, **env):
+    done = subprocess.run([sys.executable, "-c", _FRESH], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split()
+
+
+def test_extern_off_keeps_the_dispatcher_call(tmp_path):
+    assert _fresh(tmp_path, CUTLASS_TUNE_EXTERN="0", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1") == ["DISPATCHER", "0"]
+
+
+def test_a_graph_from_inductor_s_cache_finds_its_kernels_in_a_fresh_process(tmp_path):
+    assert _fresh(tmp_path) == ["EXTERN", "1"]  # compiled and lowered, written to the cache
+    # the second process loads the graph from the cache (nothing lowered) and runs it right
+    assert _fresh(tmp_path) == ["EXTERN", "0"]
+
+
+def test_through_dispatcher_compiles_the_other_side_of_a_benchmark(key):
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with torch._inductor.config.patch(fx_graph_cache=True):
+        with _lowering.through_dispatcher():
+            _, _, inside = _compiled(lambda a, b: OPS.mm(a, b, key).relu(), a, b)
+        torch._dynamo.reset()
+        _, _, after = _compiled(lambda a, b: OPS.mm(a, b, key).relu(), a, b)
+    assert "torch.ops.cutlass_tune.mm.default(" in inside and "cutlass_tune_extern" not in inside
+    assert "cutlass_tune_extern.mm_cpu(" in after  # not served the graph compiled inside
