@@ -165,8 +165,9 @@ def _lowering(name: str, op: Any) -> Callable[..., Any]:
         values = list(args) + [kwargs.get(arg, default) for arg, _, default in arguments[len(args):]]
         val = V.graph.current_node.meta.get("val") if V.graph.current_node is not None else None
         kernel = _kernel_name(name, val, V.graph.cpp_wrapper)
-        if kernel is None or not isinstance(val, torch.Tensor) or any(is_tensor and value is not None and not isinstance(value, ir.IRNode)
-                                 for (_, is_tensor, _), value in zip(arguments, values)):
+        odd = any(is_tensor and value is not None and not isinstance(value, ir.IRNode)
+                  for (_, is_tensor, _), value in zip(arguments, values))
+        if kernel is None or odd or not isinstance(val, torch.Tensor):
             return fallback(*args, **kwargs)
         inputs = [ir.ExternKernel.realize_input(v) for v in values if isinstance(v, ir.IRNode)]
         layout = ir.FixedLayout(val.device, val.dtype, convert_shape_to_inductor(val.size()))
