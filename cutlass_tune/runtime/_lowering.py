@@ -16,7 +16,9 @@ When it applies: the operator's result is on CUDA and the native library is load
 CPU (the operator's CPU kernel through the dispatcher, copied into the buffer: one code path for
 the CPU tests to exercise). Otherwise (CUDA without the native library, Inductor's C++ wrapper or
 AOTInductor) the lowering hands the call to Inductor's fallback, which calls the operator as
-before. `CUTLASS_TUNE_EXTERN=0` turns the lowerings off.
+before. `CUTLASS_TUNE_EXTERN=0` turns the lowerings off; a graph Inductor cached with extern
+kernels (its cache key does not see this setting) then calls the operators through the
+dispatcher from those kernels.
 
 When it is registered: importing `torch._inductor.lowering` costs seconds, so nothing here
 imports it. The operators' fake kernels call `ensure()`, which registers the lowerings once the
@@ -112,8 +114,8 @@ def __getattr__(attr: str) -> Callable[..., None]:
     name = attr.removesuffix(_CPU)
     if name not in OPERATORS:
         raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
-    kernel = _native_out(name) if attr == name else None
-    if kernel is None:
+    kernel = _native_out(name) if attr == name and settings.extern_enabled() else None
+    if kernel is None:  # off CUDA, no native library, or a cached graph run with CUTLASS_TUNE_EXTERN=0
         kernel = _through_op(name)
     globals()[attr] = kernel
     return kernel

@@ -143,6 +143,21 @@ def test_extern_off_keeps_the_dispatcher_call(tmp_path):
     assert _fresh(tmp_path, CUTLASS_TUNE_EXTERN="0", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1") == ["DISPATCHER", "0"]
 
 
+def test_extern_off_routes_a_cached_extern_graph_through_the_dispatcher(monkeypatch):
+    """A graph from Inductor's cache calls `cutlass_tune_extern.mm`: the native out variant where
+    the setting allows it, else the operator through the dispatcher."""
+    def native(*args, out):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(_lowering, "_native_out", lambda name: native)  # as where the library is loaded
+    for setting, kernel in (("1", native), ("0", "mm_cpu")):
+        monkeypatch.setenv("CUTLASS_TUNE_EXTERN", setting)
+        monkeypatch.delitem(_lowering.__dict__, "mm", raising=False)  # looked up anew, as in a fresh process
+        got = _lowering.mm
+        assert got is kernel if callable(kernel) else got.__name__ == kernel, (setting, got)
+    monkeypatch.delitem(_lowering.__dict__, "mm")
+
+
 def test_a_graph_from_inductor_s_cache_finds_its_kernels_in_a_fresh_process(tmp_path):
     assert _fresh(tmp_path) == ["EXTERN", "1"]  # compiled and lowered, written to the cache
     # the second process loads the graph from the cache (nothing lowered) and runs it right
