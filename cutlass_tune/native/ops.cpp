@@ -1436,15 +1436,17 @@ PYBIND11_MODULE(cutlass_tune_native, m) {
         py::arg("activation"),
         "The MoE layer's GLU stage's native path (runtime/_moe_glu.py): act(gate) * up by the grouped GLU "
         "kernel of the door's table key.");
-  m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("table"), py::arg("out_dtype"), py::kw_only(),
-        py::arg("out"), "`mm` writing its result into `out` (Inductor's extern kernel: runtime/_lowering.py).");
+  m.def("mm_out", &mm_out, py::arg("a"), py::arg("b"), py::arg("table"), py::arg("out_dtype"),
+        py::arg("out"),
+        "`mm` writing its result into `out` (Inductor's extern kernel, called positionally: pybind's keyword "
+        "matching costs about a microsecond a call; runtime/_lowering.py).");
   m.def("linear_out", &linear_out, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("activation"),
-        py::arg("table"), py::arg("residual"), py::arg("gate"), py::kw_only(), py::arg("out"),
+        py::arg("table"), py::arg("residual"), py::arg("gate"), py::arg("out"),
         "`linear` writing its result into `out`.");
   m.def("grouped_mm_out", &grouped_mm_out, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("table"),
-        py::arg("out_dtype"), py::kw_only(), py::arg("out"), "`grouped_mm` writing its result into `out`.");
+        py::arg("out_dtype"), py::arg("out"), "`grouped_mm` writing its result into `out`.");
   m.def("scaled_mm_out", &scaled_mm_out, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
-        py::arg("bias"), py::arg("table"), py::arg("out_dtype"), py::kw_only(), py::arg("out"),
+        py::arg("bias"), py::arg("table"), py::arg("out_dtype"), py::arg("out"),
         "`scaled_mm` writing its result into `out`.");
   m.def(
       "hook_calls",

@@ -6,11 +6,13 @@ and alignment: on an H200 host a compiled fp8 model's step spent about 13 us mor
 torch's own graph, which calls `extern_kernels._scaled_mm(..., out=buf)` (benchmarks/host_path.md,
 "Extern kernels"). Here each operator gets an Inductor lowering that emits
 
-    cutlass_tune_extern.scaled_mm(a, b, scale_a, scale_b, None, 'table-key', torch.bfloat16, out=buf)
+    cutlass_tune_extern.scaled_mm_into(a, b, scale_a, scale_b, None, 'table-key', torch.bfloat16, buf)
 
-where `cutlass_tune_extern` is this module and `scaled_mm` the native library's `scaled_mm_out`
+where `cutlass_tune_extern` is this module and `scaled_mm_into` the native library's `scaled_mm_out`
 (native/ops.cpp): the same plans and kernels as the operator's CUDA kernel, its result written
-into the buffer Inductor allocated (no dispatcher, no autograd layer, no output checks).
+into the buffer Inductor allocated (no dispatcher, no autograd layer, no output checks). The
+buffer is the last positional argument, not Inductor's usual `out=`: pybind's keyword matching
+costs 1-1.5 us a call on a 2-core CPU host, against 0.5 for the positional call.
 
 When it applies: the operator's result is on CUDA and the native library is loaded, or on the
 CPU (the operator's CPU kernel through the dispatcher, copied into the buffer: one code path for
@@ -18,7 +20,7 @@ the CPU tests to exercise). Otherwise (CUDA without the native library, Inductor
 AOTInductor) the lowering hands the call to Inductor's fallback, which calls the operator as
 before. `CUTLASS_TUNE_EXTERN=0` turns the lowerings off; a graph Inductor cached with extern
 kernels (its cache key does not see this setting) then calls the operators through the
-dispatcher from those kernels.
+dispatcher from those kernels (`CALL`).
 
 When it is registered: importing `torch._inductor.lowering` costs seconds, so nothing here
 imports it. The operators' fake kernels call `ensure()`, which registers the lowerings once the
@@ -44,8 +46,13 @@ OPERATORS = ("mm", "linear", "grouped_mm", "scaled_mm")
 """The operators lowered to extern kernels (their native library's `<name>_out`)."""
 IMPORT = "from cutlass_tune.runtime import _lowering as cutlass_tune_extern"
 """The line Inductor's generated code imports this module by."""
+CALL = "_into"
+"""The suffix of the extern kernels' names (`mm_into`, `scaled_mm_into`): their calling convention,
+the buffer last and positional. Inductor's graph cache does not see this module, so a graph it
+cached with kernels of another convention (another version of the package) names other kernels,
+which run the operator through the dispatcher (`_through_op`) and stay correct."""
 _CPU = "_cpu"
-"""The suffix of an operator's CPU extern kernel (`mm_cpu`, ...)."""
+"""The suffix of an operator's CPU extern kernel (`mm_into_cpu`, ...)."""
 
 _registered = False
 _suspended = False
@@ -101,21 +108,27 @@ def _through_op(name: str) -> Callable[..., None]:
     """The operator through the dispatcher, its result copied into `out` (the CPU's kernel)."""
     op = getattr(torch.ops.cutlass_tune, name).default
 
-    def run(*args: Any, out: torch.Tensor) -> None:
-        out.copy_(op(*args).reshape(out.shape))
+    def run(*args: Any, out: torch.Tensor | None = None) -> None:
+        if out is None:  # this module's convention: the buffer last, positional
+            *operands, out = args
+        else:  # a cached graph's `out=`
+            operands = list(args)
+        out.copy_(op(*operands).reshape(out.shape))
 
-    run.__name__ = f"{name}{_CPU}"
+    run.__name__ = f"{name}{CALL}{_CPU}"
     return run
 
 
 def __getattr__(attr: str) -> Callable[..., None]:
-    """The extern kernels the generated code calls (`cutlass_tune_extern.mm(...)`), looked up on
-    first use and kept as module attributes."""
-    name = attr.removesuffix(_CPU)
+    """The extern kernels the generated code calls (`cutlass_tune_extern.mm_into(...)`), looked up
+    on first use and kept as module attributes: the native library's out variant for a current
+    name, else the operator through the dispatcher (a CPU kernel, no native library, an old
+    name, CUTLASS_TUNE_EXTERN=0)."""
+    name = attr.removesuffix(_CPU).removesuffix(CALL)
     if name not in OPERATORS:
         raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
-    kernel = _native_out(name) if attr == name and settings.extern_enabled() else None
-    if kernel is None:  # off CUDA, no native library, or a cached graph run with CUTLASS_TUNE_EXTERN=0
+    kernel = _native_out(name) if attr == name + CALL and settings.extern_enabled() else None
+    if kernel is None:
         kernel = _through_op(name)
     globals()[attr] = kernel
     return kernel
@@ -148,7 +161,7 @@ def _lowering(name: str, op: Any) -> Callable[..., Any]:
 
     class NativeOut(ir.ExternKernelOut):
         """The operator's extern kernel: its arguments in the schema's order, tensors from
-        `inputs` and the rest constants (`slots`), the result into Inductor's buffer."""
+        `inputs` and the rest constants (`slots`), then Inductor's buffer for the result."""
 
         slots: tuple[tuple[bool, Any], ...] = ()
 
@@ -159,7 +172,11 @@ def _lowering(name: str, op: Any) -> Callable[..., Any]:
 
         def codegen(self, wrapper: Any) -> None:
             wrapper.add_import_once(IMPORT)
-            super().codegen(wrapper)
+            comment = getattr(self, "codegen_comment", None)
+            if comment is not None:
+                comment(wrapper)
+            args = [*self.codegen_args(), self.codegen_reference()]  # the buffer last, positional
+            wrapper.writeline(f"{self.get_kernel_name()}({', '.join(args)})")
 
     fallback = fallback_handler(op, add_to_fallback_set=False)
 
@@ -187,7 +204,7 @@ def _kernel_name(name: str, val: Any, cpp_wrapper: bool) -> str | None:
     if _suspended or cpp_wrapper or not isinstance(val, torch.Tensor):
         return None
     if val.device.type == "cuda" and _native_out(name) is not None:
-        return name
+        return name + CALL
     if val.device.type == "cpu":
-        return name + _CPU
+        return name + CALL + _CPU
     return None

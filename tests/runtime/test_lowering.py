@@ -1,9 +1,11 @@
 """The operators' Inductor lowerings on the CPU (runtime/_lowering.py): a compiled graph calls each
-operator as an extern kernel writing into Inductor's buffer (`cutlass_tune_extern.<op>_cpu(...,
-out=buf)`), not through the dispatcher, and computes what eager computes; `CUTLASS_TUNE_EXTERN=0`
-and the cases the lowering leaves (no native library on CUDA, Inductor's C++ wrapper) keep the
-dispatcher's call; a graph loaded from Inductor's cache in a fresh process finds its kernels.
-The CUDA kernels (the native library's `*_out`) are tests/runtime/test_native_gpu.py's."""
+operator as an extern kernel writing into Inductor's buffer
+(`cutlass_tune_extern.<op>_into_cpu(..., buf)`, the buffer last and positional), not through the
+dispatcher, and computes what eager computes; `CUTLASS_TUNE_EXTERN=0` and the cases the lowering
+leaves (no native library on CUDA, Inductor's C++ wrapper) keep the dispatcher's call; a graph
+loaded from Inductor's cache in a fresh process finds its kernels, and one naming kernels of
+another convention still runs. The CUDA kernels (the native library's `*_out`) are
+tests/runtime/test_native_gpu.py's."""
 
 import os
 import re
@@ -61,10 +63,10 @@ def test_mm_and_linear_are_extern_kernels_writing_into_inductor_s_buffer(key):
     calls = _calls(code)
     assert calls[0] == "from cutlass_tune.runtime import _lowering as cutlass_tune_extern", calls
     # the schema's order: tensors from the graph, None for an absent optional tensor, the constants
-    assert calls[1].startswith("cutlass_tune_extern.mm_cpu(") and calls[1].endswith("'test-lowering', None, out=buf0)")
-    assert ", 'gelu', 'test-lowering', None, None, out=" in calls[2], calls
-    assert ", None, 'none', 'test-lowering', arg3_1, None, out=" in calls[3], calls
-    assert ", 'silu', 'test-lowering', None, arg4_1, out=" in calls[4], calls
+    assert calls[1].startswith("cutlass_tune_extern.mm_into_cpu(") and calls[1].endswith("'test-lowering', None, buf0)")
+    assert ", 'gelu', 'test-lowering', None, None, buf" in calls[2], calls
+    assert ", None, 'none', 'test-lowering', arg3_1, None, buf" in calls[3], calls
+    assert ", 'silu', 'test-lowering', None, arg4_1, buf" in calls[4], calls
     assert len(calls) == 5 and not any("torch.ops.cutlass_tune" in c or "assert_size_stride(buf" in c for c in calls)
     after = _lowering.lowered()
     assert after["mm"] - before.get("mm", 0) == 1 and after["linear"] - before.get("linear", 0) == 3
@@ -85,11 +87,11 @@ def test_scaled_and_grouped_gemms_are_extern_kernels(key):
     want, got, code = _compiled(step, x, w, w_scale, bias, experts, offs)
     torch.testing.assert_close(got, want)
     calls = _calls(code)
-    scaled = [c for c in calls if c.startswith("cutlass_tune_extern.scaled_mm_cpu(")]
-    assert len(scaled) == 2 and ", None, 'test-lowering', torch.bfloat16, out=" in scaled[0], calls
-    assert ", arg3_1, 'test-lowering', torch.bfloat16, out=" in scaled[1], calls
-    grouped = [c for c in calls if c.startswith("cutlass_tune_extern.grouped_mm_cpu(")]
-    assert len(grouped) == 1 and re.search(r", arg5_1, 'test-lowering', None, out=buf\d+\)$", grouped[0]), calls
+    scaled = [c for c in calls if c.startswith("cutlass_tune_extern.scaled_mm_into_cpu(")]
+    assert len(scaled) == 2 and ", None, 'test-lowering', torch.bfloat16, buf" in scaled[0], calls
+    assert ", arg3_1, 'test-lowering', torch.bfloat16, buf" in scaled[1], calls
+    grouped = [c for c in calls if c.startswith("cutlass_tune_extern.grouped_mm_into_cpu(")]
+    assert len(grouped) == 1 and re.search(r", arg5_1, 'test-lowering', None, buf\d+\)$", grouped[0]), calls
     assert not any("torch.ops.cutlass_tune" in c for c in calls)
 
 
@@ -109,7 +111,7 @@ def test_a_compiled_backward_lowers_the_gradient_gemms_too(key):
 
 def test_the_cases_the_lowering_leaves_to_the_dispatcher():
     cpu = torch.empty(2, 3)
-    assert _lowering._kernel_name("mm", cpu, cpp_wrapper=False) == "mm_cpu"
+    assert _lowering._kernel_name("mm", cpu, cpp_wrapper=False) == "mm_into_cpu"
     assert _lowering._kernel_name("mm", cpu, cpp_wrapper=True) is None  # Inductor's C++ wrapper, AOTInductor
     assert _lowering._kernel_name("mm", torch.empty(2, 3, device="meta"), cpp_wrapper=False) is None
     assert _lowering._kernel_name("mm", None, cpp_wrapper=False) is None
@@ -127,7 +129,7 @@ a, b = torch.randn(8, 16), torch.randn(16, 4)
 with torch.no_grad():
     got, (code,) = run_and_get_code(torch.compile(lambda a, b: torch.ops.cutlass_tune.mm(a, b, key).relu()), a, b)
 assert torch.allclose(got, (a @ b).relu())
-print("EXTERN" if "cutlass_tune_extern.mm_cpu(" in code else "DISPATCHER" if "torch.ops.cutlass_tune.mm" in code
+print("EXTERN" if "cutlass_tune_extern.mm_into_cpu(" in code else "DISPATCHER" if "torch.ops.cutlass_tune.mm" in code
       else "NEITHER", _lowering.lowered().get("mm", 0))
 """
 
@@ -144,18 +146,32 @@ def test_extern_off_keeps_the_dispatcher_call(tmp_path):
 
 
 def test_extern_off_routes_a_cached_extern_graph_through_the_dispatcher(monkeypatch):
-    """A graph from Inductor's cache calls `cutlass_tune_extern.mm`: the native out variant where
-    the setting allows it, else the operator through the dispatcher."""
-    def native(*args, out):
+    """A graph from Inductor's cache calls `cutlass_tune_extern.mm_into`: the native out variant
+    where the setting allows it, else the operator through the dispatcher."""
+    def native(*args):
         raise AssertionError("not called")
 
     monkeypatch.setattr(_lowering, "_native_out", lambda name: native)  # as where the library is loaded
-    for setting, kernel in (("1", native), ("0", "mm_cpu")):
+    for setting, kernel in (("1", native), ("0", "mm_into_cpu")):
         monkeypatch.setenv("CUTLASS_TUNE_EXTERN", setting)
-        monkeypatch.delitem(_lowering.__dict__, "mm", raising=False)  # looked up anew, as in a fresh process
-        got = _lowering.mm
+        monkeypatch.delitem(_lowering.__dict__, "mm_into", raising=False)  # looked up anew, as in a fresh process
+        got = _lowering.mm_into
         assert got is kernel if callable(kernel) else got.__name__ == kernel, (setting, got)
-    monkeypatch.delitem(_lowering.__dict__, "mm")
+    monkeypatch.delitem(_lowering.__dict__, "mm_into")
+
+
+def test_a_kernel_name_of_another_convention_runs_the_operator_through_the_dispatcher(key, monkeypatch):
+    """A graph Inductor cached under another version of the package (its cache key does not see
+    this one) may name `mm` with `out=`: it runs, through the dispatcher, and computes the same."""
+    monkeypatch.setattr(_lowering, "_native_out", lambda name: None)
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    for attr, call in (("mm", lambda k, out: k(a, b, key, None, out=out)),
+                       ("mm_into", lambda k, out: k(a, b, key, None, out))):
+        monkeypatch.delitem(_lowering.__dict__, attr, raising=False)
+        out = torch.empty(8, 4)
+        call(getattr(_lowering, attr), out)
+        torch.testing.assert_close(out, a @ b)
+        monkeypatch.delitem(_lowering.__dict__, attr)
 
 
 def test_a_graph_from_inductor_s_cache_finds_its_kernels_in_a_fresh_process(tmp_path):
@@ -164,7 +180,8 @@ def test_a_graph_from_inductor_s_cache_finds_its_kernels_in_a_fresh_process(tmp_
     assert _fresh(tmp_path) == ["EXTERN", "0"]
 
 
-def test_through_dispatcher_compiles_the_other_side_of_a_benchmark(key):
+def test_through_dispatcher_compiles_the_other_side_of_a_benchmark(key, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # a cache of this test's graphs only
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     with torch._inductor.config.patch(fx_graph_cache=True):
         with _lowering.through_dispatcher():
@@ -172,4 +189,4 @@ def test_through_dispatcher_compiles_the_other_side_of_a_benchmark(key):
         torch._dynamo.reset()
         _, _, after = _compiled(lambda a, b: OPS.mm(a, b, key).relu(), a, b)
     assert "torch.ops.cutlass_tune.mm.default(" in inside and "cutlass_tune_extern" not in inside
-    assert "cutlass_tune_extern.mm_cpu(" in after  # not served the graph compiled inside
+    assert "cutlass_tune_extern.mm_into_cpu(" in after  # not served the graph compiled inside
