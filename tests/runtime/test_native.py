@@ -156,6 +156,8 @@ out["gemm_args"]["sizeof"] = __import__("ctypes").sizeof(GemmArgs)
 out["schemas"] = {n: str(getattr(torch.ops.cutlass_tune, n).default._schema)
                   for n in ("mm", "linear", "grouped_mm", "scaled_mm")}
 out["scaled_is_native"] = _op.scaled_mm_op is torch.ops.cutlass_tune.scaled_mm.default
+out["out_variants"] = {n: getattr(_native._module, n + "_out").__doc__.splitlines()[0]
+                       for n in ("mm", "linear", "grouped_mm", "scaled_mm")}
 out["mm_is_native"] = _op.mm is torch.ops.cutlass_tune.mm.default
 register_table(BestTable(pd.DataFrame(columns=["m", "n", "k", "gpu", "config_hash", "config", "dtype_a", "dtype_d",
                                                "layout", "epilogue", "scaling"])), "k")
@@ -217,6 +219,14 @@ def test_the_built_library_defines_the_operators_in_a_fresh_process(built):
         "scaled_mm": "cutlass_tune::scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias, "
                      "str table, ScalarType out_dtype) -> Tensor"}
     assert out["scaled_is_native"]
+    # Inductor's extern kernels (runtime/_lowering.py) pass the operator's arguments in the schema's
+    # order, then the buffer, all positional: each out variant takes exactly those, none keyword-only
+    for name, doc in out["out_variants"].items():
+        params = re.match(rf"{name}_out\((.*)\) -> None", doc)
+        assert params and "*" not in params.group(1), doc
+        schema = re.search(r"\((.*)\)", out["schemas"][name]).group(1)
+        want = [arg.split("=")[0].split()[-1] for arg in schema.split(", ")] + ["out"]
+        assert [p.split(":")[0] for p in params.group(1).split(", ")] == want, doc
     assert out["mm"] and out["mm_grads"] and out["no_grad_has_no_grad_fn"]
     assert out["grad_fn"].endswith("<cutlass_tune_native::MmFunction>")  # the C++ autograd Function
     assert out["hook_calls"]["autograd"] == 0  # every gradient above came without the Python formula
