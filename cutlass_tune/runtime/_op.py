@@ -59,8 +59,8 @@ import torch
 from .._torch import FP8_DTYPES, backward_nodes
 from ..errors import CutlassTuneError
 from ..space import Activation, Epilogue, NodeKind, Problem
-from . import _matmul as _matmul_module
 from . import _lowering, _native
+from . import _matmul as _matmul_module
 from ._dispatch import OUT_DTYPES, Call, Kind, input_not_taken, load_table, prepare
 from ._matmul import _MIN_RATIO, MatmulInputError, beta_of, door_entry, matmul, problem_of, torch_gemm
 from ._table import BestTable, traced_table
