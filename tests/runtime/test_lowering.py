@@ -190,3 +190,27 @@ def test_through_dispatcher_compiles_the_other_side_of_a_benchmark(key, tmp_path
         _, _, after = _compiled(lambda a, b: OPS.mm(a, b, key).relu(), a, b)
     assert "torch.ops.cutlass_tune.mm.default(" in inside and "cutlass_tune_extern" not in inside
     assert "cutlass_tune_extern.mm_into_cpu(" in after  # not served the graph compiled inside
+
+
+def test_a_dynamic_batch_keeps_the_extern_kernel(key):
+    """M symbolic (a compile for every batch size would not do): one graph, one extern call, and
+    each size computes what eager computes."""
+    w = torch.randn(64, 32)
+    compiled = torch.compile(lambda a: OPS.mm(a, w.t(), key).relu(), dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        for m in (8, 24, 40):
+            a = torch.randn(m, 32)
+            got, codes = run_and_get_code(compiled, a)
+            torch.testing.assert_close(got, (a @ w.t()).relu())
+    code = "\n".join(codes)
+    assert "cutlass_tune_extern.mm_into_cpu(" in code and "torch.ops.cutlass_tune" not in code
+
+
+def test_inductor_s_cpp_wrapper_keeps_the_dispatcher_call(key):
+    """The C++ wrapper (and AOTInductor) cannot call a Python extern kernel: the lowering hands
+    the call to Inductor's fallback, and the graph still computes what eager computes."""
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with torch._inductor.config.patch(cpp_wrapper=True):
+        want, got, code = _compiled(lambda a, b: OPS.mm(a, b, key).relu(), a, b)
+    torch.testing.assert_close(got, want)
+    assert "cutlass_tune_extern" not in code
