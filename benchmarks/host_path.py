@@ -19,8 +19,10 @@ Rows (operator, mode), each against the torch call a model would make instead:
 | nn.Linear bias+gelu (door) | nn.Linear then F.gelu | cutlass_tune.nn.Linear(activation="gelu") |
 
 Modes: the operators in `eager-grad` (grad mode on, the weights requiring grad: a training
-forward), `eager-no_grad` and `compiled` (a function of the one call through torch.compile,
-default mode, under no_grad); the doors in `direct` (eager, no_grad: where they skip the operator).
+forward), `eager-no_grad`, `compiled` (a function of the one call through torch.compile, default
+mode, under no_grad: Inductor calls the operator as its extern kernel, runtime/_lowering.py) and
+`compiled-dispatcher` (the same, the operator called through the dispatcher); the doors in
+`direct` (eager, no_grad: where they skip the operator).
 
 Method: one worker process per native setting (`--native on off`; off is CUTLASS_TUNE_NATIVE=0 in
 the worker's environment; a package without `cutlass_tune.runtime._native` runs one worker,
@@ -46,6 +48,7 @@ ours us, torch / ours: above 1 ours costs the host less), and prints the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -62,8 +65,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-MODES = ("eager-grad", "eager-no_grad", "compiled", "direct")
-OPERATOR_MODES = ("eager-grad", "eager-no_grad", "compiled")
+MODES = ("eager-grad", "eager-no_grad", "compiled", "compiled-dispatcher", "direct")
+OPERATOR_MODES = ("eager-grad", "eager-no_grad", "compiled", "compiled-dispatcher")
 SLEEP_US_PER_CALL = 400
 MARK = "@host_path "
 """Prefix of a worker's answers on its stdout."""
@@ -96,6 +99,17 @@ class Row:
 
 
 _fresh_ids = itertools.count()
+
+
+def _compiling(mode: str) -> contextlib.AbstractContextManager:
+    """Where a row's graphs compile: "compiled-dispatcher" has Inductor call the operators through
+    the dispatcher (`_lowering.through_dispatcher`), "compiled" as its extern kernels; a package
+    without runtime/_lowering.py has only the dispatcher's call (the row says why it is skipped)."""
+    if mode != "compiled-dispatcher":
+        return contextlib.nullcontext()
+    from cutlass_tune.runtime import _lowering
+
+    return _lowering.through_dispatcher()
 
 
 def _fresh(fn: Callable) -> Callable:
@@ -197,14 +211,15 @@ class Builder:
                 row.table = self.tables[index][0]
                 want = torch_fn(*args)
                 row.relative_error = _relative(got, want)
-                if mode == "compiled":
+                if mode.startswith("compiled"):
                     torch_c, ours_c = torch.compile(_fresh(torch_fn)), torch.compile(_fresh(ours))
                     row.torch_call, row.ours_call = (lambda: torch_c(*args)), (lambda: ours_c(*args))
                 else:
                     row.torch_call, row.ours_call = (lambda: torch_fn(*args)), (lambda: ours(*args))
-                for _ in range(3):
-                    row.torch_call()
-                    row.ours_call()
+                with _compiling(mode):  # torch.compile compiles at these first calls
+                    for _ in range(3):
+                        row.torch_call()
+                        row.ours_call()
         except Exception as err:  # noqa: BLE001 - a row that cannot run is reported, the rest still run
             row.torch_call = row.ours_call = None
             row.skip = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
