@@ -188,10 +188,11 @@ def _lowering(name: str, op: Any) -> Callable[..., Any]:
                   for (_, is_tensor, _), value in zip(arguments, values))
         if kernel is None or odd or not isinstance(val, torch.Tensor):
             return fallback(*args, **kwargs)
-        inputs = [ir.ExternKernel.realize_input(v) for v in values if isinstance(v, ir.IRNode)]
+        slots = tuple((isinstance(v, ir.IRNode), v) for v in values)
+        inputs = [ir.ExternKernel.realize_input(v) for is_input, v in slots if is_input]
         layout = ir.FixedLayout(val.device, val.dtype, convert_shape_to_inductor(val.size()))
         node = NativeOut(layout=layout, inputs=inputs, python_kernel_name=f"cutlass_tune_extern.{kernel}")
-        node.slots = tuple((isinstance(v, ir.IRNode), None if isinstance(v, ir.IRNode) else v) for v in values)
+        node.slots = tuple((is_input, None if is_input else v) for is_input, v in slots)
         _lowered[name] = _lowered.get(name, 0) + 1
         return ir.TensorBox.create(node)
 

@@ -3,6 +3,7 @@ tests/runtime/test_native_gpu.py (a process whose operators were defined in Pyth
 library): `python3 -m tests.runtime.native_gpu_probe SCENARIO` prints one JSON line of findings."""
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -449,12 +450,13 @@ def extern() -> dict:
     from cutlass_tune.runtime._fp8 import quantize_rowwise
     from tests.runtime.test_fp8_linear_gpu import KERNELS, _kernel_table, _module
 
-    scaled_key = register_table(_kernel_table(KERNELS["rowwise"]), key="extern-scaled")
+    scaled_table = _kernel_table(KERNELS["rowwise"])
+    scaled_key = register_table(scaled_table, key="extern-scaled")
     held = _kernel_table(dataclasses.replace(KERNELS["rowwise"], fp8_fast_accum=True)).frame.assign(ratio=0.5)
     kept_key = register_table(BestTable(held), key="extern-scaled-kept")
     dense_key = register_table(tuned_table(), key="extern-dense")
     grouped_key = register_table(grouped_table(TABLE), key="extern-grouped")
-    module = _module(registered_table_of(scaled_key), "rowwise")
+    module = _module(scaled_table, "rowwise")
     x = torch.randn(64, module.in_features, dtype=torch.bfloat16, device="cuda")
     xq, sa = quantize_rowwise(x)
     w8, ws, bias = module.weight.t(), module.weight_scale, module.bias
@@ -511,14 +513,8 @@ def extern() -> dict:
         rounds = [(_host_us(lambda: ours_c(h0), 20), _host_us(lambda: theirs_c(h0), 20)) for _ in range(3)]
     out["chain_ours_us_per_gemm"] = round(statistics.median(r[0] for r in rounds) / 16, 2)
     out["chain_torch_us_per_gemm"] = round(statistics.median(r[1] for r in rounds) / 16, 2)
-    out["extern"] = __import__("os").environ.get("CUTLASS_TUNE_EXTERN", "1")
+    out["extern"] = os.environ.get("CUTLASS_TUNE_EXTERN", "1")
     return out
-
-
-def registered_table_of(key: str) -> BestTable:
-    from cutlass_tune.runtime._op import registered_table
-
-    return registered_table(key)
 
 
 if __name__ == "__main__":
