@@ -1,7 +1,7 @@
 """A quick check of the operators' extern kernels on a CUDA GPU (runtime/_lowering.py), with the
 native library built (`cutlass-tune native --build`) and a table without rows (torch's path from
-C++, no kernel to compile): each operator compiled alone, the generated call and the result
-against the operator called eagerly. Prints one line an operator; exit 1 on a mismatch.
+C++, no kernel to compile): each operator (the MoE layer's gather and combine too) compiled alone,
+the generated call and the result against the operator called eagerly. Prints one line an operator; exit 1 on a mismatch.
 
     python3 benchmarks/extern_smoke.py
 """
@@ -31,10 +31,14 @@ def main() -> int:
     a = torch.randn(128, 512, dtype=torch.bfloat16, device="cuda")
     experts = torch.randn(4, 512, 256, dtype=torch.bfloat16, device="cuda") / 16
     offs = torch.tensor([32, 64, 96, 128], dtype=torch.int32, device="cuda")
+    inv = torch.randperm(128, device="cuda")  # 64 tokens x top 2: each slot's routed row
+    slot_weights = torch.rand(64, 2, device="cuda")
     cases = {"mm": lambda: ops.mm(x, w.t(), key),
              "linear": lambda: ops.linear(x, w, bias, "gelu", key, residual=x[:, :256].contiguous()),
              "grouped_mm": lambda: ops.grouped_mm(a, experts, offs, key),
-             "scaled_mm": lambda: ops.scaled_mm(x8, w8.t(), sa, sb, None, key, torch.bfloat16)}
+             "scaled_mm": lambda: ops.scaled_mm(x8, w8.t(), sa, sb, None, key, torch.bfloat16),
+             "moe_gather": lambda: ops.moe_gather(x, inv, slot_weights, 2),
+             "moe_combine": lambda: ops.moe_combine(a, inv, slot_weights, 2)}
     failed = 0
     with torch.no_grad():
         for name, call in cases.items():

@@ -207,10 +207,12 @@ void check_routing(const char* op, const at::Tensor& rows, const at::Tensor& inv
               op, ": rows must be float32, float16 or bfloat16, got ", rows.scalar_type());
 }
 
-// moe_gather (D kGather: `in` is x, T x H) and moe_combine (kCombine: `in` is y, S x H).
+// moe_gather (D kGather: `in` is x, T x H) and moe_combine (kCombine: `in` is y, S x H), written
+// into `out` where it is given and fits (contiguous, the result's shape, type and device: Inductor's
+// buffer, ops.cpp's out variants), else into a new tensor, which is returned.
 template <Direction D>
-at::Tensor move_rows(const at::Tensor& in, const at::Tensor& inv_in, const c10::optional<at::Tensor>& weights_in,
-                     int64_t top_k) {
+at::Tensor move_rows_into(const at::Tensor& in, const at::Tensor& inv_in, const c10::optional<at::Tensor>& weights_in,
+                          int64_t top_k, const at::Tensor* given) {
   constexpr bool gather = D == Direction::kGather;
   constexpr const char* op = gather ? "cutlass_tune::moe_gather" : "cutlass_tune::moe_combine";
   check_routing(op, in, inv_in, weights_in, top_k);
@@ -224,7 +226,10 @@ at::Tensor move_rows(const at::Tensor& in, const at::Tensor& inv_in, const c10::
   const c10::cuda::CUDAGuard guard(in.device());
   const at::Tensor src = in.contiguous(), inv = inv_in.contiguous();
   const at::Tensor weights = weights_in.has_value() ? weights_in->contiguous() : at::Tensor();
-  at::Tensor out = at::empty({gather ? slots : tokens, hidden}, src.options());
+  const int64_t out_rows = gather ? slots : tokens;
+  const bool fits = given != nullptr && given->is_contiguous() && given->numel() == out_rows * hidden &&
+                    given->scalar_type() == src.scalar_type() && given->device() == src.device();
+  at::Tensor out = fits ? given->view({out_rows, hidden}) : at::empty({out_rows, hidden}, src.options());
   if (tokens == 0 || hidden == 0) return out;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const size_t shared = top_k * (sizeof(int64_t) + sizeof(float));
@@ -242,6 +247,12 @@ at::Tensor move_rows(const at::Tensor& in, const at::Tensor& inv_in, const c10::
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
+}
+
+template <Direction D>
+at::Tensor move_rows(const at::Tensor& in, const at::Tensor& inv, const c10::optional<at::Tensor>& weights,
+                     int64_t top_k) {
+  return move_rows_into<D>(in, inv, weights, top_k, nullptr);
 }
 
 at::Tensor moe_weights_grad(const at::Tensor& a_in, const at::Tensor& b_in, const at::Tensor& inv_in, int64_t top_k) {
@@ -274,6 +285,22 @@ at::Tensor moe_weights_grad(const at::Tensor& a_in, const at::Tensor& b_in, cons
 }
 
 }  // namespace
+
+namespace cutlass_tune_moe {
+
+// The gather (`combine` false) or the combine of rows into `out` (Inductor's buffer: ops.cpp's
+// moe_gather_out and moe_combine_out), copied in where the kernels wrote a tensor of their own
+// (an `out` that does not fit the result).
+void rows_into(bool combine, const at::Tensor& in, const at::Tensor& inv, const c10::optional<at::Tensor>& weights,
+               int64_t top_k, at::Tensor& out) {
+  const at::Tensor result = combine ? move_rows_into<Direction::kCombine>(in, inv, weights, top_k, &out)
+                                    : move_rows_into<Direction::kGather>(in, inv, weights, top_k, &out);
+  if (result.data_ptr() != out.data_ptr()) {
+    out.copy_(result.reshape(out.sizes()));
+  }
+}
+
+}  // namespace cutlass_tune_moe
 
 TORCH_LIBRARY_FRAGMENT(cutlass_tune, m) {
   m.def("moe_gather(Tensor x, Tensor inv, Tensor? weights, int top_k) -> Tensor");

@@ -1000,6 +1000,38 @@ void scaled_mm_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& s
   into(out, scaled_mm_cuda(a, b, scale_a, scale_b, bias, table, out_dtype));
 }
 
+#if CUTLASS_TUNE_NATIVE_CUDA
+
+// The GLU stage's door (`door_grouped_glu`) writing into `out`: the MoE layer's GLU operator's
+// extern kernel calls it (runtime/_moe_glu.py, `gate_up_glu_into`).
+void grouped_glu_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offs, const std::string& table,
+                     const std::string& activation, at::Tensor out) {
+  const OutTarget target(out);
+  into(out, door_grouped_glu(a, b, offs, table, activation));
+}
+
+}  // namespace cutlass_tune_native
+
+namespace cutlass_tune_moe {
+void rows_into(bool combine, const at::Tensor& in, const at::Tensor& inv, const c10::optional<at::Tensor>& weights,
+               int64_t top_k, at::Tensor& out);  // moe.cu
+}  // namespace cutlass_tune_moe
+
+namespace __attribute__((visibility("hidden"))) cutlass_tune_native {
+
+// moe.cu's gather and combine writing into `out` (no dispatcher: the kernels below the operators).
+void moe_gather_out(const at::Tensor& x, const at::Tensor& inv, const std::optional<at::Tensor>& weights, int64_t top_k,
+                    at::Tensor out) {
+  cutlass_tune_moe::rows_into(false, x, inv, weights, top_k, out);
+}
+
+void moe_combine_out(const at::Tensor& y, const at::Tensor& inv, const std::optional<at::Tensor>& weights,
+                     int64_t top_k, at::Tensor out) {
+  cutlass_tune_moe::rows_into(true, y, inv, weights, top_k, out);
+}
+
+#endif  // CUTLASS_TUNE_NATIVE_CUDA
+
 // ---------------------------------------------------------------------------------------------
 // Autograd: below autograd at C++ cost where no gradient is needed; where one is, a C++ autograd
 // Function whose forward runs the operator below autograd and whose backward is the Python
@@ -1448,6 +1480,14 @@ PYBIND11_MODULE(cutlass_tune_native, m) {
   m.def("scaled_mm_out", &scaled_mm_out, py::arg("a"), py::arg("b"), py::arg("scale_a"), py::arg("scale_b"),
         py::arg("bias"), py::arg("table"), py::arg("out_dtype"), py::arg("out"),
         "`scaled_mm` writing its result into `out`.");
+#if CUTLASS_TUNE_NATIVE_CUDA
+  m.def("grouped_glu_out", &grouped_glu_out, py::arg("a"), py::arg("b"), py::arg("offs"), py::arg("table"),
+        py::arg("activation"), py::arg("out"), "The GLU stage's door writing its result into `out`.");
+  m.def("moe_gather_out", &moe_gather_out, py::arg("x"), py::arg("inv"), py::arg("weights"), py::arg("top_k"),
+        py::arg("out"), "`moe_gather` writing its routed rows into `out`.");
+  m.def("moe_combine_out", &moe_combine_out, py::arg("y"), py::arg("inv"), py::arg("weights"), py::arg("top_k"),
+        py::arg("out"), "`moe_combine` writing its token rows into `out`.");
+#endif
   m.def(
       "hook_calls",
       [] {

@@ -139,7 +139,7 @@ def _grouped_mm_cpu(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table:
 
 def _grouped_mm_fake(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, table: str,
                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    _lowering.ensure()
+    _lowering.ensure("grouped_mm")
     _check(a, b, offs, out_dtype)
     registered_table(table)  # a missing key fails when the graph is traced, not when it first runs
     return a.new_empty((a.shape[0], b.shape[2]), dtype=out_dtype or a.dtype)

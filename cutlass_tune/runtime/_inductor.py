@@ -220,7 +220,7 @@ class FusionPass(CustomGraphPass):
         return digest.digest()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        _lowering.ensure()  # the linear calls this pass puts in are lowered as extern kernels
+        _lowering.ensure("linear")  # the linear calls this pass puts in are lowered as extern kernels
         taken: set[torch.fx.Node] = set()
         fused = 0
         for node in reversed(list(graph.nodes)):  # users first: the widest pattern claims its nodes

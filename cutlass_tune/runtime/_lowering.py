@@ -1,7 +1,8 @@
 """Inductor calls the operators as extern kernels that write into its own buffer.
 
 Without this module a compiled graph calls `torch.ops.cutlass_tune.scaled_mm.default(...)` (or
-`mm`, `linear`, `grouped_mm`) through the dispatcher, then checks the result's sizes, strides
+`mm`, `linear`, `grouped_mm`, the MoE layer's `moe_gather`, `moe_gate_up_glu`, `moe_combine`)
+through the dispatcher, then checks the result's sizes, strides
 and alignment: on an H200 host a compiled fp8 model's step spent about 13 us more per GEMM than
 torch's own graph, which calls `extern_kernels._scaled_mm(..., out=buf)` (benchmarks/host_path.md,
 "Extern kernels"). Here each operator gets an Inductor lowering that emits
@@ -9,7 +10,8 @@ torch's own graph, which calls `extern_kernels._scaled_mm(..., out=buf)` (benchm
     cutlass_tune_extern.scaled_mm_into(a, b, scale_a, scale_b, None, 'table-key', torch.bfloat16, buf)
 
 where `cutlass_tune_extern` is this module and `scaled_mm_into` the native library's `scaled_mm_out`
-(native/ops.cpp): the same plans and kernels as the operator's CUDA kernel, its result written
+(native/ops.cpp; an operator defined in Python names its own kernel, `register_kernel`: the GLU
+stage's calls the library's `grouped_glu_out`): the same plans and kernels as the operator's CUDA kernel, its result written
 into the buffer Inductor allocated (no dispatcher, no autograd layer, no output checks). The
 buffer is the last positional argument, not Inductor's usual `out=`: pybind's keyword matching
 costs 1-1.5 us a call on a 2-core CPU host, against 0.5 for the positional call.
@@ -23,8 +25,9 @@ kernels (its cache key does not see this setting) then calls the operators throu
 dispatcher from those kernels (`CALL`).
 
 When it is registered: importing `torch._inductor.lowering` costs seconds, so nothing here
-imports it. The operators' fake kernels call `ensure()`, which registers the lowerings once the
-lowering module is loaded; a compile traces the graph with fake tensors inside Inductor's entry
+imports it. The operators' fake kernels call `ensure(name)`, which registers the operator's
+lowering once the lowering module is loaded (an operator defined later, by a module imported
+later, is registered by its own fake); a compile traces the graph with fake tensors inside Inductor's entry
 (AOTAutograd) before it lowers, so the first compile of a process gets them. The generated code
 imports this module itself, so a graph loaded from Inductor's cache finds its kernels.
 """
@@ -42,8 +45,11 @@ from .. import settings
 from . import _native
 from ._dispatch import warn_once
 
-OPERATORS = ("mm", "linear", "grouped_mm", "scaled_mm")
-"""The operators lowered to extern kernels (their native library's `<name>_out`)."""
+OPERATORS = ("mm", "linear", "grouped_mm", "scaled_mm", "moe_gather", "moe_combine", "moe_gate_up_glu")
+"""The operators lowered to extern kernels where they are defined in the process: their native
+library's `<name>_out`, or the kernel `register_kernel` names (the MoE glue's `moe_gather` and
+`moe_combine` exist in a CUDA build of the library only; `moe_gate_up_glu` once runtime/_moe_glu.py
+is imported)."""
 IMPORT = "from cutlass_tune.runtime import _lowering as cutlass_tune_extern"
 """The line Inductor's generated code imports this module by."""
 CALL = "_into"
@@ -54,26 +60,43 @@ which run the operator through the dispatcher (`_through_op`) and stay correct."
 _CPU = "_cpu"
 """The suffix of an operator's CPU extern kernel (`mm_into_cpu`, ...)."""
 
-_registered = False
+_registered: set[str] = set()
+_enabled: list[bool] = []
+"""settings.extern_enabled() as read at the first registration (empty before it)."""
+_kernels: dict[str, Callable[[], Callable[..., None] | None]] = {}
+"""An operator's CUDA extern kernel where the native library has no `<name>_out` for it: a function
+giving the kernel, or None where the call should keep the dispatcher (`register_kernel`)."""
 _suspended = False
 _lowered: dict[str, int] = {}
 """How many calls of each operator a lowering made extern kernels of (tests and benchmarks read it)."""
 
 
-def ensure() -> None:
-    """Register the lowerings where Inductor's lowering module is loaded and they are not yet
-    registered (cheap otherwise: what the operators' fake kernels call on every trace)."""
-    global _registered
-    if _registered or "torch._inductor.lowering" not in sys.modules:
+def ensure(*names: str) -> None:
+    """Register the lowerings of `names` (default: every operator of `OPERATORS` defined in the
+    process) where Inductor's lowering module is loaded and they are not yet registered (cheap
+    otherwise: what the operators' fake kernels call on every trace)."""
+    names = names or OPERATORS
+    if "torch._inductor.lowering" not in sys.modules or _registered.issuperset(names):
         return
-    _registered = True
-    if not settings.extern_enabled():
+    if not _enabled:
+        _enabled.append(settings.extern_enabled())
+    if not _enabled[0]:
+        _registered.update(names)
         return
     try:
-        _register()
+        _register(names)
     except Exception as err:  # another torch's Inductor: the operators keep the dispatcher path
+        _registered.update(names)
         warn_once("lowering", f"cutlass_tune: the operators' Inductor lowerings cannot be registered "
                               f"({type(err).__name__}: {err}); torch.compile calls them through the dispatcher")
+
+
+def register_kernel(name: str, kernel: Callable[[], Callable[..., None] | None]) -> None:
+    """Name the CUDA extern kernel of operator `name` (one of `OPERATORS` the native library has no
+    `<name>_out` for): `kernel()` gives a function of the operator's arguments and the buffer
+    last, or None where calls should keep the dispatcher (asked per compiled call)."""
+    assert name in OPERATORS, name
+    _kernels[name] = kernel
 
 
 @contextlib.contextmanager
@@ -100,6 +123,8 @@ def lowered() -> dict[str, int]:
 
 
 def _native_out(name: str) -> Callable[..., None] | None:
+    if name in _kernels:
+        return _kernels[name]()
     door = _native.door
     return getattr(door, f"{name}_out", None) if door is not None else None
 
@@ -140,14 +165,16 @@ def _is_tensor(kind: Any) -> bool:
     return isinstance(kind, torch.TensorType)
 
 
-def _register() -> None:
+def _register(names: tuple[str, ...]) -> None:
     from torch._inductor.lowering import lowerings, register_lowering
 
-    for name in OPERATORS:
-        op = getattr(torch.ops.cutlass_tune, name).default
-        if op in lowerings:
+    for name in names:
+        if name in _registered or not hasattr(torch.ops.cutlass_tune, name):  # not defined (yet)
             continue
-        register_lowering(op, type_promotion_kind=None)(_lowering(name, op))
+        _registered.add(name)
+        op = getattr(torch.ops.cutlass_tune, name).default
+        if op not in lowerings:
+            register_lowering(op, type_promotion_kind=None)(_lowering(name, op))
 
 
 def _lowering(name: str, op: Any) -> Callable[..., Any]:

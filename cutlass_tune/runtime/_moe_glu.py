@@ -26,7 +26,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from .._torch import ACTIVATION, glu_halves
 from ..space import GLU_BLOCK, Activation, DType, Epilogue, Layout, Pair, Problem
 from ..tables import BestTableError
-from . import _native
+from . import _lowering, _native
 from ._dispatch import (
     Call,
     Kind,
@@ -399,10 +399,38 @@ def _gate_up_glu_cpu(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Tens
 
 def _gate_up_glu_fake(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Tensor, table: str, activation: str,
                       transposed: bool, alternating: bool) -> torch.Tensor:
+    _lowering.ensure("moe_gate_up_glu")
     registered_table(table)
     n = gate_up.shape[-1] if transposed else gate_up.shape[-2]
     return rows.new_empty((rows.shape[0], n // 2))
 
+
+def _gate_up_glu_into(rows: torch.Tensor, gate_up: torch.Tensor, offs: torch.Tensor, table: str, activation: str,
+                      transposed: bool, alternating: bool, out: torch.Tensor) -> None:
+    """The GLU operator's extern kernel in a compiled graph (runtime/_lowering.py): the native
+    library's GLU door writing into Inductor's buffer `out`, no dispatcher and no Python operator
+    between (Inductor's graph runs on the rows' device); what `_gate_up_glu_cuda` computes
+    otherwise, copied in."""
+    weights = glu_weights(gate_up, transposed, alternating)
+    door = _native.door
+    if weights is not None and door is not None:
+        try:
+            door.grouped_glu_out(rows, weights.transpose(-2, -1), offs, _native.door_key(registered_table(table)),
+                                 activation, out)
+            return
+        except MatmulInputError as err:
+            input_not_taken("moe_experts", err, "torch's grouped GEMM and act(gate) * up")
+            out.copy_(_torch_glu(rows, weights, offs, Activation(activation)))
+            return
+    out.copy_(_gate_up_glu_cuda(rows, gate_up, offs, table, activation, transposed, alternating))
+
+
+def _glu_kernel() -> Any:
+    door = _native.door
+    return _gate_up_glu_into if door is not None and hasattr(door, "grouped_glu_out") else None
+
+
+_lowering.register_kernel("moe_gate_up_glu", _glu_kernel)
 
 gate_up_glu_op: Any = forward_op("moe_gate_up_glu(Tensor rows, Tensor gate_up, Tensor offs, str table, str activation, "
                                  "bool transposed, bool alternating) -> Tensor", _gate_up_glu_cuda, _gate_up_glu_cpu,

@@ -217,10 +217,16 @@ def moe_combine(y: torch.Tensor, routing: MoERouting, weights: torch.Tensor | No
 
 
 def _fake_rows(x: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None, top_k: int) -> torch.Tensor:
+    from . import _lowering  # its lowering, as every operator's fake registers its own
+
+    _lowering.ensure("moe_gather")
     return x.new_empty((inv.shape[0], x.shape[-1]))
 
 
 def _fake_tokens(y: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | None, top_k: int) -> torch.Tensor:
+    from . import _lowering
+
+    _lowering.ensure("moe_combine")
     return y.new_empty((inv.shape[0] // top_k, y.shape[-1]))
 
 

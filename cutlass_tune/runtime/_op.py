@@ -206,7 +206,7 @@ def _mm_cpu(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype
 
 
 def _mm_fake(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    _lowering.ensure()
+    _lowering.ensure("mm")
     _check(a, b, out_dtype)
     registered_table(table)  # a missing key fails when the graph is traced, not when it first runs
     return a.new_empty((*a.shape[:-1], b.shape[1]), dtype=result_dtype(a.dtype, out_dtype))
@@ -404,7 +404,7 @@ def _linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def _linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
                  residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
-    _lowering.ensure()
+    _lowering.ensure("linear")
     _check_linear(x, weight, bias, activation, residual, gate)
     registered_table(table)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
@@ -530,7 +530,7 @@ def _scaled_mm_cpu(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
 
 def _scaled_mm_fake(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                     bias: torch.Tensor | None, table: str, out_dtype: torch.dtype) -> torch.Tensor:
-    _lowering.ensure()
+    _lowering.ensure("scaled_mm")
     registered_table(table)
     torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
                  lambda: f"cutlass_tune.scaled_mm: a {list(a.shape)} and b {list(b.shape)} do not chain")

@@ -517,6 +517,49 @@ def extern() -> dict:
     return out
 
 
+def extern_moe() -> dict:
+    """The MoE layer compiled (`moe_experts` with the GLU stage, runtime/_lowering.py): the
+    generated code's calls of its four operators (gather, GLU stage, down grouped GEMM, combine),
+    the result against the layer called eagerly, no Python hook and no copy on a repeat, and the
+    compiled layer's host time a call (the GPU kept busy). With CUTLASS_TUNE_EXTERN=0 the same
+    graph calls the operators through the dispatcher."""
+    from torch._inductor.utils import run_and_get_code
+
+    from cutlass_tune.runtime import _lowering
+    from cutlass_tune.runtime._moe import moe_experts
+    from tests.runtime.test_moe_glu_gpu import glu_table
+    from tests.runtime.test_moe_glu_gpu import operands as layer_operands
+
+    key = register_table(glu_table(), key="extern-moe")
+    x, index, weights, gate_up, down = layer_operands()
+
+    def layer(x, index, weights):
+        return moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
+
+    out: dict = {}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = layer(x, index, weights)
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True)
+        got, codes = run_and_get_code(compiled, x, index, weights)
+        code = "\n".join(codes)
+        out["calls"] = [line.strip() for line in code.splitlines() if "cutlass_tune" in line
+                        and "import" not in line and not line.strip().startswith("#")]
+        out["equal"] = torch.equal(got, want)
+        out["error"] = error(got, want)
+        before = _native._module.hook_calls()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            compiled(x, index, weights)
+        out["repeat_calls"] = python_calls(before)
+        out["copies"] = sum(1 for e in prof.events() if e.name == "aten::copy_")
+        out["layer_us"] = round(_host_us(lambda: compiled(x, index, weights)), 2)
+        out["eager_us"] = round(_host_us(lambda: layer(x, index, weights)), 2)
+    out["lowered"] = _lowering.lowered()
+    out["extern"] = os.environ.get("CUTLASS_TUNE_EXTERN", "1")
+    return out
+
+
 if __name__ == "__main__":
     # As tests/conftest.py's `_tables_of_any_hopper` does for the GPU tests: the tables' rows
     # (tuned on one Hopper, or on "any") serve whichever Hopper runs this.

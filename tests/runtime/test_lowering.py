@@ -214,3 +214,79 @@ def test_inductor_s_cpp_wrapper_keeps_the_dispatcher_call(key):
         want, got, code = _compiled(lambda a, b: OPS.mm(a, b, key).relu(), a, b)
     torch.testing.assert_close(got, want)
     assert "cutlass_tune_extern" not in code
+
+
+def test_the_moe_glu_stage_is_an_extern_kernel(key):
+    """The MoE layer's GLU operator, defined in Python: its kernel is the one it registers
+    (`register_kernel`), on the CPU the operator copied into the buffer."""
+    from cutlass_tune.runtime._moe_glu import gate_up_glu_op
+
+    torch.manual_seed(0)
+    rows, gate_up = torch.randn(24, 32, dtype=torch.bfloat16), torch.randn(3, 2 * 16, 32, dtype=torch.bfloat16)
+    offs = torch.tensor([8, 16, 24], dtype=torch.int32)
+    want, got, code = _compiled(lambda r, w, o: gate_up_glu_op(r * 2, w, o, key, "silu", False, False) + 1,
+                                rows, gate_up, offs)
+    torch.testing.assert_close(got, want)
+    calls = [c for c in _calls(code) if c.startswith("cutlass_tune_extern.")]
+    assert len(calls) == 1 and calls[0].startswith("cutlass_tune_extern.moe_gate_up_glu_into_cpu(")
+    assert re.search(r", arg1_1, arg2_1, 'test-lowering', 'silu', False, False, buf\d+\)$", calls[0]), calls
+
+
+def test_the_glu_stage_s_cuda_kernel_is_the_library_s_where_it_has_one(monkeypatch):
+    from cutlass_tune.runtime import _moe_glu, _native
+
+    monkeypatch.setattr(_native, "door", None)
+    assert _lowering._native_out("moe_gate_up_glu") is None  # the dispatcher's call: no library
+    monkeypatch.setattr(_native, "door", type("Old", (), {})())
+    assert _lowering._native_out("moe_gate_up_glu") is None  # a library without the GLU door's out variant
+    monkeypatch.setattr(_native, "door", type("New", (), {"grouped_glu_out": staticmethod(lambda *a: None)})())
+    assert _lowering._native_out("moe_gate_up_glu") is _moe_glu._gate_up_glu_into
+    with pytest.raises(AssertionError):
+        _lowering.register_kernel("no_such_operator", lambda: None)
+
+
+_MOE_ROWS = r"""
+import pandas as pd, torch
+from torch._inductor.utils import run_and_get_code
+from cutlass_tune.runtime import BestTable, _lowering, _moe_routing, register_table
+from cutlass_tune.runtime._moe_routing import moe_combine, moe_gather, moe_routing
+key = register_table(BestTable(pd.DataFrame()), key="rows")
+a = torch.randn(8, 16)
+with torch.no_grad():  # a first compile registers the lowerings the process has operators for
+    torch.compile(lambda a: torch.ops.cutlass_tune.mm(a, a.t(), key))(a)
+assert "moe_gather" not in _lowering._registered
+# the CUDA build's MoE operators, defined later (as the library loads after the first compile), on the CPU
+lib = torch.library.Library("cutlass_tune", "FRAGMENT")
+lib.define("moe_gather(Tensor x, Tensor inv, Tensor? weights, int top_k) -> Tensor")
+lib.define("moe_combine(Tensor y, Tensor inv, Tensor? weights, int top_k) -> Tensor")
+lib.define("moe_weights_grad(Tensor a, Tensor b, Tensor inv, int top_k) -> Tensor")
+def gather(x, inv, w, k):
+    return _moe_routing._torch_gather(x, torch.empty_like(inv).scatter_(0, inv, torch.arange(inv.shape[0])), inv, w, k)
+lib.impl("moe_gather", gather, "CPU")
+lib.impl("moe_combine", lambda y, inv, w, k: _moe_routing._torch_combine(y, None, inv, w, k), "CPU")
+lib.impl("moe_weights_grad", _moe_routing._torch_weights_grad, "CPU")
+assert _moe_routing.register_native()
+_moe_routing._native_op = lambda name, t, weights=None: _moe_routing._native.get(name)  # CPU tensors take them
+torch.manual_seed(0)
+index = torch.stack([torch.randperm(6)[:2] for _ in range(8)])
+weights = torch.rand(8, 2)
+def layer(x, index, weights):
+    r = moe_routing(index, 6)
+    return moe_combine(moe_gather(x, r) * 3, r, weights)
+with torch.no_grad():
+    want = layer(a, index, weights)
+    got, (code,) = run_and_get_code(torch.compile(layer, fullgraph=True), a, index, weights)
+torch.testing.assert_close(got, want)
+calls = [line.strip().split("(")[0] for line in code.splitlines() if "cutlass_tune_extern." in line]
+print(" ".join(calls), "dispatcher" if "torch.ops.cutlass_tune" in code else "-")
+"""
+
+
+def test_moe_gather_and_combine_are_extern_kernels_where_the_library_defines_them():
+    """Operators defined after the first registration (the CUDA build's MoE glue, here stand-ins
+    on the CPU under the same names) get their lowerings from their own fakes, in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", _MOE_ROWS], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["cutlass_tune_extern.moe_gather_into_cpu", "cutlass_tune_extern.moe_combine_into_cpu",
+                                   "-"]
