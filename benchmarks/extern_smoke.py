@@ -14,11 +14,11 @@ import pandas as pd
 import torch
 from torch._inductor.utils import run_and_get_code
 
-from cutlass_tune.runtime import BestTable, _native, register_table
+from cutlass_tune.runtime import BestTable, _moe_routing, _native, register_table
 
 
 def main() -> int:
-    if not torch.cuda.is_available() or _native.door is None:
+    if not torch.cuda.is_available() or _native.door is None or not _moe_routing.native_available():
         print("extern_smoke.py: needs a CUDA GPU and the native library (cutlass-tune native --build)", file=sys.stderr)
         return 2
     key = register_table(BestTable(pd.DataFrame()), key="extern-smoke")

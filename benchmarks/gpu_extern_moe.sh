@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# One call on one GPU for the MoE layer's operators as Inductor's extern kernels
-# (runtime/_lowering.py; benchmarks/host_path.md, "The MoE layer's operators"): the native library
-# built, benchmarks/extern_smoke.py, the GPU tests of TESTS (a pytest -k expression, default the
-# extern ones), then the DeepSeek-V2-Lite-shaped model compiled at TOKENS (default 512) with the
-# extern kernels and with CUTLASS_TUNE_EXTERN=0 (the dispatcher's calls; Inductor's caches off in
-# both), each benchmarks/moe_model.py's alternating blocks against transformers' "grouped_mm"
-# experts. Results under OUTDIR (one archive).
+# One call on one GPU for the MoE layer's native glue under torch.compile (runtime/_lowering.py,
+# native/moe.cu; benchmarks/moe_layer.md): the native library built, benchmarks/extern_smoke.py, the
+# GPU tests TESTS names (pytest arguments; default the native MoE ones), then the model runs of
+# SPECS ("TOKENS FLAGS..." entries separated by ';', default "512 --compile") for FAMILY (default
+# deepseek_v2) on each side of SIDES (default "extern"; "dispatcher": CUTLASS_TUNE_EXTERN=0), each
+# benchmarks/moe_model.py's alternating blocks against transformers' "grouped_mm" experts, with
+# Inductor's caches off. Results under OUTDIR (one archive).
 #
 #   benchmarks/gpu_extern_moe.sh OUTDIR        (BUDGET seconds, default 560; TABLE: the model's
 #                                              table, default the seventh session's DeepSeek-V2-Lite one)
@@ -21,17 +21,21 @@ python3 -m cutlass_tune.cli export --storage "${TABLE:-benchmarks/results/moe_gl
   -o /tmp/extern-moe-bundle > "$out/export.txt" 2>&1 &
 python3 -m cutlass_tune.cli native --build > "$out/native.txt" 2>&1
 echo "native rc=$? at ${SECONDS}s"; tail -2 "$out/native.txt"
-python3 benchmarks/extern_smoke.py > "$out/smoke.txt" 2>&1; echo "smoke rc=$?"; cat "$out/smoke.txt" | cut -c1-200
+python3 benchmarks/extern_smoke.py > "$out/smoke.txt" 2>&1; echo "smoke rc=$?"; grep -v Warning "$out/smoke.txt" | grep -v "return _fallback" | cut -c1-160
 timeout -s INT -k 20 ${TEST_SECONDS:-200} python3 -m pytest -m gpu -s -v -p no:cacheprovider -rA \
-  tests/runtime/test_native_gpu.py -k "${TESTS:-extern}" > "$out/gpu_tests.txt" 2>&1
-echo "tests rc=$? at ${SECONDS}s"; grep -E "^(extern|PASSED|FAILED|ERROR)|passed|failed" "$out/gpu_tests.txt" | cut -c1-600 | tail -12
+  ${TESTS:-tests/runtime/test_moe_gpu.py -k native} > "$out/gpu_tests.txt" 2>&1
+echo "tests rc=$? at ${SECONDS}s"; grep -E "^(routing|extern)|(PASSED|FAILED|ERROR) tests|passed|failed" "$out/gpu_tests.txt" | cut -c1-400 | tail -40
 wait; echo "export: $(tail -1 "$out/export.txt")"
 mkdir -p "$out/model"
-for side in extern dispatcher; do
-  [ "$(left)" -gt 100 ] || { echo "model $side: $(left) s left"; break; }
-  ext=1; [ "$side" = dispatcher ] && ext=0
-  CUTLASS_TUNE_EXTERN=$ext TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout -k 10 $(( $(left) - 30 )) \
-    python3 benchmarks/moe_model.py /tmp/extern-moe-bundle "$out/model/$side" --family "${FAMILY:-deepseek_v2}" \
-    --tokens "${TOKENS:-512}" --compile --profile --blocks ${BLOCKS:-8} > "$out/model-$side.txt" 2>&1
-  echo "model $side rc=$? at ${SECONDS}s"; tail -6 "$out/model-$side.txt" | cut -c1-300
+IFS=';' read -ra specs <<< "${SPECS:-512 --compile}"
+for spec in "${specs[@]}"; do
+  for side in ${SIDES:-extern}; do
+    [ "$(left)" -gt 90 ] || { echo "model $spec $side: $(left) s left"; break 2; }
+    ext=1; [ "$side" = dispatcher ] && ext=0
+    set -- $spec; tokens=$1; shift
+    CUTLASS_TUNE_EXTERN=$ext TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout -k 10 $(( $(left) - 20 )) \
+      python3 benchmarks/moe_model.py /tmp/extern-moe-bundle "$out/model/$side" --family "${FAMILY:-deepseek_v2}" \
+      --tokens "$tokens" --profile --blocks ${BLOCKS:-8} "$@" >> "$out/model-$side.txt" 2>&1
+    echo "model $spec $side rc=$? at ${SECONDS}s"; tail -1 "$out/model-$side.txt" | cut -c1-300
+  done
 done

@@ -55,7 +55,23 @@ class MoERouting(NamedTuple):
 
 def moe_routing(top_k_index: torch.Tensor, num_experts: int) -> MoERouting:
     """The routing of `top_k_index` (tokens x top_k expert ids) over `num_experts` experts,
-    computed on its device with no host sync (CUDA-graph safe; no size depends on the ids)."""
+    computed on its device with no host sync (CUDA-graph safe; no size depends on the ids).
+
+    On CUDA where the native library has it, one operator (`moe_route`: a stable counting sort in
+    three launches); else torch's stable sort, searchsorted and scatter. The two give the same
+    routing for ids in [0, num_experts); ids past it (another rank's experts) sort last either way,
+    in slot order there and by id in torch's (rows no GEMM reads)."""
+    top_k = top_k_index.shape[-1]
+    ids = top_k_index.reshape(-1)
+    route = _native.get("moe_route") if ids.is_cuda else None
+    if route is not None and num_experts <= ROUTE_MAX_EXPERTS and ids.dtype in (torch.int64, torch.int32):
+        sorted_ids, perm, inv, offsets = route(ids, num_experts)
+        return MoERouting(sorted_ids, perm, inv, offsets, top_k)
+    return torch_routing(top_k_index, num_experts)
+
+
+def torch_routing(top_k_index: torch.Tensor, num_experts: int) -> MoERouting:
+    """`moe_routing` by torch ops: a stable sort of the ids, searchsorted, a scatter."""
     top_k = top_k_index.shape[-1]
     ids = top_k_index.reshape(-1)
     sorted_ids, perm = torch.sort(ids, stable=True)
@@ -77,7 +93,11 @@ def slot_routing(top_k_index: torch.Tensor) -> MoERouting:
 # Gather and combine: torch's computation, the native kernels, autograd
 
 NATIVE_OPS = ("moe_gather", "moe_combine", "moe_weights_grad")
-"""The native extension's MoE operators (cutlass_tune/native/moe.cu)."""
+"""The native extension's MoE operators (cutlass_tune/native/moe.cu); its routing operator
+`moe_route` is taken where it is there too."""
+ROUTE_MAX_EXPERTS = 1599
+"""The most experts `moe_route` takes (its kernels' table of warps x experts in 200 KiB of shared
+memory); more route with torch's sort."""
 
 
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
@@ -230,6 +250,13 @@ def _fake_tokens(y: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor | Non
     return y.new_empty((inv.shape[0] // top_k, y.shape[-1]))
 
 
+def _fake_route(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ...]:
+    flat = ids.reshape(-1)
+    slots = flat.shape[0]
+    return (flat.new_empty(slots), flat.new_empty(slots, dtype=torch.int64), flat.new_empty(slots, dtype=torch.int64),
+            flat.new_empty(num_experts, dtype=torch.int32))
+
+
 def _fake_weights_grad(a: torch.Tensor, b: torch.Tensor, inv: torch.Tensor, top_k: int) -> torch.Tensor:
     return a.new_empty((a.shape[0], top_k), dtype=torch.float32)
 
@@ -274,6 +301,9 @@ def register_native(namespace: str = "cutlass_tune") -> bool:
     fakes = {"moe_gather": _fake_rows, "moe_combine": _fake_tokens, "moe_weights_grad": _fake_weights_grad}
     for name, fake in fakes.items():
         torch.library.register_fake(f"{namespace}::{name}", fake)
+    if hasattr(ops, "moe_route"):
+        torch.library.register_fake(f"{namespace}::moe_route", _fake_route)
+        found["moe_route"] = ops.moe_route
     gather, combine = found["moe_gather"], found["moe_combine"]
     for name, backward in (("moe_gather", _op_backward(combine, combine=False)),
                            ("moe_combine", _op_backward(gather, combine=True))):

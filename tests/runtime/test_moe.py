@@ -286,6 +286,8 @@ def standin_ops():
     lib.impl("moe_gather", gather, "CPU")
     lib.impl("moe_combine", lambda y, inv, w, k: _moe_routing._torch_combine(y, None, inv, w, k), "CPU")
     lib.impl("moe_weights_grad", _moe_routing._torch_weights_grad, "CPU")
+    lib.define("moe_route(Tensor ids, int num_experts) -> (Tensor, Tensor, Tensor, Tensor)")
+    lib.impl("moe_route", lambda ids, e: tuple(_moe_routing.torch_routing(ids.unsqueeze(-1), e)[:4]), "CPU")
     yield lib
     lib._destroy()
 
@@ -307,6 +309,25 @@ def test_native_ops_registered_from_python_differentiate_and_compile(standin_ops
     x32, w32 = torch.randn(4, 8), weights.clone()
     want = moe_combine(moe_gather(x32, r, w32), r, w32)
     torch.testing.assert_close(compiled(x32, w32), want)
+
+
+def test_the_native_routing_operator_is_taken_with_its_fake(standin_ops, monkeypatch):
+    """The library's routing operator (`moe_route`, a CUDA build's) joins the native operators with
+    its fake: torch.compile traces it with no graph break; CUDA ids take it, CPU ids torch's sort."""
+    monkeypatch.setattr(_moe_routing, "_native", {})
+    assert _moe_routing.register_native(_STANDIN)
+    route = getattr(torch.ops, _STANDIN).moe_route
+    assert _moe_routing._native["moe_route"] is route
+    ids = torch.tensor([[3, 1], [1, 0], [5, 3], [1, 3]])
+    want = _moe_routing.torch_routing(ids, 6)
+    torch._dynamo.reset()
+    got = torch.compile(lambda ids: route(ids.reshape(-1), 6), backend="aot_eager", fullgraph=True)(ids)
+    for g, w in zip(got, want[:4]):
+        assert torch.equal(g, w)
+    assert want.offsets.tolist() == [1, 4, 4, 7, 7, 8] and want.perm.tolist() == [3, 1, 2, 6, 0, 5, 7, 4]
+    calls = []
+    monkeypatch.setitem(_moe_routing._native, "moe_route", lambda *a: calls.append(a))
+    assert torch.equal(moe_routing(ids, 6).inv, want.inv) and calls == []  # CPU ids: torch's sort
 
 
 def test_register_native_keeps_an_autograd_the_library_registered(monkeypatch):
