@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on one GPU for the MoE layer's native glue under torch.compile (runtime/_lowering.py,
 # native/moe.cu; benchmarks/moe_layer.md): the native library built, benchmarks/extern_smoke.py, the
-# GPU tests TESTS names (pytest arguments; default the native MoE ones), then the model runs of
+# GPU tests of TESTS (test files; default tests/runtime/test_moe_gpu.py) that TEST_K selects (a pytest -k
+# expression; default "native"), then the model runs of
 # SPECS ("TOKENS FLAGS..." entries separated by ';', default "512 --compile") for FAMILY (default
 # deepseek_v2) on each side of SIDES (default "extern"; "dispatcher": CUTLASS_TUNE_EXTERN=0), each
 # benchmarks/moe_model.py's alternating blocks against transformers' "grouped_mm" experts, with
@@ -23,7 +24,7 @@ python3 -m cutlass_tune.cli native --build > "$out/native.txt" 2>&1
 echo "native rc=$? at ${SECONDS}s"; tail -2 "$out/native.txt"
 python3 benchmarks/extern_smoke.py > "$out/smoke.txt" 2>&1; echo "smoke rc=$?"; grep -v Warning "$out/smoke.txt" | grep -v "return _fallback" | cut -c1-160
 timeout -s INT -k 20 ${TEST_SECONDS:-200} python3 -m pytest -m gpu -s -v -p no:cacheprovider -rA \
-  ${TESTS:-tests/runtime/test_moe_gpu.py -k native} > "$out/gpu_tests.txt" 2>&1
+  ${TESTS:-tests/runtime/test_moe_gpu.py} -k "${TEST_K:-native}" > "$out/gpu_tests.txt" 2>&1
 echo "tests rc=$? at ${SECONDS}s"; grep -E "^(routing|extern)|(PASSED|FAILED|ERROR) tests|passed|failed" "$out/gpu_tests.txt" | cut -c1-400 | tail -40
 wait; echo "export: $(tail -1 "$out/export.txt")"
 mkdir -p "$out/model"
