@@ -519,10 +519,11 @@ def extern() -> dict:
 
 def extern_moe() -> dict:
     """The MoE layer compiled (`moe_experts` with the GLU stage, runtime/_lowering.py): the
-    generated code's calls of its four operators (gather, GLU stage, down grouped GEMM, combine),
-    the result against the layer called eagerly, no Python hook and no copy on a repeat, and the
-    compiled layer's host time a call (the GPU kept busy). With CUTLASS_TUNE_EXTERN=0 the same
-    graph calls the operators through the dispatcher."""
+    generated code's calls (the routing, then the gather, GLU stage, down grouped GEMM and combine
+    as extern kernels), the result against the layer called eagerly, no Python hook and no copy on
+    a repeat; and the compiled layer's host time a call (the GPU kept busy) beside the same layer
+    compiled with the operators through the dispatcher (`through_dispatcher`), in this process,
+    the two alternating over three rounds."""
     from torch._inductor.utils import run_and_get_code
 
     from cutlass_tune.runtime import _lowering
@@ -536,6 +537,13 @@ def extern_moe() -> dict:
     def layer(x, index, weights):
         return moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
 
+    def layer_through_dispatcher(x, index, weights):  # a code object of its own: Dynamo compiles it apart
+        return moe_experts(x, index, weights, gate_up, down, table=key, glu=True)
+
+    def cutlass_calls(code: str) -> list[str]:
+        return [line.strip() for line in code.splitlines() if "cutlass_tune" in line
+                and "import" not in line and not line.strip().startswith("#")]
+
     out: dict = {}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -543,9 +551,7 @@ def extern_moe() -> dict:
         torch._dynamo.reset()
         compiled = torch.compile(layer, fullgraph=True)
         got, codes = run_and_get_code(compiled, x, index, weights)
-        code = "\n".join(codes)
-        out["calls"] = [line.strip() for line in code.splitlines() if "cutlass_tune" in line
-                        and "import" not in line and not line.strip().startswith("#")]
+        out["calls"] = cutlass_calls("\n".join(codes))
         out["equal"] = torch.equal(got, want)
         out["error"] = error(got, want)
         before = _native._module.hook_calls()
@@ -553,12 +559,18 @@ def extern_moe() -> dict:
             compiled(x, index, weights)
         out["repeat_calls"] = python_calls(before)
         out["copies"] = sum(1 for e in prof.events() if e.name == "aten::copy_")
-        out["layer_us"] = round(_host_us(lambda: compiled(x, index, weights)), 2)
+        out["lowered"] = _lowering.lowered()
+        dispatched = torch.compile(layer_through_dispatcher, fullgraph=True)
+        with _lowering.through_dispatcher():
+            got_d, codes_d = run_and_get_code(dispatched, x, index, weights)
+        out["dispatcher_calls"] = cutlass_calls("\n".join(codes_d))
+        out["dispatcher_equal"] = torch.equal(got_d, want)
+        rounds = [(_host_us(lambda: compiled(x, index, weights)), _host_us(lambda: dispatched(x, index, weights)))
+                  for _ in range(3)]
+        out["layer_us"] = round(statistics.median(r[0] for r in rounds), 2)
+        out["dispatcher_us"] = round(statistics.median(r[1] for r in rounds), 2)
         out["eager_us"] = round(_host_us(lambda: layer(x, index, weights)), 2)
-    out["lowered"] = _lowering.lowered()
-    out["extern"] = os.environ.get("CUTLASS_TUNE_EXTERN", "1")
     return out
-
 
 if __name__ == "__main__":
     # As tests/conftest.py's `_tables_of_any_hopper` does for the GPU tests: the tables' rows
