@@ -1,7 +1,8 @@
 """A quick check of the operators' extern kernels on a CUDA GPU (runtime/_lowering.py), with the
 native library built (`cutlass-tune native --build`) and a table without rows (torch's path from
 C++, no kernel to compile): each operator (the MoE layer's gather and combine too) compiled alone,
-the generated call and the result against the operator called eagerly. Prints one line an operator; exit 1 on a mismatch.
+the generated call and the result against the operator called eagerly. Prints one line an
+operator; exit 1 on a mismatch.
 
     python3 benchmarks/extern_smoke.py
 """

@@ -2,32 +2,33 @@
 
 Without this module a compiled graph calls `torch.ops.cutlass_tune.scaled_mm.default(...)` (or
 `mm`, `linear`, `grouped_mm`, the MoE layer's `moe_gather`, `moe_gate_up_glu`, `moe_combine`)
-through the dispatcher, then checks the result's sizes, strides
-and alignment: on an H200 host a compiled fp8 model's step spent about 13 us more per GEMM than
-torch's own graph, which calls `extern_kernels._scaled_mm(..., out=buf)` (benchmarks/host_path.md,
-"Extern kernels"). Here each operator gets an Inductor lowering that emits
+through the dispatcher, then checks the result's sizes, strides and alignment: on an H200 host a
+compiled fp8 model's step spent about 13 us more per GEMM than torch's own graph, which calls
+`extern_kernels._scaled_mm(..., out=buf)` (benchmarks/host_path.md, "Extern kernels"). Here each
+operator gets an Inductor lowering that emits
 
     cutlass_tune_extern.scaled_mm_into(a, b, scale_a, scale_b, None, 'table-key', torch.bfloat16, buf)
 
-where `cutlass_tune_extern` is this module and `scaled_mm_into` the native library's `scaled_mm_out`
-(native/ops.cpp; an operator defined in Python names its own kernel, `register_kernel`: the GLU
-stage's calls the library's `grouped_glu_out`): the same plans and kernels as the operator's CUDA kernel, its result written
-into the buffer Inductor allocated (no dispatcher, no autograd layer, no output checks). The
-buffer is the last positional argument, not Inductor's usual `out=`: pybind's keyword matching
-costs 1-1.5 us a call on a 2-core CPU host, against 0.5 for the positional call.
+where `cutlass_tune_extern` is this module and `scaled_mm_into` the native library's
+`scaled_mm_out` (native/ops.cpp; an operator defined in Python names its own kernel,
+`register_kernel`: the GLU stage's calls the library's `grouped_glu_out`): the same plans and
+kernels as the operator's CUDA kernel, its result written into the buffer Inductor allocated (no
+dispatcher, no autograd layer, no output checks). The buffer is the last positional argument, not
+Inductor's usual `out=`: pybind's keyword matching costs 1-1.5 us a call on a 2-core CPU host,
+against 0.5 for the positional call.
 
-When it applies: the operator's result is on CUDA and the native library is loaded, or on the
-CPU (the operator's CPU kernel through the dispatcher, copied into the buffer: one code path for
-the CPU tests to exercise). Otherwise (CUDA without the native library, Inductor's C++ wrapper or
+When it applies: the operator's result is on CUDA and the native library is loaded, or on the CPU
+(the operator's CPU kernel through the dispatcher, copied into the buffer: one code path for the
+CPU tests to exercise). Otherwise (CUDA without the native library, Inductor's C++ wrapper or
 AOTInductor) the lowering hands the call to Inductor's fallback, which calls the operator as
 before. `CUTLASS_TUNE_EXTERN=0` turns the lowerings off; a graph Inductor cached with extern
-kernels (its cache key does not see this setting) then calls the operators through the
-dispatcher from those kernels (`CALL`).
+kernels (its cache key does not see this setting) then calls the operators through the dispatcher
+from those kernels (`CALL`).
 
-When it is registered: importing `torch._inductor.lowering` costs seconds, so nothing here
-imports it. The operators' fake kernels call `ensure(name)`, which registers the operator's
-lowering once the lowering module is loaded (an operator defined later, by a module imported
-later, is registered by its own fake); a compile traces the graph with fake tensors inside Inductor's entry
+When it is registered: importing `torch._inductor.lowering` costs seconds, so nothing here imports
+it. The operators' fake kernels call `ensure(name)`, which registers the operator's lowering once
+the lowering module is loaded (an operator defined later, by a module imported later, is
+registered by its own fake); a compile traces the graph with fake tensors inside Inductor's entry
 (AOTAutograd) before it lowers, so the first compile of a process gets them. The generated code
 imports this module itself, so a graph loaded from Inductor's cache finds its kernels.
 """

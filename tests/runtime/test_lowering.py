@@ -288,5 +288,5 @@ def test_moe_gather_and_combine_are_extern_kernels_where_the_library_defines_the
     done = subprocess.run([sys.executable, "-c", _MOE_ROWS], capture_output=True, text=True, cwd=REPO, timeout=600,
                           env={**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["cutlass_tune_extern.moe_gather_into_cpu", "cutlass_tune_extern.moe_combine_into_cpu",
-                                   "-"]
+    assert done.stdout.split() == ["cutlass_tune_extern.moe_gather_into_cpu",
+                                   "cutlass_tune_extern.moe_combine_into_cpu", "-"]

@@ -206,7 +206,8 @@ def test_native_routing_is_torch_s_stable_sort(experts, tokens, top_k, dtype):
         got, want = moe_routing(index, local), _moe_routing.torch_routing(index, local)
         ends = int(want.offsets[-1])
         assert torch.equal(got.offsets, want.offsets)
-        assert torch.equal(got.perm[:ends], want.perm[:ends]) and torch.equal(got.sorted_ids[:ends], want.sorted_ids[:ends])
+        assert torch.equal(got.perm[:ends], want.perm[:ends])
+        assert torch.equal(got.sorted_ids[:ends], want.sorted_ids[:ends])
         assert torch.equal(got.perm[got.inv], torch.arange(index.numel(), device="cuda"))  # inv inverts perm
         assert bool((got.sorted_ids[ends:] >= local).all())
 
