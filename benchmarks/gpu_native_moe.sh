@@ -15,7 +15,9 @@
 # MODEL_TABLE (a table or store the model runs use in place of the MoE bundle, exported first), MOE_PATTERN
 # (the MoE store's problems exported), MOE_CONFIRM_EXTRA=0 and DENSE_CONFIRM="" (no confirm of the MoE
 # extras and the dense cut before export: export_cut's; both were swept only), TF_NEW=1 (MODEL_RUNS again with the transformers of
-# .whl/transformers-new/: benchmarks/slim_wheel.py).
+# .whl/transformers-new/: benchmarks/slim_wheel.py), ROWS (a folder with the moe-, dense- and
+# fp8-rows.csv an earlier call cut and confirmed, its results' rows/: exported as they are, no confirm: a
+# bare GPU host spent 250 s of a call confirming the extras and the dense cut).
 set -uo pipefail
 final=${1:?output directory}
 budget=${BUDGET:-540}
@@ -27,8 +29,13 @@ left() { echo $((budget - SECONDS)); }
 gpu_facts "$out/gpu.txt"
 python3 -m cutlass_tune.cli native --build > "$out/native.txt" 2>&1 &
 export_cut_logged() {  # NAME GZ PATTERN: export_cut into the state folder, its output in OUT/NAME-export.txt
-  export_cut "$state" "$@" > "$out/$1-export.txt" 2>&1
-  echo "$1 export rc=$?"
+  if [ -n "${ROWS:-}" ]; then  # the rows an earlier call cut and confirmed: exported as they are
+    python3 -m cutlass_tune.cli export --storage "$ROWS/$1-rows.csv" -o "$state/$1-bundle" > "$out/$1-export.txt" 2>&1
+  else
+    export_cut "$state" "$@" > "$out/$1-export.txt" 2>&1
+  fi
+  local rc=$?; echo "$1 export rc=$rc"
+  mkdir -p "$out/rows" && cp "${ROWS:-$state}/$1-rows.csv" "$out/rows/" 2>/dev/null  # for ROWS= in a later call
 }
 CUT_CONFIRM_EXTRA=${MOE_CONFIRM_EXTRA:-1} CUT_EXTRA=${MOE_EXTRA-benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/tt.sqlite.gz benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/wgrad.sqlite.gz} export_cut_logged moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
   "${MOE_PATTERN:-x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_|x5760x2880_|x2880x2880_}" &  # Qwen3-235B, DeepSeek-V2-Lite, GPT-OSS

@@ -541,7 +541,7 @@ _MIN_RATIO = 1.0
 """The doors' default min_ratio, one object: the common call's test is by identity."""
 _compiled_door: Callable[..., torch.Tensor] | None = None
 """What `matmul` calls while torch.compile traces it (`_op.compiled_matmul`, set when the
-operators' module is imported): the operator `torch.ops.cutlass_tune.matmul` on the table's key,
+operators' module is imported): one operator on the table's key (`mm`, `scaled_mm` or `matmul`),
 one node of the graph, instead of the native door Dynamo cannot trace (a graph break a call)."""
 
 
@@ -572,9 +572,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path,
     fast accumulation, torch._scaled_mm's fast accumulation, the path the kernel was measured
     against.
 
-    Under torch.compile the call traces as one node, the operator `torch.ops.cutlass_tune.matmul`
-    (no graph break; a Python kernel: `torch.ops.cutlass_tune.mm`, `.linear` and `.scaled_mm` cost
-    a compiled model less host time a call).
+    Under torch.compile the call traces as one node (no graph break): a plain 16-bit product the
+    operator `torch.ops.cutlass_tune.mm` on a key held to `min_ratio`, fp8 with scales at the
+    default `min_ratio` `torch.ops.cutlass_tune.scaled_mm`, any other call
+    `torch.ops.cutlass_tune.matmul` (a Python kernel: `.mm`, `.linear` and `.scaled_mm` cost a
+    compiled model less host time a call).
 
     Args:
         bias: N values of the result's dtype, one per output column (nn.Linear's bias).

@@ -75,6 +75,8 @@ _door_tables: dict[str, weakref.ref] = {}
 _door_keys = itertools.count(1)
 _OPERATORS = "/operators"
 """The suffix of a table's operator plan set after its door key (`operator_plans`)."""
+_held_sets: dict[str, set[str]] = {}
+"""A door key's operator plan sets held to a min_ratio (`operator_plans`), forgotten with its own."""
 _tried = False
 _why: str | None = None
 _bundles: list[Path] = []
@@ -175,19 +177,27 @@ def forget(table: str | None = None) -> None:
         _module.forget(table)
 
 
-def bind(key: str, table: Any) -> None:
+def bind(key: str, table: Any, min_ratio: float = 0.0) -> None:
     """Bind an operator's table key to `table`'s own plan set (`register_table`): calls on the key
     find that table's plans, kept while the table lives and its plans are not cleared, so a key
     bound to one table, then another, then the first again (tune-model's A/B between steps)
-    resolves no signature twice."""
+    resolves no signature twice. A key whose plans are held to a min_ratio (`_op._held`) has a
+    plan set of its own: the same signature may resolve to a kernel at 0.0 and to torch at 1.0."""
     if _module is not None:
-        _module.bind(key, operator_plans(table))
+        _module.bind(key, operator_plans(table, min_ratio))
 
 
-def operator_plans(table: Any) -> str:
+def operator_plans(table: Any, min_ratio: float = 0.0) -> str:
     """The plan set of the operators' calls on `table` (beside its function doors' set, `door_key`:
-    the same signature may be planned differently by an operator and a door)."""
-    return door_key(table) + _OPERATORS
+    the same signature may be planned differently by an operator and a door), one per min_ratio
+    the plans are held to (0.0: `patch`'s layers)."""
+    door = door_key(table)
+    plans = door + _OPERATORS
+    if min_ratio:
+        plans = f"{plans}@min_ratio={min_ratio!r}"
+        with _lock:
+            _held_sets.setdefault(door, set()).add(plans)
+    return plans
 
 
 def build(retry: bool = True) -> Any:
@@ -247,6 +257,8 @@ def _forgetter(key: str) -> Callable[[], None]:
     def forget_both() -> None:
         forget(key)
         forget(key + _OPERATORS)
+        for held in sorted(_held_sets.get(key, ())):
+            forget(held)
 
     return forget_both
 
@@ -254,6 +266,7 @@ def _forgetter(key: str) -> Callable[[], None]:
 def _forget_door(key: str) -> None:
     _door_tables.pop(key, None)
     _forgetter(key)()
+    _held_sets.pop(key, None)
 
 
 def door_table(key: str) -> Any:

@@ -72,6 +72,15 @@ class UnregisteredTableError(CutlassTuneError, LookupError):
 
 _tables: dict[str, BestTable] = {}
 _lock = threading.Lock()
+_held: dict[str, tuple[str, float]] = {}
+"""Keys whose `mm` plans are held to a min_ratio, each with the key it was made from and the ratio:
+those `compiled_matmul` binds for `matmul`'s calls (rebound with their key). Every other key's `mm`
+and `linear` plans resolve at 0.0 (`patch` swapped the layer at its own)."""
+
+
+def _held_ratio(key: str) -> float:
+    held = _held.get(key)
+    return 0.0 if held is None else held[1]
 
 
 def register_table(table: BestTable | str | Path, key: str | None = None) -> str:
@@ -103,7 +112,12 @@ def register_table(table: BestTable | str | Path, key: str | None = None) -> str
         if key is None:
             key = next(f"table-{n}" for n in itertools.count(len(_tables) + 1) if f"table-{n}" not in _tables)
         _tables[key] = loaded
+        held = [(h, ratio) for h, (base, ratio) in _held.items() if base == key]
+        for h, _ in held:  # `matmul`'s traced keys follow the key they were made from
+            _tables[h] = loaded
     _native.bind(key, loaded)  # the key's calls use `loaded`'s own plans (kept across rebinding)
+    for h, ratio in held:
+        _native.bind(h, loaded, ratio)
     return key
 
 
@@ -179,8 +193,8 @@ def mm_direct(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.dty
         if a2.numel() == 0 or b.numel() == 0:
             product = torch_gemm(a2, b, dtype)
         else:
-            try:
-                product = matmul(a2, b, tuned, out_dtype, min_ratio=0.0)  # patch held the table to its min_ratio
+            try:  # patch held the table to its min_ratio; `matmul`'s traced calls hold their own (`_held`)
+                product = matmul(a2, b, tuned, out_dtype, min_ratio=_held_ratio(table))
             except MatmulInputError as err:
                 input_not_taken("mm", err, "torch's GEMM")
                 product = torch_gemm(a2, b, dtype)
@@ -449,10 +463,11 @@ _PRODUCT_NODES = (NodeKind.ACCUMULATOR, NodeKind.SCALE, NodeKind.BIAS)
 """The nodes `_linear_backward`'s `product` recomputes: x @ weight^T + bias."""
 
 
-def _dense_entry(table: BestTable, problem: Problem, a2: torch.Tensor, signature: tuple, torch_path: bool) -> tuple:
+def _dense_entry(table: BestTable, problem: Problem, a2: torch.Tensor, signature: tuple, torch_path: bool,
+                 min_ratio: float = 0.0) -> tuple:
     """The native plan entry of a dense call (min_ratio 0: the layer was swapped at patch's)."""
     with _on_device_of(a2):
-        ready = table.plans.get(signature) or prepare(table, Call(Kind.DENSE, problem, a2.get_device(), 0.0,
+        ready = table.plans.get(signature) or prepare(table, Call(Kind.DENSE, problem, a2.get_device(), min_ratio,
                                                                   signature))
     return _native.plan_entry(ready, torch_path)
 
@@ -469,9 +484,10 @@ def _resolve_mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.d
         problem = problem_of(a2, b, out_dtype)
     except MatmulInputError:
         return (_native.ENTRY_PYTHON,)  # the door says why once, and computes with torch
-    signature = ("native mm", a2.get_device(), a2.shape, b.shape, a2.stride(), b.stride(), a.dtype, out_dtype)
+    held = _held_ratio(table)
+    signature = ("native mm", held, a2.get_device(), a2.shape, b.shape, a2.stride(), b.stride(), a.dtype, out_dtype)
     plain = a.dtype in (torch.bfloat16, torch.float16) and out_dtype in (None, a.dtype)
-    return _dense_entry(tuned, problem, a2, signature, plain)
+    return _dense_entry(tuned, problem, a2, signature, plain, held)
 
 
 def _resolve_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, table: str,
@@ -645,15 +661,43 @@ def _traced_object_key(trace_key: str) -> str:
     return register_table(traced_table(trace_key), key=trace_key)
 
 
+@torch.compiler.assume_constant_result
+def _traced_held_key(key: str, min_ratio: float) -> str:
+    """A key bound to `key`'s table whose `mm` plans are held to `min_ratio` (`_held`), made at
+    trace time: `mm` resolves at 0.0 for the layers `patch` swapped, `matmul` at its caller's."""
+    held = f"{key}@min_ratio={min_ratio!r}"
+    table = registered_table(key)
+    with _lock:
+        _tables[held] = table
+        _held[held] = key, min_ratio
+    _native.bind(held, table, min_ratio)
+    return held
+
+
 def compiled_matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | Path, out_dtype: torch.dtype | None,
                     bias: torch.Tensor | None, activation: Activation | str, c: torch.Tensor | None, alpha: float,
                     beta: float | None, scale_a: torch.Tensor | None, scale_b: torch.Tensor | None,
                     gate: torch.Tensor | None, min_ratio: float) -> torch.Tensor:
-    """`matmul`'s arguments through `matmul_op` (what `matmul` calls under torch.compile)."""
+    """`matmul`'s arguments as an operator (what `matmul` calls under torch.compile): a plain
+    16-bit product through `mm` on a key held to `min_ratio`, fp8 with scales at the default
+    min_ratio through `scaled_mm` (the same plans `matmul` makes; both native where the library is
+    loaded, Inductor's extern kernels), every other call through `matmul_op`, whose kernel is Python."""
     name = activation.value if isinstance(activation, Activation) else activation
     key = _traced_object_key(table.trace_key) if isinstance(table, BestTable) else _traced_key(table)
+    product_only = (c is None and gate is None and name == Activation.NONE.value and alpha == 1.0 and beta is None
+                    and a.dim() == 2 and b.dim() == 2 and a.dtype == b.dtype)
+    if product_only and bias is None and scale_a is None and scale_b is None and a.dtype in _PLAIN_DTYPES \
+            and out_dtype in (None, a.dtype):
+        return mm(a, b, _traced_held_key(key, float(min_ratio)))
+    if product_only and scale_a is not None and scale_b is not None and min_ratio == _MIN_RATIO \
+            and a.dtype in FP8_DTYPES:
+        return scaled_mm_op(a, b, scale_a, scale_b, bias, key, result_dtype(a.dtype, out_dtype))
     return matmul_op(a, b, key, out_dtype, bias, name, c, float(alpha),
                      None if beta is None else float(beta), scale_a, scale_b, gate, float(min_ratio))
+
+
+_PLAIN_DTYPES = (torch.bfloat16, torch.float16)
+"""The inputs whose plain product `compiled_matmul` hands to `mm` (torch.mm from C++ where the plan is torch's)."""
 
 
 _matmul_module._compiled_door = compiled_matmul

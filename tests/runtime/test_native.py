@@ -549,3 +549,16 @@ def test_a_door_alone_loads_the_native_library(tmp_path, door):
     env = {**os.environ, "CUTLASS_TUNE_CACHE_DIR": str(tmp_path), "CUTLASS_TUNE_NATIVE": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True"]  # tried (none is built here) before any operator is used
+
+
+def test_a_key_held_to_a_min_ratio_has_a_plan_set_of_its_own_forgotten_with_the_table(door):
+    """`matmul` traced by torch.compile runs `mm` on a key held to its min_ratio: that key's plans
+    are apart from the table's other operator plans (a signature may be a kernel at 0.0 and torch
+    at 1.0) and are dropped when the table's plans are."""
+    table = _empty_table()
+    _native.bind("plain", table)
+    _native.bind("held", table, 1.0)
+    (_, plain), (_, held) = door.bound
+    assert plain.endswith("/operators") and held == plain + "@min_ratio=1.0"
+    table.plans.clear()
+    assert door.forgotten == [plain.removesuffix("/operators"), plain, held]

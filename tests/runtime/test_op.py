@@ -190,6 +190,48 @@ def test_matmul_under_torch_compile_is_one_operator_call_and_no_graph_break(key)
     assert registered_table(held.trace_key) is held and held.trace_key != BestTable(table.frame).trace_key
 
 
+def test_matmul_under_torch_compile_runs_mm_or_scaled_mm_where_they_compute_the_same(key):
+    """Traced, `matmul`'s plain 16-bit product is the `mm` operator on a key held to the call's
+    min_ratio (C++ and Inductor's extern kernel where the library is loaded, where the `matmul`
+    operator's kernel is Python), fp8 with scales at the default min_ratio the `scaled_mm`
+    operator; any other call stays the `matmul` operator."""
+    from cutlass_tune.runtime import _op
+
+    table = _op.registered_table(key)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append([n.target for n in gm.graph.nodes if n.op == "call_function"])
+        return gm
+
+    a, w = torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(32, 16, dtype=torch.bfloat16)
+    plain = torch.compile(lambda a: cutlass_tune.matmul(a, w, table, min_ratio=1.02), backend=backend, fullgraph=True)
+    torch.testing.assert_close(plain(a), a @ w)
+    assert graphs[-1] == [torch.ops.cutlass_tune.mm.default]
+    (held,) = [k for k, (_, ratio) in _op._held.items() if ratio == 1.02]
+    assert held.endswith("@min_ratio=1.02") and _op.registered_table(held) is table
+    base = _op._held[held][0]
+    other = BestTable(table.frame)
+    _op.register_table(other, key=base)  # a key rebound: the key held from it follows
+    assert _op.registered_table(held) is other
+    _op.register_table(table, key=base)
+    assert _op.registered_table(held) is table
+    a8 = torch.randn(8, 32).to(torch.float8_e4m3fn)
+    b8 = torch.randn(16, 32).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(8, 1) + 0.5, torch.rand(1, 16) + 0.5
+    scaled = torch.compile(lambda a: cutlass_tune.matmul(a, b8, table, scale_a=sa, scale_b=sb), backend=backend,
+                           fullgraph=True)
+    got, want = scaled(a8), (a8.float() * sa) @ (b8.float() * sb)
+    assert graphs[-1] == [torch.ops.cutlass_tune.scaled_mm.default] and got.dtype == torch.bfloat16
+    assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+    bias = torch.randn(16, dtype=torch.bfloat16)
+    for other in (lambda a: cutlass_tune.matmul(a, w, table, bias=bias),  # an epilogue
+                  lambda a: cutlass_tune.matmul(a, w, table, out_dtype=torch.float32),  # another result type
+                  lambda a: cutlass_tune.matmul(a8, b8, table, scale_a=sa, scale_b=sb, min_ratio=0.5)):
+        torch.compile(other, backend=backend, fullgraph=True)(a)
+        assert torch.ops.cutlass_tune.matmul.default in graphs[-1], graphs[-1]
+
+
 def test_the_matmul_operator_checks_schema_and_fake_shapes(key):
     from cutlass_tune.runtime._op import matmul_op
 
