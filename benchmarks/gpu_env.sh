@@ -76,6 +76,15 @@ print('torch', torch.__version__, 'cuda', torch.version.cuda, *(('transformers',
 # never confirmed is confirmed first: CUT_CONFIRM, `confirm` options for the cut's store (e.g.
 # "--problem P ..."), CUT_CONFIRM_EXTRA=1 for each extra store whole. One confirm at a time on the
 # GPU (a lock: the cuts run side by side); a failed confirm is said and its rows stay unconfirmed.
+# The committed stores' cuts that gpu_native_moe.sh exports and kernel_cache_pack.sh compiles ahead:
+# each a store and the pattern of its problems; the MoE cut's extra stores (its tt and weight-gradient rows).
+CUT_MOE_STORE=benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz
+CUT_MOE_PATTERN='x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_|x5760x2880_|x2880x2880_'  # Qwen3-235B, DeepSeek-V2-Lite, GPT-OSS
+CUT_MOE_EXTRA="benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/tt.sqlite.gz benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/wgrad.sqlite.gz"
+CUT_DENSE_STORE=benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz
+CUT_DENSE_PATTERN='^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$'
+CUT_FP8_STORE=benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz
+CUT_FP8_PATTERN='^(16|32|64)x'
 cut_rows() {  # TABLE.csv OUT.csv PATTERN: the table's rows whose problem matches PATTERN (a regular expression)
   python3 -c "import sys, pandas as pd; t = pd.read_csv(sys.argv[1]); t[t.problem.str.contains(sys.argv[3])].to_csv(sys.argv[2], index=False)" \
     "$1" "$2" "$3"

@@ -37,12 +37,11 @@ export_cut_logged() {  # NAME GZ PATTERN: export_cut into the state folder, its 
   local rc=$?; echo "$1 export rc=$rc"
   mkdir -p "$out/rows" && cp "${ROWS:-$state}/$1-rows.csv" "$out/rows/" 2>/dev/null  # for ROWS= in a later call
 }
-CUT_CONFIRM_EXTRA=${MOE_CONFIRM_EXTRA:-1} CUT_EXTRA=${MOE_EXTRA-benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/tt.sqlite.gz benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/wgrad.sqlite.gz} export_cut_logged moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
-  "${MOE_PATTERN:-x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_|x5760x2880_|x2880x2880_}" &  # Qwen3-235B, DeepSeek-V2-Lite, GPT-OSS
+CUT_CONFIRM_EXTRA=${MOE_CONFIRM_EXTRA:-1} CUT_EXTRA=${MOE_EXTRA-$CUT_MOE_EXTRA} \
+  export_cut_logged moe "$CUT_MOE_STORE" "${MOE_PATTERN:-$CUT_MOE_PATTERN}" &
 CUT_CONFIRM=${DENSE_CONFIRM---problem 8192x1024x1024_bf16bf16bf16_tn --problem 8192x1024x1024_bf16bf16bf16_tn_bias --problem 8192x4096x1024_bf16bf16bf16_tn_bias+gelu} \
-  export_cut_logged dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
-  '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' &
-export_cut_logged fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^(16|32|64)x' &
+  export_cut_logged dense "$CUT_DENSE_STORE" "$CUT_DENSE_PATTERN" &
+export_cut_logged fp8 "$CUT_FP8_STORE" "$CUT_FP8_PATTERN" &
 model_table=$state/moe-bundle
 if [ -n "${MODEL_TABLE:-}" ]; then  # the model runs' own table (e.g. tune-model's in-model table), exported
   model_table=$state/model-bundle

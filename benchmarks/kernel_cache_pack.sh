@@ -10,12 +10,10 @@ set -uo pipefail
 . benchmarks/gpu_env.sh || exit
 work=$(mktemp -d); cache=$work/cache
 export CUTLASS_TUNE_CACHE_DIR=$cache CUTLASS_TUNE_NATIVE=0
-CUT_EXTRA="benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/tt.sqlite.gz benchmarks/results/moe_train_h200_20261129d/1_wgrad_tt_sweeps/wgrad.sqlite.gz" \
-  export_cut "$work" moe benchmarks/results/session_20261127c/h200_moe_suite/moe-suite.sqlite.gz \
-  "x3072x4096_|x4096x1536_|x2816x2048_|x2048x1408_|x5760x2880_|x2880x2880_" > "$work/moe.txt" 2>&1 || { tail -3 "$work/moe.txt"; exit 1; }
-export_cut "$work" dense benchmarks/results/fusion_e2e_h200_20261127/fusion-e2e.sqlite.gz \
-  '^8192x1024x1024_bf16bf16bf16_tn(?:_bias)?$|^8192x4096x1024_bf16bf16bf16_tn_bias\+gelu$' > "$work/dense.txt" 2>&1 || { tail -3 "$work/dense.txt"; exit 1; }
-export_cut "$work" fp8 benchmarks/results/fp8_h200_20261127/rowwise/fp8_suite-nvidia-h200.sqlite.gz '^(16|32|64)x' \
-  > "$work/fp8.txt" 2>&1 || { tail -3 "$work/fp8.txt"; exit 1; }
+for cut in moe dense fp8; do
+  upper=${cut^^}; store=CUT_${upper}_STORE pattern=CUT_${upper}_PATTERN extra=CUT_${upper}_EXTRA
+  CUT_EXTRA=${!extra:-} export_cut "$work" "$cut" "${!store}" "${!pattern}" > "$work/$cut.txt" 2>&1 ||
+    { tail -3 "$work/$cut.txt"; exit 1; }
+done
 mkdir -p .whl && tar cJf .whl/kcache.tar.xz -C "$cache" v1/kernels v1/units && rm -rf "$work"
 ls -la .whl/kcache.tar.xz

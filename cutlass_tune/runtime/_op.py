@@ -78,6 +78,11 @@ those `compiled_matmul` binds for `matmul`'s calls (rebound with their key). Eve
 and `linear` plans resolve at 0.0 (`patch` swapped the layer at its own)."""
 
 
+_PLAIN_DTYPES = (torch.bfloat16, torch.float16)
+"""Inputs whose plain product torch.mm computes where a plan is torch's (C++ calls it itself), and
+which `compiled_matmul` hands to `mm`."""
+
+
 def _held_ratio(key: str) -> float:
     held = _held.get(key)
     return 0.0 if held is None else held[1]
@@ -486,7 +491,7 @@ def _resolve_mm(a: torch.Tensor, b: torch.Tensor, table: str, out_dtype: torch.d
         return (_native.ENTRY_PYTHON,)  # the door says why once, and computes with torch
     held = _held_ratio(table)
     signature = ("native mm", held, a2.get_device(), a2.shape, b.shape, a2.stride(), b.stride(), a.dtype, out_dtype)
-    plain = a.dtype in (torch.bfloat16, torch.float16) and out_dtype in (None, a.dtype)
+    plain = a.dtype in _PLAIN_DTYPES and out_dtype in (None, a.dtype)
     return _dense_entry(tuned, problem, a2, signature, plain, held)
 
 
@@ -694,10 +699,6 @@ def compiled_matmul(a: torch.Tensor, b: torch.Tensor, table: BestTable | str | P
         return scaled_mm_op(a, b, scale_a, scale_b, bias, key, result_dtype(a.dtype, out_dtype))
     return matmul_op(a, b, key, out_dtype, bias, name, c, float(alpha),
                      None if beta is None else float(beta), scale_a, scale_b, gate, float(min_ratio))
-
-
-_PLAIN_DTYPES = (torch.bfloat16, torch.float16)
-"""The inputs whose plain product `compiled_matmul` hands to `mm` (torch.mm from C++ where the plan is torch's)."""
 
 
 _matmul_module._compiled_door = compiled_matmul
