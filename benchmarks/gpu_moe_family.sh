@@ -13,16 +13,18 @@
 # moe_model.py flags; BUDGET seconds (default 540): a step that does not fit is skipped, said.
 # State in FAMILY_DIR (default /tmp/moe-family): a rerun on the same machine skips what is done.
 # The device hands a machine back when idle, and the state with it: every call leaves the state
-# (store, bundle, step markers) in OUTDIR/state.tgz, and RESUME=PATH (that file, carried) starts the
-# next call from it.
+# (store, bundle, step markers) in OUTDIR/state.tgz and its logs, tables and profiles in
+# OUTDIR/results.tgz; RESUME=PATH (the state.tgz, carried) starts the next call from it.
 set -uo pipefail
-out=${1:?output directory}
+final=${1:?output directory}
 family=${FAMILY:?FAMILY}; shapes=${SHAPES:?SHAPES}; layout=${LAYOUT:-tn}
 trials=${TRIALS:-12}; tokens=${TOKENS:-4096}; budget=${BUDGET:-540}
 state=${FAMILY_DIR:-/tmp/moe-family}
-mkdir -p "$out" "$state"
+# the device hands back 8 files at most: the logs, tables and profiles travel as one archive
+out=$state-results
+mkdir -p "$final" "$out" "$state"
 if [ -n "${RESUME:-}" ] && [ ! -e "$state/$family.sqlite" ]; then tar xzf "$RESUME" -C "$state" || exit; fi
-trap 'tar czf "$out/state.tgz" -C "$state" .' EXIT
+trap 'tar czf "$final/state.tgz" -C "$state" .; tar czf "$final/results.tgz" -C "$out" .' EXIT
 . benchmarks/gpu_env.sh || exit
 left() { echo $((budget - SECONDS)); }
 ct=(python3 -m cutlass_tune.cli)

@@ -92,7 +92,7 @@ if [ -n "${LAYER_SPECS:-}" ]; then
 fi
 if [ "${HOST:-1}" = 1 ] && [ "$(left)" -gt 70 ]; then
   timeout -k 10 $(( $(left) - 5 )) python3 benchmarks/host_path.py "$out/host_path" --table "$state/dense-bundle" \
-    --table "$state/moe-bundle" --table "$state/fp8-bundle" --reps 9 > "$out/host_path.txt" 2>&1
+    --table "$state/moe-bundle" --table "$state/fp8-bundle" ${HOST_FLAGS:---reps 9} > "$out/host_path.txt" 2>&1
   echo "host_path rc=$?"; grep "^|" "$out/host_path.txt" | head -45
 fi
 if [ "${FP8:-0}" = 1 ] && [ "$(left)" -gt 40 ]; then  # fp8 row-wise at M 16-64 called from Python and in graphs

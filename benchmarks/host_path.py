@@ -429,8 +429,10 @@ def summarize(run: dict) -> list[dict]:
         for row, got in zip(head["rows"], run["blocks"][setting]):
             torch_us = statistics.median(got["torch"]) if got["torch"] else None
             ours_us = statistics.median(got["ours"]) if got["ours"] else None
+            pairs = [t / o for t, o in zip(got["torch"], got["ours"]) if o > 0]
             lines.append({**row, "setting": setting, "path": path_name(setting, head), "torch_us": torch_us,
                           "ours_us": ours_us, "torch_over_ours": torch_us / ours_us if torch_us and ours_us else None,
+                          "paired": statistics.median(pairs) if pairs else None, "paired_spread": _spread(pairs),
                           "torch_spread_us": _spread(got["torch"]), "ours_spread_us": _spread(got["ours"])})
     return lines
 
@@ -439,18 +441,26 @@ def _spread(values: list[float]) -> list[float] | None:
     if len(values) < 2:
         return None
     q = statistics.quantiles(values, n=5)
-    return [round(q[0], 2), round(q[-1], 2)]
+    return [round(q[0], 3), round(q[-1], 3)]
 
 
 def _fig(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _paired(r: dict) -> str:
+    spread = r.get("paired_spread")
+    text = _fig(r.get("paired"), ".3f")
+    return f"{text} ({spread[0]:.2f}-{spread[1]:.2f})" if spread and r.get("paired") is not None else text
+
+
 def markdown(lines: list[dict], meta: dict) -> str:
     text = [f"Host time per call, {meta['device']}, torch {meta['torch']}: median of {meta['reps']} blocks of "
-            f"{meta['calls']} calls (us); torch / ours above 1: ours costs the host less.", "",
-            "| operator | mode | path | torch us | ours us | torch / ours | rel. err | note |",
-            "|---|---|---|---|---|---|---|---|"]
+            f"{meta['calls']} calls (us); torch / ours above 1: ours costs the host less. \"paired\": the "
+            "median over rounds of each round's torch / ours (its two blocks run back to back, so a slow "
+            "stretch of the host reaches both), p20-p80 in brackets.", "",
+            "| operator | mode | path | torch us | ours us | torch / ours | paired | rel. err | note |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in lines:
         if r["skip"]:
             note = f"skipped: {r['skip']}"
@@ -459,7 +469,7 @@ def markdown(lines: list[dict], meta: dict) -> str:
         else:
             note = f"table {Path(r['table']).name}"
         text.append(f"| {r['operator']} | {r['mode']} | {r['path']} | {_fig(r['torch_us'], '.1f')} | "
-                    f"{_fig(r['ours_us'], '.1f')} | {_fig(r['torch_over_ours'], '.3f')} | "
+                    f"{_fig(r['ours_us'], '.1f')} | {_fig(r['torch_over_ours'], '.3f')} | {_paired(r)} | "
                     f"{_fig(r['relative_error'], '.1e')} | {note} |")
     return "\n".join(text) + "\n"
 

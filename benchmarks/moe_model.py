@@ -219,8 +219,8 @@ def run(args: argparse.Namespace) -> dict:
     ms = {name: statistics.median(times) for name, times in blocks.items()}
     strongest = min((n for n in names if n != ct.NAME), key=ms.__getitem__)
     host: dict[str, tuple[float, bool]] = {}
-    if not (args.graphs or args.train):  # a step's host time, the GPU kept busy (one step a block: its launches
-        for name in names:               # stay under the launch queue's depth)
+    if not args.train:  # a step's host time, the GPU kept busy (one step a block: its launches stay
+        for name in names:  # under the launch queue's depth); in graphs mode the replays' and the eager code's
             model.set_experts_implementation(name)
             host[name] = host_ms(step, 1)
     profiles = {}

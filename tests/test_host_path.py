@@ -77,9 +77,11 @@ def test_the_summary_takes_medians_and_the_ratio_of_torch_to_ours(script):
                                                     {"torch": [], "ours": []}]}}
     mm, fp8 = script.summarize(run)
     assert (mm["torch_us"], mm["ours_us"], mm["torch_over_ours"], mm["path"]) == (20.0, 10.0, 2.0, "native")
-    assert fp8["torch_over_ours"] is None
+    # each round's own ratio (2.0, 0.75, 2.0): a slow round on both sides does not move it
+    assert mm["paired"] == 2.0 and mm["paired_spread"][0] < 1.0
+    assert fp8["torch_over_ours"] is None and fp8["paired"] is None
     text = script.markdown([mm, fp8], {"device": "cpu", "torch": "x", "reps": 3, "calls": 1})
-    assert "| mm | eager-no_grad | native | 20.0 | 10.0 | 2.000 |" in text and "skipped: needs CUDA" in text
+    assert "| mm | eager-no_grad | native | 20.0 | 10.0 | 2.000 | 2.000 (" in text and "skipped: needs CUDA" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU mode")
