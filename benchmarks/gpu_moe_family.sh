@@ -10,7 +10,9 @@
 # FAMILY: a family of benchmarks/moe_model.py; SHAPES: its grouped problems (eE:ROWSxNxK, ROWS the
 # routed rows: tokens x top_k); LAYOUT: tn (weights E x out x in) or tt (E x in x out, GPT-OSS's);
 # TRIALS (default 12) configs compiled per problem; TOKENS (default 4096); MODEL_FLAGS more
-# moe_model.py flags; BUDGET seconds (default 540): a step that does not fit is skipped, said.
+# moe_model.py flags; DECODE_TOKENS (e.g. "1 64 256": the layer in CUDA graphs at those sizes) and RUNS
+# (more model runs, "TOKENS FLAGS..." separated by ';'); BUDGET seconds (default 540): a step that
+# does not fit is skipped, said.
 # State in FAMILY_DIR (default /tmp/moe-family): a rerun on the same machine skips what is done.
 # The device hands a machine back when idle, and the state with it: every call leaves the state
 # (store, bundle, step markers) in OUTDIR/state.tgz and its logs, tables and profiles in
@@ -42,5 +44,17 @@ step layer 90 python3 benchmarks/moe_layer.py "$state/bundle" "$out/layer" --fam
   --mode compiled --profile
 step model 150 python3 benchmarks/moe_model.py "$state/bundle" "$out/model" --family "$family" --tokens "$tokens" \
   --compile --profile --blocks 6 ${MODEL_FLAGS:-}
-python3 benchmarks/moe_model.py summary "$out/model" 2>/dev/null | tail -4
+if [ -n "${DECODE_TOKENS:-}" ]; then  # the layer at decode sizes in CUDA graphs (against "batched_mm" too)
+  step layer-decode 60 python3 benchmarks/moe_layer.py "$state/bundle" "$out/layer" --family "$family" \
+    --tokens $DECODE_TOKENS --mode graphs --profile
+fi
+# more model runs on the bundle ("TOKENS FLAGS..." entries separated by ';', e.g. "1 --compile --graphs
+# --decode;16384 --compile;4096 --train"), each once (a marker per entry), while the budget lasts
+IFS=';' read -ra runs <<< "${RUNS:-}"
+for i in "${!runs[@]}"; do
+  read -r run_tokens run_flags <<< "${runs[$i]}"
+  step "run$i" 100 python3 benchmarks/moe_model.py "$state/bundle" "$out/model" --family "$family" \
+    --tokens "$run_tokens" --profile $run_flags
+done
+python3 benchmarks/moe_model.py summary "$out/model" 2>/dev/null | tail -12
 echo "done at ${SECONDS}s"
