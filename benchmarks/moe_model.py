@@ -150,8 +150,9 @@ def run(args: argparse.Namespace) -> dict:
     import cutlass_tune.transformers as ct
 
     began = time.perf_counter()
-    ct.use_table(args.table, glu=not args.no_glu)
     model = _model(args.family, args.layers)
+    # the model given: its experts planned now, in eager code, as a user is told to before torch.compile
+    ct.use_table(args.table, glu=not args.no_glu, model=model)
     model.train(args.train)
     if args.compile:
         # Every layer's compiled code is guarded on the experts implementation the step switches

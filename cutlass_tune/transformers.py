@@ -12,6 +12,7 @@ biases, GPT-OSS's clamped SwiGLU, post-expert norms); other experts run transfor
     ct.use_table("bundle/")                     # a bundle, table file, store or BestTable
     model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="cutlass_tune")
     # or: model.set_experts_implementation("cutlass_tune")
+    ct.use_table("bundle/", model=model)        # before torch.compile: its experts planned now
 
 At decode sizes the layer may run batched GEMMs instead (`use_table(table, decode=...)`,
 `CUTLASS_TUNE_MOE_BATCHED_ROWS`): transformers switches only its own "grouped_mm" experts to
@@ -42,7 +43,7 @@ from .runtime._dispatch import eager_direct_allowed, input_not_taken, warn_once
 from .runtime._grouped import grouped_mm, torch_grouped_mm
 from .runtime._grouped_op import grouped_mm_op
 from .runtime._matmul import MatmulInputError
-from .runtime._moe import MoEDecode, experts_forward, moe_decode
+from .runtime._moe import MoEDecode, MoEInputError, experts_forward, moe_decode
 from .runtime._moe_gates import experts_plan
 from .runtime._op import registered_table
 
@@ -68,9 +69,17 @@ _decode = MoEDecode.AUTO
 _glu = True
 
 
-def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto", glu: bool = True) -> str:
+def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto", glu: bool = True,
+              model: torch.nn.Module | None = None) -> str:
     """The best-config table the "cutlass_tune" experts of every model in this process run
     (replacing an earlier one, also for graphs compiled with it). Thread-safe.
+
+    Give `model` before torch.compile: each of its experts modules is planned now, in eager code
+    (`experts_plan`: its gate checked on a probe, the plan kept on the module), so the compiled
+    layers read the kept plan instead of tracing how it is made, and guard on less: on a tiny
+    OLMoE decoder layer (CPU) Dynamo's guards cost 1.3x the "grouped_mm" layer's per call with
+    the plan kept, 1.8x without (benchmarks/moe_layer.md). Without `model` a layer first called
+    compiled traces its plan (unchecked by the probe) on each compile.
 
     Args:
         table: a `BestTable`, or what `BestTable.load` reads (bundle, table file, store).
@@ -87,7 +96,7 @@ def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto"
 
     Raises:
         MatmulInputError: `table` is neither a `BestTable` nor a path (a DataFrame: `BestTable(frame)`).
-        MoEInputError: a `decode` that names no path.
+        MoEInputError: a `decode` that names no path; `model` not an nn.Module.
         BestTableError, BundleError, StoreError: a path that cannot be read as a table.
     """
     global _table_set, _decode, _glu
@@ -95,12 +104,23 @@ def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto"
         hint = " (a best-config frame: BestTable(frame))" if hasattr(table, "columns") else ""
         raise MatmulInputError(f"use_table takes a BestTable or a path, not {type(table).__name__}{hint}")
     chosen = moe_decode(decode)
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise MoEInputError(f"use_table's model must be a torch.nn.Module, not {type(model).__name__}")
     with _lock:
         key = register_table(table, key=TABLE_KEY)
         _table_set = True
         _decode = chosen
         _glu = bool(glu)
+    for module in experts_modules(model) if model is not None else ():
+        experts_plan(module)
     return key
+
+
+def experts_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformers experts modules of `model` (those the "cutlass_tune" experts run: a
+    down_proj weight stack and the `has_gate` the experts implementations read)."""
+    return [m for m in model.modules() if hasattr(m, "has_gate") and isinstance(getattr(m, "down_proj", None),
+                                                                                 torch.Tensor)]
 
 
 def _direct_grouped_mm(x: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

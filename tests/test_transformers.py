@@ -351,3 +351,47 @@ def test_module_form_from_a_transformers_experts_module(empty_table):
         torch.testing.assert_close(layer(x, index, weights), want, rtol=1e-5, atol=1e-6)
     with pytest.raises(cutlass_tune.runtime.MoEInputError, match="_clamp_after_act"):
         cutlass_tune.nn.MoEExperts.from_experts(_custom_experts(_clamp_after_act), ct.TABLE_KEY)
+
+
+def test_use_table_with_a_model_plans_its_experts_before_compile(monkeypatch):
+    """Guards the compiled layers tracing how a plan is made (its gate's name, activation and
+    layout: a third more of Dynamo's guards on every call) where use_table was given the model."""
+    model = family_model("olmoe", torch.float32, implementation=ct.NAME)
+    experts = ct.experts_modules(model)
+    assert len(experts) == len(model.model.layers) and all(not hasattr(e, "_cutlass_tune_plan") for e in experts)
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), model=model)
+    assert all(isinstance(experts_plan(e), ExpertsLayout) for e in experts)
+
+    import cutlass_tune.runtime._moe_gates as gates
+
+    traced = []
+    monkeypatch.setattr(gates, "experts_activation", lambda e: traced.append(e) or "planned again")
+    block = model.model.layers[0].mlp
+    x = torch.randn(1, 5, 64)
+    torch._dynamo.reset()
+    got = torch.compile(block, backend="eager", fullgraph=True)(x)
+    assert traced == []  # the kept plan, not a new one
+    model.set_experts_implementation("grouped_mm")
+    with torch.no_grad():
+        torch.testing.assert_close(got.detach(), block(x), rtol=1e-5, atol=1e-5)
+
+
+def test_use_table_refuses_a_model_that_is_not_a_module():
+    with pytest.raises(ct.MoEInputError, match="must be a torch.nn.Module, not str"):
+        ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), model="qwen3")
+
+
+def test_the_guard_cost_script_runs_on_the_cpu():
+    """benchmarks/guard_cost_cpu.py, whose figures benchmarks/moe_layer.md quotes, still finds one
+    cache entry per implementation and times both."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "guard_cost_cpu.py"), "--tokens", "1", "--plan"],
+                          capture_output=True, text=True, timeout=600, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "plan given True: guards us a call grouped_mm" in done.stdout and "ratio" in done.stdout
