@@ -37,8 +37,6 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1, help="sequences of one token (a decode step)")
     parser.add_argument("--plan", action="store_true", help="use_table(table, model=model) before compiling")
     args = parser.parse_args()
-    table = BestTable(pd.DataFrame({"m": [], "n": [], "k": []}))
-    ct.use_table(table)
     config = transformers.OlmoeConfig(vocab_size=128, num_hidden_layers=1, hidden_size=64, intermediate_size=32,
                                       num_attention_heads=4, num_key_value_heads=4, num_experts=8,
                                       num_experts_per_tok=2, norm_topk_prob=False, eos_token_id=0,
@@ -47,8 +45,7 @@ def main() -> None:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                                           experts_implementation="grouped_mm")
     layer = model.model.layers[0]
-    if args.plan:
-        ct.use_table(table, model=model)
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), model=model if args.plan else None)
     layer.compile()
     seen: dict = {}
     layer.register_forward_pre_hook(lambda module, a, k: seen.update(args=a, kwargs=k), with_kwargs=True)

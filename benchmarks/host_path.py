@@ -449,9 +449,9 @@ def _fig(value: float | None, spec: str) -> str:
 
 
 def _paired(r: dict) -> str:
-    spread = r.get("paired_spread")
+    spread = r.get("paired_spread")  # set where two rounds or more were paired
     text = _fig(r.get("paired"), ".3f")
-    return f"{text} ({spread[0]:.2f}-{spread[1]:.2f})" if spread and r.get("paired") is not None else text
+    return f"{text} ({spread[0]:.2f}-{spread[1]:.2f})" if spread else text
 
 
 def markdown(lines: list[dict], meta: dict) -> str:

@@ -220,8 +220,10 @@ def run(args: argparse.Namespace) -> dict:
     ms = {name: statistics.median(times) for name, times in blocks.items()}
     strongest = min((n for n in names if n != ct.NAME), key=ms.__getitem__)
     host: dict[str, tuple[float, bool]] = {}
-    if not args.train:  # a step's host time, the GPU kept busy (one step a block: its launches stay
-        for name in names:  # under the launch queue's depth); in graphs mode the replays' and the eager code's
+    # A step's host time, the GPU kept busy (one step a block: its launches stay under the launch
+    # queue's depth); in graphs mode the host time of the replays and of the eager code between them.
+    if not args.train:
+        for name in names:
             model.set_experts_implementation(name)
             host[name] = host_ms(step, 1)
     profiles = {}

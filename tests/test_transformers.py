@@ -4,8 +4,12 @@ On the CPU the operator computes with torch's grouped GEMM, as transformers' "gr
 these tests check the wiring (registration, the table, the forward's routing and weights), not
 the tuned kernels (tests/runtime/test_grouped_gpu.py runs those)."""
 
+import os
+import subprocess
+import sys
 import types
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -384,11 +388,6 @@ def test_use_table_refuses_a_model_that_is_not_a_module():
 def test_the_guard_cost_script_runs_on_the_cpu():
     """benchmarks/guard_cost_cpu.py, whose figures benchmarks/moe_layer.md quotes, still finds one
     cache entry per implementation and times both."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "guard_cost_cpu.py"), "--tokens", "1", "--plan"],
                           capture_output=True, text=True, timeout=600, cwd=root,
