@@ -1,7 +1,8 @@
 """End-to-end MoE model: transformers' "grouped_mm" experts vs the tuned "cutlass_tune" ones.
 
     python3 benchmarks/moe_model.py TABLE OUT_DIR [--family qwen3_moe|...] [--tokens 4096] [--layers 4]
-                                    [--compile [--graphs]] [--decode] [--train] [--blocks 10] [--block 10]
+                                    [--compile [--graphs]] [--capture] [--decode] [--train] [--blocks 10]
+                                    [--block 10]
                                     [--profile]
     python3 benchmarks/moe_model.py summary OUT_DIR      # the table of every run in OUT_DIR
 
@@ -19,6 +20,10 @@ the speedup is then over the faster of the two torch paths (`strongest_torch`).
   implementations; the graph breaks of each are counted (torch._dynamo's counters) and recorded.
   With `--graphs`, Inductor's CUDA graphs too (what `mode="reduce-overhead"` turns on), as a
   serving loop replays a small batch's step: no host time per call is left in the step.
+- `--capture`: the whole forward captured in one CUDA graph per implementation
+  (`torch.cuda.CUDAGraph`, no KV cache), the step its replay: what a serving engine replays for a
+  decode step, no host time per layer left. The eager layers, or with `--compile` the compiled
+  ones (without Inductor's own graphs). torch's floor runs uncaptured (its experts loop syncs).
 - `--train`: one training step (forward with labels, the loss, backward): loss and every
   parameter's gradient of both compared, time per step. A gradient is close within 2e-2 or
   within 1.5x torch's own disagreement for it (transformers' "eager" experts against
@@ -166,8 +171,33 @@ def run(args: argparse.Namespace) -> dict:
     if args.decode and args.tokens <= DECODE_TOKENS:
         names += ("batched_mm",)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    captured: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return model(ids, use_cache=False).logits
+
+    def replay() -> torch.Tensor:
+        """The current implementation's captured forward, captured at its first step."""
+        name = model.config._experts_implementation
+        if name not in captured:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm: workspaces, plans and compiled code made outside the capture
+                    forward()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = forward()
+            captured[name] = (graph, out)
+        graph, out = captured[name]
+        graph.replay()
+        return out
 
     def step() -> torch.Tensor:
+        if args.capture:
+            return forward() if model.config._experts_implementation == FLOOR_IMPLEMENTATION else replay()
         if args.train:
             model.zero_grad(set_to_none=True)
             loss = model(ids, labels=ids).loss
@@ -349,7 +379,8 @@ def gain_split(torch_side: dict, ours: dict, torch_ms: float, ours_ms: float) ->
 
 def _mode(args: argparse.Namespace) -> str:
     return (("train" if args.train else "decode" if args.decode else "infer")
-            + ("-graphs" if args.graphs else "-compile" if args.compile else "") + ("-noglu" if args.no_glu else ""))
+            + ("-graphs" if args.graphs else "-compile" if args.compile else "") + ("-capture" if args.capture else "")
+            + ("-noglu" if args.no_glu else ""))
 
 
 def _floor(r: dict) -> str:
@@ -397,6 +428,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (default mode)")
     parser.add_argument("--graphs", action="store_true", help="with --compile: Inductor's CUDA graphs too")
+    parser.add_argument("--capture", action="store_true",
+                        help="the whole forward in one CUDA graph per implementation (inference)")
     parser.add_argument("--decode", action="store_true", help="--tokens sequences of one token (a decode step)")
     parser.add_argument("--train", action="store_true", help="time a training step (forward, loss, backward)")
     parser.add_argument("--blocks", type=int, default=10)
@@ -407,6 +440,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.graphs and (args.train or not args.compile):
         parser.error("--graphs goes with --compile, for inference")
+    if args.capture and (args.train or args.graphs):
+        parser.error("--capture is for inference, without --graphs")
     if args.decode and args.train:
         parser.error("--decode is for inference")
     if not torch.cuda.is_available():

@@ -261,10 +261,19 @@ def moe_decode(decode: MoEDecode | str) -> MoEDecode:
 
 def runs_batched(decode: MoEDecode, routed_rows: int) -> bool:
     """Whether a call of `routed_rows` (tokens x top_k, a shape: no host sync, and a guard
-    under torch.compile) runs the batched GEMMs."""
-    if decode is MoEDecode.AUTO:
-        return routed_rows <= settings.moe_batched_rows()
-    return decode is MoEDecode.BATCHED
+    under torch.compile) runs the batched GEMMs. Under torch.compile the threshold is read when
+    the layer is traced, and the environment is not guarded (guards on `os.environ` cost every
+    call of the compiled layer host time)."""
+    # Compared by value: reaching MoEDecode.AUTO as well as the caller's `decode` makes Dynamo
+    # guard the two are one object, a guard in Python on every call.
+    if decode == "auto":
+        return routed_rows <= _batched_rows()
+    return decode == "batched"
+
+
+@torch._dynamo.assume_constant_result
+def _batched_rows() -> int:
+    return settings.moe_batched_rows()
 
 
 def _bmm(rows: torch.Tensor, weights: torch.Tensor, transposed: bool) -> torch.Tensor:

@@ -8,6 +8,7 @@ native gather and combine."""
 import pandas as pd
 import pytest
 import torch
+import torch._dynamo.testing
 
 import cutlass_tune
 from cutlass_tune.runtime import BestTable, _moe, _moe_routing, register_table
@@ -409,6 +410,29 @@ def test_decode_takes_the_path_the_option_and_threshold_name(monkeypatch, decode
     taken.clear()
     MoEExperts(gate_up, down, table=EMPTY, decode=decode)(torch.randn(tokens, 32), index, weights)
     assert taken == [want, want]
+
+
+def test_compiled_decode_reads_the_threshold_when_traced_and_guards_no_environment(monkeypatch):
+    """Under torch.compile the "auto" choice is made per shape at trace time (7 tokens x top 2 at
+    a threshold of 14: batched; 8 tokens: grouped), and the compiled layer does not guard the
+    environment: a threshold changed later runs the code traced before (no recompile)."""
+    monkeypatch.setenv("CUTLASS_TUNE_MOE_BATCHED_ROWS", "14")
+    taken = _paths_taken(monkeypatch)
+    gate_up, down, _, _ = layer()
+    torch._dynamo.reset()
+    traces = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(lambda x, i, w: moe_experts(x, i, w, gate_up, down, table=EMPTY), backend=traces,
+                             fullgraph=True, dynamic=False)
+    for tokens, want in ((7, "batched"), (8, "grouped")):
+        taken.clear()
+        index, weights = routed(tokens=tokens, top_k=2)
+        compiled(torch.randn(tokens, 32), index, weights)
+        assert taken == [want, want]
+    monkeypatch.setenv("CUTLASS_TUNE_MOE_BATCHED_ROWS", "0")
+    taken.clear()
+    index, weights = routed(tokens=7, top_k=2)
+    compiled(torch.randn(7, 32), index, weights)
+    assert traces.frame_count == 2 and taken == ["batched", "batched"]  # the code traced at 7 tokens, again
 
 
 def test_a_bad_batched_rows_setting_is_a_one_line_error(monkeypatch):
