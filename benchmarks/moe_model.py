@@ -22,8 +22,9 @@ the speedup is then over the faster of the two torch paths (`strongest_torch`).
   serving loop replays a small batch's step: no host time per call is left in the step.
 - `--capture`: the whole forward captured in one CUDA graph per implementation
   (`torch.cuda.CUDAGraph`, no KV cache), the step its replay: what a serving engine replays for a
-  decode step, no host time per layer left. The eager layers, or with `--compile` the compiled
-  ones (without Inductor's own graphs). torch's floor runs uncaptured (its experts loop syncs).
+  decode step, no host time per layer left; the eager layers (under torch 2.11 the layers compiled
+  first recompiled inside the capture, an error there, so `--compile` is refused with it). torch's
+  floor runs uncaptured (its experts loop syncs).
 - `--train`: one training step (forward with labels, the loss, backward): loss and every
   parameter's gradient of both compared, time per step. A gradient is close within 2e-2 or
   within 1.5x torch's own disagreement for it (transformers' "eager" experts against
@@ -440,8 +441,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.graphs and (args.train or not args.compile):
         parser.error("--graphs goes with --compile, for inference")
-    if args.capture and (args.train or args.graphs):
-        parser.error("--capture is for inference, without --graphs")
+    if args.capture and (args.train or args.compile):
+        parser.error("--capture is for inference, of the eager layers (no --compile)")
     if args.decode and args.train:
         parser.error("--decode is for inference")
     if not torch.cuda.is_available():

@@ -150,3 +150,27 @@ def test_a_gradient_is_close_within_the_tolerance_or_torchs_own_disagreement(scr
     ok, worst = moe_model.grads_close({"gate.weight": 0.11}, {})  # no floor measured: the tolerance alone
     assert not ok and worst["floor"] is None
     assert moe_model.grads_close({}, {}) == (True, None)
+
+
+@pytest.mark.parametrize(("flags", "refused"), [
+    (["--capture", "--compile"], "--capture is for inference, of the eager layers"),
+    (["--capture", "--train"], "--capture is for inference, of the eager layers"),
+    (["--graphs"], "--graphs goes with --compile"),
+])
+def test_the_model_script_refuses_regimes_it_cannot_time(script, monkeypatch, capsys, flags, refused):
+    import moe_model
+
+    monkeypatch.setattr(sys, "argv", ["moe_model.py", "table", "out", *flags])
+    with pytest.raises(SystemExit) as stopped:
+        moe_model.main()
+    assert stopped.value.code == 2 and refused in capsys.readouterr().err
+
+
+def test_a_captured_decode_run_is_named_for_its_regime(script):
+    import argparse
+
+    import moe_model
+
+    args = argparse.Namespace(train=False, decode=True, graphs=False, compile=False, capture=True, no_glu=False)
+    assert moe_model._mode(args) == "decode-capture"
+    assert moe_model._mode(argparse.Namespace(**{**vars(args), "capture": False, "compile": True})) == "decode-compile"

@@ -214,3 +214,25 @@ def test_bind_tells_the_transformers_experts_before_the_model_file_imports_trans
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "True"
+
+
+def test_the_step_plans_a_model_s_experts_before_it_is_compiled():
+    """The model's experts modules get their kept plans in eager code (as use_table(model=)
+    gives them), where the experts interface is bound; a model with none plans nothing."""
+    transformers = pytest.importorskip("transformers")
+    import pandas as pd
+
+    from cutlass_tune.bench._in_model import bind, plan_experts
+    from cutlass_tune.runtime import BestTable
+    from cutlass_tune.runtime._moe_gates import experts_plan
+
+    bind(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})))
+    config = transformers.OlmoeConfig(vocab_size=64, num_hidden_layers=2, hidden_size=32, intermediate_size=16,
+                                      num_attention_heads=2, num_key_value_heads=2, num_experts=4,
+                                      num_experts_per_tok=2, eos_token_id=0, max_position_embeddings=64)
+    model = transformers.AutoModelForCausalLM.from_config(config, experts_implementation="grouped_mm")
+    assert plan_experts(model) == 2
+    for layer in model.model.layers:
+        kept = layer.mlp.experts.__dict__.get("_cutlass_tune_plan")
+        assert kept is not None and experts_plan(layer.mlp.experts) is kept
+    assert plan_experts(torch.nn.Linear(4, 4)) == 0

@@ -32,6 +32,7 @@ import torch
 
 from ..capture import Target, _moved, _moved_model, _users_code
 from ..compile import KernelCache, compile_kernels
+from ..runtime._moe_gates import experts_plan
 from ..runtime._op import register_table
 from ..runtime._patch import patch
 from ..runtime._table import BestTable
@@ -66,6 +67,21 @@ def bind(table: BestTable) -> None:
     ct.use_table(table)
 
 
+def plan_experts(model: torch.nn.Module) -> int:
+    """Plan the model's transformers experts modules in eager code, as `use_table(table,
+    model=...)` does, so a compiled step reads each kept plan instead of tracing how it is made
+    (and guarding all it read on every call); where `bind` bound the experts interface. Returns
+    how many were planned."""
+    if "cutlass_tune.transformers" not in sys.modules:
+        return 0
+    import cutlass_tune.transformers as ct
+
+    modules = ct.experts_modules(model)
+    for module in modules:
+        experts_plan(module)
+    return len(modules)
+
+
 def build_step(target: Target, mode: Mode, *, patched: bool = True) -> Callable[[], object]:
     """The model's step: its forward under no_grad on its inputs, on the current GPU; its Linears
     patched onto `TABLE_KEY` (bind a table first; not for a baseline model, `patched` False),
@@ -78,6 +94,7 @@ def build_step(target: Target, mode: Mode, *, patched: bool = True) -> Callable[
         model.eval()
         if patched:
             patch(model, TABLE_KEY, min_ratio=0.0, min_kernel_us=0.0)
+            plan_experts(model)
     run = torch.compile(model) if mode in (Mode.COMPILED, Mode.GRAPHS) else model
 
     def step() -> object:
