@@ -111,9 +111,18 @@ def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto"
         _table_set = True
         _decode = chosen
         _glu = bool(glu)
-    for module in experts_modules(model) if model is not None else ():
-        experts_plan(module)
+    if model is not None:
+        plan_experts(model)
     return key
+
+
+def plan_experts(model: torch.nn.Module) -> int:
+    """Plan every experts module of `model` in eager code (`use_table`'s `model`): each one's
+    plan checked on a probe and kept on the module. Returns how many were planned."""
+    modules = experts_modules(model)
+    for module in modules:
+        experts_plan(module)
+    return len(modules)
 
 
 def experts_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -32,7 +32,6 @@ import torch
 
 from ..capture import Target, _moved, _moved_model, _users_code
 from ..compile import KernelCache, compile_kernels
-from ..runtime._moe_gates import experts_plan
 from ..runtime._op import register_table
 from ..runtime._patch import patch
 from ..runtime._table import BestTable
@@ -76,10 +75,7 @@ def plan_experts(model: torch.nn.Module) -> int:
         return 0
     import cutlass_tune.transformers as ct
 
-    modules = ct.experts_modules(model)
-    for module in modules:
-        experts_plan(module)
-    return len(modules)
+    return ct.plan_experts(model)
 
 
 def build_step(target: Target, mode: Mode, *, patched: bool = True) -> Callable[[], object]:

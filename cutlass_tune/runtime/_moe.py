@@ -271,7 +271,7 @@ def runs_batched(decode: MoEDecode, routed_rows: int) -> bool:
     return decode == "batched"
 
 
-@torch._dynamo.assume_constant_result
+@torch.compiler.assume_constant_result
 def _batched_rows() -> int:
     return settings.moe_batched_rows()
 
