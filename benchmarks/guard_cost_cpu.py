@@ -1,5 +1,5 @@
 """Dynamo's guard evaluation per call of a compiled transformers decoder layer, the "cutlass_tune"
-experts against transformers' "grouped_mm" ones, on the CPU (no GPU needed).
+experts against transformers' "grouped_mm" and "batched_mm" ones, on the CPU (no GPU needed).
 
     PYTHONPATH=. python3 benchmarks/guard_cost_cpu.py [--tokens 1] [--plan]
 
@@ -51,7 +51,7 @@ def main() -> None:
     layer.register_forward_pre_hook(lambda module, a, k: seen.update(args=a, kwargs=k), with_kwargs=True)
     ids = torch.randint(0, 128, (args.tokens, 1))
     torch._dynamo.config.recompile_limit = 64
-    names = ("grouped_mm", ct.NAME)
+    names = ("grouped_mm", "batched_mm", ct.NAME)
     torch.set_grad_enabled(False)  # the steps' global state: the guards check it too
     for name in names:
         model.set_experts_implementation(name)
@@ -79,7 +79,8 @@ def main() -> None:
             times[name].append((time.perf_counter() - start) / 1000 * 1e6)
     us = {name: statistics.median(t) for name, t in times.items()}
     print(f"tokens {args.tokens}, plan given {args.plan}: guards us a call " +
-          ", ".join(f"{n} {v:.1f}" for n, v in us.items()) + f"; ratio {us[ct.NAME] / us['grouped_mm']:.2f}")
+          ", ".join(f"{n} {v:.1f}" for n, v in us.items()) + f"; ratio {us[ct.NAME] / us['grouped_mm']:.2f}, "
+          f"against batched_mm {us[ct.NAME] / us['batched_mm']:.2f}")
 
 
 if __name__ == "__main__":

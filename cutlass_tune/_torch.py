@@ -66,6 +66,11 @@ ACTIVATION: Mapping[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
 """Each activation as torch computes it (`ActivationFacets.torch`): what the fused kernels are
 verified against, what the torch baselines apply, and what the runtime runs where no kernel fuses it."""
 
+ACTIVATION_BY_NAME: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    activation.value: function for activation, function in ACTIVATION.items()}
+"""`ACTIVATION` by the activation's name: for code torch.compile traces on plain values (a
+lookup by string guards one dict entry; one by enum member guards the member's identity too)."""
+
 ACTIVATION_GRAD: Mapping[Activation, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     activation: _gradient(facets) for activation, facets in ACTIVATIONS.items() if facets.backward}
 """d activation(z) / dz times the incoming gradient, as torch's own backward computes it

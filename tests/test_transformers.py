@@ -393,4 +393,96 @@ def test_the_guard_cost_script_runs_on_the_cpu():
                           capture_output=True, text=True, timeout=600, cwd=root,
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "plan given True: guards us a call grouped_mm" in done.stdout and "ratio" in done.stdout
+    assert "plan given True: guards us a call grouped_mm" in done.stdout and "against batched_mm" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# The lean traced path: a compiled inference call of a layer planned in eager code
+
+
+def _lean_taken(monkeypatch):
+    """The lean path's choices as traced (None: the full path): a spy run in Python at trace
+    time, as `_lean_choice` is (a spy traced into the graph would be guarded itself)."""
+    taken = []
+    choice = ct._lean_choice
+
+    def spy(*args):
+        taken.append(choice(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(ct, "_lean_choice", torch.compiler.assume_constant_result(spy))
+    return taken
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_planned_layer_compiled_for_inference_traces_the_lean_path(monkeypatch, family):
+    """Guards the compiled layer reading the plan's fields (Dynamo guards every one on every
+    call): planned in eager code, it traces from plain values and computes what grouped_mm does;
+    GPT-OSS's biases take the full path."""
+    model = family_model(family, torch.float32, implementation=ct.NAME)
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), model=model)
+    taken = _lean_taken(monkeypatch)
+    block = model.model.layers[0].mlp
+    x = torch.randn(1, 5, 64)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(block, backend="eager", fullgraph=True)(x)
+        model.set_experts_implementation("grouped_mm")
+        want = block(x)
+    got, want = (got[0], want[0]) if isinstance(got, tuple) else (got, want)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if family == "gpt_oss":
+        assert taken == []  # its biases: the full path, no choice asked
+    else:
+        assert len(taken) == 1 and taken[0] is not None
+        native, glu_runs, experts, transposed, function, form, *_ = taken[0]
+        assert (native, glu_runs, experts, form) == (False, False, 8, "glu")  # CPU, no GLU row, 8 experts
+
+
+def test_the_lean_path_leaves_gradients_decode_and_unplanned_layers_to_the_full_path(monkeypatch):
+    model = family_model("qwen3_moe", torch.float32, implementation=ct.NAME)
+    block = model.model.layers[0].mlp
+    x = torch.randn(1, 5, 64)
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})))
+    taken = _lean_taken(monkeypatch)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(block, backend="eager", fullgraph=True)(x)
+    assert taken == []  # compiled before any eager call and not given to use_table: no plan kept
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), model=model)
+    torch._dynamo.reset()
+    out = torch.compile(block, backend="eager", fullgraph=True)(x)
+    out = out[0] if isinstance(out, tuple) else out
+    out.sum().backward()  # gradients needed: the full path, which has the backward
+    assert taken == [] and block.experts.down_proj.grad is not None
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), decode="batched", model=model)
+    try:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.compile(block, backend="eager", fullgraph=True)(x)
+    finally:
+        ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})))
+    assert taken == [None]  # the batched GEMMs: the full path's
+
+
+def test_layers_of_one_shape_share_one_plan_index_and_one_graph(monkeypatch):
+    """Guards a per-layer index recompiling each layer that one compiled function calls."""
+    model = family_model("qwen3_moe", torch.float32, implementation=ct.NAME)
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), model=model)
+    layers = model.model.layers
+    assert len({getattr(layer.mlp.experts, ct._INDEX) for layer in layers}) == 1
+    taken = _lean_taken(monkeypatch)
+    x, index, weights = torch.randn(6, 64), torch.randint(0, 8, (6, 2)), torch.rand(6, 2)
+    graphs = _compiled_ops(lambda experts: experts(x, index, weights), calls=[(layer.mlp.experts,) for layer in layers])
+    assert len(graphs) == 1 and len(taken) == 1 and taken[0] is not None
+
+
+@pytest.mark.parametrize(("activation", "gated"), [("silu", True), ("gelu", True), ("relu", True), ("swiglu_oai", True),
+                                                   ("silu", False), ("gelu_tanh", False)])
+def test_the_lean_activation_computes_the_layer_s_activation(activation, gated):
+    from cutlass_tune.runtime._moe import expert_activation
+
+    found = expert_activation(activation, gated)
+    h = torch.randn(7, 16) * 5
+    got = ct._activate(h, found.function.value, found.form.value, found.interleaved, found.limit, found.alpha)
+    torch.testing.assert_close(got, found(h))

@@ -572,6 +572,71 @@ def extern_moe() -> dict:
         out["eager_us"] = round(_host_us(lambda: layer(x, index, weights)), 2)
     return out
 
+def lean_experts() -> dict:
+    """A transformers-style experts module on the "cutlass_tune" experts, compiled for inference
+    (cutlass_tune/transformers.py): planned by `plan_experts`, its traced forward the lean path
+    (plain values, the operators called themselves); planned without the index, the full path.
+    The generated code's calls of each, each result against the fused layer called eagerly, and
+    each compiled layer's host time a call (the GPU kept busy, Dynamo's guard check included),
+    the two alternating over five rounds."""
+    from torch._inductor.utils import run_and_get_code
+    from transformers.integrations import moe as transformers_moe
+
+    import cutlass_tune.transformers as ct
+    from cutlass_tune.runtime._moe import moe_experts
+    from cutlass_tune.runtime._moe_gates import experts_plan
+    from tests.runtime.test_moe_glu_gpu import glu_table
+    from tests.runtime.test_moe_glu_gpu import operands as layer_operands
+
+    class Experts(torch.nn.Module):
+        _apply_gate = transformers_moe._default_apply_gate
+        has_gate, has_bias, is_transposed = True, False, False
+
+        def __init__(self, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+            super().__init__()
+            self.num_experts = gate_up.shape[0]
+            self.gate_up_proj = torch.nn.Parameter(gate_up, requires_grad=False)
+            self.down_proj = torch.nn.Parameter(down, requires_grad=False)
+            self.act_fn = torch.nn.SiLU()
+
+        def forward(self, x, index, weights):
+            return ct.cutlass_tune_experts_forward(self, x, index, weights)
+
+    ct.use_table(glu_table())
+    x, index, weights, gate_up, down = layer_operands()
+    lean_module, full_module = Experts(gate_up, down), Experts(gate_up, down)
+    ct.plan_experts(lean_module)
+    experts_plan(full_module)  # the plan kept, no index: the full path traced on it
+
+    def lean(x, index, weights):
+        return lean_module(x, index, weights)
+
+    def full(x, index, weights):
+        return full_module(x, index, weights)
+
+    def cutlass_calls(code: str) -> list[str]:
+        return [line.strip().split("(")[0] for line in code.splitlines() if "cutlass_tune" in line
+                and "import" not in line and not line.strip().startswith("#")]
+
+    out: dict = {name: getattr(module, ct._INDEX, None) for name, module in (("lean_index", lean_module),
+                                                                             ("full_index", full_module))}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = moe_experts(x, index, weights, gate_up, down, table=ct.TABLE_KEY, glu=True)
+        torch._dynamo.reset()
+        compiled = {name: torch.compile(fn, fullgraph=True) for name, fn in (("lean", lean), ("full", full))}
+        for name, fn in compiled.items():
+            got, codes = run_and_get_code(fn, x, index, weights)
+            out[f"{name}_calls"] = cutlass_calls("\n".join(codes))
+            out[f"{name}_equal"] = torch.equal(got, want)
+            out[f"{name}_error"] = error(got, want)
+        rounds = [(_host_us(lambda: compiled["lean"](x, index, weights)),
+                   _host_us(lambda: compiled["full"](x, index, weights))) for _ in range(5)]
+        out["lean_us"] = round(statistics.median(r[0] for r in rounds), 2)
+        out["full_us"] = round(statistics.median(r[1] for r in rounds), 2)
+    return out
+
+
 if __name__ == "__main__":
     # As tests/conftest.py's `_tables_of_any_hopper` does for the GPU tests: the tables' rows
     # (tuned on one Hopper, or on "any") serve whichever Hopper runs this.

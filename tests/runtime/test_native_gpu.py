@@ -191,3 +191,16 @@ def test_the_compiled_moe_layer_calls_its_operators_as_extern_kernels(built):
     assert any("torch.ops.cutlass_tune.moe_gate_up_glu.default(" in c for c in out["dispatcher_calls"]), out
     assert not any("cutlass_tune_extern" in c for c in out["dispatcher_calls"]), out
     assert out["layer_us"] < out["dispatcher_us"], out
+
+
+def test_a_planned_transformers_layer_compiles_the_lean_path(built):
+    """The "cutlass_tune" experts of a module planned in eager code, compiled for inference: the
+    same operators as the full path (the routing, then gather, GLU stage, down GEMM and combine
+    as extern kernels), the fused layer's result bit for bit, and less host time a call than the
+    full path traced on the same kept plan (Dynamo checks fewer guards)."""
+    out = probe("lean_experts")
+    assert out["lean_index"] is not None and out["full_index"] is None, out
+    assert out["lean_calls"] == out["full_calls"], out
+    assert "cutlass_tune_extern.moe_gate_up_glu_into" in out["lean_calls"], out
+    assert out["lean_equal"] and out["full_equal"], out
+    assert out["lean_us"] < out["full_us"], out
