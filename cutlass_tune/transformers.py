@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ._torch import ACTIVATION_BY_NAME
+from . import _torch
 from .errors import CutlassTuneError
 from .runtime import BestTable, register_table
 from .runtime import _moe_routing as routing
@@ -222,22 +222,13 @@ def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_i
     Raises:
         NoTableError: `use_table` was not called in this process.
     """
-    if torch.compiler.is_compiling():
-        # A layer planned in eager code (so use_table ran), compiled for inference: the lean path.
-        # Its reads are inlined here: each global and function the traced code reads is a guard.
-        index = getattr(self, "_cutlass_tune_plan_index", None)
-        gate_up = self.gate_up_proj if self.has_gate else self.up_proj
-        if index is not None and not self.has_bias and not getattr(self, "_is_expert_parallel", False) \
-                and not getattr(self, "has_post_expert_norm", False) \
-                and not (torch.is_grad_enabled() and (gate_up.requires_grad or self.down_proj.requires_grad
-                                                       or hidden_states.requires_grad or top_k_weights.requires_grad)):
-            choice = _lean_choice(index, _decode_name, _glu, gate_up.get_device(), gate_up.dtype, top_k_index.dtype,
-                                  top_k_index.numel())
-            if choice is not None:
-                return _lean_forward(hidden_states, top_k_index, top_k_weights, gate_up, self.down_proj, choice)
     if not _table_set:
         raise NoTableError('the "cutlass_tune" experts need a table: call cutlass_tune.transformers.use_table(table) '
                            "first")
+    if torch.compiler.is_compiling():
+        lean = _lean_call(self, hidden_states, top_k_index, top_k_weights)
+        if lean is not None:
+            return lean
     plan = experts_plan(self)
     if not torch.compiler.is_compiling():
         _keep_index(self, plan)
@@ -279,63 +270,91 @@ def _keep_index(module: Any, plan: ExpertsLayout | str) -> None:
     setattr(module, _INDEX, index)
 
 
+def _lean_call(self: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
+               top_k_weights: torch.Tensor) -> torch.Tensor | None:
+    """The fused layer of a compiled inference call whose plan was made in eager code, traced
+    from plain values only (`_lean_choice`); None where the call needs what only the full path
+    (`experts_forward`) handles: biases, expert parallelism, a post-expert norm, gradients, the
+    batched GEMMs. Same kernels and results as the full path; fewer guards (benchmarks/moe_layer.md)."""
+    index = getattr(self, _INDEX, None)
+    if index is None or self.has_bias or getattr(self, "_is_expert_parallel", False) \
+            or getattr(self, "has_post_expert_norm", False):
+        return None
+    gate_up = self.gate_up_proj if self.has_gate else self.up_proj
+    down = self.down_proj
+    if torch.is_grad_enabled() and (gate_up.requires_grad or down.requires_grad or hidden.requires_grad
+                                    or top_k_weights.requires_grad):
+        return None
+    choice = _lean_choice(index, _decode_name, _glu, gate_up.get_device(), str(gate_up.dtype), str(top_k_index.dtype),
+                          top_k_index.numel())
+    if choice is None:
+        return None
+    return _lean_forward(hidden, top_k_index, top_k_weights, gate_up, down, choice)
+
+
 @torch.compiler.assume_constant_result
-def _lean_choice(index: int, decode: str, glu: bool, device: int, dtype: torch.dtype, ids_dtype: torch.dtype,
+def _lean_choice(index: int, decode: str, glu: bool, device: int, dtype: str, ids_dtype: str,
                  routed_rows: int) -> tuple | None:
-    """What the lean path runs for a compiled inference call of a planned layer (plan `index`),
-    decided in Python while the layer is traced (a constant of the graph): (table key, native
-    routing, GLU stage, experts, transposed, function, form, interleaved, limit, alpha), or None
-    where the full path runs (the batched GEMMs)."""
+    """What the lean path runs, decided in Python while the layer is traced (a constant of the
+    graph): (native routing, GLU stage, experts, transposed, function, form, interleaved, limit,
+    alpha), or None for a call the full path runs (the batched GEMMs)."""
     plan = _plans[index]
     if runs_batched(MoEDecode(decode), routed_rows):
         return None
     activation = plan.activation
     function, form = activation.function.value, activation.form.value
     glu_runs = glu and not _glu_reason(TABLE_KEY, device, plan.experts, plan.hidden, plan.intermediate,
-                                       str(dtype).removeprefix("torch."), function, form, activation.interleaved,
+                                       dtype.removeprefix("torch."), function, form, activation.interleaved,
                                        activation.limit, False)
     if device >= 0 and not routing._native:
         routing._load_native()
     native = (device >= 0 and routing._native.get("namespace") == "cutlass_tune" and "moe_route" in routing._native
-              and plan.experts <= routing.ROUTE_MAX_EXPERTS and ids_dtype in (torch.int64, torch.int32))
-    return (TABLE_KEY, native, glu_runs, plan.experts, plan.transposed, function, form, activation.interleaved,
+              and plan.experts <= routing.ROUTE_MAX_EXPERTS and ids_dtype in ("torch.int64", "torch.int32"))
+    return (native, glu_runs, plan.experts, plan.transposed, function, form, activation.interleaved,
             activation.limit, activation.alpha)
 
 
 def _lean_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                   gate_up: torch.Tensor, down: torch.Tensor, choice: tuple) -> torch.Tensor:
-    """`experts_forward`'s grouped path (routing, gather, gate_up GEMM and activation or the GLU
-    stage, down GEMM, combine) on the plain values of `_lean_choice`, calling the operators
-    themselves; the activation is `ExpertActivation.__call__` on those values."""
-    key, native, glu_runs, experts, transposed, function, form, interleaved, limit, alpha = choice
+    """`experts_forward`'s grouped path (routing, gather, gate_up GEMM or GLU stage, activation,
+    down GEMM, combine) on the plain values of `_lean_choice`, calling the operators themselves."""
+    native, glu_runs, experts, transposed, function, form, interleaved, limit, alpha = choice
     top_k = top_k_index.shape[-1]
     x = hidden.to(gate_up.dtype)
     weights = top_k_weights.reshape(-1, top_k).float()
     if native:
-        _, perm, inv, offsets = torch.ops.cutlass_tune.moe_route(top_k_index.reshape(-1), experts)
-        rows = torch.ops.cutlass_tune.moe_gather(x, inv, None, top_k)
+        ops = torch.ops.cutlass_tune
+        _, perm, inv, offsets = ops.moe_route(top_k_index.reshape(-1), experts)
+        rows = ops.moe_gather(x, inv, None, top_k)
     else:
         _, perm, inv, offsets, _ = routing.torch_routing(top_k_index, experts)
         rows = routing._torch_gather(x, perm, inv, None, top_k)
     if glu_runs:
-        h = gate_up_glu_op(rows, gate_up, offsets, key, function, transposed, interleaved)
+        h = gate_up_glu_op(rows, gate_up, offsets, TABLE_KEY, function, transposed, interleaved)
     else:
-        h = grouped_mm_op(rows, gate_up if transposed else gate_up.transpose(-2, -1), offsets, key)
-        act = ACTIVATION_BY_NAME[function]
-        if form == "none":
-            h = act(h)
-        else:
-            gate, up = (h[..., ::2], h[..., 1::2]) if interleaved else h.chunk(2, dim=-1)
-            if limit is not None:
-                gate = gate.clamp(min=None, max=limit)
-                up = up.clamp(min=-limit, max=limit)
-            h = (up + 1) * (gate * torch.sigmoid(gate * alpha)) if form == "swiglu_oai" else act(gate) * up
-    y = grouped_mm_op(h.to(down.dtype), down if transposed else down.transpose(-2, -1), offsets, key)
+        h = grouped_mm_op(rows, gate_up if transposed else gate_up.transpose(-2, -1), offsets, TABLE_KEY)
+        h = _activate(h, function, form, interleaved, limit, alpha)
+    y = grouped_mm_op(h.to(down.dtype), down if transposed else down.transpose(-2, -1), offsets, TABLE_KEY)
     if native:
         out = torch.ops.cutlass_tune.moe_combine(y, inv, weights, top_k)
     else:
         out = routing._torch_combine(y, perm, inv, weights, top_k)
     return out.to(hidden.dtype)
+
+
+def _activate(h: torch.Tensor, function: str, form: str, interleaved: bool, limit: float | None,
+              alpha: float) -> torch.Tensor:
+    """`ExpertActivation.__call__` on plain values (the lean path's)."""
+    act = _torch.ACTIVATION_BY_NAME[function]
+    if form == "none":
+        return act(h)
+    gate, up = (h[..., ::2], h[..., 1::2]) if interleaved else h.chunk(2, dim=-1)
+    if limit is not None:
+        gate = gate.clamp(min=None, max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    if form == "swiglu_oai":
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return act(gate) * up
 
 
 ExpertsInterface.register(NAME, cutlass_tune_experts_forward)
