@@ -79,11 +79,12 @@ def use_table(table: BestTable | str | Path, *, decode: MoEDecode | str = "auto"
     (replacing an earlier one, also for graphs compiled with it). Thread-safe.
 
     Give `model` before torch.compile: each of its experts modules is planned now, in eager code
-    (`experts_plan`: its gate checked on a probe, the plan kept on the module), so the compiled
-    layers read the kept plan instead of tracing how it is made, and guard on less: on a tiny
-    OLMoE decoder layer (CPU) Dynamo's guards cost 1.3x the "grouped_mm" layer's per call with
-    the plan kept, 1.8x without (benchmarks/moe_layer.md). Without `model` a layer first called
-    compiled traces its plan (unchecked by the probe) on each compile.
+    (`experts_plan`: its gate checked on a probe, the plan kept on the module with its index),
+    so the compiled inference layers trace only plain values decided from the plan (the lean
+    path, `_lean_choice`) and guard on less: on a tiny OLMoE decoder layer (CPU) Dynamo's guard
+    check costs 1.01-1.07x the "grouped_mm" layer's per call, 1.2-1.6x on the full path, 1.8x
+    with no plan (benchmarks/moe_layer.md). Without `model` a layer first called compiled
+    traces its plan (unchecked by the probe) on each compile.
 
     Args:
         table: a `BestTable`, or what `BestTable.load` reads (bundle, table file, store).
