@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 
-from . import _torch
 from .errors import CutlassTuneError
 from .runtime import BestTable, register_table
 from .runtime import _moe_routing as routing
@@ -45,7 +44,7 @@ from .runtime._dispatch import eager_direct_allowed, input_not_taken, warn_once
 from .runtime._grouped import grouped_mm, torch_grouped_mm
 from .runtime._grouped_op import grouped_mm_op
 from .runtime._matmul import MatmulInputError
-from .runtime._moe import ExpertsLayout, MoEDecode, MoEInputError, experts_forward, moe_decode, runs_batched
+from .runtime._moe import ExpertsLayout, MoEDecode, MoEInputError, activate, experts_forward, moe_decode, runs_batched
 from .runtime._moe_gates import experts_plan
 from .runtime._moe_glu import _glu_reason, gate_up_glu_op
 from .runtime._op import registered_table
@@ -307,8 +306,8 @@ def _lean_choice(index: int, decode: str, glu: bool, device: int, dtype: str, id
     glu_runs = glu and not _glu_reason(TABLE_KEY, device, plan.experts, plan.hidden, plan.intermediate,
                                        dtype.removeprefix("torch."), function, form, activation.interleaved,
                                        activation.limit, False)
-    if device >= 0 and not routing._native:
-        routing._load_native()
+    if device >= 0:
+        routing.look_again()
     native = (device >= 0 and routing._native.get("namespace") == "cutlass_tune" and "moe_route" in routing._native
               and plan.experts <= routing.ROUTE_MAX_EXPERTS and ids_dtype in ("torch.int64", "torch.int32"))
     return (native, glu_runs, plan.experts, plan.transposed, function, form, activation.interleaved,
@@ -334,28 +333,13 @@ def _lean_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights
         h = gate_up_glu_op(rows, gate_up, offsets, TABLE_KEY, function, transposed, interleaved)
     else:
         h = grouped_mm_op(rows, gate_up if transposed else gate_up.transpose(-2, -1), offsets, TABLE_KEY)
-        h = _activate(h, function, form, interleaved, limit, alpha)
+        h = activate(h, function, form, interleaved, limit, alpha)
     y = grouped_mm_op(h.to(down.dtype), down if transposed else down.transpose(-2, -1), offsets, TABLE_KEY)
     if native:
         out = torch.ops.cutlass_tune.moe_combine(y, inv, weights, top_k)
     else:
         out = routing._torch_combine(y, perm, inv, weights, top_k)
     return out.to(hidden.dtype)
-
-
-def _activate(h: torch.Tensor, function: str, form: str, interleaved: bool, limit: float | None,
-              alpha: float) -> torch.Tensor:
-    """`ExpertActivation.__call__` on plain values (the lean path's)."""
-    act = _torch.ACTIVATION_BY_NAME[function]
-    if form == "none":
-        return act(h)
-    gate, up = (h[..., ::2], h[..., 1::2]) if interleaved else h.chunk(2, dim=-1)
-    if limit is not None:
-        gate = gate.clamp(min=None, max=limit)
-        up = up.clamp(min=-limit, max=limit)
-    if form == "swiglu_oai":
-        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
-    return act(gate) * up
 
 
 ExpertsInterface.register(NAME, cutlass_tune_experts_forward)

@@ -479,10 +479,20 @@ def test_layers_of_one_shape_share_one_plan_index_and_one_graph(monkeypatch):
 
 @pytest.mark.parametrize(("activation", "gated"), [("silu", True), ("gelu", True), ("relu", True), ("swiglu_oai", True),
                                                    ("silu", False), ("gelu_tanh", False)])
-def test_the_lean_activation_computes_the_layer_s_activation(activation, gated):
-    from cutlass_tune.runtime._moe import expert_activation
+def test_the_lean_forward_computes_the_fused_layer(empty_table, activation, gated):
+    """`_lean_forward` on the plain values `_lean_choice` gives against `moe_experts` on the same
+    weights, for each activation form."""
+    from cutlass_tune.runtime._moe import experts_layout
 
-    found = expert_activation(activation, gated)
-    h = torch.randn(7, 16) * 5
-    got = ct._activate(h, found.function.value, found.form.value, found.interleaved, found.limit, found.alpha)
-    torch.testing.assert_close(got, found(h))
+    torch.manual_seed(4)
+    e, h, i = 4, 16, 8
+    gate_up, down = torch.randn(e, 2 * i if gated else i, h) / 4, torch.randn(e, h, i) / 4
+    x, index, weights = torch.randn(6, h), torch.randint(0, e, (6, 2)), torch.rand(6, 2)
+    holder = types.SimpleNamespace()
+    ct._keep_index(holder, experts_layout(gate_up, down, activation, False))
+    choice = ct._lean_choice(getattr(holder, ct._INDEX), "grouped", True, -1, "torch.float32", "torch.int64", 12)
+    assert choice[:2] == (False, False)  # the CPU: torch's routing; no GLU row in the empty table
+    with torch.no_grad():
+        got = ct._lean_forward(x, index, weights, gate_up, down, choice)
+        want = cutlass_tune.moe_experts(x, index, weights, gate_up, down, table=ct.TABLE_KEY, activation=activation)
+    torch.testing.assert_close(got, want)

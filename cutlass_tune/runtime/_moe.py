@@ -45,7 +45,7 @@ import pandas as pd
 import torch
 
 from .. import settings
-from .._torch import ACTIVATION
+from .._torch import ACTIVATION_BY_NAME
 from ..space import Activation
 from ._dispatch import eager_direct_allowed, input_not_taken
 from ._grouped import grouped_mm, torch_grouped_mm
@@ -112,18 +112,24 @@ class ExpertActivation:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """The activation of the gate_up GEMM's output `h` (S x N) as torch computes it: S x N/2
         gated, S x N otherwise."""
-        if self.form is GateForm.NONE:
-            return ACTIVATION[self.function](h)
-        if self.interleaved:
-            gate, up = h[..., ::2], h[..., 1::2]
-        else:
-            gate, up = h.chunk(2, dim=-1)
-        if self.limit is not None:
-            gate = gate.clamp(min=None, max=self.limit)
-            up = up.clamp(min=-self.limit, max=self.limit)
-        if self.form is GateForm.SWIGLU_OAI:
-            return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
-        return ACTIVATION[self.function](gate) * up
+        return activate(h, self.function.value, self.form.value, self.interleaved, self.limit, self.alpha)
+
+
+def activate(h: torch.Tensor, function: str, form: str, interleaved: bool, limit: float | None,
+             alpha: float) -> torch.Tensor:
+    """`ExpertActivation.__call__` on its fields' plain values (the names of `function` and
+    `form`): what code torch.compile traces from plain values calls (the transformers experts'
+    lean path), reading no dataclass field or enum member Dynamo would guard."""
+    act = ACTIVATION_BY_NAME[function]
+    if form == GateForm.NONE.value:
+        return act(h)
+    gate, up = (h[..., ::2], h[..., 1::2]) if interleaved else h.chunk(2, dim=-1)
+    if limit is not None:
+        gate = gate.clamp(min=None, max=limit)
+        up = up.clamp(min=-limit, max=limit)
+    if form == GateForm.SWIGLU_OAI.value:
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return act(gate) * up
 
 
 SWIGLU_OAI = ExpertActivation(Activation.SILU, GateForm.SWIGLU_OAI, interleaved=True, limit=7.0, alpha=1.702)

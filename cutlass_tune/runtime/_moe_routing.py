@@ -142,13 +142,20 @@ _looked_again: list[bool] = []
 loaded after this module's import registers them then)."""
 
 
+def look_again() -> None:
+    """Look for the native operators once more, the first time a CUDA call finds none (an
+    extension loaded after this module's import registers them then); later calls do nothing."""
+    if not _native and not _looked_again:
+        _looked_again.append(True)
+        _load_native()
+
+
 def _native_op(name: str, t: torch.Tensor, weights: torch.Tensor | None = None) -> Any:
     """The native operator `name` for CUDA tensors (its weights are float32), else None."""
     if not t.is_cuda or (weights is not None and weights.dtype != torch.float32):
         return None
     if not _native and not _looked_again and not torch.compiler.is_compiling():
-        _looked_again.append(True)
-        _load_native()
+        look_again()
     return _native.get(name)
 
 
