@@ -20,6 +20,7 @@ count: run with TORCH_LOGS=guards to read them.
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import time
 
@@ -62,7 +63,11 @@ def main() -> None:
         for _ in range(2):
             model(ids, use_cache=False)
     forward = type(layer).forward
-    frame = {"self": layer, "args": seen["args"], "kwargs": seen["kwargs"]}
+    # The frame's locals as Dynamo sees them: the forward's own parameters (transformers 5.24 wraps
+    # it in (self, *args, **kwargs); 5.17 names them).
+    bound = inspect.signature(forward, follow_wrapped=False).bind(layer, *seen["args"], **seen["kwargs"])
+    bound.apply_defaults()
+    frame = dict(bound.arguments)
     frame.update({name: cell.cell_contents for name, cell in zip(forward.__code__.co_freevars,
                                                                  forward.__closure__ or ())})
     entries = torch._C._dynamo.eval_frame._debug_get_cache_entry_list(forward.__code__)

@@ -283,8 +283,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _profile(step, path: Path) -> dict:
-    """One warm step under torch.profiler: its wall time, its GPU kernels' summed time and the
-    operators of most host time; then five steps under cProfile: the Python functions of most
+    """One warm step under torch.profiler: its wall time, its GPU kernels' summed time, the
+    operators of most host time and those of most GPU time; then five steps under cProfile: the Python functions of most
     own time and of most cumulative time (what a tuned call spends on the host, line by line).
     Written to `path`; returns the step's kernel-time split (`kernel_split`)."""
     import cProfile
@@ -327,6 +327,8 @@ def _profile(step, path: Path) -> dict:
                     + "(us, the kernel before -> the kernel after):\n"
                     + "".join(f"  {us:8.1f}  {before[:60]} -> {after[:60]}\n" for us, before, after in idle["longest"])
                     + events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70) + "\n"
+                    + "\n== the operators and kernels of most GPU time\n"
+                    + events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90) + "\n"
                     + f"\n== cProfile of 5 steps: {enqueued_ms:.3f} ms per step to enqueue under it\n"
                     + text.getvalue())
     return split

@@ -222,13 +222,13 @@ def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_i
     Raises:
         NoTableError: `use_table` was not called in this process.
     """
-    if not _table_set:
-        raise NoTableError('the "cutlass_tune" experts need a table: call cutlass_tune.transformers.use_table(table) '
-                           "first")
-    if torch.compiler.is_compiling():
+    if _compiling():
         lean = _lean_call(self, hidden_states, top_k_index, top_k_weights)
         if lean is not None:
             return lean
+    if not _table_set:
+        raise NoTableError('the "cutlass_tune" experts need a table: call cutlass_tune.transformers.use_table(table) '
+                           "first")
     plan = experts_plan(self)
     if not torch.compiler.is_compiling():
         _keep_index(self, plan)
@@ -250,18 +250,37 @@ def cutlass_tune_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_i
 
 # ---------------------------------------------------------------------------------------------
 # The lean traced path: what a compiled experts layer reads in Python, each read a guard that
-# Dynamo checks on every call of the compiled frame.
+# Dynamo checks on every call of the compiled frame. Measured what costs (CPU, transformers 5.17,
+# benchmarks/guard_cost_cpu.py): a `getattr(module, name, default)` of an attribute the module
+# lacks is a NO_HASATTR guard, nn.Module.__getattr__ raising AttributeError on every check
+# (4.4 us each); `torch` reached through this module's globals besides the model's own is an
+# aliasing guard checked in Python; an enum member's `.value` guards the member, its class and
+# the enum's property. So the traced code reads one int the module was given in eager code,
+# names bound here (not `torch.x`), string literals and the constants `_lean_choice` returns.
 
 _INDEX = "_cutlass_tune_plan_index"
+"""The experts module's attribute holding its plan's index in `_plans` (-1: the full path)."""
 _plans: list[ExpertsLayout] = []
 """The plans made in eager code, each once (layers of one shape share one: no recompile per layer)."""
 _plan_index: dict[ExpertsLayout, int] = {}
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_route_op: Any = None
+"""The native routing, gather and combine operators, bound by `_lean_choice` once it finds them."""
+_gather_op: Any = None
+_combine_op: Any = None
 
 
 def _keep_index(module: Any, plan: ExpertsLayout | str) -> None:
     """Keep on `module`, planned in eager code, the index of its plan in `_plans` (an int: the
-    compiled layer's lean path guards that, not the plan's fields)."""
-    if isinstance(plan, str) or getattr(module, _INDEX, None) is not None:
+    compiled layer's lean path guards that, not the plan's fields), or -1 where its compiled
+    calls take the full path: no plan, biases, expert parallelism, a post-expert norm (read
+    here once, as the model stands when planned, not on every compiled call)."""
+    if getattr(module, _INDEX, None) is not None:
+        return
+    if isinstance(plan, str) or module.has_bias or getattr(module, "_is_expert_parallel", False) \
+            or getattr(module, "has_post_expert_norm", False):
+        setattr(module, _INDEX, -1)
         return
     with _lock:
         index = _plan_index.setdefault(plan, len(_plans))
@@ -273,73 +292,69 @@ def _keep_index(module: Any, plan: ExpertsLayout | str) -> None:
 def _lean_call(self: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
                top_k_weights: torch.Tensor) -> torch.Tensor | None:
     """The fused layer of a compiled inference call whose plan was made in eager code, traced
-    from plain values only (`_lean_choice`); None where the call needs what only the full path
-    (`experts_forward`) handles: biases, expert parallelism, a post-expert norm, gradients, the
-    batched GEMMs. Same kernels and results as the full path; fewer guards (benchmarks/moe_layer.md)."""
-    index = getattr(self, _INDEX, None)
-    if index is None or self.has_bias or getattr(self, "_is_expert_parallel", False) \
-            or getattr(self, "has_post_expert_norm", False):
+    from plain values only (`_lean_choice`), calling the operators itself; None where the call
+    needs what only the full path (`experts_forward`) handles: no plan, biases, expert
+    parallelism, a post-expert norm (`_keep_index`), gradients, the batched GEMMs. Same kernels
+    and results as the full path; fewer guards (benchmarks/moe_layer.md)."""
+    index = getattr(self, "_cutlass_tune_plan_index", -1)
+    if index < 0:
         return None
     gate_up = self.gate_up_proj if self.has_gate else self.up_proj
     down = self.down_proj
-    if torch.is_grad_enabled() and (gate_up.requires_grad or down.requires_grad or hidden.requires_grad
-                                    or top_k_weights.requires_grad):
+    if _grad_enabled() and (gate_up.requires_grad or down.requires_grad or hidden.requires_grad
+                            or top_k_weights.requires_grad):
         return None
-    choice = _lean_choice(index, _decode_name, _glu, gate_up.get_device(), str(gate_up.dtype), str(top_k_index.dtype),
+    choice = _lean_choice(index, _decode_name, _glu, gate_up.get_device(), gate_up.dtype, top_k_index.dtype,
                           top_k_index.numel())
     if choice is None:
         return None
-    return _lean_forward(hidden, top_k_index, top_k_weights, gate_up, down, choice)
+    key, native, glu_runs, experts, transposed, function, form, interleaved, limit, alpha = choice
+    top_k = top_k_index.shape[-1]
+    x = hidden.to(gate_up.dtype)
+    weights = top_k_weights.reshape(-1, top_k).float()
+    if native:
+        _, perm, inv, offsets = _route_op(top_k_index.reshape(-1), experts)
+        rows = _gather_op(x, inv, None, top_k)
+    else:
+        _, perm, inv, offsets, _ = routing.torch_routing(top_k_index, experts)
+        rows = routing._torch_gather(x, perm, inv, None, top_k)
+    if glu_runs:
+        h = gate_up_glu_op(rows, gate_up, offsets, key, function, transposed, interleaved)
+    else:
+        h = grouped_mm_op(rows, gate_up if transposed else gate_up.transpose(-2, -1), offsets, key)
+        h = activate(h, function, form, interleaved, limit, alpha)
+    y = grouped_mm_op(h.to(down.dtype), down if transposed else down.transpose(-2, -1), offsets, key)
+    if native:
+        out = _combine_op(y, inv, weights, top_k)
+    else:
+        out = routing._torch_combine(y, perm, inv, weights, top_k)
+    return out.to(hidden.dtype)
 
 
 @torch.compiler.assume_constant_result
-def _lean_choice(index: int, decode: str, glu: bool, device: int, dtype: str, ids_dtype: str,
+def _lean_choice(index: int, decode: str, glu: bool, device: int, dtype: torch.dtype, ids_dtype: torch.dtype,
                  routed_rows: int) -> tuple | None:
     """What the lean path runs, decided in Python while the layer is traced (a constant of the
-    graph): (native routing, GLU stage, experts, transposed, function, form, interleaved, limit,
-    alpha), or None for a call the full path runs (the batched GEMMs)."""
+    graph): (table key, native routing, GLU stage, experts, transposed, function, form,
+    interleaved, limit, alpha), or None for a call the full path runs (the batched GEMMs)."""
+    global _route_op, _gather_op, _combine_op
     plan = _plans[index]
     if runs_batched(MoEDecode(decode), routed_rows):
         return None
     activation = plan.activation
     function, form = activation.function.value, activation.form.value
     glu_runs = glu and not _glu_reason(TABLE_KEY, device, plan.experts, plan.hidden, plan.intermediate,
-                                       dtype.removeprefix("torch."), function, form, activation.interleaved,
+                                       str(dtype).removeprefix("torch."), function, form, activation.interleaved,
                                        activation.limit, False)
     if device >= 0:
         routing.look_again()
     native = (device >= 0 and routing._native.get("namespace") == "cutlass_tune" and "moe_route" in routing._native
-              and plan.experts <= routing.ROUTE_MAX_EXPERTS and ids_dtype in ("torch.int64", "torch.int32"))
-    return (native, glu_runs, plan.experts, plan.transposed, function, form, activation.interleaved,
+              and plan.experts <= routing.ROUTE_MAX_EXPERTS and ids_dtype in (torch.int64, torch.int32))
+    if native:
+        _route_op, _gather_op, _combine_op = (routing._native[name] for name in ("moe_route", "moe_gather",
+                                                                                  "moe_combine"))
+    return (TABLE_KEY, native, glu_runs, plan.experts, plan.transposed, function, form, activation.interleaved,
             activation.limit, activation.alpha)
-
-
-def _lean_forward(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                  gate_up: torch.Tensor, down: torch.Tensor, choice: tuple) -> torch.Tensor:
-    """`experts_forward`'s grouped path (routing, gather, gate_up GEMM or GLU stage, activation,
-    down GEMM, combine) on the plain values of `_lean_choice`, calling the operators themselves."""
-    native, glu_runs, experts, transposed, function, form, interleaved, limit, alpha = choice
-    top_k = top_k_index.shape[-1]
-    x = hidden.to(gate_up.dtype)
-    weights = top_k_weights.reshape(-1, top_k).float()
-    if native:
-        ops = torch.ops.cutlass_tune
-        _, perm, inv, offsets = ops.moe_route(top_k_index.reshape(-1), experts)
-        rows = ops.moe_gather(x, inv, None, top_k)
-    else:
-        _, perm, inv, offsets, _ = routing.torch_routing(top_k_index, experts)
-        rows = routing._torch_gather(x, perm, inv, None, top_k)
-    if glu_runs:
-        h = gate_up_glu_op(rows, gate_up, offsets, TABLE_KEY, function, transposed, interleaved)
-    else:
-        h = grouped_mm_op(rows, gate_up if transposed else gate_up.transpose(-2, -1), offsets, TABLE_KEY)
-        h = activate(h, function, form, interleaved, limit, alpha)
-    y = grouped_mm_op(h.to(down.dtype), down if transposed else down.transpose(-2, -1), offsets, TABLE_KEY)
-    if native:
-        out = torch.ops.cutlass_tune.moe_combine(y, inv, weights, top_k)
-    else:
-        out = routing._torch_combine(y, perm, inv, weights, top_k)
-    return out.to(hidden.dtype)
 
 
 ExpertsInterface.register(NAME, cutlass_tune_experts_forward)

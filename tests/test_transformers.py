@@ -435,8 +435,8 @@ def test_a_planned_layer_compiled_for_inference_traces_the_lean_path(monkeypatch
         assert taken == []  # its biases: the full path, no choice asked
     else:
         assert len(taken) == 1 and taken[0] is not None
-        native, glu_runs, experts, transposed, function, form, *_ = taken[0]
-        assert (native, glu_runs, experts, form) == (False, False, 8, "glu")  # CPU, no GLU row, 8 experts
+        key, native, glu_runs, experts, transposed, function, form, *_ = taken[0]
+        assert (key, native, glu_runs, experts, form) == (ct.TABLE_KEY, False, False, 8, "glu")  # CPU, no GLU row
 
 
 def test_the_lean_path_leaves_gradients_decode_and_unplanned_layers_to_the_full_path(monkeypatch):
@@ -479,20 +479,70 @@ def test_layers_of_one_shape_share_one_plan_index_and_one_graph(monkeypatch):
 
 @pytest.mark.parametrize(("activation", "gated"), [("silu", True), ("gelu", True), ("relu", True), ("swiglu_oai", True),
                                                    ("silu", False), ("gelu_tanh", False)])
-def test_the_lean_forward_computes_the_fused_layer(empty_table, activation, gated):
-    """`_lean_forward` on the plain values `_lean_choice` gives against `moe_experts` on the same
-    weights, for each activation form."""
+def test_the_lean_path_computes_the_fused_layer(empty_table, activation, gated):
+    """`_lean_call` (traced or not, the same Python) on a planned module against `moe_experts` on
+    the same weights, for each activation form; the choice it runs on is plain values."""
     from cutlass_tune.runtime._moe import experts_layout
 
     torch.manual_seed(4)
     e, h, i = 4, 16, 8
     gate_up, down = torch.randn(e, 2 * i if gated else i, h) / 4, torch.randn(e, h, i) / 4
     x, index, weights = torch.randn(6, h), torch.randint(0, e, (6, 2)), torch.rand(6, 2)
-    holder = types.SimpleNamespace()
+    holder = types.SimpleNamespace(has_gate=gated, has_bias=False, gate_up_proj=gate_up, up_proj=gate_up,
+                                   down_proj=down)
     ct._keep_index(holder, experts_layout(gate_up, down, activation, False))
-    choice = ct._lean_choice(getattr(holder, ct._INDEX), "grouped", True, -1, "torch.float32", "torch.int64", 12)
-    assert choice[:2] == (False, False)  # the CPU: torch's routing; no GLU row in the empty table
+    choice = ct._lean_choice(getattr(holder, ct._INDEX), "grouped", True, -1, torch.float32, torch.int64, 12)
+    assert choice[:3] == (ct.TABLE_KEY, False, False)  # the CPU: torch's routing; no GLU row in the empty table
+    assert all(isinstance(v, (str, bool, int, float, type(None))) for v in choice)
     with torch.no_grad():
-        got = ct._lean_forward(x, index, weights, gate_up, down, choice)
+        got = ct._lean_call(holder, x, index, weights)
         want = cutlass_tune.moe_experts(x, index, weights, gate_up, down, table=ct.TABLE_KEY, activation=activation)
     torch.testing.assert_close(got, want)
+
+
+def test_a_module_with_biases_or_no_plan_keeps_index_minus_one(empty_table):
+    """Guards the traced call reading attributes a module may lack (transformers 5.17 has no
+    `_is_expert_parallel`): what decides the full path is read once, in eager code."""
+    from cutlass_tune.runtime._moe import experts_layout
+
+    gate_up, down = torch.randn(4, 16, 16), torch.randn(4, 16, 8)
+    plan = experts_layout(gate_up, down, "silu", False)
+    for fields in ({"has_bias": True}, {"has_bias": False, "_is_expert_parallel": True},
+                   {"has_bias": False, "has_post_expert_norm": True}):
+        holder = types.SimpleNamespace(**fields)
+        ct._keep_index(holder, plan)
+        assert getattr(holder, ct._INDEX) == -1
+    holder = types.SimpleNamespace(has_bias=False)
+    ct._keep_index(holder, "its gate is not one the layer computes")
+    assert getattr(holder, ct._INDEX) == -1
+    holder = types.SimpleNamespace(has_bias=False)
+    ct._keep_index(holder, plan)
+    assert ct._plans[getattr(holder, ct._INDEX)] == plan
+
+
+def test_the_lean_path_guards_no_missing_attribute_enum_or_second_torch():
+    """Guards the three costly guard kinds the lean path was rid of (benchmarks/moe_layer.md): a
+    NO_HASATTR (nn.Module.__getattr__ raising on every check; transformers 5.17's experts lack
+    `_is_expert_parallel` and `has_post_expert_norm`), an enum member's guards, and `torch`
+    reached through this package's module as well as the model's (an aliasing guard)."""
+    model = family_model("qwen3_moe", torch.float32, implementation=ct.NAME)
+    experts = model.model.layers[0].mlp.experts
+    for name in ("_is_expert_parallel", "has_post_expert_norm"):
+        if name in vars(experts):
+            delattr(experts, name)
+    ct.use_table(BestTable(pd.DataFrame({"m": [], "n": [], "k": []})), model=model)
+    assert getattr(experts, ct._INDEX) >= 0
+    torch._dynamo.reset()
+    x, index, weights = torch.randn(6, 64), torch.randint(0, 8, (6, 2)), torch.rand(6, 2)
+
+    def call(x, index, weights):
+        return experts(x, index, weights)
+
+    with torch.no_grad():
+        torch.compile(call, backend="eager", fullgraph=True)(x, index, weights)
+    entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(call)
+    assert len(entries) == 1
+    guards = str(entries[0].guard_manager)
+    assert "cutlass_tune_plan_index" in guards  # the one value the traced call reads off the module
+    assert "NO_HASATTR" not in guards and "GateForm" not in guards
+    assert "cutlass_tune_dot_transformers'].torch" not in guards

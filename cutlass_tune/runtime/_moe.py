@@ -121,13 +121,13 @@ def activate(h: torch.Tensor, function: str, form: str, interleaved: bool, limit
     `form`): what code torch.compile traces from plain values calls (the transformers experts'
     lean path), reading no dataclass field or enum member Dynamo would guard."""
     act = ACTIVATION_BY_NAME[function]
-    if form == GateForm.NONE.value:
+    if form == "none":  # GateForm.NONE's value (a literal: the member's `.value` guards the enum)
         return act(h)
     gate, up = (h[..., ::2], h[..., 1::2]) if interleaved else h.chunk(2, dim=-1)
     if limit is not None:
         gate = gate.clamp(min=None, max=limit)
         up = up.clamp(min=-limit, max=limit)
-    if form == GateForm.SWIGLU_OAI.value:
+    if form == "swiglu_oai":  # GateForm.SWIGLU_OAI's
         return (up + 1) * (gate * torch.sigmoid(gate * alpha))
     return act(gate) * up
 
