@@ -427,6 +427,41 @@ at::Tensor torch_linear(const at::Tensor& x2, const at::Tensor& weight, const st
   return activate(act, y);
 }
 
+// `torch_linear` without a residual or gate, written into the out variant's buffer where it fits
+// (`take_out`): torch's own out= operators, the activation in place on the buffer, so a compiled
+// graph's extern kernel runs torch's path with no tensor of its own and no copy into its buffer
+// (what the fallback cost over torch's own compiled call: benchmarks/host_path.md); nullopt where
+// there is no buffer or it does not fit (the caller then computes `torch_linear`).
+std::optional<at::Tensor> torch_linear_into(const at::Tensor& x2, const at::Tensor& weight,
+                                            const std::optional<at::Tensor>& bias, ActivationKind act) {
+  if (out_target == nullptr) {
+    return std::nullopt;
+  }
+  auto given = take_out(x2.size(0), weight.size(0), x2.scalar_type(), x2.device());
+  if (!given) {
+    return std::nullopt;
+  }
+  at::Tensor out = *given;
+  const at::Tensor wt = weight.t();
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias && (act == ACT_RELU || act == ACT_GELU_TANH) && x2.is_cuda()) {
+    return at::_addmm_activation_out(out, bias->contiguous(), x2, wt, 1, 1, act == ACT_GELU_TANH);
+  }
+  if (has_bias) {
+    at::addmm_out(out, bias->contiguous(), x2, wt);
+  } else {
+    at::mm_out(out, x2, wt);
+  }
+  switch (act) {
+    case ACT_RELU: at::relu_(out); break;
+    case ACT_GELU: at::gelu_(out, "none"); break;
+    case ACT_GELU_TANH: at::gelu_(out, "tanh"); break;
+    case ACT_SILU: at::silu_(out); break;
+    default: break;
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The launch (CUDA)
 
@@ -774,6 +809,11 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   } else if (kind == TORCH) {
     // The resolver said the fallback once (the table has no kernel for the epilogue, or keeps torch).
     const ActivationKind act = activation_kind(activation_);
+    if (act != ACT_UNKNOWN && !c.has_value()) {
+      if (auto into_out = torch_linear_into(x2, weight, bias, act)) {
+        return x.dim() == 2 ? *into_out : into_out->view(out_shape(x, n));
+      }
+    }
     if (act != ACT_UNKNOWN) {
       at::Tensor out = torch_linear(x2, weight, bias, act, residual.has_value() ? c : std::nullopt,
                                     gate.has_value() ? c : std::nullopt);

@@ -153,8 +153,26 @@ def linear_fallback() -> dict:
         calls = python_calls(before)
     want = torch._addmm_activation(bias, x, w.t())  # F.linear's ReLU on cuBLASLt's epilogue, as torch_gemm
     gelu_want = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias).view(2, 8, 1024) + r)
+    # The extern kernel a compiled graph calls (its buffer last): torch's out= operators into the
+    # buffer itself, the activation in place; each against torch's own computation.
+    from cutlass_tune.runtime import _lowering
+
+    into = {}
+    with torch.no_grad():
+        for name, args, expect in (
+                ("relu", (bias, "relu"), want),
+                ("silu", (bias, "silu"), torch.nn.functional.silu(torch.nn.functional.linear(x, w, bias))),
+                ("gelu_tanh_3d", (bias, "gelu_tanh"), torch._addmm_activation(bias, x, w.t(), use_gelu=True)),
+                ("plain_relu", (None, "relu"), torch.relu(x @ w.t()))):
+            rows = x.view(2, 8, 1024) if name.endswith("_3d") else x
+            buf = torch.full((*rows.shape[:-1], 1024), float("nan"), dtype=torch.bfloat16, device="cuda")
+            _lowering.linear_into(rows, w, args[0], args[1], key, None, None, buf)
+            into[name] = torch.equal(buf.reshape(16, 1024), expect)
+        compiled = torch.compile(lambda x: torch.ops.cutlass_tune.linear(x, w, bias, "relu", key), fullgraph=True)
+        into["compiled"] = torch.equal(compiled(x), want)
     return {"equal": torch.equal(first, want) and torch.equal(again, want), "gelu_error": error(gelu, gelu_want),
-            "plans": sorted(_native._module.plans(key)), "said": said(caught), "python_calls": calls}
+            "plans": sorted(_native._module.plans(key)), "said": said(caught), "python_calls": calls,
+            "into": into}
 
 
 def dense_grad() -> dict:

@@ -86,6 +86,8 @@ def test_a_linear_the_table_has_no_kernel_for_calls_torch_from_cpp(built):
     assert out["plans"] == [1, 1]  # two signatures, each torch's path in C++
     assert len(out["said"]) == 2 and all("using F.linear" in s or "using torch" in s for s in out["said"]), out
     assert out["python_calls"] == {"resolve": 0, "door": 0, "autograd": 0}
+    # the compiled graph's extern kernel: torch's path written into its buffer, bit for bit
+    assert out["into"] == {"relu": True, "silu": True, "gelu_tanh_3d": True, "plain_relu": True, "compiled": True}, out
 
 
 def test_mm_and_linear_gradients_from_the_cpp_autograd_functions(built):
