@@ -153,6 +153,7 @@ def linear_fallback() -> dict:
         calls = python_calls(before)
     want = torch._addmm_activation(bias, x, w.t())  # F.linear's ReLU on cuBLASLt's epilogue, as torch_gemm
     gelu_want = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias).view(2, 8, 1024) + r)
+    plans = sorted(_native._module.plans(key))  # the two signatures above (the calls below add theirs)
     # The extern kernel a compiled graph calls (its buffer last): torch's out= operators into the
     # buffer itself, the activation in place; each against torch's own computation.
     from cutlass_tune.runtime import _lowering
@@ -171,8 +172,7 @@ def linear_fallback() -> dict:
         compiled = torch.compile(lambda x: torch.ops.cutlass_tune.linear(x, w, bias, "relu", key), fullgraph=True)
         into["compiled"] = torch.equal(compiled(x), want)
     return {"equal": torch.equal(first, want) and torch.equal(again, want), "gelu_error": error(gelu, gelu_want),
-            "plans": sorted(_native._module.plans(key)), "said": said(caught), "python_calls": calls,
-            "into": into}
+            "plans": plans, "said": said(caught), "python_calls": calls, "into": into}
 
 
 def dense_grad() -> dict:
