@@ -284,8 +284,9 @@ def run(args: argparse.Namespace) -> dict:
 
 def _profile(step, path: Path) -> dict:
     """One warm step under torch.profiler: its wall time, its GPU kernels' summed time, the
-    operators of most host time and those of most GPU time; then five steps under cProfile: the Python functions of most
-    own time and of most cumulative time (what a tuned call spends on the host, line by line).
+    operators of most host time and those of most GPU time; then five steps under cProfile: the
+    Python functions of most own time and of most cumulative time (what a tuned call spends on the
+    host, line by line).
     Written to `path`; returns the step's kernel-time split (`kernel_split`)."""
     import cProfile
     import io

@@ -296,7 +296,7 @@ def _lean_call(self: Any, hidden: torch.Tensor, top_k_index: torch.Tensor,
     needs what only the full path (`experts_forward`) handles: no plan, biases, expert
     parallelism, a post-expert norm (`_keep_index`), gradients, the batched GEMMs. Same kernels
     and results as the full path; fewer guards (benchmarks/moe_layer.md)."""
-    index = getattr(self, "_cutlass_tune_plan_index", -1)
+    index = getattr(self, "_cutlass_tune_plan_index", -1)  # `_INDEX` spelt out: a global read is a guard
     if index < 0:
         return None
     gate_up = self.gate_up_proj if self.has_gate else self.up_proj

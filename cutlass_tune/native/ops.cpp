@@ -386,6 +386,17 @@ at::Tensor activate(ActivationKind act, const at::Tensor& z) {
   }
 }
 
+// `activate` in place on `z` (a result buffer of the call's own).
+at::Tensor& activate_(ActivationKind act, at::Tensor& z) {
+  switch (act) {
+    case ACT_RELU: return at::relu_(z);
+    case ACT_GELU: return at::gelu_(z, "none");
+    case ACT_GELU_TANH: return at::gelu_(z, "tanh");
+    case ACT_SILU: return at::silu_(z);
+    default: return z;
+  }
+}
+
 // d activation(z) / dz times `grad`, by torch's own backward ops (ActivationFacets.backward).
 at::Tensor activation_grad(ActivationKind act, const at::Tensor& grad, const at::Tensor& z) {
   switch (act) {
@@ -400,7 +411,9 @@ at::Tensor activation_grad(ActivationKind act, const at::Tensor& grad, const at:
 // torch's path for `linear` (runtime/_matmul.py's torch_gemm as _op._torch_linear calls it): a
 // bias alone is F.linear's addmm, with ReLU or tanh GELU on CUDA cuBLASLt's epilogue
 // (_addmm_activation); a residual is addmm's C, the bias then added; gated, the activation of
-// the gate times the product. `x2`, `c` are M x K and M x N.
+// the gate times the product. `x2`, `c` are M x K and M x N. Without a residual or gate the result
+// is written by torch's out= operators into `result_buffer` (a compiled graph's buffer where the
+// out variant gave one: no tensor of its own and no copy into it), the activation in place.
 at::Tensor torch_linear(const at::Tensor& x2, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         ActivationKind act, const std::optional<at::Tensor>& residual,
                         const std::optional<at::Tensor>& gate) {
@@ -410,56 +423,23 @@ at::Tensor torch_linear(const at::Tensor& x2, const at::Tensor& weight, const st
     at::Tensor y = has_bias ? at::addmm(bias->contiguous(), x2, wt) : at::matmul(x2, wt);
     return activate(act, *gate) * y;
   }
-  at::Tensor y;
   if (residual.has_value()) {
-    y = at::addmm(*residual, x2, wt);
+    at::Tensor y = at::addmm(*residual, x2, wt);
     if (has_bias) {
       y = y + bias->contiguous();
     }
-  } else if (has_bias) {
-    if ((act == ACT_RELU || act == ACT_GELU_TANH) && x2.is_cuda()) {
-      return at::_addmm_activation(bias->contiguous(), x2, wt, 1, 1, act == ACT_GELU_TANH);
-    }
-    y = at::addmm(bias->contiguous(), x2, wt);
-  } else {
-    y = at::matmul(x2, wt);
+    return activate(act, y);
   }
-  return activate(act, y);
-}
-
-// `torch_linear` without a residual or gate, written into the out variant's buffer where it fits
-// (`take_out`): torch's own out= operators, the activation in place on the buffer, so a compiled
-// graph's extern kernel runs torch's path with no tensor of its own and no copy into its buffer
-// (what the fallback cost over torch's own compiled call: benchmarks/host_path.md); nullopt where
-// there is no buffer or it does not fit (the caller then computes `torch_linear`).
-std::optional<at::Tensor> torch_linear_into(const at::Tensor& x2, const at::Tensor& weight,
-                                            const std::optional<at::Tensor>& bias, ActivationKind act) {
-  if (out_target == nullptr) {
-    return std::nullopt;
-  }
-  auto given = take_out(x2.size(0), weight.size(0), x2.scalar_type(), x2.device());
-  if (!given) {
-    return std::nullopt;
-  }
-  at::Tensor out = *given;
-  const at::Tensor wt = weight.t();
-  const bool has_bias = bias.has_value() && bias->defined();
+  at::Tensor y = result_buffer(x2.size(0), weight.size(0), x2.options());
   if (has_bias && (act == ACT_RELU || act == ACT_GELU_TANH) && x2.is_cuda()) {
-    return at::_addmm_activation_out(out, bias->contiguous(), x2, wt, 1, 1, act == ACT_GELU_TANH);
+    return at::_addmm_activation_out(y, bias->contiguous(), x2, wt, 1, 1, act == ACT_GELU_TANH);
   }
   if (has_bias) {
-    at::addmm_out(out, bias->contiguous(), x2, wt);
+    at::addmm_out(y, bias->contiguous(), x2, wt);
   } else {
-    at::mm_out(out, x2, wt);
+    at::mm_out(y, x2, wt);
   }
-  switch (act) {
-    case ACT_RELU: at::relu_(out); break;
-    case ACT_GELU: at::gelu_(out, "none"); break;
-    case ACT_GELU_TANH: at::gelu_(out, "tanh"); break;
-    case ACT_SILU: at::silu_(out); break;
-    default: break;
-  }
-  return out;
+  return activate_(act, y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -809,11 +789,6 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   } else if (kind == TORCH) {
     // The resolver said the fallback once (the table has no kernel for the epilogue, or keeps torch).
     const ActivationKind act = activation_kind(activation_);
-    if (act != ACT_UNKNOWN && !c.has_value()) {
-      if (auto into_out = torch_linear_into(x2, weight, bias, act)) {
-        return x.dim() == 2 ? *into_out : into_out->view(out_shape(x, n));
-      }
-    }
     if (act != ACT_UNKNOWN) {
       at::Tensor out = torch_linear(x2, weight, bias, act, residual.has_value() ? c : std::nullopt,
                                     gate.has_value() ? c : std::nullopt);
