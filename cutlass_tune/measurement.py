@@ -352,8 +352,10 @@ class Measurement:
     baseline_power_w: float | None = None
     regime: str = ""
     """The timing regime's name (`RegimeSpec.name`: "sustained", "idle-gap:200us", ...) of a
-    measurement timed by the sustained method; "" for single launches and graph replays, and in
-    records written before regimes (which were all back to back)."""
+    measurement timed by the sustained method, or "in-model:compiled:4096" of one `tune-model`
+    timed inside a model's step (torch.profiler's kernel times, a call's share of a step; `method`
+    ""); "" for single launches and graph replays, and in records written before regimes (which
+    were all back to back)."""
     compile_median_ms: float | None = None
     """On the `Baseline.EAGER` row of a problem: `torch.compile` of the same function, timed
     alternately with eager in the row's own sampling loop (None where it could not be; `reason`

@@ -8,6 +8,7 @@ from cutlass_tune.regime import (
     Regime,
     RegimeError,
     RegimeSpec,
+    StepMode,
     plan,
     spin_cycles,
 )
@@ -21,6 +22,9 @@ from cutlass_tune.regime import (
     ("interleaved:64MiB", RegimeSpec(Regime.INTERLEAVED, copy_mib=64.0)),
     ("interleaved", RegimeSpec(Regime.INTERLEAVED, copy_mib=DEFAULT_COPY_MIB)),
     ("as-captured:0.7:150us", RegimeSpec.as_captured(0.7, 150.0)),
+    ("in-model:compiled:4096", RegimeSpec.in_model(StepMode.COMPILED, 4096)),
+    ("in-model:graphs:1", RegimeSpec(Regime.IN_MODEL, mode=StepMode.GRAPHS, tokens=1)),
+    ("in-model:eager", RegimeSpec.in_model(StepMode.EAGER)),
 ])
 def test_parse_and_name_round_trip(text, want):
     got = RegimeSpec.parse(text)
@@ -31,7 +35,8 @@ def test_parse_and_name_round_trip(text, want):
 @pytest.mark.parametrize("text", [
     "idle", "sustained:5us", "idle-gap:200ms", "idle-gap:-5us", "idle-gap:0us", "interleaved:0MiB",
     "interleaved:abc", "as-captured:0.7", "as-captured:1.0:100us", "as-captured:0:100us", "idle-gap:nan",
-    "as-captured:0.5:0us", "idle-gap:2000000us",
+    "as-captured:0.5:0us", "idle-gap:2000000us", "in-model", "in-model:fast:64", "in-model:eager:-1",
+    "in-model:eager:1.5", "in-model:eager:64tokens", "in-model:eager:9999999999",
 ])
 def test_bad_spellings_are_one_line_errors(text):
     with pytest.raises(RegimeError) as err:
@@ -46,10 +51,33 @@ def test_parameters_belong_to_their_regime():
         RegimeSpec(Regime.IDLE_GAP, gap_us=10.0, copy_mib=4.0)
     with pytest.raises(RegimeError):
         RegimeSpec(Regime.INTERLEAVED, copy_mib=4.0, busy=0.5)
+    with pytest.raises(RegimeError):
+        RegimeSpec(Regime.IN_MODEL)  # without the step's mode
+    with pytest.raises(RegimeError):
+        RegimeSpec(Regime.IDLE_GAP, gap_us=10.0, mode=StepMode.EAGER)
+    with pytest.raises(RegimeError):
+        RegimeSpec(Regime.SUSTAINED, tokens=64)
 
 
 def test_columns_are_identifiers():
-    assert [r.column for r in Regime] == ["sustained", "idle_gap", "interleaved", "as_captured"]
+    assert [r.column for r in Regime] == ["sustained", "idle_gap", "interleaved", "as_captured", "in_model"]
+
+
+def test_the_bench_times_every_regime_but_the_in_model_one():
+    """Guards against `confirm --regime in-model:...` timing something the bench cannot imitate."""
+    assert [r for r in Regime if not r.in_bench] == [Regime.IN_MODEL]
+    assert RegimeSpec.parse("idle-gap").for_bench() == RegimeSpec.parse("idle-gap")
+    with pytest.raises(RegimeError, match="tune-model") as err:
+        RegimeSpec.parse("in-model:compiled:4096").for_bench()
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError):
+        plan(RegimeSpec.parse("in-model:eager"), 1.0, copy_ms_per_mib=0.01, block_ms=100.0)
+
+
+def test_the_step_modes_are_tune_models():
+    from cutlass_tune.bench._in_model import Mode
+
+    assert Mode is StepMode and [m.value for m in StepMode] == ["eager", "compiled", "graphs"]
 
 
 def test_idle_gap_plan_puts_one_gap_after_each_call():

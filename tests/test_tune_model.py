@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from cutlass_tune.runtime import BestTable
+from cutlass_tune.space import EpilogueSchedule, KernelConfig, KernelSchedule, Problem, RuntimeArgs
+from cutlass_tune.store import ResultStore
+
 from .cli_run import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +32,10 @@ def small():
 
 def run(*args):
     return cli("tune-model", *args)  # in this process: the command's output and exit code
+
+
+def run_cli(*args):
+    return cli(*args)
 
 
 def one_line_error(r):
@@ -236,3 +244,149 @@ def test_the_step_plans_a_model_s_experts_before_it_is_compiled():
         kept = layer.mlp.experts.__dict__.get("_cutlass_tune_plan")
         assert kept is not None and experts_plan(layer.mlp.experts) is kept
     assert plan_experts(torch.nn.Linear(4, 4)) == 0
+
+
+WIDE = Problem(4096, 6656, 6656)  # the problem MODEL's `build` poses
+FAST = KernelConfig(tile_m=128, tile_n=256, kernel_schedule=KernelSchedule.COOPERATIVE)
+SLOW = KernelConfig(tile_m=128, tile_n=128, kernel_schedule=KernelSchedule.PINGPONG,
+                    epilogue_schedule=EpilogueSchedule.TMA)
+
+
+@pytest.fixture
+def swept(tmp_path):
+    """A store swept on MODEL's problem: SLOW 1.04 ranks first, FAST 1.02."""
+    from .search.test_confirm import baseline, kernel
+
+    store = ResultStore(f"sqlite:///{tmp_path / 'swept.sqlite'}")
+    store.bind_gpu("NVIDIA H200")
+    for cfg, ratio in ((SLOW, 1.04), (FAST, 1.02)):
+        store.add(baseline(WIDE), gpu="NVIDIA H200", run_id="sweep", study="s")
+        store.add(kernel(WIDE, cfg, RuntimeArgs(), ratio), gpu="NVIDIA H200", run_id="sweep", cublas_tflops=600.0,
+                  study="s")
+    return store
+
+
+def fake_gpu(monkeypatch, us, sm_mhz=1755.0, power_w=610.0):
+    """tune-model's GPU side faked: each step's kernel time of MODEL's problem by the config its
+    table runs (`us`, torch's path where it has no row), twice a step; the board at the given clock
+    and power; no A/B (--blocks 0)."""
+    import cutlass_tune.bench as bench
+    from cutlass_tune.bench import _in_model as gpu
+    from cutlass_tune.search._in_model import RANGE_PREFIX, STEP_PREFIX
+
+    from .search.test_in_model import tree
+
+    monkeypatch.setattr(bench, "require_gpu", lambda gpu: None)
+    monkeypatch.setattr(bench, "env_stamp", lambda gpu: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda gpu: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=None: "NVIDIA H200")
+    monkeypatch.setattr(gpu, "precompile", lambda rows: None)
+    monkeypatch.setattr(gpu, "build_step", lambda target, mode, *, patched=True: lambda: None)
+
+    class Board:
+        def __init__(self, device):
+            self.sm_mhz, self.power_w = sm_mhz, power_w
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(gpu, "BoardWatch", Board)
+
+    def profiled(step, tables, rounds):
+        events = []
+        for r in range(rounds):
+            for i, table in enumerate(tables):
+                rows = table.frame[table.frame["problem"] == WIDE.name]
+                each = us[rows.iloc[0]["config_hash"] if len(rows) else "torch"] + (r % 3 - 1)
+                doors = [tree(RANGE_PREFIX + WIDE.name, kernels=[each]) for _ in range(2)]
+                events += [tree(f"{STEP_PREFIX}{r * len(tables) + i}", *doors), *doors]
+        return events
+
+    monkeypatch.setattr(gpu, "profiled_steps", profiled)
+
+
+def test_the_command_records_its_in_model_figures_in_the_store(model, tmp_path, swept, monkeypatch):
+    """With --storage, the run's figures go to the store (one run of regime in-model:eager:4096),
+    and `best` of the store holds the same choice as the --out table: FAST, fastest in the model
+    though the sweep ranks SLOW first, with its ratio, regime, clock and power."""
+    fake_gpu(monkeypatch, {"torch": 100.0, SLOW.hash: 95.0, FAST.hash: 80.0})
+    out = tmp_path / "tuned.csv"
+    before = len(swept.rows())
+    r = run(f"{model}:build", "--table", swept.url, "--storage", swept.url, "--tokens", 4096, "--candidates", 2,
+            "--rounds", 3, "--blocks", 0, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert f"recorded 3 in-model measurements of 1 problems in {swept.url}" in " ".join(r.stdout.split())
+    added = swept.rows()[before:]
+    assert {(x.regime, x.study) for x in added} == {("in-model:eager:4096", "tune-model")}
+    # a call's time (the problem runs twice a step), torch's path as the problem's baseline row
+    assert {x.kernel: x.median_ms for x in added} == pytest.approx({SLOW.name: 0.095, FAST.name: 0.080,
+                                                                    "cuBLAS": 0.100})
+    stored = BestTable.load(swept.url).lookup(4096, 6656, 6656).row
+    written = BestTable.load(out).lookup(4096, 6656, 6656).row
+    for row in (stored, written):
+        assert (row["kernel"], row["in_model_regime"]) == (FAST.name, "in-model:eager:4096")
+        assert (row["in_model_ratio"], row["in_model_sm_mhz"], row["in_model_power_w"]) == (
+            pytest.approx(100 / 80), 1755.0, 610.0)
+    shown = run_cli("best", "--storage", swept.url)
+    assert "in-model:eager:4096 1.250 at 1755 MHz 610 W" in " ".join(shown.stdout.split())
+
+
+def test_a_store_lacking_a_candidate_is_one_line_before_the_gpu(model, swept, monkeypatch):
+    """The table's row (another store's kernel) could not be recorded: said before any GPU work."""
+    before = len(swept.rows())
+    line = one_line_error(run(f"{model}:build", "--table", TABLE, "--storage", swept.url, "--tokens", 4096))
+    assert f"--storage {swept.url} lacks 1 of the candidates (4096x6656x6656_bf16bf16bf16_tn: " in line
+    assert len(swept.rows()) == before
+
+
+def test_a_store_of_another_gpu_is_one_line_and_left_alone(model, swept, monkeypatch):
+    fake_gpu(monkeypatch, {"torch": 100.0, SLOW.hash: 95.0, FAST.hash: 80.0})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda gpu=None: "NVIDIA H100 80GB HBM3")
+    table = BestTable.load(swept.url).frame.assign(gpu="NVIDIA H100 80GB HBM3")
+    path = swept.url.removeprefix("sqlite:///") + ".csv"
+    table.to_csv(path, index=False)
+    before = len(swept.rows())
+    line = one_line_error(run(f"{model}:build", "--table", path, "--storage", swept.url, "--tokens", 4096))
+    assert "holds results of NVIDIA H200, not of this GPU (NVIDIA H100 80GB HBM3)" in line
+    assert len(swept.rows()) == before
+
+
+def test_an_unreachable_store_is_one_line(model, tmp_path):
+    line = one_line_error(run(f"{model}:build", "--table", TABLE, "--storage", tmp_path / "none.sqlite"))
+    assert "none.sqlite" in line
+
+
+def test_the_board_watch_reads_the_median_clock_and_the_mean_power_between_counter_updates():
+    """NVML's energy counter steps every 100 ms: power is the energy between its first and last
+    update seen over the time between them; without NVML both figures are NaN."""
+    import math
+    import threading
+
+    from cutlass_tune.bench import _in_model as gpu
+    from cutlass_tune.bench._timing import Reading
+
+    reads = [0]
+    watch = gpu.BoardWatch(0, poll_s=0.0, clock=lambda: reads[0] * 0.01)  # each read 10 ms after the last
+    done = threading.Event()
+
+    def read():  # the counter steps at 0.1, 0.5 and 0.9 s; the clock 1500 MHz, then 1800 MHz
+        reads[0] += 1
+        t = reads[0] - 1
+        if t >= 120:
+            done.set()
+        energy = 100_000.0 if 10 <= t < 50 else 340_000.0 if 50 <= t < 90 else 580_000.0 if t >= 90 else 0.0
+        return Reading(energy, 1500 if t < 50 else 1800)
+
+    watch._read = read
+    with watch:
+        done.wait(10)
+    assert watch.sm_mhz == 1800.0
+    assert watch.power_w == pytest.approx((580_000 - 100_000) / 800)  # mJ over ms: 600 W
+    bare = gpu.BoardWatch(0)
+    bare._read = Reading
+    with bare:
+        pass
+    assert math.isnan(bare.sm_mhz) and math.isnan(bare.power_w)

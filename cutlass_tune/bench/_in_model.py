@@ -17,11 +17,12 @@ in the compiled step, and the A/B replays each side's step captured with its own
 from __future__ import annotations
 
 import dataclasses
-import enum
 import importlib.util
 import json
+import math
 import statistics
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -32,24 +33,18 @@ import torch
 
 from ..capture import Target, _moved, _moved_model, _users_code
 from ..compile import KernelCache, compile_kernels
+from ..regime import StepMode as Mode
 from ..runtime._op import register_table
 from ..runtime._patch import patch
 from ..runtime._table import BestTable
 from ..search._in_model import STEP_PREFIX, StepSplit, step_split
 from ..space import KernelConfig
-from ._timing import _capture
+from ._env import ClockMonitor
+from ._timing import POWER_MIN_WINDOW_S, Reading, _capture
 
 TABLE_KEY = "cutlass_tune.transformers"
 """The key every step's table is bound to: `cutlass_tune.transformers.TABLE_KEY`, which the
 "cutlass_tune" experts read (spelt here so that a model without transformers needs none)."""
-
-
-class Mode(str, enum.Enum):
-    """How the model's step runs."""
-
-    EAGER = "eager"
-    COMPILED = "compiled"
-    GRAPHS = "graphs"
 
 
 def bind(table: BestTable) -> None:
@@ -142,6 +137,57 @@ def profiled_steps(step: Callable[[], object], tables: Sequence[BestTable], roun
                     step()
         torch.cuda.synchronize()
     return list(prof.events())
+
+
+class BoardWatch:
+    """The board's SM clock and power while a block of steps runs (`with BoardWatch(device):`),
+    from NVML (`ClockMonitor`): a thread reads it every `poll_s`; after the block, `sm_mhz` is
+    the median clock read and `power_w` the energy between the first and the last update of NVML's
+    counter over the time between them (its updates come about every 100 ms). Each is NaN where
+    NVML reports none, or the block was too short for a power figure (`POWER_MIN_WINDOW_S`).
+    Costs the profiled steps nothing but a thread that sleeps between reads."""
+
+    def __init__(self, device: int, poll_s: float = 0.005, clock: Callable[[], float] = time.perf_counter):
+        self._monitor = ClockMonitor(device)
+        self._poll_s, self._clock = poll_s, clock
+        self._stop = threading.Event()
+        self._clocks: list[float] = []
+        self._updates: list[tuple[float, float]] = []
+        self._thread: threading.Thread | None = None
+        self.sm_mhz = math.nan
+        self.power_w = math.nan
+
+    def _read(self) -> Reading:
+        return self._monitor.reading()
+
+    def _poll(self) -> None:
+        previous = None
+        while not self._stop.is_set():
+            reading = self._read()
+            if reading.sm_mhz is not None:
+                self._clocks.append(float(reading.sm_mhz))
+            if reading.energy_mj is not None and reading.energy_mj != previous:
+                if previous is not None:
+                    self._updates.append((self._clock(), float(reading.energy_mj)))
+                previous = reading.energy_mj
+            self._stop.wait(self._poll_s)
+
+    def __enter__(self) -> BoardWatch:
+        if self._read() != Reading():  # NVML reports something: watch it
+            self._thread = threading.Thread(target=self._poll, name="board-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is None:
+            return
+        self._thread.join()
+        if self._clocks:
+            self.sm_mhz = statistics.median(self._clocks)
+        if len(self._updates) >= 2 and self._updates[-1][0] - self._updates[0][0] >= POWER_MIN_WINDOW_S:
+            (t0, e0), (t1, e1) = self._updates[0], self._updates[-1]
+            self.power_w = (e1 - e0) / ((t1 - t0) * 1000)  # mJ per ms
 
 
 @dataclasses.dataclass(frozen=True)

@@ -101,7 +101,8 @@ class TimingOptions:
         paired: time each kernel alternately with the cuBLAS baseline of its problem; the
             budget then covers both.
         regime: what runs between two calls (cutlass_tune/regime.py; bench/_regimes.py times
-            it); a regime other than SUSTAINED is a setting of the sustained method.
+            it); a regime other than SUSTAINED is a setting of the sustained method; IN_MODEL is
+            no regime of the bench (`RegimeSpec.for_bench` raises RegimeError).
     """
 
     budget_ms: float = 100.0
@@ -115,6 +116,7 @@ class TimingOptions:
     def __post_init__(self) -> None:
         if self.budget_ms <= 0 or self.warmup_ms < 0:
             raise ValueError("budget_ms must be positive and warmup_ms not negative")
+        self.regime.for_bench()
         if self.regime.regime is not Regime.SUSTAINED and self.method is not TimingMethod.SUSTAINED:
             raise ValueError(f"regime {self.regime.name} is timed by the sustained method, not {self.method.value}")
         if not 1 <= self.min_samples <= self.max_samples:

@@ -39,7 +39,7 @@ def check(
     path of the same math (eager, torch.compile, cuBLASLt's epilogue). Exits 1 when an entry
     delivers more than 2% below its claim (flagged: `--table-out` records what it delivered, and
     `min_ratio` keeps it off where that is below it)."""
-    spec = RegimeSpec.parse(regime)
+    spec = RegimeSpec.parse(regime).for_bench()
     fmt = _table_format(table_out)
     # torch, with the GPU stage: only the commands that measure import it.
     from ..bench import GAP, TimingOptions, check_table, require_gpu

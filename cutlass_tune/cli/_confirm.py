@@ -46,7 +46,7 @@ def confirm(
     from ..search import candidates
     from ..search import confirm as confirm_run
 
-    specs = list(dict.fromkeys(RegimeSpec.parse(r) for r in regime)) or [SUSTAINED]
+    specs = list(dict.fromkeys(RegimeSpec.parse(r).for_bench() for r in regime)) or [SUSTAINED]
     if method is not TimingMethod.SUSTAINED and specs != [SUSTAINED]:
         raise CutlassTuneError(f"--regime {specs[-1].name} is a setting of the sustained method, not --method "
                                f"{method.value}")

@@ -35,11 +35,12 @@ def tune_model(
     candidates: int = typer.Option(3, "--candidates", min=1, help="kernel candidates per problem at most (besides "
                                    "torch's path): the store's leading confirmed variants, else the table's row"),
     table_out: Path | None = typer.Option(
-        None, "--out", callback=user_output, help="write the table with each tuned problem's in-model kernel and "
-        "in_model_ratio (.csv, .json or .parquet)"),
+        None, "--out", callback=user_output, help="write the table with each tuned problem's in-model kernel, "
+        "its in_model_ratio and the in-model regime, SM clock and power (.csv, .json or .parquet)"),
     storage: str | None = typer.Option(None, "--storage", help="the store the table came from: its leading "
-                                       "variants per problem are the candidates (the in-model figures go to "
-                                       "--out only: a store has no regime for them yet)"),
+                                       "variants per problem are the candidates, and the in-model figures are "
+                                       "recorded there (regime in-model:MODE:TOKENS, all of a run or none), so "
+                                       "that `best`, `export` and `BestTable.load` of the store choose by them"),
     rounds: int = typer.Option(ROUNDS, "--rounds", min=1, help="profiled steps per candidate"),
     blocks: int = typer.Option(10, "--blocks", min=0, help="A/B blocks per side (0: no A/B)"),
     baseline: str | None = typer.Option(
@@ -51,9 +52,11 @@ def tune_model(
     """Run the model's step with the table's leading candidates per GEMM problem, rotating them
     across steps on the same weights (candidate i of every problem in step i), time each
     candidate's kernels inside the step (torch.profiler's CUPTI kernel times, attributed to
-    problems by the doors' profiler ranges), keep per problem the fastest there or torch's path
-    where torch is as fast, write the table with `in_model_ratio` (the figure the dispatcher then
-    holds `min_ratio` against), and end with an A/B of the whole step at each token count: the
+    problems by the doors' profiler ranges; the board's SM clock and power read meanwhile), keep
+    per problem the fastest there or torch's path where torch is as fast, write the table with
+    `in_model_ratio` (the figure the dispatcher then holds `min_ratio` against) and record the
+    figures in the store (`--storage`: `best` of the store then makes the same choice), and end
+    with an A/B of the whole step at each token count: the
     in-model table against the input table and against torch (alternating blocks, CUDA events),
     each side's step then profiled for where the difference lies (GEMM kernels, other kernels,
     host time and gaps)."""
@@ -71,15 +74,18 @@ def tune_model(
     from ..search._in_model import covered
 
     table = BestTable.load(table_source)
-    leading = None
+    leading = store = None
     if storage is not None:
         from ..report import load_candidates
+        from ..store import open_store
 
+        store = open_store(storage)
         leading = load_candidates(storage, candidates)
     bind(table)  # the "cutlass_tune" experts of a model need a table, on the meta device too
     counts: list[int | None] = list(tokens) if tokens else [None]
     # Shapes first, on the meta device: a model or table that cannot be tuned says so without a GPU.
     plans = {n: covered(table, _captured(target, n, gpu).problems(), leading, candidates) for n in counts}
+    stored = _stored(store, plans)
     import torch
 
     from ..bench import require_gpu
@@ -90,15 +96,25 @@ def tune_model(
     mine = table.for_gpu(name)
     if mine.frame.empty:
         raise TuneModelError(f"{table_source} has no row tuned on this GPU ({name}; it has {', '.join(table.gpus)})")
+    if store is not None and store.gpu() not in (None, name):
+        raise TuneModelError(f"--storage {store.shown} holds results of {store.gpu()}, not of this GPU ({name})")
     _progress(began, f"captured the model's GEMMs: {sum(len(p) for p in plans.values())} problems of the table")
     choices: list = []
     steps = {}
     for n, problems in plans.items():
-        found, steps[n] = _tune_at(target, n, mine, problems, run_mode, rounds, began)
+        found, steps[n] = _tune_at(target, n, mine, problems, run_mode, rounds, began, gpu)
         choices += found
     from ..search._in_model import tuned_frame
 
     tuned = tuned_frame(table.frame, choices)
+    if store is not None:
+        from ..bench import env_stamp
+        from ..search._in_model import in_model_measurements, record
+
+        measurements = in_model_measurements(choices, stored, env_stamp(gpu))
+        run_id = record(store, measurements, name)
+        out.print(f"recorded {len(measurements)} in-model measurements of {len(choices)} problems in {store.shown} "
+                  f"(run {run_id}): `cutlass-tune best --storage {store.shown}` chooses by them")
     if table_out is not None:
         from ..report import write_table
 
@@ -117,6 +133,23 @@ def tune_model(
         _ab(step, n, mine, BestTable(tuned, bundled=table.bundled).for_gpu(name), blocks, baseline_step,
             graphs=run_mode is Mode.GRAPHS)
     out.print(f"tune-model took {time.perf_counter() - began:.0f} s")
+
+
+def _stored(store, plans: dict) -> dict:
+    """The store's verified variants (`search._in_model.stored_variants`; {} without a store), after
+    checking that it holds every kernel candidate: the in-model figures of one it lacks could not be
+    recorded, so the run stops before the GPU does any work."""
+    if store is None:
+        return {}
+    from ..search._in_model import stored_variants, unstored
+
+    stored = stored_variants(store)
+    missing = [m for problems in plans.values() for m in unstored(problems, stored)]
+    if missing:
+        raise TuneModelError(f"--storage {store.shown} lacks {len(missing)} of the candidates ({missing[0]}"
+                             f"{', ...' if len(missing) > 1 else ''}), whose in-model figures it would hold: give "
+                             "--table the table of that store (`cutlass-tune best --storage ...`) or the store itself")
+    return stored
 
 
 def _captured(target: str, tokens: int | None, gpu: int):
@@ -146,12 +179,23 @@ def _progress(began: float, what: str) -> None:
 
 
 def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, mode, rounds: int,
-             began: float):
+             began: float, gpu: int):
     """One token count: the profiled rotation of the candidates and the choice (printed); returns
     the choices and the model's step."""
-    from ..bench._in_model import bind, build_step, precompile, profiled_steps
+    from ..bench._in_model import BoardWatch, bind, build_step, precompile, profiled_steps
     from ..capture import load_target
-    from ..search._in_model import TORCH, choose, duty_cycle, kernel_spans, kernel_times, schedule, step_frame
+    from ..regime import RegimeSpec
+    from ..search._in_model import (
+        TORCH,
+        InModelRun,
+        call_counts,
+        choose,
+        duty_cycle,
+        kernel_spans,
+        kernel_times,
+        schedule,
+        step_frame,
+    )
 
     steps = schedule(problems)
     frames = [step_frame(table.frame, s) for s in steps]
@@ -166,10 +210,13 @@ def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, 
     _progress(began, f"model built; {len(steps)} candidate steps a round, each run once "
               f"({mode.value}{': the first compiles the model' if mode.value == 'compiled' else ''}), "
               f"then {rounds} profiled rounds")
-    events = profiled_steps(step, tables, rounds)
-    _progress(began, "profiled")
+    with BoardWatch(gpu) as board:
+        events = profiled_steps(step, tables, rounds)
+    run = InModelRun(RegimeSpec.in_model(mode, tokens), board.sm_mhz, board.power_w)
+    _progress(began, "profiled" + (f" at {board.sm_mhz:.0f} MHz" if math.isfinite(board.sm_mhz) else "")
+              + (f", {board.power_w:.0f} W" if math.isfinite(board.power_w) else ""))
     names = {name: c.problem for c in problems for name in c.names}
-    choices = choose(problems, steps * rounds, kernel_times(events, names))
+    choices = choose(problems, steps * rounds, kernel_times(events, names), calls=call_counts(events, names), run=run)
     shown = Table("problem", "candidate", "in-model us", "vs torch", "", box=None, pad_edge=False)
     for choice in choices:
         torch_us = choice.times_us[TORCH]
@@ -178,7 +225,7 @@ def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, 
                           "kept" if label == choice.kept.label else "")
     where = f" at {tokens} tokens" if tokens is not None else ""
     out.print(f"{len(problems)} problems of the table in the model{where}: {len(steps)} candidates a round, "
-              f"{rounds} rounds, {mode.value}; median kernel time per step")
+              f"{rounds} rounds, {mode.value} (regime {run.regime.name}); median kernel time per step")
     out.print(shown)
     regime = duty_cycle(kernel_spans(events))
     if regime is not None:

@@ -23,9 +23,15 @@ A grouped problem (MoE experts) is its own problem too, named with its experts a
 (`Problem.name`); its `ratio` is to its baseline of the same run (`Baseline.of`:
 torch._grouped_mm), and its rows carry `GROUPED_COLUMNS`.
 
-Timing regimes (cutlass_tune/regime.py): only rows timed back to back (regime `sustained`, every
-row before regimes) rank a problem. Rows `confirm --regime` took in another regime give the chosen
-kernel's figures in that regime (`REGIME_COLUMNS`: ratio, SM clock, power), never its choice.
+Timing regimes (cutlass_tune/regime.py): of the bench's regimes, only rows timed back to back
+(regime `sustained`, every row before regimes) rank a problem. Rows `confirm --regime` took in
+another regime give the chosen kernel's figures in that regime (`REGIME_COLUMNS`: ratio, SM clock,
+power), never its choice. The in-model regime's rows (`tune-model --storage`: the kernels timed
+inside the user's model step) do choose: a problem with them takes the kernel its last tune-model
+run found fastest in the model, among the variants the store verified on the problem, with its
+`in_model_ratio` (torch's time in the model over the kernel's: below 1 where torch's path was
+faster there, and the dispatcher then keeps torch's path) and the regime's name, SM clock and
+power; `load_candidates` puts it first.
 """
 
 from __future__ import annotations
@@ -92,13 +98,65 @@ order (`MethodFacts.rank`) that has them."""
 
 
 def _from_store(url: str) -> pd.DataFrame:
-    frame = _kernel_frame(url)
-    # Rows of another regime than back to back never rank: they are the chosen kernel's regime figures.
-    regimed = frame[frame["_regime"] != SUSTAINED.name]
-    sustained = frame[frame["_regime"] == SUSTAINED.name]
-    picked = [row for _, group in sustained.groupby(["gpu", "problem"], sort=False)
-              for row in _leading(group, regimed, 1)]
+    return _picked(_kernel_frame(url), 1)
+
+
+def _in_model(name: object) -> bool:
+    return str(name).partition(":")[0] == Regime.IN_MODEL.value
+
+
+def _picked(frame: pd.DataFrame, top: int) -> pd.DataFrame:
+    """Per (GPU, problem) of `frame` (`_kernel_frame`), its `top` leading kernel variants as table
+    rows, best first: the in-model choice where the problem has one (`_in_model_pick`), then the
+    ranking of its sustained rows (`_leading`)."""
+    in_model = frame[frame["_regime"].map(_in_model)]
+    # Rows of the bench's other regimes never rank: they are the chosen kernel's regime figures.
+    benched = frame[~frame["_regime"].map(_in_model)]
+    regimed = benched[benched["_regime"] != SUSTAINED.name]
+    sustained = benched[benched["_regime"] == SUSTAINED.name]
+    picked = []
+    for (gpu, problem), group in sustained.groupby(["gpu", "problem"], sort=False):
+        runs = in_model[(in_model["gpu"] == gpu) & (in_model["problem"] == problem)]
+        if runs.empty:
+            picked += _leading(group, regimed, top)
+            continue
+        ranked = _leading(group, regimed, len(group))
+        chosen = _in_model_pick(group, ranked, runs, regimed)
+        if chosen is None:
+            picked += ranked[:top]
+            continue
+        key = tuple(chosen[_VARIANT])
+        picked += [chosen, *(r for r in ranked if tuple(r[_VARIANT]) != key)][:top]
     return _table_of(picked, sustained)
+
+
+def _in_model_pick(group: pd.DataFrame, ranked: list[pd.Series], runs: pd.DataFrame,
+                   regimed: pd.DataFrame) -> pd.Series | None:
+    """A problem's in-model choice as its table row, or None where it has none: of the in-model
+    rows (`runs`) of the variants the store verified on the problem (its sustained rows, `group`),
+    those of the last tune-model run, in the last regime it ran the problem in (a run at several
+    token counts: the last, as `search._in_model.tuned_frame` keeps it), the variant of the highest
+    median ratio (torch's time over the kernel's). Its row is its ranked one (`_leading`), else its
+    best sustained row; its in_model columns are the run's."""
+    verified = set(map(tuple, group[_VARIANT].itertuples(index=False)))
+    runs = runs[[tuple(v) in verified for v in runs[_VARIANT].itertuples(index=False)]]
+    runs = runs[runs["ratio"].notna()]
+    if runs.empty:
+        return None
+    runs = runs[runs["run_id"] == runs["run_id"].iloc[-1]]
+    runs = runs[runs["_regime"] == runs["_regime"].iloc[-1]]
+    medians = runs.groupby(_VARIANT, sort=False)["ratio"].median()
+    key = medians.idxmax()
+    row = next((r.copy() for r in ranked if tuple(r[_VARIANT]) == key), None)
+    if row is None:
+        same = group[[tuple(v) == key for v in group[_VARIANT].itertuples(index=False)]]
+        row = _unconfirmed(same, regimed, 1)[0]
+    mine = runs[[tuple(v) == key for v in runs[_VARIANT].itertuples(index=False)]]
+    col = Regime.IN_MODEL.column
+    row[f"{col}_regime"] = str(mine["_regime"].iloc[-1])
+    row[f"{col}_ratio"] = float(medians.max())
+    row[f"{col}_sm_mhz"], row[f"{col}_power_w"] = float(mine["_sm_mhz"].median()), float(mine["_power_w"].median())
+    return row
 
 
 def _kernel_frame(url: str) -> pd.DataFrame:
@@ -186,14 +244,7 @@ def _leading(group: pd.DataFrame, regimed: pd.DataFrame, top: int) -> list[pd.Se
         method = next(m for m in (*RANKING, *confirmed["method"]) if (confirmed["method"] == m).any())
         confirmed = confirmed[confirmed["method"] == method]
     if confirmed.empty:
-        ranked = group.assign(_rank=group["strongest_ratio"].fillna(0.0)).sort_values(
-            ["_rank", "tflops"], ascending=False).drop_duplicates(_VARIANT).head(top)
-        out = []
-        for _, row in ranked.drop(columns="_rank").iterrows():
-            row = row.copy()
-            row["confirm_passes"], row["ratio_low"], row["ratio_high"] = 0, row["ratio"], row["ratio"]
-            out.append(_with_regimes(row, None, regimed))
-        return out
+        return _unconfirmed(group, regimed, top)
     passes = confirmed.groupby(_VARIANT)["strongest_ratio"]
     enough = passes.count() >= math.ceil(passes.count().max() / 2)
     medians = passes.median()[enough].sort_values(ascending=False, kind="stable")
@@ -209,9 +260,23 @@ def _leading(group: pd.DataFrame, regimed: pd.DataFrame, top: int) -> list[pd.Se
     return out
 
 
+def _unconfirmed(group: pd.DataFrame, regimed: pd.DataFrame, top: int) -> list[pd.Series]:
+    """A problem's `top` leading variants by the sweep's ratio (to the strongest torch path), each
+    its best row, unconfirmed."""
+    ranked = group.assign(_rank=group["strongest_ratio"].fillna(0.0)).sort_values(
+        ["_rank", "tflops"], ascending=False).drop_duplicates(_VARIANT).head(top)
+    out = []
+    for _, row in ranked.drop(columns="_rank").iterrows():
+        row = row.copy()
+        row["confirm_passes"], row["ratio_low"], row["ratio_high"] = 0, row["ratio"], row["ratio"]
+        out.append(_with_regimes(row, None, regimed))
+    return out
+
+
 def load_candidates(source: str | Path, top: int) -> pd.DataFrame:
     """Per (GPU, problem) of a store, its `top` leading kernel variants as table rows, best first
-    (the first is `load_best`'s row): the candidates `tune-model` times inside a model.
+    (the first is `load_best`'s row: a problem's in-model choice first where it has one): the
+    candidates `tune-model` times inside a model.
 
     Raises:
         BestTableError, StoreError: as `load_best` for a store; a source that is no store.
@@ -219,12 +284,7 @@ def load_candidates(source: str | Path, top: int) -> pd.DataFrame:
     url = store_url_of(source)
     if url is None:
         raise BestTableError(f"{source}: the candidates come from a store (a .sqlite file or store URL)")
-    frame = _kernel_frame(url)
-    regimed = frame[frame["_regime"] != SUSTAINED.name]
-    sustained = frame[frame["_regime"] == SUSTAINED.name]
-    picked = [row for _, group in sustained.groupby(["gpu", "problem"], sort=False)
-              for row in _leading(group, regimed, top)]
-    return _table_of(picked, sustained)
+    return _picked(_kernel_frame(url), top)
 
 
 def _with_regimes(row: pd.Series, sustained: pd.DataFrame | None, regimed: pd.DataFrame) -> pd.Series:
@@ -236,18 +296,18 @@ def _with_regimes(row: pd.Series, sustained: pd.DataFrame | None, regimed: pd.Da
     of the kernel's other run-time variants give its figures (their last run's): `confirm
     --regime` times the candidates by sweep ratio, and the pick, by median confirmed ratio, may
     be another raster or swizzle of the same kernel, whose figures in the regime differ from it
-    by what a run-time argument changes, where none would be shown at all. The dispatch columns
-    start empty (`check` and `tune-model` fill them)."""
+    by what a run-time argument changes, where none would be shown at all. The in-model and
+    call-site columns start empty (`_in_model_pick` and `check` fill them)."""
     row = row.copy()
     for c in REGIME_COLUMNS:
         row[c] = "" if c.endswith("_regime") else math.nan
-    row["call_site_ratio"], row["call_site_regime"], row["in_model_ratio"] = math.nan, "", math.nan
+    row["call_site_ratio"], row["call_site_regime"] = math.nan, ""
     found = {Regime.SUSTAINED: sustained}
     kernel = regimed[(regimed["gpu"] == row["gpu"]) & (regimed["problem"] == row["problem"])
                      & (regimed["config_hash"] == row["config_hash"])]
     variant = kernel["runtime"] == row["runtime"]
     for regime in Regime:
-        if regime is Regime.SUSTAINED:
+        if regime is Regime.SUSTAINED or not regime.in_bench:
             continue
         of_regime = kernel["_regime"].map(lambda name, r=regime: name.partition(":")[0] == r.value).astype(bool)
         mine = kernel[of_regime & variant]

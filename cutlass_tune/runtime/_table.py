@@ -131,12 +131,14 @@ class Match:
         the claim itself, else words to follow "measured at 0.970x torch"). In this order, the
         first the row has:
 
-        1. `in_model_ratio`: the kernel's ratio inside the user's model step (`tune-model`);
+        1. `in_model_ratio`: the kernel's ratio inside the user's model step (`tune-model`, the
+           in-model regime's ratio: a table from a store holds it where `tune-model --storage`
+           recorded it);
         2. `call_site_ratio`: what `check` measured through `matmul` in its regime, where it is
            below the claim (an entry flagged below its claim is held to what it delivered; a
            call-site figure above the claim leaves the claim);
-        3. the lowest of the claim and the regimes' ratios (`REGIME_COLUMNS`): a kernel chosen
-           at the power cap must also beat torch in each regime it was confirmed in;
+        3. the lowest of the claim and the bench regimes' ratios (`REGIME_COLUMNS`): a kernel
+           chosen at the power cap must also beat torch in each regime it was confirmed in;
         4. none (NaN) where the claim is single launches' (`method` "events": a sweep's, or a
            confirm by events), which read up to 8% above what a caller gets
            (benchmarks/sustained.md): such a row runs only under `min_ratio` 0.
@@ -145,9 +147,10 @@ class Match:
             claim: the sweep's or confirm's ratio to the path torch runs instead (default `ratio`).
         """
         claim = self.ratio if claim is None else claim
-        in_model = self._figure("in_model_ratio")
+        in_model = self._figure(f"{Regime.IN_MODEL.column}_ratio")
         if math.isfinite(in_model):
-            return in_model, f" inside the model (its claim {claim:.3f})"
+            regime = str(self.row.get(f"{Regime.IN_MODEL.column}_regime") or "")
+            return in_model, f" inside the model{f' ({regime})' if regime else ''} (its claim {claim:.3f})"
         call_site = self._figure("call_site_ratio")
         if math.isfinite(call_site):
             # A call-site figure can hold a kernel below its claim, never lift it above: one
@@ -160,7 +163,7 @@ class Match:
         lowest, source = claim, ""
         for regime in Regime:
             figure = self._figure(f"{regime.column}_ratio")
-            if regime is not Regime.SUSTAINED and math.isfinite(figure) and not figure >= lowest:
+            if regime is not Regime.SUSTAINED and regime.in_bench and math.isfinite(figure) and not figure >= lowest:
                 lowest = figure
                 source = f" in regime {self.row.get(f'{regime.column}_regime') or regime.value} (its claim {claim:.3f})"
         return lowest, source

@@ -21,7 +21,7 @@ from ..compile import CompiledKernel
 from ..measurement import Measurement
 from ..space import KernelConfig, Problem, RuntimeArgs
 from ..status import Status
-from ..store import CONFIRM_STUDY, ResultStore
+from ..store import CONFIRM_STUDY, TUNE_MODEL_STUDY, ResultStore
 from ._sweep import Benchmarker
 
 
@@ -90,8 +90,8 @@ def candidates(store: ResultStore, top: int) -> list[Candidate]:
     """Per problem of the store, its `top` best kernels by their best sweep ratio, best first,
     each with the run-time variant that reached it (distinct kernels: the question is which
     config to ship, and a kernel's variants are usually within noise of each other).
-    Confirmation rows do not rank, and a kernel that ever gave a wrong result on a problem,
-    with any variant, is never its candidate."""
+    Confirmation rows and `tune-model`'s in-model rows do not rank, and a kernel that ever gave a
+    wrong result on a problem, with any variant, is never its candidate."""
     best: dict[tuple[str, str, str], Candidate] = {}
     wrong: set[tuple[str, str]] = set()
     for row, m in zip(store.rows(["study", "ratio", "status"]), store.measurements()):
@@ -100,7 +100,7 @@ def candidates(store: ResultStore, top: int) -> list[Candidate]:
         key = (m.problem.name, m.config.hash, m.runtime.name)
         if m.status is Status.WRONG_RESULT:
             wrong.add(key[:2])
-        if row.study == CONFIRM_STUDY or m.status is not Status.OK or not row.ratio:
+        if row.study in (CONFIRM_STUDY, TUNE_MODEL_STUDY) or m.status is not Status.OK or not row.ratio:
             continue
         if key not in best or row.ratio > best[key].ratio:
             best[key] = Candidate(problem=m.problem, config=m.config, runtime=m.runtime, ratio=row.ratio)

@@ -27,7 +27,12 @@ the GPU (bench/_in_model.py runs the steps):
 - `choose`, `tuned_frame`: per problem the candidate of least median time, torch's path where
   torch's is as fast or faster (a tie keeps torch: no gain for a kernel's risk), and the table
   with each covered row the best kernel's, its `in_model_ratio` torch's time over the kernel's
-  (below 1 where torch was kept, so the dispatcher keeps torch: `Match.dispatch_ratio`).
+  (below 1 where torch was kept, so the dispatcher keeps torch: `Match.dispatch_ratio`), with the
+  in-model regime it ran in and the board's SM clock and power meanwhile (`InModelRun`).
+- `in_model_measurements`, `record`: the same figures as a store's measurements (regime
+  `in-model:...`, study `TUNE_MODEL_STUDY`), written in one transaction: per problem each kernel
+  candidate's time per call, paired with torch's path's of the same steps, and torch's as the
+  problem's baseline row; `report.load_best` then chooses from them as `tuned_frame` does.
 """
 
 from __future__ import annotations
@@ -36,14 +41,18 @@ import dataclasses
 import math
 import re
 import statistics
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
 from ..errors import CutlassTuneError
-from ..regime import RegimeSpec
-from ..space import Problem
+from ..measurement import Baseline, EnvStamp, Measurement
+from ..regime import Regime, RegimeSpec
+from ..space import Problem, RuntimeArgs
+from ..status import Status
+from ..store import TUNE_MODEL_STUDY, ResultStore
 from ..tables import PROFILER_RANGE, BestTableError
 
 if TYPE_CHECKING:
@@ -240,6 +249,19 @@ def _ranges(event: EventLike) -> Iterable[EventLike]:
             yield from _ranges(child)
 
 
+def _doors(events: Sequence[EventLike], names: Mapping[str, str]) -> Iterable[tuple[int, str, EventLike]]:
+    """(step index, table problem, door range) of each door range of a covered problem in a step."""
+    for event in events:
+        if _is_gpu(event) or event.cpu_parent is not None or not event.name.startswith(STEP_PREFIX):
+            continue
+        index = int(event.name[len(STEP_PREFIX):])
+        yield index, "", event  # the step itself: a step without a covered call still counts
+        for door in _ranges(event):
+            problem = names.get(door.name[len(RANGE_PREFIX):])
+            if problem is not None:
+                yield index, problem, door
+
+
 def kernel_times(events: Iterable[EventLike], names: Mapping[str, str]) -> dict[int, dict[str, float]]:
     """Per step index, per table problem, the GPU kernel microseconds of its calls in that step.
 
@@ -252,14 +274,22 @@ def kernel_times(events: Iterable[EventLike], names: Mapping[str, str]) -> dict[
     events = list(events)
     launched = {int(e.id): _gpu_us(e) for e in events if _is_kernel(e)}
     out: dict[int, dict[str, float]] = {}
-    for event in events:
-        if _is_gpu(event) or event.cpu_parent is not None or not event.name.startswith(STEP_PREFIX):
-            continue
-        step = out.setdefault(int(event.name[len(STEP_PREFIX):]), {})
-        for door in _ranges(event):
-            problem = names.get(door.name[len(RANGE_PREFIX):])
-            if problem is not None:
-                step[problem] = step.get(problem, 0.0) + _kernel_us(door, launched)
+    for index, problem, door in _doors(events, names):
+        step = out.setdefault(index, {})
+        if problem:
+            step[problem] = step.get(problem, 0.0) + _kernel_us(door, launched)
+    return out
+
+
+def call_counts(events: Iterable[EventLike], names: Mapping[str, str]) -> dict[int, dict[str, int]]:
+    """Per step index, per table problem, how many calls of it the step made (its door ranges,
+    as `kernel_times` reads them): a model calls one problem once per layer, and `kernel_times`
+    sums them."""
+    out: dict[int, dict[str, int]] = {}
+    for index, problem, _ in _doors(list(events), names):
+        step = out.setdefault(index, {})
+        if problem:
+            step[problem] = step.get(problem, 0) + 1
     return out
 
 
@@ -345,6 +375,20 @@ class GainSplit:
 
 
 @dataclasses.dataclass(frozen=True)
+class InModelRun:
+    """Where one token count's candidates were timed: the in-model regime (`RegimeSpec.in_model`:
+    the step's mode and token count), and the board's median SM clock and mean power over the
+    profiled rounds (NaN where NVML does not report them)."""
+
+    regime: RegimeSpec
+    sm_mhz: float = math.nan
+    power_w: float = math.nan
+
+    def __post_init__(self) -> None:
+        assert self.regime.regime is Regime.IN_MODEL, "tune-model's figures are of the in-model regime"
+
+
+@dataclasses.dataclass(frozen=True)
 class Choice:
     """A problem's in-model figures and what is kept."""
 
@@ -357,6 +401,14 @@ class Choice:
     """The fastest kernel candidate."""
     kept: Candidate
     """`best`, or torch's path where torch is as fast or faster."""
+    steps_us: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+    """Per candidate label, its kernel time in each step that ran it."""
+    calls: int = 1
+    """The problem's calls per step (the median over the steps; the times are their sum)."""
+    run: InModelRun | None = None
+    """Where it was timed (None: not said)."""
+    candidates: tuple[Candidate, ...] = ()
+    """Every candidate timed, torch's path first (`Covered.candidates`)."""
 
     @property
     def ratio(self) -> float:
@@ -365,13 +417,16 @@ class Choice:
 
 
 def choose(problems: Sequence[Covered], steps: Sequence[Mapping[str, Candidate]],
-           times: Mapping[int, Mapping[str, float]]) -> list[Choice]:
+           times: Mapping[int, Mapping[str, float]], *, calls: Mapping[int, Mapping[str, int]] | None = None,
+           run: InModelRun | None = None) -> list[Choice]:
     """Per problem, the median in-model time of each candidate over the steps that ran it, and the
     candidate kept (see the module).
 
     Args:
         steps: the candidates of each step index (`schedule`, repeated over rounds).
         times: `kernel_times` of those steps.
+        calls: `call_counts` of those steps (None: one call per step).
+        run: where the steps ran, which each choice carries.
 
     Raises:
         InModelError: a candidate with no timed step (its kernel launched nothing the ranges saw).
@@ -391,22 +446,141 @@ def choose(problems: Sequence[Covered], steps: Sequence[Mapping[str, Candidate]]
         kernels = [k for k in c.candidates if not k.is_torch]
         best = min(kernels, key=lambda k: medians[k.label])
         kept = best if medians[best.label] < medians[TORCH] else c.candidates[0]
-        out.append(Choice(c.problem, medians, min(len(v) for v in samples.values()), best, kept))
+        counted = [n for step in (calls or {}).values() if (n := step.get(c.problem))]
+        out.append(Choice(c.problem, medians, min(len(v) for v in samples.values()), best, kept,
+                          {label: tuple(v) for label, v in samples.items()},
+                          max(1, round(statistics.median(counted))) if counted else 1, run, c.candidates))
     return out
 
 
+_IN_MODEL = Regime.IN_MODEL.column
+
+
 def tuned_frame(frame: pd.DataFrame, choices: Sequence[Choice]) -> pd.DataFrame:
-    """`frame` with each chosen problem's row the best kernel's, its `in_model_ratio` set (the
-    other rows as they were)."""
+    """`frame` with each chosen problem's row the best kernel's, its `in_model_ratio` set, and its
+    `in_model_regime`, `in_model_sm_mhz` and `in_model_power_w` where the choice says where it ran
+    (the other rows as they were)."""
     out = frame.copy()
-    if "in_model_ratio" not in out.columns:
-        out["in_model_ratio"] = math.nan
-    out["in_model_ratio"] = out["in_model_ratio"].astype(float)
+    for what in ("ratio", "sm_mhz", "power_w"):
+        column = f"{_IN_MODEL}_{what}"
+        out[column] = (out[column] if column in out.columns else pd.Series(math.nan, index=out.index)).astype(float)
+    regime = f"{_IN_MODEL}_regime"
+    out[regime] = (out[regime].fillna("") if regime in out.columns else pd.Series("", index=out.index)).astype(object)
     for choice in choices:
         assert choice.best.row is not None  # a kernel candidate
         at = out.index[out["problem"] == choice.problem]
         row = choice.best.row.reindex(out.columns)
-        row["in_model_ratio"] = choice.ratio
+        row[f"{_IN_MODEL}_ratio"] = choice.ratio
+        run = choice.run
+        row[regime] = run.regime.name if run is not None else ""
+        row[f"{_IN_MODEL}_sm_mhz"] = run.sm_mhz if run is not None else math.nan
+        row[f"{_IN_MODEL}_power_w"] = run.power_w if run is not None else math.nan
         for i in at:
             out.loc[i] = row
     return out
+
+
+Variant = tuple[str, str, str]
+"""A kernel variant of a problem: (the table's problem name, config hash, run-time name)."""
+
+
+def variant_of(row: pd.Series) -> Variant:
+    """The variant a candidate's table row is."""
+    return str(row["problem"]), str(row["config_hash"]), str(row["runtime"])
+
+
+def stored_variants(store: ResultStore) -> dict[Variant, Measurement]:
+    """Each kernel variant the store measured OK (a verified one: the bench verifies before it
+    times; a store holds one GPU model's), as one of its measurements (the last): what the in-model
+    figures of a candidate are recorded as (its problem, config and run-time arguments).
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
+    out: dict[Variant, Measurement] = {}
+    for row in store.rows(["problem", "config_hash", "runtime", "status", "record"]):
+        if row.status is Status.OK and row.config_hash:
+            out[(str(row.problem), row.config_hash, str(row.runtime))] = row.measurement()
+    return out
+
+
+def unstored(problems: Sequence[Covered], stored: Mapping[Variant, Measurement]) -> list[str]:
+    """The kernel candidates of `problems` that `stored` lacks ("problem: kernel runtime"): their
+    in-model figures could not be recorded."""
+    return [f"{c.problem}: {k.label}" for c in problems for k in c.candidates
+            if k.row is not None and variant_of(k.row) not in stored]
+
+
+def _per_call_ms(steps_us: Sequence[float], calls: int) -> tuple[float, float, float]:
+    """Median, p20 and p80 of one call's milliseconds, from its steps' summed microseconds."""
+    ms = sorted(us / calls / 1000 for us in steps_us)
+    if len(ms) == 1:
+        return ms[0], ms[0], ms[0]
+    q = statistics.quantiles(ms, n=5, method="inclusive")
+    return statistics.median(ms), q[0], q[3]
+
+
+def in_model_measurements(choices: Sequence[Choice], stored: Mapping[Variant, Measurement],
+                          env: EnvStamp | None = None) -> list[Measurement]:
+    """The choices' figures as measurements of the in-model regime: per problem, each kernel
+    candidate's time per call (the problem's kernel time per step over its calls per step), paired
+    with torch's path's of the same steps (`baseline_*`: its ratio is torch's time over its own,
+    `Choice.ratio` for the best), and torch's path as the problem's baseline row. Each carries the
+    regime's name, SM clock and power (`Choice.run`), and `env`.
+
+    Args:
+        stored: `stored_variants` of the store: a candidate's problem, config and run-time
+            arguments come from its verified measurement there.
+
+    Raises:
+        InModelError: a choice without its run, or a kernel candidate `stored` lacks.
+    """
+    out = []
+    for choice in choices:
+        if choice.run is None:
+            raise InModelError(f"{choice.problem}: the in-model choice does not say where it ran")
+        run = choice.run
+        sm_mhz, power_w = _figure(run.sm_mhz), _figure(run.power_w)
+        torch_ms, torch_p20, torch_p80 = _per_call_ms(choice.steps_us[TORCH], choice.calls)
+        problem = None
+        for candidate in choice.candidates:
+            if candidate.row is None or candidate.label not in choice.steps_us:
+                continue
+            source = stored.get(variant_of(candidate.row))
+            if source is None:
+                raise InModelError(f"{choice.problem}: {candidate.label} is not in the store: its in-model figures "
+                                   "cannot be recorded")
+            problem = source.problem
+            steps = choice.steps_us[candidate.label]
+            median, p20, p80 = _per_call_ms(steps, choice.calls)
+            out.append(Measurement(
+                problem=problem, config=source.config, runtime=source.runtime, status=Status.OK, median_ms=median,
+                p20_ms=p20, p80_ms=p80, samples=len(steps), tflops=problem.flops / (median * 1e9),
+                baseline_median_ms=torch_ms, baseline_p20_ms=torch_p20, baseline_p80_ms=torch_p80,
+                sm_mhz=sm_mhz, power_w=power_w, baseline_sm_mhz=sm_mhz, baseline_power_w=power_w,
+                regime=run.regime.name, env=env))
+        if problem is not None:
+            out.append(Measurement(
+                problem=problem, config=None, runtime=RuntimeArgs(), status=Status.OK, is_baseline=True,
+                symbol=Baseline.of(problem).value, median_ms=torch_ms, p20_ms=torch_p20, p80_ms=torch_p80,
+                samples=len(choice.steps_us[TORCH]), tflops=problem.flops / (torch_ms * 1e9), sm_mhz=sm_mhz,
+                power_w=power_w, regime=run.regime.name, env=env))
+    return out
+
+
+def _figure(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def record(store: ResultStore, measurements: Sequence[Measurement], gpu: str) -> str:
+    """Add `measurements` (`in_model_measurements`) to `store` in one transaction, as one run of
+    study `TUNE_MODEL_STUDY`; returns its run id.
+
+    Raises:
+        StoreError: the store cannot be written, or holds another GPU's results; it then holds
+            none of them.
+    """
+    store.bind_gpu(gpu)
+    run_id = f"tune-model-{uuid.uuid4().hex[:8]}"
+    store.add_all(measurements, gpu=gpu, run_id=run_id, study=TUNE_MODEL_STUDY)
+    return run_id

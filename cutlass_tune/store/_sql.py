@@ -18,7 +18,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -47,6 +47,9 @@ LEGACY_TIMING = TimingScheme(TimingMethod.EVENTS)
 """The timing scheme of stores begun before `ct_meta` recorded one."""
 CONFIRM_STUDY = "confirm"
 """The `study` of the rows `cutlass-tune confirm` adds (a sweep's rows carry their Optuna study's name)."""
+TUNE_MODEL_STUDY = "tune-model"
+"""The `study` of the rows `cutlass-tune tune-model --storage` adds: kernels timed inside a model's
+step, regime `in-model:...` (`RegimeSpec.in_model`)."""
 HEARTBEAT_S = 15.0
 """How often a running sweep says, in the store, that it is alive."""
 STALE_AFTER_S = 120.0
@@ -619,10 +622,42 @@ class ResultStore:
         `measurement.Baseline`); a measurement with a paired baseline uses its own instead. An
         eager baseline row's torch.compile figures live in its `record` (`compile_*`)."""
         self._create()
+        row = self._row(m, gpu=gpu, run_id=run_id, cublas_tflops=cublas_tflops, study=study, trial=trial)
+
+        def insert() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(measurements_table.insert(), row)
+
+        _despite_locks(insert)
+
+    @_store_errors
+    def add_all(self, measurements: Sequence[Measurement], *, gpu: str, run_id: str, study: str | None = None) -> None:
+        """Record `measurements` in one transaction: all of them, or (where the database fails
+        meanwhile) none. Each ratio is to its own paired baseline (`Measurement.baseline_*`), as
+        in `add`.
+
+        Raises:
+            StoreError: the store cannot be written; it then holds none of them.
+        """
+        self._create()
+        rows = [self._row(m, gpu=gpu, run_id=run_id, study=study) for m in measurements]
+        if not rows:
+            return
+
+        def insert() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(measurements_table.insert(), rows)
+
+        _despite_locks(insert)
+
+    @staticmethod
+    def _row(m: Measurement, *, gpu: str, run_id: str, cublas_tflops: float | None = None, study: str | None = None,
+             trial: int | None = None) -> dict[str, Any]:
+        """The `ct_measurements` row of `m` (see `add`)."""
         p = m.problem
         cublas_tflops = m.baseline_tflops or cublas_tflops
         ratio = (m.tflops / cublas_tflops) if (m.tflops and cublas_tflops) else None
-        row = {
+        return {
             # A grouped problem's grouping, experts and routed rows are in its name and record: no
             # column holds them (nothing selects by them), so schema 2 stores them all.
             "gpu": gpu, "problem": p.name, "m": p.m, "n": p.n, "k": p.k,
@@ -638,11 +673,6 @@ class ResultStore:
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "record": json.dumps(m.to_dict()),
         }
-        def insert() -> None:
-            with self.engine.begin() as conn:
-                conn.execute(measurements_table.insert(), row)
-
-        _despite_locks(insert)
 
     @_store_errors
     def measured(self, problem: Problem) -> dict[tuple[str, str], list[StoredRow]]:

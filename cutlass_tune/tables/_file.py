@@ -212,7 +212,7 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "raster": (lambda v: isinstance(v, str) and v in _RASTERS, f"one of {', '.join(_RASTERS)}"),
     "decomposition": (lambda v: isinstance(v, str) and v in _DECOMPOSITIONS, f"one of {', '.join(_DECOMPOSITIONS)}"),
     **{c: (_regime_name, "empty or a timing regime (sustained, idle-gap:200us, interleaved:64MiB, "
-                         "as-captured:0.7:150us)") for c in REGIME_TEXT_COLUMNS},
+                         "as-captured:0.7:150us, in-model:compiled:4096)") for c in REGIME_TEXT_COLUMNS},
     **{c: (_positive, "a positive number") for c in _POSITIVE},
     # figures a store may lack (a kernel without a cuBLAS figure has no ratio): empty or a number
     **{c: (_number_or_empty, "a number") for c in _NUMBERS},

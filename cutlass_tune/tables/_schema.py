@@ -22,7 +22,6 @@
 | ratio_low, ratio_high | lowest and highest confirmed ratio (both `ratio` when not confirmed) |
 | `REGIME_COLUMNS` | per timing regime r, `<r>_regime`, `<r>_ratio`, `<r>_sm_mhz`, `<r>_power_w` (4) |
 | call_site_ratio, call_site_regime | the ratio `check` measured through `matmul`, and its regime (5) |
-| in_model_ratio | the kernel's ratio inside the user's model step (`tune-model` fills it) (5) |
 
 (1) The baseline of a plain GEMM is cuBLAS; that of a fused epilogue or scaled fp8 problem is
 torch's eager call of the same math (`F.linear` with its bias, then the activation;
@@ -33,14 +32,18 @@ of the problem: a lookup matches both exactly.
 `strongest` is one of "cuBLAS" (a plain GEMM), "torch eager", "torch.compile", "cuBLASLt
 epilogue" (a fused or scaled one: the fastest of the three in the pass), "torch._grouped_mm" (a
 grouped one). Tables written before it read with the ratio's baseline as the strongest.
-(4) r is one of sustained, idle_gap, interleaved, as_captured: the regime confirmed in
-(`RegimeSpec.name`, "" where none), the median confirmed ratio in it, the kernel's SM clock and the
-board's power there. A regime's figures come from `confirm --regime` passes of the kernel the table
-chose (chosen by its sustained passes, else by the sweep): of the row's run-time variant, else of
-another run-time variant of that kernel timed in the regime; tables written before regimes read
-them as empty.
+(4) r is one of sustained, idle_gap, interleaved, as_captured, in_model: the regime measured in
+(`RegimeSpec.name`, "" where none), the median ratio in it, the kernel's SM clock and the board's
+power there. The bench's regimes' figures come from `confirm --regime` passes of the kernel the
+table chose (chosen by its sustained passes, else by the sweep): of the row's run-time variant, else
+of another run-time variant of that kernel timed in the regime. The in_model ones are `tune-model`'s
+(`in-model:compiled:4096`: the model's step as it ran, its token count): torch's kernel time in the
+step over the row's kernel's, where they choose the row's kernel (the candidate fastest in the
+model; below 1 where torch's path was faster there, so the dispatcher keeps torch's path). Tables
+written before regimes read them as empty; tables written before the in-model regime have
+`in_model_ratio` alone (its regime, clock and power read as empty).
 (5) Empty where not measured. The dispatcher holds `min_ratio` against the first the row has of:
-in_model_ratio, call_site_ratio, the lowest of `ratio` and the regimes' ratios
+in_model_ratio, call_site_ratio, the lowest of `ratio` and the bench regimes' ratios
 (`runtime.Match.dispatch_ratio`).
 (2) `Routing`: uniform, zipf, histogram; m is then the routed rows of all experts together. A
 single GEMM has "none", 0 and "none". A grouped lookup matches the experts, N and K exactly.
@@ -63,9 +66,9 @@ REGIME_FIGURES = ("ratio", "sm_mhz", "power_w")
 REGIME_COLUMNS = tuple(f"{r.column}_{what}" for r in Regime for what in ("regime", *REGIME_FIGURES))
 """Per timing regime: the regime's name, and the kernel's ratio, SM clock and power in it (empty where the
 table has none; tables written before regimes lack them all)."""
-DISPATCH_COLUMNS = ("call_site_ratio", "call_site_regime", "in_model_ratio")
-"""The figures the dispatcher prefers to a confirm's (`Match.dispatch_ratio`); tables written before
-them lack them (read as empty)."""
+DISPATCH_COLUMNS = ("call_site_ratio", "call_site_regime")
+"""The call-site figures `check` records, which the dispatcher prefers to a confirm's after the
+in-model ones (`Match.dispatch_ratio`); tables written before them lack them (read as empty)."""
 PROFILER_RANGE = "cutlass_tune.gemm:"
 """The profiler range the runtime's doors open around a GEMM call while a profiler runs: this prefix
 and the problem's name (`tune-model` reads `in_model_ratio` from the kernels launched in it). Not
@@ -108,7 +111,7 @@ class BestTableError(CutlassTuneError):
 
 
 def regime_figures(row: Mapping[Any, Any]) -> list[tuple[str, float, float, float]]:
-    """A table row's figures per timing regime it was confirmed in: (the regime's name, ratio, SM
+    """A table row's figures per timing regime it was measured in: (the regime's name, ratio, SM
     clock in MHz, power in W; NaN where not reported), in `Regime` order; empty for a row without."""
     out = []
     for r in Regime:
@@ -119,15 +122,17 @@ def regime_figures(row: Mapping[Any, Any]) -> list[tuple[str, float, float, floa
 
 
 def regime_text(row: Mapping[Any, Any]) -> str:
-    """`regime_figures` and the call-site and in-model ratios in a few words ("" for none):
-    "idle-gap:200us 1.105 at 1980 MHz 580 W; call site 0.970 (sustained)"."""
+    """`regime_figures` and the call-site ratio in a few words ("" for none): "idle-gap:200us 1.105
+    at 1980 MHz 580 W; in-model:compiled:4096 1.120 at 1755 MHz 610 W; call site 0.970 (sustained)";
+    an `in_model_ratio` without its regime (a table written before the in-model regime) as "in the
+    model 1.120"."""
     parts = [f"{name} {ratio:.3f} at {mhz:.0f} MHz {watts:.0f} W".replace(" at nan MHz", "").replace(" nan W", "")
              for name, ratio, mhz, watts in regime_figures(row)]
     call_site = _number(row.get("call_site_ratio"))
     if math.isfinite(call_site):
         parts.append(f"call site {call_site:.3f} ({row.get('call_site_regime') or 'sustained'})")
-    in_model = _number(row.get("in_model_ratio"))
-    if math.isfinite(in_model):
+    in_model = _number(row.get(f"{Regime.IN_MODEL.column}_ratio"))
+    if math.isfinite(in_model) and not row.get(f"{Regime.IN_MODEL.column}_regime"):
         parts.append(f"in the model {in_model:.3f}")
     return "; ".join(parts)
 

@@ -78,6 +78,7 @@ def test_rows_of_problems_not_checked_keep_their_cells(tmp_path):
 
 @pytest.mark.parametrize(("args", "said"), [
     (["--regime", "busy"], "unknown regime 'busy'"),
+    (["--regime", "in-model:eager"], "regime in-model:eager: the bench cannot time a model's step"),
     (["--table-out", "{tmp}/t.txt"], "expected a .csv, .json or .parquet file"),
 ])
 def test_check_refuses_a_bad_regime_or_table_out_in_one_line(tmp_path, args, said):

@@ -413,6 +413,8 @@ def test_a_problem_confirmed_in_a_gap_regime_only_ranks_by_its_sweep(store):
     (["--regime", "idle"], "unknown regime 'idle'"),
     (["--regime", "idle-gap:5ms"], "is not a number of us"),
     (["--regime", "idle-gap", "--method", "events"], "--regime idle-gap:200us is a setting of the sustained method"),
+    (["--regime", "in-model:compiled:4096"], "regime in-model:compiled:4096: the bench cannot time a model's step; "
+                                             "`cutlass-tune tune-model` measures"),
 ])
 def test_confirm_refuses_a_bad_regime_in_one_line(store, args, message):
     done = _cli("confirm", "--storage", store.url, *args)

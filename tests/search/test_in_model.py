@@ -18,6 +18,7 @@ from cutlass_tune.search._in_model import (
     GainSplit,
     InModelError,
     StepSplit,
+    call_counts,
     choose,
     covered,
     duty_cycle,
@@ -168,6 +169,8 @@ def test_kernels_are_attributed_to_the_problem_of_their_range_per_step():
     outside = tree(door, kernels=[1000.0])  # not in a step: warm-up
     times = kernel_times(flat(*steps, outside), {"p-as-called": "P"})
     assert times == {0: {"P": 16.0}, 1: {"P": 7.5}}
+    # the calls a step made (the times are their sum): the store keeps a call's time
+    assert call_counts(flat(*steps, outside), {"p-as-called": "P"}) == {0: {"P": 2}, 1: {"P": 1}}
 
 
 def test_a_kernel_launched_through_ctypes_is_found_by_its_launchs_correlation():

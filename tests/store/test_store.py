@@ -410,3 +410,25 @@ def test_an_eager_baseline_row_keeps_its_torch_compile_figures(store_url):
     # The kernel's ratio to eager is its paired one; to torch.compile, through the eager row.
     assert rows[1].ratio == pytest.approx(kernel.paired_ratio)
     assert back.to_compile(rows[1].ratio) == pytest.approx(0.25 / kernel.median_ms)
+
+
+def test_add_all_writes_every_measurement_or_none(store_url, monkeypatch):
+    """Guards tune-model's record of a run's in-model figures: a write failing midway (here the
+    database refusing the second row) leaves none of its rows."""
+    store = ResultStore(store_url)
+    store.bind_gpu("NVIDIA H200")
+    store.add(ok(V1, 600.0), gpu="NVIDIA H200", run_id="sweep")
+    store.add_all([ok(V1, 700.0), ok(V2, 710.0)], gpu="NVIDIA H200", run_id="tuned", study="tune-model")
+    assert [(r.run_id, r.study) for r in store.rows()] == [("sweep", None), ("tuned", "tune-model"),
+                                                          ("tuned", "tune-model")]
+    real = _sql.ResultStore._row
+
+    def refused_second(m, **kwargs):
+        row = real(m, **kwargs)
+        return {**row, "status": None} if m.runtime == V2 else row  # NOT NULL: the database refuses it
+
+    monkeypatch.setattr(_sql.ResultStore, "_row", staticmethod(refused_second))
+    with pytest.raises(StoreError) as err:
+        store.add_all([ok(V1, 720.0), ok(V2, 730.0)], gpu="NVIDIA H200", run_id="broken", study="tune-model")
+    assert "\n" not in str(err.value)
+    assert [r.run_id for r in store.rows()] == ["sweep", "tuned", "tuned"]
