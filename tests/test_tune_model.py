@@ -126,6 +126,13 @@ def test_a_tiny_moe_model_is_tuned_in_the_model(tmp_path):
     tuned = BestTable.load(out)
     ratios = tuned.frame["in_model_ratio"].dropna()
     assert len(ratios) >= 1 and (ratios > 0).all()
+    # the store's table makes the same choices, with the regime, clock and power (--storage records them)
+    assert "in-model measurements" in r.stdout
+    mine = tuned.frame.dropna(subset=["in_model_ratio"]).set_index("problem")
+    stored = BestTable.load(store).frame.set_index("problem").loc[mine.index]
+    assert (stored["config_hash"] == mine["config_hash"]).all() and (stored["runtime"] == mine["runtime"]).all()
+    assert stored["in_model_ratio"].tolist() == pytest.approx(mine["in_model_ratio"].tolist())
+    assert set(stored["in_model_regime"]) == {"in-model:eager"}
 
 
 @pytest.mark.parametrize("mode", ["compiled", "graphs"])
