@@ -29,4 +29,20 @@ if [ ! -e "$state/tuned.csv" ] && [ "$(left)" -gt 60 ]; then
   echo "tune-model rc=$?"
 fi
 tail -40 "$out/tune_model.txt" 2>/dev/null
-[ -e "$state/tuned.csv" ] && cp "$state/tuned.csv" "$out/"
+[ -e "$state/tuned.csv" ] || exit 0
+cp "$state/tuned.csv" "$out/"
+# The store now holds the in-model figures (--storage): its best table makes the same choices.
+ct best --storage "$state/moe.sqlite" --format csv -o "$out/best-after.csv" > "$out/best-after.txt" 2>&1
+echo "best rc=$?"
+python3 - "$out/tuned.csv" "$out/best-after.csv" <<'PY'
+import sys
+import pandas as pd
+tuned, store = (pd.read_csv(p).set_index(["gpu", "problem"]) for p in sys.argv[1:])
+tuned = tuned[tuned["in_model_ratio"].notna()]
+cols = ["kernel", "runtime", "in_model_ratio", "in_model_regime", "in_model_sm_mhz", "in_model_power_w"]
+both = tuned[cols[:3]].join(store[[c for c in cols if c in store.columns]], rsuffix="_store", how="left")
+same = (both["kernel"] == both["kernel_store"]) & (both["runtime"] == both["runtime_store"]) \
+    & ((both["in_model_ratio"] - both["in_model_ratio_store"]).abs() < 1e-9)
+print(both.to_string())
+print(f"store's best table against --out: {int(same.sum())} of {len(both)} in-model problems the same")
+PY

@@ -181,7 +181,7 @@ def test_the_command_writes_the_in_model_choice_with_the_gpu_faked(model, tmp_pa
 
     monkeypatch.setattr(gpu, "ab", ab)
 
-    def profiled(step, tables, rounds):
+    def profiled(step, tables, rounds, watch=None):
         """torch's step 100 us for the problem, the table's kernel 80 us (+-1 by round)."""
         events = []
         for r in range(rounds):
@@ -302,7 +302,7 @@ def fake_gpu(monkeypatch, us, sm_mhz=1755.0, power_w=610.0):
 
     monkeypatch.setattr(gpu, "BoardWatch", Board)
 
-    def profiled(step, tables, rounds):
+    def profiled(step, tables, rounds, watch=None):
         events = []
         for r in range(rounds):
             for i, table in enumerate(tables):
@@ -397,3 +397,30 @@ def test_the_board_watch_reads_the_median_clock_and_the_mean_power_between_count
     with bare:
         pass
     assert math.isnan(bare.sm_mhz) and math.isnan(bare.power_w)
+
+
+def test_the_board_is_watched_over_the_profiled_rounds_alone(monkeypatch):
+    """The first unprofiled steps (a compile of the model: the GPU idle for seconds) run before the
+    watch begins, and the watch ends before the profiler hands its events over: an H200's reading
+    over the whole call was its idle clock and power, not the step's."""
+    import warnings
+
+    from cutlass_tune.bench import _in_model as gpu
+
+    said = []
+
+    class Watch:
+        def __enter__(self):
+            said.append("watch")
+            return self
+
+        def __exit__(self, *exc):
+            said.append("unwatch")
+
+    monkeypatch.setattr(gpu, "bind", lambda table: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: said.append("sync"))
+    with warnings.catch_warnings():  # the CPU host's profiler: no CUDA activity to record
+        warnings.simplefilter("ignore", UserWarning)
+        events = gpu.profiled_steps(lambda: said.append("step"), [None, None], 3, watch=Watch())
+    assert said == ["step", "step", "sync", "watch", *["step"] * 6, "sync", "unwatch"]
+    assert any(e.name == f"{gpu.STEP_PREFIX}5" for e in events)

@@ -143,7 +143,7 @@ def test_tune_model_writes_in_model_ratios_of_the_fp8_model_with_the_gpu_faked(t
     monkeypatch.setattr(gpu, "ab", lambda steps, blocks: [gpu.Side(label, (10.0, 10.5)) for label in steps])
     torch_us = {p.name: 10.0 + p.m * p.n * p.k / 1e9 for p in problems}
 
-    def profiled(step, tables, rounds):
+    def profiled(step, tables, rounds, watch=None):
         """Per problem of the step's table: torch's time, the table's kernel 0.8 of it."""
         events = []
         for r in range(rounds):

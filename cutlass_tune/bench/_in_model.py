@@ -16,6 +16,7 @@ in the compiled step, and the A/B replays each side's step captured with its own
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -115,12 +116,16 @@ def precompile(rows: Sequence[pd.Series]) -> None:
         compile_kernels(list(configs.values()), cache=KernelCache.at(None))
 
 
-def profiled_steps(step: Callable[[], object], tables: Sequence[BestTable], rounds: int) -> list[Any]:
+def profiled_steps(step: Callable[[], object], tables: Sequence[BestTable], rounds: int,
+                   watch: BoardWatch | None = None) -> list[Any]:
     """Run the steps (table i in step i of each round: step r * len(tables) + i) once unprofiled
     (to load every kernel), then `rounds` rounds under torch.profiler (CUPTI kernel times), each
     step in its range `STEP_PREFIX<index>`. Returns the profiler's events. torch's step says
     nothing of its fp8 rows held to torch's path (`TORCH_HELD`: the dispatcher would call each
-    "measured at 0.000x torch inside the model")."""
+    "measured at 0.000x torch inside the model"). `watch` reads the board over the profiled
+    rounds alone: not over the first steps (a compile of the model leaves the GPU idle for
+    seconds) nor the profiler's collection after them, whose idle time read an H200 at 1,980 MHz
+    and 143 W for a compiled step that holds it at its power cap."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".* was measured at 0\.000x torch inside the model",
                                 category=RuntimeWarning)
@@ -130,12 +135,13 @@ def profiled_steps(step: Callable[[], object], tables: Sequence[BestTable], roun
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
-        for r in range(rounds):
-            for i, table in enumerate(tables):
-                bind(table)
-                with torch.profiler.record_function(f"{STEP_PREFIX}{r * len(tables) + i}"):
-                    step()
-        torch.cuda.synchronize()
+        with watch if watch is not None else contextlib.nullcontext():
+            for r in range(rounds):
+                for i, table in enumerate(tables):
+                    bind(table)
+                    with torch.profiler.record_function(f"{STEP_PREFIX}{r * len(tables) + i}"):
+                        step()
+            torch.cuda.synchronize()
     return list(prof.events())
 
 

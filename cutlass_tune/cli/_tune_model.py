@@ -210,8 +210,8 @@ def _tune_at(target: str, tokens: int | None, table: BestTable, problems: list, 
     _progress(began, f"model built; {len(steps)} candidate steps a round, each run once "
               f"({mode.value}{': the first compiles the model' if mode.value == 'compiled' else ''}), "
               f"then {rounds} profiled rounds")
-    with BoardWatch(gpu) as board:
-        events = profiled_steps(step, tables, rounds)
+    board = BoardWatch(gpu)
+    events = profiled_steps(step, tables, rounds, watch=board)
     run = InModelRun(RegimeSpec.in_model(mode, tokens), board.sm_mhz, board.power_w)
     _progress(began, "profiled" + (f" at {board.sm_mhz:.0f} MHz" if math.isfinite(board.sm_mhz) else "")
               + (f", {board.power_w:.0f} W" if math.isfinite(board.power_w) else ""))
