@@ -173,6 +173,20 @@ class Capture:
     def skipped(self) -> list[tuple[GemmCall, int]]:
         return [(call, count) for call, count in self.calls.items() if call.skipped is not None]
 
+    @classmethod
+    def merged(cls, captures: Sequence[Capture]) -> Capture:
+        """The calls of several runs of a model (`shapes --tokens`: one run per token count) as
+        one capture: each kind of call once, in first-call order, with its calls summed; a
+        grouped problem's histogram from the first run that read it."""
+        calls: dict[GemmCall, int] = {}
+        histograms: dict[Problem, tuple[int, ...]] = {}
+        for capture in captures:
+            for call, count in capture.calls.items():
+                calls[call] = calls.get(call, 0) + count
+            for problem, counts in capture.histograms.items():
+                histograms.setdefault(problem, counts)
+        return cls(calls, histograms)
+
 
 @dataclasses.dataclass(frozen=True)
 class SpaceFile:

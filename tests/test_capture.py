@@ -688,6 +688,30 @@ def test_shapes_backward_writes_the_weight_gradients_of_moe_experts(tmp_path):
     assert int(wrote.split(", ")[1].split()[0]) > 0  # valid configs
 
 
+MOE_TOKENS = MOE.replace("def build():\n    return Experts().to(torch.bfloat16), "
+                         "(torch.randn(2, 8, 64, dtype=torch.bfloat16),)",
+                         "def build(tokens=16):\n    return Experts().to(torch.bfloat16), "
+                         "(torch.randn(tokens, 64, dtype=torch.bfloat16),)")
+
+
+def test_shapes_records_the_model_at_each_token_count_in_one_file(tmp_path):
+    """--tokens 1 --tokens 16: a decode run and a prefill run, their grouped problems side by side
+    (2 and 32 routed rows at top 2), each called FUNCTION(tokens=N)."""
+    assert MOE_TOKENS != MOE
+    model_file(tmp_path, MOE_TOKENS, "moe.py")
+    r = run("shapes", "moe.py:build", "--tokens", "1", "--tokens", "16", "-o", "serve.yaml", cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    space = yaml.safe_load((tmp_path / "serve_bf16_tn_grouped.yaml").read_text())
+    assert [(p["rows"], p["n"], p["k"]) for p in space["problems"]] == [(2, 80, 64), (2, 64, 40), (32, 80, 64),
+                                                                         (32, 64, 40)]
+    assert "moe.py:build at 1, 16 tokens" in space["description"]
+    # a FUNCTION that takes no token count: one line naming it, nothing written
+    model_file(tmp_path, MOE, "fixed.py")
+    r = run("shapes", "fixed.py:build", "--tokens", "1", "-o", "fixed.yaml", cwd=tmp_path)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "tokens" in r.stderr, r.stderr
+    assert not list(tmp_path.glob("fixed*.yaml"))
+
+
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "training"])
 def test_moe_experts_of_a_transformers_model(backward):
     transformers = pytest.importorskip("transformers", minversion="5", reason="needs transformers >= 5")

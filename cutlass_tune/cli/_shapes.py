@@ -32,19 +32,30 @@ def shapes(
                                   "outputs: the dX and dW GEMMs of training"),
     device: CaptureDevice = typer.Option(CaptureDevice.META, "--device", help="meta: shapes only, no GPU and no "
                                          "weights; cuda: run the model on the GPU"),
+    tokens: list[int] = typer.Option(None, "--tokens", min=1, help="token counts to record the model at, one run "
+                                     "each, called as FUNCTION(tokens=N) (repeat the option: e.g. the prefill and "
+                                     "decode sizes it serves, as `tune-model --tokens` takes them); default: the "
+                                     "inputs FUNCTION() returns"),
 ) -> None:
     """Record the GEMMs a PyTorch model runs and write them as a space file for `sweep`, with
     the kernels of the shipped broad space; GEMMs the tuned kernels cannot take are listed as
-    skipped, with the reason."""
+    skipped, with the reason. With --tokens, the GEMMs of a run at each token count, in one file:
+    a table tuned at prefill sizes alone answers a decode call with the kernel of its nearest
+    tuned problem, often a prefill one (benchmarks/moe_decode.md)."""
     # torch, to run the model: only this command and the ones that measure import it.
-    from ..capture import capture_gemms, load_target, space_files
+    from ..capture import Capture, capture_gemms, load_target, space_files
 
     file = target.rpartition(":")[0]
     output = output or Path(f"{Path(file).stem or 'model'}_gemms.yaml")
     check_output(output, file or None)
-    model = load_target(target)
-    captured = capture_gemms(model, backward=backward, device=device.value)
-    files = space_files(captured, output, model.label, backward=backward)
+    counts: list[int | None] = list(dict.fromkeys(tokens)) if tokens else [None]
+    runs = []
+    for n in counts:
+        model = load_target(target, None if n is None else {"tokens": n})
+        runs.append(capture_gemms(model, backward=backward, device=device.value))
+    captured = Capture.merged(runs)
+    label = model.label + (f" at {', '.join(map(str, counts))} tokens" if tokens else "")
+    files = space_files(captured, output, label, backward=backward)
     for f in files:
         check_output(f.path, file)
     _show(captured)
