@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # what `__getattr__` gives, for the type checker
     from ._weight_grad import grouped_weight_grad
 
 __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call", "ExpertActivation", "Fallback",
+           "FarRowWarning",
            "FallbackReason", "Fp8Linear", "FusionDecision", "FusionPass", "GateForm", "Gemm", "GemmArgs",
            "GemmInstance", "GroupedGemm", "MoEDecode", "MoEExperts", "MoEInputError", "MoERouting", "moe_combine",
            "moe_experts", "moe_gather", "moe_routing",
@@ -79,7 +80,7 @@ __all__ = ["BestTable", "BestTableError", "BundleError", "BundledKernel", "Call"
 
 _TABLES = ("BestTableError", "BundleError", "BundledKernel")
 _LOOKUP = ("BestTable", "Match", "PlanCache")
-_DISPATCH = ("Call", "Fallback", "FallbackReason", "KernelRef", "Kind", "Plan", "Ready", "Workspace",
+_DISPATCH = ("Call", "Fallback", "FallbackReason", "FarRowWarning", "KernelRef", "Kind", "Plan", "Ready", "Workspace",
              "eager_direct_allowed", "resolve")
 _MATMUL = ("Gemm", "MatmulInputError", "activation_of", "matmul", "operation_of", "problem_of", "torch_gemm")
 _MODELS = {"mm": "_op", "linear": "_op", "register_table": "_op", "UnregisteredTableError": "_op", "Linear": "_linear",

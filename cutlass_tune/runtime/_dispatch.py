@@ -54,11 +54,26 @@ OUT_DTYPES = {TORCH_DTYPE[d]: d for d in (DType.BF16, DType.F16, DType.F32)}
 _warned: set[str] = set()
 
 
-def warn_once(key: str, message: str) -> None:
-    """A RuntimeWarning with `message`, once per process for `key`."""
+def warn_once(key: str, message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """A warning of `category` (a fallback's RuntimeWarning by default) with `message`, once per
+    process for `key`."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, category, stacklevel=3)
+
+
+class FarRowWarning(UserWarning):
+    """A grouped call runs the kernel of the table's nearest tuned problem whose routed rows are
+    `FAR_ROWS_OCTAVES` or more octaves from its own (the kernel runs, and is right; its speed was
+    measured at another size). Not a RuntimeWarning: nothing falls back."""
+
+
+FAR_ROWS_OCTAVES = 4.0
+"""How far (log2 of the routed rows) the nearest tuned grouped problem may be before a call says
+so: on an H200, a one-token call of DeepSeek-V2-Lite's experts (6 routed rows) ran the kernel
+tuned at 49,152 (13 octaves) 22% slower in the layer than a kernel swept at its size, a 64-token
+call (384 rows, 7 octaves) 12% slower; Qwen3-235B's one-token call ran the kernel tuned at 2,048
+rows (8 octaves) as fast as its own (benchmarks/moe_decode.md). A hint, once per expert shape."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -292,6 +307,26 @@ def _fallback(call: Call, reason: FallbackReason, detail: str, key: str, *, rati
     return Plan(call.problem, call.device, fallback=Fallback(path, reason, detail, ratio, fast_accum), ratio=ratio)
 
 
+def _far_rows(call: Call, tuned_rows: int, octaves: float) -> None:
+    """Say once per expert shape that a grouped call runs a kernel tuned `octaves` away from its
+    routed rows, with the sweep that tunes its own size (its operation's options where they are
+    not `--shapes`'s defaults)."""
+    p = call.problem
+    shape = f"{'dw' if p.grouping is Grouping.GROUPED_K else 'e'}{p.groups}:{p.m}x{p.n}x{p.k}"
+    options = [f"--shapes {shape}"]
+    if p.dtype_a is not DType.BF16 or p.dtype_d is not p.dtype_a:
+        options.append(f"--dtype {p.dtype_a.value}" + (f":{p.dtype_d.value}" if p.dtype_d is not p.dtype_a else ""))
+    if p.layout != "tn" and p.grouping is not Grouping.GROUPED_K:
+        options.append(f"--layout {p.layout}")
+    if not p.epilogue.is_plain:
+        options.append(f"--epilogue {p.epilogue.name}")
+    warn_once(f"far {p.operation.name} e{p.groups} {p.n}x{p.k}",
+              f"cutlass_tune.{call.door}: {p.m} routed rows of {p.groups} experts of {p.n}x{p.k} run the kernel "
+              f"the table tuned at {tuned_rows} rows, its nearest ({octaves:.0f} octaves away): a kernel tuned far "
+              f"from a call's size can be slower there; `cutlass-tune sweep {' '.join(options)}` tunes this one",
+              FarRowWarning)
+
+
 def resolve(table: BestTable, call: Call) -> Plan:
     """The plan of `call` on `table`: the table's kernel for the problem (the row of this GPU
     model for exactly that problem, else the nearest tuned problem of the same operation; for a
@@ -329,6 +364,8 @@ def resolve(table: BestTable, call: Call) -> Plan:
         return _fallback(call, FallbackReason.BELOW_MIN_RATIO,
                          f"the table's {name} for {where} {measured}, below min_ratio {call.min_ratio}",
                          f"ratio {name} {problem.name} {call.min_ratio}", ratio=ratio, fast_accum=fast_accum)
+    if problem.grouped and match.distance >= FAR_ROWS_OCTAVES:
+        _far_rows(call, int(match.row["m"]), match.distance)
     bundled = table.bundled.get(match.row["config_hash"]) if table.bundled else None
     gemm = load_kernel(call.kind, match.row["config"], match.runtime, bundled)
     args, size = gemm.template(problem, call.device)

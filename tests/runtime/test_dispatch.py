@@ -342,3 +342,37 @@ def test_tensors_no_kernel_takes_fall_back_once_with_the_reason(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per cause
         _dispatch.input_not_taken("mm", err, "torch's GEMM")
+
+
+def test_a_grouped_call_far_from_its_nearest_tuned_rows_says_so_once_per_expert_shape(gpu, monkeypatch):
+    """The kernel tuned at 49,152 routed rows runs a call of 6 (13 octaves away: a decode call on
+    a prefill table) and says which sweep tunes that size, once per expert shape; 16,384 rows
+    (1.6 octaves) says nothing. Nothing falls back: the kernel runs, and no RuntimeWarning."""
+    from types import SimpleNamespace
+
+    from cutlass_tune.runtime import FarRowWarning
+
+    from .tables import grouped_rows
+
+    table = BestTable(grouped_rows([("bf16", "tn", 64, 2816, 2048, 49152)]))
+    table.frame["gpu"] = H200
+    loaded = SimpleNamespace(config=SimpleNamespace(hash="h"), kernel=SimpleNamespace(library="lib", symbol="k"),
+                             template=lambda problem, device: (b"args", 0),
+                             workspace_policy=lambda size, keep: Workspace.NONE)
+    monkeypatch.setattr(_dispatch, "load_kernel", lambda *a: loaded)  # the kernel's loading is not this test's
+
+    def experts(rows):
+        problem = Problem.experts(64, 2816, 2048, rows, dtype_a=DType.BF16, dtype_b=DType.BF16, dtype_d=DType.BF16,
+                                  layout_b=Layout.COL)
+        return Call(Kind.GROUPED, problem, 0, 0.0, ("grouped", rows))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plans = [resolve(table, experts(rows)) for rows in (16384, 6, 8)]
+    assert all(p.kernel is not None and p.fallback is None for p in plans)
+    [said] = caught
+    assert said.category is FarRowWarning and not issubclass(said.category, RuntimeWarning)
+    assert str(said.message) == (
+        "cutlass_tune.grouped_mm: 6 routed rows of 64 experts of 2816x2048 run the kernel the table tuned at 49152 "
+        "rows, its nearest (13 octaves away): a kernel tuned far from a call's size can be slower there; "
+        "`cutlass-tune sweep --shapes e64:6x2816x2048` tunes this one")

@@ -230,6 +230,7 @@ class Rows:
         self.row = pd.Series({"config": json.dumps(config.to_dict()), "config_hash": "h", "ratio": ratio,
                               "kernel": config.name})
         self.exact = False
+        self.distance = 1.0  # the nearest tuned rows, an octave away
         self.runtime = RuntimeArgs()
         self.ratio = ratio
 
