@@ -1,7 +1,8 @@
 """End-to-end MoE model: transformers' "grouped_mm" experts vs the tuned "cutlass_tune" ones.
 
     python3 benchmarks/moe_model.py TABLE OUT_DIR [--family qwen3_moe|...] [--tokens 4096] [--layers 4]
-                                    [--compile [--graphs]] [--capture] [--decode] [--train] [--blocks 10]
+                                    [--compile [--graphs] [--whole]] [--capture] [--decode] [--train]
+                                    [--blocks 10]
                                     [--block 10]
                                     [--profile]
     python3 benchmarks/moe_model.py summary OUT_DIR      # the table of every run in OUT_DIR
@@ -18,6 +19,9 @@ the speedup is then over the faster of the two torch paths (`strongest_torch`).
 - `--compile`: each decoder layer through torch.compile (default mode; the layers are alike, so
   one compiled graph serves them all and compiling stays within seconds), for both
   implementations; the graph breaks of each are counted (torch._dynamo's counters) and recorded.
+  With `--whole`, the whole model instead (`model.compile`: one guard check a step, as
+  transformers' generate compiles its forward; each layer's guard check is what a one-token
+  step in per-layer graphs waits on, benchmarks/moe_decode.md).
   With `--graphs`, Inductor's CUDA graphs too (what `mode="reduce-overhead"` turns on), as a
   serving loop replays a small batch's step: no host time per call is left in the step.
 - `--capture`: the whole forward captured in one CUDA graph per implementation
@@ -165,8 +169,12 @@ def run(args: argparse.Namespace) -> dict:
         # between (two or three): past Dynamo's recompile limit (8) a frame runs eagerly, and the
         # decode runs of an H200 met it (4 layers x 3 implementations), timing eager code as compiled.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        for layer in model.model.layers:
-            layer.compile(options={"triton.cudagraphs": True} if args.graphs else None)
+        options = {"triton.cudagraphs": True} if args.graphs else None
+        if args.whole:  # one graph of the whole forward, as transformers' generate compiles it
+            model.compile(options=options)
+        else:
+            for layer in model.model.layers:
+                layer.compile(options=options)
     ids = torch.randint(0, VOCAB, (args.tokens, 1) if args.decode else (1, args.tokens), device=DEVICE)
     names: tuple[str, ...] = ("grouped_mm", ct.NAME)
     if args.decode and args.tokens <= DECODE_TOKENS:
@@ -385,7 +393,8 @@ def gain_split(torch_side: dict, ours: dict, torch_ms: float, ours_ms: float) ->
 
 def _mode(args: argparse.Namespace) -> str:
     return (("train" if args.train else "decode" if args.decode else "infer")
-            + ("-graphs" if args.graphs else "-compile" if args.compile else "") + ("-capture" if args.capture else "")
+            + ("-graphs" if args.graphs else "-compile" if args.compile else "") + ("-whole" if args.whole else "")
+            + ("-capture" if args.capture else "")
             + ("-noglu" if args.no_glu else ""))
 
 
@@ -434,6 +443,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (default mode)")
     parser.add_argument("--graphs", action="store_true", help="with --compile: Inductor's CUDA graphs too")
+    parser.add_argument("--whole", action="store_true",
+                        help="with --compile: the whole model's forward through one torch.compile (one guard check "
+                        "and, with --graphs, one CUDA graph a step), not each decoder layer")
     parser.add_argument("--capture", action="store_true",
                         help="the whole forward in one CUDA graph per implementation (inference)")
     parser.add_argument("--decode", action="store_true", help="--tokens sequences of one token (a decode step)")
@@ -446,6 +458,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.graphs and (args.train or not args.compile):
         parser.error("--graphs goes with --compile, for inference")
+    if args.whole and not args.compile:
+        parser.error("--whole goes with --compile")
     if args.capture and (args.train or args.compile):
         parser.error("--capture is for inference, of the eager layers (no --compile)")
     if args.decode and args.train:
