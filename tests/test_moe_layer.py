@@ -171,6 +171,9 @@ def test_a_captured_decode_run_is_named_for_its_regime(script):
 
     import moe_model
 
-    args = argparse.Namespace(train=False, decode=True, graphs=False, compile=False, capture=True, no_glu=False)
+    args = argparse.Namespace(train=False, decode=True, graphs=False, compile=False, capture=True, no_glu=False,
+                              whole=False)
     assert moe_model._mode(args) == "decode-capture"
     assert moe_model._mode(argparse.Namespace(**{**vars(args), "capture": False, "compile": True})) == "decode-compile"
+    whole = argparse.Namespace(**{**vars(args), "capture": False, "compile": True, "graphs": True, "whole": True})
+    assert moe_model._mode(whole) == "decode-graphs-whole"  # apart from the per-layer graphs' file
