@@ -41,7 +41,7 @@ from ..runtime._table import BestTable
 from ..search._in_model import STEP_PREFIX, StepSplit, step_split
 from ..space import KernelConfig
 from ._env import ClockMonitor
-from ._timing import POWER_MIN_WINDOW_S, Reading, _capture
+from ._timing import Reading, _capture, power_between
 
 TABLE_KEY = "cutlass_tune.transformers"
 """The key every step's table is bound to: `cutlass_tune.transformers.TABLE_KEY`, which the
@@ -191,9 +191,9 @@ class BoardWatch:
         self._thread.join()
         if self._clocks:
             self.sm_mhz = statistics.median(self._clocks)
-        if len(self._updates) >= 2 and self._updates[-1][0] - self._updates[0][0] >= POWER_MIN_WINDOW_S:
-            (t0, e0), (t1, e1) = self._updates[0], self._updates[-1]
-            self.power_w = (e1 - e0) / ((t1 - t0) * 1000)  # mJ per ms
+        power = power_between(self._updates)
+        if power is not None:
+            self.power_w = power
 
 
 @dataclasses.dataclass(frozen=True)

@@ -531,10 +531,15 @@ def _window_power(block: Callable[[], None], duration_ms: float, probe: Probe | 
         ended = time.perf_counter()
         stop.set()
         poller.join()
-    inside = [u for u in updates if begun + POWER_GUARD_MS / 1000 <= u[0] <= ended]
-    if len(inside) < 2 or inside[-1][0] - inside[0][0] < POWER_MIN_WINDOW_S:
+    return power_between([u for u in updates if begun + POWER_GUARD_MS / 1000 <= u[0] <= ended])
+
+
+def power_between(updates: Sequence[tuple[float, float]]) -> float | None:
+    """The mean power (W) between the first and the last of NVML energy counter updates (host
+    seconds, mJ), or None where they span less than `POWER_MIN_WINDOW_S`."""
+    if len(updates) < 2 or updates[-1][0] - updates[0][0] < POWER_MIN_WINDOW_S:
         return None
-    (t0, e0), (t1, e1) = inside[0], inside[-1]
+    (t0, e0), (t1, e1) = updates[0], updates[-1]
     return (e1 - e0) / ((t1 - t0) * 1000)  # mJ per ms
 
 

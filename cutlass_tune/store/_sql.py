@@ -622,13 +622,7 @@ class ResultStore:
         `measurement.Baseline`); a measurement with a paired baseline uses its own instead. An
         eager baseline row's torch.compile figures live in its `record` (`compile_*`)."""
         self._create()
-        row = self._row(m, gpu=gpu, run_id=run_id, cublas_tflops=cublas_tflops, study=study, trial=trial)
-
-        def insert() -> None:
-            with self.engine.begin() as conn:
-                conn.execute(measurements_table.insert(), row)
-
-        _despite_locks(insert)
+        self._insert([self._row(m, gpu=gpu, run_id=run_id, cublas_tflops=cublas_tflops, study=study, trial=trial)])
 
     @_store_errors
     def add_all(self, measurements: Sequence[Measurement], *, gpu: str, run_id: str, study: str | None = None) -> None:
@@ -641,8 +635,11 @@ class ResultStore:
         """
         self._create()
         rows = [self._row(m, gpu=gpu, run_id=run_id, study=study) for m in measurements]
-        if not rows:
-            return
+        if rows:
+            self._insert(rows)
+
+    def _insert(self, rows: list[dict[str, Any]]) -> None:
+        """`rows` into `ct_measurements` in one transaction, waiting out other writers' locks."""
 
         def insert() -> None:
             with self.engine.begin() as conn:
